@@ -1,0 +1,373 @@
+//! The embedded SQLite backend, onceprint's default.
+//!
+//! It owns the SQLite schema and SQL, the single writer thread with its group commit, and
+//! a small pool of read connections. Durability is not negotiable here: WAL mode with
+//! `synchronous=FULL`, so a commit has reached the disk before any caller is answered and
+//! a 201 survives kill -9 and power loss.
+//!
+//! All writes go through one thread that owns the only write connection. It takes every
+//! job waiting in its queue, runs each inside its own savepoint (a failing job does not
+//! spoil its neighbours) and commits them together: one flush for many callers. Readers
+//! never block the writer (WAL), and the writer never waits for a lock.
+//!
+//! This crate must never decide domain rules (duplicates are decided by the unique
+//! constraint, legality of transitions by `onceprint-core`) and must never answer a
+//! caller before the commit that carries its write.
+
+mod schema;
+mod sql;
+pub mod testing;
+
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+
+use async_trait::async_trait;
+use onceprint_core::{IdempotencyKey, TaskState};
+use onceprint_store::*;
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+/// Most jobs committed in one transaction. Bounds the latency a single commit adds.
+const MAX_JOBS_PER_COMMIT: usize = 1024;
+
+type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> Finish + Send>;
+
+/// The SQLite store. Cloning is cheap and shares the writer and the readers.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    readers: Mutex<Vec<Connection>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer finish what it has and exit; joining makes
+        // sure the last commit is on disk before the store is gone.
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
+        if let Ok(mut w) = self.writer.lock() {
+            if let Some(handle) = w.take() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+fn backend_err(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// Maps constraint violations to the errors the trait promises.
+fn constraint_err(e: rusqlite::Error, what: &str, missing: &str) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(f, _) = &e {
+        match f.extended_code {
+            rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY | rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => {
+                return StoreError::AlreadyExists(what.to_owned())
+            }
+            rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY => return StoreError::NotFound(missing.to_owned()),
+            _ => {}
+        }
+    }
+    backend_err(e)
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    // WAL lets readers run beside the writer; FULL makes every commit reach the disk
+    // (WAL with NORMAL may lose the last commits on power loss, which would break the
+    // promise behind a 201).
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL;
+         PRAGMA synchronous=FULL;
+         PRAGMA foreign_keys=ON;
+         PRAGMA busy_timeout=10000;
+         PRAGMA cache_size=-65536;",
+    )
+    .map_err(|e| StoreError::Unavailable(format!("cannot configure {}: {e}", path.display())))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
+        .map_err(backend_err)?;
+    let applied: i64 = conn
+        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))
+        .map_err(backend_err)?;
+    for (i, sql) in schema::MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version <= applied {
+            continue;
+        }
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend_err)?;
+        tx.execute_batch(sql).map_err(backend_err)?;
+        tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, strftime('%s','now') * 1000)", [version])
+            .map_err(backend_err)?;
+        tx.commit().map_err(backend_err)?;
+        tracing::info!(version, "sqlite migration applied");
+    }
+    Ok(())
+}
+
+/// The writer thread: take a job, take everything else waiting, commit once, answer all.
+fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut finishers: Vec<Finish> = Vec::with_capacity(16);
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Dropping the job drops its reply channel: the caller gets an error and
+            // nothing was written.
+            tracing::error!(error = %e, "sqlite writer cannot begin a transaction");
+            drop(first);
+            continue;
+        }
+        finishers.push(run_in_savepoint(&conn, first));
+        while finishers.len() < MAX_JOBS_PER_COMMIT {
+            match jobs.try_recv() {
+                Ok(job) => finishers.push(run_in_savepoint(&conn, job)),
+                Err(_) => break,
+            }
+        }
+        let commit = conn.execute_batch("COMMIT").map_err(backend_err);
+        if commit.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for finish in finishers {
+            finish(commit.clone());
+        }
+    }
+}
+
+fn run_in_savepoint(conn: &Connection, job: Job) -> Finish {
+    if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        // Same as above: the caller sees its reply channel closed, nothing was written.
+        tracing::error!(error = %e, "sqlite writer cannot open a savepoint");
+        drop(job);
+        return Box::new(|_| {});
+    }
+    job(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and applies migrations.
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let mut conn = open_connection(&path)?;
+        migrate(&mut conn)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let writer = std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || writer_loop(conn, rx))
+            .map_err(|e| StoreError::Backend(format!("cannot start the writer thread: {e}")))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                jobs: Mutex::new(Some(tx)),
+                readers: Mutex::new(Vec::new()),
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    /// Opens a store from a `sqlite://PATH` URL (or a bare path).
+    pub fn open_url(url: &str) -> Result<SqliteStore, StoreError> {
+        let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+        if path.is_empty() {
+            return Err(StoreError::Unavailable("the sqlite URL names no file".into()));
+        }
+        SqliteStore::open(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` on the writer thread inside its own savepoint; resolves after the commit
+    /// that carries it.
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel::<StoreResult<T>>();
+        let job: Job = Box::new(move |conn: &Connection| {
+            let result = f(conn);
+            let end = if result.is_ok() { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+            let result = match conn.execute_batch(end) {
+                Ok(()) => result,
+                Err(e) => Err(backend_err(e)),
+            };
+            Box::new(move |commit: Result<(), StoreError>| {
+                let _ = tx.send(commit.and(result));
+            })
+        });
+        let sender = self
+            .inner
+            .jobs
+            .lock()
+            .map_err(|_| StoreError::Backend("writer queue poisoned".into()))?
+            .clone()
+            .ok_or_else(|| StoreError::Unavailable("store is closed".into()))?;
+        sender.send(job).map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+        rx.await.map_err(|_| StoreError::Unavailable("the writer thread dropped the job".into()))?
+    }
+
+    /// Runs `f` on a pooled read connection on the blocking thread pool.
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().ok().and_then(|mut r| r.pop());
+            let conn = match pooled {
+                Some(c) => c,
+                None => open_connection(&inner.path)?,
+            };
+            let result = f(&conn);
+            if let Ok(mut r) = inner.readers.lock() {
+                if r.len() < 8 {
+                    r.push(conn);
+                }
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend_err)).await
+    }
+
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_owned();
+        self.read(move |c| sql::get_setting(c, &key)).await
+    }
+
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.write(move |c| sql::put_setting(c, &key, &value)).await
+    }
+
+    async fn create_tenant(&self, tenant: NewTenant) -> StoreResult<Tenant> {
+        self.write(move |c| sql::create_tenant(c, tenant)).await
+    }
+
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>> {
+        let h = api_key_hash.to_owned();
+        self.read(move |c| sql::tenant_by_key_hash(c, &h)).await
+    }
+
+    async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
+        self.write(move |c| sql::create_store(c, store)).await
+    }
+
+    async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| sql::get_store(c, &t, &s)).await
+    }
+
+    async fn list_stores(&self, tenant_id: &str) -> StoreResult<Vec<StoreRow>> {
+        let t = tenant_id.to_owned();
+        self.read(move |c| sql::list_stores(c, &t)).await
+    }
+
+    async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer> {
+        self.write(move |c| sql::create_printer(c, printer)).await
+    }
+
+    async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>> {
+        let (t, p) = (tenant_id.to_owned(), printer_id.to_owned());
+        self.read(move |c| sql::get_printer(c, &t, &p)).await
+    }
+
+    async fn list_printers(&self, tenant_id: &str, store_id: Option<&str>) -> StoreResult<Vec<Printer>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.map(str::to_owned));
+        self.read(move |c| sql::list_printers(c, &t, s.as_deref())).await
+    }
+
+    async fn create_station(&self, station: NewStation) -> StoreResult<Station> {
+        self.write(move |c| sql::create_station(c, station)).await
+    }
+
+    async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>> {
+        let (t, s) = (tenant_id.to_owned(), station_id.to_owned());
+        self.read(move |c| sql::get_station(c, &t, &s)).await
+    }
+
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()> {
+        self.write(move |c| sql::create_agent_token(c, token)).await
+    }
+
+    async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
+        let h = token_hash.to_owned();
+        self.read(move |c| sql::agent_by_token_hash(c, &h)).await
+    }
+
+    async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
+        self.write(move |c| sql::submit_batch(c, batch)).await
+    }
+
+    async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>> {
+        let (t, id) = (tenant_id.to_owned(), task_id.to_owned());
+        self.read(move |c| sql::get_task(c, &t, &id)).await
+    }
+
+    async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>> {
+        let key = key.clone();
+        self.read(move |c| sql::find_task(c, &key.tenant_id, &key.target, &key.biz_no, &key.print_type)).await
+    }
+
+    async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>> {
+        let id = task_id.to_owned();
+        self.read(move |c| sql::task_content(c, &id)).await
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>> {
+        let q = query.clone();
+        self.read(move |c| sql::list_tasks(c, &q)).await
+    }
+
+    async fn task_events(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Vec<TaskEvent>>> {
+        let (t, id) = (tenant_id.to_owned(), task_id.to_owned());
+        self.read(move |c| sql::task_events(c, &t, &id)).await
+    }
+
+    async fn ledger_entries(&self, task_id: &str) -> StoreResult<Vec<LedgerEntry>> {
+        let id = task_id.to_owned();
+        self.read(move |c| sql::ledger_entries(c, &id)).await
+    }
+
+    async fn count_by_state(&self) -> StoreResult<Vec<(TaskState, i64)>> {
+        self.read(sql::count_by_state).await
+    }
+
+    async fn transition(&self, change: &Transition) -> StoreResult<bool> {
+        let change = change.clone();
+        self.write(move |c| sql::transition(c, &change)).await
+    }
+}

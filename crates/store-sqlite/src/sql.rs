@@ -1,0 +1,414 @@
+//! The SQL of the SQLite backend. Every function runs on a connection handed in by the
+//! writer thread (inside its transaction and savepoint) or by the reader pool.
+
+use std::collections::HashMap;
+
+use onceprint_core::TaskState;
+use onceprint_store::*;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::{backend_err, constraint_err};
+
+const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
+     content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at";
+
+fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
+    TaskState::parse(s).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, format!("unknown state {s:?}").into())
+    })
+}
+
+fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+    let state: String = r.get(11)?;
+    Ok(Task {
+        task_id: r.get(0)?,
+        tenant_id: r.get(1)?,
+        store_id: r.get(2)?,
+        printer_id: r.get(3)?,
+        station_id: r.get(4)?,
+        target: r.get(5)?,
+        biz_no: r.get(6)?,
+        print_type: r.get(7)?,
+        priority: r.get(8)?,
+        content_type: r.get(9)?,
+        fingerprint: r.get(10)?,
+        state: state_of(&state, 11)?,
+        attempts: r.get(12)?,
+        last_error: r.get(13)?,
+        next_attempt_at: r.get(14)?,
+        created_at: r.get(15)?,
+        updated_at: r.get(16)?,
+        printed_at: r.get(17)?,
+    })
+}
+
+pub fn get_setting(c: &Connection, key: &str) -> StoreResult<Option<String>> {
+    c.query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(backend_err)
+}
+
+pub fn put_setting(c: &Connection, key: &str, value: &str) -> StoreResult<()> {
+    c.execute(
+        "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        [key, value],
+    )
+    .map(|_| ())
+    .map_err(backend_err)
+}
+
+pub fn create_tenant(c: &Connection, t: NewTenant) -> StoreResult<Tenant> {
+    c.execute(
+        "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![t.id, t.name, t.api_key_hash, t.now],
+    )
+    .map_err(|e| constraint_err(e, &format!("tenant {}", t.id), "tenant"))?;
+    Ok(Tenant { id: t.id, name: t.name, created_at: t.now })
+}
+
+pub fn tenant_by_key_hash(c: &Connection, h: &str) -> StoreResult<Option<Tenant>> {
+    c.prepare_cached("SELECT id, name, created_at FROM tenants WHERE api_key_hash = ?1")
+        .and_then(|mut s| {
+            s.query_row([h], |r| Ok(Tenant { id: r.get(0)?, name: r.get(1)?, created_at: r.get(2)? })).optional()
+        })
+        .map_err(backend_err)
+}
+
+pub fn create_store(c: &Connection, s: NewStore) -> StoreResult<StoreRow> {
+    c.execute(
+        "INSERT INTO stores (tenant_id, id, name, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![s.tenant_id, s.id, s.name, s.now],
+    )
+    .map_err(|e| constraint_err(e, &format!("store {}", s.id), &format!("tenant {}", s.tenant_id)))?;
+    Ok(StoreRow { tenant_id: s.tenant_id, id: s.id, name: s.name, created_at: s.now })
+}
+
+fn store_from_row(r: &Row<'_>) -> rusqlite::Result<StoreRow> {
+    Ok(StoreRow { tenant_id: r.get(0)?, id: r.get(1)?, name: r.get(2)?, created_at: r.get(3)? })
+}
+
+pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreRow>> {
+    c.query_row(
+        "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = ?1 AND id = ?2",
+        [t, id],
+        store_from_row,
+    )
+    .optional()
+    .map_err(backend_err)
+}
+
+pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
+    let mut s = c
+        .prepare_cached("SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = ?1 ORDER BY id")
+        .map_err(backend_err)?;
+    let rows = s.query_map([t], store_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+const PRINTER_COLS: &str = "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at";
+
+fn printer_from_row(r: &Row<'_>) -> rusqlite::Result<Printer> {
+    Ok(Printer {
+        tenant_id: r.get(0)?,
+        id: r.get(1)?,
+        store_id: r.get(2)?,
+        name: r.get(3)?,
+        transport: r.get(4)?,
+        online: r.get(5)?,
+        last_seen_at: r.get(6)?,
+        last_error: r.get(7)?,
+        created_at: r.get(8)?,
+    })
+}
+
+pub fn create_printer(c: &Connection, p: NewPrinter) -> StoreResult<Printer> {
+    c.execute(
+        "INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![p.tenant_id, p.id, p.store_id, p.name, p.transport, p.now],
+    )
+    .map_err(|e| constraint_err(e, &format!("printer {}", p.id), &format!("store {}", p.store_id)))?;
+    Ok(Printer {
+        tenant_id: p.tenant_id,
+        id: p.id,
+        store_id: p.store_id,
+        name: p.name,
+        transport: p.transport,
+        online: false,
+        last_seen_at: None,
+        last_error: None,
+        created_at: p.now,
+    })
+}
+
+pub fn get_printer(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Printer>> {
+    c.prepare_cached(&format!("SELECT {PRINTER_COLS} FROM printers WHERE tenant_id = ?1 AND id = ?2"))
+        .and_then(|mut s| s.query_row([t, id], printer_from_row).optional())
+        .map_err(backend_err)
+}
+
+pub fn list_printers(c: &Connection, t: &str, store: Option<&str>) -> StoreResult<Vec<Printer>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {PRINTER_COLS} FROM printers WHERE tenant_id = ?1 AND (?2 IS NULL OR store_id = ?2) ORDER BY id"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map(params![t, store], printer_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn create_station(c: &Connection, s: NewStation) -> StoreResult<Station> {
+    // Printers are checked here as well as in the caller so that the store alone keeps
+    // the invariant "a station names only its tenant's printers".
+    for p in &s.printers {
+        let found: Option<i64> = c
+            .query_row("SELECT 1 FROM printers WHERE tenant_id = ?1 AND id = ?2", [&s.tenant_id, p], |r| r.get(0))
+            .optional()
+            .map_err(backend_err)?;
+        if found.is_none() {
+            return Err(StoreError::NotFound(format!("printer {p}")));
+        }
+    }
+    let printers = serde_json::to_string(&s.printers).map_err(|e| StoreError::Backend(e.to_string()))?;
+    c.execute(
+        "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![s.tenant_id, s.id, s.store_id, printers, s.now],
+    )
+    .map_err(|e| constraint_err(e, &format!("station {}", s.id), &format!("store {}", s.store_id)))?;
+    Ok(Station { tenant_id: s.tenant_id, id: s.id, store_id: s.store_id, printers: s.printers, created_at: s.now })
+}
+
+pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Station>> {
+    let row = c
+        .query_row(
+            "SELECT tenant_id, id, store_id, printers, created_at FROM stations WHERE tenant_id = ?1 AND id = ?2",
+            [t, id],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get(4)?)),
+        )
+        .optional()
+        .map_err(backend_err)?;
+    row.map(|(tenant_id, id, store_id, printers, created_at)| {
+        let printers = serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
+        Ok(Station { tenant_id, id, store_id, printers, created_at })
+    })
+    .transpose()
+}
+
+pub fn create_agent_token(c: &Connection, t: NewAgentToken) -> StoreResult<()> {
+    c.execute(
+        "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![t.token_hash, t.tenant_id, t.store_id, t.now],
+    )
+    .map(|_| ())
+    .map_err(|e| constraint_err(e, "agent token", &format!("store {}", t.store_id)))
+}
+
+pub fn agent_by_token_hash(c: &Connection, h: &str) -> StoreResult<Option<AgentIdentity>> {
+    c.query_row("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = ?1", [h], |r| {
+        Ok(AgentIdentity { tenant_id: r.get(0)?, store_id: r.get(1)? })
+    })
+    .optional()
+    .map_err(backend_err)
+}
+
+type KeyRef<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
+    let mut insert_task = c
+        .prepare_cached(
+            "INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
+             content_type, content, fingerprint, state, attempts, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'pending', 0, ?13, ?13) \
+             ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING",
+        )
+        .map_err(backend_err)?;
+    let mut insert_event = c
+        .prepare_cached(
+            "INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason) \
+             VALUES (?1, ?2, NULL, 'pending', 0, ?3, 'submitted')",
+        )
+        .map_err(backend_err)?;
+    let mut insert_charge = c
+        .prepare_cached(
+            "INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)",
+        )
+        .map_err(backend_err)?;
+
+    let mut out: Vec<SubmitOutcome> = Vec::with_capacity(batch.len());
+    // Key → index in `out` of the first occurrence in this batch.
+    let mut seen: HashMap<KeyRef<'_>, usize> = HashMap::with_capacity(batch.len());
+    for (i, t) in batch.iter().enumerate() {
+        let key = (t.tenant_id.as_str(), t.target.as_str(), t.biz_no.as_str(), t.print_type.as_str());
+        if let Some(&first) = seen.get(&key) {
+            out.push(SubmitOutcome::Existing(out[first].task().clone()));
+            continue;
+        }
+        seen.insert(key, i);
+        let inserted = insert_task
+            .execute(params![
+                t.task_id,
+                t.tenant_id,
+                t.store_id,
+                t.printer_id,
+                t.station_id,
+                t.target,
+                t.biz_no,
+                t.print_type,
+                t.priority,
+                t.content_type,
+                t.content,
+                t.fingerprint,
+                t.now
+            ])
+            .map_err(|e| constraint_err(e, &format!("task {}", t.task_id), &format!("printer {}", t.printer_id)))?;
+        if inserted == 1 {
+            insert_event.execute(params![t.task_id, t.now, t.actor]).map_err(backend_err)?;
+            insert_charge.execute(params![t.tenant_id, t.task_id, t.charge, t.now]).map_err(backend_err)?;
+            out.push(SubmitOutcome::Created(Task {
+                task_id: t.task_id.clone(),
+                tenant_id: t.tenant_id.clone(),
+                store_id: t.store_id.clone(),
+                printer_id: t.printer_id.clone(),
+                station_id: t.station_id.clone(),
+                target: t.target.clone(),
+                biz_no: t.biz_no.clone(),
+                print_type: t.print_type.clone(),
+                priority: t.priority,
+                content_type: t.content_type.clone(),
+                fingerprint: t.fingerprint.clone(),
+                state: TaskState::Pending,
+                attempts: 0,
+                last_error: None,
+                next_attempt_at: None,
+                created_at: t.now,
+                updated_at: t.now,
+                printed_at: None,
+            }));
+        } else {
+            let existing = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.ok_or_else(|| {
+                StoreError::Backend(format!("task key of {} conflicted but no row was found", t.task_id))
+            })?;
+            out.push(SubmitOutcome::Existing(existing));
+        }
+    }
+    Ok(out)
+}
+
+pub fn get_task(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Task>> {
+    c.prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1 AND tenant_id = ?2"))
+        .and_then(|mut s| s.query_row([id, t], task_from_row).optional())
+        .map_err(backend_err)
+}
+
+pub fn find_task(c: &Connection, tenant: &str, target: &str, biz_no: &str, print_type: &str) -> StoreResult<Option<Task>> {
+    c.prepare_cached(&format!(
+        "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND target = ?2 AND biz_no = ?3 AND print_type = ?4"
+    ))
+    .and_then(|mut s| s.query_row([tenant, target, biz_no, print_type], task_from_row).optional())
+    .map_err(backend_err)
+}
+
+pub fn task_content(c: &Connection, id: &str) -> StoreResult<Option<TaskContent>> {
+    c.query_row("SELECT content_type, content FROM tasks WHERE id = ?1", [id], |r| {
+        Ok(TaskContent { content_type: r.get(0)?, content: r.get(1)? })
+    })
+    .optional()
+    .map_err(backend_err)
+}
+
+pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 \
+             AND (?2 IS NULL OR store_id = ?2) AND (?3 IS NULL OR state = ?3) \
+             AND (?4 IS NULL OR biz_no = ?4) AND (?5 IS NULL OR id < ?5) \
+             ORDER BY id DESC LIMIT ?6"
+        ))
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(
+            params![q.tenant_id, q.store_id, q.state.map(TaskState::as_str), q.biz_no, q.cursor, q.limit],
+            task_from_row,
+        )
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn task_events(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Vec<TaskEvent>>> {
+    if get_task(c, t, id)?.is_none() {
+        return Ok(None);
+    }
+    let mut s = c
+        .prepare_cached(
+            "SELECT at, from_state, to_state, attempt, actor, reason FROM task_events WHERE task_id = ?1 ORDER BY id",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([id], |r| {
+            let from: Option<String> = r.get(1)?;
+            let to: String = r.get(2)?;
+            Ok(TaskEvent {
+                at: r.get(0)?,
+                from: from.map(|f| state_of(&f, 1)).transpose()?,
+                to: state_of(&to, 2)?,
+                attempt: r.get(3)?,
+                actor: r.get(4)?,
+                reason: r.get(5)?,
+            })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map(Some).map_err(backend_err)
+}
+
+pub fn ledger_entries(c: &Connection, id: &str) -> StoreResult<Vec<LedgerEntry>> {
+    let mut s = c
+        .prepare_cached("SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = ?1 ORDER BY id")
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([id], |r| {
+            Ok(LedgerEntry { task_id: r.get(0)?, tenant_id: r.get(1)?, kind: r.get(2)?, amount: r.get(3)?, at: r.get(4)? })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn count_by_state(c: &Connection) -> StoreResult<Vec<(TaskState, i64)>> {
+    let mut s = c.prepare_cached("SELECT state, COUNT(*) FROM tasks GROUP BY state").map_err(backend_err)?;
+    let rows = s
+        .query_map([], |r| {
+            let st: String = r.get(0)?;
+            Ok((state_of(&st, 0)?, r.get(1)?))
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
+    let changed = c
+        .prepare_cached(
+            "UPDATE tasks SET state = ?1, attempts = ?2, last_error = ?3, next_attempt_at = ?4, updated_at = ?5, \
+             printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END \
+             WHERE id = ?6 AND state = ?7 AND attempts = ?8",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                t.to.as_str(),
+                t.attempts,
+                t.last_error,
+                t.next_attempt_at,
+                t.now,
+                t.task_id,
+                t.from.as_str(),
+                t.expected_attempts
+            ])
+        })
+        .map_err(backend_err)?;
+    if changed != 1 {
+        return Ok(false);
+    }
+    c.prepare_cached(
+        "INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![t.task_id, t.now, t.from.as_str(), t.to.as_str(), t.attempts, t.actor, t.reason])
+    })
+    .map_err(backend_err)?;
+    Ok(true)
+}

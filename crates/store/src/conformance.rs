@@ -1,0 +1,413 @@
+//! The one storage test suite, run against every backend (SQLite and PostgreSQL).
+//!
+//! A backend's test file calls [`conformance_tests!`](crate::conformance_tests) with an
+//! async factory returning a fresh, empty, migrated store wrapped in a [`Harness`] (or
+//! `None` when the backend is not available on this machine, in which case the factory
+//! has already said so on stderr). Each case below becomes one `#[tokio::test]` in the
+//! backend crate, so a failure names both the case and the backend.
+
+use std::sync::Arc;
+
+use onceprint_core::{IdempotencyKey, TaskState};
+
+use crate::*;
+
+pub use crate::testing::Harness;
+
+/// Generates one test per conformance case for a backend factory.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:path) => {
+        $crate::conformance_tests!(@cases $factory;
+            settings_round_trip, setup_objects_and_isolation, submit_writes_task_event_and_charge,
+            duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
+            concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
+            list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts);
+    };
+    (@cases $factory:path; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(h) = $factory().await else { return };
+                $crate::conformance::$case(h.store.clone()).await;
+                drop(h);
+            }
+        )*
+    };
+}
+
+pub const NOW: i64 = 1_764_000_000_000;
+
+async fn tenant(s: &Arc<dyn Store>, id: &str) {
+    s.create_tenant(NewTenant { id: id.into(), name: format!("Tenant {id}"), api_key_hash: format!("hash-{id}"), now: NOW })
+        .await
+        .unwrap();
+    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), now: NOW }).await.unwrap();
+    s.create_printer(NewPrinter {
+        tenant_id: id.into(),
+        id: "p1".into(),
+        store_id: "s1".into(),
+        name: "Kitchen".into(),
+        transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+}
+
+/// A submission for tenant `t`, printer p1, with content `c`.
+pub fn new_task(t: &str, biz_no: &str, c: &str, seq: u64) -> NewTask {
+    NewTask {
+        task_id: format!("{seq:020}-{t}"),
+        tenant_id: t.into(),
+        store_id: "s1".into(),
+        printer_id: "p1".into(),
+        station_id: None,
+        target: "printer:p1".into(),
+        biz_no: biz_no.into(),
+        print_type: "receipt".into(),
+        priority: 10,
+        content_type: "text".into(),
+        content: c.as_bytes().to_vec(),
+        fingerprint: format!("fp-{c}"),
+        actor: format!("tenant:{t}"),
+        charge: 1,
+        now: NOW + seq as i64,
+    }
+}
+
+fn key(t: &str, biz_no: &str) -> IdempotencyKey {
+    IdempotencyKey { tenant_id: t.into(), target: "printer:p1".into(), biz_no: biz_no.into(), print_type: "receipt".into() }
+}
+
+pub async fn settings_round_trip(s: Arc<dyn Store>) {
+    assert_eq!(s.get_setting("admin_token_hash").await.unwrap(), None);
+    s.put_setting("admin_token_hash", "a").await.unwrap();
+    s.put_setting("admin_token_hash", "b").await.unwrap();
+    assert_eq!(s.get_setting("admin_token_hash").await.unwrap().as_deref(), Some("b"));
+    s.ping().await.unwrap();
+}
+
+pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let dup = s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "h2".into(), now: NOW }).await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap().id, "acme");
+    assert_eq!(s.tenant_by_key_hash("nope").await.unwrap(), None);
+
+    let dup = s.create_store(NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "x".into(), now: NOW }).await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    assert_eq!(s.get_store("acme", "s1").await.unwrap().unwrap().name, "Main");
+    assert_eq!(s.get_store("acme", "s9").await.unwrap(), None);
+    assert_eq!(s.list_stores("acme").await.unwrap().len(), 1);
+
+    let bad = s
+        .create_printer(NewPrinter {
+            tenant_id: "acme".into(),
+            id: "p2".into(),
+            store_id: "nowhere".into(),
+            name: "x".into(),
+            transport: "{}".into(),
+            now: NOW,
+        })
+        .await;
+    assert!(matches!(bad, Err(StoreError::NotFound(_))), "{bad:?}");
+    let dup = s
+        .create_printer(NewPrinter {
+            tenant_id: "acme".into(),
+            id: "p1".into(),
+            store_id: "s1".into(),
+            name: "x".into(),
+            transport: "{}".into(),
+            now: NOW,
+        })
+        .await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    let p = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p.store_id.as_str(), p.online, p.last_seen_at), ("s1", false, None));
+    assert!(p.transport.contains("9100"));
+    assert_eq!(s.list_printers("acme", Some("s1")).await.unwrap().len(), 1);
+    assert_eq!(s.list_printers("acme", Some("s2")).await.unwrap().len(), 0);
+    assert_eq!(s.list_printers("acme", None).await.unwrap().len(), 1);
+
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "Backup".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+    let st = s
+        .create_station(NewStation {
+            tenant_id: "acme".into(),
+            id: "hot".into(),
+            store_id: "s1".into(),
+            printers: vec!["p2".into(), "p1".into()],
+            now: NOW,
+        })
+        .await
+        .unwrap();
+    assert_eq!(st.printers, vec!["p2".to_string(), "p1".to_string()]);
+    assert_eq!(s.get_station("acme", "hot").await.unwrap().unwrap().printers, st.printers);
+    assert_eq!(s.get_station("other", "hot").await.unwrap(), None);
+    let dup = s
+        .create_station(NewStation {
+            tenant_id: "acme".into(),
+            id: "hot".into(),
+            store_id: "s1".into(),
+            printers: vec!["p1".into()],
+            now: NOW,
+        })
+        .await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+
+    s.create_agent_token(NewAgentToken { token_hash: "tok".into(), tenant_id: "acme".into(), store_id: "s1".into(), now: NOW })
+        .await
+        .unwrap();
+    assert_eq!(
+        s.agent_by_token_hash("tok").await.unwrap(),
+        Some(AgentIdentity { tenant_id: "acme".into(), store_id: "s1".into() })
+    );
+    assert_eq!(s.agent_by_token_hash("nope").await.unwrap(), None);
+
+    // The other tenant has its own p1 and s1, and sees none of acme's printers.
+    assert_eq!(s.get_printer("other", "p2").await.unwrap(), None);
+}
+
+pub async fn submit_writes_task_event_and_charge(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let t = new_task("acme", "A1001", "hello", 1);
+    let out = s.submit_batch(vec![t.clone()]).await.unwrap();
+    let SubmitOutcome::Created(task) = &out[0] else { panic!("{out:?}") };
+    assert_eq!(task.task_id, t.task_id);
+    assert_eq!(task.state, TaskState::Pending);
+    assert_eq!((task.attempts, task.printed_at, task.created_at), (0, None, t.now));
+    assert_eq!(task.fingerprint, "fp-hello");
+    let got = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(&got, task);
+    assert_eq!(s.find_task(&key("acme", "A1001")).await.unwrap().unwrap().task_id, t.task_id);
+    let content = s.task_content(&t.task_id).await.unwrap().unwrap();
+    assert_eq!((content.content_type.as_str(), content.content.as_slice()), ("text", &b"hello"[..]));
+    let events = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].from, events[0].to, events[0].actor.as_str()), (None, TaskState::Pending, "tenant:acme"));
+    let ledger = s.ledger_entries(&t.task_id).await.unwrap();
+    assert_eq!(ledger.len(), 1);
+    assert_eq!((ledger[0].kind.as_str(), ledger[0].amount), ("charge", 1));
+}
+
+pub async fn duplicates_return_the_existing_task(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let first = new_task("acme", "A1", "x", 1);
+    s.submit_batch(vec![first.clone()]).await.unwrap();
+    // Same key, new task id (a retry generates a fresh id): the existing task answers.
+    let again = s.submit_batch(vec![new_task("acme", "A1", "x", 2)]).await.unwrap();
+    let SubmitOutcome::Existing(t) = &again[0] else { panic!("{again:?}") };
+    assert_eq!(t.task_id, first.task_id);
+    // Same key, other content: still the existing row; the caller sees the fingerprint differ.
+    let other = s.submit_batch(vec![new_task("acme", "A1", "y", 3)]).await.unwrap();
+    let SubmitOutcome::Existing(t) = &other[0] else { panic!("{other:?}") };
+    assert_eq!((t.task_id.as_str(), t.fingerprint.as_str()), (first.task_id.as_str(), "fp-x"));
+    assert_eq!(s.ledger_entries(&first.task_id).await.unwrap().len(), 1);
+    assert_eq!(s.task_events("acme", &first.task_id).await.unwrap().unwrap().len(), 1);
+    let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 1);
+}
+
+pub async fn duplicates_inside_one_batch_collapse(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let batch = vec![
+        new_task("acme", "B1", "x", 1),
+        new_task("acme", "B2", "x", 2),
+        new_task("acme", "B1", "x", 3),
+        new_task("acme", "B1", "other", 4),
+    ];
+    let out = s.submit_batch(batch.clone()).await.unwrap();
+    assert_eq!(out.len(), 4);
+    assert!(matches!(out[0], SubmitOutcome::Created(_)));
+    assert!(matches!(out[1], SubmitOutcome::Created(_)));
+    assert!(matches!(out[2], SubmitOutcome::Existing(_)));
+    assert!(matches!(out[3], SubmitOutcome::Existing(_)));
+    assert_eq!(out[2].task().task_id, batch[0].task_id);
+    assert_eq!(out[3].task().fingerprint, "fp-x");
+    let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 2);
+}
+
+pub async fn concurrent_identical_submissions_create_one_task(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    // Half go through the group committer, half as separate concurrent batches, so both
+    // the in-batch collapse and the unique constraint across transactions are exercised.
+    let gc = GroupCommitter::start(s.clone(), GroupCommitConfig { max_batch: 16, max_in_flight: 4 });
+    let mut handles = Vec::new();
+    for i in 0..64u64 {
+        let s = s.clone();
+        let gc = gc.clone();
+        handles.push(tokio::spawn(async move {
+            let t = new_task("acme", "RACE", "same", 100 + i);
+            if i % 2 == 0 {
+                gc.submit(t).await.unwrap()
+            } else {
+                s.submit_batch(vec![t]).await.unwrap().remove(0)
+            }
+        }));
+    }
+    let mut created = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    for h in handles {
+        let out = h.await.unwrap();
+        if matches!(out, SubmitOutcome::Created(_)) {
+            created += 1;
+        }
+        ids.insert(out.task().task_id.clone());
+    }
+    assert_eq!(created, 1);
+    assert_eq!(ids.len(), 1, "every answer names the same task");
+    let id = ids.into_iter().next().unwrap();
+    assert_eq!(s.ledger_entries(&id).await.unwrap().len(), 1);
+    let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 1);
+}
+
+pub async fn tasks_are_tenant_scoped(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let a = new_task("acme", "A1", "x", 1);
+    let b = new_task("other", "A1", "x", 2);
+    let out = s.submit_batch(vec![a.clone(), b.clone()]).await.unwrap();
+    assert!(out.iter().all(|o| matches!(o, SubmitOutcome::Created(_))), "same biz_no, other tenant: {out:?}");
+    assert_eq!(s.get_task("other", &a.task_id).await.unwrap(), None);
+    assert_eq!(s.task_events("other", &a.task_id).await.unwrap(), None);
+    let theirs = s.list_tasks(&TaskQuery { tenant_id: "other".into(), limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(theirs.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), vec![b.task_id]);
+}
+
+pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.create_store(NewStore { tenant_id: "acme".into(), id: "s2".into(), name: "Two".into(), now: NOW }).await.unwrap();
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p9".into(),
+        store_id: "s2".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+    let mut batch: Vec<NewTask> = (0..7).map(|i| new_task("acme", &format!("L{i}"), "x", i)).collect();
+    let mut other_store = new_task("acme", "L-s2", "x", 50);
+    other_store.store_id = "s2".into();
+    other_store.printer_id = "p9".into();
+    other_store.target = "printer:p9".into();
+    batch.push(other_store);
+    s.submit_batch(batch).await.unwrap();
+
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s
+            .list_tasks(&TaskQuery {
+                tenant_id: "acme".into(),
+                store_id: Some("s1".into()),
+                limit: 3,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.len() <= 3);
+        if page.is_empty() {
+            break;
+        }
+        cursor = page.last().map(|t| t.task_id.clone());
+        seen.extend(page.into_iter().map(|t| t.task_id));
+    }
+    assert_eq!(seen.len(), 7);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.reverse();
+    assert_eq!(seen, sorted, "newest (largest id) first");
+    let by_biz = s
+        .list_tasks(&TaskQuery { tenant_id: "acme".into(), biz_no: Some("L3".into()), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(by_biz.len(), 1);
+    let none = s
+        .list_tasks(&TaskQuery {
+            tenant_id: "acme".into(),
+            state: Some(TaskState::Printed),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+}
+
+pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let t = new_task("acme", "C1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    let send = Transition {
+        task_id: t.task_id.clone(),
+        from: TaskState::Pending,
+        expected_attempts: 0,
+        to: TaskState::Sent,
+        attempts: 1,
+        last_error: None,
+        next_attempt_at: None,
+        actor: "engine".into(),
+        reason: "dispatched".into(),
+        now: NOW + 10,
+    };
+    assert!(s.transition(&send).await.unwrap());
+    assert!(!s.transition(&send).await.unwrap(), "the same CAS twice applies once");
+    let stale = Transition { from: TaskState::Sent, expected_attempts: 0, to: TaskState::Printed, ..send.clone() };
+    assert!(!s.transition(&stale).await.unwrap(), "an ack for an older attempt changes nothing");
+    let printed = Transition {
+        from: TaskState::Sent,
+        expected_attempts: 1,
+        to: TaskState::Printed,
+        attempts: 1,
+        reason: "printer acknowledged".into(),
+        now: NOW + 20,
+        ..send.clone()
+    };
+    assert!(s.transition(&printed).await.unwrap());
+    let task = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!((task.state, task.attempts, task.printed_at, task.updated_at), (TaskState::Printed, 1, Some(NOW + 20), NOW + 20));
+    let ev = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
+    let path: Vec<_> = ev.iter().map(|e| (e.from, e.to)).collect();
+    assert_eq!(
+        path,
+        vec![(None, TaskState::Pending), (Some(TaskState::Pending), TaskState::Sent), (Some(TaskState::Sent), TaskState::Printed)]
+    );
+    assert_eq!(ev[2].reason, "printer acknowledged");
+    let retry = Transition {
+        from: TaskState::Printed,
+        expected_attempts: 1,
+        to: TaskState::Retrying,
+        last_error: Some("no_paper".into()),
+        next_attempt_at: Some(NOW + 1000),
+        ..send
+    };
+    // The store enforces CAS only; this one matches (state, attempts) but the engine would
+    // never ask for it. Check that last_error and next_attempt_at are written when it does.
+    assert!(s.transition(&retry).await.unwrap());
+    let task = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!((task.last_error.as_deref(), task.next_attempt_at), (Some("no_paper"), Some(NOW + 1000)));
+}
+
+pub async fn count_by_state_counts(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let batch: Vec<NewTask> = (0..5).map(|i| new_task("acme", &format!("N{i}"), "x", i)).collect();
+    s.submit_batch(batch).await.unwrap();
+    let counts = s.count_by_state().await.unwrap();
+    let pending = counts.iter().find(|(st, _)| *st == TaskState::Pending).map(|(_, n)| *n);
+    assert_eq!(pending, Some(5));
+}

@@ -1,0 +1,105 @@
+//! The storage boundary of onceprint.
+//!
+//! This crate owns the [`Store`] trait that every database backend implements (SQLite and
+//! PostgreSQL today), the row types that cross it, the [`GroupCommitter`] that turns many
+//! concurrent submissions into one durable transaction, and — behind the `conformance`
+//! feature — the one test suite every backend must pass.
+//!
+//! It must never contain SQL or know which database is behind the trait: the rules that
+//! decide duplicates and legal transitions live in `onceprint-core`, the SQL in the backend
+//! crates. What the trait promises (atomic creation of task + audit event + ledger charge,
+//! compare-and-set transitions, the unique key as final judge) is spelled out on each
+//! method and checked by the conformance suite.
+
+mod batch;
+pub mod model;
+pub mod testing;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use async_trait::async_trait;
+use onceprint_core::{IdempotencyKey, TaskState};
+
+pub use batch::{GroupCommitConfig, GroupCommitter};
+pub use model::*;
+
+/// Failures of a backend, independent of which database is behind it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// An object with this id already exists (tenant, store, printer, station).
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    /// A referenced object does not exist (for example the store of a new printer).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The database cannot be reached or refused the connection.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else the database reported. Carries the backend's message for the logs.
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// One database backend. All methods are safe to call concurrently.
+///
+/// Every write is durable when the returned future resolves: callers answer HTTP clients
+/// and acknowledge messages only afterwards (R7, R22).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Short name for logs and metrics ("sqlite", "postgres").
+    fn backend(&self) -> &'static str;
+
+    /// Cheap round trip used by `/readyz`.
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Small key/value settings that belong to the database (e.g. the admin token hash).
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()>;
+
+    async fn create_tenant(&self, tenant: NewTenant) -> StoreResult<Tenant>;
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>>;
+
+    async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow>;
+    async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>>;
+    async fn list_stores(&self, tenant_id: &str) -> StoreResult<Vec<StoreRow>>;
+
+    /// Fails with `NotFound("store …")` when the store is not the tenant's.
+    async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer>;
+    async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>>;
+    async fn list_printers(&self, tenant_id: &str, store_id: Option<&str>) -> StoreResult<Vec<Printer>>;
+
+    /// Fails with `NotFound` when the store or a printer is not the tenant's; the caller
+    /// checks beforehand that all printers belong to the station's store.
+    async fn create_station(&self, station: NewStation) -> StoreResult<Station>;
+    async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>>;
+
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()>;
+    async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>>;
+
+    /// Creates tasks in one transaction, each with its first audit event and its ledger
+    /// charge (R6). A task whose key already exists — in the database or earlier in the
+    /// same batch — is not created; its existing row is returned instead. The unique
+    /// constraint on the key is the final judge, also against concurrent batches. Results
+    /// are in input order.
+    async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>>;
+
+    async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>>;
+    async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>>;
+    async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>>;
+    /// Newest first; `cursor` is the last task id of the previous page.
+    async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>>;
+    /// `None` when the task does not exist for this tenant.
+    async fn task_events(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Vec<TaskEvent>>>;
+    async fn ledger_entries(&self, task_id: &str) -> StoreResult<Vec<LedgerEntry>>;
+    /// Number of tasks in each state, for the `/metrics` gauge.
+    async fn count_by_state(&self) -> StoreResult<Vec<(TaskState, i64)>>;
+
+    /// Compare-and-set on (state, attempts): applies `change` only if the task is still in
+    /// `change.from` at `change.expected_attempts`, writing the audit event in the same
+    /// transaction. Returns `false` (and writes nothing) when someone else moved it first.
+    /// The caller has checked the transition against the state machine.
+    async fn transition(&self, change: &Transition) -> StoreResult<bool>;
+}
