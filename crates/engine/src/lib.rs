@@ -1,1 +1,20 @@
-//! placeholder
+//! The broker's logic between the HTTP surface and the database.
+//!
+//! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
+//! enqueue), the in-process first gate that answers recent duplicates without a database
+//! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
+//! and the secrets helpers (hashing and generating API keys and tokens).
+//!
+//! It must never speak HTTP (status codes and JSON bodies belong to `onceprint-server`)
+//! and never write SQL (that belongs to the store backends). Every decision that can be
+//! made without IO is delegated to `onceprint-core`.
+
+pub mod clock;
+pub mod directory;
+pub mod gate;
+pub mod intake;
+pub mod secrets;
+
+pub use directory::Directory;
+pub use gate::RecentTasks;
+pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};

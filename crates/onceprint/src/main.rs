@@ -1,1 +1,165 @@
-fn main() {}
+//! The `onceprint` binary: parses the command line and wires the crates together. It holds
+//! no logic of its own beyond choosing the database backend from the URL.
+
+mod config;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use onceprint_server::AdminToken;
+use onceprint_store::Store;
+
+#[derive(Parser)]
+#[command(name = "onceprint", version, about = "Self-hosted print-task broker: print exactly once, lose nothing.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker: HTTP API (and, with later work, dispatcher and sweeper).
+    Serve(config::ServeArgs),
+    /// Benchmarks against a fresh broker started by this command.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// N submissions from C concurrent HTTP connections with a share of duplicates.
+    Submit {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        #[arg(long, default_value_t = 200_000)]
+        requests: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Share of requests that repeat an earlier key (0.0–1.0).
+        #[arg(long, default_value_t = 0.30)]
+        duplicates: f64,
+        #[arg(long, default_value_t = 10)]
+        printers: usize,
+        /// Requests sent before measuring.
+        #[arg(long, default_value_t = 5_000)]
+        warmup: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal; log files and CI get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+}
+
+async fn open_store(url: &str, pool_size: usize) -> anyhow::Result<Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = onceprint_store_postgres::PostgresStore::connect(url, pool_size)
+            .await
+            .with_context(|| "cannot open the PostgreSQL database")?;
+        Ok(Arc::new(store))
+    } else if url.starts_with("sqlite:") {
+        let store = onceprint_store_sqlite::SqliteStore::open_url(url).with_context(|| "cannot open the SQLite database")?;
+        Ok(Arc::new(store))
+    } else {
+        anyhow::bail!("--database must be sqlite://PATH or postgres://…, got {url:?}")
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown requested: no new connections; finishing requests in flight");
+}
+
+async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
+    let cfg = config::resolve(args)?;
+    let store = open_store(&cfg.database, cfg.postgres_pool_size).await?;
+    let (hash, how) = onceprint_server::settle_admin_token(store.as_ref(), cfg.admin_token.as_deref()).await?;
+    let bound = onceprint_server::bind(store.clone(), hash, &cfg.listen, cfg.http).await?;
+    let addr = bound.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        if let AdminToken::Generated(token) = &how {
+            writeln!(out, "admin token (shown once, keep it safe): {token}")?;
+        }
+        // Scripts and the benchmark wait for this exact line.
+        writeln!(out, "listening on http://{addr}")?;
+        out.flush()?;
+    }
+    if how == AdminToken::Stored {
+        tracing::info!("using the admin token generated at an earlier start (pass --admin-token to replace it)");
+    }
+    tracing::info!(%addr, backend = store.backend(), "onceprint serving");
+    bound.serve(shutdown_signal()).await?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+async fn bench(which: BenchCommand) -> anyhow::Result<()> {
+    match which {
+        BenchCommand::Submit { database, requests, concurrency, duplicates, printers, warmup, json } => {
+            let broker_exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_submit(onceprint_bench::SubmitOptions {
+                broker_exe,
+                database,
+                requests,
+                concurrency,
+                duplicate_share: duplicates,
+                printers,
+                warmup,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", report.render_text());
+            }
+            if !report.problems.is_empty() {
+                anyhow::bail!("the benchmark found {} problem(s)", report.problems.len());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Bench { which } => bench(which).await,
+        }
+    })
+}

@@ -1,1 +1,169 @@
-//! placeholder
+//! The HTTP surface of the onceprint broker (CONTRACT.md).
+//!
+//! This crate owns routing, authentication of the three kinds of bearer tokens, the JSON
+//! shapes and the single mapping of every failure to the error body, the Prometheus
+//! metrics and the OpenAPI document generated from the handlers.
+//!
+//! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
+//! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
+
+mod dto;
+mod error;
+mod extract;
+mod metrics;
+pub mod openapi;
+mod routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use onceprint_engine::{secrets, Directory, Intake, IntakeConfig};
+use onceprint_store::{Store, StoreError};
+
+pub use error::ApiError;
+
+/// Settings of the HTTP server.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Largest accepted request body; larger ones get 413 `payload_too_large`.
+    pub max_body_bytes: usize,
+    pub intake: IntakeConfig,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { max_body_bytes: 1024 * 1024, intake: IntakeConfig::default() }
+    }
+}
+
+/// Shared state of all handlers.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) intake: Arc<Intake>,
+    pub(crate) directory: Arc<Directory>,
+    pub(crate) metrics: Arc<metrics::Metrics>,
+    pub(crate) admin_token_hash: Arc<str>,
+    pub(crate) config: Arc<HttpConfig>,
+}
+
+/// Failures while starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("server error: {0}")]
+    Serve(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The settings key under which the admin token's hash is kept.
+const ADMIN_TOKEN_SETTING: &str = "admin_token_hash";
+
+/// How the admin token was settled at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminToken {
+    /// Given on the command line, in the environment or the config file.
+    Given,
+    /// A token generated at an earlier start is in use (its hash is stored).
+    Stored,
+    /// Generated now; the caller must show it once.
+    Generated(String),
+}
+
+/// Settles the admin token: a given token wins and is remembered (by hash); otherwise the
+/// stored one stays valid; otherwise a new one is generated and returned for showing once.
+pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Result<(String, AdminToken), StoreError> {
+    if let Some(token) = given.filter(|t| !t.is_empty()) {
+        let hash = secrets::hash(token);
+        store.put_setting(ADMIN_TOKEN_SETTING, &hash).await?;
+        return Ok((hash, AdminToken::Given));
+    }
+    if let Some(hash) = store.get_setting(ADMIN_TOKEN_SETTING).await? {
+        return Ok((hash, AdminToken::Stored));
+    }
+    let token = secrets::generate("opadm_");
+    let hash = secrets::hash(&token);
+    store.put_setting(ADMIN_TOKEN_SETTING, &hash).await?;
+    Ok((hash, AdminToken::Generated(token)))
+}
+
+/// Builds the router with all routes and middleware.
+pub fn router(state: AppState) -> Router {
+    use routes::{meta, setup, tasks};
+    Router::new()
+        .route("/v1/tenants", post(setup::create_tenant))
+        .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
+        .route("/v1/stores/{id}", get(setup::get_store))
+        .route("/v1/stores/{id}/agent-tokens", post(setup::create_agent_token))
+        .route("/v1/printers", post(setup::create_printer).get(setup::list_printers))
+        .route("/v1/printers/{id}", get(setup::get_printer))
+        .route("/v1/stations", post(setup::create_station))
+        .route("/v1/stations/{id}", get(setup::get_station))
+        .route("/v1/print-tasks", post(tasks::submit).get(tasks::list_tasks))
+        .route("/v1/print-tasks/{task_id}", get(tasks::get_task))
+        .route("/v1/print-tasks/{task_id}/events", get(tasks::task_events))
+        .route("/healthz", get(meta::healthz))
+        .route("/readyz", get(meta::readyz))
+        .route("/metrics", get(meta::metrics))
+        .route("/openapi.json", get(meta::openapi))
+        .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see /openapi.json",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// A bound, not yet serving, broker.
+pub struct Bound {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+}
+
+/// Starts intake and binds the listener. Serving starts with [`Bound::serve`].
+pub async fn bind(
+    store: Arc<dyn Store>,
+    admin_token_hash: String,
+    listen: &str,
+    config: HttpConfig,
+) -> Result<Bound, ServerError> {
+    let directory = Arc::new(Directory::new(store.clone()));
+    let intake = Arc::new(Intake::start(store.clone(), directory.clone(), config.intake.clone()));
+    let state = AppState {
+        store,
+        intake,
+        directory,
+        metrics: metrics::Metrics::new(),
+        admin_token_hash: admin_token_hash.into(),
+        config: Arc::new(config),
+    };
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServerError::Bind { addr: listen.to_owned(), source })?;
+    Ok(Bound { listener, state })
+}
+
+impl Bound {
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        self.listener.local_addr().map_err(ServerError::Serve)
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
+    /// finish and returns once intake has nothing left to commit.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        let app = router(self.state.clone());
+        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
+        Ok(())
+    }
+}

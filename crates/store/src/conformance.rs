@@ -5,6 +5,10 @@
 //! `None` when the backend is not available on this machine, in which case the factory
 //! has already said so on stderr). Each case below becomes one `#[tokio::test]` in the
 //! backend crate, so a failure names both the case and the backend.
+//!
+//! Besides these examples, [`idempotency_property_test!`](crate::idempotency_property_test)
+//! generates one property test of the intake's idempotency contract (see
+//! [`idempotency_property`]); a backend adds it in a test file of its own.
 
 use std::sync::Arc;
 
@@ -13,6 +17,10 @@ use onceprint_core::{IdempotencyKey, TaskState};
 use crate::*;
 
 pub use crate::testing::Harness;
+
+mod idempotency;
+
+pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 
 /// Generates one test per conformance case for a backend factory.
 #[macro_export]

@@ -1,0 +1,193 @@
+//! Intake: one submission from parsed request to durable task (R1–R7).
+//!
+//! The order of work is the contract of R3: the `biz_no` red line first, then the
+//! duplicate gates, then validation against the directory, then one durable write that
+//! persists the task, its audit event and its ledger charge together. A duplicate answered
+//! by the first gate never reaches validation, the database or the ledger.
+
+use std::sync::Arc;
+
+use onceprint_core::content::CanonicalContent;
+use onceprint_core::{
+    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, TaskId, TaskState, Target,
+};
+use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
+use rand::RngCore;
+
+use crate::{clock::now_ms, Directory, RecentTasks};
+
+/// Tuning of intake.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    pub policies: PolicyTable,
+    pub content_limits: ContentLimits,
+    /// Keys remembered by the first gate.
+    pub gate_capacity: usize,
+    pub group_commit: GroupCommitConfig,
+    /// Ledger amount per accepted task.
+    pub charge: i64,
+}
+
+impl Default for IntakeConfig {
+    fn default() -> Self {
+        IntakeConfig {
+            policies: PolicyTable::default(),
+            content_limits: ContentLimits::default(),
+            gate_capacity: 200_000,
+            group_commit: GroupCommitConfig::default(),
+            charge: 1,
+        }
+    }
+}
+
+/// A submission as parsed from the request, before any check.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitRequest {
+    pub tenant_id: String,
+    pub biz_no: Option<String>,
+    pub printer_id: Option<String>,
+    pub station_id: Option<String>,
+    pub print_type: Option<String>,
+    pub content: Option<Content>,
+}
+
+/// Whether the answer created a task or found one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitKind {
+    Created,
+    Duplicate,
+}
+
+/// The answer to a submission that was not refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitAnswer {
+    pub kind: SubmitKind,
+    pub task_id: String,
+    pub state: TaskState,
+    /// Whether the answer came from the in-process gate (for metrics).
+    pub from_gate: bool,
+}
+
+/// Why a submission was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntakeError {
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    /// A referenced printer or station does not exist for this tenant.
+    #[error("{0}")]
+    UnknownTarget(String),
+    /// Same key, different content (R4).
+    #[error("task {task_id} already exists for this biz_no, printer and print type with different content")]
+    Mismatch { task_id: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The intake service.
+pub struct Intake {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+    gate: Arc<RecentTasks>,
+    committer: GroupCommitter,
+    config: IntakeConfig,
+}
+
+impl Intake {
+    /// Starts intake (and its group committer) on the current tokio runtime.
+    pub fn start(store: Arc<dyn Store>, directory: Arc<Directory>, config: IntakeConfig) -> Intake {
+        let committer = GroupCommitter::start(store.clone(), config.group_commit);
+        Intake { gate: Arc::new(RecentTasks::new(config.gate_capacity)), store, directory, committer, config }
+    }
+
+    /// The first gate, shared with whoever changes task states in this process.
+    pub fn gate(&self) -> &Arc<RecentTasks> {
+        &self.gate
+    }
+
+    pub fn policies(&self) -> &PolicyTable {
+        &self.config.policies
+    }
+
+    /// Runs one submission through the order of work of R3.
+    pub async fn submit(&self, req: SubmitRequest) -> Result<SubmitAnswer, IntakeError> {
+        // R1: the red line comes before anything else is looked at.
+        let biz_no = validate_biz_no(req.biz_no.as_deref())?.to_owned();
+        let target = Target::from_request(req.printer_id.as_deref(), req.station_id.as_deref())?;
+        let (print_type, policy) = self.config.policies.resolve(req.print_type.as_deref())?;
+        let content = req.content.as_ref().ok_or_else(|| CoreError::invalid("content", "is required"))?;
+        let canonical: CanonicalContent = content.canonicalize(self.config.content_limits)?;
+        let fingerprint = canonical.fingerprint();
+        let key = IdempotencyKey::new(&req.tenant_id, &target, &biz_no, print_type);
+
+        // First gate: a retry of a task this process already committed.
+        if let Some(hit) = self.gate.get(&key) {
+            return if hit.fingerprint == fingerprint.0 {
+                Ok(SubmitAnswer { kind: SubmitKind::Duplicate, task_id: hit.task_id.clone(), state: hit.state(), from_gate: true })
+            } else {
+                Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
+            };
+        }
+
+        // Validation against the directory: the target must be the tenant's.
+        let (printer_id, store_id, station_id) = match &target {
+            Target::Printer(p) => {
+                let printer = self
+                    .directory
+                    .printer(&req.tenant_id, p)
+                    .await?
+                    .ok_or_else(|| IntakeError::UnknownTarget(format!("printer_id: no printer {p:?}")))?;
+                (printer.id, printer.store_id, None)
+            }
+            Target::Station(s) => {
+                let station = self
+                    .directory
+                    .station(&req.tenant_id, s)
+                    .await?
+                    .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: no station {s:?}")))?;
+                let primary = station
+                    .printers
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers")))?;
+                (primary, station.store_id, Some(station.id))
+            }
+        };
+
+        let now = now_ms();
+        let mut random = [0u8; 10];
+        rand::thread_rng().fill_bytes(&mut random);
+        let new = NewTask {
+            task_id: TaskId::from_parts(now, random).into_string(),
+            tenant_id: req.tenant_id.clone(),
+            store_id,
+            printer_id,
+            station_id,
+            target: key.target.clone(),
+            biz_no,
+            print_type: print_type.to_owned(),
+            priority: policy.priority,
+            content_type: canonical.content_type.to_owned(),
+            content: canonical.bytes,
+            fingerprint: fingerprint.0.clone(),
+            actor: format!("tenant:{}", req.tenant_id),
+            charge: self.config.charge,
+            now,
+        };
+        let outcome = self.committer.submit(new).await?;
+        let (kind, task): (SubmitKind, &Task) = match &outcome {
+            SubmitOutcome::Created(t) => (SubmitKind::Created, t),
+            SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, t),
+        };
+        // The outcome is durable now, so the gate may remember it.
+        self.gate.insert(&key, &task.task_id, &task.fingerprint, task.state);
+        if task.fingerprint != fingerprint.0 {
+            return Err(IntakeError::Mismatch { task_id: task.task_id.clone() });
+        }
+        Ok(SubmitAnswer { kind, task_id: task.task_id.clone(), state: task.state, from_gate: false })
+    }
+
+    /// The store behind intake (for read paths of the HTTP layer).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}

@@ -1,0 +1,115 @@
+//! `onceprint serve` configuration: command-line flags, then environment variables, then
+//! the TOML file given with `--config`, then defaults — the first that sets a value wins.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use onceprint_core::{ContentLimits, PolicyTable, PrintTypePolicy};
+use onceprint_engine::IntakeConfig;
+use onceprint_server::HttpConfig;
+use onceprint_store::GroupCommitConfig;
+use serde::Deserialize;
+
+/// Flags of `onceprint serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, env = "ONCEPRINT_LISTEN")]
+    pub listen: Option<String>,
+    /// Database: sqlite://PATH (default sqlite://onceprint.db) or postgres://USER@HOST/DB.
+    #[arg(long, env = "ONCEPRINT_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Admin token; without one, a token is generated at first start and printed once.
+    #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// TOML configuration file (see README: configuration reference).
+    #[arg(long, env = "ONCEPRINT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Largest accepted request body in bytes (default 1048576).
+    #[arg(long, env = "ONCEPRINT_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The TOML file. Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub database: Option<String>,
+    pub admin_token: Option<String>,
+    pub max_body_bytes: Option<usize>,
+    /// Largest print content after decoding (default 262144).
+    pub max_content_bytes: Option<usize>,
+    /// Keys remembered by the in-process duplicate gate (default 200000; 0 disables).
+    pub gate_capacity: Option<usize>,
+    /// Most submissions committed in one transaction (default 512).
+    pub group_commit_max_batch: Option<usize>,
+    /// Batches committing at once (default 2 on SQLite, 4 on PostgreSQL).
+    pub group_commit_in_flight: Option<usize>,
+    /// PostgreSQL connection pool size (default 16).
+    pub postgres_pool_size: Option<usize>,
+    /// Ledger amount charged per accepted task (default 1).
+    pub charge_per_task: Option<i64>,
+    /// Print types: replaces the built-in table when present.
+    pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug)]
+pub struct Resolved {
+    pub listen: String,
+    pub database: String,
+    pub admin_token: Option<String>,
+    pub postgres_pool_size: usize,
+    pub http: HttpConfig,
+}
+
+pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("invalid configuration in {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let database = args.database.or(file.database).unwrap_or_else(|| "sqlite://onceprint.db".into());
+    let is_pg = database.starts_with("postgres://") || database.starts_with("postgresql://");
+    let mut policies = PolicyTable::default();
+    if let Some(types) = file.print_types {
+        if types.is_empty() {
+            anyhow::bail!("print_types: at least one print type is needed");
+        }
+        if !types.contains_key(onceprint_core::policy::DEFAULT_PRINT_TYPE) {
+            anyhow::bail!("print_types: the default print type \"receipt\" must be configured");
+        }
+        for name in types.keys() {
+            onceprint_core::validate_id("print_types", name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        policies = PolicyTable { types };
+    }
+    let mut content_limits = ContentLimits::default();
+    if let Some(n) = file.max_content_bytes {
+        content_limits.max_bytes = n;
+    }
+    let group_commit = GroupCommitConfig {
+        max_batch: file.group_commit_max_batch.unwrap_or(512).max(1),
+        max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 2 }).max(1),
+    };
+    Ok(Resolved {
+        listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".into()),
+        database,
+        admin_token: args.admin_token.or(file.admin_token).filter(|t| !t.is_empty()),
+        postgres_pool_size: file.postgres_pool_size.unwrap_or(16).max(1),
+        http: HttpConfig {
+            max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(1024 * 1024),
+            intake: IntakeConfig {
+                policies,
+                content_limits,
+                gate_capacity: file.gate_capacity.unwrap_or(200_000),
+                group_commit,
+                charge: file.charge_per_task.unwrap_or(1),
+            },
+        },
+    })
+}

@@ -1,0 +1,274 @@
+//! The JSON shapes of the HTTP API. Field names are fixed by CONTRACT.md; the types here
+//! also feed the OpenAPI document, so the description cannot drift from the code.
+
+use onceprint_core::Millis;
+use onceprint_store::{Printer, Station, StoreRow, Task, TaskEvent};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T09:53:36.123Z`.
+pub fn rfc3339(ms: Millis) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn opt_time(ms: Option<Millis>) -> Option<String> {
+    ms.map(rfc3339)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    /// 1–64 characters of `A-Za-z0-9._:-`.
+    pub id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantCreated {
+    pub id: String,
+    pub name: String,
+    /// The tenant's API key. Shown only in this answer; only its hash is stored.
+    pub api_key: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateStore {
+    pub id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreOut {
+    pub id: String,
+    pub name: String,
+    pub created_at: String,
+}
+
+impl From<StoreRow> for StoreOut {
+    fn from(s: StoreRow) -> Self {
+        StoreOut { id: s.id, name: s.name, created_at: rfc3339(s.created_at) }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreList {
+    pub stores: Vec<StoreOut>,
+}
+
+/// How the broker reaches a printer. Only `agent` exists so far: a store agent prints to a
+/// raw TCP (port 9100) ESC/POS printer at `address`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransportIn {
+    /// `agent`.
+    pub kind: String,
+    /// `tcp://HOST:PORT`, as seen from the store agent's machine.
+    pub address: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePrinter {
+    pub id: String,
+    pub store_id: String,
+    /// Defaults to the id.
+    pub name: Option<String>,
+    pub transport: TransportIn,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PrinterOut {
+    pub id: String,
+    pub store_id: String,
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub transport: serde_json::Value,
+    pub online: bool,
+    pub last_seen_at: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: String,
+}
+
+impl From<Printer> for PrinterOut {
+    fn from(p: Printer) -> Self {
+        PrinterOut {
+            transport: serde_json::from_str(&p.transport).unwrap_or(serde_json::Value::Null),
+            id: p.id,
+            store_id: p.store_id,
+            name: p.name,
+            online: p.online,
+            last_seen_at: opt_time(p.last_seen_at),
+            last_error: p.last_error,
+            created_at: rfc3339(p.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PrinterList {
+    pub printers: Vec<PrinterOut>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateStation {
+    pub id: String,
+    pub store_id: String,
+    /// Printer ids of the station's store: the primary first, then backups in order.
+    pub printers: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StationOut {
+    pub id: String,
+    pub store_id: String,
+    pub printers: Vec<String>,
+    pub created_at: String,
+}
+
+impl From<Station> for StationOut {
+    fn from(s: Station) -> Self {
+        StationOut { id: s.id, store_id: s.store_id, printers: s.printers, created_at: rfc3339(s.created_at) }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentTokenOut {
+    /// The agent token. Shown only in this answer; only its hash is stored.
+    pub token: String,
+    pub store_id: String,
+}
+
+/// A print task submission. Exactly one of `printer_id` and `station_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitTask {
+    /// The business number (order number, serial…). Required and non-empty (R1).
+    pub biz_no: Option<String>,
+    pub printer_id: Option<String>,
+    pub station_id: Option<String>,
+    /// Default `receipt`. Joins the idempotency key and selects the retry policy and priority.
+    pub print_type: Option<String>,
+    /// `{"type":"text","text":…}`, `{"type":"escpos","data":BASE64}` or `{"type":"doc","doc":{…}}`.
+    #[schema(value_type = Object)]
+    pub content: Option<onceprint_core::Content>,
+}
+
+/// The answer to a submission: 201 for a new task, 200 for a duplicate.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubmitOut {
+    pub task_id: String,
+    pub state: String,
+    pub duplicate: bool,
+    pub message: String,
+    pub biz_no: String,
+    pub print_type: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskOut {
+    pub task_id: String,
+    pub biz_no: String,
+    pub printer_id: String,
+    pub station_id: Option<String>,
+    pub store_id: String,
+    pub print_type: String,
+    pub priority: i32,
+    pub content_type: String,
+    /// One of `pending`, `sent`, `retrying`, `printed`, `failed`, `in_doubt`,
+    /// `transferred`, `cancelled`, `closed`.
+    pub state: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub printed_at: Option<String>,
+}
+
+impl From<Task> for TaskOut {
+    fn from(t: Task) -> Self {
+        TaskOut {
+            task_id: t.task_id,
+            biz_no: t.biz_no,
+            printer_id: t.printer_id,
+            station_id: t.station_id,
+            store_id: t.store_id,
+            print_type: t.print_type,
+            priority: t.priority,
+            content_type: t.content_type,
+            state: t.state.as_str().to_owned(),
+            attempts: t.attempts,
+            last_error: t.last_error,
+            next_attempt_at: opt_time(t.next_attempt_at),
+            created_at: rfc3339(t.created_at),
+            updated_at: rfc3339(t.updated_at),
+            printed_at: opt_time(t.printed_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList {
+    pub tasks: Vec<TaskOut>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventOut {
+    pub at: String,
+    /// `null` for the creation event.
+    pub from: Option<String>,
+    pub to: String,
+    pub attempt: i32,
+    /// `tenant:ID`, `engine`, `agent:ID`, `operator:NAME`…
+    pub actor: String,
+    pub reason: String,
+}
+
+impl From<TaskEvent> for EventOut {
+    fn from(e: TaskEvent) -> Self {
+        EventOut {
+            at: rfc3339(e.at),
+            from: e.from.map(|s| s.as_str().to_owned()),
+            to: e.to.as_str().to_owned(),
+            attempt: e.attempt,
+            actor: e.actor,
+            reason: e.reason,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventList {
+    pub events: Vec<EventOut>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListParams {
+    pub store_id: Option<String>,
+    pub state: Option<String>,
+    pub biz_no: Option<String>,
+    /// 1–500, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PrinterListParams {
+    pub store_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}

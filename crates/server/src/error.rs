@@ -1,0 +1,116 @@
+//! The one place where failures become HTTP answers with the body of CONTRACT.md:
+//! `{"error": {"code": "snake_case_code", "message": "…"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use onceprint_core::CoreError;
+use onceprint_engine::IntakeError;
+use onceprint_store::StoreError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An HTTP error answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The JSON error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
+    /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `conflict`,
+    /// `method_not_allowed`, `unavailable`, `internal`.
+    pub code: String,
+    /// For people: what was wrong and, where possible, how to fix it.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into() }
+    }
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> Self {
+        match e {
+            CoreError::MissingBizNo => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_biz_no",
+                "biz_no is required: send the order or serial number that identifies this print (e.g. \"A1001#kitchen\")",
+            ),
+            CoreError::Invalid { .. } => ApiError::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::AlreadyExists(what) => ApiError::conflict(format!("{what} already exists")),
+            StoreError::NotFound(what) => ApiError::invalid(format!("{what} does not exist")),
+            StoreError::Unavailable(m) => {
+                tracing::error!(error = %m, "database unavailable");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database is unavailable; retry later")
+            }
+            StoreError::Backend(m) => {
+                tracing::error!(error = %m, "database error");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the broker log")
+            }
+        }
+    }
+}
+
+impl From<IntakeError> for ApiError {
+    fn from(e: IntakeError) -> Self {
+        match e {
+            IntakeError::Invalid(c) => c.into(),
+            IntakeError::UnknownTarget(m) => ApiError::invalid(m),
+            IntakeError::Mismatch { task_id } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_mismatch",
+                format!(
+                    "task {task_id} already exists for this biz_no, target and print_type with different content; \
+                     use a new biz_no for different content"
+                ),
+            ),
+            IntakeError::Store(s) => s.into(),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Request extractors: JSON bodies with our error body, and the three kinds of bearer
+//! authentication (admin token, tenant API key, store agent token).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use onceprint_engine::secrets;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Parses JSON bytes into `T`, turning serde's message (which names the field, line and
+/// column) into an `invalid_request` answer.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path.is_empty() || path == "." {
+            ApiError::invalid(format!("invalid JSON body: {}", e.inner()))
+        } else {
+            ApiError::invalid(format!("{path}: {}", e.inner()))
+        }
+    })?;
+    // Trailing bytes after the JSON value are an error, not something to ignore.
+    de.end().map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// The raw body, with the configured size limit answered as 413 `payload_too_large`.
+pub struct Body(pub Bytes);
+
+impl FromRequest<AppState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        match Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Body(b)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large(state.config.max_body_bytes)),
+            Err(e) => Err(ApiError::invalid(format!("cannot read the request body: {e}"))),
+        }
+    }
+}
+
+/// A JSON body of type `T`.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Body(bytes) = Body::from_request(req, state).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let value = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer header"))?;
+    let value = value.to_str().map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or_else(|| ApiError::unauthorized("the Authorization header must be \"Bearer TOKEN\""))?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(ApiError::unauthorized("empty bearer token"));
+    }
+    Ok(token)
+}
+
+/// The caller presented the admin token.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts)?;
+        if secrets::hashes_equal(&secrets::hash(token), &state.admin_token_hash) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::unauthorized("this endpoint needs the admin token"))
+        }
+    }
+}
+
+/// The caller presented a tenant API key.
+pub struct TenantAuth {
+    pub tenant_id: String,
+}
+
+impl FromRequestParts<AppState> for TenantAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts)?;
+        match state.directory.tenant_by_key_hash(&secrets::hash(token)).await? {
+            Some(t) => Ok(TenantAuth { tenant_id: t.id }),
+            None => Err(ApiError::unauthorized("unknown API key")),
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! The OpenAPI document, generated from the handlers and DTOs (utoipa).
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::routes::{meta, setup, tasks};
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        for (name, what) in [
+            ("admin", "The admin token (set with --admin-token or generated and printed at first start)."),
+            ("tenant", "A tenant API key (from POST /v1/tenants)."),
+            ("agent", "A store agent token (from POST /v1/stores/{id}/agent-tokens)."),
+        ] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(what)).build()),
+            );
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "onceprint",
+        description = "Self-hosted print-task broker: accept any number of retries, print exactly once, lose nothing."
+    ),
+    paths(
+        setup::create_tenant, setup::create_store, setup::list_stores, setup::get_store,
+        setup::create_printer, setup::list_printers, setup::get_printer,
+        setup::create_station, setup::get_station, setup::create_agent_token,
+        tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
+        meta::healthz, meta::readyz, meta::metrics, meta::openapi,
+    ),
+    modifiers(&Security)
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON.
+pub fn document_json() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}

@@ -1,0 +1,5 @@
+//! HTTP handlers, one module per area.
+
+pub mod meta;
+pub mod setup;
+pub mod tasks;

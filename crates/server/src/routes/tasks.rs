@@ -1,0 +1,190 @@
+//! Print task endpoints: submit (the idempotent heart of onceprint), read, list, audit.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::Json;
+use onceprint_core::{CoreError, TaskId, TaskState};
+use onceprint_engine::{SubmitKind, SubmitRequest};
+use onceprint_store::TaskQuery;
+
+use crate::dto::*;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{parse_json, Body, TenantAuth};
+use crate::metrics::SubmitOutcomeLabel;
+use crate::AppState;
+
+/// Decides between `missing_biz_no` and `invalid_request` for a body that did not parse
+/// into [`SubmitTask`]: a missing or empty `biz_no` is always reported first (R1).
+fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return err };
+    let Some(obj) = value.as_object() else {
+        return ApiError::invalid("the body must be a JSON object");
+    };
+    match obj.get("biz_no") {
+        None | Some(serde_json::Value::Null) => CoreError::MissingBizNo.into(),
+        Some(serde_json::Value::String(s)) if s.trim().is_empty() => CoreError::MissingBizNo.into(),
+        _ => err,
+    }
+}
+
+/// Submit a print task. Any number of retries create exactly one task.
+#[utoipa::path(post, path = "/v1/print-tasks", tag = "print tasks", request_body = SubmitTask,
+    security(("tenant" = [])),
+    responses(
+        (status = 201, description = "a new task was created", body = SubmitOut),
+        (status = 200, description = "duplicate: the existing task, nothing created or charged", body = SubmitOut),
+        (status = 400, description = "`missing_biz_no` or `invalid_request`", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "`idempotency_mismatch`: same key, different content", body = ErrorBody)))]
+pub async fn submit(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Body(bytes): Body,
+) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
+    let result = submit_inner(&st, auth, &bytes).await;
+    let label = match &result {
+        Ok((StatusCode::CREATED, _, _)) => SubmitOutcomeLabel::Created,
+        Ok((_, headers, _)) if headers.contains_key("x-onceprint-gate") => SubmitOutcomeLabel::DuplicateGate,
+        Ok(_) => SubmitOutcomeLabel::Duplicate,
+        Err(e) if e.code == "idempotency_mismatch" => SubmitOutcomeLabel::Mismatch,
+        Err(e) if e.status.is_server_error() => SubmitOutcomeLabel::Error,
+        Err(_) => SubmitOutcomeLabel::Rejected,
+    };
+    st.metrics.submission(label);
+    result
+}
+
+async fn submit_inner(
+    st: &AppState,
+    auth: TenantAuth,
+    bytes: &[u8],
+) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
+    let req: SubmitTask = match parse_json(bytes) {
+        Ok(r) => r,
+        Err(e) => return Err(refuse_unparsed(bytes, e)),
+    };
+    let biz_no = req.biz_no.clone().unwrap_or_default();
+    let answer = st
+        .intake
+        .submit(SubmitRequest {
+            tenant_id: auth.tenant_id,
+            biz_no: req.biz_no,
+            printer_id: req.printer_id,
+            station_id: req.station_id,
+            print_type: req.print_type.clone(),
+            content: req.content,
+        })
+        .await?;
+    let print_type = req.print_type.unwrap_or_else(|| onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned());
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/print-tasks/{}", answer.task_id)) {
+        headers.insert(header::LOCATION, v);
+    }
+    let (status, duplicate, message) = match answer.kind {
+        SubmitKind::Created => (StatusCode::CREATED, false, "task accepted; it prints asynchronously".to_owned()),
+        SubmitKind::Duplicate if answer.state == TaskState::Printed => (
+            StatusCode::OK,
+            true,
+            format!("duplicate of task {}, which has already printed; nothing was created or charged", answer.task_id),
+        ),
+        SubmitKind::Duplicate => (
+            StatusCode::OK,
+            true,
+            format!(
+                "duplicate of task {} (state {}); nothing was created or charged",
+                answer.task_id, answer.state
+            ),
+        ),
+    };
+    if answer.from_gate {
+        headers.insert("x-onceprint-gate", HeaderValue::from_static("memory"));
+    }
+    Ok((
+        status,
+        headers,
+        Json(SubmitOut {
+            task_id: answer.task_id,
+            state: answer.state.as_str().to_owned(),
+            duplicate,
+            message,
+            biz_no,
+            print_type,
+        }),
+    ))
+}
+
+/// One task of the calling tenant.
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}", tag = "print tasks", security(("tenant" = [])),
+    params(("task_id" = String, Path)),
+    responses((status = 200, body = TaskOut), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get_task(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(task_id): Path<String>,
+) -> Result<Json<TaskOut>, ApiError> {
+    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
+    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
+    match st.store.get_task(&auth.tenant_id, id.as_str()).await? {
+        Some(t) => Ok(Json(t.into())),
+        None => Err(not_found()),
+    }
+}
+
+/// List tasks, newest first, with cursor pagination.
+#[utoipa::path(get, path = "/v1/print-tasks", tag = "print tasks", security(("tenant" = [])),
+    params(TaskListParams),
+    responses((status = 200, body = TaskList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list_tasks(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Query(q): Query<TaskListParams>,
+) -> Result<Json<TaskList>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::invalid("limit: must be 1–500"));
+    }
+    let state = match q.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(TaskState::parse(s).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "state: unknown state {s:?}; one of {}",
+                TaskState::ALL.map(TaskState::as_str).join(", ")
+            ))
+        })?),
+    };
+    let cursor = match q.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(TaskId::parse(c).ok_or_else(|| ApiError::invalid("cursor: not a cursor from this API"))?.into_string()),
+    };
+    let tasks = st
+        .store
+        .list_tasks(&TaskQuery {
+            tenant_id: auth.tenant_id,
+            store_id: q.store_id.filter(|s| !s.is_empty()),
+            state,
+            biz_no: q.biz_no.filter(|s| !s.is_empty()),
+            limit,
+            cursor,
+        })
+        .await?;
+    let next_cursor = if tasks.len() as i64 == limit { tasks.last().map(|t| t.task_id.clone()) } else { None };
+    Ok(Json(TaskList { tasks: tasks.into_iter().map(Into::into).collect(), next_cursor }))
+}
+
+/// The audit trail of a task, oldest first.
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/events", tag = "print tasks", security(("tenant" = [])),
+    params(("task_id" = String, Path)),
+    responses((status = 200, body = EventList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn task_events(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(task_id): Path<String>,
+) -> Result<Json<EventList>, ApiError> {
+    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
+    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
+    match st.store.task_events(&auth.tenant_id, id.as_str()).await? {
+        Some(events) => Ok(Json(EventList { events: events.into_iter().map(Into::into).collect() })),
+        None => Err(not_found()),
+    }
+}

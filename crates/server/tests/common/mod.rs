@@ -1,0 +1,198 @@
+//! `TestApp`: the real server on a real port with a real database, driven over HTTP.
+//! Modelled on Zero To Production's `spawn_app()`: each test gets its own database
+//! (SQLite file or PostgreSQL schema) and its own port, so tests never share state.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use onceprint_server::HttpConfig;
+use onceprint_store::testing::Harness;
+use onceprint_store::Store;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+pub const ADMIN: &str = "test-admin-token";
+
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub store: Arc<dyn Store>,
+    _harness: Harness,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// An HTTP answer: status and JSON body (Null when the body is not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The error code of an error body.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+    }
+}
+
+impl TestApp {
+    /// Starts a broker on `backend`; `None` when that backend is not available here (the
+    /// backend's harness has printed SKIPPED).
+    pub async fn spawn(backend: Backend) -> Option<TestApp> {
+        TestApp::spawn_with(backend, HttpConfig::default()).await
+    }
+
+    pub async fn spawn_with(backend: Backend, config: HttpConfig) -> Option<TestApp> {
+        let harness = match backend {
+            Backend::Sqlite => onceprint_store_sqlite::testing::fresh_store().await,
+            Backend::Postgres => onceprint_store_postgres::testing::fresh_store().await,
+        }?;
+        let store = harness.store.clone();
+        let (hash, _) = onceprint_server::settle_admin_token(store.as_ref(), Some(ADMIN)).await.expect("admin token");
+        let bound = onceprint_server::bind(store.clone(), hash, "127.0.0.1:0", config).await.expect("bind");
+        let addr = bound.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            bound
+                .serve(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("serve");
+        });
+        Some(TestApp {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            store,
+            _harness: harness,
+            shutdown: Some(tx),
+            server: Some(server),
+        })
+    }
+
+    pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+        let mut req = self.http.request(method.parse().expect("method"), format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status();
+        let text = res.text().await.expect("body");
+        Answer { status, body: serde_json::from_str(&text).unwrap_or(Value::Null) }
+    }
+
+    pub async fn raw(&self, path: &str, token: &str, body: Vec<u8>) -> Answer {
+        let res = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        let status = res.status();
+        let text = res.text().await.expect("body");
+        Answer { status, body: serde_json::from_str(&text).unwrap_or(Value::Null) }
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> Answer {
+        self.call("GET", path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> Answer {
+        self.call("POST", path, Some(token), Some(body)).await
+    }
+
+    /// Creates tenant `id` with store s1 and printers p1, p2 in it; returns its API key.
+    pub async fn tenant(&self, id: &str) -> String {
+        let a = self.post("/v1/tenants", ADMIN, json!({"id": id, "name": format!("Tenant {id}")})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        let key = a.body["api_key"].as_str().expect("api_key").to_owned();
+        let a = self.post("/v1/stores", &key, json!({"id": "s1", "name": "Main street"})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        for p in ["p1", "p2"] {
+            let a = self
+                .post(
+                    "/v1/printers",
+                    &key,
+                    json!({"id": p, "store_id": "s1", "name": format!("Printer {p}"),
+                           "transport": {"kind": "agent", "address": "tcp://192.0.2.10:9100"}}),
+                )
+                .await;
+            assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        }
+        key
+    }
+
+    pub async fn submit(&self, key: &str, body: Value) -> Answer {
+        self.post("/v1/print-tasks", key, body).await
+    }
+
+    /// All tasks of the tenant (follows cursors).
+    pub async fn all_tasks(&self, key: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let a = self.get(&format!("/v1/print-tasks?limit=100&cursor={cursor}"), key).await;
+            assert_eq!(a.status, StatusCode::OK, "{a:?}");
+            out.extend(a.body["tasks"].as_array().cloned().unwrap_or_default());
+            match a.body["next_cursor"].as_str() {
+                Some(c) => cursor = c.to_owned(),
+                None => return out,
+            }
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = h.await;
+        }
+    }
+}
+
+/// A typical text submission.
+pub fn order(biz_no: &str, text: &str) -> Value {
+    json!({"biz_no": biz_no, "printer_id": "p1", "content": {"type": "text", "text": text}})
+}
+
+/// Generates `NAME_sqlite` and `NAME_postgres` tests from one async fn taking a `TestApp`.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = $crate::common::TestApp::spawn($crate::common::Backend::Sqlite).await else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = $crate::common::TestApp::spawn($crate::common::Backend::Postgres).await else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+    };
+}
