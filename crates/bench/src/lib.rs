@@ -1,1 +1,428 @@
-//! placeholder
+//! The intake benchmark behind `onceprint bench submit`.
+//!
+//! This crate owns one measurement: how fast a freshly started broker accepts print tasks
+//! over HTTP when a share of the submissions are repeats (the idempotent-retry path order
+//! systems lean on), and whether every answer still obeys the contract while it does. It
+//! starts the broker as a child process on a database of its own (a temporary SQLite file
+//! or a throw-away PostgreSQL schema), sets up a tenant, store and printers, replays a
+//! deterministic request plan over many keep-alive connections, verifies every answer and
+//! the stored tasks, and reports throughput, latency percentiles and the broker's peak
+//! memory.
+//!
+//! It must never talk to anything but the broker it started, on 127.0.0.1, and the
+//! PostgreSQL database it was explicitly handed; never touch existing data (it only
+//! writes inside the SQLite file or schema it created, and drops the schema afterwards);
+//! and never leave the broker running. It does not parse command lines or print: the
+//! binary wires [`SubmitOptions`] to its CLI and prints [`SubmitReport::render_text`] or
+//! the report as JSON, and exits non-zero when [`SubmitReport::problems`] is not empty.
+
+mod broker;
+mod http;
+mod load;
+mod pg;
+mod plan;
+mod report;
+mod verify;
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
+use hyper::Method;
+use serde_json::{json, Value};
+
+use broker::Broker;
+use http::{bearer, snippet, Conn};
+pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
+pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
+
+/// The store every bench task goes to.
+const STORE_ID: &str = "s1";
+/// Seed of the request plans: fixed, so every run replays the same plan and runs are
+/// comparable with each other.
+const PLAN_SEED: u64 = 1;
+
+/// What `run_submit` should do. Plain fields so the binary can fill them from clap (or a
+/// test by hand) without this crate knowing about either.
+#[derive(Debug, Clone)]
+pub struct SubmitOptions {
+    /// The `onceprint` executable to start as the broker.
+    pub broker_exe: PathBuf,
+    /// `None`: a fresh SQLite file in a temporary directory. `postgres://…`: a fresh
+    /// schema in that database, dropped at the end.
+    pub database: Option<String>,
+    /// Measured submissions.
+    pub requests: usize,
+    /// HTTP connections, each with one request in flight.
+    pub concurrency: usize,
+    /// Share of submissions that repeat a recently sent key.
+    pub duplicate_share: f64,
+    /// Printers the tasks are spread over.
+    pub printers: usize,
+    /// Submissions sent before the measured ones (own keys, verified, not timed).
+    pub warmup: usize,
+}
+
+impl SubmitOptions {
+    /// The defaults for a given broker executable.
+    pub fn new(broker_exe: impl Into<PathBuf>) -> Self {
+        Self {
+            broker_exe: broker_exe.into(),
+            database: None,
+            requests: 200_000,
+            concurrency: 64,
+            duplicate_share: 0.30,
+            printers: 10,
+            warmup: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the broker did not start: {reason}\n--- broker stderr (last lines) ---\n{stderr}")]
+    BrokerStart { reason: String, stderr: String },
+    #[error("HTTP to the broker failed while {context}: {detail}")]
+    Http { context: String, detail: String },
+    #[error("set-up step `{step}` got HTTP {status}: {body}")]
+    Setup {
+        step: String,
+        status: u16,
+        body: String,
+    },
+    #[error("unexpected answer while {context}: {detail}")]
+    Protocol { context: String, detail: String },
+    #[error("PostgreSQL, {context}: {source}")]
+    Postgres {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl BenchError {
+    fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
+        Self::Postgres {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Runs the whole benchmark: start a broker, set up, warm up, measure, verify, stop.
+///
+/// Returns `Err` only when the run could not be carried out (the broker would not start,
+/// set-up failed, the connection died); contract violations seen during a completed run
+/// are listed in [`SubmitReport::problems`].
+pub async fn run_submit(opts: SubmitOptions) -> Result<SubmitReport, BenchError> {
+    validate(&opts)?;
+    let tmp = tempfile::Builder::new()
+        .prefix("onceprint-bench-")
+        .tempdir()
+        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    match opts.database.clone() {
+        None => {
+            let url = format!("sqlite://{}", tmp.path().join("bench.db").display());
+            run_on(&opts, "sqlite", &url, tmp.path()).await
+        }
+        Some(url) => {
+            let schema = pg::PgSchema::create(&url, &random_hex(6)?).await?;
+            let result = run_on(&opts, "postgres", &schema.broker_url(&url), tmp.path()).await;
+            // Drop the schema whatever happened; a failed drop only matters if the run
+            // itself succeeded (otherwise its error is the one worth reporting).
+            let dropped = schema.drop_schema().await;
+            match (result, dropped) {
+                (Ok(report), Ok(())) => Ok(report),
+                (Ok(_), Err(e)) => Err(e),
+                (Err(e), _) => Err(e),
+            }
+        }
+    }
+}
+
+fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
+    let bad = |m: &str| Err(BenchError::InvalidOptions(m.to_string()));
+    if opts.requests == 0 {
+        return bad("requests must be at least 1");
+    }
+    if opts.concurrency == 0 {
+        return bad("concurrency must be at least 1");
+    }
+    if opts.printers == 0 {
+        return bad("printers must be at least 1");
+    }
+    if !(0.0..1.0).contains(&opts.duplicate_share) {
+        return bad("duplicate share must be in [0, 1)");
+    }
+    if u32::try_from(opts.requests.max(opts.warmup)).is_err() {
+        return bad("too many requests");
+    }
+    if let Some(url) = &opts.database {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return bad(
+                "database must be a postgres:// URL (leave it out for a fresh SQLite file)",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Starts the broker on `database_url`, runs everything against it, and always stops it.
+async fn run_on(
+    opts: &SubmitOptions,
+    backend: &str,
+    database_url: &str,
+    dir: &Path,
+) -> Result<SubmitReport, BenchError> {
+    let admin_token = random_hex(24)?;
+    let broker = Broker::start(
+        &opts.broker_exe,
+        database_url,
+        &admin_token,
+        &dir.join("broker.log"),
+    )
+    .await?;
+    let result = drive(opts, &broker, &admin_token).await;
+    // Read the peak before stopping: /proc/<pid> is gone once the broker is reaped.
+    let rss_kib = broker.peak_rss_kib();
+    let log_tail = broker.log_tail();
+    let stopped = broker.stop().await;
+    let mut report = result.map_err(|e| match e {
+        // Attach the broker's log to errors where the broker is the likely culprit.
+        BenchError::Http { context, detail } => BenchError::Http {
+            context,
+            detail: format!("{detail}\n--- broker stderr (last lines) ---\n{log_tail}"),
+        },
+        other => other,
+    })?;
+    report.backend = backend.to_string();
+    report.broker_peak_rss_mib = rss_kib.map(|k| k as f64 / 1024.0);
+    match stopped? {
+        Some(status) if status.success() => {}
+        Some(status) => report.problems.push(format!(
+            "the broker exited with {status} after SIGTERM (the contract asks for exit 0)"
+        )),
+        None => report
+            .problems
+            .push("the broker did not exit within 30 s of SIGTERM and was killed".to_string()),
+    }
+    Ok(report)
+}
+
+/// Set-up, warm-up, the measured run and verification, against a running broker.
+async fn drive(
+    opts: &SubmitOptions,
+    broker: &Broker,
+    admin_token: &str,
+) -> Result<SubmitReport, BenchError> {
+    let mut conn = Conn::connect(broker.addr)
+        .await
+        .map_err(|detail| BenchError::Http {
+            context: "connecting for set-up".into(),
+            detail,
+        })?;
+    let admin = bearer(admin_token).map_err(BenchError::InvalidOptions)?;
+    let tenant = setup_call(
+        &mut conn,
+        &admin,
+        "/v1/tenants",
+        json!({"id": "bench", "name": "Bench"}),
+    )
+    .await?;
+    let api_key = tenant
+        .get("api_key")
+        .and_then(Value::as_str)
+        .ok_or_else(|| BenchError::Protocol {
+            context: "creating the tenant".into(),
+            detail: format!("no api_key in {tenant}"),
+        })?;
+    let auth = bearer(api_key).map_err(|m| BenchError::Protocol {
+        context: "creating the tenant".into(),
+        detail: m,
+    })?;
+    setup_call(
+        &mut conn,
+        &auth,
+        "/v1/stores",
+        json!({"id": STORE_ID, "name": "Bench store"}),
+    )
+    .await?;
+    for p in 0..opts.printers {
+        let body = json!({
+            "id": format!("p{p}"),
+            "store_id": STORE_ID,
+            "name": format!("Bench printer {p}"),
+            // Nobody polls for this agent: tasks stay pending, which is all intake needs.
+            "transport": {"kind": "agent", "address": "tcp://127.0.0.1:9100"},
+        });
+        setup_call(&mut conn, &auth, "/v1/printers", body).await?;
+    }
+
+    let mut problems = Vec::new();
+    // Warm-up keys ("W…") are disjoint from the measured ones ("B…"), so the measured run
+    // starts with no key already known and its 201 count equals its distinct keys.
+    let mut answered = std::collections::HashMap::new();
+    if opts.warmup > 0 {
+        let plan = build_plan(
+            "W",
+            opts.warmup,
+            opts.duplicate_share,
+            opts.printers,
+            PLAN_SEED ^ 0x5741_524D,
+        );
+        let bodies: Arc<Vec<Bytes>> =
+            Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
+        let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
+        answered.extend(verify::check_answers(
+            "warm-up",
+            &plan,
+            &run.outcomes,
+            &mut problems,
+        ));
+    }
+
+    let plan = build_plan(
+        "B",
+        opts.requests,
+        opts.duplicate_share,
+        opts.printers,
+        PLAN_SEED,
+    );
+    let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
+    let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
+    answered.extend(verify::check_answers(
+        "measured",
+        &plan,
+        &run.outcomes,
+        &mut problems,
+    ));
+
+    let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
+    verify::check_listing(&answered, &listed, &mut problems);
+
+    let count = |s: u16| run.outcomes.iter().filter(|o| o.status == s).count();
+    let (accepted, duplicates) = (count(201), count(200));
+    let wall = run.wall.as_secs_f64();
+    let per_sec = |n: usize| if wall > 0.0 { n as f64 / wall } else { 0.0 };
+    Ok(SubmitReport {
+        backend: String::new(),
+        machine: report::machine_line(),
+        requests: opts.requests,
+        warmup: opts.warmup,
+        concurrency: opts.concurrency,
+        printers: opts.printers,
+        duplicate_share: opts.duplicate_share,
+        duplicate_share_actual: plan.repeats() as f64 / plan.requests.len() as f64,
+        distinct_keys: plan.distinct_keys,
+        wall_seconds: wall,
+        accepted,
+        duplicates,
+        other: run.outcomes.len() - accepted - duplicates,
+        accepted_per_sec: per_sec(accepted),
+        duplicates_per_sec: per_sec(duplicates),
+        answers_per_sec: per_sec(run.outcomes.iter().filter(|o| o.status != 0).count()),
+        latency_ms: LatencyReport::from_outcomes(&run.outcomes),
+        broker_peak_rss_mib: None,
+        problems,
+    })
+}
+
+/// One set-up POST that must answer 201; returns the answer's JSON.
+async fn setup_call(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    path: &str,
+    body: Value,
+) -> Result<Value, BenchError> {
+    let step = format!("POST {path} {body}");
+    let (status, answer) = conn
+        .request(
+            Method::POST,
+            path,
+            auth,
+            Some(Bytes::from(body.to_string())),
+        )
+        .await
+        .map_err(|detail| BenchError::Http {
+            context: format!("set-up ({step})"),
+            detail,
+        })?;
+    if status.as_u16() != 201 {
+        return Err(BenchError::Setup {
+            step,
+            status: status.as_u16(),
+            body: snippet(&answer, 500),
+        });
+    }
+    Ok(serde_json::from_slice(&answer).unwrap_or(Value::Null))
+}
+
+/// `bytes` random bytes from the kernel, as hex: admin token and schema suffix.
+fn random_hex(bytes: usize) -> Result<String, BenchError> {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| BenchError::io("reading /dev/urandom", e))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let o = SubmitOptions::new("onceprint");
+        assert_eq!(
+            (o.requests, o.concurrency, o.printers, o.warmup),
+            (200_000, 64, 10, 5_000)
+        );
+        assert_eq!(o.duplicate_share, 0.30);
+        assert!(o.database.is_none());
+        assert!(validate(&o).is_ok());
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let base = SubmitOptions::new("onceprint");
+        let check = |f: &dyn Fn(&mut SubmitOptions)| {
+            let mut o = base.clone();
+            f(&mut o);
+            validate(&o).is_err()
+        };
+        assert!(check(&|o| o.requests = 0));
+        assert!(check(&|o| o.concurrency = 0));
+        assert!(check(&|o| o.printers = 0));
+        assert!(check(&|o| o.duplicate_share = 1.0));
+        assert!(check(&|o| o.duplicate_share = -0.1));
+        assert!(check(&|o| o.database = Some("sqlite://x.db".into())));
+        assert!(!check(
+            &|o| o.database = Some("postgres://postgres@127.0.0.1/test".into())
+        ));
+    }
+
+    #[test]
+    fn random_hex_has_the_asked_length() {
+        let a = random_hex(8).unwrap();
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, random_hex(8).unwrap());
+    }
+}

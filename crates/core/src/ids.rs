@@ -13,10 +13,7 @@ pub fn validate_id(field: &str, value: &str) -> Result<(), CoreError> {
         return Err(CoreError::invalid(field, "must not be empty"));
     }
     if value.len() > MAX_ID_LEN {
-        return Err(CoreError::invalid(
-            field,
-            format!("must be at most {MAX_ID_LEN} characters, got {}", value.len()),
-        ));
+        return Err(CoreError::invalid(field, format!("must be at most {MAX_ID_LEN} characters, got {}", value.len())));
     }
     if let Some(bad) = value.chars().find(|c| !is_id_char(*c)) {
         return Err(CoreError::invalid(

@@ -28,10 +28,9 @@ impl Target {
                 validate_id("station_id", s)?;
                 Ok(Target::Station(s.to_owned()))
             }
-            (Some(_), Some(_)) => Err(CoreError::invalid(
-                "printer_id",
-                "give exactly one of printer_id and station_id, not both",
-            )),
+            (Some(_), Some(_)) => {
+                Err(CoreError::invalid("printer_id", "give exactly one of printer_id and station_id, not both"))
+            }
             (None, None) => Err(CoreError::invalid("printer_id", "one of printer_id and station_id is required")),
         }
     }

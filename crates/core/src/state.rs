@@ -101,10 +101,7 @@ impl TaskState {
 
     /// End states never change again.
     pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            TaskState::Printed | TaskState::Transferred | TaskState::Cancelled | TaskState::Closed
-        )
+        matches!(self, TaskState::Printed | TaskState::Transferred | TaskState::Cancelled | TaskState::Closed)
     }
 
     /// Whether `self → to` is in the transition table.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use onceprint_core::content::CanonicalContent;
 use onceprint_core::{
-    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, TaskId, TaskState, Target,
+    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, Target, TaskId, TaskState,
 };
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
 use rand::RngCore;
@@ -122,7 +122,12 @@ impl Intake {
         // First gate: a retry of a task this process already committed.
         if let Some(hit) = self.gate.get(&key) {
             return if hit.fingerprint == fingerprint.0 {
-                Ok(SubmitAnswer { kind: SubmitKind::Duplicate, task_id: hit.task_id.clone(), state: hit.state(), from_gate: true })
+                Ok(SubmitAnswer {
+                    kind: SubmitKind::Duplicate,
+                    task_id: hit.task_id.clone(),
+                    state: hit.state(),
+                    from_gate: true,
+                })
             } else {
                 Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
             };
@@ -144,11 +149,10 @@ impl Intake {
                     .station(&req.tenant_id, s)
                     .await?
                     .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: no station {s:?}")))?;
-                let primary = station
-                    .printers
-                    .first()
-                    .cloned()
-                    .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers")))?;
+                let primary =
+                    station.printers.first().cloned().ok_or_else(|| {
+                        IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers"))
+                    })?;
                 (primary, station.store_id, Some(station.id))
             }
         };

@@ -71,7 +71,8 @@ async fn open_store(url: &str, pool_size: usize) -> anyhow::Result<Arc<dyn Store
             .with_context(|| "cannot open the PostgreSQL database")?;
         Ok(Arc::new(store))
     } else if url.starts_with("sqlite:") {
-        let store = onceprint_store_sqlite::SqliteStore::open_url(url).with_context(|| "cannot open the SQLite database")?;
+        let store =
+            onceprint_store_sqlite::SqliteStore::open_url(url).with_context(|| "cannot open the SQLite database")?;
         Ok(Arc::new(store))
     } else {
         anyhow::bail!("--database must be sqlite://PATH or postgres://…, got {url:?}")

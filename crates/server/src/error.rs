@@ -87,7 +87,11 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(what) => ApiError::invalid(format!("{what} does not exist")),
             StoreError::Unavailable(m) => {
                 tracing::error!(error = %m, "database unavailable");
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database is unavailable; retry later")
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the database is unavailable; retry later",
+                )
             }
             StoreError::Backend(m) => {
                 tracing::error!(error = %m, "database error");

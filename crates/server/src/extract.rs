@@ -37,7 +37,9 @@ impl FromRequest<AppState> for Body {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         match Bytes::from_request(req, state).await {
             Ok(b) => Ok(Body(b)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large(state.config.max_body_bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::too_large(state.config.max_body_bytes))
+            }
             Err(e) => Err(ApiError::invalid(format!("cannot read the request body: {e}"))),
         }
     }

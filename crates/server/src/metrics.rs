@@ -99,7 +99,8 @@ impl Metrics {
 
 /// Middleware recording the latency of every request under its route template.
 pub async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
+    let route =
+        req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
     let method = req.method().as_str().to_owned();
     let start = Instant::now();
     let res = next.run(req).await;

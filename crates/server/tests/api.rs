@@ -45,7 +45,19 @@ async fn first_submission_creates_and_retries_are_duplicates(app: &TestApp) {
 
     let task = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
     assert_eq!(task.status, StatusCode::OK);
-    for field in ["task_id", "biz_no", "printer_id", "store_id", "print_type", "state", "attempts", "last_error", "created_at", "updated_at", "printed_at"] {
+    for field in [
+        "task_id",
+        "biz_no",
+        "printer_id",
+        "store_id",
+        "print_type",
+        "state",
+        "attempts",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "printed_at",
+    ] {
         assert!(task.body.get(field).is_some(), "field {field} missing: {task:?}");
     }
     assert_eq!(task.body["store_id"], "s1");
@@ -66,7 +78,10 @@ async fn same_key_with_other_content_is_a_mismatch(app: &TestApp) {
         let other = app.submit(&key, order("B7", "another thing")).await;
         assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
         assert_eq!(other.code(), "idempotency_mismatch");
-        assert!(other.body["error"]["message"].as_str().unwrap_or("").contains(first.body["task_id"].as_str().unwrap_or("?")));
+        assert!(other.body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(first.body["task_id"].as_str().unwrap_or("?")));
     }
     assert_eq!(app.all_tasks(&key).await.len(), 1);
 }
@@ -95,17 +110,29 @@ async fn bad_input_is_a_clear_4xx_and_writes_nothing(app: &TestApp) {
     let cases: Vec<(serde_json::Value, &str)> = vec![
         (json!({"biz_no": "X", "printer_id": "nope", "content": {"type": "text", "text": "x"}}), "printer_id"),
         (json!({"biz_no": "X", "station_id": "nope", "content": {"type": "text", "text": "x"}}), "station_id"),
-        (json!({"biz_no": "X", "printer_id": "p1", "station_id": "s", "content": {"type": "text", "text": "x"}}), "exactly one"),
+        (
+            json!({"biz_no": "X", "printer_id": "p1", "station_id": "s", "content": {"type": "text", "text": "x"}}),
+            "exactly one",
+        ),
         (json!({"biz_no": "X", "content": {"type": "text", "text": "x"}}), "printer_id"),
         (json!({"biz_no": "X", "printer_id": "bad id!", "content": {"type": "text", "text": "x"}}), "printer_id"),
         (json!({"biz_no": "X", "printer_id": "p1"}), "content"),
         (json!({"biz_no": "X", "printer_id": "p1", "content": {"type": "text", "text": ""}}), "content.text"),
         (json!({"biz_no": "X", "printer_id": "p1", "content": {"type": "escpos", "data": "***"}}), "content.data"),
         (json!({"biz_no": "X", "printer_id": "p1", "content": {"type": "pdf"}}), "pdf"),
-        (json!({"biz_no": "X", "printer_id": "p1", "print_type": "nope", "content": {"type": "text", "text": "x"}}), "unknown print type"),
+        (
+            json!({"biz_no": "X", "printer_id": "p1", "print_type": "nope", "content": {"type": "text", "text": "x"}}),
+            "unknown print type",
+        ),
         (json!({"biz_no": 12, "printer_id": "p1", "content": {"type": "text", "text": "x"}}), "biz_no"),
-        (json!({"biz_no": "X", "printer_id": "p1", "colour": "red", "content": {"type": "text", "text": "x"}}), "colour"),
-        (json!({"biz_no": "X", "printer_id": "p1", "content": {"type": "text", "text": "x".repeat(300 * 1024)}}), "limit"),
+        (
+            json!({"biz_no": "X", "printer_id": "p1", "colour": "red", "content": {"type": "text", "text": "x"}}),
+            "colour",
+        ),
+        (
+            json!({"biz_no": "X", "printer_id": "p1", "content": {"type": "text", "text": "x".repeat(300 * 1024)}}),
+            "limit",
+        ),
         (json!(["not", "an", "object"]), "object"),
     ];
     for (body, needle) in cases {
@@ -185,8 +212,16 @@ async fn set_up_objects_are_validated(app: &TestApp) {
     let unknown_store = app
         .post("/v1/printers", &key, json!({"id": "p9", "store_id": "nowhere", "transport": {"kind": "agent", "address": "tcp://10.0.0.5:9100"}}))
         .await;
-    assert_eq!((unknown_store.status, unknown_store.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{unknown_store:?}");
-    for transport in [json!({"kind": "carrier-pigeon", "address": "x"}), json!({"kind": "agent", "address": "10.0.0.5:9100"}), json!({"kind": "agent", "address": "tcp://host:0"})] {
+    assert_eq!(
+        (unknown_store.status, unknown_store.code()),
+        (StatusCode::BAD_REQUEST, "invalid_request"),
+        "{unknown_store:?}"
+    );
+    for transport in [
+        json!({"kind": "carrier-pigeon", "address": "x"}),
+        json!({"kind": "agent", "address": "10.0.0.5:9100"}),
+        json!({"kind": "agent", "address": "tcp://host:0"}),
+    ] {
         let a = app.post("/v1/printers", &key, json!({"id": "p9", "store_id": "s1", "transport": transport})).await;
         assert_eq!(a.code(), "invalid_request", "{a:?}");
     }
@@ -198,8 +233,12 @@ async fn set_up_objects_are_validated(app: &TestApp) {
     assert_eq!(app.get("/v1/printers?store_id=s1", &key).await.body["printers"].as_array().map(Vec::len), Some(2));
 
     app.post("/v1/stores", &key, json!({"id": "s2", "name": "Second"})).await;
-    app.post("/v1/printers", &key, json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://10.0.0.6:9100"}}))
-        .await;
+    app.post(
+        "/v1/printers",
+        &key,
+        json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://10.0.0.6:9100"}}),
+    )
+    .await;
     let cross = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1", "q1"]})).await;
     assert_eq!(cross.code(), "invalid_request");
     assert!(cross.body["error"]["message"].as_str().unwrap_or("").contains("q1"));
@@ -208,9 +247,8 @@ async fn set_up_objects_are_validated(app: &TestApp) {
     let ok = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p2", "p1"]})).await;
     assert_eq!(ok.status, StatusCode::CREATED, "{ok:?}");
     // A station task goes to the primary and is keyed on the station.
-    let t = app
-        .submit(&key, json!({"biz_no": "S1", "station_id": "hot", "content": {"type": "text", "text": "x"}}))
-        .await;
+    let t =
+        app.submit(&key, json!({"biz_no": "S1", "station_id": "hot", "content": {"type": "text", "text": "x"}})).await;
     assert_eq!(t.status, StatusCode::CREATED, "{t:?}");
     let got = app.get(&format!("/v1/print-tasks/{}", t.body["task_id"].as_str().unwrap_or("")), &key).await;
     assert_eq!((got.body["printer_id"].as_str(), got.body["station_id"].as_str()), (Some("p2"), Some("hot")));
@@ -272,7 +310,8 @@ async fn meta_endpoints_answer(app: &TestApp) {
     assert_eq!(app.call("GET", "/healthz", None, None).await.status, StatusCode::OK);
     let ready = app.call("GET", "/readyz", None, None).await;
     assert_eq!((ready.status, ready.body["status"].as_str()), (StatusCode::OK, Some("ready")));
-    let metrics = app.http.get(format!("{}/metrics", app.base)).send().await.expect("metrics").text().await.expect("text");
+    let metrics =
+        app.http.get(format!("{}/metrics", app.base)).send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("onceprint_submissions_total{outcome=\"created\"} 1"), "{metrics}");
     assert!(metrics.contains("onceprint_submissions_total{outcome=\"duplicate_gate\"} 1"), "{metrics}");
     assert!(metrics.contains("onceprint_tasks{state=\"pending\"} 1"), "{metrics}");

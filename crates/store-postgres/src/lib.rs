@@ -1,1 +1,630 @@
-//! placeholder
+//! The PostgreSQL backend of onceprint.
+//!
+//! This crate owns everything PostgreSQL-specific: the SQL of every [`Store`] method, the
+//! schema and its migrations (applied at start under an advisory lock, see
+//! [`migrations`]), the connection pool (deadpool, plain TCP without TLS) and the mapping
+//! of SQLSTATEs onto [`StoreError`]. Intake is batched: a whole group-committed batch is
+//! inserted with one `unnest` statement.
+//!
+//! It must never decide domain rules. Which transitions are legal, whether a duplicate is
+//! a retry or a mismatch, what a task costs — all of that lives in `onceprint-core` and is
+//! decided by the callers. The one thing the store does enforce is what only the database
+//! can: the unique idempotency key and the compare-and-set on (state, attempts). Callers
+//! must never skip that compare-and-set by writing state directly.
+
+mod error;
+pub mod migrations;
+mod rows;
+mod submit;
+pub mod testing;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use onceprint_core::{IdempotencyKey, TaskState};
+use onceprint_store::*;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::NoTls;
+
+use crate::error::{pg_error, pool_error, violation, Violation};
+use crate::rows::{PRINTER_COLUMNS, TASK_COLUMNS};
+
+/// How long a new connection may take before the broker reports the database unavailable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a caller waits for a free pooled connection. Generous, because under intake
+/// load every connection may be busy committing for a while; a real outage is caught
+/// sooner by the connect timeout.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A [`Store`] on PostgreSQL. Cheap to share: clone the `Arc` it is usually wrapped in.
+pub struct PostgresStore {
+    pool: Pool,
+}
+
+impl PostgresStore {
+    /// Connects to `url` (a `postgres://` URL or a key=value connection string), checks
+    /// that the database answers and applies any pending migrations.
+    ///
+    /// The URL may select a schema with `?options=-csearch_path%3Dmyschema`; the tables
+    /// are created in, and read from, the first schema of the search path. `pool_size` is
+    /// the most connections this store opens (at least one).
+    pub async fn connect(url: &str, pool_size: usize) -> StoreResult<PostgresStore> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Backend(format!("invalid PostgreSQL URL: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let target = describe_target(&config);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .wait_timeout(Some(WAIT_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot build the PostgreSQL pool: {e}")))?;
+
+        let unavailable = |e: StoreError| match e {
+            StoreError::Unavailable(m) => {
+                StoreError::Unavailable(format!("cannot use PostgreSQL at {target}: {m}"))
+            }
+            other => other,
+        };
+        let mut client = pool.get().await.map_err(pool_error).map_err(unavailable)?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(pg_error)
+            .map_err(unavailable)?;
+        migrations::apply(&mut client).await.map_err(unavailable)?;
+        drop(client);
+
+        let store = PostgresStore { pool };
+        let version = store.schema_version().await?;
+        if version > migrations::LATEST_VERSION {
+            // A newer broker migrated this database. Running on is usually fine (migrations
+            // add rather than remove), but an operator should know.
+            tracing::warn!(
+                version,
+                known = migrations::LATEST_VERSION,
+                "the PostgreSQL schema is newer than this broker"
+            );
+        }
+        Ok(store)
+    }
+
+    /// The highest migration applied to the database.
+    pub async fn schema_version(&self) -> StoreResult<i32> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?;
+        rows::col(&row, 0)
+    }
+
+    async fn client(&self) -> StoreResult<deadpool_postgres::Client> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs a cached prepared statement and returns its rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<tokio_postgres::Row>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
+        client.query(&stmt, params).await.map_err(pg_error)
+    }
+
+    /// Like [`PostgresStore::query`], for at most one row.
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Option<tokio_postgres::Row>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
+        client.query_opt(&stmt, params).await.map_err(pg_error)
+    }
+
+    /// Runs a cached prepared statement that returns exactly one row (an `INSERT …
+    /// RETURNING`), leaving the raw error to the caller so it can interpret violations.
+    async fn insert_returning(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Result<tokio_postgres::Row, tokio_postgres::Error>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
+        Ok(client.query_one(&stmt, params).await)
+    }
+}
+
+/// `host:port/dbname` for messages, without the password a URL may carry.
+fn describe_target(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            // A URL gives either one port for all hosts or one per host; 5432 otherwise.
+            let ports = config.get_ports();
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    format!(
+        "{hosts}/{}",
+        config.get_dbname().or(config.get_user()).unwrap_or("")
+    )
+}
+
+/// Builds a `StoreError` for a failed create: unique violations become `AlreadyExists`,
+/// foreign-key violations `NotFound`, with the names the caller supplies.
+fn create_error(
+    e: tokio_postgres::Error,
+    exists: impl FnOnce(&str) -> String,
+    missing: impl FnOnce(&str) -> String,
+) -> StoreError {
+    match violation(&e) {
+        Some(Violation::Unique(c)) => StoreError::AlreadyExists(exists(c)),
+        Some(Violation::ForeignKey(c)) => StoreError::NotFound(missing(c)),
+        None => pg_error(e),
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(pg_error)?;
+        Ok(())
+    }
+
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        match self
+            .query_opt("SELECT value FROM settings WHERE key = $1", &[&key])
+            .await?
+        {
+            Some(row) => Ok(Some(rows::col(&row, 0)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        self.query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            &[&key, &value],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn create_tenant(&self, tenant: NewTenant) -> StoreResult<Tenant> {
+        let row = self
+            .insert_returning(
+                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ($1, $2, $3, $4)
+                 RETURNING id, name, created_at",
+                &[&tenant.id, &tenant.name, &tenant.api_key_hash, &tenant.now],
+            )
+            .await?
+            .map_err(|e| {
+                create_error(
+                    e,
+                    |constraint| {
+                        // The hash must never appear in a message, only the fact.
+                        if constraint == "tenants_api_key_hash_key" {
+                            "a tenant with this API key".to_owned()
+                        } else {
+                            format!("tenant {}", tenant.id)
+                        }
+                    },
+                    |_| format!("tenant {}", tenant.id),
+                )
+            })?;
+        rows::tenant(&row)
+    }
+
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>> {
+        self.query_opt(
+            "SELECT id, name, created_at FROM tenants WHERE api_key_hash = $1",
+            &[&api_key_hash],
+        )
+        .await?
+        .as_ref()
+        .map(rows::tenant)
+        .transpose()
+    }
+
+    async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
+        let row = self
+            .insert_returning(
+                "INSERT INTO stores (tenant_id, id, name, created_at) VALUES ($1, $2, $3, $4)
+                 RETURNING tenant_id, id, name, created_at",
+                &[&store.tenant_id, &store.id, &store.name, &store.now],
+            )
+            .await?
+            .map_err(|e| {
+                create_error(
+                    e,
+                    |_| format!("store {}", store.id),
+                    |_| format!("tenant {}", store.tenant_id),
+                )
+            })?;
+        rows::store(&row)
+    }
+
+    async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>> {
+        self.query_opt(
+            "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 AND id = $2",
+            &[&tenant_id, &store_id],
+        )
+        .await?
+        .as_ref()
+        .map(rows::store)
+        .transpose()
+    }
+
+    async fn list_stores(&self, tenant_id: &str) -> StoreResult<Vec<StoreRow>> {
+        self.query(
+            "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 ORDER BY id",
+            &[&tenant_id],
+        )
+        .await?
+        .iter()
+        .map(rows::store)
+        .collect()
+    }
+
+    async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer> {
+        let row = self
+            .insert_returning(
+                &format!(
+                    "INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING {PRINTER_COLUMNS}"
+                ),
+                &[
+                    &printer.tenant_id,
+                    &printer.id,
+                    &printer.store_id,
+                    &printer.name,
+                    &printer.transport,
+                    &printer.now,
+                ],
+            )
+            .await?
+            .map_err(|e| {
+                create_error(
+                    e,
+                    |_| format!("printer {}", printer.id),
+                    |_| format!("store {}", printer.store_id),
+                )
+            })?;
+        rows::printer(&row)
+    }
+
+    async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>> {
+        self.query_opt(
+            &format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE tenant_id = $1 AND id = $2"),
+            &[&tenant_id, &printer_id],
+        )
+        .await?
+        .as_ref()
+        .map(rows::printer)
+        .transpose()
+    }
+
+    async fn list_printers(
+        &self,
+        tenant_id: &str,
+        store_id: Option<&str>,
+    ) -> StoreResult<Vec<Printer>> {
+        let rows = match store_id {
+            Some(store_id) => {
+                self.query(
+                    &format!(
+                        "SELECT {PRINTER_COLUMNS} FROM printers WHERE tenant_id = $1 AND store_id = $2 ORDER BY id"
+                    ),
+                    &[&tenant_id, &store_id],
+                )
+                .await?
+            }
+            None => {
+                self.query(&format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE tenant_id = $1 ORDER BY id"), &[&tenant_id])
+                    .await?
+            }
+        };
+        rows.iter().map(rows::printer).collect()
+    }
+
+    async fn create_station(&self, station: NewStation) -> StoreResult<Station> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        // The schema cannot reference array elements, so the printers are checked here,
+        // in the same transaction, with a key-share lock that keeps them from being
+        // deleted or renamed before the commit.
+        let stmt = tx
+            .prepare_cached("SELECT id FROM printers WHERE tenant_id = $1 AND id = ANY($2::text[]) FOR KEY SHARE")
+            .await
+            .map_err(pg_error)?;
+        let found = tx
+            .query(&stmt, &[&station.tenant_id, &station.printers])
+            .await
+            .map_err(pg_error)?;
+        let found: Vec<&str> = found
+            .iter()
+            .map(|r| rows::col(r, 0))
+            .collect::<StoreResult<_>>()?;
+        if let Some(missing) = station
+            .printers
+            .iter()
+            .find(|p| !found.contains(&p.as_str()))
+        {
+            return Err(StoreError::NotFound(format!("printer {missing}")));
+        }
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES ($1, $2, $3, $4, $5)
+                 RETURNING tenant_id, id, store_id, printers, created_at",
+            )
+            .await
+            .map_err(pg_error)?;
+        let row = tx
+            .query_one(
+                &stmt,
+                &[
+                    &station.tenant_id,
+                    &station.id,
+                    &station.store_id,
+                    &station.printers,
+                    &station.now,
+                ],
+            )
+            .await
+            .map_err(|e| {
+                create_error(
+                    e,
+                    |_| format!("station {}", station.id),
+                    |_| format!("store {}", station.store_id),
+                )
+            })?;
+        let created = rows::station(&row)?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(created)
+    }
+
+    async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>> {
+        self.query_opt(
+            "SELECT tenant_id, id, store_id, printers, created_at FROM stations WHERE tenant_id = $1 AND id = $2",
+            &[&tenant_id, &station_id],
+        )
+        .await?
+        .as_ref()
+        .map(rows::station)
+        .transpose()
+    }
+
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()> {
+        self.insert_returning(
+            "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at) VALUES ($1, $2, $3, $4)
+             RETURNING token_hash",
+            &[&token.token_hash, &token.tenant_id, &token.store_id, &token.now],
+        )
+        .await?
+        .map_err(|e| create_error(e, |_| "agent token".to_owned(), |_| format!("store {}", token.store_id)))?;
+        Ok(())
+    }
+
+    async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
+        match self
+            .query_opt(
+                "SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1",
+                &[&token_hash],
+            )
+            .await?
+        {
+            Some(row) => Ok(Some(AgentIdentity {
+                tenant_id: rows::col(&row, 0)?,
+                store_id: rows::col(&row, 1)?,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        submit::submit_batch(&client, batch).await
+    }
+
+    async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>> {
+        self.query_opt(
+            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 AND tenant_id = $2"),
+            &[&task_id, &tenant_id],
+        )
+        .await?
+        .as_ref()
+        .map(rows::task)
+        .transpose()
+    }
+
+    async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>> {
+        self.query_opt(
+            &format!(
+                "SELECT {TASK_COLUMNS} FROM tasks
+                 WHERE tenant_id = $1 AND target = $2 AND biz_no = $3 AND print_type = $4"
+            ),
+            &[&key.tenant_id, &key.target, &key.biz_no, &key.print_type],
+        )
+        .await?
+        .as_ref()
+        .map(rows::task)
+        .transpose()
+    }
+
+    async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>> {
+        match self
+            .query_opt(
+                "SELECT content_type, content FROM tasks WHERE id = $1",
+                &[&task_id],
+            )
+            .await?
+        {
+            Some(row) => Ok(Some(TaskContent {
+                content_type: rows::col(&row, 0)?,
+                content: rows::col(&row, 1)?,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>> {
+        // One statement per combination of filters (at most 16, each prepared once per
+        // connection) instead of `$n IS NULL OR …`, so that the planner can use the index
+        // that fits each combination.
+        let state = query.state.map(TaskState::as_str);
+        let limit = query.limit.max(0);
+        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE tenant_id = $1");
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&query.tenant_id];
+        if let Some(store_id) = &query.store_id {
+            params.push(store_id);
+            sql.push_str(&format!(" AND store_id = ${}", params.len()));
+        }
+        if let Some(state) = &state {
+            params.push(state);
+            sql.push_str(&format!(" AND state = ${}", params.len()));
+        }
+        if let Some(biz_no) = &query.biz_no {
+            params.push(biz_no);
+            sql.push_str(&format!(" AND biz_no = ${}", params.len()));
+        }
+        if let Some(cursor) = &query.cursor {
+            params.push(cursor);
+            sql.push_str(&format!(" AND id < ${}", params.len()));
+        }
+        params.push(&limit);
+        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", params.len()));
+        self.query(&sql, &params)
+            .await?
+            .iter()
+            .map(rows::task)
+            .collect()
+    }
+
+    async fn task_events(
+        &self,
+        tenant_id: &str,
+        task_id: &str,
+    ) -> StoreResult<Option<Vec<TaskEvent>>> {
+        // The left join answers both questions in one round trip: no row at all means the
+        // task is not this tenant's; a row with a NULL event id means it has no events.
+        let rows = self
+            .query(
+                "SELECT e.id, e.at, e.from_state, e.to_state, e.attempt, e.actor, e.reason
+                 FROM tasks t LEFT JOIN task_events e ON e.task_id = t.id
+                 WHERE t.id = $1 AND t.tenant_id = $2
+                 ORDER BY e.id",
+                &[&task_id, &tenant_id],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: Option<i64> = rows::col(row, 0)?;
+            if id.is_some() {
+                events.push(rows::event(row, 1)?);
+            }
+        }
+        Ok(Some(events))
+    }
+
+    async fn ledger_entries(&self, task_id: &str) -> StoreResult<Vec<LedgerEntry>> {
+        let rows =
+            self.query("SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = $1 ORDER BY id", &[&task_id]).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LedgerEntry {
+                    task_id: rows::col(row, 0)?,
+                    tenant_id: rows::col(row, 1)?,
+                    kind: rows::col(row, 2)?,
+                    amount: rows::col(row, 3)?,
+                    at: rows::col(row, 4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn count_by_state(&self) -> StoreResult<Vec<(TaskState, i64)>> {
+        let rows = self
+            .query("SELECT state, count(*) FROM tasks GROUP BY state", &[])
+            .await?;
+        rows.iter()
+            .map(|row| Ok((rows::state(rows::col(row, 0)?)?, rows::col(row, 1)?)))
+            .collect()
+    }
+
+    async fn transition(&self, change: &Transition) -> StoreResult<bool> {
+        // One statement, hence one transaction: the compare-and-set update and its audit
+        // event commit together, and when the update matches no row the event insert reads
+        // nothing from it and writes nothing.
+        let rows = self
+            .query(
+                "WITH moved AS (
+                     UPDATE tasks
+                     SET state = $2::text, attempts = $5, last_error = $6, next_attempt_at = $7, updated_at = $8::int8,
+                         printed_at = CASE WHEN $2::text = 'printed' THEN $8::int8 ELSE printed_at END
+                     WHERE id = $1 AND state = $3::text AND attempts = $4
+                     RETURNING id
+                 )
+                 INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
+                 SELECT id, $8::int8, $3::text, $2::text, $5, $9, $10 FROM moved
+                 RETURNING id",
+                &[
+                    &change.task_id,
+                    &change.to.as_str(),
+                    &change.from.as_str(),
+                    &change.expected_attempts,
+                    &change.attempts,
+                    &change.last_error,
+                    &change.next_attempt_at,
+                    &change.now,
+                    &change.actor,
+                    &change.reason,
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+}

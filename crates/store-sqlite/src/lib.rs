@@ -101,8 +101,10 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 }
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
-        .map_err(backend_err)?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    )
+    .map_err(backend_err)?;
     let applied: i64 = conn
         .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))
         .map_err(backend_err)?;
@@ -113,8 +115,11 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         }
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend_err)?;
         tx.execute_batch(sql).map_err(backend_err)?;
-        tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, strftime('%s','now') * 1000)", [version])
-            .map_err(backend_err)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, strftime('%s','now') * 1000)",
+            [version],
+        )
+        .map_err(backend_err)?;
         tx.commit().map_err(backend_err)?;
         tracing::info!(version, "sqlite migration applied");
     }

@@ -14,7 +14,11 @@ const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target
 
 fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     TaskState::parse(s).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, format!("unknown state {s:?}").into())
+        rusqlite::Error::FromSqlConversionFailure(
+            col,
+            rusqlite::types::Type::Text,
+            format!("unknown state {s:?}").into(),
+        )
     })
 }
 
@@ -180,12 +184,21 @@ pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Stat
         .query_row(
             "SELECT tenant_id, id, store_id, printers, created_at FROM stations WHERE tenant_id = ?1 AND id = ?2",
             [t, id],
-            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get(4)?)),
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get(4)?,
+                ))
+            },
         )
         .optional()
         .map_err(backend_err)?;
     row.map(|(tenant_id, id, store_id, printers, created_at)| {
-        let printers = serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
+        let printers =
+            serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
         Ok(Station { tenant_id, id, store_id, printers, created_at })
     })
     .transpose()
@@ -226,9 +239,7 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
         )
         .map_err(backend_err)?;
     let mut insert_charge = c
-        .prepare_cached(
-            "INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)",
-        )
+        .prepare_cached("INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)")
         .map_err(backend_err)?;
 
     let mut out: Vec<SubmitOutcome> = Vec::with_capacity(batch.len());
@@ -297,7 +308,13 @@ pub fn get_task(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Task>> 
         .map_err(backend_err)
 }
 
-pub fn find_task(c: &Connection, tenant: &str, target: &str, biz_no: &str, print_type: &str) -> StoreResult<Option<Task>> {
+pub fn find_task(
+    c: &Connection,
+    tenant: &str,
+    target: &str,
+    biz_no: &str,
+    print_type: &str,
+) -> StoreResult<Option<Task>> {
     c.prepare_cached(&format!(
         "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND target = ?2 AND biz_no = ?3 AND print_type = ?4"
     ))
@@ -363,7 +380,13 @@ pub fn ledger_entries(c: &Connection, id: &str) -> StoreResult<Vec<LedgerEntry>>
         .map_err(backend_err)?;
     let rows = s
         .query_map([id], |r| {
-            Ok(LedgerEntry { task_id: r.get(0)?, tenant_id: r.get(1)?, kind: r.get(2)?, amount: r.get(3)?, at: r.get(4)? })
+            Ok(LedgerEntry {
+                task_id: r.get(0)?,
+                tenant_id: r.get(1)?,
+                kind: r.get(2)?,
+                amount: r.get(3)?,
+                at: r.get(4)?,
+            })
         })
         .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)

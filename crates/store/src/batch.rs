@@ -93,12 +93,7 @@ impl GroupCommitter {
     /// Submits one task and waits until its batch is durable.
     pub async fn submit(&self, task: NewTask) -> Result<SubmitOutcome, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send((task, reply))
-            .await
-            .map_err(|_| StoreError::Unavailable("intake is shutting down".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("intake batch was dropped".into()))?
+        self.tx.send((task, reply)).await.map_err(|_| StoreError::Unavailable("intake is shutting down".into()))?;
+        answer.await.map_err(|_| StoreError::Unavailable("intake batch was dropped".into()))?
     }
 }

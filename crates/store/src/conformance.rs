@@ -47,9 +47,14 @@ macro_rules! conformance_tests {
 pub const NOW: i64 = 1_764_000_000_000;
 
 async fn tenant(s: &Arc<dyn Store>, id: &str) {
-    s.create_tenant(NewTenant { id: id.into(), name: format!("Tenant {id}"), api_key_hash: format!("hash-{id}"), now: NOW })
-        .await
-        .unwrap();
+    s.create_tenant(NewTenant {
+        id: id.into(),
+        name: format!("Tenant {id}"),
+        api_key_hash: format!("hash-{id}"),
+        now: NOW,
+    })
+    .await
+    .unwrap();
     s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), now: NOW }).await.unwrap();
     s.create_printer(NewPrinter {
         tenant_id: id.into(),
@@ -85,7 +90,12 @@ pub fn new_task(t: &str, biz_no: &str, c: &str, seq: u64) -> NewTask {
 }
 
 fn key(t: &str, biz_no: &str) -> IdempotencyKey {
-    IdempotencyKey { tenant_id: t.into(), target: "printer:p1".into(), biz_no: biz_no.into(), print_type: "receipt".into() }
+    IdempotencyKey {
+        tenant_id: t.into(),
+        target: "printer:p1".into(),
+        biz_no: biz_no.into(),
+        print_type: "receipt".into(),
+    }
 }
 
 pub async fn settings_round_trip(s: Arc<dyn Store>) {
@@ -99,7 +109,8 @@ pub async fn settings_round_trip(s: Arc<dyn Store>) {
 pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     tenant(&s, "other").await;
-    let dup = s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "h2".into(), now: NOW }).await;
+    let dup =
+        s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "h2".into(), now: NOW }).await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
     assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap().id, "acme");
     assert_eq!(s.tenant_by_key_hash("nope").await.unwrap(), None);
@@ -173,9 +184,14 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
 
-    s.create_agent_token(NewAgentToken { token_hash: "tok".into(), tenant_id: "acme".into(), store_id: "s1".into(), now: NOW })
-        .await
-        .unwrap();
+    s.create_agent_token(NewAgentToken {
+        token_hash: "tok".into(),
+        tenant_id: "acme".into(),
+        store_id: "s1".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
     assert_eq!(
         s.agent_by_token_hash("tok").await.unwrap(),
         Some(AgentIdentity { tenant_id: "acme".into(), store_id: "s1".into() })
@@ -388,12 +404,19 @@ pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
     };
     assert!(s.transition(&printed).await.unwrap());
     let task = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
-    assert_eq!((task.state, task.attempts, task.printed_at, task.updated_at), (TaskState::Printed, 1, Some(NOW + 20), NOW + 20));
+    assert_eq!(
+        (task.state, task.attempts, task.printed_at, task.updated_at),
+        (TaskState::Printed, 1, Some(NOW + 20), NOW + 20)
+    );
     let ev = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
     let path: Vec<_> = ev.iter().map(|e| (e.from, e.to)).collect();
     assert_eq!(
         path,
-        vec![(None, TaskState::Pending), (Some(TaskState::Pending), TaskState::Sent), (Some(TaskState::Sent), TaskState::Printed)]
+        vec![
+            (None, TaskState::Pending),
+            (Some(TaskState::Pending), TaskState::Sent),
+            (Some(TaskState::Sent), TaskState::Printed)
+        ]
     );
     assert_eq!(ev[2].reason, "printer acknowledged");
     let retry = Transition {

@@ -36,7 +36,10 @@ pub async fn create_tenant(
         .store
         .create_tenant(NewTenant { id: req.id, name: req.name, api_key_hash: secrets::hash(&api_key), now: now_ms() })
         .await?;
-    Ok((StatusCode::CREATED, Json(TenantCreated { id: t.id, name: t.name, api_key, created_at: rfc3339(t.created_at) })))
+    Ok((
+        StatusCode::CREATED,
+        Json(TenantCreated { id: t.id, name: t.name, api_key, created_at: rfc3339(t.created_at) }),
+    ))
 }
 
 /// Create a store of the calling tenant.
@@ -51,7 +54,10 @@ pub async fn create_store(
 ) -> Result<(StatusCode, Json<StoreOut>), ApiError> {
     validate_id("id", &req.id)?;
     check_name("name", &req.name)?;
-    let s = st.store.create_store(NewStore { tenant_id: auth.tenant_id, id: req.id, name: req.name, now: now_ms() }).await?;
+    let s = st
+        .store
+        .create_store(NewStore { tenant_id: auth.tenant_id, id: req.id, name: req.name, now: now_ms() })
+        .await?;
     Ok((StatusCode::CREATED, Json(s.into())))
 }
 
@@ -81,18 +87,14 @@ pub async fn get_store(
 /// Checks a transport object; returns its normalised JSON text.
 fn check_transport(t: &TransportIn) -> Result<String, ApiError> {
     if t.kind != "agent" {
-        return Err(ApiError::invalid(format!(
-            "transport.kind: unsupported kind {:?}; supported: agent",
-            t.kind
-        )));
+        return Err(ApiError::invalid(format!("transport.kind: unsupported kind {:?}; supported: agent", t.kind)));
     }
     let rest = t
         .address
         .strip_prefix("tcp://")
         .ok_or_else(|| ApiError::invalid("transport.address: must look like tcp://HOST:PORT"))?;
-    let (host, port) = rest
-        .rsplit_once(':')
-        .ok_or_else(|| ApiError::invalid("transport.address: must look like tcp://HOST:PORT"))?;
+    let (host, port) =
+        rest.rsplit_once(':').ok_or_else(|| ApiError::invalid("transport.address: must look like tcp://HOST:PORT"))?;
     let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
     let host_ok = !host.is_empty()
         && host.len() <= 253

@@ -91,10 +91,7 @@ async fn submit_inner(
         SubmitKind::Duplicate => (
             StatusCode::OK,
             true,
-            format!(
-                "duplicate of task {} (state {}); nothing was created or charged",
-                answer.task_id, answer.state
-            ),
+            format!("duplicate of task {} (state {}); nothing was created or charged", answer.task_id, answer.state),
         ),
     };
     if answer.from_gate {
@@ -155,7 +152,9 @@ pub async fn list_tasks(
     };
     let cursor = match q.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(TaskId::parse(c).ok_or_else(|| ApiError::invalid("cursor: not a cursor from this API"))?.into_string()),
+        Some(c) => {
+            Some(TaskId::parse(c).ok_or_else(|| ApiError::invalid("cursor: not a cursor from this API"))?.into_string())
+        }
     };
     let tasks = st
         .store

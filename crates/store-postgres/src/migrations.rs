@@ -1,0 +1,203 @@
+//! The schema, as an ordered list of migrations applied when a broker starts.
+//!
+//! Each migration runs in its own transaction that first takes a transaction-scoped
+//! advisory lock. Two brokers starting against the same empty schema therefore apply each
+//! migration exactly once: the second waits for the first to commit and then finds the
+//! version already recorded in `schema_migrations`. A migration that fails rolls back
+//! completely, so a schema is never left half-migrated.
+//!
+//! Migrations are append-only: a released migration is never edited, a change to the
+//! schema is a new entry at the end of [`MIGRATIONS`].
+
+use onceprint_store::{StoreError, StoreResult};
+
+use crate::error::pg_error;
+
+/// First key of the advisory lock. The second key is derived from the current schema, so
+/// brokers migrating different schemas of one database do not wait for each other.
+const LOCK_CLASS: i32 = 0x6f70_6d67; // "opmg"
+
+/// `(version, SQL)` in the order they must be applied. Versions are increasing.
+pub(crate) const MIGRATIONS: &[(i32, &str)] = &[(1, V1_INITIAL)];
+
+/// The version a fully migrated database reports.
+pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// Times are BIGINT milliseconds since the epoch everywhere, as in the models. Ids are
+/// scoped per tenant, so every tenant-owned table keys on `(tenant_id, id)` and every
+/// reference carries the tenant id: a printer can only point at its own tenant's store.
+///
+/// Task ids use the "C" collation (byte order) whatever the database's default is: the
+/// task list pages by `id < cursor` and the ids sort by creation time only in byte order,
+/// which is also the order every other backend and the Rust side use. It also makes the
+/// comparisons on the busiest index plain `memcmp`s.
+const V1_INITIAL: &str = r#"
+CREATE TABLE settings (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+CREATE TABLE tenants (
+    id           TEXT PRIMARY KEY,
+    name         TEXT NOT NULL,
+    api_key_hash TEXT NOT NULL CONSTRAINT tenants_api_key_hash_key UNIQUE,
+    created_at   BIGINT NOT NULL
+);
+
+CREATE TABLE stores (
+    tenant_id  TEXT NOT NULL REFERENCES tenants (id),
+    id         TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+
+CREATE TABLE printers (
+    tenant_id    TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    store_id     TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    transport    TEXT NOT NULL,
+    online       BOOLEAN NOT NULL DEFAULT false,
+    last_seen_at BIGINT,
+    last_error   TEXT,
+    created_at   BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id),
+    FOREIGN KEY (tenant_id, store_id) REFERENCES stores (tenant_id, id)
+);
+
+CREATE TABLE stations (
+    tenant_id  TEXT NOT NULL,
+    id         TEXT NOT NULL,
+    store_id   TEXT NOT NULL,
+    printers   TEXT[] NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id),
+    FOREIGN KEY (tenant_id, store_id) REFERENCES stores (tenant_id, id)
+);
+
+CREATE TABLE agent_tokens (
+    token_hash TEXT PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    store_id   TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    FOREIGN KEY (tenant_id, store_id) REFERENCES stores (tenant_id, id)
+);
+
+CREATE TABLE tasks (
+    id              TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id       TEXT NOT NULL,
+    store_id        TEXT NOT NULL,
+    printer_id      TEXT NOT NULL,
+    station_id      TEXT,
+    target          TEXT NOT NULL,
+    biz_no          TEXT NOT NULL,
+    print_type      TEXT NOT NULL,
+    priority        INT NOT NULL,
+    content_type    TEXT NOT NULL,
+    content         BYTEA NOT NULL,
+    fingerprint     TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    attempts        INT NOT NULL DEFAULT 0,
+    last_error      TEXT,
+    next_attempt_at BIGINT,
+    created_at      BIGINT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    printed_at      BIGINT,
+    CONSTRAINT tasks_idempotency_key UNIQUE (tenant_id, target, biz_no, print_type),
+    FOREIGN KEY (tenant_id, printer_id) REFERENCES printers (tenant_id, id)
+);
+-- R12: the engine finds due work (pending, or retrying whose time has come) through this.
+CREATE INDEX tasks_state_next_attempt_idx ON tasks (state, next_attempt_at);
+CREATE INDEX tasks_tenant_store_id_idx ON tasks (tenant_id, store_id, id);
+CREATE INDEX tasks_tenant_id_idx ON tasks (tenant_id, id);
+CREATE INDEX tasks_tenant_biz_no_idx ON tasks (tenant_id, biz_no);
+
+CREATE TABLE task_events (
+    id         BIGSERIAL PRIMARY KEY,
+    task_id    TEXT COLLATE "C" NOT NULL REFERENCES tasks (id),
+    at         BIGINT NOT NULL,
+    from_state TEXT,
+    to_state   TEXT NOT NULL,
+    attempt    INT NOT NULL,
+    actor      TEXT NOT NULL,
+    reason     TEXT NOT NULL
+);
+CREATE INDEX task_events_task_idx ON task_events (task_id, id);
+
+CREATE TABLE ledger (
+    id        BIGSERIAL PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    task_id   TEXT COLLATE "C" NOT NULL REFERENCES tasks (id),
+    kind      TEXT NOT NULL CHECK (kind IN ('charge', 'refund')),
+    amount    BIGINT NOT NULL,
+    at        BIGINT NOT NULL,
+    UNIQUE (task_id, kind)
+);
+"#;
+
+/// Applies every migration the schema has not seen yet, one transaction each.
+pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult<()> {
+    for (version, sql) in MIGRATIONS {
+        let tx = client.transaction().await.map_err(pg_error)?;
+        // The lock is held until this transaction ends. `current_schema()` is NULL when
+        // the search path names no existing schema; coalescing keeps the lock taken in
+        // that case, and the CREATE below then fails with PostgreSQL's own clear message.
+        tx.batch_execute(&format!(
+            "SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext(coalesce(current_schema(), '')));
+             CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version    INT PRIMARY KEY,
+                 applied_at BIGINT NOT NULL
+             );"
+        ))
+        .await
+        .map_err(|e| migration_error(*version, e))?;
+        let done = tx
+            .query_opt(
+                "SELECT 1 FROM schema_migrations WHERE version = $1",
+                &[version],
+            )
+            .await
+            .map_err(|e| migration_error(*version, e))?;
+        if done.is_some() {
+            // Nothing to do; ending the transaction releases the lock either way.
+            tx.rollback().await.map_err(pg_error)?;
+            continue;
+        }
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| migration_error(*version, e))?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at)
+             VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)",
+            &[version],
+        )
+        .await
+        .map_err(|e| migration_error(*version, e))?;
+        tx.commit()
+            .await
+            .map_err(|e| migration_error(*version, e))?;
+        tracing::info!(version, "applied PostgreSQL migration");
+    }
+    Ok(())
+}
+
+/// Names the migration in the error, keeping the unavailable/backend split.
+fn migration_error(version: i32, e: tokio_postgres::Error) -> StoreError {
+    match pg_error(e) {
+        StoreError::Unavailable(m) => StoreError::Unavailable(format!("migration {version}: {m}")),
+        StoreError::Backend(m) => StoreError::Backend(format!("migration {version}: {m}")),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_increase_from_one() {
+        assert_eq!(MIGRATIONS[0].0, 1);
+        assert!(MIGRATIONS.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+}

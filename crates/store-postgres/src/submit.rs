@@ -1,0 +1,285 @@
+//! Batched intake: [`onceprint_store::Store::submit_batch`] for PostgreSQL.
+//!
+//! Throughput is decided by round trips, not by rows, so a batch of any size costs one
+//! statement when every key is new and two when some already existed:
+//!
+//! 1. One statement inserts the tasks from parallel arrays (`unnest`), skipping keys that
+//!    already exist (`ON CONFLICT … DO NOTHING`), and — through data-modifying CTEs that
+//!    read the inserted ids — the creation event and the ledger charge of exactly the
+//!    tasks it inserted. A single statement is a single transaction, so a task is never
+//!    visible without its event and its charge (R6), and the commit is durable when the
+//!    statement returns.
+//! 2. Only if some keys were skipped, one read fetches their rows. It runs as a separate
+//!    statement on purpose: it needs a snapshot taken after the insert waited for any
+//!    concurrent transaction that held the same key, or it could miss that row.
+
+use std::collections::{HashMap, HashSet};
+
+use onceprint_core::TaskState;
+use onceprint_store::{NewTask, StoreError, StoreResult, SubmitOutcome, Task};
+
+use crate::error::{pg_error, violation, Violation};
+use crate::rows::{self, TASK_COLUMNS_T};
+
+const INSERT_TASKS: &str = "
+WITH ins AS (
+    INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
+                       priority, content_type, content, fingerprint, state, attempts, created_at, updated_at)
+    SELECT u.id, u.tenant_id, u.store_id, u.printer_id, u.station_id, u.target, u.biz_no, u.print_type,
+           u.priority, u.content_type, u.content, u.fingerprint, 'pending', 0, u.now_ms, u.now_ms
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[])
+         WITH ORDINALITY AS u(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
+                              priority, content_type, content, fingerprint, now_ms, ord)
+    ORDER BY u.ord
+    ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING
+    RETURNING id
+),
+meta AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $13::int8[], $14::text[], $15::int8[])
+        AS m(id, tenant_id, now_ms, actor, charge)
+),
+ev AS (
+    INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
+    SELECT meta.id, meta.now_ms, NULL, 'pending', 0, meta.actor, 'submitted'
+    FROM ins JOIN meta USING (id)
+),
+charge AS (
+    INSERT INTO ledger (tenant_id, task_id, kind, amount, at)
+    SELECT meta.tenant_id, meta.id, 'charge', meta.charge, meta.now_ms
+    FROM ins JOIN meta USING (id)
+)
+SELECT id FROM ins";
+
+const SELECT_EXISTING: &str = "
+SELECT {cols}
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(tenant_id, target, biz_no, print_type)
+JOIN tasks t ON t.tenant_id = k.tenant_id AND t.target = k.target
+            AND t.biz_no = k.biz_no AND t.print_type = k.print_type";
+
+const FIRST_MISSING_PRINTER: &str = "
+SELECT p.printer_id
+FROM unnest($1::text[], $2::text[]) AS p(tenant_id, printer_id)
+WHERE NOT EXISTS (SELECT 1 FROM printers WHERE tenant_id = p.tenant_id AND id = p.printer_id)
+LIMIT 1";
+
+/// The idempotency key of a submission, borrowed from it.
+type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+fn key_of(t: &NewTask) -> Key<'_> {
+    (&t.tenant_id, &t.target, &t.biz_no, &t.print_type)
+}
+
+/// The row a created task has right after the insert; built here instead of read back.
+fn created_task(t: &NewTask) -> Task {
+    Task {
+        task_id: t.task_id.clone(),
+        tenant_id: t.tenant_id.clone(),
+        store_id: t.store_id.clone(),
+        printer_id: t.printer_id.clone(),
+        station_id: t.station_id.clone(),
+        target: t.target.clone(),
+        biz_no: t.biz_no.clone(),
+        print_type: t.print_type.clone(),
+        priority: t.priority,
+        content_type: t.content_type.clone(),
+        fingerprint: t.fingerprint.clone(),
+        state: TaskState::Pending,
+        attempts: 0,
+        last_error: None,
+        next_attempt_at: None,
+        created_at: t.now,
+        updated_at: t.now,
+        printed_at: None,
+    }
+}
+
+pub(crate) async fn submit_batch(
+    client: &deadpool_postgres::Client,
+    batch: Vec<NewTask>,
+) -> StoreResult<Vec<SubmitOutcome>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    // Collapse repeats of a key inside the batch: the first occurrence is the one that may
+    // be created, later ones answer with whatever the first one turns into.
+    let mut first_of: HashMap<Key<'_>, usize> = HashMap::with_capacity(batch.len());
+    let mut leader = Vec::with_capacity(batch.len());
+    for (i, t) in batch.iter().enumerate() {
+        leader.push(*first_of.entry(key_of(t)).or_insert(i));
+    }
+
+    // Insert in key order. Two batches that share keys then wait for each other's keys in
+    // the same order, which rules out deadlocks between concurrent intake transactions.
+    let mut unique: Vec<usize> = first_of.values().copied().collect();
+    unique.sort_unstable_by(|a, b| key_of(&batch[*a]).cmp(&key_of(&batch[*b])));
+
+    let pick =
+        |f: fn(&NewTask) -> &str| unique.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+    let ids = pick(|t| &t.task_id);
+    let tenants = pick(|t| &t.tenant_id);
+    let stores = pick(|t| &t.store_id);
+    let printers = pick(|t| &t.printer_id);
+    let targets = pick(|t| &t.target);
+    let biz_nos = pick(|t| &t.biz_no);
+    let print_types = pick(|t| &t.print_type);
+    let content_types = pick(|t| &t.content_type);
+    let fingerprints = pick(|t| &t.fingerprint);
+    let actors = pick(|t| &t.actor);
+    let stations: Vec<Option<&str>> = unique
+        .iter()
+        .map(|&i| batch[i].station_id.as_deref())
+        .collect();
+    let priorities: Vec<i32> = unique.iter().map(|&i| batch[i].priority).collect();
+    let contents: Vec<&[u8]> = unique
+        .iter()
+        .map(|&i| batch[i].content.as_slice())
+        .collect();
+    let nows: Vec<i64> = unique.iter().map(|&i| batch[i].now).collect();
+    let charges: Vec<i64> = unique.iter().map(|&i| batch[i].charge).collect();
+
+    let stmt = client
+        .prepare_cached(INSERT_TASKS)
+        .await
+        .map_err(pg_error)?;
+    let inserted = client
+        .query(
+            &stmt,
+            &[
+                &ids,
+                &tenants,
+                &stores,
+                &printers,
+                &stations,
+                &targets,
+                &biz_nos,
+                &print_types,
+                &priorities,
+                &content_types,
+                &contents,
+                &fingerprints,
+                &nows,
+                &actors,
+                &charges,
+            ],
+        )
+        .await;
+    let inserted = match inserted {
+        Ok(rows) => rows,
+        Err(e) => return Err(insert_error(client, e, &tenants, &printers).await),
+    };
+    // The returned ids borrow from the result rows, which live until the end of this call.
+    let mut created: HashSet<&str> = HashSet::with_capacity(inserted.len());
+    for row in &inserted {
+        created.insert(rows::col(row, 0)?);
+    }
+
+    // Fetch the stored rows of the keys that were not inserted.
+    let skipped: Vec<usize> = unique
+        .iter()
+        .copied()
+        .filter(|&i| !created.contains(batch[i].task_id.as_str()))
+        .collect();
+    let mut existing: HashMap<(String, String, String, String), Task> =
+        HashMap::with_capacity(skipped.len());
+    if !skipped.is_empty() {
+        let column =
+            |f: fn(&NewTask) -> &str| skipped.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+        let stmt = client
+            .prepare_cached(&SELECT_EXISTING.replace("{cols}", TASK_COLUMNS_T))
+            .await
+            .map_err(pg_error)?;
+        let found = client
+            .query(
+                &stmt,
+                &[
+                    &column(|t| &t.tenant_id),
+                    &column(|t| &t.target),
+                    &column(|t| &t.biz_no),
+                    &column(|t| &t.print_type),
+                ],
+            )
+            .await
+            .map_err(pg_error)?;
+        for row in &found {
+            let task = rows::task(row)?;
+            existing.insert(
+                (
+                    task.tenant_id.clone(),
+                    task.target.clone(),
+                    task.biz_no.clone(),
+                    task.print_type.clone(),
+                ),
+                task,
+            );
+        }
+    }
+
+    let mut outcomes: Vec<Option<SubmitOutcome>> = vec![None; batch.len()];
+    for (i, t) in batch.iter().enumerate() {
+        let first = leader[i];
+        let outcome = if first != i {
+            // A repeat inside the batch: the first occurrence's task answers, as stored.
+            match &outcomes[first] {
+                Some(o) => SubmitOutcome::Existing(o.task().clone()),
+                None => {
+                    return Err(StoreError::Backend(
+                        "intake lost track of a repeated key".into(),
+                    ))
+                }
+            }
+        } else if created.contains(t.task_id.as_str()) {
+            SubmitOutcome::Created(created_task(t))
+        } else {
+            let k = (
+                t.tenant_id.clone(),
+                t.target.clone(),
+                t.biz_no.clone(),
+                t.print_type.clone(),
+            );
+            match existing.remove(&k) {
+                Some(task) => SubmitOutcome::Existing(task),
+                None => {
+                    return Err(StoreError::Backend(format!(
+                        "task {} was neither inserted nor found under its key",
+                        t.task_id
+                    )))
+                }
+            }
+        };
+        outcomes[i] = Some(outcome);
+    }
+    // Every slot was filled above: a leader always precedes its repeats.
+    Ok(outcomes.into_iter().flatten().collect())
+}
+
+/// Explains a failed insert. A foreign-key violation means a task names a printer the
+/// tenant does not have; one more query finds which, so the message is actionable.
+async fn insert_error(
+    client: &deadpool_postgres::Client,
+    e: tokio_postgres::Error,
+    tenants: &[&str],
+    printers: &[&str],
+) -> StoreError {
+    match violation(&e) {
+        Some(Violation::ForeignKey(_)) => {
+            let missing = client
+                .query_opt(FIRST_MISSING_PRINTER, &[&tenants, &printers])
+                .await;
+            match missing {
+                Ok(Some(row)) => match rows::col::<String>(&row, 0) {
+                    Ok(p) => StoreError::NotFound(format!("printer {p}")),
+                    Err(e) => e,
+                },
+                _ => StoreError::NotFound("printer of a task in this batch".into()),
+            }
+        }
+        Some(Violation::Unique(_)) => {
+            // The key conflict is handled by ON CONFLICT, so this is the primary key: the
+            // caller reused a task id for a different key.
+            StoreError::AlreadyExists("a task with one of these ids".into())
+        }
+        None => pg_error(e),
+    }
+}
