@@ -3,6 +3,11 @@
 
 mod config;
 
+/// mimalloc instead of the system allocator: intake allocates many small, short-lived
+/// objects per request across threads, where it measured faster (docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -44,6 +44,8 @@ struct Inner {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     readers: Mutex<Vec<Connection>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Dropping the sender stops the checkpointer thread.
+    checkpointer: Mutex<Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
 }
 
 impl Drop for Inner {
@@ -55,6 +57,12 @@ impl Drop for Inner {
         }
         if let Ok(mut w) = self.writer.lock() {
             if let Some(handle) = w.take() {
+                let _ = handle.join();
+            }
+        }
+        if let Ok(mut c) = self.checkpointer.lock() {
+            if let Some((stop, handle)) = c.take() {
+                drop(stop);
                 let _ = handle.join();
             }
         }
@@ -93,7 +101,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
          PRAGMA synchronous=FULL;
          PRAGMA foreign_keys=ON;
          PRAGMA busy_timeout=10000;
-         PRAGMA cache_size=-65536;",
+         PRAGMA cache_size=-16384;",
     )
     .map_err(|e| StoreError::Unavailable(format!("cannot configure {}: {e}", path.display())))?;
     conn.set_prepared_statement_cache_capacity(64);
@@ -124,6 +132,36 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tracing::info!(version, "sqlite migration applied");
     }
     Ok(())
+}
+
+/// WAL frames above which the checkpointer also resets the log (RESTART), so that a WAL
+/// kept alive by long readers cannot grow without bound.
+const WAL_RESTART_FRAMES: i64 = 50_000;
+
+/// The checkpointer thread: copies committed WAL pages into the database file in the
+/// background. The writer has automatic checkpoints turned off, so a commit never pays
+/// for a checkpoint; a fully checkpointed WAL is reused from its start by the next commit.
+fn checkpoint_loop(conn: Connection, stop: mpsc::Receiver<()>) {
+    loop {
+        let stopping = match stop.recv_timeout(std::time::Duration::from_millis(200)) {
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
+            _ => true,
+        };
+        let frames: Result<(i64, i64, i64), _> =
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
+        match frames {
+            Ok((_, log, _)) if log > WAL_RESTART_FRAMES => {
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+                    tracing::warn!(error = %e, "sqlite WAL restart checkpoint failed");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "sqlite checkpoint failed"),
+        }
+        if stopping {
+            return;
+        }
+    }
 }
 
 /// The writer thread: take a job, take everything else waiting, commit once, answer all.
@@ -174,6 +212,13 @@ impl SqliteStore {
         }
         let mut conn = open_connection(&path)?;
         migrate(&mut conn)?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0").map_err(backend_err)?;
+        let checkpoint_conn = open_connection(&path)?;
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let checkpointer = std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || checkpoint_loop(checkpoint_conn, stop_rx))
+            .map_err(|e| StoreError::Backend(format!("cannot start the checkpoint thread: {e}")))?;
         let (tx, rx) = mpsc::channel::<Job>();
         let writer = std::thread::Builder::new()
             .name("sqlite-writer".into())
@@ -185,6 +230,7 @@ impl SqliteStore {
                 jobs: Mutex::new(Some(tx)),
                 readers: Mutex::new(Vec::new()),
                 writer: Mutex::new(Some(writer)),
+                checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
             }),
         })
     }

@@ -89,13 +89,13 @@ CREATE TABLE task_events (
 );
 CREATE INDEX task_events_by_task ON task_events(task_id, id);
 CREATE TABLE ledger (
-    id        INTEGER PRIMARY KEY,
     tenant_id TEXT NOT NULL,
     task_id   TEXT NOT NULL REFERENCES tasks(id),
     kind      TEXT NOT NULL CHECK (kind IN ('charge', 'refund')),
     amount    INTEGER NOT NULL,
     at        INTEGER NOT NULL,
-    -- One charge per task, one refund at most (R6).
-    UNIQUE (task_id, kind)
-);
+    -- One charge per task, one refund at most (R6). Without a rowid the key is the
+    -- table itself: one B-tree less to write per accepted task.
+    PRIMARY KEY (task_id, kind)
+) WITHOUT ROWID;
 "#];

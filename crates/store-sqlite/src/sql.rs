@@ -376,7 +376,7 @@ pub fn task_events(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Vec<
 
 pub fn ledger_entries(c: &Connection, id: &str) -> StoreResult<Vec<LedgerEntry>> {
     let mut s = c
-        .prepare_cached("SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = ?1 ORDER BY id")
+        .prepare_cached("SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = ?1 ORDER BY kind")
         .map_err(backend_err)?;
     let rows = s
         .query_map([id], |r| {
