@@ -27,22 +27,11 @@ impl Broker {
     /// Starts `<exe> serve --listen 127.0.0.1:0 --database <url> --admin-token <token>`
     /// and waits for its `listening on http://…` line. Port 0 lets the OS pick a free
     /// port, so parallel runs never collide; the broker tells us which one it got.
-    pub async fn start(
-        exe: &Path,
-        database_url: &str,
-        admin_token: &str,
-        log_path: &Path,
-    ) -> Result<Self, BenchError> {
+    pub async fn start(exe: &Path, database_url: &str, admin_token: &str, log_path: &Path) -> Result<Self, BenchError> {
         let log = std::fs::File::create(log_path)
             .map_err(|e| BenchError::io(format!("creating {}", log_path.display()), e))?;
         let mut child = Command::new(exe)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--database",
-                database_url,
-            ])
+            .args(["serve", "--listen", "127.0.0.1:0", "--database", database_url])
             .args(["--admin-token", admin_token])
             // Keep the broker's log quiet: logging every request would measure the logger.
             .env("RUST_LOG", "warn")
@@ -76,10 +65,7 @@ impl Broker {
                     Ok(Ok(s)) => format!("broker exited with {s} before it was listening"),
                     _ => "broker closed its stdout before it was listening".to_string(),
                 };
-                return Err(BenchError::BrokerStart {
-                    reason,
-                    stderr: log_tail(log_path),
-                });
+                return Err(BenchError::BrokerStart { reason, stderr: log_tail(log_path) });
             }
             Err(_) => {
                 let _ = child.kill().await;
@@ -103,12 +89,7 @@ impl Broker {
         }
         // Keep reading stdout so the broker never blocks on a full pipe.
         tokio::spawn(drain(lines));
-        Ok(Self {
-            child,
-            pid,
-            addr,
-            log_path: log_path.to_path_buf(),
-        })
+        Ok(Self { child, pid, addr, log_path: log_path.to_path_buf() })
     }
 
     /// The broker's peak resident set size in KiB (`VmHWM`), read while it still runs.
@@ -175,8 +156,7 @@ mod tests {
 
     #[test]
     fn vm_hwm_is_parsed_in_kib() {
-        let status =
-            "Name:\tonceprint\nVmPeak:\t  100 kB\nVmHWM:\t   45678 kB\nVmRSS:\t 40000 kB\n";
+        let status = "Name:\tonceprint\nVmPeak:\t  100 kB\nVmHWM:\t   45678 kB\nVmRSS:\t 40000 kB\n";
         assert_eq!(parse_vm_hwm(status), Some(45678));
         assert_eq!(parse_vm_hwm("Name: x\n"), None);
     }

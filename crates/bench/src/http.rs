@@ -26,16 +26,11 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr) -> Result<Self, String> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect to {addr}: {e}"))?;
         // Requests are small and latency is what we measure: don't let Nagle hold them.
-        stream
-            .set_nodelay(true)
-            .map_err(|e| format!("TCP_NODELAY: {e}"))?;
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("HTTP handshake with {addr}: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        let (sender, connection) =
+            http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("HTTP handshake with {addr}: {e}"))?;
         // The connection future does the actual IO; its errors also surface on the next
         // send_request, which is where the caller handles them.
         tokio::spawn(async move {
@@ -63,25 +58,12 @@ impl Conn {
             if body.is_some() {
                 builder = builder.header(CONTENT_TYPE, "application/json");
             }
-            let req = builder
-                .body(Full::new(body.unwrap_or_default()))
-                .map_err(|e| format!("building request: {e}"))?;
-            self.sender
-                .ready()
-                .await
-                .map_err(|e| format!("connection not ready: {e}"))?;
-            let resp = self
-                .sender
-                .send_request(req)
-                .await
-                .map_err(|e| format!("sending request: {e}"))?;
+            let req =
+                builder.body(Full::new(body.unwrap_or_default())).map_err(|e| format!("building request: {e}"))?;
+            self.sender.ready().await.map_err(|e| format!("connection not ready: {e}"))?;
+            let resp = self.sender.send_request(req).await.map_err(|e| format!("sending request: {e}"))?;
             let status = resp.status();
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| format!("reading answer body: {e}"))?
-                .to_bytes();
+            let bytes = resp.into_body().collect().await.map_err(|e| format!("reading answer body: {e}"))?.to_bytes();
             Ok((status, bytes))
         };
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
@@ -93,8 +75,7 @@ impl Conn {
 
 /// `Authorization: Bearer <token>` as a header value.
 pub fn bearer(token: &str) -> Result<HeaderValue, String> {
-    HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| "token is not a valid header value".to_string())
+    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| "token is not a valid header value".to_string())
 }
 
 /// Percent-encodes a query-string value (the list cursor is opaque to us and may hold

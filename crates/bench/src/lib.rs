@@ -95,11 +95,7 @@ pub enum BenchError {
     #[error("HTTP to the broker failed while {context}: {detail}")]
     Http { context: String, detail: String },
     #[error("set-up step `{step}` got HTTP {status}: {body}")]
-    Setup {
-        step: String,
-        status: u16,
-        body: String,
-    },
+    Setup { step: String, status: u16, body: String },
     #[error("unexpected answer while {context}: {detail}")]
     Protocol { context: String, detail: String },
     #[error("PostgreSQL, {context}: {source}")]
@@ -112,17 +108,11 @@ pub enum BenchError {
 
 impl BenchError {
     fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
+        Self::Io { context: context.into(), source }
     }
 
     fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
-        Self::Postgres {
-            context: context.into(),
-            source,
-        }
+        Self::Postgres { context: context.into(), source }
     }
 }
 
@@ -176,9 +166,7 @@ fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
     }
     if let Some(url) = &opts.database {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return bad(
-                "database must be a postgres:// URL (leave it out for a fresh SQLite file)",
-            );
+            return bad("database must be a postgres:// URL (leave it out for a fresh SQLite file)");
         }
     }
     Ok(())
@@ -192,13 +180,7 @@ async fn run_on(
     dir: &Path,
 ) -> Result<SubmitReport, BenchError> {
     let admin_token = random_hex(24)?;
-    let broker = Broker::start(
-        &opts.broker_exe,
-        database_url,
-        &admin_token,
-        &dir.join("broker.log"),
-    )
-    .await?;
+    let broker = Broker::start(&opts.broker_exe, database_url, &admin_token, &dir.join("broker.log")).await?;
     let result = drive(opts, &broker, &admin_token).await;
     // Read the peak before stopping: /proc/<pid> is gone once the broker is reaped.
     let rss_kib = broker.peak_rss_kib();
@@ -206,64 +188,37 @@ async fn run_on(
     let stopped = broker.stop().await;
     let mut report = result.map_err(|e| match e {
         // Attach the broker's log to errors where the broker is the likely culprit.
-        BenchError::Http { context, detail } => BenchError::Http {
-            context,
-            detail: format!("{detail}\n--- broker stderr (last lines) ---\n{log_tail}"),
-        },
+        BenchError::Http { context, detail } => {
+            BenchError::Http { context, detail: format!("{detail}\n--- broker stderr (last lines) ---\n{log_tail}") }
+        }
         other => other,
     })?;
     report.backend = backend.to_string();
     report.broker_peak_rss_mib = rss_kib.map(|k| k as f64 / 1024.0);
     match stopped? {
         Some(status) if status.success() => {}
-        Some(status) => report.problems.push(format!(
-            "the broker exited with {status} after SIGTERM (the contract asks for exit 0)"
-        )),
-        None => report
+        Some(status) => report
             .problems
-            .push("the broker did not exit within 30 s of SIGTERM and was killed".to_string()),
+            .push(format!("the broker exited with {status} after SIGTERM (the contract asks for exit 0)")),
+        None => report.problems.push("the broker did not exit within 30 s of SIGTERM and was killed".to_string()),
     }
     Ok(report)
 }
 
 /// Set-up, warm-up, the measured run and verification, against a running broker.
-async fn drive(
-    opts: &SubmitOptions,
-    broker: &Broker,
-    admin_token: &str,
-) -> Result<SubmitReport, BenchError> {
+async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Result<SubmitReport, BenchError> {
     let mut conn = Conn::connect(broker.addr)
         .await
-        .map_err(|detail| BenchError::Http {
-            context: "connecting for set-up".into(),
-            detail,
-        })?;
+        .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
     let admin = bearer(admin_token).map_err(BenchError::InvalidOptions)?;
-    let tenant = setup_call(
-        &mut conn,
-        &admin,
-        "/v1/tenants",
-        json!({"id": "bench", "name": "Bench"}),
-    )
-    .await?;
-    let api_key = tenant
-        .get("api_key")
-        .and_then(Value::as_str)
-        .ok_or_else(|| BenchError::Protocol {
-            context: "creating the tenant".into(),
-            detail: format!("no api_key in {tenant}"),
-        })?;
-    let auth = bearer(api_key).map_err(|m| BenchError::Protocol {
+    let tenant = setup_call(&mut conn, &admin, "/v1/tenants", json!({"id": "bench", "name": "Bench"})).await?;
+    let api_key = tenant.get("api_key").and_then(Value::as_str).ok_or_else(|| BenchError::Protocol {
         context: "creating the tenant".into(),
-        detail: m,
+        detail: format!("no api_key in {tenant}"),
     })?;
-    setup_call(
-        &mut conn,
-        &auth,
-        "/v1/stores",
-        json!({"id": STORE_ID, "name": "Bench store"}),
-    )
-    .await?;
+    let auth =
+        bearer(api_key).map_err(|m| BenchError::Protocol { context: "creating the tenant".into(), detail: m })?;
+    setup_call(&mut conn, &auth, "/v1/stores", json!({"id": STORE_ID, "name": "Bench store"})).await?;
     for p in 0..opts.printers {
         let body = json!({
             "id": format!("p{p}"),
@@ -280,39 +235,16 @@ async fn drive(
     // starts with no key already known and its 201 count equals its distinct keys.
     let mut answered = std::collections::HashMap::new();
     if opts.warmup > 0 {
-        let plan = build_plan(
-            "W",
-            opts.warmup,
-            opts.duplicate_share,
-            opts.printers,
-            PLAN_SEED ^ 0x5741_524D,
-        );
-        let bodies: Arc<Vec<Bytes>> =
-            Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
+        let plan = build_plan("W", opts.warmup, opts.duplicate_share, opts.printers, PLAN_SEED ^ 0x5741_524D);
+        let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
         let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-        answered.extend(verify::check_answers(
-            "warm-up",
-            &plan,
-            &run.outcomes,
-            &mut problems,
-        ));
+        answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &mut problems));
     }
 
-    let plan = build_plan(
-        "B",
-        opts.requests,
-        opts.duplicate_share,
-        opts.printers,
-        PLAN_SEED,
-    );
+    let plan = build_plan("B", opts.requests, opts.duplicate_share, opts.printers, PLAN_SEED);
     let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
     let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-    answered.extend(verify::check_answers(
-        "measured",
-        &plan,
-        &run.outcomes,
-        &mut problems,
-    ));
+    answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &mut problems));
 
     let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
     verify::check_listing(&answered, &listed, &mut problems);
@@ -345,31 +277,14 @@ async fn drive(
 }
 
 /// One set-up POST that must answer 201; returns the answer's JSON.
-async fn setup_call(
-    conn: &mut Conn,
-    auth: &HeaderValue,
-    path: &str,
-    body: Value,
-) -> Result<Value, BenchError> {
+async fn setup_call(conn: &mut Conn, auth: &HeaderValue, path: &str, body: Value) -> Result<Value, BenchError> {
     let step = format!("POST {path} {body}");
     let (status, answer) = conn
-        .request(
-            Method::POST,
-            path,
-            auth,
-            Some(Bytes::from(body.to_string())),
-        )
+        .request(Method::POST, path, auth, Some(Bytes::from(body.to_string())))
         .await
-        .map_err(|detail| BenchError::Http {
-            context: format!("set-up ({step})"),
-            detail,
-        })?;
+        .map_err(|detail| BenchError::Http { context: format!("set-up ({step})"), detail })?;
     if status.as_u16() != 201 {
-        return Err(BenchError::Setup {
-            step,
-            status: status.as_u16(),
-            body: snippet(&answer, 500),
-        });
+        return Err(BenchError::Setup { step, status: status.as_u16(), body: snippet(&answer, 500) });
     }
     Ok(serde_json::from_slice(&answer).unwrap_or(Value::Null))
 }
@@ -390,10 +305,7 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_ones() {
         let o = SubmitOptions::new("onceprint");
-        assert_eq!(
-            (o.requests, o.concurrency, o.printers, o.warmup),
-            (200_000, 64, 10, 5_000)
-        );
+        assert_eq!((o.requests, o.concurrency, o.printers, o.warmup), (200_000, 64, 10, 5_000));
         assert_eq!(o.duplicate_share, 0.30);
         assert!(o.database.is_none());
         assert!(validate(&o).is_ok());
@@ -413,9 +325,7 @@ mod tests {
         assert!(check(&|o| o.duplicate_share = 1.0));
         assert!(check(&|o| o.duplicate_share = -0.1));
         assert!(check(&|o| o.database = Some("sqlite://x.db".into())));
-        assert!(!check(
-            &|o| o.database = Some("postgres://postgres@127.0.0.1/test".into())
-        ));
+        assert!(!check(&|o| o.database = Some("postgres://postgres@127.0.0.1/test".into())));
     }
 
     #[test]

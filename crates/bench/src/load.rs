@@ -66,23 +66,13 @@ pub async fn run_load(
         conns.push(
             Conn::connect(addr)
                 .await
-                .map_err(|detail| BenchError::Http {
-                    context: "opening load connections".into(),
-                    detail,
-                })?,
+                .map_err(|detail| BenchError::Http { context: "opening load connections".into(), detail })?,
         );
     }
     let t0 = Instant::now();
     let mut handles = Vec::with_capacity(workers);
     for conn in conns {
-        handles.push(tokio::spawn(worker(
-            addr,
-            conn,
-            auth.clone(),
-            bodies.clone(),
-            next.clone(),
-            t0,
-        )));
+        handles.push(tokio::spawn(worker(addr, conn, auth.clone(), bodies.clone(), next.clone(), t0)));
     }
     let mut outcomes: Vec<Outcome> = vec![Outcome::default(); bodies.len()];
     let mut first_error = None;
@@ -97,10 +87,7 @@ pub async fn run_load(
                 first_error.get_or_insert(e);
             }
             Err(join) => {
-                first_error.get_or_insert(BenchError::Http {
-                    context: "load worker".into(),
-                    detail: join.to_string(),
-                });
+                first_error.get_or_insert(BenchError::Http { context: "load worker".into(), detail: join.to_string() });
             }
         }
     }
@@ -126,20 +113,10 @@ async fn worker(
             return Ok(done);
         }
         let start = t0.elapsed();
-        let result = conn
-            .request(
-                Method::POST,
-                "/v1/print-tasks",
-                &auth,
-                Some(bodies[i].clone()),
-            )
-            .await;
+        let result = conn.request(Method::POST, "/v1/print-tasks", &auth, Some(bodies[i].clone())).await;
         let end = t0.elapsed();
-        let mut outcome = Outcome {
-            start_us: start.as_micros() as u64,
-            end_us: end.as_micros() as u64,
-            ..Outcome::default()
-        };
+        let mut outcome =
+            Outcome { start_us: start.as_micros() as u64, end_us: end.as_micros() as u64, ..Outcome::default() };
         match result {
             Ok((status, body)) => {
                 outcome.status = status.as_u16();
@@ -149,10 +126,7 @@ async fn worker(
                             outcome.task_id = answer.task_id.map(String::into_boxed_str);
                             outcome.duplicate = answer.duplicate;
                         }
-                        Err(e) => {
-                            outcome.detail =
-                                Some(format!("unparsable answer ({e}): {}", snippet(&body, 200)))
-                        }
+                        Err(e) => outcome.detail = Some(format!("unparsable answer ({e}): {}", snippet(&body, 200))),
                     }
                 } else {
                     outcome.detail = Some(snippet(&body, 300));
@@ -164,12 +138,10 @@ async fn worker(
                 // If even that fails the broker is gone and the run cannot go on.
                 outcome.detail = Some(detail);
                 done.push((i, outcome));
-                conn = Conn::connect(addr)
-                    .await
-                    .map_err(|detail| BenchError::Http {
-                        context: "reconnecting after a lost request".into(),
-                        detail,
-                    })?;
+                conn = Conn::connect(addr).await.map_err(|detail| BenchError::Http {
+                    context: "reconnecting after a lost request".into(),
+                    detail,
+                })?;
             }
         }
     }

@@ -14,9 +14,8 @@ pub struct PgSchema {
 impl PgSchema {
     /// Creates schema `onceprint_bench_<unique>` in the database at `url`.
     pub async fn create(url: &str, unique: &str) -> Result<Self, BenchError> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
-            .await
-            .map_err(|e| BenchError::postgres("connecting", e))?;
+        let (client, connection) =
+            tokio_postgres::connect(url, NoTls).await.map_err(|e| BenchError::postgres("connecting", e))?;
         let connection = tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -26,11 +25,7 @@ impl PgSchema {
             .batch_execute(&format!("CREATE SCHEMA {name}"))
             .await
             .map_err(|e| BenchError::postgres(format!("creating schema {name}"), e))?;
-        Ok(Self {
-            client,
-            connection,
-            name,
-        })
+        Ok(Self { client, connection, name })
     }
 
     /// The URL the broker gets: the same database with `search_path` set to the schema,
@@ -62,10 +57,7 @@ mod tests {
 
     #[test]
     fn search_path_is_appended_to_the_query() {
-        assert_eq!(
-            with_search_path("postgres://u@h/db", "s"),
-            "postgres://u@h/db?options=-csearch_path%3Ds"
-        );
+        assert_eq!(with_search_path("postgres://u@h/db", "s"), "postgres://u@h/db?options=-csearch_path%3Ds");
         assert_eq!(
             with_search_path("postgres://u@h/db?sslmode=disable", "s"),
             "postgres://u@h/db?sslmode=disable&options=-csearch_path%3Ds"

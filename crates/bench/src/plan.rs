@@ -82,13 +82,7 @@ pub fn body_for(prefix: &str, n: u32, printers: usize) -> Bytes {
 /// Builds a plan of `requests` submissions: each is a new key with probability
 /// `1 - duplicate_share`, otherwise a repeat of one of the last [`RECENT_WINDOW`] keys.
 /// The first request is always new (there is nothing to repeat yet).
-pub fn build_plan(
-    prefix: &'static str,
-    requests: usize,
-    duplicate_share: f64,
-    printers: usize,
-    seed: u64,
-) -> Plan {
+pub fn build_plan(prefix: &'static str, requests: usize, duplicate_share: f64, printers: usize, seed: u64) -> Plan {
     let mut rng = SplitMix64::new(seed);
     // Bodies of every key created so far, indexed by key number; repeats clone the Bytes
     // handle (a reference count), not the data.
@@ -104,17 +98,9 @@ pub fn build_plan(
             bodies.push(body_for(prefix, n as u32, printers));
             n
         };
-        planned.push(PlannedRequest {
-            key: key as u32,
-            repeat,
-            body: bodies[key].clone(),
-        });
+        planned.push(PlannedRequest { key: key as u32, repeat, body: bodies[key].clone() });
     }
-    Plan {
-        prefix,
-        requests: planned,
-        distinct_keys: bodies.len(),
-    }
+    Plan { prefix, requests: planned, distinct_keys: bodies.len() }
 }
 
 #[cfg(test)]
@@ -141,10 +127,7 @@ mod tests {
             if r.repeat {
                 let original = first_body.get(&r.key).expect("repeat of an unknown key");
                 assert_eq!(*original, &r.body);
-                assert!(
-                    created - r.key as usize <= RECENT_WINDOW,
-                    "repeat reaches too far back"
-                );
+                assert!(created - r.key as usize <= RECENT_WINDOW, "repeat reaches too far back");
             } else {
                 assert_eq!(r.key as usize, created, "new keys are numbered in order");
                 assert!(first_body.insert(r.key, &r.body).is_none());

@@ -57,19 +57,9 @@ pub struct LatencyReport {
 impl LatencyReport {
     pub fn from_outcomes(outcomes: &[Outcome]) -> Self {
         let pick = |f: &dyn Fn(u16) -> bool| {
-            Percentiles::from_micros(
-                outcomes
-                    .iter()
-                    .filter(|o| f(o.status))
-                    .map(Outcome::latency_us)
-                    .collect(),
-            )
+            Percentiles::from_micros(outcomes.iter().filter(|o| f(o.status)).map(Outcome::latency_us).collect())
         };
-        Self {
-            all: pick(&|s| s != 0),
-            accepted: pick(&|s| s == 201),
-            duplicate: pick(&|s| s == 200),
-        }
+        Self { all: pick(&|s| s != 0), accepted: pick(&|s| s == 201), duplicate: pick(&|s| s == 200) }
     }
 }
 
@@ -131,16 +121,8 @@ impl SubmitReport {
             self.distinct_keys
         );
         let _ = writeln!(s, "wall time:    {:.2} s", self.wall_seconds);
-        let _ = writeln!(
-            s,
-            "accepted:     {:>8} × 201  {:>10.0} tasks/s",
-            self.accepted, self.accepted_per_sec
-        );
-        let _ = writeln!(
-            s,
-            "duplicates:   {:>8} × 200  {:>10.0} answers/s",
-            self.duplicates, self.duplicates_per_sec
-        );
+        let _ = writeln!(s, "accepted:     {:>8} × 201  {:>10.0} tasks/s", self.accepted, self.accepted_per_sec);
+        let _ = writeln!(s, "duplicates:   {:>8} × 200  {:>10.0} answers/s", self.duplicates, self.duplicates_per_sec);
         if self.other > 0 {
             let _ = writeln!(s, "other:        {:>8}", self.other);
         }
@@ -155,16 +137,8 @@ impl SubmitReport {
             "latency ms:   all  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
             l.all.p50, l.all.p90, l.all.p99, l.all.p999, l.all.max
         );
-        let _ = writeln!(
-            s,
-            "              201  p50 {:.3}  p99 {:.3}",
-            l.accepted.p50, l.accepted.p99
-        );
-        let _ = writeln!(
-            s,
-            "              200  p50 {:.3}  p99 {:.3}",
-            l.duplicate.p50, l.duplicate.p99
-        );
+        let _ = writeln!(s, "              201  p50 {:.3}  p99 {:.3}", l.accepted.p50, l.accepted.p99);
+        let _ = writeln!(s, "              200  p50 {:.3}  p99 {:.3}", l.duplicate.p50, l.duplicate.p99);
         match self.broker_peak_rss_mib {
             Some(mib) => {
                 let _ = writeln!(s, "broker RSS:   {mib:.1} MiB peak");
@@ -188,9 +162,7 @@ impl SubmitReport {
 
 /// `N cores, <model name>` of this machine.
 pub fn machine_line() -> String {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -236,14 +208,8 @@ mod tests {
 
     #[test]
     fn latency_groups_by_status() {
-        let o = |status, lat| Outcome {
-            status,
-            start_us: 0,
-            end_us: lat,
-            ..Outcome::default()
-        };
-        let l =
-            LatencyReport::from_outcomes(&[o(201, 1000), o(200, 2000), o(0, 99_000), o(500, 3000)]);
+        let o = |status, lat| Outcome { status, start_us: 0, end_us: lat, ..Outcome::default() };
+        let l = LatencyReport::from_outcomes(&[o(201, 1000), o(200, 2000), o(0, 99_000), o(500, 3000)]);
         assert_eq!(l.all.count, 3);
         assert_eq!(l.all.max, 3.0);
         assert_eq!(l.accepted.count, 1);

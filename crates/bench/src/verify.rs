@@ -36,11 +36,7 @@ impl Finding {
 
     fn report(self, what: &str, problems: &mut Vec<String>) {
         if self.count > 0 {
-            problems.push(format!(
-                "{} {what}, e.g. {}",
-                self.count,
-                self.examples.join("; ")
-            ));
+            problems.push(format!("{} {what}, e.g. {}", self.count, self.examples.join("; ")));
         }
     }
 }
@@ -88,25 +84,12 @@ pub fn check_answers(
         }
         let created = out.status == 201;
         let Some(task_id) = out.task_id.as_ref() else {
-            bad_shape.add(|| {
-                format!(
-                    "{} ({}): no task_id: {}",
-                    biz(),
-                    out.status,
-                    out.detail.as_deref().unwrap_or("")
-                )
-            });
+            bad_shape
+                .add(|| format!("{} ({}): no task_id: {}", biz(), out.status, out.detail.as_deref().unwrap_or("")));
             continue;
         };
         if out.duplicate != Some(!created) {
-            bad_shape.add(|| {
-                format!(
-                    "{} answered {} with duplicate={:?}",
-                    biz(),
-                    out.status,
-                    out.duplicate
-                )
-            });
+            bad_shape.add(|| format!("{} answered {} with duplicate={:?}", biz(), out.status, out.duplicate));
         }
         match task_of_key.get(&req.key) {
             // Count each key once, however many of its answers disagree.
@@ -125,10 +108,7 @@ pub fn check_answers(
             if *n == 2 {
                 created_twice.add(biz);
             }
-            if first_answer_end
-                .get(&req.key)
-                .is_some_and(|&end| end < out.start_us)
-            {
+            if first_answer_end.get(&req.key).is_some_and(|&end| end < out.start_us) {
                 created_late.add(|| format!("{} (request #{i})", biz()));
             }
         }
@@ -143,15 +123,10 @@ pub fn check_answers(
         finding.report(&what, problems);
     }
     bad_shape.report(&format!("{label} answers were malformed"), problems);
-    mismatched.report(
-        &format!("{label} keys were answered with different task ids"),
-        problems,
-    );
+    mismatched.report(&format!("{label} keys were answered with different task ids"), problems);
     created_twice.report(&format!("{label} keys got more than one 201"), problems);
     created_late.report(
-        &format!(
-            "{label} 201 answers came for a key whose earlier request had already been answered"
-        ),
+        &format!("{label} 201 answers came for a key whose earlier request had already been answered"),
         problems,
     );
     if accepted != plan.distinct_keys {
@@ -161,10 +136,7 @@ pub fn check_answers(
         ));
     }
 
-    task_of_key
-        .into_iter()
-        .map(|(key, task)| (plan.biz_no(key), task))
-        .collect()
+    task_of_key.into_iter().map(|(key, task)| (plan.biz_no(key), task)).collect()
 }
 
 /// Pages through `GET /v1/print-tasks?store_id=…` and returns `(biz_no, task_id)` of every
@@ -180,22 +152,16 @@ pub async fn list_tasks(
     // A broken cursor could loop forever; no honest listing needs more pages than this.
     let max_pages = expected / 10 + 100;
     for _ in 0..max_pages {
-        let mut path = format!(
-            "/v1/print-tasks?store_id={}&limit=500",
-            pct_encode(store_id)
-        );
+        let mut path = format!("/v1/print-tasks?store_id={}&limit=500", pct_encode(store_id));
         if let Some(c) = &cursor {
             path.push_str("&cursor=");
             path.push_str(&pct_encode(c));
         }
         let context = || format!("listing tasks ({path})");
-        let (status, body) =
-            conn.request(Method::GET, &path, auth, None)
-                .await
-                .map_err(|detail| BenchError::Http {
-                    context: context(),
-                    detail,
-                })?;
+        let (status, body) = conn
+            .request(Method::GET, &path, auth, None)
+            .await
+            .map_err(|detail| BenchError::Http { context: context(), detail })?;
         if status.as_u16() != 200 {
             return Err(BenchError::Protocol {
                 context: context(),
@@ -213,12 +179,7 @@ pub async fn list_tasks(
             });
         };
         for item in items {
-            let field = |name: &str| {
-                item.get(name)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string()
-            };
+            let field = |name: &str| item.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
             tasks.push((field("biz_no"), field("task_id")));
         }
         let next = match page.get("next_cursor") {
@@ -240,18 +201,12 @@ pub async fn list_tasks(
     }
     Err(BenchError::Protocol {
         context: "listing tasks".into(),
-        detail: format!(
-            "still more pages after {max_pages} pages of up to 500 for {expected} tasks"
-        ),
+        detail: format!("still more pages after {max_pages} pages of up to 500 for {expected} tasks"),
     })
 }
 
 /// Checks the broker holds exactly one task per key, with the id it answered.
-pub fn check_listing(
-    expected: &HashMap<String, Box<str>>,
-    listed: &[(String, String)],
-    problems: &mut Vec<String>,
-) {
+pub fn check_listing(expected: &HashMap<String, Box<str>>, listed: &[(String, String)], problems: &mut Vec<String>) {
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(listed.len());
     let mut unknown = Finding::default();
     let mut wrong_id = Finding::default();
@@ -286,14 +241,8 @@ pub fn check_listing(
     }
     doubled.report("keys are stored more than once", problems);
     missing.report("answered keys are missing from the task list", problems);
-    unknown.report(
-        "listed tasks have a biz_no the bench never answered for",
-        problems,
-    );
-    wrong_id.report(
-        "listed tasks have a different task_id than answered",
-        problems,
-    );
+    unknown.report("listed tasks have a biz_no the bench never answered for", problems);
+    wrong_id.report("listed tasks have a different task_id than answered", problems);
 }
 
 #[cfg(test)]
@@ -319,12 +268,7 @@ mod tests {
             .iter()
             .map(|r| {
                 t += 10;
-                ok(
-                    if r.repeat { 200 } else { 201 },
-                    &format!("t{}", r.key),
-                    t,
-                    t + 5,
-                )
+                ok(if r.repeat { 200 } else { 201 }, &format!("t{}", r.key), t, t + 5)
             })
             .collect()
     }
@@ -336,10 +280,7 @@ mod tests {
         let map = check_answers("run", &plan, &honest(&plan), &mut problems);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(map.len(), plan.distinct_keys);
-        let listed: Vec<_> = map
-            .iter()
-            .map(|(b, t)| (b.clone(), t.to_string()))
-            .collect();
+        let listed: Vec<_> = map.iter().map(|(b, t)| (b.clone(), t.to_string())).collect();
         check_listing(&map, &listed, &mut problems);
         assert!(problems.is_empty(), "{problems:?}");
     }
@@ -363,32 +304,17 @@ mod tests {
     fn other_statuses_are_counted() {
         let plan = build_plan("B", 100, 0.0, 10, 3);
         let mut outcomes = honest(&plan);
-        outcomes[5] = Outcome {
-            status: 500,
-            detail: Some("boom".into()),
-            ..Outcome::default()
-        };
+        outcomes[5] = Outcome { status: 500, detail: Some("boom".into()), ..Outcome::default() };
         let mut problems = Vec::new();
         check_answers("run", &plan, &outcomes, &mut problems);
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("status 500") && p.contains("boom")),
-            "{problems:?}"
-        );
+        assert!(problems.iter().any(|p| p.contains("status 500") && p.contains("boom")), "{problems:?}");
     }
 
     #[test]
     fn listing_finds_doubles_and_missing() {
-        let expected: HashMap<String, Box<str>> = [
-            ("B0".to_string(), "t0".into()),
-            ("B1".to_string(), "t1".into()),
-        ]
-        .into();
-        let listed = vec![
-            ("B0".to_string(), "t0".to_string()),
-            ("B0".to_string(), "tx".to_string()),
-        ];
+        let expected: HashMap<String, Box<str>> =
+            [("B0".to_string(), "t0".into()), ("B1".to_string(), "t1".into())].into();
+        let listed = vec![("B0".to_string(), "t0".to_string()), ("B0".to_string(), "tx".to_string())];
         let mut problems = Vec::new();
         check_listing(&expected, &listed, &mut problems);
         let all = problems.join("\n");

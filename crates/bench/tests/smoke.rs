@@ -14,16 +14,10 @@ fn broker_exe() -> Option<PathBuf> {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
     let exe = target.join("debug").join("onceprint");
     if !exe.exists() {
-        eprintln!(
-            "skipping: {} not built (cargo build -p onceprint)",
-            exe.display()
-        );
+        eprintln!("skipping: {} not built (cargo build -p onceprint)", exe.display());
         return None;
     }
-    let help = std::process::Command::new(&exe)
-        .args(["serve", "--help"])
-        .output()
-        .ok()?;
+    let help = std::process::Command::new(&exe).args(["serve", "--help"]).output().ok()?;
     if !String::from_utf8_lossy(&help.stdout).contains("--listen") {
         eprintln!("skipping: {} has no `serve --listen` yet", exe.display());
         return None;
@@ -32,12 +26,7 @@ fn broker_exe() -> Option<PathBuf> {
 }
 
 fn small(exe: PathBuf) -> SubmitOptions {
-    SubmitOptions {
-        requests: 2_000,
-        concurrency: 8,
-        warmup: 200,
-        ..SubmitOptions::new(exe)
-    }
+    SubmitOptions { requests: 2_000, concurrency: 8, warmup: 200, ..SubmitOptions::new(exe) }
 }
 
 fn check(report: &onceprint_bench::SubmitReport) {
@@ -67,12 +56,7 @@ async fn submit_smoke_postgres() {
         eprintln!("skipping: ONCEPRINT_BENCH_POSTGRES_URL not set");
         return;
     };
-    let report = run_submit(SubmitOptions {
-        database: Some(url),
-        ..small(exe)
-    })
-    .await
-    .expect("bench run");
+    let report = run_submit(SubmitOptions { database: Some(url), ..small(exe) }).await.expect("bench run");
     assert_eq!(report.backend, "postgres");
     check(&report);
 }

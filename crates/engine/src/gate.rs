@@ -10,7 +10,7 @@
 //! README documents for multi-node set-ups.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -77,9 +77,7 @@ impl RecentTasks {
     }
 
     fn shard_of(&self, s: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        s.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(s) as usize) % SHARDS
     }
 
     /// The task this process knows under `key`, if any.

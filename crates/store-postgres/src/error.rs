@@ -47,19 +47,15 @@ pub(crate) fn pg_error(e: tokio_postgres::Error) -> StoreError {
 /// `Unavailable` except a misconfigured pool, which is a bug on our side.
 pub(crate) fn pool_error(e: PoolError) -> StoreError {
     match e {
-        PoolError::Timeout(kind) => StoreError::Unavailable(format!(
-            "timed out getting a PostgreSQL connection ({kind:?})"
-        )),
-        PoolError::Backend(e) => StoreError::Unavailable(describe(&e)),
-        PoolError::Closed => {
-            StoreError::Unavailable("the PostgreSQL connection pool is closed".into())
+        PoolError::Timeout(kind) => {
+            StoreError::Unavailable(format!("timed out getting a PostgreSQL connection ({kind:?})"))
         }
+        PoolError::Backend(e) => StoreError::Unavailable(describe(&e)),
+        PoolError::Closed => StoreError::Unavailable("the PostgreSQL connection pool is closed".into()),
         PoolError::PostCreateHook(e) => {
             StoreError::Unavailable(format!("setting up a PostgreSQL connection failed: {e}"))
         }
-        PoolError::NoRuntimeSpecified => {
-            StoreError::Backend("the PostgreSQL pool was built without a runtime".into())
-        }
+        PoolError::NoRuntimeSpecified => StoreError::Backend("the PostgreSQL pool was built without a runtime".into()),
     }
 }
 
@@ -124,9 +120,6 @@ mod tests {
     fn pool_timeouts_are_unavailable() {
         let e = pool_error(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait));
         assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
-        assert!(matches!(
-            pool_error(PoolError::Closed),
-            StoreError::Unavailable(_)
-        ));
+        assert!(matches!(pool_error(PoolError::Closed), StoreError::Unavailable(_)));
     }
 }

@@ -50,20 +50,13 @@ impl PostgresStore {
     /// are created in, and read from, the first schema of the search path. `pool_size` is
     /// the most connections this store opens (at least one).
     pub async fn connect(url: &str, pool_size: usize) -> StoreResult<PostgresStore> {
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::Backend(format!("invalid PostgreSQL URL: {e}")))?;
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| StoreError::Backend(format!("invalid PostgreSQL URL: {e}")))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let target = describe_target(&config);
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
             .runtime(Runtime::Tokio1)
@@ -73,17 +66,11 @@ impl PostgresStore {
             .map_err(|e| StoreError::Backend(format!("cannot build the PostgreSQL pool: {e}")))?;
 
         let unavailable = |e: StoreError| match e {
-            StoreError::Unavailable(m) => {
-                StoreError::Unavailable(format!("cannot use PostgreSQL at {target}: {m}"))
-            }
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("cannot use PostgreSQL at {target}: {m}")),
             other => other,
         };
         let mut client = pool.get().await.map_err(pool_error).map_err(unavailable)?;
-        client
-            .simple_query("SELECT 1")
-            .await
-            .map_err(pg_error)
-            .map_err(unavailable)?;
+        client.simple_query("SELECT 1").await.map_err(pg_error).map_err(unavailable)?;
         migrations::apply(&mut client).await.map_err(unavailable)?;
         drop(client);
 
@@ -104,13 +91,8 @@ impl PostgresStore {
     /// The highest migration applied to the database.
     pub async fn schema_version(&self) -> StoreResult<i32> {
         let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT coalesce(max(version), 0) FROM schema_migrations",
-                &[],
-            )
-            .await
-            .map_err(pg_error)?;
+        let row =
+            client.query_one("SELECT coalesce(max(version), 0) FROM schema_migrations", &[]).await.map_err(pg_error)?;
         rows::col(&row, 0)
     }
 
@@ -119,22 +101,14 @@ impl PostgresStore {
     }
 
     /// Runs a cached prepared statement and returns its rows.
-    async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> StoreResult<Vec<tokio_postgres::Row>> {
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> StoreResult<Vec<tokio_postgres::Row>> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
         client.query(&stmt, params).await.map_err(pg_error)
     }
 
     /// Like [`PostgresStore::query`], for at most one row.
-    async fn query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> StoreResult<Option<tokio_postgres::Row>> {
+    async fn query_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> StoreResult<Option<tokio_postgres::Row>> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
         client.query_opt(&stmt, params).await.map_err(pg_error)
@@ -171,15 +145,8 @@ fn describe_target(config: &tokio_postgres::Config) -> String {
             format!("{host}:{port}")
         })
         .collect();
-    let hosts = if hosts.is_empty() {
-        "localhost:5432".to_owned()
-    } else {
-        hosts.join(",")
-    };
-    format!(
-        "{hosts}/{}",
-        config.get_dbname().or(config.get_user()).unwrap_or("")
-    )
+    let hosts = if hosts.is_empty() { "localhost:5432".to_owned() } else { hosts.join(",") };
+    format!("{hosts}/{}", config.get_dbname().or(config.get_user()).unwrap_or(""))
 }
 
 /// Builds a `StoreError` for a failed create: unique violations become `AlreadyExists`,
@@ -209,10 +176,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
-        match self
-            .query_opt("SELECT value FROM settings WHERE key = $1", &[&key])
-            .await?
-        {
+        match self.query_opt("SELECT value FROM settings WHERE key = $1", &[&key]).await? {
             Some(row) => Ok(Some(rows::col(&row, 0)?)),
             None => Ok(None),
         }
@@ -254,14 +218,11 @@ impl Store for PostgresStore {
     }
 
     async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>> {
-        self.query_opt(
-            "SELECT id, name, created_at FROM tenants WHERE api_key_hash = $1",
-            &[&api_key_hash],
-        )
-        .await?
-        .as_ref()
-        .map(rows::tenant)
-        .transpose()
+        self.query_opt("SELECT id, name, created_at FROM tenants WHERE api_key_hash = $1", &[&api_key_hash])
+            .await?
+            .as_ref()
+            .map(rows::tenant)
+            .transpose()
     }
 
     async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
@@ -273,11 +234,7 @@ impl Store for PostgresStore {
             )
             .await?
             .map_err(|e| {
-                create_error(
-                    e,
-                    |_| format!("store {}", store.id),
-                    |_| format!("tenant {}", store.tenant_id),
-                )
+                create_error(e, |_| format!("store {}", store.id), |_| format!("tenant {}", store.tenant_id))
             })?;
         rows::store(&row)
     }
@@ -294,14 +251,11 @@ impl Store for PostgresStore {
     }
 
     async fn list_stores(&self, tenant_id: &str) -> StoreResult<Vec<StoreRow>> {
-        self.query(
-            "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 ORDER BY id",
-            &[&tenant_id],
-        )
-        .await?
-        .iter()
-        .map(rows::store)
-        .collect()
+        self.query("SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 ORDER BY id", &[&tenant_id])
+            .await?
+            .iter()
+            .map(rows::store)
+            .collect()
     }
 
     async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer> {
@@ -311,22 +265,11 @@ impl Store for PostgresStore {
                     "INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6) RETURNING {PRINTER_COLUMNS}"
                 ),
-                &[
-                    &printer.tenant_id,
-                    &printer.id,
-                    &printer.store_id,
-                    &printer.name,
-                    &printer.transport,
-                    &printer.now,
-                ],
+                &[&printer.tenant_id, &printer.id, &printer.store_id, &printer.name, &printer.transport, &printer.now],
             )
             .await?
             .map_err(|e| {
-                create_error(
-                    e,
-                    |_| format!("printer {}", printer.id),
-                    |_| format!("store {}", printer.store_id),
-                )
+                create_error(e, |_| format!("printer {}", printer.id), |_| format!("store {}", printer.store_id))
             })?;
         rows::printer(&row)
     }
@@ -342,11 +285,7 @@ impl Store for PostgresStore {
         .transpose()
     }
 
-    async fn list_printers(
-        &self,
-        tenant_id: &str,
-        store_id: Option<&str>,
-    ) -> StoreResult<Vec<Printer>> {
+    async fn list_printers(&self, tenant_id: &str, store_id: Option<&str>) -> StoreResult<Vec<Printer>> {
         let rows = match store_id {
             Some(store_id) => {
                 self.query(
@@ -358,8 +297,11 @@ impl Store for PostgresStore {
                 .await?
             }
             None => {
-                self.query(&format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE tenant_id = $1 ORDER BY id"), &[&tenant_id])
-                    .await?
+                self.query(
+                    &format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE tenant_id = $1 ORDER BY id"),
+                    &[&tenant_id],
+                )
+                .await?
             }
         };
         rows.iter().map(rows::printer).collect()
@@ -375,19 +317,9 @@ impl Store for PostgresStore {
             .prepare_cached("SELECT id FROM printers WHERE tenant_id = $1 AND id = ANY($2::text[]) FOR KEY SHARE")
             .await
             .map_err(pg_error)?;
-        let found = tx
-            .query(&stmt, &[&station.tenant_id, &station.printers])
-            .await
-            .map_err(pg_error)?;
-        let found: Vec<&str> = found
-            .iter()
-            .map(|r| rows::col(r, 0))
-            .collect::<StoreResult<_>>()?;
-        if let Some(missing) = station
-            .printers
-            .iter()
-            .find(|p| !found.contains(&p.as_str()))
-        {
+        let found = tx.query(&stmt, &[&station.tenant_id, &station.printers]).await.map_err(pg_error)?;
+        let found: Vec<&str> = found.iter().map(|r| rows::col(r, 0)).collect::<StoreResult<_>>()?;
+        if let Some(missing) = station.printers.iter().find(|p| !found.contains(&p.as_str())) {
             return Err(StoreError::NotFound(format!("printer {missing}")));
         }
         let stmt = tx
@@ -398,23 +330,10 @@ impl Store for PostgresStore {
             .await
             .map_err(pg_error)?;
         let row = tx
-            .query_one(
-                &stmt,
-                &[
-                    &station.tenant_id,
-                    &station.id,
-                    &station.store_id,
-                    &station.printers,
-                    &station.now,
-                ],
-            )
+            .query_one(&stmt, &[&station.tenant_id, &station.id, &station.store_id, &station.printers, &station.now])
             .await
             .map_err(|e| {
-                create_error(
-                    e,
-                    |_| format!("station {}", station.id),
-                    |_| format!("store {}", station.store_id),
-                )
+                create_error(e, |_| format!("station {}", station.id), |_| format!("store {}", station.store_id))
             })?;
         let created = rows::station(&row)?;
         tx.commit().await.map_err(pg_error)?;
@@ -445,16 +364,10 @@ impl Store for PostgresStore {
 
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
         match self
-            .query_opt(
-                "SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1",
-                &[&token_hash],
-            )
+            .query_opt("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1", &[&token_hash])
             .await?
         {
-            Some(row) => Ok(Some(AgentIdentity {
-                tenant_id: rows::col(&row, 0)?,
-                store_id: rows::col(&row, 1)?,
-            })),
+            Some(row) => Ok(Some(AgentIdentity { tenant_id: rows::col(&row, 0)?, store_id: rows::col(&row, 1)? })),
             None => Ok(None),
         }
     }
@@ -493,17 +406,8 @@ impl Store for PostgresStore {
     }
 
     async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>> {
-        match self
-            .query_opt(
-                "SELECT content_type, content FROM tasks WHERE id = $1",
-                &[&task_id],
-            )
-            .await?
-        {
-            Some(row) => Ok(Some(TaskContent {
-                content_type: rows::col(&row, 0)?,
-                content: rows::col(&row, 1)?,
-            })),
+        match self.query_opt("SELECT content_type, content FROM tasks WHERE id = $1", &[&task_id]).await? {
+            Some(row) => Ok(Some(TaskContent { content_type: rows::col(&row, 0)?, content: rows::col(&row, 1)? })),
             None => Ok(None),
         }
     }
@@ -534,18 +438,10 @@ impl Store for PostgresStore {
         }
         params.push(&limit);
         sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", params.len()));
-        self.query(&sql, &params)
-            .await?
-            .iter()
-            .map(rows::task)
-            .collect()
+        self.query(&sql, &params).await?.iter().map(rows::task).collect()
     }
 
-    async fn task_events(
-        &self,
-        tenant_id: &str,
-        task_id: &str,
-    ) -> StoreResult<Option<Vec<TaskEvent>>> {
+    async fn task_events(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Vec<TaskEvent>>> {
         // The left join answers both questions in one round trip: no row at all means the
         // task is not this tenant's; a row with a NULL event id means it has no events.
         let rows = self
@@ -571,8 +467,12 @@ impl Store for PostgresStore {
     }
 
     async fn ledger_entries(&self, task_id: &str) -> StoreResult<Vec<LedgerEntry>> {
-        let rows =
-            self.query("SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = $1 ORDER BY id", &[&task_id]).await?;
+        let rows = self
+            .query(
+                "SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = $1 ORDER BY id",
+                &[&task_id],
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 Ok(LedgerEntry {
@@ -587,12 +487,8 @@ impl Store for PostgresStore {
     }
 
     async fn count_by_state(&self) -> StoreResult<Vec<(TaskState, i64)>> {
-        let rows = self
-            .query("SELECT state, count(*) FROM tasks GROUP BY state", &[])
-            .await?;
-        rows.iter()
-            .map(|row| Ok((rows::state(rows::col(row, 0)?)?, rows::col(row, 1)?)))
-            .collect()
+        let rows = self.query("SELECT state, count(*) FROM tasks GROUP BY state", &[]).await?;
+        rows.iter().map(|row| Ok((rows::state(rows::col(row, 0)?)?, rows::col(row, 1)?))).collect()
     }
 
     async fn transition(&self, change: &Transition) -> StoreResult<bool> {

@@ -153,10 +153,7 @@ pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult
         .await
         .map_err(|e| migration_error(*version, e))?;
         let done = tx
-            .query_opt(
-                "SELECT 1 FROM schema_migrations WHERE version = $1",
-                &[version],
-            )
+            .query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])
             .await
             .map_err(|e| migration_error(*version, e))?;
         if done.is_some() {
@@ -164,9 +161,7 @@ pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult
             tx.rollback().await.map_err(pg_error)?;
             continue;
         }
-        tx.batch_execute(sql)
-            .await
-            .map_err(|e| migration_error(*version, e))?;
+        tx.batch_execute(sql).await.map_err(|e| migration_error(*version, e))?;
         tx.execute(
             "INSERT INTO schema_migrations (version, applied_at)
              VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)",
@@ -174,9 +169,7 @@ pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult
         )
         .await
         .map_err(|e| migration_error(*version, e))?;
-        tx.commit()
-            .await
-            .map_err(|e| migration_error(*version, e))?;
+        tx.commit().await.map_err(|e| migration_error(*version, e))?;
         tracing::info!(version, "applied PostgreSQL migration");
     }
     Ok(())

@@ -5,9 +5,7 @@
 //! becomes a [`StoreError::Backend`] instead of a panic in the broker.
 
 use onceprint_core::TaskState;
-use onceprint_store::{
-    Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant,
-};
+use onceprint_store::{Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant};
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
@@ -28,19 +26,14 @@ pub(crate) const PRINTER_COLUMNS: &str =
 /// Reads column `idx`, turning a type mismatch into a backend error.
 pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
     row.try_get(idx).map_err(|e| {
-        let name = row
-            .columns()
-            .get(idx)
-            .map(|c| c.name().to_owned())
-            .unwrap_or_else(|| format!("#{idx}"));
+        let name = row.columns().get(idx).map(|c| c.name().to_owned()).unwrap_or_else(|| format!("#{idx}"));
         StoreError::Backend(format!("unexpected value in column {name}: {e}"))
     })
 }
 
 /// Parses a stored state spelling.
 pub(crate) fn state(s: &str) -> StoreResult<TaskState> {
-    TaskState::parse(s)
-        .ok_or_else(|| StoreError::Backend(format!("unknown task state {s:?} in the database")))
+    TaskState::parse(s).ok_or_else(|| StoreError::Backend(format!("unknown task state {s:?} in the database")))
 }
 
 pub(crate) fn task(row: &Row) -> StoreResult<Task> {
@@ -68,21 +61,12 @@ pub(crate) fn task(row: &Row) -> StoreResult<Task> {
 
 /// Reads `id, name, created_at`.
 pub(crate) fn tenant(row: &Row) -> StoreResult<Tenant> {
-    Ok(Tenant {
-        id: col(row, 0)?,
-        name: col(row, 1)?,
-        created_at: col(row, 2)?,
-    })
+    Ok(Tenant { id: col(row, 0)?, name: col(row, 1)?, created_at: col(row, 2)? })
 }
 
 /// Reads `tenant_id, id, name, created_at`.
 pub(crate) fn store(row: &Row) -> StoreResult<StoreRow> {
-    Ok(StoreRow {
-        tenant_id: col(row, 0)?,
-        id: col(row, 1)?,
-        name: col(row, 2)?,
-        created_at: col(row, 3)?,
-    })
+    Ok(StoreRow { tenant_id: col(row, 0)?, id: col(row, 1)?, name: col(row, 2)?, created_at: col(row, 3)? })
 }
 
 /// Reads [`PRINTER_COLUMNS`].

@@ -115,8 +115,7 @@ pub(crate) async fn submit_batch(
     let mut unique: Vec<usize> = first_of.values().copied().collect();
     unique.sort_unstable_by(|a, b| key_of(&batch[*a]).cmp(&key_of(&batch[*b])));
 
-    let pick =
-        |f: fn(&NewTask) -> &str| unique.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+    let pick = |f: fn(&NewTask) -> &str| unique.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
     let ids = pick(|t| &t.task_id);
     let tenants = pick(|t| &t.tenant_id);
     let stores = pick(|t| &t.store_id);
@@ -127,22 +126,13 @@ pub(crate) async fn submit_batch(
     let content_types = pick(|t| &t.content_type);
     let fingerprints = pick(|t| &t.fingerprint);
     let actors = pick(|t| &t.actor);
-    let stations: Vec<Option<&str>> = unique
-        .iter()
-        .map(|&i| batch[i].station_id.as_deref())
-        .collect();
+    let stations: Vec<Option<&str>> = unique.iter().map(|&i| batch[i].station_id.as_deref()).collect();
     let priorities: Vec<i32> = unique.iter().map(|&i| batch[i].priority).collect();
-    let contents: Vec<&[u8]> = unique
-        .iter()
-        .map(|&i| batch[i].content.as_slice())
-        .collect();
+    let contents: Vec<&[u8]> = unique.iter().map(|&i| batch[i].content.as_slice()).collect();
     let nows: Vec<i64> = unique.iter().map(|&i| batch[i].now).collect();
     let charges: Vec<i64> = unique.iter().map(|&i| batch[i].charge).collect();
 
-    let stmt = client
-        .prepare_cached(INSERT_TASKS)
-        .await
-        .map_err(pg_error)?;
+    let stmt = client.prepare_cached(INSERT_TASKS).await.map_err(pg_error)?;
     let inserted = client
         .query(
             &stmt,
@@ -176,20 +166,12 @@ pub(crate) async fn submit_batch(
     }
 
     // Fetch the stored rows of the keys that were not inserted.
-    let skipped: Vec<usize> = unique
-        .iter()
-        .copied()
-        .filter(|&i| !created.contains(batch[i].task_id.as_str()))
-        .collect();
-    let mut existing: HashMap<(String, String, String, String), Task> =
-        HashMap::with_capacity(skipped.len());
+    let skipped: Vec<usize> =
+        unique.iter().copied().filter(|&i| !created.contains(batch[i].task_id.as_str())).collect();
+    let mut existing: HashMap<(String, String, String, String), Task> = HashMap::with_capacity(skipped.len());
     if !skipped.is_empty() {
-        let column =
-            |f: fn(&NewTask) -> &str| skipped.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
-        let stmt = client
-            .prepare_cached(&SELECT_EXISTING.replace("{cols}", TASK_COLUMNS_T))
-            .await
-            .map_err(pg_error)?;
+        let column = |f: fn(&NewTask) -> &str| skipped.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+        let stmt = client.prepare_cached(&SELECT_EXISTING.replace("{cols}", TASK_COLUMNS_T)).await.map_err(pg_error)?;
         let found = client
             .query(
                 &stmt,
@@ -205,12 +187,7 @@ pub(crate) async fn submit_batch(
         for row in &found {
             let task = rows::task(row)?;
             existing.insert(
-                (
-                    task.tenant_id.clone(),
-                    task.target.clone(),
-                    task.biz_no.clone(),
-                    task.print_type.clone(),
-                ),
+                (task.tenant_id.clone(), task.target.clone(), task.biz_no.clone(), task.print_type.clone()),
                 task,
             );
         }
@@ -223,21 +200,12 @@ pub(crate) async fn submit_batch(
             // A repeat inside the batch: the first occurrence's task answers, as stored.
             match &outcomes[first] {
                 Some(o) => SubmitOutcome::Existing(o.task().clone()),
-                None => {
-                    return Err(StoreError::Backend(
-                        "intake lost track of a repeated key".into(),
-                    ))
-                }
+                None => return Err(StoreError::Backend("intake lost track of a repeated key".into())),
             }
         } else if created.contains(t.task_id.as_str()) {
             SubmitOutcome::Created(created_task(t))
         } else {
-            let k = (
-                t.tenant_id.clone(),
-                t.target.clone(),
-                t.biz_no.clone(),
-                t.print_type.clone(),
-            );
+            let k = (t.tenant_id.clone(), t.target.clone(), t.biz_no.clone(), t.print_type.clone());
             match existing.remove(&k) {
                 Some(task) => SubmitOutcome::Existing(task),
                 None => {
@@ -264,9 +232,7 @@ async fn insert_error(
 ) -> StoreError {
     match violation(&e) {
         Some(Violation::ForeignKey(_)) => {
-            let missing = client
-                .query_opt(FIRST_MISSING_PRINTER, &[&tenants, &printers])
-                .await;
+            let missing = client.query_opt(FIRST_MISSING_PRINTER, &[&tenants, &printers]).await;
             match missing {
                 Ok(Some(row)) => match rows::col::<String>(&row, 0) {
                     Ok(p) => StoreError::NotFound(format!("printer {p}")),

@@ -51,19 +51,12 @@ impl Drop for SchemaGuard {
         // Drop may run inside a tokio runtime, where blocking on a future is not allowed,
         // or outside any runtime. A thread with its own small runtime works in both cases.
         let dropped = std::thread::spawn(move || -> Result<(), String> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             rt.block_on(async {
-                let (client, connection) = tokio_postgres::connect(&admin_url, NoTls)
-                    .await
-                    .map_err(|e| crate::error::with_causes(&e))?;
+                let (client, connection) =
+                    tokio_postgres::connect(&admin_url, NoTls).await.map_err(|e| crate::error::with_causes(&e))?;
                 let driver = tokio::spawn(connection);
-                let result = client
-                    .batch_execute(&sql)
-                    .await
-                    .map_err(|e| crate::error::with_causes(&e));
+                let result = client.batch_execute(&sql).await.map_err(|e| crate::error::with_causes(&e));
                 drop(client);
                 let _ = driver.await;
                 result
@@ -73,10 +66,7 @@ impl Drop for SchemaGuard {
         match dropped {
             Ok(Ok(())) => {}
             Ok(Err(e)) => eprintln!("could not drop test schema {}: {e}", self.schema),
-            Err(_) => eprintln!(
-                "could not drop test schema {}: the cleanup thread panicked",
-                self.schema
-            ),
+            Err(_) => eprintln!("could not drop test schema {}: the cleanup thread panicked", self.schema),
         }
     }
 }
@@ -92,10 +82,7 @@ fn configured_url() -> Option<String> {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED: PostgreSQL tests need {ENV}=postgres://… (not set)"
-                );
+                let _ = writeln!(std::io::stderr(), "SKIPPED: PostgreSQL tests need {ENV}=postgres://… (not set)");
             });
             None
         }
@@ -118,23 +105,13 @@ pub async fn fresh_schema() -> Option<SchemaGuard> {
         ),
     };
     let driver = tokio::spawn(connection);
-    if let Err(e) = client
-        .batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
-        .await
-    {
-        panic!(
-            "cannot create the test schema {schema} on the {ENV} server: {}",
-            crate::error::with_causes(&e)
-        );
+    if let Err(e) = client.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).await {
+        panic!("cannot create the test schema {schema} on the {ENV} server: {}", crate::error::with_causes(&e));
     }
     drop(client);
     let _ = driver.await;
     let url = with_search_path(&admin_url, &schema);
-    Some(SchemaGuard {
-        admin_url,
-        schema,
-        url,
-    })
+    Some(SchemaGuard { admin_url, schema, url })
 }
 
 /// A fresh, migrated store in a schema of its own, for the conformance suite and any other
@@ -146,17 +123,10 @@ pub async fn fresh_store() -> Option<Harness> {
     let guard = fresh_schema().await?;
     let store = match PostgresStore::connect(guard.url(), TEST_POOL_SIZE).await {
         Ok(store) => store,
-        Err(e) => panic!(
-            "cannot open a PostgreSQL store in test schema {}: {e}",
-            guard.schema()
-        ),
+        Err(e) => panic!("cannot open a PostgreSQL store in test schema {}: {e}", guard.schema()),
     };
     let url = guard.url().to_owned();
-    Some(Harness {
-        store: Arc::new(store),
-        guard: Box::new(guard),
-        url,
-    })
+    Some(Harness { store: Arc::new(store), guard: Box::new(guard), url })
 }
 
 /// `onceprint_t_{pid}_{counter}_{random}`: unique across parallel tests of one process and
@@ -165,18 +135,11 @@ fn unique_schema_name() -> String {
     use std::hash::BuildHasher;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     // RandomState is seeded randomly per process, which is all the randomness needed here
     // without pulling in a random number crate.
     let random = std::collections::hash_map::RandomState::new().hash_one((nanos, n));
-    format!(
-        "onceprint_t_{}_{n}_{:08x}",
-        std::process::id(),
-        random as u32
-    )
+    format!("onceprint_t_{}_{n}_{:08x}", std::process::id(), random as u32)
 }
 
 /// Adds a search path option to a connection string in either of its two forms.
@@ -195,21 +158,13 @@ mod tests {
 
     #[test]
     fn search_path_is_added_to_both_url_forms() {
-        assert_eq!(
-            with_search_path("postgres://u@h:5432/db", "s"),
-            "postgres://u@h:5432/db?options=-csearch_path%3Ds"
-        );
+        assert_eq!(with_search_path("postgres://u@h:5432/db", "s"), "postgres://u@h:5432/db?options=-csearch_path%3Ds");
         assert_eq!(
             with_search_path("postgres://u@h/db?sslmode=disable", "s"),
             "postgres://u@h/db?sslmode=disable&options=-csearch_path%3Ds"
         );
-        assert_eq!(
-            with_search_path("host=h dbname=db", "s"),
-            "host=h dbname=db options='-csearch_path=s'"
-        );
-        let config: tokio_postgres::Config = with_search_path("postgres://u@h/db", "abc")
-            .parse()
-            .unwrap();
+        assert_eq!(with_search_path("host=h dbname=db", "s"), "host=h dbname=db options='-csearch_path=s'");
+        let config: tokio_postgres::Config = with_search_path("postgres://u@h/db", "abc").parse().unwrap();
         assert_eq!(config.get_options(), Some("-csearch_path=abc"));
     }
 
@@ -219,10 +174,6 @@ mod tests {
         let b = unique_schema_name();
         assert_ne!(a, b);
         assert!(a.len() < 64, "{a}");
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-            "{a}"
-        );
+        assert!(a.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{a}");
     }
 }

@@ -19,17 +19,11 @@ async fn brokers_starting_at_once_migrate_the_schema_once() {
         .collect();
     for start in starts {
         let store = start.await.unwrap().unwrap();
-        assert_eq!(
-            store.schema_version().await.unwrap(),
-            migrations::LATEST_VERSION
-        );
+        assert_eq!(store.schema_version().await.unwrap(), migrations::LATEST_VERSION);
     }
     // A later start finds everything applied and changes nothing.
     let store = PostgresStore::connect(&url, 2).await.unwrap();
-    assert_eq!(
-        store.schema_version().await.unwrap(),
-        migrations::LATEST_VERSION
-    );
+    assert_eq!(store.schema_version().await.unwrap(), migrations::LATEST_VERSION);
     store.ping().await.unwrap();
     drop(store);
     drop(schema);
@@ -38,38 +32,22 @@ async fn brokers_starting_at_once_migrate_the_schema_once() {
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable() {
     // Port 1 on the loopback interface refuses connections at once.
-    let err = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 1)
-        .await
-        .err();
+    let err = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 1).await.err();
     match err {
         Some(StoreError::Unavailable(message)) => {
             assert!(message.contains("127.0.0.1:1/test"), "{message}")
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }
-    let err = PostgresStore::connect("postgres://[not a url", 1)
-        .await
-        .err();
+    let err = PostgresStore::connect("postgres://[not a url", 1).await.err();
     assert!(matches!(err, Some(StoreError::Backend(_))), "{err:?}");
 }
 
 async fn tenant_with_store(s: &dyn Store, id: &str) {
-    s.create_tenant(NewTenant {
-        id: id.into(),
-        name: id.into(),
-        api_key_hash: format!("hash-{id}"),
-        now: NOW,
-    })
-    .await
-    .unwrap();
-    s.create_store(NewStore {
-        tenant_id: id.into(),
-        id: "s1".into(),
-        name: "Main".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    s.create_tenant(NewTenant { id: id.into(), name: id.into(), api_key_hash: format!("hash-{id}"), now: NOW })
+        .await
+        .unwrap();
+    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), now: NOW }).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,38 +59,15 @@ async fn writes_name_what_exists_or_is_missing() {
     tenant_with_store(s, "acme").await;
 
     let same_key = s
-        .create_tenant(NewTenant {
-            id: "other".into(),
-            name: "x".into(),
-            api_key_hash: "hash-acme".into(),
-            now: NOW,
-        })
+        .create_tenant(NewTenant { id: "other".into(), name: "x".into(), api_key_hash: "hash-acme".into(), now: NOW })
         .await;
-    assert!(
-        matches!(&same_key, Err(StoreError::AlreadyExists(m)) if !m.contains("hash-acme")),
-        "{same_key:?}"
-    );
-    let same_id = s
-        .create_tenant(NewTenant {
-            id: "acme".into(),
-            name: "x".into(),
-            api_key_hash: "new".into(),
-            now: NOW,
-        })
-        .await;
-    assert_eq!(
-        same_id,
-        Err(StoreError::AlreadyExists("tenant acme".into()))
-    );
+    assert!(matches!(&same_key, Err(StoreError::AlreadyExists(m)) if !m.contains("hash-acme")), "{same_key:?}");
+    let same_id =
+        s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "new".into(), now: NOW }).await;
+    assert_eq!(same_id, Err(StoreError::AlreadyExists("tenant acme".into())));
 
-    let no_tenant = s
-        .create_store(NewStore {
-            tenant_id: "ghost".into(),
-            id: "s1".into(),
-            name: "x".into(),
-            now: NOW,
-        })
-        .await;
+    let no_tenant =
+        s.create_store(NewStore { tenant_id: "ghost".into(), id: "s1".into(), name: "x".into(), now: NOW }).await;
     assert_eq!(no_tenant, Err(StoreError::NotFound("tenant ghost".into())));
     let no_store = s
         .create_printer(NewPrinter {
@@ -163,31 +118,19 @@ async fn a_large_batch_keeps_input_order() {
     .await
     .unwrap();
     // Keys in descending order, so that the store's sorting cannot line up with the input.
-    let first: Vec<_> = (0..300u64)
-        .rev()
-        .map(|i| new_task("acme", &format!("K{i:04}"), "x", 1000 + i))
-        .collect();
+    let first: Vec<_> = (0..300u64).rev().map(|i| new_task("acme", &format!("K{i:04}"), "x", 1000 + i)).collect();
     let out = s.submit_batch(first.clone()).await.unwrap();
     for (t, o) in first.iter().zip(&out) {
-        assert!(
-            matches!(o, onceprint_store::SubmitOutcome::Created(_)),
-            "{o:?}"
-        );
+        assert!(matches!(o, onceprint_store::SubmitOutcome::Created(_)), "{o:?}");
         assert_eq!(o.task().task_id, t.task_id);
     }
     // Half old keys, half new, interleaved.
-    let second: Vec<_> = (0..300u64)
-        .map(|i| new_task("acme", &format!("K{:04}", i * 2), "y", 5000 + i))
-        .collect();
+    let second: Vec<_> = (0..300u64).map(|i| new_task("acme", &format!("K{:04}", i * 2), "y", 5000 + i)).collect();
     let out = s.submit_batch(second.clone()).await.unwrap();
     for (t, o) in second.iter().zip(&out) {
         assert_eq!(o.task().biz_no, t.biz_no);
         let old = t.biz_no[1..].parse::<u32>().unwrap() < 300;
-        assert_eq!(
-            matches!(o, onceprint_store::SubmitOutcome::Existing(_)),
-            old,
-            "{o:?}"
-        );
+        assert_eq!(matches!(o, onceprint_store::SubmitOutcome::Existing(_)), old, "{o:?}");
         assert_eq!(o.task().fingerprint, if old { "fp-x" } else { "fp-y" });
     }
     drop(h);
@@ -223,14 +166,7 @@ async fn overlapping_concurrent_batches_neither_deadlock_nor_duplicate() {
                 for (b, chunk) in order.chunks(40).enumerate() {
                     let batch: Vec<_> = chunk
                         .iter()
-                        .map(|k| {
-                            new_task(
-                                "acme",
-                                &format!("D{k:03}"),
-                                "x",
-                                w * 1_000_000 + b as u64 * 1000 + k,
-                            )
-                        })
+                        .map(|k| new_task("acme", &format!("D{k:03}"), "x", w * 1_000_000 + b as u64 * 1000 + k))
                         .collect();
                     for out in s.submit_batch(batch).await.unwrap() {
                         if let onceprint_store::SubmitOutcome::Created(t) = out {

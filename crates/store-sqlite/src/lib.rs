@@ -143,10 +143,9 @@ const WAL_RESTART_FRAMES: i64 = 50_000;
 /// for a checkpoint; a fully checkpointed WAL is reused from its start by the next commit.
 fn checkpoint_loop(conn: Connection, stop: mpsc::Receiver<()>) {
     loop {
-        let stopping = match stop.recv_timeout(std::time::Duration::from_millis(200)) {
-            Err(mpsc::RecvTimeoutError::Timeout) => false,
-            _ => true,
-        };
+        // A message or a closed channel both mean "stop after one last checkpoint".
+        let stopping =
+            !matches!(stop.recv_timeout(std::time::Duration::from_millis(200)), Err(mpsc::RecvTimeoutError::Timeout));
         let frames: Result<(i64, i64, i64), _> =
             conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
         match frames {
