@@ -10,6 +10,7 @@
 //! by property tests, and keeps the storage and HTTP layers from growing their own copies
 //! of the rules.
 
+pub mod ack;
 pub mod content;
 pub mod error;
 pub mod ids;
@@ -18,6 +19,7 @@ pub mod policy;
 pub mod state;
 pub mod time;
 
+pub use ack::{Ack, AckDecision, Outcome};
 pub use content::{Content, ContentLimits};
 pub use error::CoreError;
 pub use ids::{validate_id, TaskId};

@@ -14,7 +14,7 @@ use onceprint_core::{
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
 use rand::RngCore;
 
-use crate::{clock::now_ms, Directory, RecentTasks};
+use crate::{clock::now_ms, Directory, RecentTasks, StoreSignals};
 
 /// Tuning of intake.
 #[derive(Debug, Clone)]
@@ -89,14 +89,20 @@ pub struct Intake {
     directory: Arc<Directory>,
     gate: Arc<RecentTasks>,
     committer: GroupCommitter,
+    signals: Arc<StoreSignals>,
     config: IntakeConfig,
 }
 
 impl Intake {
     /// Starts intake (and its group committer) on the current tokio runtime.
-    pub fn start(store: Arc<dyn Store>, directory: Arc<Directory>, config: IntakeConfig) -> Intake {
+    pub fn start(
+        store: Arc<dyn Store>,
+        directory: Arc<Directory>,
+        signals: Arc<StoreSignals>,
+        config: IntakeConfig,
+    ) -> Intake {
         let committer = GroupCommitter::start(store.clone(), config.group_commit);
-        Intake { gate: Arc::new(RecentTasks::new(config.gate_capacity)), store, directory, committer, config }
+        Intake { gate: Arc::new(RecentTasks::new(config.gate_capacity)), store, directory, committer, signals, config }
     }
 
     /// The first gate, shared with whoever changes task states in this process.
@@ -116,6 +122,15 @@ impl Intake {
         let (print_type, policy) = self.config.policies.resolve(req.print_type.as_deref())?;
         let content = req.content.as_ref().ok_or_else(|| CoreError::invalid("content", "is required"))?;
         let canonical: CanonicalContent = content.canonicalize(self.config.content_limits)?;
+        if canonical.content_type == "doc" {
+            // Receipt documents need the renderer (issue 4); refusing them now is better
+            // than accepting a task that can never print.
+            return Err(CoreError::invalid(
+                "content.type",
+                "\"doc\" receipt documents are not supported by this version; send \"text\" or \"escpos\"",
+            )
+            .into());
+        }
         let fingerprint = canonical.fingerprint();
         let key = IdempotencyKey::new(&req.tenant_id, &target, &biz_no, print_type);
 
@@ -182,8 +197,12 @@ impl Intake {
             SubmitOutcome::Created(t) => (SubmitKind::Created, t),
             SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, t),
         };
-        // The outcome is durable now, so the gate may remember it.
+        // The outcome is durable now, so the gate may remember it, and the printer's lane
+        // has work: wake the store's waiting agent polls (R7: printing never blocks intake).
         self.gate.insert(&key, &task.task_id, &task.fingerprint, task.state);
+        if kind == SubmitKind::Created {
+            self.signals.notify(&task.tenant_id, &task.store_id);
+        }
         if task.fingerprint != fingerprint.0 {
             return Err(IntakeError::Mismatch { task_id: task.task_id.clone() });
         }

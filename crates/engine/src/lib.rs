@@ -3,18 +3,23 @@
 //! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
 //! enqueue), the in-process first gate that answers recent duplicates without a database
 //! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
-//! and the secrets helpers (hashing and generating API keys and tokens).
+//! the secrets helpers (hashing and generating API keys and tokens), and delivery: per-printer
+//! lanes handed to store agents by long poll, acks applied by compare-and-set, and the sweeper.
 //!
 //! It must never speak HTTP (status codes and JSON bodies belong to `onceprint-server`)
 //! and never write SQL (that belongs to the store backends). Every decision that can be
 //! made without IO is delegated to `onceprint-core`.
 
 pub mod clock;
+pub mod delivery;
 pub mod directory;
 pub mod gate;
 pub mod intake;
 pub mod secrets;
+pub mod signals;
 
+pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
 pub use directory::Directory;
 pub use gate::RecentTasks;
+pub use signals::StoreSignals;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};

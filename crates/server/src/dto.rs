@@ -272,3 +272,82 @@ pub struct PrinterListParams {
 pub struct Health {
     pub status: String,
 }
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PollIn {
+    /// The agent's stable id (kept in its state directory).
+    pub agent_id: String,
+    /// Long-poll wait, at most 60000 (default 25000).
+    pub wait_ms: Option<u64>,
+    /// Most deliveries in one answer, 1–256 (default 16).
+    pub max: Option<u32>,
+    /// Extension: an id of this agent process. A new session tells the broker the agent
+    /// restarted, so its unconfirmed deliveries are offered again at once.
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryOut {
+    pub task_id: String,
+    pub attempt: i32,
+    pub printer_id: String,
+    /// `tcp://HOST:PORT`.
+    pub printer_address: String,
+    /// `biz_no#printer_id` (R16).
+    pub idempotency_key: String,
+    /// Always `escpos`: `data` is the bytes to send to the printer.
+    pub content_type: String,
+    /// Base64.
+    pub data: String,
+}
+
+impl From<onceprint_engine::Delivery> for DeliveryOut {
+    fn from(d: onceprint_engine::Delivery) -> Self {
+        use base64::Engine as _;
+        DeliveryOut {
+            task_id: d.task_id,
+            attempt: d.attempt,
+            printer_id: d.printer_id,
+            printer_address: d.printer_address,
+            idempotency_key: d.idempotency_key,
+            content_type: d.content_type.to_owned(),
+            data: base64::engine::general_purpose::STANDARD.encode(d.data),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryList {
+    pub deliveries: Vec<DeliveryOut>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckIn {
+    pub task_id: String,
+    pub attempt: i32,
+    /// `printed`, `no_paper`, `cover_open`, `offline`, `paper_jam`, `in_doubt` or `error`.
+    pub outcome: String,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcksIn {
+    pub acks: Vec<AckIn>,
+    /// Extension: the acknowledging agent's id, recorded in the audit trail.
+    pub agent_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckResultOut {
+    pub task_id: String,
+    /// `applied`, `duplicate` or `stale`.
+    pub result: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AckResults {
+    pub results: Vec<AckResultOut>,
+}

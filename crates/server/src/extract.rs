@@ -116,3 +116,18 @@ impl FromRequestParts<AppState> for TenantAuth {
         }
     }
 }
+
+/// The caller presented a store agent token.
+pub struct AgentAuth(pub onceprint_store::AgentIdentity);
+
+impl FromRequestParts<AppState> for AgentAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts)?;
+        match state.directory.agent_by_token_hash(&secrets::hash(token)).await? {
+            Some(a) => Ok(AgentAuth(a)),
+            None => Err(ApiError::unauthorized("unknown agent token")),
+        }
+    }
+}

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use onceprint_engine::{secrets, Directory, Intake, IntakeConfig};
+use onceprint_engine::{secrets, DeliveryConfig, Directory, Dispatcher, Intake, IntakeConfig, StoreSignals};
 use onceprint_store::{Store, StoreError};
 
 pub use error::ApiError;
@@ -32,11 +32,12 @@ pub struct HttpConfig {
     /// Largest accepted request body; larger ones get 413 `payload_too_large`.
     pub max_body_bytes: usize,
     pub intake: IntakeConfig,
+    pub delivery: DeliveryConfig,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { max_body_bytes: 1024 * 1024, intake: IntakeConfig::default() }
+        HttpConfig { max_body_bytes: 1024 * 1024, intake: IntakeConfig::default(), delivery: DeliveryConfig::default() }
     }
 }
 
@@ -45,6 +46,7 @@ impl Default for HttpConfig {
 pub struct AppState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) intake: Arc<Intake>,
+    pub(crate) dispatcher: Arc<Dispatcher>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -95,7 +97,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{meta, setup, tasks};
+    use routes::{agent, meta, setup, tasks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -108,6 +110,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks", post(tasks::submit).get(tasks::list_tasks))
         .route("/v1/print-tasks/{task_id}", get(tasks::get_task))
         .route("/v1/print-tasks/{task_id}/events", get(tasks::task_events))
+        .route("/v1/agent/poll", post(agent::poll))
+        .route("/v1/agent/acks", post(agent::acks))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
@@ -139,10 +143,20 @@ pub async fn bind(
     config: HttpConfig,
 ) -> Result<Bound, ServerError> {
     let directory = Arc::new(Directory::new(store.clone()));
-    let intake = Arc::new(Intake::start(store.clone(), directory.clone(), config.intake.clone()));
+    let signals = Arc::new(StoreSignals::default());
+    let intake = Arc::new(Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone()));
+    let dispatcher = Arc::new(Dispatcher::new(
+        store.clone(),
+        directory.clone(),
+        intake.gate().clone(),
+        signals,
+        config.intake.policies.clone(),
+        config.delivery.clone(),
+    ));
     let state = AppState {
         store,
         intake,
+        dispatcher,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
@@ -163,7 +177,16 @@ impl Bound {
     /// finish and returns once intake has nothing left to commit.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let app = router(self.state.clone());
+        let sweeper = self.state.dispatcher.spawn_sweeper();
+        let dispatcher = self.state.dispatcher.clone();
+        // Long polls would hold graceful shutdown for up to their wait time; ending them at
+        // once (they answer with no deliveries) lets in-flight requests finish promptly.
+        let shutdown = async move {
+            shutdown.await;
+            dispatcher.signals().begin_shutdown();
+        };
         axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
+        let _ = sweeper.await;
         Ok(())
     }
 }

@@ -4,14 +4,17 @@
 //! schema and its migrations (applied at start under an advisory lock, see
 //! [`migrations`]), the connection pool (deadpool, plain TCP without TLS) and the mapping
 //! of SQLSTATEs onto [`StoreError`]. Intake is batched: a whole group-committed batch is
-//! inserted with one `unnest` statement.
+//! inserted with one `unnest` statement; a batch of transitions is pipelined over one
+//! connection in one transaction (see the `delivery` module).
 //!
 //! It must never decide domain rules. Which transitions are legal, whether a duplicate is
 //! a retry or a mismatch, what a task costs — all of that lives in `onceprint-core` and is
-//! decided by the callers. The one thing the store does enforce is what only the database
-//! can: the unique idempotency key and the compare-and-set on (state, attempts). Callers
-//! must never skip that compare-and-set by writing state directly.
+//! decided by the callers. What the store does enforce is what only the database can: the
+//! unique idempotency key, the compare-and-set on (state, attempts) and at most one task in
+//! flight per printer (a partial unique index). Callers must never skip that
+//! compare-and-set by writing state directly.
 
+mod delivery;
 mod error;
 pub mod migrations;
 mod rows;
@@ -492,35 +495,33 @@ impl Store for PostgresStore {
     }
 
     async fn transition(&self, change: &Transition) -> StoreResult<bool> {
-        // One statement, hence one transaction: the compare-and-set update and its audit
-        // event commit together, and when the update matches no row the event insert reads
-        // nothing from it and writes nothing.
-        let rows = self
-            .query(
-                "WITH moved AS (
-                     UPDATE tasks
-                     SET state = $2::text, attempts = $5, last_error = $6, next_attempt_at = $7, updated_at = $8::int8,
-                         printed_at = CASE WHEN $2::text = 'printed' THEN $8::int8 ELSE printed_at END
-                     WHERE id = $1 AND state = $3::text AND attempts = $4
-                     RETURNING id
-                 )
-                 INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
-                 SELECT id, $8::int8, $3::text, $2::text, $5, $9, $10 FROM moved
-                 RETURNING id",
-                &[
-                    &change.task_id,
-                    &change.to.as_str(),
-                    &change.from.as_str(),
-                    &change.expected_attempts,
-                    &change.attempts,
-                    &change.last_error,
-                    &change.next_attempt_at,
-                    &change.now,
-                    &change.actor,
-                    &change.reason,
-                ],
-            )
-            .await?;
-        Ok(!rows.is_empty())
+        let client = self.client().await?;
+        delivery::transition(&client, change).await
+    }
+
+    async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut client = self.client().await?;
+        delivery::apply_transitions(&mut client, changes).await
+    }
+
+    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>> {
+        let client = self.client().await?;
+        delivery::lane_heads(&client, tenant_id, store_id).await
+    }
+
+    async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>> {
+        let client = self.client().await?;
+        delivery::due_tasks(&client, state, now, limit).await
+    }
+
+    async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        delivery::update_printer_status(&client, updates).await
     }
 }

@@ -18,7 +18,7 @@ use crate::error::pg_error;
 const LOCK_CLASS: i32 = 0x6f70_6d67; // "opmg"
 
 /// `(version, SQL)` in the order they must be applied. Versions are increasing.
-pub(crate) const MIGRATIONS: &[(i32, &str)] = &[(1, V1_INITIAL)];
+pub(crate) const MIGRATIONS: &[(i32, &str)] = &[(1, V1_INITIAL), (2, V2_DELIVERY)];
 
 /// The version a fully migrated database reports.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -134,6 +134,22 @@ CREATE TABLE ledger (
     at        BIGINT NOT NULL,
     UNIQUE (task_id, kind)
 );
+"#;
+
+/// Delivery: who a delivery was handed to (agent and session), the lane index, and the
+/// rule that a printer has at most one task in flight (R23), enforced by a partial unique
+/// index so that it holds against concurrent engines too.
+///
+/// Both indexes end in `id`, which keeps the column's "C" collation: the lane order
+/// `ORDER BY priority, id` of [`crate::PostgresStore`]'s lane query then matches the index
+/// and is read straight from it. (An index with another collation on `id` would not serve
+/// that ORDER BY.) The predicate of `tasks_lane` is repeated literally by that query, so
+/// that the planner can prove the partial index applies.
+const V2_DELIVERY: &str = r#"
+ALTER TABLE tasks ADD COLUMN sent_to TEXT, ADD COLUMN sent_session TEXT;
+CREATE UNIQUE INDEX tasks_one_in_flight_per_printer ON tasks (tenant_id, printer_id) WHERE state = 'sent';
+CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, id)
+    WHERE state IN ('pending', 'sent', 'retrying');
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

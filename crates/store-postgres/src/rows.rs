@@ -13,12 +13,12 @@ use tokio_postgres::Row;
 /// can be large and only [`onceprint_store::Store::task_content`] needs it.
 pub(crate) const TASK_COLUMNS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, \
      print_type, priority, content_type, fingerprint, state, attempts, last_error, next_attempt_at, \
-     created_at, updated_at, printed_at";
+     created_at, updated_at, printed_at, sent_to, sent_session";
 
 /// [`TASK_COLUMNS`] qualified with the alias `t`, for joins.
 pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printer_id, t.station_id, t.target, \
      t.biz_no, t.print_type, t.priority, t.content_type, t.fingerprint, t.state, t.attempts, t.last_error, \
-     t.next_attempt_at, t.created_at, t.updated_at, t.printed_at";
+     t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session";
 
 pub(crate) const PRINTER_COLUMNS: &str =
     "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at";
@@ -56,6 +56,8 @@ pub(crate) fn task(row: &Row) -> StoreResult<Task> {
         created_at: col(row, 15)?,
         updated_at: col(row, 16)?,
         printed_at: col(row, 17)?,
+        sent_to: col(row, 18)?,
+        sent_session: col(row, 19)?,
     })
 }
 

@@ -91,6 +91,8 @@ fn created_task(t: &NewTask) -> Task {
         created_at: t.now,
         updated_at: t.now,
         printed_at: None,
+        sent_to: None,
+        sent_session: None,
     }
 }
 

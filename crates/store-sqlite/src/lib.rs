@@ -420,4 +420,23 @@ impl Store for SqliteStore {
         let change = change.clone();
         self.write(move |c| sql::transition(c, &change)).await
     }
+
+    async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>> {
+        let changes = changes.to_vec();
+        self.write(move |c| sql::apply_transitions(c, &changes)).await
+    }
+
+    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| sql::lane_heads(c, &t, &s)).await
+    }
+
+    async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>> {
+        self.read(move |c| sql::due_tasks(c, state, now, limit)).await
+    }
+
+    async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
+        let updates = updates.to_vec();
+        self.write(move |c| sql::update_printer_status(c, &updates)).await
+    }
 }

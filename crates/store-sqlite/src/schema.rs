@@ -98,4 +98,13 @@ CREATE TABLE ledger (
     -- table itself: one B-tree less to write per accepted task.
     PRIMARY KEY (task_id, kind)
 ) WITHOUT ROWID;
-"#];
+"#,
+    // Delivery (issue 3): who a delivery was handed to, the lane index, and the rule that
+    // a printer has at most one task in flight (R23), enforced by the database itself.
+    r#"
+ALTER TABLE tasks ADD COLUMN sent_to TEXT;
+ALTER TABLE tasks ADD COLUMN sent_session TEXT;
+CREATE UNIQUE INDEX tasks_one_in_flight_per_printer ON tasks(tenant_id, printer_id) WHERE state = 'sent';
+CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, id) WHERE state IN ('pending', 'sent', 'retrying');
+"#,
+];

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::{backend_err, constraint_err};
 
 const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
-     content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at";
+     content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
+     sent_to, sent_session";
 
 fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     TaskState::parse(s).ok_or_else(|| {
@@ -43,6 +44,8 @@ fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         created_at: r.get(15)?,
         updated_at: r.get(16)?,
         printed_at: r.get(17)?,
+        sent_to: r.get(18)?,
+        sent_session: r.get(19)?,
     })
 }
 
@@ -291,6 +294,8 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
                 created_at: t.now,
                 updated_at: t.now,
                 printed_at: None,
+                sent_to: None,
+                sent_session: None,
             }));
         } else {
             let existing = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.ok_or_else(|| {
@@ -404,10 +409,10 @@ pub fn count_by_state(c: &Connection) -> StoreResult<Vec<(TaskState, i64)>> {
 }
 
 pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
-    let changed = c
+    let updated = c
         .prepare_cached(
             "UPDATE tasks SET state = ?1, attempts = ?2, last_error = ?3, next_attempt_at = ?4, updated_at = ?5, \
-             printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END \
+             printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END, sent_to = ?9, sent_session = ?10 \
              WHERE id = ?6 AND state = ?7 AND attempts = ?8",
         )
         .and_then(|mut s| {
@@ -419,10 +424,18 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
                 t.now,
                 t.task_id,
                 t.from.as_str(),
-                t.expected_attempts
+                t.expected_attempts,
+                t.sent_to,
+                t.sent_session
             ])
-        })
-        .map_err(backend_err)?;
+        });
+    let changed = match updated {
+        Ok(n) => n,
+        // The partial unique index refused a second task in flight on this printer: the
+        // statement is undone, the transaction goes on, and the change did not apply.
+        Err(rusqlite::Error::SqliteFailure(f, _)) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => 0,
+        Err(e) => return Err(backend_err(e)),
+    };
     if changed != 1 {
         return Ok(false);
     }
@@ -434,4 +447,46 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
     })
     .map_err(backend_err)?;
     Ok(true)
+}
+
+pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<Vec<bool>> {
+    changes.iter().map(|t| transition(c, t)).collect()
+}
+
+pub fn lane_heads(c: &Connection, tenant: &str, store: &str) -> StoreResult<Vec<Task>> {
+    // One index seek per printer of the store (tasks_lane), not a scan of the backlog.
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE id IN ( \
+               SELECT (SELECT u.id FROM tasks u \
+                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
+                         AND u.state IN ('pending', 'sent', 'retrying') \
+                       ORDER BY u.priority, u.id LIMIT 1) \
+               FROM printers p WHERE p.tenant_id = ?1 AND p.store_id = ?2)"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map([tenant, store], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> StoreResult<Vec<Task>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE state = ?1 AND next_attempt_at <= ?2 ORDER BY next_attempt_at LIMIT ?3"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map(params![state.as_str(), now, limit], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
+    let mut s = c
+        .prepare_cached(
+            "UPDATE printers SET online = ?1, last_seen_at = ?2, last_error = ?3 WHERE tenant_id = ?4 AND id = ?5",
+        )
+        .map_err(backend_err)?;
+    for u in updates {
+        s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id]).map_err(backend_err)?;
+    }
+    Ok(())
 }

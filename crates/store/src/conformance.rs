@@ -30,7 +30,9 @@ macro_rules! conformance_tests {
             settings_round_trip, setup_objects_and_isolation, submit_writes_task_event_and_charge,
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
-            list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts);
+            list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
+            lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
+            due_tasks_use_the_deadline, printer_status_is_recorded);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -388,6 +390,8 @@ pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
         actor: "engine".into(),
         reason: "dispatched".into(),
         now: NOW + 10,
+        sent_to: Some("agent-1".into()),
+        sent_session: Some("sess-1".into()),
     };
     assert!(s.transition(&send).await.unwrap());
     assert!(!s.transition(&send).await.unwrap(), "the same CAS twice applies once");
@@ -441,4 +445,109 @@ pub async fn count_by_state_counts(s: Arc<dyn Store>) {
     let counts = s.count_by_state().await.unwrap();
     let pending = counts.iter().find(|(st, _)| *st == TaskState::Pending).map(|(_, n)| *n);
     assert_eq!(pending, Some(5));
+}
+
+fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
+    Transition {
+        task_id: t.task_id.clone(),
+        from: if attempts_before == 0 { TaskState::Pending } else { TaskState::Retrying },
+        expected_attempts: attempts_before,
+        to: TaskState::Sent,
+        attempts: attempts_before + 1,
+        last_error: None,
+        next_attempt_at: Some(now + 30_000),
+        actor: "engine".into(),
+        reason: "dispatched".into(),
+        now,
+        sent_to: Some("agent-1".into()),
+        sent_session: Some("sess-1".into()),
+    }
+}
+
+pub async fn lanes_give_one_head_per_printer_in_priority_order(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+    let a = new_task("acme", "A", "x", 1);
+    let mut b = new_task("acme", "B", "x", 2);
+    b.priority = 0; // a refund submitted later still goes first
+    let mut c = new_task("acme", "C", "x", 3);
+    c.printer_id = "p2".into();
+    c.target = "printer:p2".into();
+    s.submit_batch(vec![a.clone(), b.clone(), c.clone()]).await.unwrap();
+    let mut heads = s.lane_heads("acme", "s1").await.unwrap();
+    heads.sort_by(|x, y| x.printer_id.cmp(&y.printer_id));
+    let ids: Vec<_> = heads.iter().map(|t| t.task_id.clone()).collect();
+    assert_eq!(ids, vec![b.task_id.clone(), c.task_id.clone()]);
+    assert!(s.lane_heads("acme", "other-store").await.unwrap().is_empty());
+    // The head in flight stays the head: the lane is busy until it is acknowledged.
+    assert_eq!(s.apply_transitions(&[send(&b, 0, NOW + 5)]).await.unwrap(), vec![true]);
+    let heads = s.lane_heads("acme", "s1").await.unwrap();
+    let p1 = heads.iter().find(|t| t.printer_id == "p1").unwrap();
+    assert_eq!((p1.task_id.as_str(), p1.state, p1.sent_to.as_deref(), p1.sent_session.as_deref()), (b.task_id.as_str(), TaskState::Sent, Some("agent-1"), Some("sess-1")));
+    let printed = Transition { from: TaskState::Sent, expected_attempts: 1, to: TaskState::Printed, next_attempt_at: None, ..send(&b, 0, NOW + 6) };
+    assert!(s.transition(&printed).await.unwrap());
+    let heads = s.lane_heads("acme", "s1").await.unwrap();
+    assert_eq!(heads.iter().find(|t| t.printer_id == "p1").unwrap().task_id, a.task_id, "then FIFO");
+}
+
+pub async fn one_task_in_flight_per_printer(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let a = new_task("acme", "A", "x", 1);
+    let b = new_task("acme", "B", "x", 2);
+    s.submit_batch(vec![a.clone(), b.clone()]).await.unwrap();
+    // Both in one batch: the second loses, the first applies, nothing else is disturbed.
+    let results = s.apply_transitions(&[send(&a, 0, NOW + 5), send(&b, 0, NOW + 5)]).await.unwrap();
+    assert_eq!(results, vec![true, false]);
+    assert!(!s.transition(&send(&b, 0, NOW + 6)).await.unwrap(), "still one in flight");
+    let tb = s.get_task("acme", &b.task_id).await.unwrap().unwrap();
+    assert_eq!(tb.state, TaskState::Pending);
+    assert_eq!(s.task_events("acme", &b.task_id).await.unwrap().unwrap().len(), 1, "no audit for a refused change");
+    let done = Transition { from: TaskState::Sent, expected_attempts: 1, to: TaskState::Printed, next_attempt_at: None, ..send(&a, 0, NOW + 7) };
+    assert_eq!(s.apply_transitions(&[done, send(&b, 0, NOW + 8)]).await.unwrap(), vec![true, true]);
+}
+
+pub async fn due_tasks_use_the_deadline(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let a = new_task("acme", "A", "x", 1);
+    s.submit_batch(vec![a.clone()]).await.unwrap();
+    assert!(s.transition(&send(&a, 0, NOW)).await.unwrap()); // deadline NOW + 30 s
+    assert!(s.due_tasks(TaskState::Sent, NOW + 29_999, 10).await.unwrap().is_empty());
+    let due = s.due_tasks(TaskState::Sent, NOW + 30_000, 10).await.unwrap();
+    assert_eq!(due.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), vec![a.task_id.clone()]);
+    assert!(s.due_tasks(TaskState::Retrying, NOW + 60_000, 10).await.unwrap().is_empty());
+}
+
+pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.update_printer_status(&[PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: "p1".into(),
+        online: true,
+        last_error: Some("no_paper".into()),
+        now: NOW + 1,
+    }])
+    .await
+    .unwrap();
+    let p = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p.online, p.last_seen_at, p.last_error.as_deref()), (true, Some(NOW + 1), Some("no_paper")));
+    s.update_printer_status(&[PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: "p1".into(),
+        online: false,
+        last_error: None,
+        now: NOW + 2,
+    }])
+    .await
+    .unwrap();
+    let p = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p.online, p.last_seen_at, p.last_error), (false, Some(NOW + 2), None));
 }

@@ -102,4 +102,22 @@ pub trait Store: Send + Sync + 'static {
     /// transaction. Returns `false` (and writes nothing) when someone else moved it first.
     /// The caller has checked the transition against the state machine.
     async fn transition(&self, change: &Transition) -> StoreResult<bool>;
+
+    /// Several compare-and-set transitions in one transaction; one result per change, in
+    /// order. A change that loses its compare-and-set, or that would put a second task of
+    /// one printer into `sent` (the one-in-flight-per-printer rule, R23, enforced by a
+    /// unique index), is `false` and writes nothing; the others still apply.
+    async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
+
+    /// The head of every printer lane of a store: for each printer of the store with
+    /// active tasks (`pending`, `sent`, `retrying`), the first by (priority, id).
+    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>>;
+
+    /// Tasks in `state` whose `next_attempt_at` has passed, oldest deadline first, found
+    /// through the (state, next_attempt_at) index (R12). For `sent` tasks that column holds
+    /// the delivery deadline.
+    async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>>;
+
+    /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
+    async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()>;
 }

@@ -157,6 +157,10 @@ pub struct Task {
     pub created_at: Millis,
     pub updated_at: Millis,
     pub printed_at: Option<Millis>,
+    /// The agent the current (or last) delivery was handed to.
+    pub sent_to: Option<String>,
+    /// The agent process (session) it was handed to: a restarted agent has a new one.
+    pub sent_session: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,5 +212,18 @@ pub struct Transition {
     pub next_attempt_at: Option<Millis>,
     pub actor: String,
     pub reason: String,
+    pub now: Millis,
+    /// For a transition to `sent`: the agent and session it is handed to.
+    pub sent_to: Option<String>,
+    pub sent_session: Option<String>,
+}
+
+/// A printer's health as last reported by its agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterStatusUpdate {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub online: bool,
+    pub last_error: Option<String>,
     pub now: Millis,
 }

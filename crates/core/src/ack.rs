@@ -1,0 +1,238 @@
+//! What an acknowledgement from a printer transport does to a task (R9–R11, R14, R17, R22).
+//!
+//! The decision is a pure function of the task's state and attempt, the ack, and the print
+//! type's policy, so it is unit- and property-tested here and the engine only carries it
+//! out with a compare-and-set. An ack for an older attempt or a finished task changes
+//! nothing; a repeated ack is recognised as a duplicate; a late PRINTED for a task that
+//! is waiting to retry (or waiting for a human) closes it, since paper did come out.
+
+use crate::{Millis, PrintTypePolicy, TaskState};
+
+/// The outcomes of the agent protocol (CONTRACT.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Printed,
+    NoPaper,
+    CoverOpen,
+    Offline,
+    PaperJam,
+    InDoubt,
+    Error,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Printed,
+        Outcome::NoPaper,
+        Outcome::CoverOpen,
+        Outcome::Offline,
+        Outcome::PaperJam,
+        Outcome::InDoubt,
+        Outcome::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Printed => "printed",
+            Outcome::NoPaper => "no_paper",
+            Outcome::CoverOpen => "cover_open",
+            Outcome::Offline => "offline",
+            Outcome::PaperJam => "paper_jam",
+            Outcome::InDoubt => "in_doubt",
+            Outcome::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// Outcomes that prove nothing came out of the printer (checked before sending).
+    pub fn is_recoverable(self) -> bool {
+        matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam | Outcome::Error)
+    }
+}
+
+/// The change an ack asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckChange {
+    pub from: TaskState,
+    pub to: TaskState,
+    /// Attempts after the change (unchanged by acks).
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<Millis>,
+    pub reason: String,
+}
+
+/// What to do with one ack.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AckDecision {
+    /// Apply this compare-and-set change (expected attempts = the task's current attempts).
+    Apply(AckChange),
+    /// The same ack was already applied; nothing to do.
+    Duplicate,
+    /// For an older attempt or a finished task; changes nothing.
+    Stale,
+}
+
+/// One acknowledgement as the transport reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub attempt: i32,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// Decides what an ack does to a task in `state` after `attempts` deliveries.
+/// `jitter_unit` is a random sample in [0, 1) for the backoff.
+pub fn decide(
+    state: TaskState,
+    attempts: i32,
+    ack: &Ack,
+    policy: &PrintTypePolicy,
+    now: Millis,
+    jitter_unit: f64,
+) -> AckDecision {
+    let (ack_attempt, outcome, detail) = (ack.attempt, ack.outcome, ack.detail.as_str());
+    let reason = |what: &str| {
+        if detail.is_empty() {
+            format!("attempt {ack_attempt}: {what}")
+        } else {
+            format!("attempt {ack_attempt}: {what} ({detail})")
+        }
+    };
+    let change = |to: TaskState, last_error: Option<String>, next: Option<Millis>, why: String| {
+        AckDecision::Apply(AckChange { from: state, to, attempts, last_error, next_attempt_at: next, reason: why })
+    };
+    let current = ack_attempt == attempts && ack_attempt > 0;
+    match (state, outcome) {
+        (TaskState::Sent, Outcome::Printed) if ack_attempt <= attempts && ack_attempt > 0 => {
+            let why = if current { reason("the printer confirmed it printed") } else { reason("late confirmation that it printed") };
+            change(TaskState::Printed, None, None, why)
+        }
+        (TaskState::Sent, o) if current && o.is_recoverable() => {
+            if attempts >= policy.max_attempts as i32 {
+                change(TaskState::Failed, Some(o.as_str().to_owned()), None, reason(&format!("{}; no attempts left", o.as_str())))
+            } else {
+                let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
+                change(
+                    TaskState::Retrying,
+                    Some(o.as_str().to_owned()),
+                    Some(now + delay),
+                    reason(&format!("{}; retry in {} ms", o.as_str(), delay)),
+                )
+            }
+        }
+        (TaskState::Sent, Outcome::InDoubt) if current => {
+            if policy.reprint_on_doubt {
+                let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
+                change(
+                    TaskState::Retrying,
+                    Some("in_doubt".into()),
+                    Some(now + delay),
+                    reason("in doubt; the print type's policy is to reprint on doubt"),
+                )
+            } else {
+                change(TaskState::InDoubt, Some("in_doubt".into()), None, reason("the printer may have printed but cannot prove it; waiting for a person"))
+            }
+        }
+        // Paper came out after all: close a task that waits for a retry or for a person.
+        (TaskState::Retrying | TaskState::Failed | TaskState::InDoubt, Outcome::Printed)
+            if ack_attempt <= attempts && ack_attempt > 0 =>
+        {
+            change(TaskState::Printed, None, None, reason("late confirmation that it printed"))
+        }
+        (TaskState::Printed, Outcome::Printed) => AckDecision::Duplicate,
+        (TaskState::Retrying | TaskState::Failed, o) if current && o.is_recoverable() => AckDecision::Duplicate,
+        (TaskState::InDoubt, Outcome::InDoubt) if current => AckDecision::Duplicate,
+        (TaskState::Retrying, Outcome::InDoubt) if current && policy.reprint_on_doubt => AckDecision::Duplicate,
+        _ => AckDecision::Stale,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PolicyTable;
+    use proptest::prelude::*;
+
+    fn ack(attempt: i32, outcome: Outcome, detail: &str) -> Ack {
+        Ack { attempt, outcome, detail: detail.into() }
+    }
+
+    fn policy() -> PrintTypePolicy {
+        PolicyTable::default().types["receipt"].clone()
+    }
+
+    #[test]
+    fn printed_completes_a_sent_task() {
+        let d = decide(TaskState::Sent, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0);
+        let AckDecision::Apply(c) = d else { panic!("{d:?}") };
+        assert_eq!((c.from, c.to, c.attempts), (TaskState::Sent, TaskState::Printed, 1));
+        assert_eq!(decide(TaskState::Printed, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0), AckDecision::Duplicate);
+    }
+
+    #[test]
+    fn recoverable_errors_retry_with_backoff_until_the_limit() {
+        let p = policy();
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::NoPaper, ""), &p, 1000, 0.0) else { panic!() };
+        assert_eq!((c.to, c.last_error.as_deref(), c.next_attempt_at), (TaskState::Retrying, Some("no_paper"), Some(2000)));
+        let last = p.max_attempts as i32;
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::CoverOpen, ""), &p, 0, 0.0) else { panic!() };
+        assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Failed, Some("cover_open")));
+        assert_eq!(decide(TaskState::Retrying, 1, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Duplicate);
+    }
+
+    #[test]
+    fn doubt_waits_for_a_person_unless_the_policy_reprints() {
+        let mut p = policy();
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        assert_eq!(c.to, TaskState::InDoubt);
+        p.reprint_on_doubt = true;
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        assert_eq!(c.to, TaskState::Retrying);
+    }
+
+    #[test]
+    fn late_printed_closes_waiting_tasks_and_old_attempts_change_nothing_else() {
+        let p = policy();
+        for s in [TaskState::Retrying, TaskState::Failed, TaskState::InDoubt] {
+            let AckDecision::Apply(c) = decide(s, 2, &ack(1, Outcome::Printed, ""), &p, 0, 0.0) else { panic!("{s}") };
+            assert_eq!(c.to, TaskState::Printed);
+        }
+        assert_eq!(decide(TaskState::Sent, 2, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Stale);
+        assert_eq!(decide(TaskState::Cancelled, 1, &ack(1, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale);
+        assert_eq!(decide(TaskState::Sent, 1, &ack(2, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale, "from the future");
+    }
+
+    fn any_state() -> impl Strategy<Value = TaskState> {
+        proptest::sample::select(TaskState::ALL.to_vec())
+    }
+    fn any_outcome() -> impl Strategy<Value = Outcome> {
+        proptest::sample::select(Outcome::ALL.to_vec())
+    }
+
+    proptest! {
+        /// Every change an ack asks for is in the transition table, never leaves an end
+        /// state, and keeps the attempt count.
+        #[test]
+        fn acks_only_ask_for_legal_transitions(
+            state in any_state(), attempts in 0i32..8, ack_attempt in -1i32..9,
+            outcome in any_outcome(), reprint in any::<bool>(), unit in 0.0f64..1.0,
+        ) {
+            let mut p = policy();
+            p.reprint_on_doubt = reprint;
+            match decide(state, attempts, &ack(ack_attempt, outcome, "d"), &p, 10, unit) {
+                AckDecision::Apply(c) => {
+                    prop_assert!(state.can_go_to(c.to), "{} -> {}", state, c.to);
+                    prop_assert_eq!(c.from, state);
+                    prop_assert_eq!(c.attempts, attempts);
+                    prop_assert!(ack_attempt >= 1 && ack_attempt <= attempts);
+                    if c.to == TaskState::Retrying { prop_assert!(c.next_attempt_at.is_some()); }
+                }
+                AckDecision::Duplicate | AckDecision::Stale => {}
+            }
+        }
+    }
+}

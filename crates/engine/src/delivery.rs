@@ -1,0 +1,508 @@
+//! Delivery, broker side: per-printer lanes handed to store agents by long poll, acks
+//! applied with compare-and-set, and the sweeper for deliveries nobody answered (R9–R14,
+//! R16–R24).
+//!
+//! A printer's lane is its active tasks (`pending`, `sent`, `retrying`) ordered by
+//! (priority, id). Only the head may be in flight, and only one task per printer may be
+//! `sent` — the database enforces that with a unique index, so two pollers (or two broker
+//! nodes) can never hand out two tasks of one printer. A lane whose head waits for its
+//! retry time waits as a whole: later tickets do not overtake it (R23). Lanes of other
+//! printers are independent, so one dead printer never slows the others.
+//!
+//! The rules for what an ack does live in `onceprint_core::ack`; this module loads the
+//! task, asks the rule, and applies the answer as a compare-and-set.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use onceprint_core::ack::{decide, Ack, AckDecision, Outcome};
+use onceprint_core::{Millis, PolicyTable, TaskState};
+use onceprint_store::{AgentIdentity, PrinterStatusUpdate, Store, StoreError, Task, Transition};
+use rand::Rng;
+
+use crate::clock::now_ms;
+use crate::signals::StoreSignals;
+use crate::{Directory, RecentTasks};
+
+/// Tuning of delivery.
+#[derive(Debug, Clone)]
+pub struct DeliveryConfig {
+    /// A delivery not acknowledged after this long is offered again to the same agent,
+    /// which answers from its journal (R13).
+    pub redeliver_after_ms: i64,
+    /// An agent that has not polled for this long is considered gone.
+    pub agent_gone_after_ms: i64,
+    /// How often the sweeper looks for overdue deliveries.
+    pub sweep_interval_ms: u64,
+    /// Waiting polls re-check the database at least this often (work from other nodes,
+    /// retry times coming due).
+    pub recheck_ms: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig { redeliver_after_ms: 30_000, agent_gone_after_ms: 60_000, sweep_interval_ms: 1_000, recheck_ms: 1_000 }
+    }
+}
+
+/// One job handed to an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub task_id: String,
+    pub attempt: i32,
+    pub printer_id: String,
+    pub printer_address: String,
+    /// `biz_no#printer_id` (R16).
+    pub idempotency_key: String,
+    pub content_type: &'static str,
+    pub data: Vec<u8>,
+}
+
+/// One ack as received.
+#[derive(Debug, Clone)]
+pub struct AckIn {
+    pub task_id: String,
+    pub attempt: i32,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// The result of one ack (CONTRACT.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckResult {
+    Applied,
+    Duplicate,
+    Stale,
+}
+
+impl AckResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckResult::Applied => "applied",
+            AckResult::Duplicate => "duplicate",
+            AckResult::Stale => "stale",
+        }
+    }
+}
+
+/// Failures of delivery operations.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Clone)]
+struct AgentSeen {
+    last_poll: Millis,
+}
+
+/// What the sweeper did in one pass (for logs and tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub overdue: usize,
+    pub in_doubt: usize,
+    pub retrying: usize,
+}
+
+/// The broker side of delivery. Share it behind an `Arc`.
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+    gate: Arc<RecentTasks>,
+    signals: Arc<StoreSignals>,
+    policies: PolicyTable,
+    config: DeliveryConfig,
+    /// (tenant, store) → agent id → last poll. In memory: after a broker restart no agent
+    /// counts as replaced until agents poll again, which errs on the side of waiting.
+    agents: Mutex<HashMap<(String, String), HashMap<String, AgentSeen>>>,
+}
+
+fn render(content_type: &str, content: Vec<u8>) -> Result<Vec<u8>, String> {
+    match content_type {
+        "escpos" => Ok(content),
+        "text" => {
+            let text = String::from_utf8(content).map_err(|_| "stored text is not UTF-8".to_owned())?;
+            Ok(onceprint_escpos::text::text_job(&text))
+        }
+        other => Err(format!("content type {other:?} cannot be rendered yet")),
+    }
+}
+
+fn printer_address(transport: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(transport)
+        .ok()
+        .and_then(|v| v.get("address").and_then(|a| a.as_str()).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: Arc<dyn Store>,
+        directory: Arc<Directory>,
+        gate: Arc<RecentTasks>,
+        signals: Arc<StoreSignals>,
+        policies: PolicyTable,
+        config: DeliveryConfig,
+    ) -> Dispatcher {
+        Dispatcher { store, directory, gate, signals, policies, config, agents: Mutex::default() }
+    }
+
+    pub fn signals(&self) -> &Arc<StoreSignals> {
+        &self.signals
+    }
+
+    fn policy(&self, print_type: &str) -> onceprint_core::PrintTypePolicy {
+        self.policies
+            .types
+            .get(print_type)
+            .or_else(|| self.policies.types.get(onceprint_core::policy::DEFAULT_PRINT_TYPE))
+            .cloned()
+            .unwrap_or_else(|| onceprint_core::PrintTypePolicy {
+                priority: 100,
+                backoff: onceprint_core::Backoff { initial_ms: 1_000, factor: 2.0, cap_ms: 30_000, jitter: 0.2 },
+                max_attempts: 5,
+                reprint_on_doubt: false,
+            })
+    }
+
+    fn seen(&self, who: &AgentIdentity, agent_id: &str, now: Millis) {
+        if let Ok(mut agents) = self.agents.lock() {
+            agents
+                .entry((who.tenant_id.clone(), who.store_id.clone()))
+                .or_default()
+                .insert(agent_id.to_owned(), AgentSeen { last_poll: now });
+        }
+    }
+
+    /// Long poll: deliveries for the agent's store, as soon as there are any, or an empty
+    /// list after `wait`.
+    pub async fn poll(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        session: Option<&str>,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>, DeliveryError> {
+        let start = tokio::time::Instant::now();
+        let deadline = start + wait;
+        let notify = self.signals.get(&who.tenant_id, &who.store_id);
+        loop {
+            self.seen(who, agent_id, now_ms());
+            let woken = notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let (deliveries, next_due) = self.collect(who, agent_id, session, max).await?;
+            let now = tokio::time::Instant::now();
+            if !deliveries.is_empty() || now >= deadline || self.signals.is_shutting_down() {
+                return Ok(deliveries);
+            }
+            let mut until = deadline.min(now + Duration::from_millis(self.config.recheck_ms));
+            if let Some(due) = next_due {
+                let ms = (due - now_ms()).max(0) as u64;
+                until = until.min(now + Duration::from_millis(ms));
+            }
+            tokio::select! {
+                _ = &mut woken => {}
+                _ = tokio::time::sleep_until(until) => {}
+                _ = self.signals.shutdown() => {}
+            }
+        }
+    }
+
+    /// One look at the store's lanes: hands out what can go now. Also returns the earliest
+    /// time a waiting lane head comes due.
+    async fn collect(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        session: Option<&str>,
+        max: usize,
+    ) -> Result<(Vec<Delivery>, Option<Millis>), DeliveryError> {
+        let now = now_ms();
+        let mut heads = self.store.lane_heads(&who.tenant_id, &who.store_id).await?;
+        heads.sort_by(|a, b| (a.priority, &a.task_id).cmp(&(b.priority, &b.task_id)));
+        let mut next_due: Option<Millis> = None;
+        let mut changes: Vec<Transition> = Vec::new();
+        let mut chosen: Vec<Task> = Vec::new();
+        for head in heads {
+            if changes.len() >= max {
+                break;
+            }
+            let deadline = now + self.config.redeliver_after_ms;
+            let change = match head.state {
+                TaskState::Pending => Some((head.attempts + 1, format!("dispatched to agent {agent_id}"))),
+                TaskState::Retrying => match head.next_attempt_at {
+                    Some(t) if t > now => {
+                        next_due = Some(next_due.map_or(t, |n| n.min(t)));
+                        None
+                    }
+                    _ => Some((head.attempts + 1, format!("attempt {} dispatched to agent {agent_id}", head.attempts + 1))),
+                },
+                TaskState::Sent if head.sent_to.as_deref() == Some(agent_id) => {
+                    let restarted = head.sent_session.as_deref() != session;
+                    let overdue = head.next_attempt_at.is_some_and(|t| t <= now);
+                    if restarted || overdue {
+                        let why = if restarted {
+                            "offered again: the agent restarted before acknowledging"
+                        } else {
+                            "offered again: no acknowledgement before the deadline"
+                        };
+                        Some((head.attempts, why.to_owned()))
+                    } else {
+                        if let Some(t) = head.next_attempt_at {
+                            next_due = Some(next_due.map_or(t, |n| n.min(t)));
+                        }
+                        None
+                    }
+                }
+                // In flight at another agent: the lane is busy; the sweeper decides.
+                _ => None,
+            };
+            if let Some((attempts, reason)) = change {
+                changes.push(Transition {
+                    task_id: head.task_id.clone(),
+                    from: head.state,
+                    expected_attempts: head.attempts,
+                    to: TaskState::Sent,
+                    attempts,
+                    last_error: head.last_error.clone(),
+                    next_attempt_at: Some(deadline),
+                    actor: format!("agent:{agent_id}"),
+                    reason,
+                    now,
+                    sent_to: Some(agent_id.to_owned()),
+                    sent_session: session.map(str::to_owned),
+                });
+                chosen.push(head);
+            }
+        }
+        if changes.is_empty() {
+            return Ok((Vec::new(), next_due));
+        }
+        let applied = self.store.apply_transitions(&changes).await?;
+        let mut out = Vec::with_capacity(changes.len());
+        for ((change, task), ok) in changes.into_iter().zip(chosen).zip(applied) {
+            if !ok {
+                continue; // someone else moved it first; the next look sees the new state
+            }
+            self.gate.set_state(&task.task_id, TaskState::Sent);
+            let Some(content) = self.store.task_content(&task.task_id).await? else { continue };
+            let data = match render(&content.content_type, content.content) {
+                Ok(d) => d,
+                Err(why) => {
+                    self.fail_unrenderable(&task, change.attempts, &why).await?;
+                    continue;
+                }
+            };
+            let address = match self.directory.printer(&task.tenant_id, &task.printer_id).await? {
+                Some(p) => printer_address(&p.transport),
+                None => String::new(),
+            };
+            out.push(Delivery {
+                idempotency_key: format!("{}#{}", task.biz_no, task.printer_id),
+                task_id: task.task_id,
+                attempt: change.attempts,
+                printer_id: task.printer_id,
+                printer_address: address,
+                content_type: "escpos",
+                data,
+            });
+        }
+        Ok((out, next_due))
+    }
+
+    async fn fail_unrenderable(&self, task: &Task, attempts: i32, why: &str) -> Result<(), DeliveryError> {
+        let change = Transition {
+            task_id: task.task_id.clone(),
+            from: TaskState::Sent,
+            expected_attempts: attempts,
+            to: TaskState::Failed,
+            attempts,
+            last_error: Some("unrenderable".into()),
+            next_attempt_at: None,
+            actor: "engine".into(),
+            reason: format!("cannot render the content: {why}"),
+            now: now_ms(),
+            sent_to: None,
+            sent_session: None,
+        };
+        if self.store.transition(&change).await? {
+            self.gate.set_state(&task.task_id, TaskState::Failed);
+        }
+        Ok(())
+    }
+
+    /// Applies acks from an agent of `who`'s store. Acks for tasks of other stores or
+    /// unknown tasks are `stale`: they change nothing.
+    pub async fn ack(&self, who: &AgentIdentity, agent_id: &str, acks: Vec<AckIn>) -> Result<Vec<AckResult>, DeliveryError> {
+        let now = now_ms();
+        let mut results = vec![AckResult::Stale; acks.len()];
+        let mut changes: Vec<(usize, Transition)> = Vec::new();
+        let mut printer_updates: HashMap<String, PrinterStatusUpdate> = HashMap::new();
+        for (i, a) in acks.iter().enumerate() {
+            let Some(task) = self.store.get_task(&who.tenant_id, &a.task_id).await? else { continue };
+            if task.store_id != who.store_id {
+                continue;
+            }
+            let policy = self.policy(&task.print_type);
+            let ack = Ack { attempt: a.attempt, outcome: a.outcome, detail: a.detail.clone() };
+            let unit: f64 = rand::thread_rng().gen();
+            let c = match decide(task.state, task.attempts, &ack, &policy, now, unit) {
+                AckDecision::Apply(c) => c,
+                AckDecision::Duplicate => {
+                    results[i] = AckResult::Duplicate;
+                    continue;
+                }
+                AckDecision::Stale => continue,
+            };
+            changes.push((
+                i,
+                Transition {
+                    task_id: task.task_id.clone(),
+                    from: c.from,
+                    expected_attempts: task.attempts,
+                    to: c.to,
+                    attempts: c.attempts,
+                    last_error: c.last_error,
+                    next_attempt_at: c.next_attempt_at,
+                    actor: format!("agent:{agent_id}"),
+                    reason: c.reason,
+                    now,
+                    sent_to: task.sent_to.clone(),
+                    sent_session: task.sent_session.clone(),
+                },
+            ));
+            // What the printer said about itself. Only acks that change a task count: a
+            // stale or repeated ack describes the printer as it was, not as it is.
+            let (online, last_error) = match a.outcome {
+                Outcome::Printed => (true, None),
+                Outcome::Offline => (false, Some("offline".to_owned())),
+                Outcome::NoPaper | Outcome::CoverOpen | Outcome::PaperJam => (true, Some(a.outcome.as_str().to_owned())),
+                Outcome::InDoubt | Outcome::Error => {
+                    (true, Some(format!("{}: {}", a.outcome.as_str(), a.detail).trim_end_matches(": ").to_owned()))
+                }
+            };
+            printer_updates.insert(
+                task.printer_id.clone(),
+                PrinterStatusUpdate {
+                    tenant_id: who.tenant_id.clone(),
+                    printer_id: task.printer_id.clone(),
+                    online,
+                    last_error,
+                    now,
+                },
+            );
+        }
+        if !changes.is_empty() {
+            let list: Vec<Transition> = changes.iter().map(|(_, t)| t.clone()).collect();
+            let applied = self.store.apply_transitions(&list).await?;
+            for ((i, t), ok) in changes.into_iter().zip(applied) {
+                if ok {
+                    results[i] = AckResult::Applied;
+                    self.gate.set_state(&t.task_id, t.to);
+                    tracing::info!(task_id = %t.task_id, from = %t.from, to = %t.to, reason = %t.reason, "ack applied");
+                }
+            }
+            // A lane may have freed up (or a retry was scheduled): let waiting polls look.
+            self.signals.notify(&who.tenant_id, &who.store_id);
+        }
+        if !printer_updates.is_empty() {
+            let updates: Vec<PrinterStatusUpdate> = printer_updates.into_values().collect();
+            self.store.update_printer_status(&updates).await?;
+        }
+        Ok(results)
+    }
+
+    /// One sweeper pass (R13): deliveries past their deadline whose agent is gone while
+    /// another agent now serves the store cannot be resolved by asking that agent again,
+    /// and the broker cannot know whether paper came out: they go to `in_doubt` (or to
+    /// `retrying` where the print type reprints on doubt). A delivery whose agent is still
+    /// polling is offered again to it on its next poll; one whose store has no agent at
+    /// all waits for the agent to come back. Never a blind resend to a different device.
+    pub async fn sweep_once(&self) -> Result<SweepReport, DeliveryError> {
+        let now = now_ms();
+        let overdue = self.store.due_tasks(TaskState::Sent, now, 500).await?;
+        let mut report = SweepReport { overdue: overdue.len(), ..Default::default() };
+        let mut changes = Vec::new();
+        for task in overdue {
+            let Some(sent_to) = task.sent_to.clone() else { continue };
+            let replaced_by = {
+                let Ok(agents) = self.agents.lock() else { continue };
+                let Some(store_agents) = agents.get(&(task.tenant_id.clone(), task.store_id.clone())) else { continue };
+                let alive = |a: &AgentSeen| now - a.last_poll <= self.config.agent_gone_after_ms;
+                if store_agents.get(&sent_to).is_some_and(alive) {
+                    continue; // its own agent will be offered it again
+                }
+                match store_agents.iter().find(|(id, a)| **id != sent_to && alive(*a)) {
+                    Some((other, _)) => other.clone(),
+                    None => continue, // nobody serves the store now: wait for the agent
+                }
+            };
+            let policy = self.policy(&task.print_type);
+            let (to, next, why) = if policy.reprint_on_doubt {
+                let delay = policy.backoff.delay_ms(task.attempts.max(1) as u32, rand::thread_rng().gen());
+                (
+                    TaskState::Retrying,
+                    Some(now + delay),
+                    format!("agent {sent_to} went away without confirming and {replaced_by} serves the store now; reprint on doubt (policy)"),
+                )
+            } else {
+                (
+                    TaskState::InDoubt,
+                    None,
+                    format!("agent {sent_to} went away without confirming and {replaced_by} serves the store now; the broker cannot know whether it printed"),
+                )
+            };
+            changes.push(Transition {
+                task_id: task.task_id.clone(),
+                from: TaskState::Sent,
+                expected_attempts: task.attempts,
+                to,
+                attempts: task.attempts,
+                last_error: Some("in_doubt".into()),
+                next_attempt_at: next,
+                actor: "sweeper".into(),
+                reason: why,
+                now,
+                sent_to: task.sent_to.clone(),
+                sent_session: task.sent_session.clone(),
+            });
+        }
+        if !changes.is_empty() {
+            let applied = self.store.apply_transitions(&changes).await?;
+            for (t, ok) in changes.iter().zip(applied) {
+                if ok {
+                    self.gate.set_state(&t.task_id, t.to);
+                    if t.to == TaskState::InDoubt {
+                        report.in_doubt += 1;
+                    } else {
+                        report.retrying += 1;
+                    }
+                    tracing::warn!(task_id = %t.task_id, to = %t.to, reason = %t.reason, "sweeper");
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs the sweeper until shutdown.
+    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(this.config.sweep_interval_ms));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = this.sweep_once().await {
+                            tracing::warn!(error = %e, "sweeper pass failed");
+                        }
+                    }
+                    _ = this.signals.shutdown() => return,
+                }
+            }
+        })
+    }
+}

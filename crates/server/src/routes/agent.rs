@@ -1,0 +1,87 @@
+//! The store agent protocol (CONTRACT.md): long poll for deliveries, acknowledge outcomes.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use onceprint_core::{validate_id, Outcome};
+use onceprint_engine::AckIn;
+
+use crate::dto::{AckResultOut, AckResults, AcksIn, DeliveryList, DeliveryOut, PollIn};
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{AgentAuth, JsonBody};
+use crate::AppState;
+
+/// Longest accepted long-poll wait.
+const MAX_WAIT_MS: u64 = 60_000;
+
+/// Long poll for deliveries to this agent's store's printers. Answers as soon as work
+/// exists, or with no deliveries after `wait_ms`. Unconfirmed deliveries handed to this
+/// agent come back first when it restarted (new `session`) or missed the deadline.
+#[utoipa::path(post, path = "/v1/agent/poll", tag = "store agent", request_body = PollIn,
+    security(("agent" = [])),
+    responses((status = 200, body = DeliveryList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn poll(
+    State(st): State<AppState>,
+    AgentAuth(who): AgentAuth,
+    JsonBody(req): JsonBody<PollIn>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    validate_id("agent_id", &req.agent_id)?;
+    if let Some(s) = &req.session {
+        validate_id("session", s)?;
+    }
+    let wait = req.wait_ms.unwrap_or(25_000).min(MAX_WAIT_MS);
+    let max = req.max.unwrap_or(16).clamp(1, 256) as usize;
+    let deliveries = st
+        .dispatcher
+        .poll(&who, &req.agent_id, req.session.as_deref(), Duration::from_millis(wait), max)
+        .await
+        .map_err(|e| match e {
+            onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
+        })?;
+    Ok(Json(DeliveryList { deliveries: deliveries.into_iter().map(DeliveryOut::from).collect() }))
+}
+
+/// Acknowledge delivery outcomes. Idempotent: an ack for an older attempt or a finished
+/// task changes nothing (`stale`); a repeated ack is `duplicate`.
+#[utoipa::path(post, path = "/v1/agent/acks", tag = "store agent", request_body = AcksIn,
+    security(("agent" = [])),
+    responses((status = 200, body = AckResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn acks(
+    State(st): State<AppState>,
+    AgentAuth(who): AgentAuth,
+    JsonBody(req): JsonBody<AcksIn>,
+) -> Result<Json<AckResults>, ApiError> {
+    if req.acks.len() > 1000 {
+        return Err(ApiError::invalid("acks: at most 1000 per request"));
+    }
+    let agent_id = req.agent_id.clone().unwrap_or_else(|| "unknown".into());
+    validate_id("agent_id", &agent_id)?;
+    let mut acks = Vec::with_capacity(req.acks.len());
+    for (i, a) in req.acks.iter().enumerate() {
+        let outcome = Outcome::parse(&a.outcome).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "acks[{i}].outcome: unknown outcome {:?}; one of {}",
+                a.outcome,
+                Outcome::ALL.map(Outcome::as_str).join(", ")
+            ))
+        })?;
+        acks.push(AckIn {
+            task_id: a.task_id.clone(),
+            attempt: a.attempt,
+            outcome,
+            detail: a.detail.clone().unwrap_or_default().chars().take(500).collect(),
+        });
+    }
+    let ids: Vec<String> = acks.iter().map(|a| a.task_id.clone()).collect();
+    let results = st.dispatcher.ack(&who, &agent_id, acks).await.map_err(|e| match e {
+        onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
+    })?;
+    Ok(Json(AckResults {
+        results: ids
+            .into_iter()
+            .zip(results)
+            .map(|(task_id, r)| AckResultOut { task_id, result: r.as_str().to_owned() })
+            .collect(),
+    }))
+}

@@ -1,0 +1,310 @@
+//! Delivery: compare-and-set transitions (one or a batch), printer lanes, due tasks and
+//! printer health, for PostgreSQL.
+//!
+//! The one-in-flight-per-printer rule (R23) is the partial unique index
+//! `tasks_one_in_flight_per_printer`. A transition to `sent` that collides with it fails
+//! with a unique violation, which here is an answer (`false`, nothing written), not an
+//! error. Against a concurrent transaction that has put another task of the printer into
+//! `sent` but not committed yet, PostgreSQL makes the second one wait and then decides:
+//! a unique violation if the first commits, success if it rolls back. So two engines can
+//! never both hand a printer a task.
+//!
+//! A batch of transitions runs in one transaction, its statements pipelined over the one
+//! connection: every change is sent up front, and the answers are read afterwards. A
+//! violation would abort the whole transaction, so each change to `sent` (the only kind
+//! that can collide) runs under a savepoint. When one is refused, everything sent after it
+//! has failed too (the transaction is aborted), so the store rolls back to the savepoint
+//! and pipelines the rest again. A batch costs three round trips (begin, the pipeline,
+//! commit) plus one per refused change.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use onceprint_core::{Millis, TaskState};
+use onceprint_store::{PrinterStatusUpdate, StoreResult, Task, Transition};
+use tokio_postgres::types::ToSql;
+
+use crate::error::{pg_error, violation, Violation};
+use crate::rows::{self, TASK_COLUMNS};
+
+/// The partial unique index behind the one-in-flight-per-printer rule.
+const ONE_IN_FLIGHT: &str = "tasks_one_in_flight_per_printer";
+
+/// One statement, hence atomic on its own: the compare-and-set update and its audit event.
+/// When the update matches no row, the event insert reads nothing from it and writes
+/// nothing; the statement returns a row exactly when the change applied.
+const TRANSITION: &str = "
+WITH moved AS (
+    UPDATE tasks
+    SET state = $2::text, attempts = $5, last_error = $6, next_attempt_at = $7, updated_at = $8::int8,
+        printed_at = CASE WHEN $2::text = 'printed' THEN $8::int8 ELSE printed_at END,
+        sent_to = $11, sent_session = $12
+    WHERE id = $1 AND state = $3::text AND attempts = $4
+    RETURNING id
+)
+INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
+SELECT id, $8::int8, $3::text, $2::text, $5, $9, $10 FROM moved
+RETURNING id";
+
+/// The savepoint a change to `sent` runs under inside a batch. Only one is ever open: the
+/// next change to `sent` releases it (keeping its work) and sets a new one.
+const SAVEPOINT: &str = "SAVEPOINT one_in_flight";
+const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT one_in_flight; SAVEPOINT one_in_flight";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT one_in_flight";
+
+/// For each printer of the store, its first active task by (priority, id): one index
+/// probe of `tasks_lane` per printer. The state list repeats the index predicate
+/// literally, which is what lets the planner use the partial index.
+const LANE_HEADS: &str = "
+SELECT head.*
+FROM printers p
+CROSS JOIN LATERAL (
+    SELECT {cols}
+    FROM tasks
+    WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
+    ORDER BY priority, id
+    LIMIT 1
+) AS head
+WHERE p.tenant_id = $1 AND p.store_id = $2
+ORDER BY p.id";
+
+/// Through the (state, next_attempt_at) index.
+const DUE_TASKS: &str = "
+SELECT {cols} FROM tasks
+WHERE state = $1 AND next_attempt_at <= $2
+ORDER BY next_attempt_at
+LIMIT $3";
+
+/// All updates in one statement (one transaction). The printer rows are locked first in
+/// key order, so two concurrent reports naming the same printers cannot deadlock; `FOR
+/// NO KEY UPDATE` is the lock the update takes anyway and, unlike `FOR UPDATE`, does not
+/// block intake, whose foreign-key checks share-lock the same rows.
+const UPDATE_PRINTER_STATUS: &str = "
+WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::int8[], $5::text[])
+        AS u(tenant_id, printer_id, online, seen_at, last_error)
+),
+locked AS MATERIALIZED (
+    SELECT p.tenant_id, p.id
+    FROM printers p JOIN u ON p.tenant_id = u.tenant_id AND p.id = u.printer_id
+    ORDER BY p.tenant_id, p.id
+    FOR NO KEY UPDATE OF p
+)
+UPDATE printers p
+SET online = u.online, last_seen_at = u.seen_at, last_error = u.last_error
+FROM u JOIN locked l ON l.tenant_id = u.tenant_id AND l.id = u.printer_id
+WHERE p.tenant_id = l.tenant_id AND p.id = l.id";
+
+/// The parameters of [`TRANSITION`] for one change.
+struct Params<'a> {
+    change: &'a Transition,
+    to: &'static str,
+    from: &'static str,
+}
+
+impl<'a> Params<'a> {
+    fn new(change: &'a Transition) -> Params<'a> {
+        Params { change, to: change.to.as_str(), from: change.from.as_str() }
+    }
+
+    fn values(&self) -> [&(dyn ToSql + Sync); 12] {
+        let c = self.change;
+        [
+            &c.task_id,
+            &self.to,
+            &self.from,
+            &c.expected_attempts,
+            &c.attempts,
+            &c.last_error,
+            &c.next_attempt_at,
+            &c.now,
+            &c.actor,
+            &c.reason,
+            &c.sent_to,
+            &c.sent_session,
+        ]
+    }
+}
+
+/// Whether a failed transition was refused by the one-in-flight index.
+fn refused_in_flight(e: &tokio_postgres::Error) -> bool {
+    matches!(violation(e), Some(Violation::Unique(ONE_IN_FLIGHT)))
+}
+
+pub(crate) async fn transition(client: &deadpool_postgres::Client, change: &Transition) -> StoreResult<bool> {
+    let stmt = client.prepare_cached(TRANSITION).await.map_err(pg_error)?;
+    // A single statement is its own transaction: when the index refuses the update, the
+    // statement is rolled back whole and no event is written.
+    match client.query(&stmt, &Params::new(change).values()).await {
+        Ok(rows) => Ok(!rows.is_empty()),
+        Err(e) if refused_in_flight(&e) => Ok(false),
+        Err(e) => Err(pg_error(e)),
+    }
+}
+
+/// One request of a pipeline and what its answer means.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Setting (or moving) the savepoint before a change to `sent`.
+    Savepoint,
+    /// The transition of `changes[i]`.
+    Change(usize),
+}
+
+type Answer<'a> = Pin<Box<dyn Future<Output = Result<Option<bool>, tokio_postgres::Error>> + Send + 'a>>;
+
+pub(crate) async fn apply_transitions(
+    client: &mut deadpool_postgres::Client,
+    changes: &[Transition],
+) -> StoreResult<Vec<bool>> {
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tx = client.transaction().await.map_err(pg_error)?;
+    let stmt = tx.prepare_cached(TRANSITION).await.map_err(pg_error)?;
+    let params: Vec<Params<'_>> = changes.iter().map(Params::new).collect();
+
+    let mut applied = Vec::with_capacity(changes.len());
+    // Every round after the first starts right after a refusal, with the savepoint set.
+    let mut savepoint_set = false;
+    while applied.len() < changes.len() {
+        let start = applied.len();
+        let mut steps = Vec::with_capacity(2 * (changes.len() - start));
+        let mut answers: Vec<Answer<'_>> = Vec::with_capacity(2 * (changes.len() - start));
+        let (tx, stmt) = (&tx, &stmt);
+        for (i, p) in params.iter().enumerate().skip(start) {
+            if p.change.to == TaskState::Sent {
+                let sql = if savepoint_set { NEXT_SAVEPOINT } else { SAVEPOINT };
+                savepoint_set = true;
+                steps.push(Step::Savepoint);
+                answers.push(Box::pin(async move { tx.batch_execute(sql).await.map(|()| None) }));
+            }
+            steps.push(Step::Change(i));
+            answers.push(Box::pin(async move {
+                let values = p.values();
+                tx.query(stmt, &values).await.map(|rows| Some(!rows.is_empty()))
+            }));
+        }
+        // The answers come in the order the requests were sent. After the first failure
+        // the transaction is aborted and every later request fails as well, so only the
+        // answers up to the first failure mean anything.
+        for (step, answer) in steps.into_iter().zip(join_all(answers).await) {
+            match (step, answer) {
+                (_, Ok(None)) => {}
+                (_, Ok(Some(done))) => applied.push(done),
+                (Step::Change(i), Err(e)) if changes[i].to == TaskState::Sent && refused_in_flight(&e) => {
+                    // The savepoint was set right before this change: undo just it.
+                    tx.batch_execute(ROLLBACK_TO_SAVEPOINT).await.map_err(pg_error)?;
+                    applied.push(false);
+                    break;
+                }
+                // Dropping the transaction rolls all of it back.
+                (_, Err(e)) => return Err(pg_error(e)),
+            }
+        }
+    }
+    tx.commit().await.map_err(pg_error)?;
+    Ok(applied)
+}
+
+/// Polls every future until all are done, each first in the order given, so that requests
+/// on one connection are sent in that order and pipelined. (A tiny `join_all`, to avoid a
+/// dependency for it.)
+async fn join_all<F: Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match Pin::new(future).poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+pub(crate) async fn lane_heads(
+    client: &deadpool_postgres::Client,
+    tenant_id: &str,
+    store_id: &str,
+) -> StoreResult<Vec<Task>> {
+    let stmt = client.prepare_cached(&LANE_HEADS.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[&tenant_id, &store_id]).await.map_err(pg_error)?;
+    found.iter().map(rows::task).collect()
+}
+
+pub(crate) async fn due_tasks(
+    client: &deadpool_postgres::Client,
+    state: TaskState,
+    now: Millis,
+    limit: i64,
+) -> StoreResult<Vec<Task>> {
+    let stmt = client.prepare_cached(&DUE_TASKS.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[&state.as_str(), &now, &limit.max(0)]).await.map_err(pg_error)?;
+    found.iter().map(rows::task).collect()
+}
+
+pub(crate) async fn update_printer_status(
+    client: &deadpool_postgres::Client,
+    updates: &[PrinterStatusUpdate],
+) -> StoreResult<()> {
+    // One row per printer: when a printer is named twice, the later report wins, as if
+    // they were applied one after the other.
+    let mut seen_printers = HashSet::with_capacity(updates.len());
+    let last: Vec<&PrinterStatusUpdate> =
+        updates.iter().rev().filter(|u| seen_printers.insert((u.tenant_id.as_str(), u.printer_id.as_str()))).collect();
+    if last.is_empty() {
+        return Ok(());
+    }
+    let tenants: Vec<&str> = last.iter().map(|u| u.tenant_id.as_str()).collect();
+    let printers: Vec<&str> = last.iter().map(|u| u.printer_id.as_str()).collect();
+    let online: Vec<bool> = last.iter().map(|u| u.online).collect();
+    let seen: Vec<Millis> = last.iter().map(|u| u.now).collect();
+    let errors: Vec<Option<&str>> = last.iter().map(|u| u.last_error.as_deref()).collect();
+    let stmt = client.prepare_cached(UPDATE_PRINTER_STATUS).await.map_err(pg_error)?;
+    client.execute(&stmt, &[&tenants, &printers, &online, &seen, &errors]).await.map_err(pg_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of `sql` as text, on a connection that avoids sequential and bitmap scans
+    /// whenever it can (the test tables are tiny), so that what remains shows whether an
+    /// index can serve the query at all.
+    async fn plan(url: &str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> String {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").await.unwrap();
+        let lines = client.query(&format!("EXPLAIN {sql}"), params).await.unwrap();
+        lines.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+    }
+
+    #[tokio::test]
+    async fn lanes_and_due_tasks_are_read_in_order_from_their_indexes() {
+        let Some(h) = crate::testing::fresh_store().await else {
+            return;
+        };
+        let lanes = plan(&h.url, &LANE_HEADS.replace("{cols}", TASK_COLUMNS), &[&"acme", &"s1"]).await;
+        assert!(lanes.contains("using tasks_lane on tasks"), "{lanes}");
+        assert!(!lanes.contains("Sort"), "the lane order must come from the index:\n{lanes}");
+
+        let due = DUE_TASKS.replace("{cols}", TASK_COLUMNS);
+        let due = plan(&h.url, &due, &[&"retrying", &0i64, &10i64]).await;
+        assert!(due.contains("using tasks_state_next_attempt_idx on tasks"), "{due}");
+        assert!(!due.contains("Sort"), "{due}");
+        drop(h);
+    }
+}
