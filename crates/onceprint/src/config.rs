@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use onceprint_core::{ContentLimits, PolicyTable, PrintTypePolicy};
-use onceprint_engine::IntakeConfig;
+use onceprint_engine::{DeliveryConfig, IntakeConfig};
 use onceprint_server::HttpConfig;
 use onceprint_store::GroupCommitConfig;
 use serde::Deserialize;
@@ -51,6 +51,13 @@ pub struct FileConfig {
     pub postgres_pool_size: Option<usize>,
     /// Ledger amount charged per accepted task (default 1).
     pub charge_per_task: Option<i64>,
+    /// A delivery not acknowledged after this long is offered again to the same agent
+    /// (default 30000).
+    pub redeliver_after_ms: Option<i64>,
+    /// An agent that has not polled for this long counts as gone (default 60000).
+    pub agent_gone_after_ms: Option<i64>,
+    /// How often the sweeper runs (default 1000).
+    pub sweep_interval_ms: Option<u64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
 }
@@ -109,6 +116,15 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 gate_capacity: file.gate_capacity.unwrap_or(200_000),
                 group_commit,
                 charge: file.charge_per_task.unwrap_or(1),
+            },
+            delivery: {
+                let d = DeliveryConfig::default();
+                DeliveryConfig {
+                    redeliver_after_ms: file.redeliver_after_ms.unwrap_or(d.redeliver_after_ms).max(100),
+                    agent_gone_after_ms: file.agent_gone_after_ms.unwrap_or(d.agent_gone_after_ms).max(100),
+                    sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
+                    recheck_ms: d.recheck_ms,
+                }
             },
         },
     })

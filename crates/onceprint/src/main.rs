@@ -28,6 +28,10 @@ struct Cli {
 enum Command {
     /// Run the broker: HTTP API (and, with later work, dispatcher and sweeper).
     Serve(config::ServeArgs),
+    /// The store agent: pulls deliveries for its store's printers, prints, acknowledges.
+    Agent(onceprint_agent::AgentArgs),
+    /// A simulated ESC/POS network printer (or several) with a paper log and faults.
+    PrinterSim(onceprint_printer_sim::SimArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -165,6 +169,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
+            Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,
         }
     })

@@ -1,0 +1,188 @@
+//! The agent's main loop: start-up, long polling with backoff, and graceful shutdown.
+
+use crate::acks::run_ack_sender;
+use crate::backoff::Backoff;
+use crate::broker::{BrokerClient, BrokerError};
+use crate::journal::Journal;
+use crate::printer::DriverConfig;
+use crate::protocol::PollRequest;
+use crate::state_dir::StateDir;
+use crate::worker::{Dispatcher, WorkerContext};
+use crate::{AgentArgs, AgentError};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// How long shutdown waits for the last acks to reach the broker. Unsent acks are not
+/// lost work: the broker redelivers those tasks and the journal answers them.
+const ACK_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An empty poll answer faster than this means the broker is not long-polling (an old or
+/// misconfigured broker); pausing keeps the agent from spinning on it.
+const MIN_EMPTY_POLL: Duration = Duration::from_millis(250);
+
+/// Runs the store agent until `shutdown` completes, then stops polling, lets the prints in
+/// flight finish, flushes the acks (bounded) and the journal, and returns `Ok`. Errors are
+/// returned only for problems at start-up (bad arguments, unusable state directory,
+/// damaged journal) and for a journal that fails to flush at the end; the broker being
+/// unreachable is never an error, the agent keeps trying.
+pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AgentError> {
+    let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
+    let client = BrokerClient::new(&args.server, args.token.as_str(), connect_timeout)
+        .map_err(|reason| AgentError::Server { url: args.server.clone(), reason })?;
+
+    // Opening the state directory and reading the journal is blocking file IO.
+    let state_path = args.state_dir.clone();
+    let given_id = args.agent_id.clone();
+    let capacity = usize::try_from(args.journal_size).unwrap_or(usize::MAX);
+    let (state, agent_id, journal) = tokio::task::spawn_blocking(move || -> Result<_, AgentError> {
+        let state = StateDir::open(&state_path)?;
+        let agent_id = state.agent_id(given_id.as_deref())?;
+        let journal = Journal::open(state.path(), capacity)?;
+        Ok((state, agent_id, journal))
+    })
+    .await
+    .map_err(|e| AgentError::Internal(format!("start-up task: {e}")))??;
+    let journal = Arc::new(journal);
+    tracing::info!(
+        agent_id = %agent_id,
+        server = %args.server,
+        state_dir = %state.path().display(),
+        journal_task_ids = journal.len(),
+        no_printed_ack = ?args.no_printed_ack,
+        "store agent started"
+    );
+
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let unsent_acks = Arc::new(AtomicUsize::new(0));
+    let mut ack_task = tokio::spawn(run_ack_sender(client.clone(), ack_rx, unsent_acks.clone()));
+
+    let (stopping_tx, stopping_rx) = watch::channel(false);
+    let driver = DriverConfig {
+        connect_timeout,
+        status_timeout: connect_timeout,
+        print_timeout: Duration::from_millis(args.print_timeout_ms),
+    };
+    let mut dispatcher = Dispatcher::new(WorkerContext {
+        journal: journal.clone(),
+        driver,
+        no_printed_ack: args.no_printed_ack.iter().cloned().collect(),
+        acks: ack_tx,
+        stopping: stopping_rx,
+    });
+
+    let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
+    poll_loop(&client, &agent_id, args.poll_wait_ms, max, &mut dispatcher, shutdown).await;
+
+    // Shutdown: no new deliveries are taken; queued ones are left for the broker to
+    // redeliver (to this agent id, whose journal then answers); the job each printer is
+    // printing now runs to its end, which its timeouts bound.
+    tracing::info!("shutting down: no new deliveries; letting prints in flight finish");
+    let _ = stopping_tx.send(true);
+    dispatcher.finish().await;
+
+    // Every worker is gone, so the ack queue is closed and the sender stops once it is
+    // empty.
+    match tokio::time::timeout(ACK_FLUSH_TIMEOUT, &mut ack_task).await {
+        Ok(Ok(())) => tracing::info!("all acks delivered"),
+        Ok(Err(e)) => tracing::error!(error = %e, "the ack sender ended abnormally"),
+        Err(_) => {
+            ack_task.abort();
+            tracing::warn!(
+                unsent = unsent_acks.load(Ordering::Relaxed),
+                "the broker did not take the last acks in time; it will redeliver those tasks \
+                 and the journal will answer them without printing"
+            );
+        }
+    }
+
+    journal.close().await?;
+    drop(state);
+    tracing::info!("store agent stopped");
+    Ok(())
+}
+
+async fn poll_loop(
+    client: &BrokerClient,
+    agent_id: &str,
+    wait_ms: u64,
+    max: usize,
+    dispatcher: &mut Dispatcher,
+    shutdown: impl Future<Output = ()>,
+) {
+    let capacity = Arc::new(Semaphore::new(max));
+    let mut backoff = Backoff::default();
+    tokio::pin!(shutdown);
+    loop {
+        // Take as much capacity as is free, waiting for at least one slot: the broker marks
+        // what it hands out as sent, so the agent asks only for what it can start soon.
+        let mut permits = tokio::select! {
+            _ = &mut shutdown => return,
+            p = capacity.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                // The semaphore is never closed; should it be, there is nothing to poll for.
+                Err(_) => return,
+            },
+        };
+        let free = capacity.available_permits().min(max - 1);
+        if free > 0 {
+            if let Ok(more) = capacity.clone().try_acquire_many_owned(free as u32) {
+                permits.merge(more);
+            }
+        }
+        let req = PollRequest { agent_id: agent_id.to_owned(), wait_ms, max: permits.num_permits() };
+        let began = Instant::now();
+        // Dropping an unanswered poll at shutdown may leave deliveries the broker already
+        // handed out unread; they stay unconfirmed and come back to this agent id (R19).
+        let answer = tokio::select! {
+            _ = &mut shutdown => return,
+            a = client.poll(&req) => a,
+        };
+        let pause = match answer {
+            Ok(deliveries) => {
+                if backoff.failures() > 0 {
+                    tracing::info!("the broker is reachable again");
+                }
+                backoff.reset();
+                let empty = deliveries.is_empty();
+                for d in deliveries {
+                    tracing::info!(
+                        task_id = %d.task_id,
+                        attempt = d.attempt,
+                        printer_id = %d.printer_id,
+                        idempotency_key = %d.idempotency_key,
+                        "delivery received"
+                    );
+                    let permit = if permits.num_permits() > 0 { permits.split(1) } else { None };
+                    dispatcher.dispatch(d, permit);
+                }
+                drop(permits);
+                if empty && began.elapsed() < MIN_EMPTY_POLL {
+                    Some(MIN_EMPTY_POLL)
+                } else {
+                    None
+                }
+            }
+            Err(e) => {
+                drop(permits);
+                let delay = e.retry_delay(&mut backoff);
+                let delay_ms = delay.as_millis() as u64;
+                match &e {
+                    BrokerError::Unauthorized => tracing::error!(error = %e, delay_ms, "poll refused"),
+                    _ => {
+                        tracing::warn!(error = %e, delay_ms, failures = backoff.failures(), "poll failed; backing off")
+                    }
+                }
+                Some(delay)
+            }
+        };
+        if let Some(pause) = pause {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}

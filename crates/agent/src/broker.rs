@@ -1,0 +1,212 @@
+//! The HTTP client for the broker's agent endpoints. Outbound requests only, so the agent
+//! works from behind NAT and store firewalls.
+
+use crate::backoff::Backoff;
+use crate::protocol::{Ack, AckResult, AcksRequest, AcksResponse, Delivery, PollRequest, PollResponse};
+use reqwest::header::RETRY_AFTER;
+use reqwest::{StatusCode, Url};
+use std::error::Error as _;
+use std::time::Duration;
+
+/// How long an ack POST may take before it is treated as failed and retried.
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Slack on top of the long-poll wait before the poll request is given up.
+const POLL_SLACK: Duration = Duration::from_secs(10);
+/// The wait after a 401: the token is wrong now but may be re-issued; asking every few
+/// hundred milliseconds would only fill the broker's log.
+const UNAUTHORIZED_WAIT: Duration = Duration::from_secs(60);
+/// Bounds on a Retry-After we obey: one bogus header must neither silence a store for
+/// hours nor (with `0`) turn the agent into a tight loop against a broker that is already
+/// overloaded.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+const MIN_RETRY_AFTER: Duration = Duration::from_millis(250);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("cannot reach the broker: {0}")]
+    Transport(String),
+    #[error(
+        "the broker refused the agent token (401): check --token; a store's token is issued \
+         with POST /v1/stores/{{id}}/agent-tokens"
+    )]
+    Unauthorized,
+    #[error("the broker asks to slow down (429)")]
+    RateLimited { retry_after: Option<Duration> },
+    #[error("the broker answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("the broker's answer could not be read: {0}")]
+    Decode(String),
+}
+
+impl BrokerError {
+    /// How long to wait before the next try after this error (R21): exponential backoff
+    /// for network errors and 5xx, what the broker said for 429, a slow fixed pace for 401.
+    pub fn retry_delay(&self, backoff: &mut Backoff) -> Duration {
+        match self {
+            BrokerError::Unauthorized => UNAUTHORIZED_WAIT,
+            BrokerError::RateLimited { retry_after: Some(d) } => (*d).clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER),
+            _ => backoff.next_delay(),
+        }
+    }
+}
+
+fn transport(e: reqwest::Error) -> BrokerError {
+    // reqwest's own message is only "error sending request for url"; the cause (refused,
+    // reset, timed out) is further down the chain and is what an operator needs.
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    BrokerError::Transport(msg)
+}
+
+/// A client for one broker with one agent token.
+#[derive(Clone)]
+pub struct BrokerClient {
+    http: reqwest::Client,
+    poll_url: Url,
+    acks_url: Url,
+    token: String,
+}
+
+impl std::fmt::Debug for BrokerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerClient").field("poll_url", &self.poll_url).finish_non_exhaustive()
+    }
+}
+
+impl BrokerClient {
+    /// `server` is the broker's base URL (`http://HOST:PORT`, optionally with a path prefix).
+    /// Returns a human-readable reason when it is unusable.
+    pub fn new(server: &str, token: &str, connect_timeout: Duration) -> Result<BrokerClient, String> {
+        let base = server.trim_end_matches('/');
+        let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| e.to_string());
+        let poll_url = parse("/v1/agent/poll")?;
+        let acks_url = parse("/v1/agent/acks")?;
+        match poll_url.scheme() {
+            "http" => {}
+            "https" => {
+                return Err("https is not built into this agent (it is compiled without TLS); \
+                            put it next to the broker or behind a local TLS-terminating proxy \
+                            and use http://"
+                    .into())
+            }
+            other => return Err(format!("unsupported scheme {other:?}; use http://HOST:PORT")),
+        }
+        if token.is_empty() {
+            return Err("the agent token is empty".into());
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .user_agent(concat!("onceprint-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(BrokerClient { http, poll_url, acks_url, token: token.to_owned() })
+    }
+
+    /// Long-polls for deliveries: the broker answers as soon as work exists or after
+    /// `wait_ms`.
+    pub async fn poll(&self, req: &PollRequest) -> Result<Vec<Delivery>, BrokerError> {
+        let timeout = Duration::from_millis(req.wait_ms) + POLL_SLACK;
+        let resp = self
+            .http
+            .post(self.poll_url.clone())
+            .bearer_auth(&self.token)
+            .timeout(timeout)
+            .json(req)
+            .send()
+            .await
+            .map_err(transport)?;
+        let resp = check(resp).await?;
+        let body: PollResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
+        Ok(body.deliveries)
+    }
+
+    /// Sends acknowledgements; `Ok` means the broker has taken them (200).
+    pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
+        let body = AcksRequest { acks: acks.to_vec() };
+        let resp = self
+            .http
+            .post(self.acks_url.clone())
+            .bearer_auth(&self.token)
+            .timeout(ACK_TIMEOUT)
+            .json(&body)
+            .send()
+            .await
+            .map_err(transport)?;
+        let resp = check(resp).await?;
+        // The acks are applied once the broker answered 200; an unreadable body only
+        // costs the per-ack verdicts in the log, so it is not a reason to send again.
+        match resp.json::<AcksResponse>().await {
+            Ok(r) => Ok(r.results),
+            Err(e) => {
+                tracing::warn!(error = %e, "the broker took the acks but its answer could not be read");
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError> {
+    let status = resp.status();
+    if status == StatusCode::OK {
+        return Ok(resp);
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        return Err(BrokerError::Unauthorized);
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        return Err(BrokerError::RateLimited { retry_after });
+    }
+    let mut body = resp.text().await.unwrap_or_default();
+    if body.len() > 500 {
+        let mut cut = 500;
+        while !body.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        body.truncate(cut);
+        body.push('…');
+    }
+    Err(BrokerError::Status { status: status.as_u16(), body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_follow_r21() {
+        let mut b = Backoff::default();
+        let told = BrokerError::RateLimited { retry_after: Some(Duration::from_secs(7)) };
+        assert_eq!(told.retry_delay(&mut b), Duration::from_secs(7));
+        let zero = BrokerError::RateLimited { retry_after: Some(Duration::ZERO) };
+        assert_eq!(zero.retry_delay(&mut b), MIN_RETRY_AFTER);
+        let huge = BrokerError::RateLimited { retry_after: Some(Duration::from_secs(86_400)) };
+        assert_eq!(huge.retry_delay(&mut b), MAX_RETRY_AFTER);
+        assert_eq!(BrokerError::Unauthorized.retry_delay(&mut b), UNAUTHORIZED_WAIT);
+        assert_eq!(b.failures(), 0, "told waits do not grow the backoff");
+        let down = BrokerError::Transport("refused".into());
+        assert!(down.retry_delay(&mut b) <= Duration::from_millis(500));
+        assert!(down.retry_delay(&mut b) <= Duration::from_secs(1));
+        assert_eq!(b.failures(), 2);
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_accepted() {
+        let t = Duration::from_secs(1);
+        assert!(BrokerClient::new("http://127.0.0.1:8080", "tok", t).is_ok());
+        assert!(BrokerClient::new("http://broker.local/onceprint/", "tok", t).is_ok());
+        assert!(BrokerClient::new("https://broker.example", "tok", t).is_err_and(|e| e.contains("TLS")));
+        assert!(BrokerClient::new("broker:8080", "tok", t).is_err());
+        assert!(BrokerClient::new("http://127.0.0.1:8080", "", t).is_err());
+    }
+}

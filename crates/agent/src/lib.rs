@@ -1,0 +1,148 @@
+//! The onceprint store agent (`onceprint agent`).
+//!
+//! This crate owns the device side of printing: it long-polls the broker for the
+//! deliveries of its store's printers (outbound HTTP only, so it works behind NAT),
+//! prints each to a raw TCP 9100 ESC/POS printer through one worker per printer (one job
+//! at a time per printer, in arrival order: R23), keeps the durable journal of the last N
+//! task ids in its state directory (R20), and acknowledges every outcome through one
+//! batching ack sender that retries until the broker has taken the ack (R21, R22).
+//!
+//! It must never print a task id a second time once it may have printed it. The journal
+//! makes `started` durable before the first byte goes to a printer and `printed` durable
+//! before the ack, so after a crash, power loss or lost ack: a task the journal says was
+//! printed is acknowledged `printed` without printing; one that was started but cannot be
+//! proven finished is acknowledged `in_doubt` and left to a person; and a job whose
+//! connection breaks between sending and the printer's confirmation is `in_doubt`, never
+//! retried by the agent. "Printed" means the printer's own `GS ( H` process-id reply,
+//! never "the TCP write succeeded" (R9).
+//!
+//! Printers that ignore `GS ( H` can be listed with `--no-printed-ack`; they are confirmed
+//! by a real-time status check after the job instead. That is weaker: it shows the printer
+//! is online and has no blocker after the job reached it, not that this job came out of
+//! it. Use it only for printers known not to answer `GS ( H`; without it such a printer's
+//! every job ends `in_doubt` after `--print-timeout-ms`.
+//!
+//! It must also never decide anything that belongs to the broker (retries, failover,
+//! reprints): an outcome is reported and the broker's engine decides what follows. The
+//! ESC/POS bytes and their meaning come from `onceprint-escpos`.
+
+#![deny(unsafe_code)]
+
+mod acks;
+mod agent;
+pub mod backoff;
+pub mod broker;
+mod fsutil;
+pub mod journal;
+pub mod printer;
+pub mod protocol;
+mod state_dir;
+mod worker;
+
+pub use agent::run;
+pub use journal::{Journal, JournalError, Record, RecordState};
+pub use protocol::{Ack, Delivery, Outcome};
+pub use worker::{ALREADY_IN_DOUBT, ALREADY_PRINTED, STARTED_BEFORE_CRASH};
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// `onceprint agent` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// The broker's base URL, e.g. http://broker.example:8080.
+    #[arg(long, env = "ONCEPRINT_SERVER", value_name = "URL")]
+    pub server: String,
+
+    /// The store's agent token (from POST /v1/stores/{id}/agent-tokens).
+    #[arg(long, env = "ONCEPRINT_AGENT_TOKEN", value_name = "AGENT_TOKEN", hide_env_values = true)]
+    pub token: AgentToken,
+
+    /// Directory for the journal, the agent id and the lock; created if missing.
+    #[arg(long, env = "ONCEPRINT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: PathBuf,
+
+    /// This agent's id towards the broker. Default: a random id generated once and kept
+    /// in the state directory, so a restarted agent gets its unconfirmed deliveries back.
+    #[arg(long, env = "ONCEPRINT_AGENT_ID", value_name = "ID")]
+    pub agent_id: Option<String>,
+
+    /// How many task ids the journal remembers.
+    #[arg(long, default_value_t = 100_000, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub journal_size: u64,
+
+    /// How long one long poll may wait for work, in milliseconds.
+    #[arg(long, default_value_t = 25_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=300_000))]
+    pub poll_wait_ms: u64,
+
+    /// At most this many deliveries are in the agent (queued or printing) at once.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_deliveries: u64,
+
+    /// How long to wait for a printer's GS ( H reply after sending a job, in milliseconds.
+    #[arg(long, default_value_t = 15_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub print_timeout_ms: u64,
+
+    /// Timeout for connecting to a printer and for each status answer, in milliseconds.
+    #[arg(long, default_value_t = 3_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub connect_timeout_ms: u64,
+
+    /// A printer that does not answer GS ( H (many clones): confirm its jobs by a status
+    /// check after sending instead. Weaker; repeat for several printers.
+    #[arg(long = "no-printed-ack", value_name = "PRINTER_ID")]
+    pub no_printed_ack: Vec<String>,
+}
+
+/// The agent token; its `Debug` output is redacted so that logging the arguments never
+/// leaks it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentToken(pub String);
+
+impl AgentToken {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for AgentToken {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(AgentToken(s.to_owned()))
+    }
+}
+
+impl fmt::Debug for AgentToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AgentToken(<redacted>)")
+    }
+}
+
+impl From<&str> for AgentToken {
+    fn from(s: &str) -> Self {
+        AgentToken(s.to_owned())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("--server {url:?}: {reason}")]
+    Server { url: String, reason: String },
+    #[error("agent id {0:?}: ids are 1-64 characters of A-Za-z0-9._:-")]
+    AgentId(String),
+    #[error("agent id file {path}: {reason}; fix or remove it (removing it makes this a new agent to the broker)")]
+    AgentIdFile { path: PathBuf, reason: String },
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state directory {0} is in use by another agent process (one agent per state directory)")]
+    Locked(PathBuf),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("the agent failed internally: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,424 @@
+//! Printing one job to a raw TCP 9100 ESC/POS printer, with the journal writes that make
+//! it safe to crash at any point.
+//!
+//! The sequence is fixed: connect; ask `DLE EOT 1, 2, 4` and refuse to send anything to a
+//! printer that reports a blocker; make `started` durable; send the job followed by
+//! `GS ( H` with a process id unique to this attempt; wait for the matching
+//! `37 22 id 00`. Only that reply proves the printer processed the job, so only then is
+//! `printed` journaled. Every failure before `started` is a recoverable outcome (nothing
+//! was sent); every failure after it is `in_doubt`, because some or all of the job may be
+//! on paper and sending it again could print a second copy.
+//!
+//! Printers that ignore `GS ( H` ("clones") are confirmed by a status check after sending
+//! instead ([`Confirmation::StatusOnly`]). That is weaker: a real-time status answer says
+//! the printer is online and has no blocker, not that this job came out of it, and a job
+//! cut short by a power cut of the printer after the status answer is not noticed.
+
+use crate::journal::{Journal, Record, RecordState};
+use crate::protocol::Outcome;
+use onceprint_escpos::{ack, status};
+use status::PrinterStatus;
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+/// The detail of a printed ack for a printer confirmed by status only.
+pub const STATUS_ONLY_DETAIL: &str = "confirmed by status only (printer does not support GS ( H)";
+
+/// The real-time status requests asked before (and, for clones, after) a job.
+const STATUS_REQUESTS: [u8; 3] = [1, 2, 4];
+
+/// `tcp://HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterAddress {
+    pub host: String,
+    pub port: u16,
+}
+
+impl FromStr for PrinterAddress {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let rest =
+            s.strip_prefix("tcp://").ok_or_else(|| format!("printer address {s:?} does not start with tcp://"))?;
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| format!("printer address {s:?}: unclosed '['"))?;
+            let port = after.strip_prefix(':').ok_or_else(|| format!("printer address {s:?} has no port"))?;
+            (host, port)
+        } else {
+            rest.rsplit_once(':').ok_or_else(|| format!("printer address {s:?} has no port"))?
+        };
+        if host.is_empty() {
+            return Err(format!("printer address {s:?} has no host"));
+        }
+        let port: u16 = port.parse().map_err(|_| format!("printer address {s:?}: bad port {port:?}"))?;
+        if port == 0 {
+            return Err(format!("printer address {s:?}: port 0"));
+        }
+        Ok(PrinterAddress { host: host.to_owned(), port })
+    }
+}
+
+impl fmt::Display for PrinterAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "tcp://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "tcp://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Timeouts of one print.
+#[derive(Debug, Clone, Copy)]
+pub struct DriverConfig {
+    /// TCP connect (including name resolution).
+    pub connect_timeout: Duration,
+    /// The answer to one `DLE EOT n`.
+    pub status_timeout: Duration,
+    /// Sending the job and receiving the `GS ( H` reply (or the status after a job).
+    pub print_timeout: Duration,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            connect_timeout: Duration::from_secs(3),
+            status_timeout: Duration::from_secs(3),
+            print_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// How the end of a job is confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmation {
+    /// `GS ( H` process id reply: the printer's own statement that it processed the job.
+    ProcessId,
+    /// A real-time status check after sending, for printers that ignore `GS ( H`. Weaker;
+    /// see the module doc.
+    StatusOnly,
+}
+
+/// One attempt to print.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    pub task_id: &'a str,
+    pub attempt: u32,
+    pub data: &'a [u8],
+    /// Must differ from the ids of other recent jobs on the same printer.
+    pub process_id: [u8; 4],
+}
+
+/// What became of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+impl Finished {
+    fn new(outcome: Outcome, detail: impl Into<String>) -> Finished {
+        Finished { outcome, detail: detail.into() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("cannot connect to {address}: {source}")]
+    Connect { address: String, source: io::Error },
+    #[error("connecting to {address} timed out after {ms} ms")]
+    ConnectTimeout { address: String, ms: u128 },
+    #[error("{0}")]
+    Timeout(String),
+    #[error("the printer closed the connection")]
+    Closed,
+    #[error("connection to the printer failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A connection to a printer with the bytes it sent that were not consumed yet.
+pub struct PrinterConnection {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl PrinterConnection {
+    pub async fn connect(
+        address: &PrinterAddress,
+        connect_timeout: Duration,
+    ) -> Result<PrinterConnection, DriverError> {
+        let target = (address.host.as_str(), address.port);
+        let stream = match timeout(connect_timeout, TcpStream::connect(target)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => return Err(DriverError::Connect { address: address.to_string(), source }),
+            Err(_) => {
+                return Err(DriverError::ConnectTimeout {
+                    address: address.to_string(),
+                    ms: connect_timeout.as_millis(),
+                })
+            }
+        };
+        // Status requests are three bytes; without this they could wait for Nagle.
+        stream.set_nodelay(true)?;
+        Ok(PrinterConnection { stream, buf: Vec::new() })
+    }
+
+    /// Asks `DLE EOT n` for each `n` in `requests` and decodes the answers. Bytes that are
+    /// not status bytes (pushed status blocks, noise) are skipped.
+    pub async fn status(&mut self, requests: &[u8], each_timeout: Duration) -> Result<PrinterStatus, DriverError> {
+        let mut st = PrinterStatus::default();
+        for &n in requests {
+            self.stream.write_all(&status::request(n)).await?;
+            let byte = match timeout(each_timeout, self.next_status_byte()).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(DriverError::Timeout(format!(
+                        "no answer to DLE EOT {n} within {} ms",
+                        each_timeout.as_millis()
+                    )))
+                }
+            };
+            st.apply(n, byte);
+        }
+        Ok(st)
+    }
+
+    async fn next_status_byte(&mut self) -> Result<u8, DriverError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| status::is_status_byte(*b)) {
+                let b = self.buf[pos];
+                self.buf.drain(..=pos);
+                return Ok(b);
+            }
+            self.buf.clear();
+            self.fill().await?;
+        }
+    }
+
+    /// Sends bytes to the printer.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), DriverError> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await?;
+        Ok(())
+    }
+
+    /// Waits for the `GS ( H` reply carrying `id`; replies with other ids (late answers to
+    /// earlier jobs) and other bytes are skipped.
+    pub async fn wait_for_process_id(&mut self, id: [u8; 4]) -> Result<(), DriverError> {
+        loop {
+            while let Some((got, used)) = ack::find_reply(&self.buf) {
+                self.buf.drain(..used);
+                if got == id {
+                    return Ok(());
+                }
+                tracing::debug!(expected = ?id, got = ?got, "ignoring a process id reply for another job");
+            }
+            // No complete reply: only the last 6 bytes can still be the start of one.
+            if self.buf.len() > 4096 {
+                let keep = self.buf.len() - 6;
+                self.buf.drain(..keep);
+            }
+            self.fill().await?;
+        }
+    }
+
+    async fn fill(&mut self) -> Result<(), DriverError> {
+        let mut chunk = [0u8; 512];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(DriverError::Closed);
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// Closes the sending side politely; errors do not matter any more at this point.
+    pub async fn close(mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+/// Prints `job` once: status check, `started`, send, confirmation, `printed` or
+/// `in_doubt`. The caller has already checked the journal for this task id.
+pub async fn print_job(
+    journal: &Journal,
+    address: &PrinterAddress,
+    job: &Job<'_>,
+    cfg: &DriverConfig,
+    confirmation: Confirmation,
+) -> Finished {
+    // (1) Reach the printer and ask how it is. Nothing has been sent, so any failure here
+    // is safe to retry later.
+    let mut conn = match PrinterConnection::connect(address, cfg.connect_timeout).await {
+        Ok(c) => c,
+        Err(e) => return Finished::new(Outcome::Offline, e.to_string()),
+    };
+    match conn.status(&STATUS_REQUESTS, cfg.status_timeout).await {
+        Ok(st) => {
+            if let Some(b) = st.blocker() {
+                conn.close().await;
+                return Finished::new(
+                    Outcome::from_blocker(b),
+                    format!("printer status before sending: {}", b.outcome()),
+                );
+            }
+        }
+        Err(e) => return Finished::new(Outcome::Offline, format!("status check failed: {e}")),
+    }
+
+    // (2) The point of no return is made durable before it is crossed.
+    let started = Record::new(job.task_id, job.attempt, RecordState::Started, address.to_string());
+    if let Err(e) = journal.append(started).await {
+        conn.close().await;
+        return Finished::new(Outcome::Error, format!("journal: {e}; nothing was sent"));
+    }
+
+    // (3) Send and confirm. From here on, any failure is in doubt.
+    let result = match confirmation {
+        Confirmation::ProcessId => send_with_process_id(&mut conn, job, cfg).await,
+        Confirmation::StatusOnly => send_with_status_check(&mut conn, job, cfg).await,
+    };
+    let finished = match result {
+        Ok(detail) => Finished::new(Outcome::Printed, detail),
+        Err(reason) => {
+            Finished::new(Outcome::InDoubt, format!("{reason}; not printed again, a person must check the paper"))
+        }
+    };
+    conn.close().await;
+
+    // (4) Record the end. If this write fails the truth is still what the printer said, so
+    // it is reported as it is; the journal keeps `started`, so a redelivery after a
+    // restart is answered in doubt rather than printed again.
+    let end = Record::new(job.task_id, job.attempt, RecordState::from(finished.outcome), finished.detail.clone());
+    if let Err(e) = journal.append(end).await {
+        tracing::error!(task_id = job.task_id, error = %e, "could not journal the end of a print");
+    }
+    finished
+}
+
+async fn send_with_process_id(
+    conn: &mut PrinterConnection,
+    job: &Job<'_>,
+    cfg: &DriverConfig,
+) -> Result<String, String> {
+    let id = job.process_id;
+    let deadline = Instant::now() + cfg.print_timeout;
+    let work = async {
+        conn.send(job.data).await?;
+        conn.send(&ack::request(id)).await?;
+        conn.wait_for_process_id(id).await
+    };
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(Ok(())) => Ok("confirmed by the printer (GS ( H process id reply)".into()),
+        Ok(Err(DriverError::Closed)) => Err("the printer closed the connection before confirming the job".into()),
+        Ok(Err(e)) => Err(format!("{e} before the printer confirmed the job")),
+        Err(_) => Err(format!(
+            "no GS ( H reply within {} ms (if this printer does not support GS ( H, \
+             run the agent with --no-printed-ack for it)",
+            cfg.print_timeout.as_millis()
+        )),
+    }
+}
+
+async fn send_with_status_check(
+    conn: &mut PrinterConnection,
+    job: &Job<'_>,
+    cfg: &DriverConfig,
+) -> Result<String, String> {
+    let deadline = Instant::now() + cfg.print_timeout;
+    let work = async {
+        conn.send(job.data).await?;
+        conn.status(&STATUS_REQUESTS, cfg.status_timeout).await
+    };
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(Ok(st)) => match st.blocker() {
+            None => Ok(STATUS_ONLY_DETAIL.into()),
+            // A printer that ran out of paper or was opened keeps the job in its buffer
+            // and may print it later, so this is doubt, not a failure to retry.
+            Some(b) => Err(format!("printer status after sending: {}", b.outcome())),
+        },
+        Ok(Err(DriverError::Closed)) => Err("the printer closed the connection after the job was sent".into()),
+        Ok(Err(e)) => Err(format!("status check after sending failed: {e}")),
+        Err(_) => Err(format!("no status answer within {} ms after sending", cfg.print_timeout.as_millis())),
+    }
+}
+
+/// Picks `GS ( H` process ids for one printer: derived from the task id and attempt (so a
+/// retry of a task gets a different id from its first attempt), and bumped past any id
+/// used on this printer recently, so that a late reply can never be taken for another
+/// job's.
+#[derive(Debug, Default)]
+pub struct ProcessIds {
+    recent: std::collections::VecDeque<[u8; 4]>,
+}
+
+impl ProcessIds {
+    const REMEMBER: usize = 256;
+
+    pub fn next(&mut self, task_id: &str, attempt: u32) -> [u8; 4] {
+        let mut n = fnv1a(task_id.as_bytes(), attempt);
+        let mut id = ack::id_from(n);
+        while self.recent.contains(&id) {
+            n = n.wrapping_add(1);
+            id = ack::id_from(n);
+        }
+        if self.recent.len() == Self::REMEMBER {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(id);
+        id
+    }
+}
+
+/// FNV-1a over the task id, a separator and the attempt: stable across builds and
+/// platforms (unlike the standard library's hasher), which keeps ids reproducible in logs.
+fn fnv1a(task_id: &[u8], attempt: u32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in task_id.iter().chain(&[0u8]).chain(&attempt.to_le_bytes()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_print_back() {
+        for s in ["tcp://127.0.0.1:9100", "tcp://printer.local:9100", "tcp://[::1]:9100"] {
+            let a: PrinterAddress = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(a.to_string(), s);
+        }
+        for bad in ["127.0.0.1:9100", "tcp://host", "tcp://:9100", "tcp://h:0", "tcp://h:99999", "tcp://[::1"] {
+            assert!(bad.parse::<PrinterAddress>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn process_ids_differ_between_attempts_tasks_and_recent_jobs() {
+        let mut ids = ProcessIds::default();
+        let a1 = ids.next("T1", 1);
+        let a2 = ids.next("T1", 2);
+        let b1 = ids.next("T2", 1);
+        assert_ne!(a1, a2);
+        assert_ne!(a1, b1);
+        assert!(ack::is_valid_id(a1));
+        // The same attempt again (a redelivery that reaches the printer) still gets a
+        // fresh id, since the first one may still have a reply on its way.
+        let a1_again = ids.next("T1", 1);
+        assert_ne!(a1, a1_again);
+        let mut seen = std::collections::HashSet::new();
+        let mut many = ProcessIds::default();
+        for i in 0..ProcessIds::REMEMBER {
+            assert!(seen.insert(many.next("same", i as u32 % 3)));
+        }
+    }
+}

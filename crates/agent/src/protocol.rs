@@ -1,0 +1,154 @@
+//! The store agent protocol of CONTRACT.md as Rust types: the long-poll request and its
+//! deliveries, the acknowledgements and the broker's per-ack results.
+//!
+//! Field names and outcome strings are fixed by the contract. Unknown fields in the
+//! broker's answers are ignored so that the broker can add fields without breaking agents
+//! already deployed in stores.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// `POST /v1/agent/poll` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollRequest {
+    pub agent_id: String,
+    pub wait_ms: u64,
+    pub max: usize,
+}
+
+/// `POST /v1/agent/poll` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollResponse {
+    #[serde(default)]
+    pub deliveries: Vec<Delivery>,
+}
+
+/// One attempt of one task, handed to this agent for one of its store's printers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub task_id: String,
+    pub attempt: u32,
+    pub printer_id: String,
+    /// `tcp://HOST:PORT`, as reachable from the agent's machine.
+    pub printer_address: String,
+    /// `biz_no#printer_id` (R16); logged, the journal itself is keyed by task id.
+    #[serde(default)]
+    pub idempotency_key: String,
+    /// Only `escpos` exists; anything else is acknowledged as `error`.
+    pub content_type: String,
+    /// Base64 of the bytes for the printer.
+    pub data: String,
+}
+
+/// What became of one delivery, in the words of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The printer said it printed (GS ( H reply), or the journal remembers that it did.
+    Printed,
+    /// Checked before sending: nothing was sent.
+    NoPaper,
+    /// Checked before sending: nothing was sent.
+    CoverOpen,
+    /// Unreachable or not answering before sending: nothing was sent.
+    Offline,
+    /// Checked before sending: nothing was sent.
+    PaperJam,
+    /// Bytes may have reached the paper but the printer never confirmed: a person decides.
+    InDoubt,
+    /// The delivery could not be handled (bad data, unusable address, journal failure);
+    /// nothing was sent.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Printed => "printed",
+            Outcome::NoPaper => "no_paper",
+            Outcome::CoverOpen => "cover_open",
+            Outcome::Offline => "offline",
+            Outcome::PaperJam => "paper_jam",
+            Outcome::InDoubt => "in_doubt",
+            Outcome::Error => "error",
+        }
+    }
+
+    /// The outcome for a printer that reported it cannot print.
+    pub fn from_blocker(b: onceprint_escpos::status::Blocker) -> Outcome {
+        use onceprint_escpos::status::Blocker;
+        match b {
+            Blocker::NoPaper => Outcome::NoPaper,
+            Blocker::CoverOpen => Outcome::CoverOpen,
+            Blocker::PaperJam => Outcome::PaperJam,
+            Blocker::Offline => Outcome::Offline,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub task_id: String,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// `POST /v1/agent/acks` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcksRequest {
+    pub acks: Vec<Ack>,
+}
+
+/// `POST /v1/agent/acks` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcksResponse {
+    #[serde(default)]
+    pub results: Vec<AckResult>,
+}
+
+/// The broker's verdict on one ack: `applied`, `duplicate` or `stale`. Kept as a string
+/// because the agent only logs it and must not fail on a verdict added later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckResult {
+    pub task_id: String,
+    pub result: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_serialize_as_the_contract_spells_them() {
+        for (o, s) in [
+            (Outcome::Printed, "printed"),
+            (Outcome::NoPaper, "no_paper"),
+            (Outcome::CoverOpen, "cover_open"),
+            (Outcome::Offline, "offline"),
+            (Outcome::PaperJam, "paper_jam"),
+            (Outcome::InDoubt, "in_doubt"),
+            (Outcome::Error, "error"),
+        ] {
+            assert_eq!(serde_json::to_value(o).ok(), Some(serde_json::Value::String(s.into())));
+            assert_eq!(o.as_str(), s);
+        }
+    }
+
+    #[test]
+    fn deliveries_tolerate_extra_fields() {
+        let body = r#"{"deliveries":[{"task_id":"t1","attempt":2,"printer_id":"p1",
+            "printer_address":"tcp://127.0.0.1:9100","idempotency_key":"A1#p1",
+            "content_type":"escpos","data":"SGk=","priority":3}]}"#;
+        let parsed: Result<PollResponse, _> = serde_json::from_str(body);
+        let parsed = parsed.map_err(|e| e.to_string());
+        assert_eq!(parsed.map(|p| p.deliveries.len()), Ok(1));
+    }
+}

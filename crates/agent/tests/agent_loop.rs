@@ -1,0 +1,243 @@
+//! The whole agent: fake broker (axum) ↔ agent ↔ fake printer, all on real sockets.
+
+mod common;
+
+use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent};
+use onceprint_agent::journal::{Journal, Record, RecordState};
+use onceprint_agent::{Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, STARTED_BEFORE_CRASH};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_is_printed_once_and_acked_and_a_redelivery_is_answered_from_the_journal() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"receipt 1\n"));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks[0].task_id, "T1");
+    assert_eq!(acks[0].outcome, Outcome::Printed, "{:?}", acks[0]);
+    assert_eq!(printer.jobs(), vec![b"receipt 1\n".to_vec()]);
+
+    // The broker did not see the ack (or its sweeper fired) and delivers again, same
+    // attempt and next attempt: answered from the journal, no second print.
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"receipt 1\n"));
+    broker.state.push(delivery("T1", 2, "p1", &printer.address(), b"receipt 1\n"));
+    let acks = broker.state.wait_acks(3, WITHIN).await;
+    for a in &acks[1..] {
+        assert_eq!((a.outcome, a.detail.as_str()), (Outcome::Printed, ALREADY_PRINTED), "{a:?}");
+    }
+    assert_eq!(printer.job_count(), 1, "printed exactly once");
+    agent.stop().await;
+
+    // A restarted agent is the same agent (same id) and still remembers.
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 3, "p1", &printer.address(), b"receipt 1\n"));
+    let acks = broker.state.wait_acks(4, WITHIN).await;
+    assert_eq!((acks[3].outcome, acks[3].detail.as_str()), (Outcome::Printed, ALREADY_PRINTED));
+    assert_eq!(printer.job_count(), 1);
+    agent.stop().await;
+    let ids = broker.state.agent_ids.lock().expect("ids").clone();
+    assert!(!ids.is_empty());
+    assert!(ids.iter().all(|i| i == &ids[0] && i.starts_with("agent-")), "one persisted agent id: {ids:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_after_a_crash_mid_print_answers_in_doubt_without_printing() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    // What a crash between `started` and the printer's reply leaves behind.
+    {
+        let j = Journal::open(state.path(), 1000).expect("journal");
+        j.append(Record::new("T7", 1, RecordState::Started, printer.address())).await.expect("append");
+        j.close().await.expect("close");
+    }
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T7", 2, "p1", &printer.address(), b"kitchen\n"));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(
+        (acks[0].outcome, acks[0].detail.as_str(), acks[0].attempt),
+        (Outcome::InDoubt, STARTED_BEFORE_CRASH, 2)
+    );
+
+    // Asked again, it stays in doubt.
+    broker.state.push(delivery("T7", 3, "p1", &printer.address(), b"kitchen\n"));
+    let acks = broker.state.wait_acks(2, WITHIN).await;
+    assert_eq!((acks[1].outcome, acks[1].detail.as_str()), (Outcome::InDoubt, ALREADY_IN_DOUBT));
+    assert_eq!(printer.connections(), 0, "the printer was not even contacted");
+    assert_eq!(printer.job_count(), 0);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_printer_is_reported_and_a_later_attempt_prints() {
+    let broker = FakeBroker::start().await;
+    let empty = FakePrinter::start(Behaviour::PaperOut).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 1, "p1", &empty.address(), b"x\n"));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks[0].outcome, Outcome::NoPaper);
+    assert_eq!(empty.job_count(), 0);
+
+    // Paper went in (here: the printer moved to a working one); the broker retries.
+    let fixed = FakePrinter::start(Behaviour::Healthy).await;
+    broker.state.push(delivery("T1", 2, "p1", &fixed.address(), b"x\n"));
+    let acks = broker.state.wait_acks(2, WITHIN).await;
+    assert_eq!(acks[1].outcome, Outcome::Printed, "{:?}", acks[1]);
+    assert_eq!(fixed.job_count(), 1);
+
+    // Nothing listening at all.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    broker.state.push(delivery("T2", 1, "p2", &format!("tcp://127.0.0.1:{port}"), b"y\n"));
+    let acks = broker.state.wait_acks(3, WITHIN).await;
+    assert_eq!(acks[2].outcome, Outcome::Offline);
+
+    // Undecodable data is an error and nothing is sent.
+    let mut bad = delivery("T3", 1, "p1", &fixed.address(), b"z\n");
+    bad.data = "%%% not base64".into();
+    broker.state.push(bad);
+    let acks = broker.state.wait_acks(4, WITHIN).await;
+    assert_eq!(acks[3].outcome, Outcome::Error);
+    assert_eq!(fixed.job_count(), 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_printer_prints_in_arrival_order_and_clones_are_confirmed_by_status() {
+    let broker = FakeBroker::start().await;
+    let a = FakePrinter::start(Behaviour::Healthy).await;
+    let clone = FakePrinter::start(Behaviour::Clone).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut agent_args = args(&broker.url(), state.path());
+    agent_args.no_printed_ack = vec!["clone".into()];
+    let agent = RunningAgent::start(agent_args);
+    for i in 0..6 {
+        broker.state.push(delivery(&format!("A{i}"), 1, "a", &a.address(), format!("a{i}\n").as_bytes()));
+        broker.state.push(delivery(&format!("C{i}"), 1, "clone", &clone.address(), format!("c{i}\n").as_bytes()));
+    }
+    let acks = broker.state.wait_acks(12, WITHIN).await;
+    assert!(acks.iter().all(|x| x.outcome == Outcome::Printed), "{acks:?}");
+    let expected_a: Vec<Vec<u8>> = (0..6).map(|i| format!("a{i}\n").into_bytes()).collect();
+    let expected_c: Vec<Vec<u8>> = (0..6).map(|i| format!("c{i}\n").into_bytes()).collect();
+    assert_eq!(a.jobs(), expected_a);
+    assert_eq!(clone.jobs(), expected_c);
+    assert!(acks.iter().filter(|x| x.task_id.starts_with('C')).all(|x| x.detail.contains("status only")));
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_are_retried_until_the_broker_takes_them() {
+    let broker = FakeBroker::start().await;
+    broker.state.fail_acks.store(2, Ordering::SeqCst);
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"once\n"));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].outcome, Outcome::Printed);
+    assert_eq!(broker.state.fail_acks.load(Ordering::SeqCst), 0, "both failures were retried");
+    assert_eq!(printer.job_count(), 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_backs_off_while_the_broker_is_down_and_recovers() {
+    // A "broker" that accepts connections and drops them at once, like one that crashes
+    // on every request.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let dropper = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&format!("http://{addr}"), state.path()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tries = accepted.load(Ordering::SeqCst);
+    // 0.5 s doubling with jitter: about 4 tries in 3 s; without backoff it would be
+    // hundreds. reqwest may open a second connection for one try, hence the slack.
+    assert!((2..=10).contains(&tries), "{tries} connections in 3 s");
+    dropper.abort();
+    let _ = dropper.await;
+
+    // The broker comes back on the same address.
+    let broker = FakeBroker::start_on(addr).await;
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"after the outage\n"));
+    let acks = broker.state.wait_acks(1, Duration::from_secs(20)).await;
+    assert_eq!(acks[0].outcome, Outcome::Printed);
+    assert_eq!(printer.job_count(), 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_is_retried_slowly_and_shutdown_still_works() {
+    let broker = FakeBroker::start().await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut a = args(&broker.url(), state.path());
+    a.token = "wrong".into();
+    let agent = RunningAgent::start(a);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(broker.state.polls.load(Ordering::SeqCst), 1, "one try, then a slow pace");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_state_dir_is_refused() {
+    let broker = FakeBroker::start().await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let first = RunningAgent::start(args(&broker.url(), state.path()));
+    common::eventually(WITHIN, "first agent polls", || broker.state.polls.load(Ordering::SeqCst) > 0).await;
+    let second = onceprint_agent::run(args(&broker.url(), state.path()), std::future::pending()).await;
+    assert!(matches!(second, Err(onceprint_agent::AgentError::Locked(_))), "{second:?}");
+    first.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_print_in_flight_finish_and_flushes_its_ack() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Slow).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"long receipt\n"));
+    common::eventually(WITHIN, "the job reaches the printer", || printer.connections() > 0).await;
+    agent.stop().await;
+    // `run` returned only after the print finished and its ack was taken.
+    let acks = broker.state.acks();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert_eq!(acks[0].outcome, Outcome::Printed);
+    assert_eq!(printer.job_count(), 1);
+    let j = Journal::open(state.path(), 1000).expect("journal after shutdown");
+    assert_eq!(j.lookup("T1").map(|r| r.state), Some(RecordState::Printed));
+    j.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_obeyed_for_as_long_as_retry_after_says() {
+    let broker = FakeBroker::start().await;
+    broker.state.rate_limit_polls.store(1, Ordering::SeqCst);
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"x\n"));
+    let state = tempfile::tempdir().expect("tempdir");
+    let started = tokio::time::Instant::now();
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks[0].outcome, Outcome::Printed);
+    assert!(started.elapsed() >= Duration::from_millis(950), "waited only {:?}", started.elapsed());
+    assert!(broker.state.polls.load(Ordering::SeqCst) >= 2);
+    agent.stop().await;
+}

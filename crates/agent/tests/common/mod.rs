@@ -1,0 +1,399 @@
+//! Test doubles on real sockets: a fake ESC/POS printer and a fake broker.
+
+#![allow(dead_code)]
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use onceprint_agent::{Ack, AgentArgs, Delivery};
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+
+pub const TOKEN: &str = "test-agent-token";
+
+/// How the fake printer behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Answers status with 0x12 and GS ( H with the matching reply.
+    Healthy,
+    /// Answers DLE EOT 4 with 0x7E (paper end), everything else like `Healthy`.
+    PaperOut,
+    /// Takes the job and closes the connection when GS ( H arrives, without replying.
+    DropAfterJob,
+    /// A clone: prints, answers status, never answers GS ( H.
+    Clone,
+    /// Answers GS ( H with a reply for another id first, then the right one.
+    WrongIdFirst,
+    /// Accepts connections and never answers anything.
+    Silent,
+    /// Healthy, but answers GS ( H only after half a second (a long receipt).
+    Slow,
+    /// A clone that runs out of paper while printing: healthy until job data arrived,
+    /// then DLE EOT 4 answers 0x7E.
+    PaperOutAfterJob,
+}
+
+pub struct FakePrinter {
+    pub addr: SocketAddr,
+    jobs: Arc<Mutex<Vec<Vec<u8>>>>,
+    connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakePrinter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakePrinter {
+    pub async fn start(behaviour: Behaviour) -> FakePrinter {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake printer");
+        let addr = listener.local_addr().expect("local addr");
+        let jobs = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (j, c) = (jobs.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_printer(stream, behaviour, j.clone()));
+            }
+        });
+        FakePrinter { addr, jobs, connections, task }
+    }
+
+    pub fn address(&self) -> String {
+        format!("tcp://{}", self.addr)
+    }
+
+    /// Jobs that reached the paper, in order.
+    pub fn jobs(&self) -> Vec<Vec<u8>> {
+        self.jobs.lock().expect("jobs lock").clone()
+    }
+
+    pub fn job_count(&self) -> usize {
+        self.jobs.lock().expect("jobs lock").len()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve_printer(mut stream: TcpStream, behaviour: Behaviour, jobs: Arc<Mutex<Vec<Vec<u8>>>>) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut payload: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if behaviour == Behaviour::Silent {
+            continue;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        loop {
+            if buf.len() >= 3 && buf[0] == 0x10 && buf[1] == 0x04 {
+                let n = buf[2];
+                buf.drain(..3);
+                let out = behaviour == Behaviour::PaperOut
+                    || (behaviour == Behaviour::PaperOutAfterJob && !payload.is_empty());
+                let answer = if out && n == 4 { 0x7E } else { 0x12 };
+                if stream.write_all(&[answer]).await.is_err() {
+                    return;
+                }
+            } else if buf.len() >= 11 && buf[..7] == GS_H {
+                let id = [buf[7], buf[8], buf[9], buf[10]];
+                buf.drain(..11);
+                if !payload.is_empty() {
+                    jobs.lock().expect("jobs lock").push(std::mem::take(&mut payload));
+                }
+                let mut reply = Vec::new();
+                match behaviour {
+                    Behaviour::Healthy | Behaviour::PaperOut => {
+                        reply.extend_from_slice(&onceprint_escpos::ack::reply(id))
+                    }
+                    Behaviour::Slow => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        reply.extend_from_slice(&onceprint_escpos::ack::reply(id));
+                    }
+                    Behaviour::WrongIdFirst => {
+                        reply.extend_from_slice(&onceprint_escpos::ack::reply(*b"zzzz"));
+                        reply.push(0x12);
+                        reply.extend_from_slice(&onceprint_escpos::ack::reply(id));
+                    }
+                    Behaviour::DropAfterJob => return,
+                    Behaviour::Clone | Behaviour::Silent | Behaviour::PaperOutAfterJob => {}
+                }
+                if stream.write_all(&reply).await.is_err() {
+                    return;
+                }
+            } else if is_partial_command(&buf) {
+                // The start of a command split across reads; wait for the rest.
+                break;
+            } else if let Some(b) = buf.first().copied() {
+                payload.push(b);
+                buf.remove(0);
+            } else {
+                break;
+            }
+        }
+    }
+    // A job without GS ( H (the status-only path) is on paper once the data arrived.
+    if !payload.is_empty() {
+        jobs.lock().expect("jobs lock").push(payload);
+    }
+}
+
+const GS_H: [u8; 7] = [0x1D, 0x28, 0x48, 0x06, 0x00, 0x30, 0x30];
+
+fn is_partial_command(buf: &[u8]) -> bool {
+    let prefix_of = |cmd: &[u8], full: usize| buf.len() < full && cmd.starts_with(&buf[..buf.len().min(cmd.len())]);
+    !buf.is_empty() && (prefix_of(&[0x10, 0x04], 3) || prefix_of(&GS_H, 11))
+}
+
+/// The broker side of the agent protocol, in memory.
+#[derive(Default)]
+pub struct BrokerState {
+    pub queue: Mutex<VecDeque<Delivery>>,
+    pub work: Notify,
+    pub acks: Mutex<Vec<Ack>>,
+    pub ack_arrived: Notify,
+    pub polls: AtomicUsize,
+    pub agent_ids: Mutex<Vec<String>>,
+    /// Answer this many ack POSTs with 500 before taking any.
+    pub fail_acks: AtomicUsize,
+    /// Answer this many polls with 429 and `Retry-After: 1`.
+    pub rate_limit_polls: AtomicUsize,
+}
+
+impl BrokerState {
+    pub fn push(&self, d: Delivery) {
+        self.queue.lock().expect("queue lock").push_back(d);
+        self.work.notify_waiters();
+    }
+
+    pub fn acks(&self) -> Vec<Ack> {
+        self.acks.lock().expect("acks lock").clone()
+    }
+
+    /// Waits until at least `n` acks arrived.
+    pub async fn wait_acks(&self, n: usize, within: Duration) -> Vec<Ack> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let acks = self.acks();
+            if acks.len() >= n {
+                return acks;
+            }
+            let wait = self.ack_arrived.notified();
+            if tokio::time::timeout_at(deadline, wait).await.is_err() {
+                let acks = self.acks();
+                assert!(acks.len() >= n, "expected {n} acks within {within:?}, got {acks:?}");
+                return acks;
+            }
+        }
+    }
+}
+
+pub struct FakeBroker {
+    pub addr: SocketAddr,
+    pub state: Arc<BrokerState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn authorized(headers: &HeaderMap) -> bool {
+    headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
+}
+
+fn unauthorized() -> (StatusCode, Json<Value>) {
+    (StatusCode::UNAUTHORIZED, Json(json!({"error": {"code": "unauthorized", "message": "bad token"}})))
+}
+
+async fn poll(
+    State(st): State<Arc<BrokerState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, [(&'static str, &'static str); 1], Json<Value>) {
+    st.polls.fetch_add(1, Ordering::SeqCst);
+    let (code, body) = poll_inner(&st, &headers, body).await;
+    let retry = if code == StatusCode::TOO_MANY_REQUESTS { "1" } else { "" };
+    (code, [("retry-after", retry)], body)
+}
+
+async fn poll_inner(st: &BrokerState, headers: &HeaderMap, body: Value) -> (StatusCode, Json<Value>) {
+    if !authorized(headers) {
+        return unauthorized();
+    }
+    if st.rate_limit_polls.load(Ordering::SeqCst) > 0 {
+        st.rate_limit_polls.fetch_sub(1, Ordering::SeqCst);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"error": {"code": "rate_limited", "message": "slow down"}})),
+        );
+    }
+    let agent_id = body["agent_id"].as_str().unwrap_or_default().to_owned();
+    let wait_ms = body["wait_ms"].as_u64().unwrap_or(0);
+    let max = body["max"].as_u64().unwrap_or(1) as usize;
+    st.agent_ids.lock().expect("ids lock").push(agent_id);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let notified = st.work.notified();
+        {
+            let mut q = st.queue.lock().expect("queue lock");
+            if !q.is_empty() {
+                let n = q.len().min(max.max(1));
+                let out: Vec<Delivery> = q.drain(..n).collect();
+                return (StatusCode::OK, Json(json!({ "deliveries": out })));
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return (StatusCode::OK, Json(json!({ "deliveries": [] })));
+        }
+    }
+}
+
+async fn acks(
+    State(st): State<Arc<BrokerState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    if !authorized(&headers) {
+        return unauthorized();
+    }
+    if st.fail_acks.load(Ordering::SeqCst) > 0 {
+        st.fail_acks.fetch_sub(1, Ordering::SeqCst);
+        return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": {"code": "internal", "message": "boom"}})));
+    }
+    let parsed: Vec<Ack> = serde_json::from_value(body["acks"].clone()).expect("acks body");
+    let results: Vec<Value> = parsed.iter().map(|a| json!({"task_id": a.task_id, "result": "applied"})).collect();
+    st.acks.lock().expect("acks lock").extend(parsed);
+    st.ack_arrived.notify_waiters();
+    (StatusCode::OK, Json(json!({ "results": results })))
+}
+
+impl FakeBroker {
+    pub async fn start() -> FakeBroker {
+        FakeBroker::start_on("127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> FakeBroker {
+        let listener = TcpListener::bind(addr).await.expect("bind fake broker");
+        FakeBroker::serve(listener, Arc::new(BrokerState::default()))
+    }
+
+    pub fn serve(listener: TcpListener, state: Arc<BrokerState>) -> FakeBroker {
+        let addr = listener.local_addr().expect("local addr");
+        let app = Router::new()
+            .route("/v1/agent/poll", post(poll))
+            .route("/v1/agent/acks", post(acks))
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeBroker { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+pub fn delivery(task_id: &str, attempt: u32, printer_id: &str, address: &str, data: &[u8]) -> Delivery {
+    use base64::Engine as _;
+    Delivery {
+        task_id: task_id.into(),
+        attempt,
+        printer_id: printer_id.into(),
+        printer_address: address.into(),
+        idempotency_key: format!("{task_id}#{printer_id}"),
+        content_type: "escpos".into(),
+        data: base64::engine::general_purpose::STANDARD.encode(data),
+    }
+}
+
+pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
+    AgentArgs {
+        server: server.into(),
+        token: TOKEN.into(),
+        state_dir: state_dir.to_owned(),
+        agent_id: None,
+        journal_size: 1000,
+        poll_wait_ms: 300,
+        max_deliveries: 16,
+        print_timeout_ms: 1000,
+        connect_timeout_ms: 500,
+        no_printed_ack: Vec::new(),
+    }
+}
+
+/// A running agent with a handle to stop it.
+pub struct RunningAgent {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), onceprint_agent::AgentError>>,
+}
+
+impl RunningAgent {
+    pub fn start(args: AgentArgs) -> RunningAgent {
+        init_logs();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(onceprint_agent::run(args, shutdown));
+        RunningAgent { stop: Some(stop), task }
+    }
+
+    /// Asks for a graceful shutdown and expects `Ok` within a few seconds.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let r = tokio::time::timeout(Duration::from_secs(20), &mut self.task).await;
+        match r {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("agent did not stop cleanly: {other:?}"),
+        }
+    }
+}
+
+/// Shows the agent's logs in a test run with `RUST_LOG=debug`.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// Polls `cond` until it holds or `within` passes.
+pub async fn eventually<F: Fn() -> bool>(within: Duration, what: &str, cond: F) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `f` and returns how long it took.
+pub async fn timed<T>(f: impl Future<Output = T>) -> (T, Duration) {
+    let start = tokio::time::Instant::now();
+    let out = f.await;
+    (out, start.elapsed())
+}

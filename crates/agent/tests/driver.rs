@@ -1,0 +1,132 @@
+//! The printer driver against a fake ESC/POS printer on a real socket.
+
+mod common;
+
+use common::{Behaviour, FakePrinter};
+use onceprint_agent::journal::{Journal, RecordState};
+use onceprint_agent::printer::{
+    print_job, Confirmation, DriverConfig, Finished, Job, PrinterAddress, STATUS_ONLY_DETAIL,
+};
+use onceprint_agent::Outcome;
+use std::time::Duration;
+
+const DATA: &[u8] = b"\x1b@Table 5\n1 x Noodles\n";
+
+fn cfg() -> DriverConfig {
+    DriverConfig {
+        connect_timeout: Duration::from_millis(500),
+        status_timeout: Duration::from_millis(500),
+        print_timeout: Duration::from_millis(700),
+    }
+}
+
+async fn print(journal: &Journal, address: &str, task: &str, confirmation: Confirmation) -> Finished {
+    let address: PrinterAddress = address.parse().expect("address");
+    let job = Job { task_id: task, attempt: 1, data: DATA, process_id: *b"ab12" };
+    print_job(journal, &address, &job, &cfg(), confirmation).await
+}
+
+#[tokio::test]
+async fn a_healthy_printer_prints_and_the_journal_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    assert_eq!(printer.jobs(), vec![DATA.to_vec()]);
+    assert_eq!(journal.lookup("T1").map(|r| r.state), Some(RecordState::Printed));
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_late_reply_for_another_job_is_not_taken_for_this_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::WrongIdFirst).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn paper_out_prints_nothing_and_starts_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::PaperOut).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::NoPaper, "{f:?}");
+    assert_eq!(printer.job_count(), 0);
+    assert_eq!(journal.lookup("T1"), None, "nothing was started");
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_connection_lost_after_sending_is_in_doubt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::DropAfterJob).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::InDoubt, "{f:?}");
+    assert!(f.detail.contains("closed the connection"), "{}", f.detail);
+    assert_eq!(printer.job_count(), 1, "the job did reach the paper");
+    assert_eq!(journal.lookup("T1").map(|r| r.state), Some(RecordState::InDoubt));
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_clone_without_gs_h_is_in_doubt_unless_confirmed_by_status() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::Clone).await;
+
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::InDoubt, "{f:?}");
+    assert!(f.detail.contains("--no-printed-ack"), "the detail points at the fix: {}", f.detail);
+
+    let f = print(&journal, &printer.address(), "T2", Confirmation::StatusOnly).await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    assert_eq!(f.detail, STATUS_ONLY_DETAIL);
+    assert_eq!(journal.lookup("T2").map(|r| r.state), Some(RecordState::Printed));
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_status_only_printer_that_reports_paper_out_after_the_job_is_in_doubt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    // Out of paper after the job reached it: the printer keeps the job in its buffer and
+    // may print it when paper goes in, so this is doubt, not a failure to retry.
+    let printer = FakePrinter::start(Behaviour::PaperOutAfterJob).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::StatusOnly).await;
+    assert_eq!(f.outcome, Outcome::InDoubt, "{f:?}");
+    assert!(f.detail.contains("no_paper"), "{}", f.detail);
+    assert_eq!(journal.lookup("T1").map(|r| r.state), Some(RecordState::InDoubt));
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn nothing_listening_is_offline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let f = print(&journal, &format!("tcp://127.0.0.1:{port}"), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::Offline, "{f:?}");
+    assert_eq!(journal.lookup("T1"), None);
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_printer_that_never_answers_status_is_offline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::Silent).await;
+    let f = print(&journal, &printer.address(), "T1", Confirmation::ProcessId).await;
+    assert_eq!(f.outcome, Outcome::Offline, "{f:?}");
+    assert!(f.detail.contains("DLE EOT 1"), "{}", f.detail);
+    assert_eq!(printer.job_count(), 0);
+    assert_eq!(journal.lookup("T1"), None);
+    journal.close().await.expect("close");
+}

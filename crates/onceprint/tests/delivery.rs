@@ -1,0 +1,456 @@
+//! Delivery end to end with the real binary: `onceprint serve`, `onceprint agent` and
+//! `onceprint printer-sim` as separate processes on real sockets, the broker on SQLite or
+//! PostgreSQL. "Printed" is judged by the simulator's paper log, never by the broker alone.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const ADMIN: &str = "e2e-admin";
+const BIN: &str = env!("CARGO_BIN_EXE_onceprint");
+
+/// Broker settings that make the timing-dependent paths quick in tests.
+const FAST: &str = "redeliver_after_ms = 1500\nagent_gone_after_ms = 1500\nsweep_interval_ms = 200\n\
+[print_types.receipt]\npriority = 10\nmax_attempts = 3\nreprint_on_doubt = false\n\
+backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n\
+[print_types.refund]\npriority = 0\nmax_attempts = 3\nreprint_on_doubt = false\n\
+backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n";
+
+fn temp_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("onceprint-e2e-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// `count` consecutive free TCP ports on 127.0.0.1.
+fn free_ports(count: u16) -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + (rand_u16() % 40_000);
+        let ok = (0..count).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if ok {
+            return base;
+        }
+    }
+    panic!("no {count} consecutive free ports");
+}
+
+fn rand_u16() -> u16 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
+    (nanos ^ (std::process::id() << 7)) as u16
+}
+
+fn spawn(args: &[String], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+    Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawn onceprint")
+}
+
+/// Waits for a stdout line starting with `prefix`; returns the rest of it.
+fn wait_line(child: &mut Child, prefix: &str) -> String {
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    std::thread::spawn(move || for _ in lines {});
+                    return rest.trim().to_owned();
+                }
+            }
+            _ => panic!("process exited before printing {prefix:?}"),
+        }
+    }
+}
+
+struct World {
+    dir: PathBuf,
+    database: String,
+    broker: Option<Child>,
+    agent: Option<Child>,
+    sim: Child,
+    base: String,
+    key: String,
+    agent_token: String,
+    sim_base_port: u16,
+    control: String,
+    http: reqwest::Client,
+    _pg: Option<onceprint_store::testing::Harness>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for c in [self.agent.as_mut(), self.broker.as_mut(), Some(&mut self.sim)].into_iter().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+impl World {
+    async fn start(name: &str, postgres: bool, printers: u16) -> Option<World> {
+        let dir = temp_dir(name);
+        let pg = if postgres { Some(onceprint_store_postgres::testing::fresh_store().await?) } else { None };
+        let database = match &pg {
+            Some(h) => h.url.clone(),
+            None => format!("sqlite://{}/broker.db", dir.display()),
+        };
+        let sim_base_port = free_ports(printers);
+        let control_port = free_ports(1);
+        let control = format!("127.0.0.1:{control_port}");
+        let sim = spawn(
+            &[
+                "printer-sim".into(),
+                "--listen".into(),
+                format!("127.0.0.1:{sim_base_port}"),
+                "--count".into(),
+                printers.to_string(),
+                "--paper-log".into(),
+                dir.join("paper.jsonl").display().to_string(),
+                "--control".into(),
+                control.clone(),
+            ],
+            &dir.join("sim.log"),
+        );
+        std::fs::write(dir.join("broker.toml"), FAST).expect("config");
+        let mut w = World {
+            dir,
+            database,
+            broker: None,
+            agent: None,
+            sim,
+            base: String::new(),
+            key: String::new(),
+            agent_token: String::new(),
+            sim_base_port,
+            control,
+            http: reqwest::Client::new(),
+            _pg: pg,
+        };
+        w.start_broker();
+        w.wait_sim().await;
+        let t = w.post_admin("/v1/tenants", json!({"id": "shop", "name": "Shop"})).await;
+        w.key = t["api_key"].as_str().expect("api key").to_owned();
+        w.post("/v1/stores", json!({"id": "s1", "name": "Main"})).await;
+        for i in 0..printers {
+            w.post(
+                "/v1/printers",
+                json!({"id": format!("p{i}"), "store_id": "s1",
+                       "transport": {"kind": "agent", "address": format!("tcp://127.0.0.1:{}", sim_base_port + i)}}),
+            )
+            .await;
+        }
+        let tok = w.post("/v1/stores/s1/agent-tokens", json!({})).await;
+        w.agent_token = tok["token"].as_str().expect("agent token").to_owned();
+        w.start_agent();
+        Some(w)
+    }
+
+    fn start_broker(&mut self) {
+        let args: Vec<String> = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database",
+            &self.database,
+            "--admin-token",
+            ADMIN,
+            "--config",
+            &self.dir.join("broker.toml").display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut child = spawn(&args, &self.dir.join("broker.log"));
+        self.base = wait_line(&mut child, "listening on ");
+        self.broker = Some(child);
+    }
+
+    fn start_agent(&mut self) {
+        let args: Vec<String> = [
+            "agent",
+            "--server",
+            &self.base,
+            "--token",
+            &self.agent_token,
+            "--state-dir",
+            &self.dir.join("agent").display().to_string(),
+            "--poll-wait-ms",
+            "2000",
+            "--print-timeout-ms",
+            "3000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        self.agent = Some(spawn(&args, &self.dir.join("agent.log")));
+    }
+
+    fn kill9(child: &mut Option<Child>) {
+        if let Some(mut c) = child.take() {
+            c.kill().expect("kill -9");
+            let _ = c.wait();
+        }
+    }
+
+    async fn wait_sim(&self) {
+        let start = Instant::now();
+        while self.http.get(format!("http://{}/healthz", self.control)).send().await.is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "simulator did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn faults(&self, printer: u16, faults: Value) {
+        let mut body = faults;
+        body["printer"] = json!(format!("127.0.0.1:{}", self.sim_base_port + printer));
+        let res = self.http.put(format!("http://{}/faults", self.control)).json(&body).send().await.expect("faults");
+        assert!(res.status().is_success(), "{}", res.status());
+    }
+
+    async fn post_admin(&self, path: &str, body: Value) -> Value {
+        let res = self.http.post(format!("{}{path}", self.base)).bearer_auth(ADMIN).json(&body).send().await.expect("post");
+        res.json().await.expect("json")
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let res = self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.key).json(&body).send().await.expect("post");
+        assert!(res.status().is_success(), "{path}: {}", res.status());
+        res.json().await.expect("json")
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.key).send().await.expect("get").json().await.expect("json")
+    }
+
+    /// Submits a ticket whose printed text carries `marker`; returns the task id.
+    async fn submit(&self, marker: &str, printer: u16, print_type: &str) -> String {
+        let body = json!({"biz_no": marker, "printer_id": format!("p{printer}"), "print_type": print_type,
+                          "content": {"type": "text", "text": format!("TICKET {marker}\n1 x Noodles\n")}});
+        let v = self.post("/v1/print-tasks", body).await;
+        v["task_id"].as_str().expect("task_id").to_owned()
+    }
+
+    async fn state(&self, task: &str) -> Value {
+        self.get(&format!("/v1/print-tasks/{task}")).await
+    }
+
+    async fn wait_state(&self, task: &str, states: &[&str], secs: u64) -> Value {
+        let start = Instant::now();
+        loop {
+            let t = self.state(task).await;
+            if states.iter().any(|s| t["state"] == *s) {
+                return t;
+            }
+            assert!(start.elapsed() < Duration::from_secs(secs), "task {task} stuck: {t}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn paper(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.join("paper.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// How many cut jobs on paper carry `TICKET marker`.
+    fn printed_count(&self, marker: &str) -> usize {
+        let needle = format!("TICKET {marker}\n");
+        self.paper().iter().filter(|j| j["text"].as_str().unwrap_or("").contains(&needle)).count()
+    }
+
+    fn logs(&self) -> String {
+        let tail = |f: &str| {
+            let s = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        };
+        format!("--- broker\n{}\n--- agent\n{}\n--- sim\n{}", tail("broker.log"), tail("agent.log"), tail("sim.log"))
+    }
+
+    async fn events(&self, task: &str) -> Vec<(String, String)> {
+        let v = self.get(&format!("/v1/print-tasks/{task}/events")).await;
+        v["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| (e["from"].as_str().unwrap_or("-").to_owned(), e["to"].as_str().unwrap_or("?").to_owned()))
+            .collect()
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),*) => {
+        mod sqlite { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(false).await }
+        )* }
+        mod postgres { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(true).await }
+        )* }
+    };
+}
+
+both!(
+    submitted_ticket_prints_once_with_a_complete_audit_trail,
+    printer_faults_retry_with_the_reason_then_print_once,
+    killing_the_agent_mid_stream_prints_nothing_twice,
+    killing_the_broker_mid_stream_loses_nothing,
+    order_and_priority_hold_and_a_dead_printer_slows_no_one,
+    attempts_run_out_into_failed_with_the_reason
+);
+
+async fn submitted_ticket_prints_once_with_a_complete_audit_trail(pg: bool) {
+    let Some(w) = World::start("basic", pg, 1).await else { return };
+    let id = w.submit("A1001", 0, "receipt").await;
+    let t = w.wait_state(&id, &["printed"], 20).await;
+    assert_eq!(t["attempts"], 1);
+    assert!(t["printed_at"].is_string());
+    assert_eq!(w.printed_count("A1001"), 1, "{:?}", w.paper());
+    let path = w.events(&id).await;
+    assert_eq!(
+        path,
+        vec![("-".into(), "pending".into()), ("pending".into(), "sent".into()), ("sent".into(), "printed".into())]
+    );
+    let p = w.get("/v1/printers/p0").await;
+    assert_eq!(p["online"], true, "{p}");
+    assert!(p["last_seen_at"].is_string());
+}
+
+async fn printer_faults_retry_with_the_reason_then_print_once(pg: bool) {
+    let Some(w) = World::start("faults", pg, 1).await else { return };
+    for (fault, reason) in [("paper_out", "no_paper"), ("cover_open", "cover_open"), ("offline", "offline")] {
+        w.faults(0, json!({ fault: true })).await;
+        let marker = format!("F-{reason}");
+        let id = w.submit(&marker, 0, "receipt").await;
+        let t = w.wait_state(&id, &["retrying"], 20).await;
+        assert_eq!(t["last_error"], reason, "{t}");
+        let p = w.get("/v1/printers/p0").await;
+        assert_eq!(p["last_error"], reason, "the printer shows the reason too: {p}");
+        assert_eq!(w.printed_count(&marker), 0);
+        w.faults(0, json!({ fault: false })).await;
+        w.wait_state(&id, &["printed"], 20).await;
+        assert_eq!(w.printed_count(&marker), 1, "printed exactly once after {fault}");
+    }
+}
+
+async fn killing_the_agent_mid_stream_prints_nothing_twice(pg: bool) {
+    let Some(mut w) = World::start("agentkill", pg, 2).await else { return };
+    let mut ids = BTreeMap::new();
+    for i in 0..60 {
+        let m = format!("K{i}");
+        ids.insert(m.clone(), w.submit(&m, (i % 2) as u16, "receipt").await);
+        if i == 25 {
+            World::kill9(&mut w.agent);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            w.start_agent();
+        }
+    }
+    let mut in_doubt = 0;
+    for (m, id) in &ids {
+        let t = w.wait_state(id, &["printed", "in_doubt"], 30).await;
+        let n = w.printed_count(m);
+        assert!(n <= 1, "{m} printed {n} times");
+        if t["state"] == "in_doubt" {
+            in_doubt += 1;
+        } else {
+            assert_eq!(n, 1, "{m} is printed but not on paper");
+        }
+    }
+    assert!(in_doubt <= 2, "only a job cut off per printer may be in doubt, got {in_doubt}");
+}
+
+async fn killing_the_broker_mid_stream_loses_nothing(pg: bool) {
+    let Some(mut w) = World::start("brokerkill", pg, 2).await else { return };
+    let mut ids = BTreeMap::new();
+    for i in 0..40 {
+        let m = format!("B{i}");
+        ids.insert(m.clone(), w.submit(&m, (i % 2) as u16, "receipt").await);
+    }
+    World::kill9(&mut w.broker);
+    w.start_broker();
+    // The agent keeps its old server URL: restart it against the new port (a real broker
+    // restarts on its fixed address; the port here is chosen by the OS).
+    World::kill9(&mut w.agent);
+    w.start_agent();
+    for i in 40..60 {
+        let m = format!("B{i}");
+        ids.insert(m.clone(), w.submit(&m, (i % 2) as u16, "receipt").await);
+    }
+    for (m, id) in &ids {
+        let t = w.wait_state(id, &["printed", "in_doubt"], 30).await;
+        let n = w.printed_count(m);
+        assert!(n <= 1, "{m} printed {n} times");
+        if t["state"] == "printed" {
+            assert_eq!(n, 1, "{m}");
+        }
+    }
+}
+
+async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
+    let Some(w) = World::start("order", pg, 2).await else { return };
+    // Printer 1 is dead for the whole test; printer 0 must not notice.
+    w.faults(1, json!({"offline": true})).await;
+    w.faults(0, json!({"paper_out": true})).await;
+    let mut expected = Vec::new();
+    for i in 0..5 {
+        let m = format!("O{i}");
+        w.submit(&m, 0, "receipt").await;
+        expected.push(m);
+    }
+    w.submit("DEAD", 1, "receipt").await;
+    // A refund submitted last goes before the queued receipts that have not left yet.
+    let refund = w.submit("R0", 0, "refund").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.faults(0, json!({"paper_out": false})).await;
+    w.wait_state(&refund, &["printed"], 20).await;
+    let start = Instant::now();
+    for m in &expected {
+        let id = w.get(&format!("/v1/print-tasks?biz_no={m}")).await["tasks"][0]["task_id"].as_str().unwrap_or("").to_owned();
+        w.wait_state(&id, &["printed"], 20).await;
+    }
+    assert!(start.elapsed() < Duration::from_secs(10), "printer 0 was slowed down");
+    let order: Vec<String> = w
+        .paper()
+        .iter()
+        .filter(|j| j["printer"] == format!("127.0.0.1:{}", w.sim_base_port))
+        .filter_map(|j| j["text"].as_str().and_then(|t| t.lines().next()).map(|l| l.trim_start_matches("TICKET ").to_owned()))
+        .collect();
+    // The first receipt was in flight when paper ran out, so it prints first; the refund
+    // overtakes the rest; the receipts keep their order.
+    let pos = |m: &str| order.iter().position(|x| x == m).unwrap_or(usize::MAX);
+    for pair in expected.windows(2) {
+        assert!(pos(&pair[0]) < pos(&pair[1]), "FIFO broken: {order:?}");
+    }
+    assert!(pos("R0") < pos("O4"), "the refund should overtake queued receipts: {order:?}");
+    assert_eq!(order.len(), 6, "{order:?}");
+}
+
+async fn attempts_run_out_into_failed_with_the_reason(pg: bool) {
+    let Some(w) = World::start("failed", pg, 1).await else { return };
+    w.faults(0, json!({"cover_open": true})).await;
+    let id = w.submit("X1", 0, "receipt").await;
+    let t = w.wait_state(&id, &["failed"], 30).await;
+    assert_eq!((t["last_error"].as_str(), t["attempts"].as_i64()), (Some("cover_open"), Some(3)), "{t}");
+    let failed = w.get("/v1/print-tasks?store_id=s1&state=failed").await;
+    assert_eq!(failed["tasks"][0]["task_id"], id.as_str());
+    assert_eq!(w.printed_count("X1"), 0);
+}

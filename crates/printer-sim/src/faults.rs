@@ -1,0 +1,210 @@
+//! Fault state of each simulated printer, changeable at run time.
+//!
+//! Each printer's faults live in a `tokio::sync::watch` channel: the printing task of a
+//! blocked printer sleeps on it and wakes the moment paper goes back in, and connection
+//! tasks read the current value to answer real-time status requests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use onceprint_escpos::status::PrinterStatus;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::SimError;
+
+/// The faults of one printer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Faults {
+    /// Out of paper: nothing prints, received bytes are buffered, `GS ( H` is not
+    /// answered; when paper goes back in, the buffer prints.
+    pub paper_out: bool,
+    /// Cover open: blocks like `paper_out`.
+    pub cover_open: bool,
+    /// Offline: new connections are reset at once, existing ones read offline status
+    /// and nothing prints until it clears.
+    pub offline: bool,
+    /// The next this many jobs print and are logged, then the connection drops before
+    /// anything after the cut (such as the `GS ( H` reply) is answered.
+    pub crash_mid_job: u32,
+    /// Delay before each job is printed (and so before its acknowledgement).
+    pub slow_ms: u64,
+    /// Behave like a clone printer that ignores `GS ( H` (real-time status still works).
+    pub clone: bool,
+}
+
+impl Faults {
+    /// Whether the printer holds its input instead of printing.
+    pub fn blocks_printing(&self) -> bool {
+        self.paper_out || self.cover_open || self.offline
+    }
+
+    /// The status a real printer reports in this state. Paper-out and cover-open also set
+    /// the offline bit of `DLE EOT 1`, as Epson printers do: a printer that cannot print
+    /// is offline, and the n=2/n=4 answers tell why.
+    pub fn status(&self) -> PrinterStatus {
+        PrinterStatus {
+            offline: self.offline || self.paper_out || self.cover_open,
+            cover_open: self.cover_open,
+            paper_end_stop: self.paper_out,
+            paper_near_end: self.paper_out,
+            paper_end: self.paper_out,
+            ..PrinterStatus::default()
+        }
+    }
+}
+
+/// A partial change of faults: fields left out keep their value. This is also the body
+/// of `PUT /faults` (with an optional `printer`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultUpdate {
+    pub paper_out: Option<bool>,
+    pub cover_open: Option<bool>,
+    pub offline: Option<bool>,
+    pub crash_mid_job: Option<u32>,
+    pub slow_ms: Option<u64>,
+    pub clone: Option<bool>,
+}
+
+impl FaultUpdate {
+    /// Applies the fields that are set.
+    pub fn apply(&self, faults: &mut Faults) {
+        if let Some(v) = self.paper_out {
+            faults.paper_out = v;
+        }
+        if let Some(v) = self.cover_open {
+            faults.cover_open = v;
+        }
+        if let Some(v) = self.offline {
+            faults.offline = v;
+        }
+        if let Some(v) = self.crash_mid_job {
+            faults.crash_mid_job = v;
+        }
+        if let Some(v) = self.slow_ms {
+            faults.slow_ms = v;
+        }
+        if let Some(v) = self.clone {
+            faults.clone = v;
+        }
+    }
+}
+
+impl From<Faults> for FaultUpdate {
+    fn from(f: Faults) -> FaultUpdate {
+        FaultUpdate {
+            paper_out: Some(f.paper_out),
+            cover_open: Some(f.cover_open),
+            offline: Some(f.offline),
+            crash_mid_job: Some(f.crash_mid_job),
+            slow_ms: Some(f.slow_ms),
+            clone: Some(f.clone),
+        }
+    }
+}
+
+/// One printer's address and faults, as `GET /faults` lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrinterFaults {
+    pub printer: SocketAddr,
+    #[serde(flatten)]
+    pub faults: Faults,
+}
+
+struct Cell {
+    addr: SocketAddr,
+    faults: watch::Sender<Faults>,
+}
+
+/// Reads and changes the faults of the simulator's printers. Cheap to clone.
+#[derive(Clone)]
+pub struct FaultsHandle {
+    cells: Arc<[Cell]>,
+}
+
+impl std::fmt::Debug for FaultsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.all()).finish()
+    }
+}
+
+impl FaultsHandle {
+    pub(crate) fn new(addrs: &[SocketAddr], initial: Faults) -> FaultsHandle {
+        let cells = addrs.iter().map(|&addr| Cell { addr, faults: watch::Sender::new(initial) }).collect();
+        FaultsHandle { cells }
+    }
+
+    /// The faults of every printer, in address order of start-up.
+    pub fn all(&self) -> Vec<PrinterFaults> {
+        self.cells.iter().map(|c| PrinterFaults { printer: c.addr, faults: *c.faults.borrow() }).collect()
+    }
+
+    /// The faults of one printer.
+    pub fn get(&self, printer: SocketAddr) -> Option<Faults> {
+        self.cells.iter().find(|c| c.addr == printer).map(|c| *c.faults.borrow())
+    }
+
+    /// Changes the faults of one printer, or of all when `printer` is `None`, and returns
+    /// the new state of the printers changed. A printer that was blocked starts printing
+    /// its buffer as soon as nothing blocks it any more.
+    pub fn update(&self, printer: Option<SocketAddr>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
+        if let Some(addr) = printer {
+            if !self.cells.iter().any(|c| c.addr == addr) {
+                return Err(SimError::UnknownPrinter(addr.to_string()));
+            }
+        }
+        let mut changed = Vec::new();
+        for cell in self.cells.iter().filter(|c| printer.is_none_or(|a| a == c.addr)) {
+            cell.faults.send_modify(|f| update.apply(f));
+            changed.push(PrinterFaults { printer: cell.addr, faults: *cell.faults.borrow() });
+        }
+        Ok(changed)
+    }
+
+    /// Changes every printer's faults.
+    pub fn update_all(&self, update: FaultUpdate) -> Vec<PrinterFaults> {
+        // No printer is named, so no printer can be unknown.
+        self.update(None, update).unwrap_or_default()
+    }
+
+    pub(crate) fn current(&self, index: usize) -> Faults {
+        self.cells.get(index).map(|c| *c.faults.borrow()).unwrap_or_default()
+    }
+
+    pub(crate) fn subscribe(&self, index: usize) -> Option<watch::Receiver<Faults>> {
+        self.cells.get(index).map(|c| c.faults.subscribe())
+    }
+
+    pub(crate) fn modify(&self, index: usize, f: impl FnOnce(&mut Faults)) {
+        if let Some(cell) = self.cells.get(index) {
+            cell.faults.send_modify(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_bytes_match_the_field_notes() {
+        let paper_out = Faults { paper_out: true, ..Faults::default() }.status();
+        assert_eq!(paper_out.encode(4), 0x7E);
+        assert_eq!(paper_out.encode(2), 0x32);
+        assert_eq!(paper_out.encode(1), 0x1A);
+        let cover = Faults { cover_open: true, ..Faults::default() }.status();
+        assert_eq!(cover.encode(2), 0x16);
+        assert_eq!(cover.blocker(), Some(onceprint_escpos::status::Blocker::CoverOpen));
+        assert_eq!(Faults::default().status().encode(4), 0x12);
+    }
+
+    #[test]
+    fn updates_touch_only_the_fields_given() {
+        let mut f = Faults { slow_ms: 5, ..Faults::default() };
+        let u: FaultUpdate = serde_json::from_str(r#"{"paper_out":true}"#).unwrap();
+        u.apply(&mut f);
+        assert_eq!(f, Faults { paper_out: true, slow_ms: 5, ..Faults::default() });
+        assert!(serde_json::from_str::<FaultUpdate>(r#"{"paperout":true}"#).is_err(), "typos are refused");
+    }
+}

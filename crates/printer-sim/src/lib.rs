@@ -1,0 +1,331 @@
+//! A simulated ESC/POS network printer (R34), for demos, tests and benchmarks.
+//!
+//! This crate owns `onceprint printer-sim`: one or more printers listening on raw TCP
+//! (port 9100 by default) that parse what they receive with
+//! [`onceprint_escpos::parse::Parser`], answer real-time status (`DLE EOT n`) and the
+//! printed-acknowledgement (`GS ( H`) the way real printers do, and write every printed
+//! job as one JSON line to a paper log — the ground truth a fault-injection test counts
+//! duplicates and losses against. Faults can be set at start-up and changed at run time
+//! through [`FaultsHandle`] or the optional HTTP control endpoint: paper out and cover
+//! open (input is buffered and printed when the fault clears, as real printers do),
+//! offline, crash after a job, slow printing, and clone printers that ignore `GS ( H`.
+//!
+//! It must never talk to the broker or know about tasks: it is a printer, and only sees
+//! bytes. It must never acknowledge a job whose paper-log line was not written: an
+//! acknowledgement that the log does not back would hide exactly the losses it exists to
+//! reveal.
+//!
+//! The whole stream of a connection is handled in order, so the reply to a `GS ( H`
+//! comes after every job before it was logged. A job is everything up to a cut (`GS V`,
+//! `ESC i`, `ESC m`); printable content left without a cut when a connection ends is
+//! logged too, with `"cut": "none"`.
+
+mod control;
+mod faults;
+mod jobs;
+mod printer;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use faults::{FaultUpdate, Faults, FaultsHandle, PrinterFaults};
+pub use jobs::{Barcode, Cut, Jobs, PrintedJob};
+
+/// Why the simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("--count must be at least 1")]
+    NoPrinters,
+    #[error("{count} printers from port {first} would go past port 65535")]
+    PortRange { first: u16, count: usize },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot open the paper log {}: {source}", path.display())]
+    PaperLog { path: PathBuf, source: std::io::Error },
+    #[error("no printer {0}")]
+    UnknownPrinter(String),
+}
+
+/// Command-line flags of `onceprint printer-sim`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Address of the (first) printer.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9100")]
+    pub listen: SocketAddr,
+    /// Number of printers, on consecutive ports from the listen port (with port 0, each
+    /// gets its own ephemeral port).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub count: usize,
+    /// Append one JSON line per printed job to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub paper_log: Option<PathBuf>,
+    /// Serve the HTTP control endpoint (GET/PUT /faults, GET /jobs, GET /healthz) on ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub control: Option<SocketAddr>,
+    /// Start out of paper: jobs are buffered and print when paper goes in.
+    #[arg(long)]
+    pub paper_out: bool,
+    /// Start with the cover open (blocks like --paper-out).
+    #[arg(long)]
+    pub cover_open: bool,
+    /// Start offline: connections are reset.
+    #[arg(long)]
+    pub offline: bool,
+    /// The next N jobs print, then the connection drops before the GS ( H reply.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub crash_mid_job: u32,
+    /// Wait MS milliseconds before printing (and acknowledging) each job.
+    #[arg(long, value_name = "MS", default_value_t = 0, conflicts_with = "fast")]
+    pub slow_ms: u64,
+    /// Ignore GS ( H, like many clone printers; real-time status still answers.
+    #[arg(long)]
+    pub clone: bool,
+    /// No artificial delays. This is already the default (there are none unless
+    /// --slow-ms is given); the flag exists so scripts can say so explicitly.
+    #[arg(long)]
+    pub fast: bool,
+}
+
+impl SimArgs {
+    /// The simulator configuration these flags describe.
+    pub fn config(&self) -> SimConfig {
+        SimConfig {
+            listen: self.listen,
+            count: self.count,
+            paper_log: self.paper_log.clone(),
+            control: self.control,
+            faults: Faults {
+                paper_out: self.paper_out,
+                cover_open: self.cover_open,
+                offline: self.offline,
+                crash_mid_job: self.crash_mid_job,
+                slow_ms: if self.fast { 0 } else { self.slow_ms },
+                clone: self.clone,
+            },
+        }
+    }
+}
+
+/// What [`Simulator::start`] starts.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Address of the first printer; port 0 gives every printer an ephemeral port.
+    pub listen: SocketAddr,
+    /// Number of printers.
+    pub count: usize,
+    pub paper_log: Option<PathBuf>,
+    /// Address of the HTTP control endpoint, if any (port 0 is fine).
+    pub control: Option<SocketAddr>,
+    /// Initial faults of every printer.
+    pub faults: Faults,
+}
+
+impl SimConfig {
+    /// One healthy printer on an ephemeral loopback port, no paper log, no control
+    /// endpoint: the usual start for a test, adjusted with struct update syntax.
+    pub fn ephemeral() -> SimConfig {
+        SimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            count: 1,
+            paper_log: None,
+            control: None,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// A running simulator. Dropping it stops it without waiting; [`Simulator::shutdown`]
+/// stops it and waits until every task has ended.
+pub struct Simulator {
+    printers: Vec<SocketAddr>,
+    control: Option<SocketAddr>,
+    faults: FaultsHandle,
+    jobs: Jobs,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator").field("printers", &self.printers).field("control", &self.control).finish()
+    }
+}
+
+impl Simulator {
+    /// Binds every printer (and the control endpoint) and starts serving. Must be called
+    /// inside a Tokio runtime.
+    pub async fn start(config: SimConfig) -> Result<Simulator, SimError> {
+        let listeners = bind_printers(config.listen, config.count).await?;
+        let mut printers = Vec::with_capacity(listeners.len());
+        for listener in &listeners {
+            let addr = listener.local_addr().map_err(|source| SimError::Bind { addr: config.listen, source })?;
+            printers.push(addr);
+        }
+        let control = match config.control {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
+                let local = listener.local_addr().map_err(|source| SimError::Bind { addr, source })?;
+                Some((listener, local))
+            }
+            None => None,
+        };
+        let recorder = Arc::new(jobs::Recorder::open(config.paper_log.as_deref()).await?);
+        let faults = FaultsHandle::new(&printers, config.faults);
+        let jobs = recorder.jobs();
+        let (stop, stop_rx) = watch::channel(false);
+
+        let mut tasks = Vec::with_capacity(printers.len() + 1);
+        for (index, (listener, &addr)) in listeners.into_iter().zip(&printers).enumerate() {
+            let ctx = Arc::new(printer::PrinterCtx { index, addr, faults: faults.clone(), recorder: recorder.clone() });
+            tasks.push(tokio::spawn(printer::run(listener, ctx, stop_rx.clone())));
+        }
+        let control = control.map(|(listener, local)| {
+            tasks.push(tokio::spawn(control::serve(listener, faults.clone(), jobs.clone(), stop_rx.clone())));
+            local
+        });
+        tracing::info!(
+            printers = printers.len(),
+            first = ?printers.first(),
+            control = ?control,
+            paper_log = ?config.paper_log,
+            faults = ?config.faults,
+            "printer simulator started"
+        );
+        Ok(Simulator { printers, control, faults, jobs, stop, tasks })
+    }
+
+    /// The printers' addresses, in port order for a fixed listen port.
+    pub fn printers(&self) -> &[SocketAddr] {
+        &self.printers
+    }
+
+    /// The control endpoint's address, when one was asked for.
+    pub fn control_addr(&self) -> Option<SocketAddr> {
+        self.control
+    }
+
+    /// Reads and changes faults at run time.
+    pub fn faults(&self) -> FaultsHandle {
+        self.faults.clone()
+    }
+
+    /// What was printed so far.
+    pub fn jobs(&self) -> Jobs {
+        self.jobs.clone()
+    }
+
+    /// Stops accepting, drops every connection and waits for all tasks. Input still
+    /// buffered in a blocked printer is lost, as when a printer is switched off.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// Binds `count` printers: consecutive ports from `listen`, or `count` ephemeral ports
+/// when its port is 0.
+async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListener>, SimError> {
+    if count == 0 {
+        return Err(SimError::NoPrinters);
+    }
+    let first = listen.port();
+    if first != 0 && usize::from(first) + count - 1 > usize::from(u16::MAX) {
+        return Err(SimError::PortRange { first, count });
+    }
+    let mut listeners = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut addr = listen;
+        if first != 0 {
+            // In range: checked above.
+            addr.set_port(first + i as u16);
+        }
+        let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// Runs `onceprint printer-sim` until `shutdown` resolves.
+pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
+    let sim = Simulator::start(args.config()).await?;
+    shutdown.await;
+    tracing::info!("printer simulator stopping");
+    sim.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimArgs,
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let cli = Cli::try_parse_from(["sim"]).unwrap();
+        let config = cli.args.config();
+        assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
+        assert_eq!(config.count, 1);
+        assert_eq!(config.faults, Faults::default());
+        assert!(config.paper_log.is_none() && config.control.is_none());
+    }
+
+    #[test]
+    fn fault_flags_become_initial_faults() {
+        let cli = Cli::try_parse_from([
+            "sim",
+            "--listen",
+            "0.0.0.0:9200",
+            "--count",
+            "3",
+            "--paper-log",
+            "paper.jsonl",
+            "--control",
+            "127.0.0.1:9180",
+            "--paper-out",
+            "--cover-open",
+            "--offline",
+            "--crash-mid-job",
+            "2",
+            "--slow-ms",
+            "40",
+            "--clone",
+        ])
+        .unwrap();
+        let config = cli.args.config();
+        assert_eq!(config.count, 3);
+        assert_eq!(config.paper_log, Some(PathBuf::from("paper.jsonl")));
+        assert_eq!(
+            config.faults,
+            Faults { paper_out: true, cover_open: true, offline: true, crash_mid_job: 2, slow_ms: 40, clone: true }
+        );
+        assert!(Cli::try_parse_from(["sim", "--fast", "--slow-ms", "5"]).is_err(), "--fast contradicts --slow-ms");
+        assert_eq!(Cli::try_parse_from(["sim", "--fast"]).unwrap().args.config().faults.slow_ms, 0);
+    }
+
+    #[tokio::test]
+    async fn port_ranges_are_checked() {
+        let too_far = SocketAddr::from(([127, 0, 0, 1], 65_535));
+        assert!(matches!(bind_printers(too_far, 2).await, Err(SimError::PortRange { .. })));
+        assert!(matches!(bind_printers(too_far, 0).await, Err(SimError::NoPrinters)));
+    }
+}
