@@ -84,6 +84,8 @@ struct World {
     sim_base_port: u16,
     control: String,
     http: reqwest::Client,
+    /// Where the agent connects, when not straight to the broker (a chaos proxy).
+    agent_server: Option<String>,
     _pg: Option<onceprint_store::testing::Harness>,
 }
 
@@ -103,6 +105,10 @@ impl Drop for World {
 
 impl World {
     async fn start(name: &str, postgres: bool, printers: u16) -> Option<World> {
+        World::start_with(name, postgres, printers, &[]).await
+    }
+
+    async fn start_with(name: &str, postgres: bool, printers: u16, sim_flags: &[&str]) -> Option<World> {
         let dir = temp_dir(name);
         let pg = if postgres { Some(onceprint_store_postgres::testing::fresh_store().await?) } else { None };
         let database = match &pg {
@@ -112,20 +118,19 @@ impl World {
         let sim_base_port = free_ports(printers);
         let control_port = free_ports(1);
         let control = format!("127.0.0.1:{control_port}");
-        let sim = spawn(
-            &[
-                "printer-sim".into(),
-                "--listen".into(),
-                format!("127.0.0.1:{sim_base_port}"),
-                "--count".into(),
-                printers.to_string(),
-                "--paper-log".into(),
-                dir.join("paper.jsonl").display().to_string(),
-                "--control".into(),
-                control.clone(),
-            ],
-            &dir.join("sim.log"),
-        );
+        let mut sim_args: Vec<String> = vec![
+            "printer-sim".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{sim_base_port}"),
+            "--count".into(),
+            printers.to_string(),
+            "--paper-log".into(),
+            dir.join("paper.jsonl").display().to_string(),
+            "--control".into(),
+            control.clone(),
+        ];
+        sim_args.extend(sim_flags.iter().map(|s| s.to_string()));
+        let sim = spawn(&sim_args, &dir.join("sim.log"));
         std::fs::write(dir.join("broker.toml"), FAST).expect("config");
         let mut w = World {
             dir,
@@ -139,6 +144,7 @@ impl World {
             sim_base_port,
             control,
             http: reqwest::Client::new(),
+            agent_server: None,
             _pg: pg,
         };
         w.start_broker();
@@ -181,10 +187,11 @@ impl World {
     }
 
     fn start_agent(&mut self) {
+        let server = self.agent_server.clone().unwrap_or_else(|| self.base.clone());
         let args: Vec<String> = [
             "agent",
             "--server",
-            &self.base,
+            &server,
             "--token",
             &self.agent_token,
             "--state-dir",
@@ -315,8 +322,80 @@ both!(
     killing_the_agent_mid_stream_prints_nothing_twice,
     killing_the_broker_mid_stream_loses_nothing,
     order_and_priority_hold_and_a_dead_printer_slows_no_one,
-    attempts_run_out_into_failed_with_the_reason
+    attempts_run_out_into_failed_with_the_reason,
+    a_lost_ack_is_answered_from_the_journal_without_a_second_print
 );
+
+/// A TCP proxy between agent and broker that, while `drop_acks` is set, cuts every
+/// connection on which the agent sends an ack: the acknowledgement never arrives.
+async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
+    let addr = listener.local_addr().expect("addr");
+    let upstream = upstream.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            let drop_acks = drop_acks.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                let (mut cr, mut cw) = client.split();
+                let (mut sr, mut sw) = server.split();
+                let up = async {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        if drop_acks.load(Ordering::SeqCst) && chunk.windows(19).any(|w| w == b"POST /v1/agent/acks") {
+                            return; // the ack is lost on the way
+                        }
+                        if sw.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                };
+                let down = async {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                };
+                tokio::select! { _ = up => {}, _ = down => {} }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+async fn a_lost_ack_is_answered_from_the_journal_without_a_second_print(pg: bool) {
+    let Some(mut w) = World::start("lostack", pg, 1).await else { return };
+    let drop_acks = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let proxy = chaos_proxy(w.base.clone(), drop_acks.clone()).await;
+    World::kill9(&mut w.agent);
+    w.agent_server = Some(proxy);
+    w.start_agent();
+    let id = w.submit("L1", 0, "receipt").await;
+    // Printed on paper, but the broker has not heard: still sent.
+    let start = Instant::now();
+    while w.printed_count("L1") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "never printed\n{}", w.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w.state(&id).await["state"], "sent");
+    // Past the delivery deadline the broker offers it again; the agent answers from its
+    // journal. Let acks through only after that redelivery happened.
+    let start = Instant::now();
+    while !w.events(&id).await.contains(&("sent".into(), "sent".into())) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no redelivery\n{}", w.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop_acks.store(false, std::sync::atomic::Ordering::SeqCst);
+    let t = w.wait_state(&id, &["printed"], 30).await;
+    assert_eq!(t["attempts"], 1, "the same attempt, never a new one");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.printed_count("L1"), 1, "one sheet of paper");
+}
 
 async fn submitted_ticket_prints_once_with_a_complete_audit_trail(pg: bool) {
     let Some(w) = World::start("basic", pg, 1).await else { return };
@@ -353,7 +432,8 @@ async fn printer_faults_retry_with_the_reason_then_print_once(pg: bool) {
 }
 
 async fn killing_the_agent_mid_stream_prints_nothing_twice(pg: bool) {
-    let Some(mut w) = World::start("agentkill", pg, 2).await else { return };
+    // Slow printers, so that the kill lands in the middle of jobs.
+    let Some(mut w) = World::start_with("agentkill", pg, 2, &["--slow-ms", "25"]).await else { return };
     let mut ids = BTreeMap::new();
     for i in 0..60 {
         let m = format!("K{i}");
@@ -379,7 +459,7 @@ async fn killing_the_agent_mid_stream_prints_nothing_twice(pg: bool) {
 }
 
 async fn killing_the_broker_mid_stream_loses_nothing(pg: bool) {
-    let Some(mut w) = World::start("brokerkill", pg, 2).await else { return };
+    let Some(mut w) = World::start_with("brokerkill", pg, 2, &["--slow-ms", "10"]).await else { return };
     let mut ids = BTreeMap::new();
     for i in 0..40 {
         let m = format!("B{i}");
@@ -434,8 +514,7 @@ async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
         .filter(|j| j["printer"] == format!("127.0.0.1:{}", w.sim_base_port))
         .filter_map(|j| j["text"].as_str().and_then(|t| t.lines().next()).map(|l| l.trim_start_matches("TICKET ").to_owned()))
         .collect();
-    // The first receipt was in flight when paper ran out, so it prints first; the refund
-    // overtakes the rest; the receipts keep their order.
+    // The refund (priority 0) overtakes the queued receipts; the receipts keep their order.
     let pos = |m: &str| order.iter().position(|x| x == m).unwrap_or(usize::MAX);
     for pair in expected.windows(2) {
         assert!(pos(&pair[0]) < pos(&pair[1]), "FIFO broken: {order:?}");
