@@ -76,6 +76,18 @@ impl Default for PolicyTable {
 }
 
 impl PolicyTable {
+    /// The policy of a stored task's print type. A type removed from the configuration
+    /// after tasks were accepted falls back to the default type's policy, and, failing
+    /// that, to a conservative built-in one (never reprint on doubt).
+    pub fn policy_for(&self, print_type: &str) -> PrintTypePolicy {
+        self.types.get(print_type).or(self.types.get(DEFAULT_PRINT_TYPE)).cloned().unwrap_or(PrintTypePolicy {
+            priority: 100,
+            backoff: Backoff { initial_ms: 1_000, factor: 2.0, cap_ms: 30_000, jitter: 0.2 },
+            max_attempts: 5,
+            reprint_on_doubt: false,
+        })
+    }
+
     /// Resolves the print type of a request: absent means [`DEFAULT_PRINT_TYPE`].
     pub fn resolve<'a>(&'a self, print_type: Option<&'a str>) -> Result<(&'a str, &'a PrintTypePolicy), CoreError> {
         let name = print_type.unwrap_or(DEFAULT_PRINT_TYPE);

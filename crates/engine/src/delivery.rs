@@ -154,17 +154,7 @@ impl Dispatcher {
     }
 
     fn policy(&self, print_type: &str) -> onceprint_core::PrintTypePolicy {
-        self.policies
-            .types
-            .get(print_type)
-            .or_else(|| self.policies.types.get(onceprint_core::policy::DEFAULT_PRINT_TYPE))
-            .cloned()
-            .unwrap_or_else(|| onceprint_core::PrintTypePolicy {
-                priority: 100,
-                backoff: onceprint_core::Backoff { initial_ms: 1_000, factor: 2.0, cap_ms: 30_000, jitter: 0.2 },
-                max_attempts: 5,
-                reprint_on_doubt: false,
-            })
+        self.policies.policy_for(print_type)
     }
 
     fn seen(&self, who: &AgentIdentity, agent_id: &str, now: Millis) {
@@ -436,7 +426,7 @@ impl Dispatcher {
                 if store_agents.get(&sent_to).is_some_and(alive) {
                     continue; // its own agent will be offered it again
                 }
-                match store_agents.iter().find(|(id, a)| **id != sent_to && alive(*a)) {
+                match store_agents.iter().find(|(id, a)| **id != sent_to && alive(a)) {
                     Some((other, _)) => other.clone(),
                     None => continue, // nobody serves the store now: wait for the agent
                 }
