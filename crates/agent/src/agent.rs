@@ -114,6 +114,9 @@ async fn poll_loop(
 ) {
     let capacity = Arc::new(Semaphore::new(max));
     let mut backoff = Backoff::default();
+    // New at every start: tells the broker that deliveries handed to an earlier session of
+    // this agent id will never be acknowledged by that process, so it offers them again now.
+    let session = format!("s{:032x}", rand::random::<u128>());
     tokio::pin!(shutdown);
     loop {
         // Take as much capacity as is free, waiting for at least one slot: the broker marks
@@ -132,7 +135,7 @@ async fn poll_loop(
                 permits.merge(more);
             }
         }
-        let req = PollRequest { agent_id: agent_id.to_owned(), wait_ms, max: permits.num_permits() };
+        let req = PollRequest { agent_id: agent_id.to_owned(), wait_ms, max: permits.num_permits(), session: session.clone() };
         let began = Instant::now();
         // Dropping an unanswered poll at shutdown may leave deliveries the broker already
         // handed out unread; they stay unconfirmed and come back to this agent id (R19).

@@ -51,8 +51,13 @@ use std::str::FromStr;
 /// `onceprint agent` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {
-    /// The broker's base URL, e.g. http://broker.example:8080.
-    #[arg(long, env = "ONCEPRINT_SERVER", value_name = "URL")]
+    /// The broker's base URL (plain HTTP: scheme, host, port, optional path prefix).
+    #[arg(
+        long,
+        env = "ONCEPRINT_SERVER",
+        value_name = "URL",
+        help = "The broker's base URL, e.g. http://broker.example:8080"
+    )]
     pub server: String,
 
     /// The store's agent token (from POST /v1/stores/{id}/agent-tokens).
@@ -145,4 +150,56 @@ pub enum AgentError {
     Journal(#[from] JournalError),
     #[error("the agent failed internally: {0}")]
     Internal(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn arguments_parse_with_the_documented_defaults() {
+        let cli = Cli::try_parse_from([
+            "agent",
+            "--server",
+            "http://127.0.0.1:8080",
+            "--token",
+            "secret-token",
+            "--state-dir",
+            "/var/lib/onceprint-agent",
+            "--no-printed-ack",
+            "p1",
+            "--no-printed-ack",
+            "p2",
+        ]);
+        let a = cli.map_err(|e| e.to_string()).expect("parses").agent;
+        assert_eq!(a.token.as_str(), "secret-token");
+        assert_eq!((a.journal_size, a.poll_wait_ms, a.max_deliveries), (100_000, 25_000, 64));
+        assert_eq!((a.print_timeout_ms, a.connect_timeout_ms), (15_000, 3_000));
+        assert_eq!(a.no_printed_ack, ["p1", "p2"]);
+        assert_eq!(a.agent_id, None);
+        assert!(!format!("{a:?}").contains("secret-token"), "the token never shows in Debug output");
+    }
+
+    #[test]
+    fn a_zero_journal_size_is_refused() {
+        let cli = Cli::try_parse_from([
+            "agent",
+            "--server",
+            "http://x:1",
+            "--token",
+            "t",
+            "--state-dir",
+            "d",
+            "--journal-size",
+            "0",
+        ]);
+        assert!(cli.is_err());
+    }
 }

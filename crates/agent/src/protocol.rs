@@ -14,6 +14,10 @@ pub struct PollRequest {
     pub agent_id: String,
     pub wait_ms: u64,
     pub max: usize,
+    /// Extension: an id of this agent process, new at every start. A new session tells
+    /// the broker this agent restarted, so its unconfirmed deliveries come back at once
+    /// instead of after the delivery deadline.
+    pub session: String,
 }
 
 /// `POST /v1/agent/poll` answer.
@@ -38,6 +42,11 @@ pub struct Delivery {
     pub content_type: String,
     /// Base64 of the bytes for the printer.
     pub data: String,
+    /// Extension: the broker reprints on doubt for this print type and the previous
+    /// attempt ended in doubt, so an older `started`/`in_doubt` journal record does not
+    /// stop this attempt. A `printed` record still does.
+    #[serde(default)]
+    pub reprint: bool,
 }
 
 /// What became of one delivery, in the words of the contract.

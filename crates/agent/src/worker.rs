@@ -127,8 +127,14 @@ pub(crate) async fn handle_delivery(ctx: &WorkerContext, d: &Delivery, ids: &mut
     // (1) The journal first: a task this agent printed, or may have printed, is never
     // sent to a printer again, whatever the broker asks (R20, R22).
     if let Some(r) = ctx.journal.lookup(&d.task_id) {
+        let authorised_reprint = d.reprint && r.attempt < d.attempt;
         match r.state {
             RecordState::Printed => return ack(Outcome::Printed, ALREADY_PRINTED.into()),
+            // The broker's policy for this print type is to reprint on doubt and it has
+            // moved on to a new attempt: the doubt about the older one was decided.
+            RecordState::InDoubt | RecordState::Started if authorised_reprint => {
+                tracing::warn!(task_id = %d.task_id, attempt = d.attempt, "reprint on doubt authorised by the broker");
+            }
             RecordState::InDoubt => return ack(Outcome::InDoubt, ALREADY_IN_DOUBT.into()),
             RecordState::Started => {
                 let rec = Record::new(&d.task_id, d.attempt, RecordState::InDoubt, STARTED_BEFORE_CRASH);

@@ -125,7 +125,7 @@ pub fn decide(
             }
         }
         (TaskState::Sent, Outcome::InDoubt) if current => {
-            if policy.reprint_on_doubt {
+            if policy.reprint_on_doubt && attempts < policy.max_attempts as i32 {
                 let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
                 change(
                     TaskState::Retrying,
@@ -192,6 +192,10 @@ mod tests {
         p.reprint_on_doubt = true;
         let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
         assert_eq!(c.to, TaskState::Retrying);
+        // Reprinting on doubt is bounded by the attempt limit like any retry.
+        let last = p.max_attempts as i32;
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        assert_eq!(c.to, TaskState::InDoubt);
     }
 
     #[test]

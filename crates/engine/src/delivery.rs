@@ -57,6 +57,9 @@ pub struct Delivery {
     pub idempotency_key: String,
     pub content_type: &'static str,
     pub data: Vec<u8>,
+    /// The previous attempt ended in doubt and the print type reprints on doubt: the agent
+    /// may print over its journal's `started`/`in_doubt` record for an older attempt.
+    pub reprint: bool,
 }
 
 /// One ack as received.
@@ -298,6 +301,7 @@ impl Dispatcher {
                 printer_id: task.printer_id,
                 printer_address: address,
                 content_type: "escpos",
+                reprint: task.state == TaskState::Retrying && task.last_error.as_deref() == Some("in_doubt"),
                 data,
             });
         }

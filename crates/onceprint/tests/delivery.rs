@@ -18,6 +18,8 @@ const FAST: &str = "redeliver_after_ms = 1500\nagent_gone_after_ms = 1500\nsweep
 [print_types.receipt]\npriority = 10\nmax_attempts = 3\nreprint_on_doubt = false\n\
 backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n\
 [print_types.refund]\npriority = 0\nmax_attempts = 3\nreprint_on_doubt = false\n\
+backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n\
+[print_types.kitchen]\npriority = 20\nmax_attempts = 3\nreprint_on_doubt = true\n\
 backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n";
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -323,8 +325,27 @@ both!(
     killing_the_broker_mid_stream_loses_nothing,
     order_and_priority_hold_and_a_dead_printer_slows_no_one,
     attempts_run_out_into_failed_with_the_reason,
-    a_lost_ack_is_answered_from_the_journal_without_a_second_print
+    a_lost_ack_is_answered_from_the_journal_without_a_second_print,
+    a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints
 );
+
+async fn a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints(pg: bool) {
+    let Some(w) = World::start("doubt", pg, 1).await else { return };
+    // The printer prints the job, then drops the connection before its printed-ACK.
+    w.faults(0, json!({"crash_mid_job": 1})).await;
+    let id = w.submit("D1", 0, "receipt").await;
+    let t = w.wait_state(&id, &["in_doubt"], 20).await;
+    assert_eq!(t["last_error"], "in_doubt");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(w.printed_count("D1"), 1, "in doubt: never printed again by the system");
+    assert_eq!(w.state(&id).await["state"], "in_doubt");
+    // Kitchen tickets here reprint on doubt: a second copy beats a missing dish.
+    w.faults(0, json!({"crash_mid_job": 1})).await;
+    let id = w.submit("K1", 0, "kitchen").await;
+    let t = w.wait_state(&id, &["printed"], 20).await;
+    assert_eq!(t["attempts"], 2, "{t}");
+    assert_eq!(w.printed_count("K1"), 2, "the policy asked for the reprint");
+}
 
 /// A TCP proxy between agent and broker that, while `drop_acks` is set, cuts every
 /// connection on which the agent sends an ack: the acknowledgement never arrives.

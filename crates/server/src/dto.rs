@@ -300,6 +300,10 @@ pub struct DeliveryOut {
     pub content_type: String,
     /// Base64.
     pub data: String,
+    /// Extension: `true` when the previous attempt ended in doubt and the print type's
+    /// policy is to reprint on doubt; the agent may then print although its journal
+    /// shows the older attempt as started.
+    pub reprint: bool,
 }
 
 impl From<onceprint_engine::Delivery> for DeliveryOut {
@@ -313,6 +317,7 @@ impl From<onceprint_engine::Delivery> for DeliveryOut {
             idempotency_key: d.idempotency_key,
             content_type: d.content_type.to_owned(),
             data: base64::engine::general_purpose::STANDARD.encode(d.data),
+            reprint: d.reprint,
         }
     }
 }

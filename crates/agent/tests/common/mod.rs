@@ -326,6 +326,7 @@ pub fn delivery(task_id: &str, attempt: u32, printer_id: &str, address: &str, da
         idempotency_key: format!("{task_id}#{printer_id}"),
         content_type: "escpos".into(),
         data: base64::engine::general_purpose::STANDARD.encode(data),
+        reprint: false,
     }
 }
 
