@@ -135,7 +135,12 @@ async fn poll_loop(
                 permits.merge(more);
             }
         }
-        let req = PollRequest { agent_id: agent_id.to_owned(), wait_ms, max: permits.num_permits(), session: session.clone() };
+        let req = PollRequest {
+            agent_id: agent_id.to_owned(),
+            wait_ms,
+            max: permits.num_permits(),
+            session: session.clone(),
+        };
         let began = Instant::now();
         // Dropping an unanswered poll at shutdown may leave deliveries the broker already
         // handed out unread; they stay unconfirmed and come back to this agent id (R19).

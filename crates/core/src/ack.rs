@@ -108,12 +108,21 @@ pub fn decide(
     let current = ack_attempt == attempts && ack_attempt > 0;
     match (state, outcome) {
         (TaskState::Sent, Outcome::Printed) if ack_attempt <= attempts && ack_attempt > 0 => {
-            let why = if current { reason("the printer confirmed it printed") } else { reason("late confirmation that it printed") };
+            let why = if current {
+                reason("the printer confirmed it printed")
+            } else {
+                reason("late confirmation that it printed")
+            };
             change(TaskState::Printed, None, None, why)
         }
         (TaskState::Sent, o) if current && o.is_recoverable() => {
             if attempts >= policy.max_attempts as i32 {
-                change(TaskState::Failed, Some(o.as_str().to_owned()), None, reason(&format!("{}; no attempts left", o.as_str())))
+                change(
+                    TaskState::Failed,
+                    Some(o.as_str().to_owned()),
+                    None,
+                    reason(&format!("{}; no attempts left", o.as_str())),
+                )
             } else {
                 let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
                 change(
@@ -134,7 +143,12 @@ pub fn decide(
                     reason("in doubt; the print type's policy is to reprint on doubt"),
                 )
             } else {
-                change(TaskState::InDoubt, Some("in_doubt".into()), None, reason("the printer may have printed but cannot prove it; waiting for a person"))
+                change(
+                    TaskState::InDoubt,
+                    Some("in_doubt".into()),
+                    None,
+                    reason("the printer may have printed but cannot prove it; waiting for a person"),
+                )
             }
         }
         // Paper came out after all: close a task that waits for a retry or for a person.
@@ -170,16 +184,27 @@ mod tests {
         let d = decide(TaskState::Sent, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0);
         let AckDecision::Apply(c) = d else { panic!("{d:?}") };
         assert_eq!((c.from, c.to, c.attempts), (TaskState::Sent, TaskState::Printed, 1));
-        assert_eq!(decide(TaskState::Printed, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0), AckDecision::Duplicate);
+        assert_eq!(
+            decide(TaskState::Printed, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0),
+            AckDecision::Duplicate
+        );
     }
 
     #[test]
     fn recoverable_errors_retry_with_backoff_until_the_limit() {
         let p = policy();
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::NoPaper, ""), &p, 1000, 0.0) else { panic!() };
-        assert_eq!((c.to, c.last_error.as_deref(), c.next_attempt_at), (TaskState::Retrying, Some("no_paper"), Some(2000)));
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::NoPaper, ""), &p, 1000, 0.0) else {
+            panic!()
+        };
+        assert_eq!(
+            (c.to, c.last_error.as_deref(), c.next_attempt_at),
+            (TaskState::Retrying, Some("no_paper"), Some(2000))
+        );
         let last = p.max_attempts as i32;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::CoverOpen, ""), &p, 0, 0.0) else { panic!() };
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::CoverOpen, ""), &p, 0, 0.0)
+        else {
+            panic!()
+        };
         assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Failed, Some("cover_open")));
         assert_eq!(decide(TaskState::Retrying, 1, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Duplicate);
     }
@@ -187,14 +212,20 @@ mod tests {
     #[test]
     fn doubt_waits_for_a_person_unless_the_policy_reprints() {
         let mut p = policy();
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+            panic!()
+        };
         assert_eq!(c.to, TaskState::InDoubt);
         p.reprint_on_doubt = true;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+            panic!()
+        };
         assert_eq!(c.to, TaskState::Retrying);
         // Reprinting on doubt is bounded by the attempt limit like any retry.
         let last = p.max_attempts as i32;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::InDoubt, ""), &p, 0, 0.0) else { panic!() };
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+            panic!()
+        };
         assert_eq!(c.to, TaskState::InDoubt);
     }
 
@@ -207,7 +238,11 @@ mod tests {
         }
         assert_eq!(decide(TaskState::Sent, 2, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Stale);
         assert_eq!(decide(TaskState::Cancelled, 1, &ack(1, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale);
-        assert_eq!(decide(TaskState::Sent, 1, &ack(2, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale, "from the future");
+        assert_eq!(
+            decide(TaskState::Sent, 1, &ack(2, Outcome::Printed, ""), &p, 0, 0.0),
+            AckDecision::Stale,
+            "from the future"
+        );
     }
 
     fn any_state() -> impl Strategy<Value = TaskState> {

@@ -42,7 +42,12 @@ pub struct DeliveryConfig {
 
 impl Default for DeliveryConfig {
     fn default() -> Self {
-        DeliveryConfig { redeliver_after_ms: 30_000, agent_gone_after_ms: 60_000, sweep_interval_ms: 1_000, recheck_ms: 1_000 }
+        DeliveryConfig {
+            redeliver_after_ms: 30_000,
+            agent_gone_after_ms: 60_000,
+            sweep_interval_ms: 1_000,
+            recheck_ms: 1_000,
+        }
     }
 }
 
@@ -232,7 +237,10 @@ impl Dispatcher {
                         next_due = Some(next_due.map_or(t, |n| n.min(t)));
                         None
                     }
-                    _ => Some((head.attempts + 1, format!("attempt {} dispatched to agent {agent_id}", head.attempts + 1))),
+                    _ => Some((
+                        head.attempts + 1,
+                        format!("attempt {} dispatched to agent {agent_id}", head.attempts + 1),
+                    )),
                 },
                 TaskState::Sent if head.sent_to.as_deref() == Some(agent_id) => {
                     let restarted = head.sent_session.as_deref() != session;
@@ -331,7 +339,12 @@ impl Dispatcher {
 
     /// Applies acks from an agent of `who`'s store. Acks for tasks of other stores or
     /// unknown tasks are `stale`: they change nothing.
-    pub async fn ack(&self, who: &AgentIdentity, agent_id: &str, acks: Vec<AckIn>) -> Result<Vec<AckResult>, DeliveryError> {
+    pub async fn ack(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        acks: Vec<AckIn>,
+    ) -> Result<Vec<AckResult>, DeliveryError> {
         let now = now_ms();
         let mut results = vec![AckResult::Stale; acks.len()];
         let mut changes: Vec<(usize, Transition)> = Vec::new();
@@ -374,7 +387,9 @@ impl Dispatcher {
             let (online, last_error) = match a.outcome {
                 Outcome::Printed => (true, None),
                 Outcome::Offline => (false, Some("offline".to_owned())),
-                Outcome::NoPaper | Outcome::CoverOpen | Outcome::PaperJam => (true, Some(a.outcome.as_str().to_owned())),
+                Outcome::NoPaper | Outcome::CoverOpen | Outcome::PaperJam => {
+                    (true, Some(a.outcome.as_str().to_owned()))
+                }
                 Outcome::InDoubt | Outcome::Error => {
                     (true, Some(format!("{}: {}", a.outcome.as_str(), a.detail).trim_end_matches(": ").to_owned()))
                 }

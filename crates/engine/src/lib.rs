@@ -21,5 +21,5 @@ pub mod signals;
 pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
 pub use directory::Directory;
 pub use gate::RecentTasks;
-pub use signals::StoreSignals;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
+pub use signals::StoreSignals;

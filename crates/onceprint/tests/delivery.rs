@@ -42,7 +42,8 @@ fn free_ports(count: u16) -> u16 {
 }
 
 fn rand_u16() -> u16 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7);
     (nanos ^ (std::process::id() << 7)) as u16
 }
 
@@ -232,18 +233,34 @@ impl World {
     }
 
     async fn post_admin(&self, path: &str, body: Value) -> Value {
-        let res = self.http.post(format!("{}{path}", self.base)).bearer_auth(ADMIN).json(&body).send().await.expect("post");
+        let res =
+            self.http.post(format!("{}{path}", self.base)).bearer_auth(ADMIN).json(&body).send().await.expect("post");
         res.json().await.expect("json")
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let res = self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.key).json(&body).send().await.expect("post");
+        let res = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
         assert!(res.status().is_success(), "{path}: {}", res.status());
         res.json().await.expect("json")
     }
 
     async fn get(&self, path: &str) -> Value {
-        self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.key).send().await.expect("get").json().await.expect("json")
+        self.http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
     }
 
     /// Submits a ticket whose printed text carries `marker`; returns the task id.
@@ -525,7 +542,10 @@ async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
     w.wait_state(&refund, &["printed"], 20).await;
     let start = Instant::now();
     for m in &expected {
-        let id = w.get(&format!("/v1/print-tasks?biz_no={m}")).await["tasks"][0]["task_id"].as_str().unwrap_or("").to_owned();
+        let id = w.get(&format!("/v1/print-tasks?biz_no={m}")).await["tasks"][0]["task_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
         w.wait_state(&id, &["printed"], 20).await;
     }
     assert!(start.elapsed() < Duration::from_secs(10), "printer 0 was slowed down");
@@ -533,7 +553,9 @@ async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
         .paper()
         .iter()
         .filter(|j| j["printer"] == format!("127.0.0.1:{}", w.sim_base_port))
-        .filter_map(|j| j["text"].as_str().and_then(|t| t.lines().next()).map(|l| l.trim_start_matches("TICKET ").to_owned()))
+        .filter_map(|j| {
+            j["text"].as_str().and_then(|t| t.lines().next()).map(|l| l.trim_start_matches("TICKET ").to_owned())
+        })
         .collect();
     // The refund (priority 0) overtakes the queued receipts; the receipts keep their order.
     let pos = |m: &str| order.iter().position(|x| x == m).unwrap_or(usize::MAX);

@@ -27,7 +27,13 @@ async fn agent_token(app: &TestApp, key: &str, store: &str) -> String {
 }
 
 async fn poll(app: &TestApp, token: &str, session: &str, wait_ms: u64) -> Vec<Value> {
-    let a = app.post("/v1/agent/poll", token, json!({"agent_id": "agent-1", "session": session, "wait_ms": wait_ms, "max": 16})).await;
+    let a = app
+        .post(
+            "/v1/agent/poll",
+            token,
+            json!({"agent_id": "agent-1", "session": session, "wait_ms": wait_ms, "max": 16}),
+        )
+        .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     a.body["deliveries"].as_array().cloned().expect("deliveries")
 }
@@ -86,7 +92,11 @@ async fn a_restarted_agent_gets_its_unconfirmed_delivery_again(app: &TestApp) {
     // Same agent id, new session: it crashed and came back.
     let again = poll(app, &token, "second", 1000).await;
     assert_eq!(again.len(), 1);
-    assert_eq!((again[0]["task_id"].as_str(), again[0]["attempt"].as_i64()), (Some(id.as_str()), Some(1)), "same attempt");
+    assert_eq!(
+        (again[0]["task_id"].as_str(), again[0]["attempt"].as_i64()),
+        (Some(id.as_str()), Some(1)),
+        "same attempt"
+    );
     let events = app.get(&format!("/v1/print-tasks/{id}/events"), &key).await.body;
     let tos: Vec<&str> = events["events"].as_array().expect("events").iter().filter_map(|e| e["to"].as_str()).collect();
     assert_eq!(tos, vec!["pending", "sent", "sent"], "the redelivery is audited");
@@ -164,7 +174,9 @@ async fn bad_agent_requests_are_refused(app: &TestApp) {
     assert_eq!(a.status, StatusCode::UNAUTHORIZED, "a tenant key is not an agent token");
     let a = app.post("/v1/agent/poll", &token, json!({"agent_id": "bad id!"})).await;
     assert_eq!(a.code(), "invalid_request");
-    let a = app.post("/v1/agent/acks", &token, json!({"acks": [{"task_id": "x", "attempt": 1, "outcome": "smudged"}]})).await;
+    let a = app
+        .post("/v1/agent/acks", &token, json!({"acks": [{"task_id": "x", "attempt": 1, "outcome": "smudged"}]}))
+        .await;
     assert_eq!(a.code(), "invalid_request");
     assert!(a.body["error"]["message"].as_str().unwrap_or("").contains("smudged"));
 }

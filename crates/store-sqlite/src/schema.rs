@@ -1,7 +1,8 @@
 //! Migrations for the SQLite backend, applied in order at start. A migration is never
 //! edited once released; changes come as new entries.
 
-pub const MIGRATIONS: &[&str] = &[r#"
+pub const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE settings (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL

@@ -492,8 +492,17 @@ pub async fn lanes_give_one_head_per_printer_in_priority_order(s: Arc<dyn Store>
     assert_eq!(s.apply_transitions(&[send(&b, 0, NOW + 5)]).await.unwrap(), vec![true]);
     let heads = s.lane_heads("acme", "s1").await.unwrap();
     let p1 = heads.iter().find(|t| t.printer_id == "p1").unwrap();
-    assert_eq!((p1.task_id.as_str(), p1.state, p1.sent_to.as_deref(), p1.sent_session.as_deref()), (b.task_id.as_str(), TaskState::Sent, Some("agent-1"), Some("sess-1")));
-    let printed = Transition { from: TaskState::Sent, expected_attempts: 1, to: TaskState::Printed, next_attempt_at: None, ..send(&b, 0, NOW + 6) };
+    assert_eq!(
+        (p1.task_id.as_str(), p1.state, p1.sent_to.as_deref(), p1.sent_session.as_deref()),
+        (b.task_id.as_str(), TaskState::Sent, Some("agent-1"), Some("sess-1"))
+    );
+    let printed = Transition {
+        from: TaskState::Sent,
+        expected_attempts: 1,
+        to: TaskState::Printed,
+        next_attempt_at: None,
+        ..send(&b, 0, NOW + 6)
+    };
     assert!(s.transition(&printed).await.unwrap());
     let heads = s.lane_heads("acme", "s1").await.unwrap();
     assert_eq!(heads.iter().find(|t| t.printer_id == "p1").unwrap().task_id, a.task_id, "then FIFO");
@@ -511,7 +520,13 @@ pub async fn one_task_in_flight_per_printer(s: Arc<dyn Store>) {
     let tb = s.get_task("acme", &b.task_id).await.unwrap().unwrap();
     assert_eq!(tb.state, TaskState::Pending);
     assert_eq!(s.task_events("acme", &b.task_id).await.unwrap().unwrap().len(), 1, "no audit for a refused change");
-    let done = Transition { from: TaskState::Sent, expected_attempts: 1, to: TaskState::Printed, next_attempt_at: None, ..send(&a, 0, NOW + 7) };
+    let done = Transition {
+        from: TaskState::Sent,
+        expected_attempts: 1,
+        to: TaskState::Printed,
+        next_attempt_at: None,
+        ..send(&a, 0, NOW + 7)
+    };
     assert_eq!(s.apply_transitions(&[done, send(&b, 0, NOW + 8)]).await.unwrap(), vec![true, true]);
 }
 

@@ -1,0 +1,206 @@
+//! Child processes other than the broker (the store agent and the printer simulator), and
+//! what the bench reads about any of its children from `/proc` while they run.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::BenchError;
+
+/// How long a graceful stop may take before the bench kills the process.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One child process started from the `onceprint` executable, logging to a file.
+pub struct Proc {
+    /// What it is, for messages ("agent", "printer-sim").
+    pub name: &'static str,
+    child: Child,
+    pid: u32,
+    log_path: PathBuf,
+}
+
+impl Proc {
+    /// Starts `<exe> <args…>` with `RUST_LOG=warn` (per-job info lines would measure the
+    /// logger), stdout and stderr appended to `log_path` (a restarted process appends to
+    /// its predecessor's log), and kill-on-drop so an erroring bench leaves nothing behind.
+    pub fn spawn(name: &'static str, exe: &Path, args: &[String], log_path: &Path) -> Result<Self, BenchError> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log_path)
+                .map_err(|e| BenchError::io(format!("opening {}", log_path.display()), e))
+        };
+        let (out, err) = (open()?, open()?);
+        let child = Command::new(exe)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| BenchError::io(format!("starting {} {name}", exe.display()), e))?;
+        let pid = child.id().unwrap_or(0);
+        Ok(Self { name, child, pid, log_path: log_path.to_path_buf() })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `Some(status)` once the process has exited (it is then reaped).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Peak RSS and CPU time so far, read while the process still runs.
+    pub fn stats(&self) -> ProcStats {
+        ProcStats::of(self.pid)
+    }
+
+    /// `kill -9` and reap: the crash the bench simulates.
+    pub async fn kill9(mut self) -> Result<(), BenchError> {
+        self.child.start_kill().map_err(|e| BenchError::io(format!("killing the {}", self.name), e))?;
+        self.child.wait().await.map_err(|e| BenchError::io(format!("reaping the {}", self.name), e))?;
+        Ok(())
+    }
+
+    /// SIGTERM (the contract's graceful shutdown) and wait; SIGKILL after
+    /// [`STOP_TIMEOUT`]. `None` when it had to be killed.
+    pub async fn stop(mut self) -> Result<Option<ExitStatus>, BenchError> {
+        if let Some(status) = self.exited() {
+            return Ok(Some(status));
+        }
+        sigterm(self.pid);
+        match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
+            Ok(Ok(status)) => Ok(Some(status)),
+            Ok(Err(e)) => Err(BenchError::io(format!("waiting for the {} to exit", self.name), e)),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                Ok(None)
+            }
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log_path, 40)
+    }
+}
+
+/// Sends SIGTERM to a child the caller owns and has not reaped (so the pid cannot have
+/// been reused by another process).
+pub fn sigterm(pid: u32) {
+    if pid != 0 {
+        // SAFETY: kill(2) takes plain integers; the pid is our own unreaped child.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+}
+
+/// What `/proc` tells about one process.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProcStats {
+    /// `VmHWM` in KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// User + system CPU time of all its threads, in seconds.
+    pub cpu_seconds: Option<f64>,
+}
+
+impl ProcStats {
+    pub fn of(pid: u32) -> Self {
+        Self::at(&format!("/proc/{pid}"))
+    }
+
+    /// This process (the bench itself).
+    pub fn own() -> Self {
+        Self::at("/proc/self")
+    }
+
+    fn at(dir: &str) -> Self {
+        let peak_rss_kib = std::fs::read_to_string(format!("{dir}/status")).ok().and_then(|s| parse_vm_hwm(&s));
+        let cpu_seconds = std::fs::read_to_string(format!("{dir}/stat")).ok().and_then(|s| {
+            // SAFETY: sysconf only reads a configuration value.
+            let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+            parse_cpu_ticks(&s).filter(|_| ticks > 0).map(|t| t as f64 / ticks as f64)
+        });
+        Self { peak_rss_kib, cpu_seconds }
+    }
+
+    /// Two lives of one role (an agent before and after its restart): the higher peak and
+    /// the summed CPU time.
+    pub fn merge(self, other: ProcStats) -> ProcStats {
+        let max = match (self.peak_rss_kib, other.peak_rss_kib) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let cpu = match (self.cpu_seconds, other.cpu_seconds) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        ProcStats { peak_rss_kib: max, cpu_seconds: cpu }
+    }
+}
+
+/// `VmHWM` of a `/proc/PID/status` text, in KiB.
+pub fn parse_vm_hwm(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `utime + stime` (clock ticks) of a `/proc/PID/stat` line. The command name in
+/// parentheses may hold spaces, so fields are counted from the last `)`.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: field 3 (state) is index 0, so utime (14) and stime (15) are 11, 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The last `n` lines of a log file, for error messages.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            if lines.is_empty() {
+                "(empty)".to_string()
+            } else {
+                lines[lines.len().saturating_sub(n)..].join("\n")
+            }
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_counted_after_the_command_name() {
+        let stat = "1234 (tokio (rt) x) S 1 1234 1234 0 -1 4194304 500 0 0 0 250 75 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_cpu_ticks(stat), Some(325));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
+        assert_eq!(parse_cpu_ticks("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn own_stats_are_readable() {
+        let s = ProcStats::own();
+        assert!(s.peak_rss_kib.is_some_and(|k| k > 0));
+        assert!(s.cpu_seconds.is_some());
+    }
+
+    #[test]
+    fn merged_lives_take_the_higher_peak_and_the_summed_cpu() {
+        let a = ProcStats { peak_rss_kib: Some(100), cpu_seconds: Some(1.5) };
+        let b = ProcStats { peak_rss_kib: Some(80), cpu_seconds: Some(2.0) };
+        assert_eq!(a.merge(b), ProcStats { peak_rss_kib: Some(100), cpu_seconds: Some(3.5) });
+        assert_eq!(ProcStats::default().merge(b), b);
+    }
+}
