@@ -47,6 +47,12 @@ impl Outcome {
         Outcome::ALL.into_iter().find(|o| o.as_str() == s)
     }
 
+    /// Outcomes reported before anything was sent to the printer, so they prove that
+    /// nothing came out: the grounds on which a station task may fail over (R25).
+    pub fn proves_nothing_printed(self) -> bool {
+        matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam)
+    }
+
     /// Outcomes that prove nothing came out of the printer (checked before sending).
     pub fn is_recoverable(self) -> bool {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam | Outcome::Error)

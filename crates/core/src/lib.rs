@@ -15,6 +15,7 @@ pub mod content;
 pub mod error;
 pub mod ids;
 pub mod key;
+pub mod manual;
 pub mod policy;
 pub mod state;
 pub mod time;

@@ -38,6 +38,8 @@ pub struct DeliveryConfig {
     /// Waiting polls re-check the database at least this often (work from other nodes,
     /// retry times coming due).
     pub recheck_ms: u64,
+    /// The line printed at the top of a reprint; `{n}` is the reprint number.
+    pub reprint_banner: String,
 }
 
 impl Default for DeliveryConfig {
@@ -47,6 +49,7 @@ impl Default for DeliveryConfig {
             agent_gone_after_ms: 60_000,
             sweep_interval_ms: 1_000,
             recheck_ms: 1_000,
+            reprint_banner: "*** REPRINT {n} ***".into(),
         }
     }
 }
@@ -127,12 +130,24 @@ pub struct Dispatcher {
     agents: Mutex<HashMap<(String, String), HashMap<String, AgentSeen>>>,
 }
 
-fn render(content_type: &str, content: Vec<u8>) -> Result<Vec<u8>, String> {
+/// The bytes for the printer. A reprint carries a visible banner line at the top, so a
+/// reprinted slip can never pass for the original.
+fn render(content_type: &str, content: Vec<u8>, banner: Option<&str>) -> Result<Vec<u8>, String> {
     match content_type {
-        "escpos" => Ok(content),
+        "escpos" => Ok(match banner {
+            Some(b) => {
+                let mut head = onceprint_escpos::text::header_line(b);
+                head.extend_from_slice(&content);
+                head
+            }
+            None => content,
+        }),
         "text" => {
             let text = String::from_utf8(content).map_err(|_| "stored text is not UTF-8".to_owned())?;
-            Ok(onceprint_escpos::text::text_job(&text))
+            Ok(match banner {
+                Some(b) => onceprint_escpos::text::text_job(&format!("{b}\n{text}")),
+                None => onceprint_escpos::text::text_job(&text),
+            })
         }
         other => Err(format!("content type {other:?} cannot be rendered yet")),
     }
@@ -291,7 +306,13 @@ impl Dispatcher {
             }
             self.gate.set_state(&task.task_id, TaskState::Sent);
             let Some(content) = self.store.task_content(&task.task_id).await? else { continue };
-            let data = match render(&content.content_type, content.content) {
+            let banner = match (task.origin_kind, task.reprint_no) {
+                (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
+                    Some(self.config.reprint_banner.replace("{n}", &n.to_string()))
+                }
+                _ => None,
+            };
+            let data = match render(&content.content_type, content.content, banner.as_deref()) {
                 Ok(d) => d,
                 Err(why) => {
                     self.fail_unrenderable(&task, change.attempts, &why).await?;
@@ -349,6 +370,8 @@ impl Dispatcher {
         let mut results = vec![AckResult::Stale; acks.len()];
         let mut changes: Vec<(usize, Transition)> = Vec::new();
         let mut printer_updates: HashMap<String, PrinterStatusUpdate> = HashMap::new();
+        // Station tasks whose attempts ran out with a reason proving nothing printed.
+        let mut failover: HashMap<String, Task> = HashMap::new();
         for (i, a) in acks.iter().enumerate() {
             let Some(task) = self.store.get_task(&who.tenant_id, &a.task_id).await? else { continue };
             if task.store_id != who.store_id {
@@ -365,6 +388,9 @@ impl Dispatcher {
                 }
                 AckDecision::Stale => continue,
             };
+            if c.to == TaskState::Failed && task.station_id.is_some() && a.outcome.proves_nothing_printed() {
+                failover.insert(task.task_id.clone(), task.clone());
+            }
             changes.push((
                 i,
                 Transition {
@@ -413,6 +439,11 @@ impl Dispatcher {
                     results[i] = AckResult::Applied;
                     self.gate.set_state(&t.task_id, t.to);
                     tracing::info!(task_id = %t.task_id, from = %t.from, to = %t.to, reason = %t.reason, "ack applied");
+                    if let Some(mut task) = failover.remove(&t.task_id) {
+                        task.state = TaskState::Failed;
+                        task.last_error = t.last_error.clone();
+                        self.fail_over(task).await?;
+                    }
                 }
             }
             // A lane may have freed up (or a retry was scheduled): let waiting polls look.
@@ -423,6 +454,64 @@ impl Dispatcher {
             self.store.update_printer_status(&updates).await?;
         }
         Ok(results)
+    }
+
+    /// Failover (R25): a station task that failed with a reason proving nothing came out
+    /// (no paper, cover open, paper jam, printer unreachable) moves to the station's next
+    /// printer as a new task with the same business number; the original becomes
+    /// `transferred` and can never be delivered again, even when its printer comes back.
+    /// A task that may have printed never gets here (it is `in_doubt`, not `failed`).
+    async fn fail_over(&self, task: Task) -> Result<(), DeliveryError> {
+        let Some(station_id) = task.station_id.clone() else { return Ok(()) };
+        let Some(station) = self.directory.station(&task.tenant_id, &station_id).await? else { return Ok(()) };
+        let next = station
+            .printers
+            .iter()
+            .position(|p| *p == task.printer_id)
+            .and_then(|i| station.printers.get(i + 1))
+            .cloned();
+        let Some(next) = next else {
+            tracing::warn!(task_id = %task.task_id, station = %station_id, "failover: no backup printer left");
+            return Ok(());
+        };
+        let why = task.last_error.clone().unwrap_or_default();
+        let spec = crate::operations::SuccessorSpec {
+            kind: onceprint_store::OriginKind::Failover,
+            printer_id: &next,
+            reprint_no: None,
+            actor: "engine".into(),
+            reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
+            priority: task.priority,
+            charge: 0,
+        };
+        let succ = crate::operations::successor(self.store.as_ref(), &task, spec).await?;
+        let now = now_ms();
+        let change = onceprint_store::ManualChange {
+            task_id: task.task_id.clone(),
+            transition: Some(Transition {
+                task_id: task.task_id.clone(),
+                from: TaskState::Failed,
+                expected_attempts: task.attempts,
+                to: TaskState::Transferred,
+                attempts: task.attempts,
+                last_error: task.last_error.clone(),
+                next_attempt_at: None,
+                actor: "engine".into(),
+                reason: format!("failover: {} could not print ({why}); continued on {next} as {}", task.printer_id, succ.task_id),
+                now,
+                sent_to: task.sent_to.clone(),
+                sent_session: task.sent_session.clone(),
+            }),
+            refund: false,
+            successor: Some(succ.clone()),
+            now,
+        };
+        if self.store.apply_manual(&change).await? {
+            self.gate.set_state(&task.task_id, TaskState::Transferred);
+            self.signals.notify(&task.tenant_id, &task.store_id);
+            tracing::warn!(task_id = %task.task_id, successor = %succ.task_id, printer = %next, "failover");
+        }
+        Ok(())
     }
 
     /// One sweeper pass (R13): deliveries past their deadline whose agent is gone while

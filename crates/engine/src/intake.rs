@@ -134,8 +134,10 @@ impl Intake {
         let fingerprint = canonical.fingerprint();
         let key = IdempotencyKey::new(&req.tenant_id, &target, &biz_no, print_type);
 
-        // First gate: a retry of a task this process already committed.
-        if let Some(hit) = self.gate.get(&key) {
+        // First gate: a retry of a task this process already committed. A task that was
+        // transferred answers with the live task of its chain, which the gate does not
+        // know: that case goes to the database.
+        if let Some(hit) = self.gate.get(&key).filter(|h| h.state() != TaskState::Transferred) {
             return if hit.fingerprint == fingerprint.0 {
                 Ok(SubmitAnswer {
                     kind: SubmitKind::Duplicate,
@@ -191,6 +193,7 @@ impl Intake {
             actor: format!("tenant:{}", req.tenant_id),
             charge: self.config.charge,
             now,
+            origin: None,
         };
         let outcome = self.committer.submit(new).await?;
         let (kind, task): (SubmitKind, &Task) = match &outcome {
@@ -206,7 +209,26 @@ impl Intake {
         if task.fingerprint != fingerprint.0 {
             return Err(IntakeError::Mismatch { task_id: task.task_id.clone() });
         }
+        if task.state == TaskState::Transferred {
+            let live = self.live_task(task.clone()).await?;
+            return Ok(SubmitAnswer { kind, task_id: live.task_id, state: live.state, from_gate: false });
+        }
         Ok(SubmitAnswer { kind, task_id: task.task_id.clone(), state: task.state, from_gate: false })
+    }
+
+    /// Follows a transferred task's successors to the task that carries its work now
+    /// (R25: a resubmission answers with the live task of the chain).
+    async fn live_task(&self, mut task: Task) -> Result<Task, IntakeError> {
+        // Chains are short (one hop per backup printer); the bound only guards against a
+        // damaged link pointing in a circle.
+        for _ in 0..32 {
+            let Some(next) = task.successor_task_id.clone() else { break };
+            match self.store.get_task(&task.tenant_id, &next).await? {
+                Some(t) => task = t,
+                None => break,
+            }
+        }
+        Ok(task)
     }
 
     /// The store behind intake (for read paths of the HTTP layer).

@@ -15,11 +15,13 @@ pub mod delivery;
 pub mod directory;
 pub mod gate;
 pub mod intake;
+pub mod operations;
 pub mod secrets;
 pub mod signals;
 
 pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
 pub use directory::Directory;
 pub use gate::RecentTasks;
+pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
 pub use signals::StoreSignals;

@@ -29,21 +29,42 @@ const PARTIAL_CUT: [u8; 4] = [0x1D, 0x56, 0x42, 0x00];
 /// every non-ASCII character with bytes of 0x30 and above, so the encoded text itself
 /// can never contain a command.
 pub fn text_job(text: &str) -> Vec<u8> {
-    let clean: String = text.chars().filter(|&c| c == '\n' || c == '\t' || !c.is_control()).collect();
-    let mut out = Vec::with_capacity(clean.len() * 2 + INIT.len() + DOUBLE_BYTE_ON.len() + 7);
+    let mut out = Vec::with_capacity(text.len() * 2 + INIT.len() + DOUBLE_BYTE_ON.len() + 7);
     out.extend_from_slice(&INIT);
+    push_text(&mut out, text);
+    out.extend_from_slice(&FEED_3);
+    out.extend_from_slice(&PARTIAL_CUT);
+    out
+}
+
+/// `ESC @` and one line of text (cleaned and encoded as in [`text_job`]), leaving the
+/// printer in single-byte mode, for a header printed in front of another job (the
+/// "REPRINT n" banner). No feed, no cut.
+pub fn header_line(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() * 2 + 8);
+    out.extend_from_slice(&INIT);
+    let double = push_text(&mut out, text);
+    out.push(b'\n');
+    if double {
+        out.extend_from_slice(&[0x1C, 0x2E]); // FS . leaves double-byte mode
+    }
+    out
+}
+
+/// Appends cleaned, encoded text; returns whether double-byte mode was entered.
+fn push_text(out: &mut Vec<u8>, text: &str) -> bool {
+    let clean: String = text.chars().filter(|&c| c == '\n' || c == '\t' || !c.is_control()).collect();
     if clean.is_ascii() {
         out.extend_from_slice(clean.as_bytes());
+        false
     } else {
         out.extend_from_slice(&DOUBLE_BYTE_ON);
         // GB18030 covers all of Unicode, so the encoder never substitutes anything and
         // its "had errors" flag can be ignored.
         let (encoded, _, _) = GB18030.encode(&clean);
         out.extend_from_slice(&encoded);
+        true
     }
-    out.extend_from_slice(&FEED_3);
-    out.extend_from_slice(&PARTIAL_CUT);
-    out
 }
 
 /// Decodes printable bytes as the printer would render them: GB18030 in double-byte

@@ -56,6 +56,9 @@ pub struct FileConfig {
     pub redeliver_after_ms: Option<i64>,
     /// An agent that has not polled for this long counts as gone (default 60000).
     pub agent_gone_after_ms: Option<i64>,
+    /// The line printed at the top of a reprint; `{n}` is its number
+    /// (default "*** REPRINT {n} ***").
+    pub reprint_banner: Option<String>,
     /// How often the sweeper runs (default 1000).
     pub sweep_interval_ms: Option<u64>,
     /// Print types: replaces the built-in table when present.
@@ -124,6 +127,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     agent_gone_after_ms: file.agent_gone_after_ms.unwrap_or(d.agent_gone_after_ms).max(100),
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
                     recheck_ms: d.recheck_ms,
+                    reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
                 }
             },
         },

@@ -63,6 +63,32 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Delivery end to end: broker, store agent and simulated printers as processes; N
+    /// tasks submitted concurrently and judged by the printers' paper log.
+    E2e {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        /// Simulated printers (consecutive loopback ports), tasks spread round-robin.
+        #[arg(long, default_value_t = 100)]
+        printers: usize,
+        #[arg(long, default_value_t = 50_000)]
+        tasks: usize,
+        /// Submission connections.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// kill -9 the agent once this share of the tasks is printed, restart it at once,
+        /// and measure until printing resumes (must be ≤ 5 s).
+        #[arg(long, value_name = "FRACTION")]
+        kill_agent_at: Option<f64>,
+        /// Give up when submitting and printing take longer than this.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_logging() {
@@ -147,6 +173,28 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 duplicate_share: duplicates,
                 printers,
                 warmup,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", report.render_text());
+            }
+            if !report.problems.is_empty() {
+                anyhow::bail!("the benchmark found {} problem(s)", report.problems.len());
+            }
+            Ok(())
+        }
+        BenchCommand::E2e { database, printers, tasks, concurrency, kill_agent_at, timeout_secs, json } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_e2e(onceprint_bench::E2eOptions {
+                exe,
+                database,
+                printers,
+                tasks,
+                concurrency,
+                kill_agent_at,
+                timeout: std::time::Duration::from_secs(timeout_secs),
             })
             .await?;
             if json {

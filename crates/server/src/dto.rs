@@ -190,6 +190,14 @@ pub struct TaskOut {
     pub created_at: String,
     pub updated_at: String,
     pub printed_at: Option<String>,
+    /// The task this one reprints or continues.
+    pub origin_task_id: Option<String>,
+    /// `reprint`, `transfer` or `failover`.
+    pub origin_kind: Option<String>,
+    /// 1, 2, … for reprints.
+    pub reprint_no: Option<i32>,
+    /// For a transferred task: the task carrying on its work.
+    pub successor_task_id: Option<String>,
 }
 
 impl From<Task> for TaskOut {
@@ -210,6 +218,10 @@ impl From<Task> for TaskOut {
             created_at: rfc3339(t.created_at),
             updated_at: rfc3339(t.updated_at),
             printed_at: opt_time(t.printed_at),
+            origin_task_id: t.origin_task_id,
+            origin_kind: t.origin_kind.map(|k| k.as_str().to_owned()),
+            reprint_no: t.reprint_no,
+            successor_task_id: t.successor_task_id,
         }
     }
 }
@@ -355,4 +367,23 @@ pub struct AckResultOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AckResults {
     pub results: Vec<AckResultOut>,
+}
+
+/// An operator's action.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActionIn {
+    /// Who acts (recorded in the audit trail as `operator:NAME`).
+    pub operator: String,
+    /// Why (recorded in the audit trail).
+    pub reason: String,
+    /// For `transfer`: the printer of the same store to print on instead.
+    pub printer_id: Option<String>,
+}
+
+/// The task acted on and the task the action created (reprint, transfer).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ActionOut {
+    pub task: TaskOut,
+    pub created: Option<TaskOut>,
 }

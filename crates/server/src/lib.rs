@@ -21,7 +21,9 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use onceprint_engine::{secrets, DeliveryConfig, Directory, Dispatcher, Intake, IntakeConfig, StoreSignals};
+use onceprint_engine::{
+    secrets, DeliveryConfig, Directory, Dispatcher, Intake, IntakeConfig, Operations, OperationsConfig, StoreSignals,
+};
 use onceprint_store::{Store, StoreError};
 
 pub use error::ApiError;
@@ -47,6 +49,7 @@ pub struct AppState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) intake: Arc<Intake>,
     pub(crate) dispatcher: Arc<Dispatcher>,
+    pub(crate) operations: Arc<Operations>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -97,7 +100,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, meta, setup, tasks};
+    use routes::{agent, manual, meta, setup, tasks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -110,6 +113,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks", post(tasks::submit).get(tasks::list_tasks))
         .route("/v1/print-tasks/{task_id}", get(tasks::get_task))
         .route("/v1/print-tasks/{task_id}/events", get(tasks::task_events))
+        .route("/v1/print-tasks/{task_id}/reprint", post(manual::reprint))
+        .route("/v1/print-tasks/{task_id}/mark-printed", post(manual::mark_printed))
+        .route("/v1/print-tasks/{task_id}/cancel", post(manual::cancel))
+        .route("/v1/print-tasks/{task_id}/transfer", post(manual::transfer))
+        .route("/v1/stores/{id}/attention", get(manual::attention))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/healthz", get(meta::healthz))
@@ -149,14 +157,23 @@ pub async fn bind(
         store.clone(),
         directory.clone(),
         intake.gate().clone(),
-        signals,
+        signals.clone(),
         config.intake.policies.clone(),
         config.delivery.clone(),
+    ));
+    let operations = Arc::new(Operations::new(
+        store.clone(),
+        directory.clone(),
+        intake.gate().clone(),
+        signals,
+        config.intake.policies.clone(),
+        OperationsConfig { charge: config.intake.charge },
     ));
     let state = AppState {
         store,
         intake,
         dispatcher,
+        operations,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),

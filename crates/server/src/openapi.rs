@@ -3,7 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, meta, setup, tasks};
+use crate::routes::{agent, manual, meta, setup, tasks};
 
 struct Security;
 
@@ -35,6 +35,7 @@ impl Modify for Security {
         setup::create_station, setup::get_station, setup::create_agent_token,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks,
+        manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     modifiers(&Security)

@@ -435,6 +435,21 @@ impl Store for SqliteStore {
         self.read(move |c| sql::due_tasks(c, state, now, limit)).await
     }
 
+    async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool> {
+        let change = change.clone();
+        self.write(move |c| sql::apply_manual(c, &change)).await
+    }
+
+    async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| sql::attention(c, &t, &s, limit)).await
+    }
+
+    async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {
+        let id = task_id.to_owned();
+        self.read(move |c| sql::reprint_count(c, &id)).await
+    }
+
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
         let updates = updates.to_vec();
         self.write(move |c| sql::update_printer_status(c, &updates)).await

@@ -108,4 +108,14 @@ ALTER TABLE tasks ADD COLUMN sent_session TEXT;
 CREATE UNIQUE INDEX tasks_one_in_flight_per_printer ON tasks(tenant_id, printer_id) WHERE state = 'sent';
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, id) WHERE state IN ('pending', 'sent', 'retrying');
 "#,
+    // Operations (issue 5): reprints and successors hang on their origin task, and the
+    // per-store attention list is read through its own small index.
+    r#"
+ALTER TABLE tasks ADD COLUMN origin_task_id TEXT;
+ALTER TABLE tasks ADD COLUMN origin_kind TEXT;
+ALTER TABLE tasks ADD COLUMN reprint_no INTEGER;
+ALTER TABLE tasks ADD COLUMN successor_task_id TEXT;
+CREATE INDEX tasks_by_origin ON tasks(origin_task_id) WHERE origin_task_id IS NOT NULL;
+CREATE INDEX tasks_attention ON tasks(tenant_id, store_id, updated_at) WHERE state IN ('failed', 'in_doubt');
+"#,
 ];

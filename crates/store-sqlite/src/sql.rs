@@ -11,7 +11,7 @@ use crate::{backend_err, constraint_err};
 
 const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
      content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
-     sent_to, sent_session";
+     sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id";
 
 fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     TaskState::parse(s).ok_or_else(|| {
@@ -46,6 +46,10 @@ fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         printed_at: r.get(17)?,
         sent_to: r.get(18)?,
         sent_session: r.get(19)?,
+        origin_task_id: r.get(20)?,
+        origin_kind: r.get::<_, Option<String>>(21)?.and_then(|k| OriginKind::parse(&k)),
+        reprint_no: r.get(22)?,
+        successor_task_id: r.get(23)?,
     })
 }
 
@@ -230,15 +234,16 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
     let mut insert_task = c
         .prepare_cached(
             "INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
-             content_type, content, fingerprint, state, attempts, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'pending', 0, ?13, ?13) \
+             content_type, content, fingerprint, state, attempts, created_at, updated_at, \
+             origin_task_id, origin_kind, reprint_no) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'pending', 0, ?13, ?13, ?14, ?15, ?16) \
              ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING",
         )
         .map_err(backend_err)?;
     let mut insert_event = c
         .prepare_cached(
             "INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason) \
-             VALUES (?1, ?2, NULL, 'pending', 0, ?3, 'submitted')",
+             VALUES (?1, ?2, NULL, 'pending', 0, ?3, ?4)",
         )
         .map_err(backend_err)?;
     let mut insert_charge = c
@@ -269,12 +274,18 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
                 t.content_type,
                 t.content,
                 t.fingerprint,
-                t.now
+                t.now,
+                t.origin.as_ref().map(|o| o.task_id.as_str()),
+                t.origin.as_ref().map(|o| o.kind.as_str()),
+                t.origin.as_ref().and_then(|o| o.reprint_no)
             ])
             .map_err(|e| constraint_err(e, &format!("task {}", t.task_id), &format!("printer {}", t.printer_id)))?;
         if inserted == 1 {
-            insert_event.execute(params![t.task_id, t.now, t.actor]).map_err(backend_err)?;
-            insert_charge.execute(params![t.tenant_id, t.task_id, t.charge, t.now]).map_err(backend_err)?;
+            let reason = t.origin.as_ref().map_or("submitted", |o| o.reason.as_str());
+            insert_event.execute(params![t.task_id, t.now, t.actor, reason]).map_err(backend_err)?;
+            if t.charge != 0 {
+                insert_charge.execute(params![t.tenant_id, t.task_id, t.charge, t.now]).map_err(backend_err)?;
+            }
             out.push(SubmitOutcome::Created(Task {
                 task_id: t.task_id.clone(),
                 tenant_id: t.tenant_id.clone(),
@@ -296,6 +307,10 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
                 printed_at: None,
                 sent_to: None,
                 sent_session: None,
+                origin_task_id: t.origin.as_ref().map(|o| o.task_id.clone()),
+                origin_kind: t.origin.as_ref().map(|o| o.kind),
+                reprint_no: t.origin.as_ref().and_then(|o| o.reprint_no),
+                successor_task_id: None,
             }));
         } else {
             let existing = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.ok_or_else(|| {
@@ -489,4 +504,56 @@ pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) ->
         s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id]).map_err(backend_err)?;
     }
     Ok(())
+}
+
+pub fn apply_manual(c: &Connection, m: &ManualChange) -> StoreResult<bool> {
+    if let Some(t) = &m.transition {
+        if !transition(c, t)? {
+            return Ok(false);
+        }
+    }
+    if m.refund {
+        // The refund copies the charge; the ledger's key (task, kind) makes a second refund
+        // impossible even if an operator manages to ask twice.
+        c.prepare_cached(
+            "INSERT INTO ledger (tenant_id, task_id, kind, amount, at) \
+             SELECT tenant_id, task_id, 'refund', amount, ?2 FROM ledger WHERE task_id = ?1 AND kind = 'charge' \
+             ON CONFLICT (task_id, kind) DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![m.task_id, m.now]))
+        .map_err(backend_err)?;
+    }
+    if let Some(succ) = &m.successor {
+        let out = submit_batch(c, vec![succ.clone()])?;
+        match out.first() {
+            Some(SubmitOutcome::Created(_)) => {}
+            _ => return Err(StoreError::AlreadyExists(format!("a task for key {} {}", succ.target, succ.biz_no))),
+        }
+        if succ.origin.as_ref().is_some_and(|o| o.kind != OriginKind::Reprint) {
+            c.prepare_cached("UPDATE tasks SET successor_task_id = ?1 WHERE id = ?2")
+                .and_then(|mut s| s.execute(params![succ.task_id, m.task_id]))
+                .map_err(backend_err)?;
+        }
+    }
+    Ok(true)
+}
+
+pub fn attention(c: &Connection, tenant: &str, store: &str, limit: i64) -> StoreResult<Vec<Task>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND store_id = ?2 AND state IN ('failed', 'in_doubt') \
+             ORDER BY updated_at, id LIMIT ?3"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map(params![tenant, store, limit], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn reprint_count(c: &Connection, task_id: &str) -> StoreResult<i32> {
+    c.query_row(
+        "SELECT COUNT(*) FROM tasks WHERE origin_task_id = ?1 AND origin_kind = 'reprint'",
+        [task_id],
+        |r| r.get(0),
+    )
+    .map_err(backend_err)
 }

@@ -32,7 +32,9 @@ macro_rules! conformance_tests {
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
             lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
-            due_tasks_use_the_deadline, printer_status_is_recorded);
+            due_tasks_use_the_deadline, printer_status_is_recorded,
+            cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
+            attention_lists_failed_and_in_doubt_oldest_first);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -88,6 +90,7 @@ pub fn new_task(t: &str, biz_no: &str, c: &str, seq: u64) -> NewTask {
         actor: format!("tenant:{t}"),
         charge: 1,
         now: NOW + seq as i64,
+        origin: None,
     }
 }
 
@@ -565,4 +568,133 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
     .unwrap();
     let p = s.get_printer("acme", "p1").await.unwrap().unwrap();
     assert_eq!((p.online, p.last_seen_at, p.last_error), (false, Some(NOW + 2), None));
+}
+
+fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState, now: i64) -> Transition {
+    Transition {
+        task_id: t.task_id.clone(),
+        from,
+        expected_attempts: attempts,
+        to,
+        attempts,
+        last_error: None,
+        next_attempt_at: None,
+        actor: "operator:alice".into(),
+        reason: "customer left".into(),
+        now,
+        sent_to: None,
+        sent_session: None,
+    }
+}
+
+fn successor_of(t: &NewTask, kind: OriginKind, n: Option<i32>, printer: &str, seq: u64) -> NewTask {
+    let mut s = new_task("acme", &t.biz_no, "x", seq);
+    s.printer_id = printer.into();
+    s.target = match kind {
+        OriginKind::Reprint => format!("reprint:{}:{}", t.task_id, n.unwrap_or(0)),
+        _ => format!("{}:{}", kind.as_str(), t.task_id),
+    };
+    s.actor = "operator:alice".into();
+    s.charge = if kind == OriginKind::Reprint { 1 } else { 0 };
+    s.origin = Some(Origin { task_id: t.task_id.clone(), kind, reprint_no: n, reason: format!("{} by alice", kind.as_str()) });
+    s
+}
+
+pub async fn cancel_refunds_exactly_once(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let t = new_task("acme", "C1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    let cancel = ManualChange {
+        task_id: t.task_id.clone(),
+        transition: Some(manual_transition(&t, TaskState::Pending, 0, TaskState::Cancelled, NOW + 5)),
+        refund: true,
+        successor: None,
+        now: NOW + 5,
+    };
+    assert!(s.apply_manual(&cancel).await.unwrap());
+    assert!(!s.apply_manual(&cancel).await.unwrap(), "the second cancel loses its compare-and-set");
+    // Even a refund asked for without a transition cannot refund twice.
+    assert!(s.apply_manual(&ManualChange { transition: None, ..cancel.clone() }).await.unwrap());
+    let ledger = s.ledger_entries(&t.task_id).await.unwrap();
+    let kinds: Vec<_> = ledger.iter().map(|e| (e.kind.as_str(), e.amount)).collect();
+    assert_eq!(kinds, vec![("charge", 1), ("refund", 1)]);
+    let ev = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(ev.last().map(|e| (e.to, e.actor.as_str(), e.reason.as_str())), Some((TaskState::Cancelled, "operator:alice", "customer left")));
+}
+
+pub async fn reprints_hang_on_the_original(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let t = new_task("acme", "P1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    assert_eq!(s.reprint_count(&t.task_id).await.unwrap(), 0);
+    let r1 = successor_of(&t, OriginKind::Reprint, Some(1), "p1", 2);
+    let m = ManualChange { task_id: t.task_id.clone(), transition: None, refund: false, successor: Some(r1.clone()), now: NOW + 5 };
+    assert!(s.apply_manual(&m).await.unwrap());
+    assert_eq!(s.reprint_count(&t.task_id).await.unwrap(), 1);
+    let got = s.get_task("acme", &r1.task_id).await.unwrap().unwrap();
+    assert_eq!(
+        (got.origin_task_id.as_deref(), got.origin_kind, got.reprint_no, got.state, got.biz_no.as_str()),
+        (Some(t.task_id.as_str()), Some(OriginKind::Reprint), Some(1), TaskState::Pending, "P1")
+    );
+    let ev = s.task_events("acme", &r1.task_id).await.unwrap().unwrap();
+    assert_eq!((ev[0].actor.as_str(), ev[0].reason.as_str()), ("operator:alice", "reprint by alice"));
+    assert_eq!(s.ledger_entries(&r1.task_id).await.unwrap().len(), 1, "a reprint is a print and is charged");
+    let again = s.apply_manual(&m).await;
+    assert!(matches!(again, Err(StoreError::AlreadyExists(_))), "{again:?}");
+    assert_eq!(s.reprint_count(&t.task_id).await.unwrap(), 1);
+    let orig = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(orig.successor_task_id, None, "a reprint is not a successor");
+}
+
+pub async fn transfer_links_the_successor(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+    let t = new_task("acme", "T1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    let succ = successor_of(&t, OriginKind::Transfer, None, "p2", 2);
+    let m = ManualChange {
+        task_id: t.task_id.clone(),
+        transition: Some(manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5)),
+        refund: false,
+        successor: Some(succ.clone()),
+        now: NOW + 5,
+    };
+    assert!(s.apply_manual(&m).await.unwrap());
+    let orig = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!((orig.state, orig.successor_task_id.as_deref()), (TaskState::Transferred, Some(succ.task_id.as_str())));
+    let next = s.get_task("acme", &succ.task_id).await.unwrap().unwrap();
+    assert_eq!((next.printer_id.as_str(), next.origin_kind), ("p2", Some(OriginKind::Transfer)));
+    assert!(s.ledger_entries(&succ.task_id).await.unwrap().is_empty(), "the order was charged once already");
+    // A failed compare-and-set creates no successor.
+    let other = successor_of(&t, OriginKind::Failover, None, "p2", 3);
+    let m2 = ManualChange { successor: Some(other.clone()), ..m };
+    assert!(!s.apply_manual(&m2).await.unwrap());
+    assert_eq!(s.get_task("acme", &other.task_id).await.unwrap(), None);
+}
+
+pub async fn attention_lists_failed_and_in_doubt_oldest_first(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let batch: Vec<NewTask> = (0..4).map(|i| new_task("acme", &format!("A{i}"), "x", i)).collect();
+    s.submit_batch(batch.clone()).await.unwrap();
+    // A0 fails last, A2 goes in doubt first, A1 and A3 stay pending.
+    for (t, to, at) in [(&batch[2], TaskState::InDoubt, NOW + 10), (&batch[0], TaskState::Failed, NOW + 20)] {
+        assert!(s.transition(&Transition { next_attempt_at: None, ..send(t, 0, at) }).await.unwrap());
+        let mut done = manual_transition(t, TaskState::Sent, 1, to, at + 1);
+        done.last_error = Some("why".into());
+        assert!(s.transition(&done).await.unwrap());
+    }
+    let list = s.attention("acme", "s1", 100).await.unwrap();
+    let ids: Vec<_> = list.iter().map(|t| t.task_id.clone()).collect();
+    assert_eq!(ids, vec![batch[2].task_id.clone(), batch[0].task_id.clone()]);
+    assert_eq!(list[0].last_error.as_deref(), Some("why"));
+    assert!(s.attention("acme", "s2", 100).await.unwrap().is_empty());
 }

@@ -118,6 +118,20 @@ pub trait Store: Send + Sync + 'static {
     /// the delivery deadline.
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>>;
 
+    /// Applies an operator's action or a failover in one transaction: the compare-and-set
+    /// transition of the task (with its audit event), the refund of its charge (unique per
+    /// task, so never twice), and the successor task (with its own creation event and
+    /// charge; a transfer or failover also links the original to it). Returns `false`
+    /// and writes nothing when the compare-and-set fails. A successor whose key exists
+    /// already fails with `AlreadyExists` and writes nothing.
+    async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool>;
+
+    /// Failed and in-doubt tasks of a store, oldest change first (R27).
+    async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>>;
+
+    /// How many reprints a task has.
+    async fn reprint_count(&self, task_id: &str) -> StoreResult<i32>;
+
     /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()>;
 }

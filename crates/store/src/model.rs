@@ -115,8 +115,63 @@ pub struct NewTask {
     pub fingerprint: String,
     /// Who submitted it, for the audit trail (`tenant:ID`).
     pub actor: String,
-    /// Amount charged in the ledger (R6), in the tenant's billing unit.
+    /// Amount charged in the ledger (R6), in the tenant's billing unit; 0 writes no charge
+    /// (a transferred task's successor: the order was charged once already).
     pub charge: i64,
+    pub now: Millis,
+    /// Set when the task continues or reprints another task instead of being submitted.
+    pub origin: Option<Origin>,
+}
+
+/// Why a task was created by the broker rather than submitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OriginKind {
+    /// A numbered reprint of the origin task (R26).
+    Reprint,
+    /// An operator moved the origin task to another printer (R26).
+    Transfer,
+    /// The station's primary could not print; the origin task moved to a backup (R25).
+    Failover,
+}
+
+impl OriginKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OriginKind::Reprint => "reprint",
+            OriginKind::Transfer => "transfer",
+            OriginKind::Failover => "failover",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OriginKind> {
+        [OriginKind::Reprint, OriginKind::Transfer, OriginKind::Failover].into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// The task a broker-created task hangs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub task_id: String,
+    pub kind: OriginKind,
+    /// 1, 2, … for reprints.
+    pub reprint_no: Option<i32>,
+    /// The reason of the creation event (operator, why).
+    pub reason: String,
+}
+
+/// An operator's action or a failover, applied in one transaction (see
+/// [`crate::Store::apply_manual`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManualChange {
+    /// The task acted on.
+    pub task_id: String,
+    /// Its compare-and-set state change, if the action moves it.
+    pub transition: Option<Transition>,
+    /// Refund the task's charge (at most once, whatever happens).
+    pub refund: bool,
+    /// A task created by the action (a reprint, or the transferred task's successor).
+    pub successor: Option<NewTask>,
     pub now: Millis,
 }
 
@@ -161,6 +216,12 @@ pub struct Task {
     pub sent_to: Option<String>,
     /// The agent process (session) it was handed to: a restarted agent has a new one.
     pub sent_session: Option<String>,
+    /// The task this one reprints or continues (see [`OriginKind`]).
+    pub origin_task_id: Option<String>,
+    pub origin_kind: Option<OriginKind>,
+    pub reprint_no: Option<i32>,
+    /// For a transferred task: the task that carries on its work.
+    pub successor_task_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

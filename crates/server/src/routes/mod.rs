@@ -1,6 +1,7 @@
 //! HTTP handlers, one module per area.
 
 pub mod agent;
+pub mod manual;
 pub mod meta;
 pub mod setup;
 pub mod tasks;

@@ -391,6 +391,7 @@ impl Sut {
             actor: format!("tenant:{}", s.key.tenant),
             charge: 1,
             now: NOW + seq as i64,
+            origin: None,
         }
     }
 

@@ -1,0 +1,253 @@
+//! The manual channel (R26) and failover (R25): an operator's reprint, mark-printed, cancel
+//! and transfer, and the engine's own move of a station task to a backup printer.
+//!
+//! Which action is allowed in which state is decided by `onceprint_core::manual`; this
+//! module builds the change — the original's compare-and-set transition, the refund, the
+//! successor task — and has the store apply it in one transaction. A reprint is a task of
+//! its own (its own attempts and audit) that hangs on the original and is numbered; it is
+//! never a look-alike new task under a new business number.
+
+use std::sync::Arc;
+
+use onceprint_core::manual::{original_goes_to, ManualAction, NotAllowed};
+use onceprint_core::{CoreError, PolicyTable, TaskId, TaskState};
+use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, Task, Transition};
+use rand::RngCore;
+
+use crate::clock::now_ms;
+use crate::{Directory, RecentTasks, StoreSignals};
+
+/// Why an action was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("no task {0:?}")]
+    NotFound(String),
+    #[error(transparent)]
+    NotAllowed(#[from] NotAllowed),
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    /// The task changed between reading and acting.
+    #[error("the task changed while acting on it (it is now {0}); look at it again")]
+    Raced(TaskState),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An operator's request.
+#[derive(Debug, Clone)]
+pub struct ActionRequest {
+    pub tenant_id: String,
+    pub task_id: String,
+    pub operator: String,
+    pub reason: String,
+    /// The target printer of a transfer.
+    pub printer_id: Option<String>,
+}
+
+/// The task acted on (as it is now) and the task the action created, if any.
+#[derive(Debug, Clone)]
+pub struct ActionOutcome {
+    pub task: Task,
+    pub created: Option<Task>,
+}
+
+/// Settings of the manual channel.
+#[derive(Debug, Clone)]
+pub struct OperationsConfig {
+    /// Ledger amount of a reprint (a reprint is a print).
+    pub charge: i64,
+}
+
+impl Default for OperationsConfig {
+    fn default() -> Self {
+        OperationsConfig { charge: 1 }
+    }
+}
+
+/// The manual channel. Share it behind an `Arc`.
+pub struct Operations {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+    gate: Arc<RecentTasks>,
+    signals: Arc<StoreSignals>,
+    policies: PolicyTable,
+    config: OperationsConfig,
+}
+
+fn new_task_id(now: i64) -> String {
+    let mut random = [0u8; 10];
+    rand::thread_rng().fill_bytes(&mut random);
+    TaskId::from_parts(now, random).into_string()
+}
+
+fn check_text(field: &str, value: &str, max: usize) -> Result<(), CoreError> {
+    if value.trim().is_empty() {
+        return Err(CoreError::invalid(field, "is required: say who acts and why"));
+    }
+    if value.len() > max || value.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, format!("must be at most {max} bytes without control characters")));
+    }
+    Ok(())
+}
+
+/// What a successor task is.
+pub(crate) struct SuccessorSpec<'a> {
+    pub kind: OriginKind,
+    pub printer_id: &'a str,
+    pub reprint_no: Option<i32>,
+    pub actor: String,
+    pub reason: String,
+    pub priority: i32,
+    pub charge: i64,
+}
+
+/// A successor of `task` (a reprint, a transfer or a failover), with the original's
+/// business number, print type and content, keyed so it can never collide with a
+/// submission: `reprint:ORIGIN:N`, `transfer:ORIGIN`, `failover:ORIGIN`.
+pub(crate) async fn successor(store: &dyn Store, task: &Task, spec: SuccessorSpec<'_>) -> Result<NewTask, StoreError> {
+    let SuccessorSpec { kind, printer_id, reprint_no, actor, reason, priority, charge } = spec;
+    let content = store
+        .task_content(&task.task_id)
+        .await?
+        .ok_or_else(|| StoreError::Backend(format!("task {} has no content", task.task_id)))?;
+    let now = now_ms();
+    let target = match (kind, reprint_no) {
+        (OriginKind::Reprint, Some(n)) => format!("reprint:{}:{n}", task.task_id),
+        _ => format!("{}:{}", kind.as_str(), task.task_id),
+    };
+    Ok(NewTask {
+        task_id: new_task_id(now),
+        tenant_id: task.tenant_id.clone(),
+        store_id: task.store_id.clone(),
+        printer_id: printer_id.to_owned(),
+        station_id: task.station_id.clone(),
+        target,
+        biz_no: task.biz_no.clone(),
+        print_type: task.print_type.clone(),
+        priority,
+        content_type: content.content_type,
+        content: content.content,
+        fingerprint: task.fingerprint.clone(),
+        actor,
+        charge,
+        now,
+        origin: Some(Origin { task_id: task.task_id.clone(), kind, reprint_no, reason }),
+    })
+}
+
+impl Operations {
+    pub fn new(
+        store: Arc<dyn Store>,
+        directory: Arc<Directory>,
+        gate: Arc<RecentTasks>,
+        signals: Arc<StoreSignals>,
+        policies: PolicyTable,
+        config: OperationsConfig,
+    ) -> Operations {
+        Operations { store, directory, gate, signals, policies, config }
+    }
+
+    /// Carries out one operator action.
+    pub async fn act(&self, action: ManualAction, req: ActionRequest) -> Result<ActionOutcome, ActionError> {
+        check_text("operator", &req.operator, 100)?;
+        check_text("reason", &req.reason, 500)?;
+        let task = self
+            .store
+            .get_task(&req.tenant_id, &req.task_id)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(req.task_id.clone()))?;
+        let to = original_goes_to(action, task.state)?;
+        let actor = format!("operator:{}", req.operator);
+        let now = now_ms();
+        let transition = to.map(|to| Transition {
+            task_id: task.task_id.clone(),
+            from: task.state,
+            expected_attempts: task.attempts,
+            to,
+            attempts: task.attempts,
+            last_error: task.last_error.clone(),
+            next_attempt_at: None,
+            actor: actor.clone(),
+            reason: format!("{}: {}", action.as_str(), req.reason),
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: task.sent_session.clone(),
+        });
+        let successor = match action {
+            ManualAction::Reprint => {
+                let n = self.store.reprint_count(&task.task_id).await? + 1;
+                // Reprints of old orders queue behind live tickets (R24) when a `reprint`
+                // print type is configured; otherwise they keep the original's priority.
+                let priority = self.policies.types.get("reprint").map_or(task.priority, |p| p.priority);
+                let spec = SuccessorSpec {
+                    kind: OriginKind::Reprint,
+                    printer_id: &task.printer_id,
+                    reprint_no: Some(n),
+                    actor: actor.clone(),
+                    reason: format!("reprint {n} of {} by {actor}: {}", task.task_id, req.reason),
+                    priority,
+                    charge: self.config.charge,
+                };
+                Some(successor(self.store.as_ref(), &task, spec).await?)
+            }
+            ManualAction::Transfer => {
+                let printer_id = req
+                    .printer_id
+                    .as_deref()
+                    .ok_or_else(|| CoreError::invalid("printer_id", "is required: the printer to transfer to"))?;
+                onceprint_core::validate_id("printer_id", printer_id)?;
+                let printer = self
+                    .directory
+                    .printer(&req.tenant_id, printer_id)
+                    .await?
+                    .ok_or_else(|| CoreError::invalid("printer_id", format!("no printer {printer_id:?}")))?;
+                if printer.store_id != task.store_id {
+                    return Err(CoreError::invalid(
+                        "printer_id",
+                        format!("printer {printer_id:?} is in store {:?}, the task in {:?}", printer.store_id, task.store_id),
+                    )
+                    .into());
+                }
+                if printer.id == task.printer_id {
+                    return Err(CoreError::invalid("printer_id", "is the task's own printer").into());
+                }
+                let spec = SuccessorSpec {
+                    kind: OriginKind::Transfer,
+                    printer_id: &printer.id,
+                    reprint_no: None,
+                    actor: actor.clone(),
+                    reason: format!("transferred from {} ({}) by {actor}: {}", task.task_id, task.printer_id, req.reason),
+                    priority: task.priority,
+                    // The order was charged once, on the original.
+                    charge: 0,
+                };
+                Some(successor(self.store.as_ref(), &task, spec).await?)
+            }
+            ManualAction::MarkPrinted | ManualAction::Cancel => None,
+        };
+        let change = ManualChange {
+            task_id: task.task_id.clone(),
+            transition,
+            refund: action == ManualAction::Cancel,
+            successor: successor.clone(),
+            now,
+        };
+        if !self.store.apply_manual(&change).await? {
+            let now_state = self.store.get_task(&req.tenant_id, &req.task_id).await?.map_or(task.state, |t| t.state);
+            return Err(ActionError::Raced(now_state));
+        }
+        if let Some(to) = to {
+            self.gate.set_state(&task.task_id, to);
+        }
+        if successor.is_some() {
+            self.signals.notify(&task.tenant_id, &task.store_id);
+        }
+        tracing::info!(task_id = %task.task_id, action = action.as_str(), operator = %req.operator, "manual action");
+        let after = self.store.get_task(&req.tenant_id, &task.task_id).await?.unwrap_or(task);
+        let created = match successor {
+            Some(s) => self.store.get_task(&req.tenant_id, &s.task_id).await?,
+            None => None,
+        };
+        Ok(ActionOutcome { task: after, created })
+    }
+}
