@@ -16,6 +16,7 @@ pub mod directory;
 pub mod gate;
 pub mod intake;
 pub mod operations;
+pub mod reconcile;
 pub mod secrets;
 pub mod signals;
 

@@ -2,6 +2,7 @@
 //! no logic of its own beyond choosing the database backend from the URL.
 
 mod config;
+mod reconcile;
 
 /// mimalloc instead of the system allocator: intake allocates many small, short-lived
 /// objects per request across threads, where it measured faster (docs/BENCHMARKS.md).
@@ -32,6 +33,8 @@ enum Command {
     Agent(onceprint_agent::AgentArgs),
     /// A simulated ESC/POS network printer (or several) with a paper log and faults.
     PrinterSim(onceprint_printer_sim::SimArgs),
+    /// A store's daily reconciliation; exits 1 when the day has differences (for cron).
+    Reconcile(reconcile::ReconcileArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -217,6 +220,13 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Reconcile(args) => {
+                if reconcile::run(args).await? {
+                    Ok(())
+                } else {
+                    std::process::exit(1)
+                }
+            }
             Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
             Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,

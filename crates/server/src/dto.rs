@@ -41,18 +41,30 @@ pub struct TenantCreated {
 pub struct CreateStore {
     pub id: String,
     pub name: String,
+    /// UTC offset of the store's business day, `+08:00` (default `+00:00`); used by the
+    /// daily reconciliation.
+    pub timezone: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StoreOut {
     pub id: String,
     pub name: String,
+    /// UTC offset, `+08:00`.
+    pub timezone: String,
     pub created_at: String,
+}
+
+/// `+HH:MM` for an offset in minutes.
+pub fn offset_string(minutes: i32) -> String {
+    let sign = if minutes < 0 { '-' } else { '+' };
+    let m = minutes.abs();
+    format!("{sign}{:02}:{:02}", m / 60, m % 60)
 }
 
 impl From<StoreRow> for StoreOut {
     fn from(s: StoreRow) -> Self {
-        StoreOut { id: s.id, name: s.name, created_at: rfc3339(s.created_at) }
+        StoreOut { id: s.id, name: s.name, timezone: offset_string(s.utc_offset_minutes), created_at: rfc3339(s.created_at) }
     }
 }
 

@@ -100,7 +100,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, manual, meta, setup, tasks};
+    use routes::{agent, manual, meta, reconcile, setup, tasks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -118,6 +118,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks/{task_id}/cancel", post(manual::cancel))
         .route("/v1/print-tasks/{task_id}/transfer", post(manual::transfer))
         .route("/v1/stores/{id}/attention", get(manual::attention))
+        .route("/v1/stores/{id}/reconciliation", get(reconcile::get_day).post(reconcile::post_day))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/healthz", get(meta::healthz))

@@ -3,7 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, manual, meta, setup, tasks};
+use crate::routes::{agent, manual, meta, reconcile, setup, tasks};
 
 struct Security;
 
@@ -36,6 +36,7 @@ impl Modify for Security {
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
+        reconcile::get_day, reconcile::post_day,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     modifiers(&Security)

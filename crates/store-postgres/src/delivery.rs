@@ -22,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
+use deadpool_postgres::GenericClient;
 use onceprint_core::{Millis, TaskState};
 use onceprint_store::{PrinterStatusUpdate, StoreResult, Task, Transition};
 use tokio_postgres::types::ToSql;
@@ -133,7 +134,10 @@ fn refused_in_flight(e: &tokio_postgres::Error) -> bool {
     matches!(violation(e), Some(Violation::Unique(ONE_IN_FLIGHT)))
 }
 
-pub(crate) async fn transition(client: &deadpool_postgres::Client, change: &Transition) -> StoreResult<bool> {
+/// Runs on a pooled connection or inside a caller's transaction (an operator's action).
+/// In a transaction, a refusal by the one-in-flight index aborts it: the caller must then
+/// roll back, which it does anyway when the change did not apply.
+pub(crate) async fn transition<C: GenericClient>(client: &C, change: &Transition) -> StoreResult<bool> {
     let stmt = client.prepare_cached(TRANSITION).await.map_err(pg_error)?;
     // A single statement is its own transaction: when the index refuses the update, the
     // statement is rolled back whole and no event is written.
@@ -278,13 +282,13 @@ pub(crate) async fn update_printer_status(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The plan of `sql` as text, on a connection that avoids sequential and bitmap scans
     /// whenever it can (the test tables are tiny), so that what remains shows whether an
     /// index can serve the query at all.
-    async fn plan(url: &str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> String {
+    pub(crate) async fn plan(url: &str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> String {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         client.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").await.unwrap();

@@ -17,6 +17,8 @@
 mod delivery;
 mod error;
 pub mod migrations;
+mod operations;
+mod reconcile;
 mod rows;
 mod submit;
 pub mod testing;
@@ -31,7 +33,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use crate::error::{pg_error, pool_error, violation, Violation};
-use crate::rows::{PRINTER_COLUMNS, TASK_COLUMNS};
+use crate::rows::{LEDGER_COLUMNS, PRINTER_COLUMNS, STORE_COLUMNS, TASK_COLUMNS};
 
 /// How long a new connection may take before the broker reports the database unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -231,9 +233,11 @@ impl Store for PostgresStore {
     async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
         let row = self
             .insert_returning(
-                "INSERT INTO stores (tenant_id, id, name, created_at) VALUES ($1, $2, $3, $4)
-                 RETURNING tenant_id, id, name, created_at",
-                &[&store.tenant_id, &store.id, &store.name, &store.now],
+                &format!(
+                    "INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING {STORE_COLUMNS}"
+                ),
+                &[&store.tenant_id, &store.id, &store.name, &store.utc_offset_minutes, &store.now],
             )
             .await?
             .map_err(|e| {
@@ -244,7 +248,7 @@ impl Store for PostgresStore {
 
     async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>> {
         self.query_opt(
-            "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 AND id = $2",
+            &format!("SELECT {STORE_COLUMNS} FROM stores WHERE tenant_id = $1 AND id = $2"),
             &[&tenant_id, &store_id],
         )
         .await?
@@ -254,7 +258,7 @@ impl Store for PostgresStore {
     }
 
     async fn list_stores(&self, tenant_id: &str) -> StoreResult<Vec<StoreRow>> {
-        self.query("SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = $1 ORDER BY id", &[&tenant_id])
+        self.query(&format!("SELECT {STORE_COLUMNS} FROM stores WHERE tenant_id = $1 ORDER BY id"), &[&tenant_id])
             .await?
             .iter()
             .map(rows::store)
@@ -471,22 +475,9 @@ impl Store for PostgresStore {
 
     async fn ledger_entries(&self, task_id: &str) -> StoreResult<Vec<LedgerEntry>> {
         let rows = self
-            .query(
-                "SELECT task_id, tenant_id, kind, amount, at FROM ledger WHERE task_id = $1 ORDER BY id",
-                &[&task_id],
-            )
+            .query(&format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE task_id = $1 ORDER BY id"), &[&task_id])
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LedgerEntry {
-                    task_id: rows::col(row, 0)?,
-                    tenant_id: rows::col(row, 1)?,
-                    kind: rows::col(row, 2)?,
-                    amount: rows::col(row, 3)?,
-                    at: rows::col(row, 4)?,
-                })
-            })
-            .collect()
+        rows.iter().map(rows::ledger_entry).collect()
     }
 
     async fn count_by_state(&self) -> StoreResult<Vec<(TaskState, i64)>> {
@@ -515,6 +506,43 @@ impl Store for PostgresStore {
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>> {
         let client = self.client().await?;
         delivery::due_tasks(&client, state, now, limit).await
+    }
+
+    async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool> {
+        let mut client = self.client().await?;
+        operations::apply_manual(&mut client, change).await
+    }
+
+    async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>> {
+        let client = self.client().await?;
+        operations::attention(&client, tenant_id, store_id, limit).await
+    }
+
+    async fn tasks_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<Task>> {
+        let client = self.client().await?;
+        reconcile::tasks_created_between(&client, tenant_id, store_id, from_id, to_id).await
+    }
+
+    async fn ledger_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from: onceprint_core::Millis,
+        to: onceprint_core::Millis,
+    ) -> StoreResult<Vec<LedgerEntry>> {
+        let client = self.client().await?;
+        reconcile::ledger_between(&client, tenant_id, store_id, from, to).await
+    }
+
+    async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {
+        let client = self.client().await?;
+        operations::reprint_count(&client, task_id).await
     }
 
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {

@@ -18,7 +18,8 @@ use crate::error::pg_error;
 const LOCK_CLASS: i32 = 0x6f70_6d67; // "opmg"
 
 /// `(version, SQL)` in the order they must be applied. Versions are increasing.
-pub(crate) const MIGRATIONS: &[(i32, &str)] = &[(1, V1_INITIAL), (2, V2_DELIVERY)];
+pub(crate) const MIGRATIONS: &[(i32, &str)] =
+    &[(1, V1_INITIAL), (2, V2_DELIVERY), (3, V3_OPERATIONS), (4, V4_RECONCILIATION)];
 
 /// The version a fully migrated database reports.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -150,6 +151,33 @@ ALTER TABLE tasks ADD COLUMN sent_to TEXT, ADD COLUMN sent_session TEXT;
 CREATE UNIQUE INDEX tasks_one_in_flight_per_printer ON tasks (tenant_id, printer_id) WHERE state = 'sent';
 CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, id)
     WHERE state IN ('pending', 'sent', 'retrying');
+"#;
+
+/// Operations: reprints and successors hang on their origin task (`origin_kind` is
+/// `reprint`, `transfer` or `failover`; `reprint_no` numbers the reprints), a transferred
+/// task points at the task that carries on its work, and the per-store attention list
+/// (failed and in-doubt tasks, oldest change first) is read through its own small index.
+///
+/// The task references use the "C" collation like `tasks.id`, so that comparisons and
+/// joins with it need no collation conversion. The predicate of `tasks_attention` is
+/// repeated literally by the attention query, so that the planner can use it.
+const V3_OPERATIONS: &str = r#"
+ALTER TABLE tasks
+    ADD COLUMN origin_task_id TEXT COLLATE "C",
+    ADD COLUMN origin_kind TEXT,
+    ADD COLUMN reprint_no INT,
+    ADD COLUMN successor_task_id TEXT COLLATE "C";
+CREATE INDEX tasks_by_origin ON tasks (origin_task_id) WHERE origin_task_id IS NOT NULL;
+CREATE INDEX tasks_attention ON tasks (tenant_id, store_id, updated_at) WHERE state IN ('failed', 'in_doubt');
+"#;
+
+/// Reconciliation: a store's business day starts at its local midnight (its offset from
+/// UTC in minutes; existing stores are UTC), and a day's ledger is read through an index
+/// on time. A day's tasks need no new index: their ids sort by creation time, so
+/// `tasks_tenant_store_id_idx` already serves the range.
+const V4_RECONCILIATION: &str = r#"
+ALTER TABLE stores ADD COLUMN utc_offset_minutes INT NOT NULL DEFAULT 0;
+CREATE INDEX ledger_by_time ON ledger (tenant_id, at);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

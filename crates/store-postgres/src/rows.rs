@@ -5,7 +5,9 @@
 //! becomes a [`StoreError::Backend`] instead of a panic in the broker.
 
 use onceprint_core::TaskState;
-use onceprint_store::{Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant};
+use onceprint_store::{
+    LedgerEntry, OriginKind, Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant,
+};
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
@@ -13,12 +15,20 @@ use tokio_postgres::Row;
 /// can be large and only [`onceprint_store::Store::task_content`] needs it.
 pub(crate) const TASK_COLUMNS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, \
      print_type, priority, content_type, fingerprint, state, attempts, last_error, next_attempt_at, \
-     created_at, updated_at, printed_at, sent_to, sent_session";
+     created_at, updated_at, printed_at, sent_to, sent_session, origin_task_id, origin_kind, reprint_no, \
+     successor_task_id";
 
 /// [`TASK_COLUMNS`] qualified with the alias `t`, for joins.
 pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printer_id, t.station_id, t.target, \
      t.biz_no, t.print_type, t.priority, t.content_type, t.fingerprint, t.state, t.attempts, t.last_error, \
-     t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session";
+     t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session, t.origin_task_id, \
+     t.origin_kind, t.reprint_no, t.successor_task_id";
+
+/// The store columns in the order [`store`] reads them.
+pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, utc_offset_minutes, created_at";
+
+/// The ledger columns in the order [`ledger_entry`] reads them.
+pub(crate) const LEDGER_COLUMNS: &str = "task_id, tenant_id, kind, amount, at";
 
 pub(crate) const PRINTER_COLUMNS: &str =
     "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at";
@@ -58,6 +68,12 @@ pub(crate) fn task(row: &Row) -> StoreResult<Task> {
         printed_at: col(row, 17)?,
         sent_to: col(row, 18)?,
         sent_session: col(row, 19)?,
+        origin_task_id: col(row, 20)?,
+        // Informational only: a kind a newer broker wrote reads as none, as on SQLite,
+        // rather than making the task unreadable.
+        origin_kind: col::<Option<&str>>(row, 21)?.and_then(OriginKind::parse),
+        reprint_no: col(row, 22)?,
+        successor_task_id: col(row, 23)?,
     })
 }
 
@@ -66,9 +82,26 @@ pub(crate) fn tenant(row: &Row) -> StoreResult<Tenant> {
     Ok(Tenant { id: col(row, 0)?, name: col(row, 1)?, created_at: col(row, 2)? })
 }
 
-/// Reads `tenant_id, id, name, created_at`.
+/// Reads [`STORE_COLUMNS`].
 pub(crate) fn store(row: &Row) -> StoreResult<StoreRow> {
-    Ok(StoreRow { tenant_id: col(row, 0)?, id: col(row, 1)?, name: col(row, 2)?, created_at: col(row, 3)? })
+    Ok(StoreRow {
+        tenant_id: col(row, 0)?,
+        id: col(row, 1)?,
+        name: col(row, 2)?,
+        utc_offset_minutes: col(row, 3)?,
+        created_at: col(row, 4)?,
+    })
+}
+
+/// Reads [`LEDGER_COLUMNS`].
+pub(crate) fn ledger_entry(row: &Row) -> StoreResult<LedgerEntry> {
+    Ok(LedgerEntry {
+        task_id: col(row, 0)?,
+        tenant_id: col(row, 1)?,
+        kind: col(row, 2)?,
+        amount: col(row, 3)?,
+        at: col(row, 4)?,
+    })
 }
 
 /// Reads [`PRINTER_COLUMNS`].

@@ -18,36 +18,43 @@ use std::collections::{HashMap, HashSet};
 use onceprint_core::TaskState;
 use onceprint_store::{NewTask, StoreError, StoreResult, SubmitOutcome, Task};
 
+use deadpool_postgres::GenericClient;
+
 use crate::error::{pg_error, violation, Violation};
 use crate::rows::{self, TASK_COLUMNS_T};
 
 const INSERT_TASKS: &str = "
 WITH ins AS (
     INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
-                       priority, content_type, content, fingerprint, state, attempts, created_at, updated_at)
+                       priority, content_type, content, fingerprint, state, attempts, created_at, updated_at,
+                       origin_task_id, origin_kind, reprint_no)
     SELECT u.id, u.tenant_id, u.store_id, u.printer_id, u.station_id, u.target, u.biz_no, u.print_type,
-           u.priority, u.content_type, u.content, u.fingerprint, 'pending', 0, u.now_ms, u.now_ms
+           u.priority, u.content_type, u.content, u.fingerprint, 'pending', 0, u.now_ms, u.now_ms,
+           u.origin_task_id, u.origin_kind, u.reprint_no
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[])
+                $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[],
+                $16::text[], $17::text[], $18::int4[])
          WITH ORDINALITY AS u(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
-                              priority, content_type, content, fingerprint, now_ms, ord)
+                              priority, content_type, content, fingerprint, now_ms,
+                              origin_task_id, origin_kind, reprint_no, ord)
     ORDER BY u.ord
     ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING
     RETURNING id
 ),
 meta AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $13::int8[], $14::text[], $15::int8[])
-        AS m(id, tenant_id, now_ms, actor, charge)
+    SELECT * FROM unnest($1::text[], $2::text[], $13::int8[], $14::text[], $15::int8[], $19::text[])
+        AS m(id, tenant_id, now_ms, actor, charge, reason)
 ),
 ev AS (
     INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
-    SELECT meta.id, meta.now_ms, NULL, 'pending', 0, meta.actor, 'submitted'
+    SELECT meta.id, meta.now_ms, NULL, 'pending', 0, meta.actor, meta.reason
     FROM ins JOIN meta USING (id)
 ),
 charge AS (
     INSERT INTO ledger (tenant_id, task_id, kind, amount, at)
     SELECT meta.tenant_id, meta.id, 'charge', meta.charge, meta.now_ms
     FROM ins JOIN meta USING (id)
+    WHERE meta.charge <> 0
 )
 SELECT id FROM ins";
 
@@ -93,13 +100,17 @@ fn created_task(t: &NewTask) -> Task {
         printed_at: None,
         sent_to: None,
         sent_session: None,
+        origin_task_id: t.origin.as_ref().map(|o| o.task_id.clone()),
+        origin_kind: t.origin.as_ref().map(|o| o.kind),
+        reprint_no: t.origin.as_ref().and_then(|o| o.reprint_no),
+        successor_task_id: None,
     }
 }
 
-pub(crate) async fn submit_batch(
-    client: &deadpool_postgres::Client,
-    batch: Vec<NewTask>,
-) -> StoreResult<Vec<SubmitOutcome>> {
+/// Runs on a pooled connection (each statement its own transaction, see the module
+/// documentation) or inside a transaction of the caller's (an operator's action that
+/// creates a successor task).
+pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
     if batch.is_empty() {
         return Ok(Vec::new());
     }
@@ -133,6 +144,14 @@ pub(crate) async fn submit_batch(
     let contents: Vec<&[u8]> = unique.iter().map(|&i| batch[i].content.as_slice()).collect();
     let nows: Vec<i64> = unique.iter().map(|&i| batch[i].now).collect();
     let charges: Vec<i64> = unique.iter().map(|&i| batch[i].charge).collect();
+    let origins: Vec<Option<&str>> =
+        unique.iter().map(|&i| batch[i].origin.as_ref().map(|o| o.task_id.as_str())).collect();
+    let origin_kinds: Vec<Option<&str>> =
+        unique.iter().map(|&i| batch[i].origin.as_ref().map(|o| o.kind.as_str())).collect();
+    let reprint_nos: Vec<Option<i32>> =
+        unique.iter().map(|&i| batch[i].origin.as_ref().and_then(|o| o.reprint_no)).collect();
+    // The creation event's reason: why the broker created the task, or a plain submission.
+    let reasons = pick(|t| t.origin.as_ref().map_or("submitted", |o| o.reason.as_str()));
 
     let stmt = client.prepare_cached(INSERT_TASKS).await.map_err(pg_error)?;
     let inserted = client
@@ -154,6 +173,10 @@ pub(crate) async fn submit_batch(
                 &nows,
                 &actors,
                 &charges,
+                &origins,
+                &origin_kinds,
+                &reprint_nos,
+                &reasons,
             ],
         )
         .await;
@@ -226,14 +249,22 @@ pub(crate) async fn submit_batch(
 
 /// Explains a failed insert. A foreign-key violation means a task names a printer the
 /// tenant does not have; one more query finds which, so the message is actionable.
-async fn insert_error(
-    client: &deadpool_postgres::Client,
+async fn insert_error<C: GenericClient>(
+    client: &C,
     e: tokio_postgres::Error,
     tenants: &[&str],
     printers: &[&str],
 ) -> StoreError {
     match violation(&e) {
         Some(Violation::ForeignKey(_)) => {
+            // With a single printer in the batch (always the case for a successor task,
+            // whose insert runs inside a transaction the failure has aborted, so that no
+            // further query could run there) the missing one is known without asking.
+            if let Some(first) = printers.first() {
+                if tenants.iter().zip(printers).all(|(t, p)| (t, p) == (&tenants[0], first)) {
+                    return StoreError::NotFound(format!("printer {first}"));
+                }
+            }
             let missing = client.query_opt(FIRST_MISSING_PRINTER, &[&tenants, &printers]).await;
             match missing {
                 Ok(Some(row)) => match rows::col::<String>(&row, 0) {

@@ -14,9 +14,15 @@ async fn setup(s: &dyn Store) {
     s.create_tenant(NewTenant { id: "acme".into(), name: "acme".into(), api_key_hash: "hash-acme".into(), now: NOW })
         .await
         .unwrap();
-    s.create_store(NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "Main".into(), now: NOW })
-        .await
-        .unwrap();
+    s.create_store(NewStore {
+        tenant_id: "acme".into(),
+        id: "s1".into(),
+        name: "Main".into(),
+        utc_offset_minutes: 0,
+        now: NOW,
+    })
+    .await
+    .unwrap();
     for p in ["p1", "p2"] {
         s.create_printer(NewPrinter {
             tenant_id: "acme".into(),

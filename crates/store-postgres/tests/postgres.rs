@@ -47,7 +47,15 @@ async fn tenant_with_store(s: &dyn Store, id: &str) {
     s.create_tenant(NewTenant { id: id.into(), name: id.into(), api_key_hash: format!("hash-{id}"), now: NOW })
         .await
         .unwrap();
-    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), now: NOW }).await.unwrap();
+    s.create_store(NewStore {
+        tenant_id: id.into(),
+        id: "s1".into(),
+        name: "Main".into(),
+        utc_offset_minutes: 0,
+        now: NOW,
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,8 +74,15 @@ async fn writes_name_what_exists_or_is_missing() {
         s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "new".into(), now: NOW }).await;
     assert_eq!(same_id, Err(StoreError::AlreadyExists("tenant acme".into())));
 
-    let no_tenant =
-        s.create_store(NewStore { tenant_id: "ghost".into(), id: "s1".into(), name: "x".into(), now: NOW }).await;
+    let no_tenant = s
+        .create_store(NewStore {
+            tenant_id: "ghost".into(),
+            id: "s1".into(),
+            name: "x".into(),
+            utc_offset_minutes: 0,
+            now: NOW,
+        })
+        .await;
     assert_eq!(no_tenant, Err(StoreError::NotFound("tenant ghost".into())));
     let no_store = s
         .create_printer(NewPrinter {

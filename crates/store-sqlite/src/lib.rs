@@ -445,6 +445,28 @@ impl Store for SqliteStore {
         self.read(move |c| sql::attention(c, &t, &s, limit)).await
     }
 
+    async fn tasks_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<Task>> {
+        let (t, s, f, to) = (tenant_id.to_owned(), store_id.to_owned(), from_id.to_owned(), to_id.to_owned());
+        self.read(move |c| sql::tasks_created_between(c, &t, &s, &f, &to)).await
+    }
+
+    async fn ledger_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from: onceprint_core::Millis,
+        to: onceprint_core::Millis,
+    ) -> StoreResult<Vec<LedgerEntry>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| sql::ledger_between(c, &t, &s, from, to)).await
+    }
+
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {
         let id = task_id.to_owned();
         self.read(move |c| sql::reprint_count(c, &id)).await

@@ -118,4 +118,10 @@ ALTER TABLE tasks ADD COLUMN successor_task_id TEXT;
 CREATE INDEX tasks_by_origin ON tasks(origin_task_id) WHERE origin_task_id IS NOT NULL;
 CREATE INDEX tasks_attention ON tasks(tenant_id, store_id, updated_at) WHERE state IN ('failed', 'in_doubt');
 "#,
+    // Reconciliation (issue 5): a store's business day starts at its local midnight, and
+    // the day's ledger is read through an index on time.
+    r#"
+ALTER TABLE stores ADD COLUMN utc_offset_minutes INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX ledger_by_time ON ledger(tenant_id, at);
+"#,
 ];

@@ -85,20 +85,32 @@ pub fn tenant_by_key_hash(c: &Connection, h: &str) -> StoreResult<Option<Tenant>
 
 pub fn create_store(c: &Connection, s: NewStore) -> StoreResult<StoreRow> {
     c.execute(
-        "INSERT INTO stores (tenant_id, id, name, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![s.tenant_id, s.id, s.name, s.now],
+        "INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![s.tenant_id, s.id, s.name, s.utc_offset_minutes, s.now],
     )
     .map_err(|e| constraint_err(e, &format!("store {}", s.id), &format!("tenant {}", s.tenant_id)))?;
-    Ok(StoreRow { tenant_id: s.tenant_id, id: s.id, name: s.name, created_at: s.now })
+    Ok(StoreRow {
+        tenant_id: s.tenant_id,
+        id: s.id,
+        name: s.name,
+        utc_offset_minutes: s.utc_offset_minutes,
+        created_at: s.now,
+    })
 }
 
 fn store_from_row(r: &Row<'_>) -> rusqlite::Result<StoreRow> {
-    Ok(StoreRow { tenant_id: r.get(0)?, id: r.get(1)?, name: r.get(2)?, created_at: r.get(3)? })
+    Ok(StoreRow {
+        tenant_id: r.get(0)?,
+        id: r.get(1)?,
+        name: r.get(2)?,
+        created_at: r.get(3)?,
+        utc_offset_minutes: r.get(4)?,
+    })
 }
 
 pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreRow>> {
     c.query_row(
-        "SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = ?1 AND id = ?2",
+        "SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 AND id = ?2",
         [t, id],
         store_from_row,
     )
@@ -108,7 +120,7 @@ pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreR
 
 pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
     let mut s = c
-        .prepare_cached("SELECT tenant_id, id, name, created_at FROM stores WHERE tenant_id = ?1 ORDER BY id")
+        .prepare_cached("SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 ORDER BY id")
         .map_err(backend_err)?;
     let rows = s.query_map([t], store_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
@@ -556,4 +568,29 @@ pub fn reprint_count(c: &Connection, task_id: &str) -> StoreResult<i32> {
         |r| r.get(0),
     )
     .map_err(backend_err)
+}
+
+pub fn tasks_created_between(c: &Connection, tenant: &str, store: &str, from: &str, to: &str) -> StoreResult<Vec<Task>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND store_id = ?2 AND id >= ?3 AND id < ?4 ORDER BY id"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map([tenant, store, from, to], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn ledger_between(c: &Connection, tenant: &str, store: &str, from: i64, to: i64) -> StoreResult<Vec<LedgerEntry>> {
+    let mut s = c
+        .prepare_cached(
+            "SELECT l.task_id, l.tenant_id, l.kind, l.amount, l.at FROM ledger l JOIN tasks t ON t.id = l.task_id \
+             WHERE l.tenant_id = ?1 AND l.at >= ?3 AND l.at < ?4 AND t.store_id = ?2 ORDER BY l.at, l.task_id, l.kind",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(params![tenant, store, from, to], |r| {
+            Ok(LedgerEntry { task_id: r.get(0)?, tenant_id: r.get(1)?, kind: r.get(2)?, amount: r.get(3)?, at: r.get(4)? })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }

@@ -34,7 +34,7 @@ macro_rules! conformance_tests {
             lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
             due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
-            attention_lists_failed_and_in_doubt_oldest_first);
+            attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -59,7 +59,9 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
     })
     .await
     .unwrap();
-    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), now: NOW }).await.unwrap();
+    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), utc_offset_minutes: 480, now: NOW })
+        .await
+        .unwrap();
     s.create_printer(NewPrinter {
         tenant_id: id.into(),
         id: "p1".into(),
@@ -120,9 +122,10 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
     assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap().id, "acme");
     assert_eq!(s.tenant_by_key_hash("nope").await.unwrap(), None);
 
-    let dup = s.create_store(NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "x".into(), now: NOW }).await;
+    let dup = s.create_store(NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "x".into(), utc_offset_minutes: 0, now: NOW }).await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
-    assert_eq!(s.get_store("acme", "s1").await.unwrap().unwrap().name, "Main");
+    let st = s.get_store("acme", "s1").await.unwrap().unwrap();
+    assert_eq!((st.name.as_str(), st.utc_offset_minutes), ("Main", 480));
     assert_eq!(s.get_store("acme", "s9").await.unwrap(), None);
     assert_eq!(s.list_stores("acme").await.unwrap().len(), 1);
 
@@ -317,7 +320,9 @@ pub async fn tasks_are_tenant_scoped(s: Arc<dyn Store>) {
 
 pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_store(NewStore { tenant_id: "acme".into(), id: "s2".into(), name: "Two".into(), now: NOW }).await.unwrap();
+    s.create_store(NewStore { tenant_id: "acme".into(), id: "s2".into(), name: "Two".into(), utc_offset_minutes: 0, now: NOW })
+        .await
+        .unwrap();
     s.create_printer(NewPrinter {
         tenant_id: "acme".into(),
         id: "p9".into(),
@@ -697,4 +702,23 @@ pub async fn attention_lists_failed_and_in_doubt_oldest_first(s: Arc<dyn Store>)
     assert_eq!(ids, vec![batch[2].task_id.clone(), batch[0].task_id.clone()]);
     assert_eq!(list[0].last_error.as_deref(), Some("why"));
     assert!(s.attention("acme", "s2", 100).await.unwrap().is_empty());
+}
+
+pub async fn day_reads_for_reconciliation(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    // new_task ids are "{seq:020}-acme": seq 5..8 lie in ["00…05", "00…08").
+    let batch: Vec<NewTask> = (3..10).map(|i| new_task("acme", &format!("D{i}"), "x", i)).collect();
+    s.submit_batch(batch).await.unwrap();
+    let from = format!("{:020}", 5);
+    let to = format!("{:020}", 8);
+    let got = s.tasks_created_between("acme", "s1", &from, &to).await.unwrap();
+    let biz: Vec<_> = got.iter().map(|t| t.biz_no.clone()).collect();
+    assert_eq!(biz.len(), 3, "{biz:?}");
+    assert!(biz.contains(&"D5".to_string()) && biz.contains(&"D7".to_string()));
+    assert!(s.tasks_created_between("acme", "s2", &from, &to).await.unwrap().is_empty());
+    // Charges were written at NOW + seq.
+    let ledger = s.ledger_between("acme", "s1", NOW + 4, NOW + 6).await.unwrap();
+    assert_eq!(ledger.len(), 2);
+    assert!(ledger.iter().all(|e| e.kind == "charge"));
+    assert!(s.ledger_between("other", "s1", NOW, NOW + 100).await.unwrap().is_empty());
 }

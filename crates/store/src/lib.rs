@@ -129,6 +129,26 @@ pub trait Store: Send + Sync + 'static {
     /// Failed and in-doubt tasks of a store, oldest change first (R27).
     async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>>;
 
+    /// Tasks of a store whose id lies in `[from_id, to_id)`. Task ids sort by creation
+    /// time, so this is "created in a time range", read through the (tenant, store, id)
+    /// index (R28).
+    async fn tasks_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<Task>>;
+
+    /// Ledger entries of a store's tasks written in `[from, to)` (R28).
+    async fn ledger_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from: onceprint_core::Millis,
+        to: onceprint_core::Millis,
+    ) -> StoreResult<Vec<LedgerEntry>>;
+
     /// How many reprints a task has.
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32>;
 

@@ -25,6 +25,9 @@ pub struct NewStore {
     pub tenant_id: String,
     pub id: String,
     pub name: String,
+    /// The store's offset from UTC in minutes; its business days (reconciliation) start
+    /// at local midnight.
+    pub utc_offset_minutes: i32,
     pub now: Millis,
 }
 
@@ -33,6 +36,7 @@ pub struct StoreRow {
     pub tenant_id: String,
     pub id: String,
     pub name: String,
+    pub utc_offset_minutes: i32,
     pub created_at: Millis,
 }
 

@@ -3,5 +3,6 @@
 pub mod agent;
 pub mod manual;
 pub mod meta;
+pub mod reconcile;
 pub mod setup;
 pub mod tasks;

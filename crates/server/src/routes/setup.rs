@@ -42,6 +42,26 @@ pub async fn create_tenant(
     ))
 }
 
+/// Parses a UTC offset `+HH:MM` / `-HH:MM` (or `Z`) into minutes.
+fn parse_offset(tz: Option<&str>) -> Result<i32, ApiError> {
+    let Some(tz) = tz.filter(|t| !t.is_empty()) else { return Ok(0) };
+    let bad = || ApiError::invalid(format!("timezone: {tz:?} is not a UTC offset like \"+08:00\" or \"-05:00\""));
+    if tz == "Z" || tz == "UTC" {
+        return Ok(0);
+    }
+    let (sign, rest) = match tz.as_bytes().first() {
+        Some(b'+') => (1, &tz[1..]),
+        Some(b'-') => (-1, &tz[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    let (h, m): (i32, i32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if h > 14 || m > 59 || h < 0 || m < 0 {
+        return Err(bad());
+    }
+    Ok(sign * (h * 60 + m))
+}
+
 /// Create a store of the calling tenant.
 #[utoipa::path(post, path = "/v1/stores", tag = "set-up", request_body = CreateStore,
     security(("tenant" = [])),
@@ -56,7 +76,13 @@ pub async fn create_store(
     check_name("name", &req.name)?;
     let s = st
         .store
-        .create_store(NewStore { tenant_id: auth.tenant_id, id: req.id, name: req.name, now: now_ms() })
+        .create_store(NewStore {
+            tenant_id: auth.tenant_id,
+            id: req.id,
+            name: req.name,
+            utc_offset_minutes: parse_offset(req.timezone.as_deref())?,
+            now: now_ms(),
+        })
         .await?;
     Ok((StatusCode::CREATED, Json(s.into())))
 }

@@ -1,0 +1,111 @@
+//! A reconciliation day with missing, unexpected and reprinted orders, matched against a
+//! hand-computed expectation, on SQLite and PostgreSQL.
+
+mod common;
+
+use common::{order, TestApp};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+both_backends!(a_day_with_missing_unexpected_and_reprinted_orders, bad_reconciliation_requests);
+
+async fn deliver_and_ack(app: &TestApp, token: &str, outcome: &str) -> String {
+    let d = app.post("/v1/agent/poll", token, json!({"agent_id": "a1", "session": "s", "wait_ms": 1000})).await;
+    let task = d.body["deliveries"][0]["task_id"].as_str().expect("a delivery").to_owned();
+    let attempt = d.body["deliveries"][0]["attempt"].as_i64().unwrap_or(1);
+    let a = app.post("/v1/agent/acks", token, json!({"acks": [{"task_id": task, "attempt": attempt, "outcome": outcome}]})).await;
+    assert_eq!(a.status, StatusCode::OK);
+    task
+}
+
+fn today() -> String {
+    // The store below is on UTC, so the business day is the UTC date.
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    // civil_from_days (Howard Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+async fn a_day_with_missing_unexpected_and_reprinted_orders(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let token = app.call("POST", "/v1/stores/s1/agent-tokens", Some(&key), None).await.body["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    // O1 prints; O2 prints and is reprinted; O3 is cancelled; O4 ends in doubt; X9 prints
+    // but nobody expected it; O5 is expected but never arrived.
+    for biz in ["O1", "O2"] {
+        app.submit(&key, order(biz, biz)).await;
+        deliver_and_ack(app, &token, "printed").await;
+    }
+    let o2 = app.get("/v1/print-tasks?biz_no=O2", &key).await.body["tasks"][0]["task_id"].as_str().expect("O2").to_owned();
+    let r = app.post(&format!("/v1/print-tasks/{o2}/reprint"), &key, json!({"operator": "alice", "reason": "torn"})).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    deliver_and_ack(app, &token, "printed").await;
+    let o3 = app.submit(&key, order("O3", "O3")).await.body["task_id"].as_str().expect("O3").to_owned();
+    app.post(&format!("/v1/print-tasks/{o3}/cancel"), &key, json!({"operator": "alice", "reason": "left"})).await;
+    app.submit(&key, order("O4", "O4")).await;
+    deliver_and_ack(app, &token, "in_doubt").await;
+    app.submit(&key, order("X9", "X9")).await;
+    deliver_and_ack(app, &token, "printed").await;
+
+    let date = today();
+    let path = format!("/v1/stores/s1/reconciliation?date={date}");
+    let plain = app.get(&path, &key).await;
+    assert_eq!(plain.status, StatusCode::OK, "{plain:?}");
+    assert_eq!(plain.body["expected"], Value::Null);
+    let got = app.post(&path, &key, json!(["O1", "O2", "O3", "O4", "O5"])).await;
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+    let expected = json!({
+        "store_id": "s1", "date": date, "timezone": "+00:00",
+        "counts": {"submitted": 5, "printed": 3, "reprinted": 1, "failed": 0, "in_doubt": 1,
+                   "transferred": 0, "cancelled": 1, "closed": 0, "open": 0},
+        "ledger": {"charges": 6, "charged_amount": 6, "refunds": 1, "refunded_amount": 1},
+        "expected": 5,
+        "expected_not_printed": ["O3", "O4", "O5"],
+        "printed_not_expected": ["X9"],
+        "printed_more_than_once": []
+    });
+    assert_eq!(got.body, expected);
+
+    // The same as CSV, from a CSV upload.
+    let res = app
+        .http
+        .post(format!("{}{path}", app.base))
+        .bearer_auth(&key)
+        .header("content-type", "text/csv")
+        .header("accept", "text/csv")
+        .body("biz_no\nO1\nO2\nO3\nO4\nO5\n")
+        .send()
+        .await
+        .expect("csv");
+    assert_eq!(res.status(), StatusCode::OK);
+    let csv = res.text().await.expect("text");
+    assert!(csv.starts_with("section,item,value\n"), "{csv}");
+    assert!(csv.contains("count,printed,3\n") && csv.contains("expected_not_printed,O5,\n") && csv.contains("printed_not_expected,X9,\n"), "{csv}");
+}
+
+async fn bad_reconciliation_requests(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    assert_eq!(app.get("/v1/stores/s1/reconciliation?date=2026-02-30", &key).await.code(), "invalid_request");
+    assert_eq!(app.get("/v1/stores/s1/reconciliation?date=yesterday", &key).await.code(), "invalid_request");
+    assert_eq!(app.get("/v1/stores/nope/reconciliation?date=2026-11-29", &key).await.code(), "not_found");
+    let other = app.tenant("bistro").await;
+    app.post("/v1/stores", &other, json!({"id": "east", "name": "East", "timezone": "+08:00"})).await;
+    assert_eq!(app.get("/v1/stores/east/reconciliation?date=2026-11-29", &key).await.code(), "not_found", "another tenant's store");
+    let east = app.get("/v1/stores/east/reconciliation?date=2026-11-29", &other).await;
+    assert_eq!(east.body["timezone"], "+08:00");
+    let bad = app.post("/v1/stores", &other, json!({"id": "west", "name": "W", "timezone": "Europe/Paris"})).await;
+    assert_eq!(bad.code(), "invalid_request");
+    let a = app.post("/v1/stores/s1/reconciliation?date=2026-11-29", &key, json!({"nope": 1})).await;
+    assert_eq!(a.code(), "invalid_request");
+}
