@@ -343,8 +343,45 @@ both!(
     order_and_priority_hold_and_a_dead_printer_slows_no_one,
     attempts_run_out_into_failed_with_the_reason,
     a_lost_ack_is_answered_from_the_journal_without_a_second_print,
-    a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints
+    a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints,
+    failover_prints_once_on_the_backup_and_the_primary_never_prints_it,
+    an_operator_reprint_comes_out_marked_as_a_reprint
 );
+
+async fn failover_prints_once_on_the_backup_and_the_primary_never_prints_it(pg: bool) {
+    let Some(w) = World::start("failover", pg, 2).await else { return };
+    w.post("/v1/stations", json!({"id": "hot", "store_id": "s1", "printers": ["p0", "p1"]})).await;
+    w.faults(0, json!({"offline": true})).await;
+    let body = json!({"biz_no": "H1", "station_id": "hot",
+                      "content": {"type": "text", "text": "TICKET H1\n1 x Noodles\n"}});
+    let id = w.post("/v1/print-tasks", body.clone()).await["task_id"].as_str().expect("id").to_owned();
+    let orig = w.wait_state(&id, &["transferred"], 30).await;
+    let succ = orig["successor_task_id"].as_str().expect("successor").to_owned();
+    w.wait_state(&succ, &["printed"], 30).await;
+    // The primary comes back: it must print nothing.
+    w.faults(0, json!({"offline": false})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let on = |port: u16| w.paper().iter().filter(|j| j["printer"] == format!("127.0.0.1:{port}")).count();
+    assert_eq!((on(w.sim_base_port), on(w.sim_base_port + 1)), (0, 1), "{:?}", w.paper());
+    assert_eq!(w.printed_count("H1"), 1);
+    // A retry of the order answers with the live task of the chain.
+    let again = w.post("/v1/print-tasks", body).await;
+    assert_eq!((again["task_id"].as_str(), again["state"].as_str()), (Some(succ.as_str()), Some("printed")));
+}
+
+async fn an_operator_reprint_comes_out_marked_as_a_reprint(pg: bool) {
+    let Some(w) = World::start("reprint", pg, 1).await else { return };
+    let id = w.submit("RP1", 0, "receipt").await;
+    w.wait_state(&id, &["printed"], 20).await;
+    let r = w.post(&format!("/v1/print-tasks/{id}/reprint"), json!({"operator": "alice", "reason": "torn"})).await;
+    let reprint = r["created"]["task_id"].as_str().expect("reprint").to_owned();
+    w.wait_state(&reprint, &["printed"], 20).await;
+    let jobs: Vec<String> =
+        w.paper().iter().filter_map(|j| j["text"].as_str().map(str::to_owned)).filter(|t| t.contains("TICKET RP1")).collect();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert!(!jobs[0].contains("REPRINT"));
+    assert!(jobs[1].starts_with("*** REPRINT 1 ***\n"), "{:?}", jobs[1]);
+}
 
 async fn a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints(pg: bool) {
     let Some(w) = World::start("doubt", pg, 1).await else { return };
