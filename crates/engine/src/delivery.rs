@@ -291,6 +291,7 @@ impl Dispatcher {
                     now,
                     sent_to: Some(agent_id.to_owned()),
                     sent_session: session.map(str::to_owned),
+                    event: None,
                 });
                 chosen.push(head);
             }
@@ -351,6 +352,7 @@ impl Dispatcher {
             now: now_ms(),
             sent_to: None,
             sent_session: None,
+            event: crate::alerts::task_event(task, TaskState::Failed, Some("unrenderable"), why, now_ms()),
         };
         if self.store.transition(&change).await? {
             self.gate.set_state(&task.task_id, TaskState::Failed);
@@ -391,9 +393,11 @@ impl Dispatcher {
             if c.to == TaskState::Failed && task.station_id.is_some() && a.outcome.proves_nothing_printed() {
                 failover.insert(task.task_id.clone(), task.clone());
             }
+            let event = crate::alerts::task_event(&task, c.to, c.last_error.as_deref(), &c.reason, now);
             changes.push((
                 i,
                 Transition {
+                    event,
                     task_id: task.task_id.clone(),
                     from: c.from,
                     expected_attempts: task.attempts,
@@ -428,6 +432,7 @@ impl Dispatcher {
                     online,
                     last_error,
                     now,
+                    event_id: crate::alerts::new_event_id(now),
                 },
             );
         }
@@ -497,10 +502,14 @@ impl Dispatcher {
                 last_error: task.last_error.clone(),
                 next_attempt_at: None,
                 actor: "engine".into(),
-                reason: format!("failover: {} could not print ({why}); continued on {next} as {}", task.printer_id, succ.task_id),
+                reason: format!(
+                    "failover: {} could not print ({why}); continued on {next} as {}",
+                    task.printer_id, succ.task_id
+                ),
                 now,
                 sent_to: task.sent_to.clone(),
                 sent_session: task.sent_session.clone(),
+                event: None,
             }),
             refund: false,
             successor: Some(succ.clone()),
@@ -563,6 +572,7 @@ impl Dispatcher {
                 last_error: Some("in_doubt".into()),
                 next_attempt_at: next,
                 actor: "sweeper".into(),
+                event: crate::alerts::task_event(&task, to, Some("in_doubt"), &why, now),
                 reason: why,
                 now,
                 sent_to: task.sent_to.clone(),

@@ -10,6 +10,7 @@
 //! and never write SQL (that belongs to the store backends). Every decision that can be
 //! made without IO is delegated to `onceprint-core`.
 
+pub mod alerts;
 pub mod clock;
 pub mod delivery;
 pub mod directory;
@@ -23,6 +24,6 @@ pub mod signals;
 pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
 pub use directory::Directory;
 pub use gate::RecentTasks;
-pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
+pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
 pub use signals::StoreSignals;

@@ -172,6 +172,7 @@ impl Operations {
             now,
             sent_to: task.sent_to.clone(),
             sent_session: task.sent_session.clone(),
+            event: None,
         });
         let successor = match action {
             ManualAction::Reprint => {
@@ -204,7 +205,10 @@ impl Operations {
                 if printer.store_id != task.store_id {
                     return Err(CoreError::invalid(
                         "printer_id",
-                        format!("printer {printer_id:?} is in store {:?}, the task in {:?}", printer.store_id, task.store_id),
+                        format!(
+                            "printer {printer_id:?} is in store {:?}, the task in {:?}",
+                            printer.store_id, task.store_id
+                        ),
                     )
                     .into());
                 }
@@ -216,7 +220,10 @@ impl Operations {
                     printer_id: &printer.id,
                     reprint_no: None,
                     actor: actor.clone(),
-                    reason: format!("transferred from {} ({}) by {actor}: {}", task.task_id, task.printer_id, req.reason),
+                    reason: format!(
+                        "transferred from {} ({}) by {actor}: {}",
+                        task.task_id, task.printer_id, req.reason
+                    ),
                     priority: task.priority,
                     // The order was charged once, on the original.
                     charge: 0,

@@ -174,11 +174,8 @@ pub fn compute(
     let (expected_not_printed, printed_not_expected) = match expected {
         Some(list) => {
             let want: BTreeSet<String> = list.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
-            let printed: BTreeSet<String> = tasks
-                .iter()
-                .filter(|t| t.state == TaskState::Printed)
-                .map(|t| t.biz_no.clone())
-                .collect();
+            let printed: BTreeSet<String> =
+                tasks.iter().filter(|t| t.state == TaskState::Printed).map(|t| t.biz_no.clone()).collect();
             (want.difference(&on_paper).cloned().collect(), printed.difference(&want).cloned().collect())
         }
         None => (Vec::new(), Vec::new()),
@@ -219,7 +216,8 @@ pub async fn reconcile(
     date: &str,
     expected: Option<&[String]>,
 ) -> Result<Report, ReconcileError> {
-    let shop = store.get_store(tenant_id, store_id).await?.ok_or_else(|| ReconcileError::NoStore(store_id.to_owned()))?;
+    let shop =
+        store.get_store(tenant_id, store_id).await?.ok_or_else(|| ReconcileError::NoStore(store_id.to_owned()))?;
     let window = day_window(date, shop.utc_offset_minutes).ok_or_else(|| ReconcileError::BadDate(date.to_owned()))?;
     // Task ids begin with their creation time, so the day is an id range.
     let from_id = TaskId::from_parts(window.from, [0; 10]).into_string();
@@ -299,14 +297,25 @@ mod tests {
         let r = compute("s1", "2026-11-29", "+00:00", &tasks, &ledger, Some(&expected));
         assert_eq!(
             r.counts,
-            DayCounts { submitted: 5, printed: 3, reprinted: 1, failed: 0, in_doubt: 1, transferred: 1, cancelled: 1, closed: 0, open: 0 }
+            DayCounts {
+                submitted: 5,
+                printed: 3,
+                reprinted: 1,
+                failed: 0,
+                in_doubt: 1,
+                transferred: 1,
+                cancelled: 1,
+                closed: 0,
+                open: 0
+            }
         );
         assert_eq!(r.ledger, LedgerSums { charges: 2, charged_amount: 2, refunds: 1, refunded_amount: 1 });
         assert_eq!(r.expected_not_printed, vec!["A3", "A4", "A5"]);
         assert_eq!(r.printed_not_expected, vec!["Z9"]);
         assert!(r.printed_more_than_once.is_empty(), "a reprint is not a duplicate");
         assert!(r.has_differences());
-        let dup = vec![task("1", "A1", Printed, None, None), task("8", "A1", Printed, Some(OriginKind::Failover), None)];
+        let dup =
+            vec![task("1", "A1", Printed, None, None), task("8", "A1", Printed, Some(OriginKind::Failover), None)];
         let r = compute("s1", "d", "+00:00", &dup, &[], None);
         assert_eq!(r.printed_more_than_once, vec!["A1 (receipt) × 2"]);
     }

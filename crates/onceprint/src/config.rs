@@ -120,6 +120,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 group_commit,
                 charge: file.charge_per_task.unwrap_or(1),
             },
+            alerts: Default::default(),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

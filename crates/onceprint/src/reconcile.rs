@@ -60,7 +60,8 @@ fn read_expected(path: &PathBuf) -> anyhow::Result<Vec<String>> {
 }
 
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
-    let url = format!("{}/v1/stores/{}/reconciliation?date={}", args.server.trim_end_matches('/'), args.store, args.date);
+    let url =
+        format!("{}/v1/stores/{}/reconciliation?date={}", args.server.trim_end_matches('/'), args.store, args.date);
     let client = reqwest::Client::new();
     let req = match &args.expected {
         Some(path) => client.post(&url).json(&read_expected(path)?),
@@ -78,7 +79,9 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
         print!("{body}");
         // The CSV carries the lists; differences are any of their rows.
         let differs = body.lines().any(|l| {
-            l.starts_with("expected_not_printed,") || l.starts_with("printed_not_expected,") || l.starts_with("printed_more_than_once,")
+            l.starts_with("expected_not_printed,")
+                || l.starts_with("printed_not_expected,")
+                || l.starts_with("printed_more_than_once,")
         });
         return Ok(!differs);
     }
@@ -88,18 +91,27 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
     } else {
         let c = &report["counts"];
         let l = &report["ledger"];
-        println!("store {} · {} ({})", report["store_id"].as_str().unwrap_or("?"), args.date, report["timezone"].as_str().unwrap_or("?"));
+        println!(
+            "store {} · {} ({})",
+            report["store_id"].as_str().unwrap_or("?"),
+            args.date,
+            report["timezone"].as_str().unwrap_or("?")
+        );
         println!(
             "submitted {}  printed {}  reprinted {}  failed {}  in doubt {}  transferred {}  cancelled {}  closed {}  open {}",
             c["submitted"], c["printed"], c["reprinted"], c["failed"], c["in_doubt"], c["transferred"], c["cancelled"], c["closed"], c["open"]
         );
-        println!("charges {} ({})  refunds {} ({})", l["charges"], l["charged_amount"], l["refunds"], l["refunded_amount"]);
+        println!(
+            "charges {} ({})  refunds {} ({})",
+            l["charges"], l["charged_amount"], l["refunds"], l["refunded_amount"]
+        );
         for (key, title) in [
             ("expected_not_printed", "expected but not printed"),
             ("printed_not_expected", "printed but not expected"),
             ("printed_more_than_once", "PRINTED MORE THAN ONCE"),
         ] {
-            let list: Vec<&str> = report[key].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+            let list: Vec<&str> =
+                report[key].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
             if !list.is_empty() {
                 println!("{title} ({}): {}", list.len(), list.join(", "));
             }

@@ -376,8 +376,12 @@ async fn an_operator_reprint_comes_out_marked_as_a_reprint(pg: bool) {
     let r = w.post(&format!("/v1/print-tasks/{id}/reprint"), json!({"operator": "alice", "reason": "torn"})).await;
     let reprint = r["created"]["task_id"].as_str().expect("reprint").to_owned();
     w.wait_state(&reprint, &["printed"], 20).await;
-    let jobs: Vec<String> =
-        w.paper().iter().filter_map(|j| j["text"].as_str().map(str::to_owned)).filter(|t| t.contains("TICKET RP1")).collect();
+    let jobs: Vec<String> = w
+        .paper()
+        .iter()
+        .filter_map(|j| j["text"].as_str().map(str::to_owned))
+        .filter(|t| t.contains("TICKET RP1"))
+        .collect();
     assert_eq!(jobs.len(), 2, "{jobs:?}");
     assert!(!jobs[0].contains("REPRINT"));
     assert!(jobs[1].starts_with("*** REPRINT 1 ***\n"), "{:?}", jobs[1]);

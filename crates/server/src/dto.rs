@@ -6,14 +6,7 @@ use onceprint_store::{Printer, Station, StoreRow, Task, TaskEvent};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T09:53:36.123Z`.
-pub fn rfc3339(ms: Millis) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| ms.to_string())
-}
+pub use onceprint_engine::clock::rfc3339;
 
 fn opt_time(ms: Option<Millis>) -> Option<String> {
     ms.map(rfc3339)
@@ -64,7 +57,12 @@ pub fn offset_string(minutes: i32) -> String {
 
 impl From<StoreRow> for StoreOut {
     fn from(s: StoreRow) -> Self {
-        StoreOut { id: s.id, name: s.name, timezone: offset_string(s.utc_offset_minutes), created_at: rfc3339(s.created_at) }
+        StoreOut {
+            id: s.id,
+            name: s.name,
+            timezone: offset_string(s.utc_offset_minutes),
+            created_at: rfc3339(s.created_at),
+        }
     }
 }
 
@@ -398,4 +396,57 @@ pub struct ActionIn {
 pub struct ActionOut {
     pub task: TaskOut,
     pub created: Option<TaskOut>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWebhook {
+    pub id: String,
+    /// `http://…` or `https://…`.
+    pub url: String,
+    /// Any of `task.failed`, `task.in_doubt`, `task.printed`, `printer.offline`, `printer.online`.
+    pub events: Vec<String>,
+    /// The signing secret (at least 16 characters); generated when absent.
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookCreated {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    /// The signing secret. Shown only in this answer.
+    pub secret: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookOut {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookList {
+    pub webhooks: Vec<WebhookOut>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookDeliveryOut {
+    pub event_id: String,
+    pub event_type: String,
+    pub attempts: i32,
+    /// `null` once delivered or given up.
+    pub next_attempt_at: Option<String>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub delivered_at: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookDeliveryList {
+    pub deliveries: Vec<WebhookDeliveryOut>,
 }

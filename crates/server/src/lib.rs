@@ -35,11 +35,17 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     pub intake: IntakeConfig,
     pub delivery: DeliveryConfig,
+    pub alerts: onceprint_engine::alerts::AlertConfig,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { max_body_bytes: 1024 * 1024, intake: IntakeConfig::default(), delivery: DeliveryConfig::default() }
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            intake: IntakeConfig::default(),
+            delivery: DeliveryConfig::default(),
+            alerts: Default::default(),
+        }
     }
 }
 
@@ -100,7 +106,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, manual, meta, reconcile, setup, tasks};
+    use routes::{agent, manual, meta, reconcile, setup, tasks, webhooks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -119,6 +125,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks/{task_id}/transfer", post(manual::transfer))
         .route("/v1/stores/{id}/attention", get(manual::attention))
         .route("/v1/stores/{id}/reconciliation", get(reconcile::get_day).post(reconcile::post_day))
+        .route("/v1/webhooks", post(webhooks::create).get(webhooks::list))
+        .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/healthz", get(meta::healthz))
@@ -196,6 +204,11 @@ impl Bound {
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let app = router(self.state.clone());
         let sweeper = self.state.dispatcher.spawn_sweeper();
+        let deliverer = onceprint_engine::alerts::spawn_deliverer(
+            self.state.store.clone(),
+            self.state.dispatcher.signals().clone(),
+            self.state.config.alerts.clone(),
+        );
         let dispatcher = self.state.dispatcher.clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -205,6 +218,7 @@ impl Bound {
         };
         axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
         let _ = sweeper.await;
+        let _ = deliverer.await;
         Ok(())
     }
 }

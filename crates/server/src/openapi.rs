@@ -3,7 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, manual, meta, reconcile, setup, tasks};
+use crate::routes::{agent, manual, meta, reconcile, setup, tasks, webhooks};
 
 struct Security;
 
@@ -37,6 +37,7 @@ impl Modify for Security {
         agent::poll, agent::acks,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
         reconcile::get_day, reconcile::post_day,
+        webhooks::create, webhooks::list, webhooks::deliveries,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     modifiers(&Security)

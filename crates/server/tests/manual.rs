@@ -28,7 +28,9 @@ async fn poll(app: &TestApp, token: &str) -> Vec<Value> {
 }
 
 async fn ack(app: &TestApp, token: &str, task: &str, attempt: i64, outcome: &str) {
-    let a = app.post("/v1/agent/acks", token, json!({"acks": [{"task_id": task, "attempt": attempt, "outcome": outcome}]})).await;
+    let a = app
+        .post("/v1/agent/acks", token, json!({"acks": [{"task_id": task, "attempt": attempt, "outcome": outcome}]}))
+        .await;
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
 }
 
@@ -109,7 +111,10 @@ async fn reprints_are_numbered_attached_and_marked_on_paper(app: &TestApp) {
     assert_eq!(r1.status, StatusCode::CREATED, "{r1:?}");
     assert_eq!(r1.body["task"]["state"], "printed", "the original stays printed");
     let created = &r1.body["created"];
-    assert_eq!((created["origin_task_id"].as_str(), created["origin_kind"].as_str()), (Some(id.as_str()), Some("reprint")));
+    assert_eq!(
+        (created["origin_task_id"].as_str(), created["origin_kind"].as_str()),
+        (Some(id.as_str()), Some("reprint"))
+    );
     assert_eq!((created["reprint_no"].as_i64(), created["biz_no"].as_str()), (Some(1), Some("R1")));
     let r1_id = created["task_id"].as_str().expect("id").to_owned();
     let d = poll(app, &token).await;
@@ -132,16 +137,28 @@ async fn transfer_moves_work_within_the_store_and_resubmits_find_it(app: &TestAp
     assert_eq!(act(app, &key, &id, "transfer", json!({})).await.code(), "invalid_request", "printer_id required");
     assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "nope"})).await.code(), "invalid_request");
     app.post("/v1/stores", &key, json!({"id": "s2", "name": "Other"})).await;
-    app.post("/v1/printers", &key, json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://10.0.0.9:9100"}})).await;
+    app.post(
+        "/v1/printers",
+        &key,
+        json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://10.0.0.9:9100"}}),
+    )
+    .await;
     let cross = act(app, &key, &id, "transfer", json!({"printer_id": "q1"})).await;
     assert_eq!(cross.code(), "invalid_request", "another store's printer: {cross:?}");
     let moved = act(app, &key, &id, "transfer", json!({"printer_id": "p2"})).await;
     assert_eq!(moved.status, StatusCode::CREATED, "{moved:?}");
     let succ = moved.body["created"]["task_id"].as_str().expect("id").to_owned();
-    assert_eq!((moved.body["task"]["state"].as_str(), moved.body["task"]["successor_task_id"].as_str()), (Some("transferred"), Some(succ.as_str())));
+    assert_eq!(
+        (moved.body["task"]["state"].as_str(), moved.body["task"]["successor_task_id"].as_str()),
+        (Some("transferred"), Some(succ.as_str()))
+    );
     assert_eq!(moved.body["created"]["printer_id"], "p2");
     let dup = app.submit(&key, order("T1", "ticket T1\n")).await;
-    assert_eq!((dup.status, dup.body["task_id"].as_str()), (StatusCode::OK, Some(succ.as_str())), "the live task of the chain");
+    assert_eq!(
+        (dup.status, dup.body["task_id"].as_str()),
+        (StatusCode::OK, Some(succ.as_str())),
+        "the live task of the chain"
+    );
     assert!(app.store.ledger_entries(&succ).await.expect("ledger").is_empty(), "charged once, on the original");
     assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "p2"})).await.code(), "invalid_transition");
 }

@@ -13,7 +13,9 @@ async fn deliver_and_ack(app: &TestApp, token: &str, outcome: &str) -> String {
     let d = app.post("/v1/agent/poll", token, json!({"agent_id": "a1", "session": "s", "wait_ms": 1000})).await;
     let task = d.body["deliveries"][0]["task_id"].as_str().expect("a delivery").to_owned();
     let attempt = d.body["deliveries"][0]["attempt"].as_i64().unwrap_or(1);
-    let a = app.post("/v1/agent/acks", token, json!({"acks": [{"task_id": task, "attempt": attempt, "outcome": outcome}]})).await;
+    let a = app
+        .post("/v1/agent/acks", token, json!({"acks": [{"task_id": task, "attempt": attempt, "outcome": outcome}]}))
+        .await;
     assert_eq!(a.status, StatusCode::OK);
     task
 }
@@ -47,8 +49,10 @@ async fn a_day_with_missing_unexpected_and_reprinted_orders(app: &TestApp) {
         app.submit(&key, order(biz, biz)).await;
         deliver_and_ack(app, &token, "printed").await;
     }
-    let o2 = app.get("/v1/print-tasks?biz_no=O2", &key).await.body["tasks"][0]["task_id"].as_str().expect("O2").to_owned();
-    let r = app.post(&format!("/v1/print-tasks/{o2}/reprint"), &key, json!({"operator": "alice", "reason": "torn"})).await;
+    let o2 =
+        app.get("/v1/print-tasks?biz_no=O2", &key).await.body["tasks"][0]["task_id"].as_str().expect("O2").to_owned();
+    let r =
+        app.post(&format!("/v1/print-tasks/{o2}/reprint"), &key, json!({"operator": "alice", "reason": "torn"})).await;
     assert_eq!(r.status, StatusCode::CREATED);
     deliver_and_ack(app, &token, "printed").await;
     let o3 = app.submit(&key, order("O3", "O3")).await.body["task_id"].as_str().expect("O3").to_owned();
@@ -91,7 +95,12 @@ async fn a_day_with_missing_unexpected_and_reprinted_orders(app: &TestApp) {
     assert_eq!(res.status(), StatusCode::OK);
     let csv = res.text().await.expect("text");
     assert!(csv.starts_with("section,item,value\n"), "{csv}");
-    assert!(csv.contains("count,printed,3\n") && csv.contains("expected_not_printed,O5,\n") && csv.contains("printed_not_expected,X9,\n"), "{csv}");
+    assert!(
+        csv.contains("count,printed,3\n")
+            && csv.contains("expected_not_printed,O5,\n")
+            && csv.contains("printed_not_expected,X9,\n"),
+        "{csv}"
+    );
 }
 
 async fn bad_reconciliation_requests(app: &TestApp) {
@@ -101,7 +110,11 @@ async fn bad_reconciliation_requests(app: &TestApp) {
     assert_eq!(app.get("/v1/stores/nope/reconciliation?date=2026-11-29", &key).await.code(), "not_found");
     let other = app.tenant("bistro").await;
     app.post("/v1/stores", &other, json!({"id": "east", "name": "East", "timezone": "+08:00"})).await;
-    assert_eq!(app.get("/v1/stores/east/reconciliation?date=2026-11-29", &key).await.code(), "not_found", "another tenant's store");
+    assert_eq!(
+        app.get("/v1/stores/east/reconciliation?date=2026-11-29", &key).await.code(),
+        "not_found",
+        "another tenant's store"
+    );
     let east = app.get("/v1/stores/east/reconciliation?date=2026-11-29", &other).await;
     assert_eq!(east.body["timezone"], "+08:00");
     let bad = app.post("/v1/stores", &other, json!({"id": "west", "name": "W", "timezone": "Europe/Paris"})).await;

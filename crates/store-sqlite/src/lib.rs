@@ -472,6 +472,34 @@ impl Store for SqliteStore {
         self.read(move |c| sql::reprint_count(c, &id)).await
     }
 
+    async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook> {
+        self.write(move |c| sql::create_webhook(c, webhook)).await
+    }
+
+    async fn list_webhooks(&self, tenant_id: &str) -> StoreResult<Vec<Webhook>> {
+        let t = tenant_id.to_owned();
+        self.read(move |c| sql::list_webhooks(c, &t)).await
+    }
+
+    async fn webhook_deliveries(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<WebhookDelivery>>> {
+        let (t, w) = (tenant_id.to_owned(), webhook_id.to_owned());
+        self.read(move |c| sql::webhook_deliveries(c, &t, &w, limit)).await
+    }
+
+    async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>> {
+        self.read(move |c| sql::due_webhooks(c, now, limit)).await
+    }
+
+    async fn record_webhook_attempt(&self, attempt: &WebhookAttempt) -> StoreResult<()> {
+        let a = attempt.clone();
+        self.write(move |c| sql::record_webhook_attempt(c, &a)).await
+    }
+
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
         let updates = updates.to_vec();
         self.write(move |c| sql::update_printer_status(c, &updates)).await

@@ -124,4 +124,38 @@ CREATE INDEX tasks_attention ON tasks(tenant_id, store_id, updated_at) WHERE sta
 ALTER TABLE stores ADD COLUMN utc_offset_minutes INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX ledger_by_time ON ledger(tenant_id, at);
 "#,
+    // Alerts (issue 5): webhook endpoints, the outbox written in the same transaction as
+    // the change it reports, and one delivery row per event and endpoint.
+    r#"
+CREATE TABLE webhooks (
+    tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+    id         TEXT NOT NULL,
+    url        TEXT NOT NULL,
+    secret     TEXT NOT NULL,
+    events     TEXT NOT NULL, -- JSON array of event kinds
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+CREATE TABLE outbox (
+    event_id   TEXT PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE webhook_deliveries (
+    event_id        TEXT NOT NULL REFERENCES outbox(event_id),
+    webhook_id      TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER,
+    last_status     INTEGER,
+    last_error      TEXT,
+    delivered_at    INTEGER,
+    created_at      INTEGER NOT NULL,
+    PRIMARY KEY (event_id, webhook_id)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_at) WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL;
+CREATE INDEX webhook_deliveries_by_hook ON webhook_deliveries(tenant_id, webhook_id, created_at);
+"#,
 ];

@@ -120,7 +120,9 @@ pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreR
 
 pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
     let mut s = c
-        .prepare_cached("SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 ORDER BY id")
+        .prepare_cached(
+            "SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 ORDER BY id",
+        )
         .map_err(backend_err)?;
     let rows = s.query_map([t], store_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
@@ -473,7 +475,26 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
         s.execute(params![t.task_id, t.now, t.from.as_str(), t.to.as_str(), t.attempts, t.actor, t.reason])
     })
     .map_err(backend_err)?;
+    if let Some(e) = &t.event {
+        insert_event(c, e)?;
+    }
     Ok(true)
+}
+
+/// Writes an alert to the outbox and fans it out to the tenant's endpoints that want it,
+/// in the caller's transaction.
+fn insert_event(c: &Connection, e: &OutboxEvent) -> StoreResult<()> {
+    c.prepare_cached("INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .and_then(|mut s| s.execute(params![e.event_id, e.tenant_id, e.kind, e.payload, e.now]))
+        .map_err(backend_err)?;
+    c.prepare_cached(
+        "INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at) \
+         SELECT ?1, w.id, w.tenant_id, ?4, ?4 FROM webhooks w, json_each(w.events) k \
+         WHERE w.tenant_id = ?2 AND k.value = ?3",
+    )
+    .and_then(|mut s| s.execute(params![e.event_id, e.tenant_id, e.kind, e.now]))
+    .map_err(backend_err)?;
+    Ok(())
 }
 
 pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<Vec<bool>> {
@@ -507,13 +528,34 @@ pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> Stor
 }
 
 pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
-    let mut s = c
-        .prepare_cached(
+    for u in updates {
+        let before: Option<bool> = c
+            .prepare_cached("SELECT online FROM printers WHERE tenant_id = ?1 AND id = ?2")
+            .and_then(|mut s| s.query_row([&u.tenant_id, &u.printer_id], |r| r.get(0)).optional())
+            .map_err(backend_err)?;
+        let Some(before) = before else { continue };
+        c.prepare_cached(
             "UPDATE printers SET online = ?1, last_seen_at = ?2, last_error = ?3 WHERE tenant_id = ?4 AND id = ?5",
         )
+        .and_then(|mut s| s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id]))
         .map_err(backend_err)?;
-    for u in updates {
-        s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id]).map_err(backend_err)?;
+        if before != u.online {
+            let kind = if u.online { "printer.online" } else { "printer.offline" };
+            let payload = serde_json::json!({
+                "id": u.event_id, "type": kind, "created_at_ms": u.now, "tenant_id": u.tenant_id,
+                "data": {"printer_id": u.printer_id, "online": u.online, "last_error": u.last_error},
+            });
+            insert_event(
+                c,
+                &OutboxEvent {
+                    event_id: u.event_id.clone(),
+                    tenant_id: u.tenant_id.clone(),
+                    kind: kind.into(),
+                    payload: payload.to_string(),
+                    now: u.now,
+                },
+            )?;
+        }
     }
     Ok(())
 }
@@ -562,15 +604,19 @@ pub fn attention(c: &Connection, tenant: &str, store: &str, limit: i64) -> Store
 }
 
 pub fn reprint_count(c: &Connection, task_id: &str) -> StoreResult<i32> {
-    c.query_row(
-        "SELECT COUNT(*) FROM tasks WHERE origin_task_id = ?1 AND origin_kind = 'reprint'",
-        [task_id],
-        |r| r.get(0),
-    )
+    c.query_row("SELECT COUNT(*) FROM tasks WHERE origin_task_id = ?1 AND origin_kind = 'reprint'", [task_id], |r| {
+        r.get(0)
+    })
     .map_err(backend_err)
 }
 
-pub fn tasks_created_between(c: &Connection, tenant: &str, store: &str, from: &str, to: &str) -> StoreResult<Vec<Task>> {
+pub fn tasks_created_between(
+    c: &Connection,
+    tenant: &str,
+    store: &str,
+    from: &str,
+    to: &str,
+) -> StoreResult<Vec<Task>> {
     let mut s = c
         .prepare_cached(&format!(
             "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND store_id = ?2 AND id >= ?3 AND id < ?4 ORDER BY id"
@@ -589,8 +635,125 @@ pub fn ledger_between(c: &Connection, tenant: &str, store: &str, from: i64, to: 
         .map_err(backend_err)?;
     let rows = s
         .query_map(params![tenant, store, from, to], |r| {
-            Ok(LedgerEntry { task_id: r.get(0)?, tenant_id: r.get(1)?, kind: r.get(2)?, amount: r.get(3)?, at: r.get(4)? })
+            Ok(LedgerEntry {
+                task_id: r.get(0)?,
+                tenant_id: r.get(1)?,
+                kind: r.get(2)?,
+                amount: r.get(3)?,
+                at: r.get(4)?,
+            })
         })
         .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn create_webhook(c: &Connection, w: NewWebhook) -> StoreResult<Webhook> {
+    let events = serde_json::to_string(&w.events).map_err(|e| StoreError::Backend(e.to_string()))?;
+    c.execute(
+        "INSERT INTO webhooks (tenant_id, id, url, secret, events, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![w.tenant_id, w.id, w.url, w.secret, events, w.now],
+    )
+    .map_err(|e| constraint_err(e, &format!("webhook {}", w.id), &format!("tenant {}", w.tenant_id)))?;
+    Ok(Webhook { tenant_id: w.tenant_id, id: w.id, url: w.url, events: w.events, created_at: w.now })
+}
+
+pub fn list_webhooks(c: &Connection, tenant: &str) -> StoreResult<Vec<Webhook>> {
+    let mut s = c
+        .prepare_cached("SELECT tenant_id, id, url, events, created_at FROM webhooks WHERE tenant_id = ?1 ORDER BY id")
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([tenant], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get(4)?,
+            ))
+        })
+        .map_err(backend_err)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (tenant_id, id, url, events, created_at) = row.map_err(backend_err)?;
+        let events = serde_json::from_str(&events).map_err(|e| StoreError::Backend(format!("webhook {id}: {e}")))?;
+        out.push(Webhook { tenant_id, id, url, events, created_at });
+    }
+    Ok(out)
+}
+
+pub fn webhook_deliveries(
+    c: &Connection,
+    tenant: &str,
+    hook: &str,
+    limit: i64,
+) -> StoreResult<Option<Vec<WebhookDelivery>>> {
+    let exists: Option<i64> = c
+        .query_row("SELECT 1 FROM webhooks WHERE tenant_id = ?1 AND id = ?2", [tenant, hook], |r| r.get(0))
+        .optional()
+        .map_err(backend_err)?;
+    if exists.is_none() {
+        return Ok(None);
+    }
+    let mut s = c
+        .prepare_cached(
+            "SELECT d.event_id, d.webhook_id, o.kind, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
+             d.delivered_at, d.created_at FROM webhook_deliveries d JOIN outbox o ON o.event_id = d.event_id \
+             WHERE d.tenant_id = ?1 AND d.webhook_id = ?2 ORDER BY d.created_at DESC, d.event_id DESC LIMIT ?3",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(params![tenant, hook, limit], |r| {
+            Ok(WebhookDelivery {
+                event_id: r.get(0)?,
+                webhook_id: r.get(1)?,
+                kind: r.get(2)?,
+                attempts: r.get(3)?,
+                next_attempt_at: r.get(4)?,
+                last_status: r.get(5)?,
+                last_error: r.get(6)?,
+                delivered_at: r.get(7)?,
+                created_at: r.get(8)?,
+            })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map(Some).map_err(backend_err)
+}
+
+pub fn due_webhooks(c: &Connection, now: i64, limit: i64) -> StoreResult<Vec<DueWebhook>> {
+    let mut s = c
+        .prepare_cached(
+            "SELECT d.event_id, d.webhook_id, d.tenant_id, w.url, w.secret, o.payload, d.attempts \
+             FROM webhook_deliveries d JOIN webhooks w ON w.tenant_id = d.tenant_id AND w.id = d.webhook_id \
+             JOIN outbox o ON o.event_id = d.event_id \
+             WHERE d.delivered_at IS NULL AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= ?1 \
+             ORDER BY d.next_attempt_at LIMIT ?2",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(params![now, limit], |r| {
+            Ok(DueWebhook {
+                event_id: r.get(0)?,
+                webhook_id: r.get(1)?,
+                tenant_id: r.get(2)?,
+                url: r.get(3)?,
+                secret: r.get(4)?,
+                payload: r.get(5)?,
+                attempts: r.get(6)?,
+            })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn record_webhook_attempt(c: &Connection, a: &WebhookAttempt) -> StoreResult<()> {
+    c.prepare_cached(
+        "UPDATE webhook_deliveries SET attempts = attempts + 1, last_status = ?3, last_error = ?4, \
+         delivered_at = CASE WHEN ?5 THEN ?6 ELSE NULL END, next_attempt_at = CASE WHEN ?5 THEN NULL ELSE ?7 END \
+         WHERE event_id = ?1 AND webhook_id = ?2",
+    )
+    .and_then(|mut s| {
+        s.execute(params![a.event_id, a.webhook_id, a.status, a.error, a.delivered, a.now, a.next_attempt_at])
+    })
+    .map(|_| ())
+    .map_err(backend_err)
 }

@@ -34,7 +34,8 @@ macro_rules! conformance_tests {
             lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
             due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
-            attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation);
+            attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
+            alerts_go_through_the_outbox_with_the_change);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -59,9 +60,15 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
     })
     .await
     .unwrap();
-    s.create_store(NewStore { tenant_id: id.into(), id: "s1".into(), name: "Main".into(), utc_offset_minutes: 480, now: NOW })
-        .await
-        .unwrap();
+    s.create_store(NewStore {
+        tenant_id: id.into(),
+        id: "s1".into(),
+        name: "Main".into(),
+        utc_offset_minutes: 480,
+        now: NOW,
+    })
+    .await
+    .unwrap();
     s.create_printer(NewPrinter {
         tenant_id: id.into(),
         id: "p1".into(),
@@ -122,7 +129,15 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
     assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap().id, "acme");
     assert_eq!(s.tenant_by_key_hash("nope").await.unwrap(), None);
 
-    let dup = s.create_store(NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "x".into(), utc_offset_minutes: 0, now: NOW }).await;
+    let dup = s
+        .create_store(NewStore {
+            tenant_id: "acme".into(),
+            id: "s1".into(),
+            name: "x".into(),
+            utc_offset_minutes: 0,
+            now: NOW,
+        })
+        .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
     let st = s.get_store("acme", "s1").await.unwrap().unwrap();
     assert_eq!((st.name.as_str(), st.utc_offset_minutes), ("Main", 480));
@@ -320,9 +335,15 @@ pub async fn tasks_are_tenant_scoped(s: Arc<dyn Store>) {
 
 pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_store(NewStore { tenant_id: "acme".into(), id: "s2".into(), name: "Two".into(), utc_offset_minutes: 0, now: NOW })
-        .await
-        .unwrap();
+    s.create_store(NewStore {
+        tenant_id: "acme".into(),
+        id: "s2".into(),
+        name: "Two".into(),
+        utc_offset_minutes: 0,
+        now: NOW,
+    })
+    .await
+    .unwrap();
     s.create_printer(NewPrinter {
         tenant_id: "acme".into(),
         id: "p9".into(),
@@ -400,6 +421,7 @@ pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
         now: NOW + 10,
         sent_to: Some("agent-1".into()),
         sent_session: Some("sess-1".into()),
+        event: None,
     };
     assert!(s.transition(&send).await.unwrap());
     assert!(!s.transition(&send).await.unwrap(), "the same CAS twice applies once");
@@ -469,6 +491,7 @@ fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
         now,
         sent_to: Some("agent-1".into()),
         sent_session: Some("sess-1".into()),
+        event: None,
     }
 }
 
@@ -557,6 +580,7 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
         online: true,
         last_error: Some("no_paper".into()),
         now: NOW + 1,
+        event_id: "evt-1".into(),
     }])
     .await
     .unwrap();
@@ -568,6 +592,7 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
         online: false,
         last_error: None,
         now: NOW + 2,
+        event_id: "evt-2".into(),
     }])
     .await
     .unwrap();
@@ -589,6 +614,7 @@ fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState,
         now,
         sent_to: None,
         sent_session: None,
+        event: None,
     }
 }
 
@@ -601,7 +627,8 @@ fn successor_of(t: &NewTask, kind: OriginKind, n: Option<i32>, printer: &str, se
     };
     s.actor = "operator:alice".into();
     s.charge = if kind == OriginKind::Reprint { 1 } else { 0 };
-    s.origin = Some(Origin { task_id: t.task_id.clone(), kind, reprint_no: n, reason: format!("{} by alice", kind.as_str()) });
+    s.origin =
+        Some(Origin { task_id: t.task_id.clone(), kind, reprint_no: n, reason: format!("{} by alice", kind.as_str()) });
     s
 }
 
@@ -624,7 +651,10 @@ pub async fn cancel_refunds_exactly_once(s: Arc<dyn Store>) {
     let kinds: Vec<_> = ledger.iter().map(|e| (e.kind.as_str(), e.amount)).collect();
     assert_eq!(kinds, vec![("charge", 1), ("refund", 1)]);
     let ev = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
-    assert_eq!(ev.last().map(|e| (e.to, e.actor.as_str(), e.reason.as_str())), Some((TaskState::Cancelled, "operator:alice", "customer left")));
+    assert_eq!(
+        ev.last().map(|e| (e.to, e.actor.as_str(), e.reason.as_str())),
+        Some((TaskState::Cancelled, "operator:alice", "customer left"))
+    );
 }
 
 pub async fn reprints_hang_on_the_original(s: Arc<dyn Store>) {
@@ -633,7 +663,13 @@ pub async fn reprints_hang_on_the_original(s: Arc<dyn Store>) {
     s.submit_batch(vec![t.clone()]).await.unwrap();
     assert_eq!(s.reprint_count(&t.task_id).await.unwrap(), 0);
     let r1 = successor_of(&t, OriginKind::Reprint, Some(1), "p1", 2);
-    let m = ManualChange { task_id: t.task_id.clone(), transition: None, refund: false, successor: Some(r1.clone()), now: NOW + 5 };
+    let m = ManualChange {
+        task_id: t.task_id.clone(),
+        transition: None,
+        refund: false,
+        successor: Some(r1.clone()),
+        now: NOW + 5,
+    };
     assert!(s.apply_manual(&m).await.unwrap());
     assert_eq!(s.reprint_count(&t.task_id).await.unwrap(), 1);
     let got = s.get_task("acme", &r1.task_id).await.unwrap().unwrap();
@@ -721,4 +757,94 @@ pub async fn day_reads_for_reconciliation(s: Arc<dyn Store>) {
     assert_eq!(ledger.len(), 2);
     assert!(ledger.iter().all(|e| e.kind == "charge"));
     assert!(s.ledger_between("other", "s1", NOW, NOW + 100).await.unwrap().is_empty());
+}
+
+pub async fn alerts_go_through_the_outbox_with_the_change(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let hook = |id: &str, events: &[&str]| NewWebhook {
+        tenant_id: "acme".into(),
+        id: id.into(),
+        url: format!("http://127.0.0.1:9/{id}"),
+        secret: "shh".into(),
+        events: events.iter().map(|e| e.to_string()).collect(),
+        now: NOW,
+    };
+    s.create_webhook(hook("ops", &["task.failed", "printer.offline"])).await.unwrap();
+    s.create_webhook(hook("audit", &["task.printed"])).await.unwrap();
+    let dup = s.create_webhook(hook("ops", &[])).await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    assert_eq!(s.list_webhooks("acme").await.unwrap().len(), 2);
+    assert_eq!(s.webhook_deliveries("other", "ops", 10).await.unwrap(), None);
+
+    let t = new_task("acme", "W1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    assert!(s.transition(&send(&t, 0, NOW + 1)).await.unwrap());
+    let mut fail = manual_transition(&t, TaskState::Sent, 1, TaskState::Failed, NOW + 2);
+    fail.event = Some(OutboxEvent {
+        event_id: "evt-failed-1".into(),
+        tenant_id: "acme".into(),
+        kind: "task.failed".into(),
+        payload: r#"{"type":"task.failed"}"#.into(),
+        now: NOW + 2,
+    });
+    // Losing the compare-and-set writes no alert.
+    let stale = Transition { expected_attempts: 7, ..fail.clone() };
+    assert!(!s.transition(&stale).await.unwrap());
+    assert!(s.due_webhooks(NOW + 10, 10).await.unwrap().is_empty());
+    assert!(s.transition(&fail).await.unwrap());
+    let due = s.due_webhooks(NOW + 10, 10).await.unwrap();
+    assert_eq!(due.len(), 1, "only the endpoint that asked for task.failed: {due:?}");
+    assert_eq!(
+        (due[0].webhook_id.as_str(), due[0].event_id.as_str(), due[0].secret.as_str()),
+        ("ops", "evt-failed-1", "shh")
+    );
+    assert_eq!(due[0].payload, r#"{"type":"task.failed"}"#);
+
+    s.record_webhook_attempt(&WebhookAttempt {
+        event_id: "evt-failed-1".into(),
+        webhook_id: "ops".into(),
+        delivered: false,
+        status: Some(500),
+        error: Some("HTTP 500".into()),
+        next_attempt_at: Some(NOW + 1000),
+        now: NOW + 10,
+    })
+    .await
+    .unwrap();
+    assert!(s.due_webhooks(NOW + 999, 10).await.unwrap().is_empty(), "backing off");
+    assert_eq!(s.due_webhooks(NOW + 1000, 10).await.unwrap().len(), 1);
+    s.record_webhook_attempt(&WebhookAttempt {
+        event_id: "evt-failed-1".into(),
+        webhook_id: "ops".into(),
+        delivered: true,
+        status: Some(200),
+        error: None,
+        next_attempt_at: None,
+        now: NOW + 1001,
+    })
+    .await
+    .unwrap();
+    assert!(s.due_webhooks(NOW + 5000, 10).await.unwrap().is_empty());
+    let seen = s.webhook_deliveries("acme", "ops", 10).await.unwrap().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (seen[0].attempts, seen[0].last_status, seen[0].delivered_at, seen[0].kind.as_str()),
+        (2, Some(200), Some(NOW + 1001), "task.failed")
+    );
+
+    // A printer going offline alerts once; staying offline does not alert again.
+    let down = |n: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: "p1".into(),
+        online: n < 0,
+        last_error: Some("offline".into()),
+        now: NOW + 20 + n.abs(),
+        event_id: format!("evt-p-{n}"),
+    };
+    s.update_printer_status(&[down(-1)]).await.unwrap(); // false → true: printer.online (nobody asked)
+    s.update_printer_status(&[down(2)]).await.unwrap(); // true → false: printer.offline
+    s.update_printer_status(&[down(3)]).await.unwrap(); // still offline
+    let due = s.due_webhooks(NOW + 100, 10).await.unwrap();
+    assert_eq!(due.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(), vec!["evt-p-2"]);
+    assert!(due[0].payload.contains("printer.offline"));
 }

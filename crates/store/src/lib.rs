@@ -153,5 +153,23 @@ pub trait Store: Send + Sync + 'static {
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32>;
 
     /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
+    /// When `online` flips, a `printer.online` / `printer.offline` alert is written to the
+    /// outbox in the same transaction.
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()>;
+
+    /// Registers a webhook endpoint for alerts (R27).
+    async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook>;
+    async fn list_webhooks(&self, tenant_id: &str) -> StoreResult<Vec<Webhook>>;
+    /// Delivery attempts of one endpoint, newest event first. `None` when the endpoint is
+    /// not the tenant's.
+    async fn webhook_deliveries(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<WebhookDelivery>>>;
+    /// Deliveries not yet delivered whose time has come, oldest first.
+    async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>>;
+    /// Records one delivery attempt.
+    async fn record_webhook_attempt(&self, attempt: &WebhookAttempt) -> StoreResult<()>;
 }

@@ -281,6 +281,81 @@ pub struct Transition {
     /// For a transition to `sent`: the agent and session it is handed to.
     pub sent_to: Option<String>,
     pub sent_session: Option<String>,
+    /// An alert to write to the outbox in the same transaction, if the change applies.
+    pub event: Option<OutboxEvent>,
+}
+
+/// An alert (R27) for the tenant's webhook endpoints, written in the same transaction as
+/// the change it reports and delivered later from the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    /// Unique; receivers deduplicate on it.
+    pub event_id: String,
+    pub tenant_id: String,
+    /// `task.failed`, `task.in_doubt`, `task.printed`, `printer.offline`, `printer.online`.
+    pub kind: String,
+    /// The JSON body sent to the endpoints.
+    pub payload: String,
+    pub now: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewWebhook {
+    pub tenant_id: String,
+    pub id: String,
+    pub url: String,
+    pub secret: String,
+    /// Event kinds the endpoint receives.
+    pub events: Vec<String>,
+    pub now: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Webhook {
+    pub tenant_id: String,
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub created_at: Millis,
+}
+
+/// One event's delivery to one endpoint, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookDelivery {
+    pub event_id: String,
+    pub webhook_id: String,
+    pub kind: String,
+    pub attempts: i32,
+    pub next_attempt_at: Option<Millis>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub delivered_at: Option<Millis>,
+    pub created_at: Millis,
+}
+
+/// A delivery that is due, with what it takes to send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueWebhook {
+    pub event_id: String,
+    pub webhook_id: String,
+    pub tenant_id: String,
+    pub url: String,
+    pub secret: String,
+    pub payload: String,
+    pub attempts: i32,
+}
+
+/// The result of one delivery attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookAttempt {
+    pub event_id: String,
+    pub webhook_id: String,
+    pub delivered: bool,
+    pub status: Option<i32>,
+    pub error: Option<String>,
+    /// When to try again; `None` with `delivered == false` means "give up".
+    pub next_attempt_at: Option<Millis>,
+    pub now: Millis,
 }
 
 /// A printer's health as last reported by its agent.
@@ -291,4 +366,6 @@ pub struct PrinterStatusUpdate {
     pub online: bool,
     pub last_error: Option<String>,
     pub now: Millis,
+    /// Id for the `printer.online` / `printer.offline` alert written if `online` flips.
+    pub event_id: String,
 }

@@ -6,3 +6,4 @@ pub mod meta;
 pub mod reconcile;
 pub mod setup;
 pub mod tasks;
+pub mod webhooks;
