@@ -132,7 +132,7 @@ pub struct Dispatcher {
 
 /// The bytes for the printer. A reprint carries a visible banner line at the top, so a
 /// reprinted slip can never pass for the original.
-fn render(content_type: &str, content: Vec<u8>, banner: Option<&str>) -> Result<Vec<u8>, String> {
+pub(crate) fn render_for(content_type: &str, content: Vec<u8>, banner: Option<&str>) -> Result<Vec<u8>, String> {
     match content_type {
         "escpos" => Ok(match banner {
             Some(b) => {
@@ -244,6 +244,18 @@ impl Dispatcher {
             if changes.len() >= max {
                 break;
             }
+            // Only lanes of agent printers are handed to agents; the broker pushes to
+            // webhook printers itself.
+            let is_agent = match self.directory.printer(&head.tenant_id, &head.printer_id).await? {
+                Some(p) => matches!(
+                    crate::transport::Transport::parse(&p.transport),
+                    Some(crate::transport::Transport::Agent { .. })
+                ),
+                None => false,
+            };
+            if !is_agent {
+                continue;
+            }
             let deadline = now + self.config.redeliver_after_ms;
             let change = match head.state {
                 TaskState::Pending => Some((head.attempts + 1, format!("dispatched to agent {agent_id}"))),
@@ -313,7 +325,7 @@ impl Dispatcher {
                 }
                 _ => None,
             };
-            let data = match render(&content.content_type, content.content, banner.as_deref()) {
+            let data = match render_for(&content.content_type, content.content, banner.as_deref()) {
                 Ok(d) => d,
                 Err(why) => {
                     self.fail_unrenderable(&task, change.attempts, &why).await?;

@@ -20,6 +20,8 @@ pub mod operations;
 pub mod reconcile;
 pub mod secrets;
 pub mod signals;
+pub mod transport;
+pub mod webhook;
 
 pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
 pub use directory::Directory;

@@ -121,6 +121,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 charge: file.charge_per_task.unwrap_or(1),
             },
             alerts: Default::default(),
+            push: Default::default(),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

@@ -76,10 +76,22 @@ pub struct StoreList {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TransportIn {
-    /// `agent`.
+    /// `agent` (a store agent prints to a raw TCP 9100 printer) or `webhook` (the broker
+    /// pushes jobs to an HTTP endpoint: a vendor cloud or the merchant's own bridge).
     pub kind: String,
-    /// `tcp://HOST:PORT`, as seen from the store agent's machine.
-    pub address: String,
+    /// `agent`: `tcp://HOST:PORT`, as seen from the store agent's machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// `webhook`: where jobs are POSTed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `webhook`: the shared secret signing jobs and callbacks (at least 16 characters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// `webhook`, optional: `GET status_url?task_id=…&idempotency_key=…` →
+    /// `{"status": "printed" | "pending" | "failed" | …}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -108,7 +120,16 @@ pub struct PrinterOut {
 impl From<Printer> for PrinterOut {
     fn from(p: Printer) -> Self {
         PrinterOut {
-            transport: serde_json::from_str(&p.transport).unwrap_or(serde_json::Value::Null),
+            transport: {
+                // The webhook secret never leaves the broker again after registration.
+                let mut t: serde_json::Value = serde_json::from_str(&p.transport).unwrap_or(serde_json::Value::Null);
+                if let Some(obj) = t.as_object_mut() {
+                    if obj.contains_key("secret") {
+                        obj.insert("secret".into(), serde_json::Value::String("***".into()));
+                    }
+                }
+                t
+            },
             id: p.id,
             store_id: p.store_id,
             name: p.name,

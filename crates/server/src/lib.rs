@@ -36,6 +36,7 @@ pub struct HttpConfig {
     pub intake: IntakeConfig,
     pub delivery: DeliveryConfig,
     pub alerts: onceprint_engine::alerts::AlertConfig,
+    pub push: onceprint_engine::webhook::PushConfig,
 }
 
 impl Default for HttpConfig {
@@ -45,6 +46,7 @@ impl Default for HttpConfig {
             intake: IntakeConfig::default(),
             delivery: DeliveryConfig::default(),
             alerts: Default::default(),
+            push: Default::default(),
         }
     }
 }
@@ -106,7 +108,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, manual, meta, reconcile, setup, tasks, webhooks};
+    use routes::{agent, callbacks, manual, meta, reconcile, setup, tasks, webhooks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -125,6 +127,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks/{task_id}/transfer", post(manual::transfer))
         .route("/v1/stores/{id}/attention", get(manual::attention))
         .route("/v1/stores/{id}/reconciliation", get(reconcile::get_day).post(reconcile::post_day))
+        .route("/v1/callbacks/{printer_id}", post(callbacks::callback))
         .route("/v1/webhooks", post(webhooks::create).get(webhooks::list))
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/agent/poll", post(agent::poll))
@@ -204,6 +207,19 @@ impl Bound {
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let app = router(self.state.clone());
         let sweeper = self.state.dispatcher.spawn_sweeper();
+        let pusher = match onceprint_engine::webhook::WebhookPusher::new(
+            self.state.store.clone(),
+            self.state.dispatcher.clone(),
+            self.state.dispatcher.signals().clone(),
+            self.state.config.push.clone(),
+        ) {
+            Ok(p) => Some(p.spawn()),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the webhook transport");
+                None
+            }
+        };
+
         let deliverer = onceprint_engine::alerts::spawn_deliverer(
             self.state.store.clone(),
             self.state.dispatcher.signals().clone(),
@@ -218,6 +234,9 @@ impl Bound {
         };
         axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
         let _ = sweeper.await;
+        if let Some(p) = pusher {
+            let _ = p.await;
+        }
         let _ = deliverer.await;
         Ok(())
     }

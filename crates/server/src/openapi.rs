@@ -3,7 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, manual, meta, reconcile, setup, tasks, webhooks};
+use crate::routes::{agent, callbacks, manual, meta, reconcile, setup, tasks, webhooks};
 
 struct Security;
 
@@ -38,6 +38,7 @@ impl Modify for Security {
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
         reconcile::get_day, reconcile::post_day,
         webhooks::create, webhooks::list, webhooks::deliveries,
+        callbacks::callback,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     modifiers(&Security)

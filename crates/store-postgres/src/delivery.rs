@@ -1,5 +1,6 @@
 //! Delivery: compare-and-set transitions (one or a batch), printer lanes, due tasks and
-//! printer health, for PostgreSQL.
+//! printer health, for PostgreSQL. A transition or a printer flipping on- or offline
+//! writes its alert to the outbox in the same statement (see [`crate::alerts`]).
 //!
 //! The one-in-flight-per-printer rule (R23) is the partial unique index
 //! `tasks_one_in_flight_per_printer`. A transition to `sent` that collides with it fails
@@ -17,7 +18,6 @@
 //! and pipelines the rest again. A batch costs three round trips (begin, the pipeline,
 //! commit) plus one per refused change.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -27,15 +27,18 @@ use onceprint_core::{Millis, TaskState};
 use onceprint_store::{PrinterStatusUpdate, StoreResult, Task, Transition};
 use tokio_postgres::types::ToSql;
 
+use crate::alerts;
 use crate::error::{pg_error, violation, Violation};
 use crate::rows::{self, TASK_COLUMNS};
 
 /// The partial unique index behind the one-in-flight-per-printer rule.
 const ONE_IN_FLIGHT: &str = "tasks_one_in_flight_per_printer";
 
-/// One statement, hence atomic on its own: the compare-and-set update and its audit event.
-/// When the update matches no row, the event insert reads nothing from it and writes
-/// nothing; the statement returns a row exactly when the change applied.
+/// One statement, hence atomic on its own: the compare-and-set update, its audit event
+/// and, when the change carries one, its alert in the outbox with one delivery per
+/// endpoint of the tenant that wants its kind. When the update matches no row, the inserts
+/// read nothing from it and write nothing; the statement returns a row exactly when the
+/// change applied. Without an alert (`$13` NULL) the outbox insert writes nothing either.
 const TRANSITION: &str = "
 WITH moved AS (
     UPDATE tasks
@@ -44,10 +47,23 @@ WITH moved AS (
         sent_to = $11, sent_session = $12
     WHERE id = $1 AND state = $3::text AND attempts = $4
     RETURNING id
+),
+logged AS (
+    INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
+    SELECT id, $8::int8, $3::text, $2::text, $5, $9, $10 FROM moved
+    RETURNING id
+),
+alert AS (
+    INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
+    SELECT $13::text, $14::text, $15::text, $16::text, $17::int8 FROM moved WHERE $13::text IS NOT NULL
+    RETURNING event_id, tenant_id, kind, created_at
+),
+fanned_out AS (
+    INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
+    SELECT a.event_id, w.id, w.tenant_id, a.created_at, a.created_at
+    FROM alert a JOIN webhooks w ON w.tenant_id = a.tenant_id AND a.kind = ANY (w.events)
 )
-INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
-SELECT id, $8::int8, $3::text, $2::text, $5, $9, $10 FROM moved
-RETURNING id";
+SELECT id FROM logged";
 
 /// The savepoint a change to `sent` runs under inside a batch. Only one is ever open: the
 /// next change to `sent` releases it (keeping its work) and sets a new one.
@@ -78,39 +94,77 @@ WHERE state = $1 AND next_attempt_at <= $2
 ORDER BY next_attempt_at
 LIMIT $3";
 
-/// All updates in one statement (one transaction). The printer rows are locked first in
-/// key order, so two concurrent reports naming the same printers cannot deadlock; `FOR
-/// NO KEY UPDATE` is the lock the update takes anyway and, unlike `FOR UPDATE`, does not
-/// block intake, whose foreign-key checks share-lock the same rows.
+/// All reports in one statement (one transaction), applied as if one after the other.
+/// The printer rows are locked first in key order, so two concurrent reports naming the
+/// same printers cannot deadlock; `FOR NO KEY UPDATE` is the lock the update takes anyway
+/// and, unlike `FOR UPDATE`, does not block intake, whose foreign-key checks share-lock
+/// the same rows. The locked rows hold the `online` value the reports find: a report
+/// whose value differs from it (for the first report of a printer) or from the previous
+/// report of the printer writes its `printer.online` / `printer.offline` alert to the
+/// outbox, fanned out like a transition's. The row ends with the last report's values.
+/// Reports of unknown printers are ignored.
 const UPDATE_PRINTER_STATUS: &str = "
 WITH u AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::int8[], $5::text[])
-        AS u(tenant_id, printer_id, online, seen_at, last_error)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::int8[], $5::text[], $6::text[], $7::text[],
+                         $8::text[])
+        WITH ORDINALITY AS u(tenant_id, printer_id, online, seen_at, last_error, event_id, kind, payload, ord)
 ),
 locked AS MATERIALIZED (
-    SELECT p.tenant_id, p.id
-    FROM printers p JOIN u ON p.tenant_id = u.tenant_id AND p.id = u.printer_id
+    SELECT p.tenant_id, p.id, p.online
+    FROM printers p
+    WHERE (p.tenant_id, p.id) IN (SELECT tenant_id, printer_id FROM u)
     ORDER BY p.tenant_id, p.id
     FOR NO KEY UPDATE OF p
+),
+reports AS MATERIALIZED (
+    SELECT u.*, coalesce(lag(u.online) OVER w, l.online) AS was_online, lead(u.ord) OVER w IS NULL AS is_last
+    FROM u JOIN locked l ON l.tenant_id = u.tenant_id AND l.id = u.printer_id
+    WINDOW w AS (PARTITION BY u.tenant_id, u.printer_id ORDER BY u.ord)
+),
+updated AS (
+    UPDATE printers p
+    SET online = r.online, last_seen_at = r.seen_at, last_error = r.last_error
+    FROM reports r
+    WHERE r.is_last AND p.tenant_id = r.tenant_id AND p.id = r.printer_id
+),
+alerts AS (
+    INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
+    SELECT event_id, tenant_id, kind, payload, seen_at FROM reports WHERE online <> was_online ORDER BY ord
+    RETURNING event_id, tenant_id, kind, created_at
 )
-UPDATE printers p
-SET online = u.online, last_seen_at = u.seen_at, last_error = u.last_error
-FROM u JOIN locked l ON l.tenant_id = u.tenant_id AND l.id = u.printer_id
-WHERE p.tenant_id = l.tenant_id AND p.id = l.id";
+INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
+SELECT a.event_id, w.id, w.tenant_id, a.created_at, a.created_at
+FROM alerts a JOIN webhooks w ON w.tenant_id = a.tenant_id AND a.kind = ANY (w.events)";
 
 /// The parameters of [`TRANSITION`] for one change.
 struct Params<'a> {
     change: &'a Transition,
     to: &'static str,
     from: &'static str,
+    /// The alert's columns, all NULL without one.
+    event_id: Option<&'a str>,
+    event_tenant: Option<&'a str>,
+    event_kind: Option<&'a str>,
+    event_payload: Option<&'a str>,
+    event_at: Option<Millis>,
 }
 
 impl<'a> Params<'a> {
     fn new(change: &'a Transition) -> Params<'a> {
-        Params { change, to: change.to.as_str(), from: change.from.as_str() }
+        let e = change.event.as_ref();
+        Params {
+            change,
+            to: change.to.as_str(),
+            from: change.from.as_str(),
+            event_id: e.map(|e| e.event_id.as_str()),
+            event_tenant: e.map(|e| e.tenant_id.as_str()),
+            event_kind: e.map(|e| e.kind.as_str()),
+            event_payload: e.map(|e| e.payload.as_str()),
+            event_at: e.map(|e| e.now),
+        }
     }
 
-    fn values(&self) -> [&(dyn ToSql + Sync); 12] {
+    fn values(&self) -> [&(dyn ToSql + Sync); 17] {
         let c = self.change;
         [
             &c.task_id,
@@ -125,6 +179,11 @@ impl<'a> Params<'a> {
             &c.reason,
             &c.sent_to,
             &c.sent_session,
+            &self.event_id,
+            &self.event_tenant,
+            &self.event_kind,
+            &self.event_payload,
+            &self.event_at,
         ]
     }
 }
@@ -263,21 +322,23 @@ pub(crate) async fn update_printer_status(
     client: &deadpool_postgres::Client,
     updates: &[PrinterStatusUpdate],
 ) -> StoreResult<()> {
-    // One row per printer: when a printer is named twice, the later report wins, as if
-    // they were applied one after the other.
-    let mut seen_printers = HashSet::with_capacity(updates.len());
-    let last: Vec<&PrinterStatusUpdate> =
-        updates.iter().rev().filter(|u| seen_printers.insert((u.tenant_id.as_str(), u.printer_id.as_str()))).collect();
-    if last.is_empty() {
+    if updates.is_empty() {
         return Ok(());
     }
-    let tenants: Vec<&str> = last.iter().map(|u| u.tenant_id.as_str()).collect();
-    let printers: Vec<&str> = last.iter().map(|u| u.printer_id.as_str()).collect();
-    let online: Vec<bool> = last.iter().map(|u| u.online).collect();
-    let seen: Vec<Millis> = last.iter().map(|u| u.now).collect();
-    let errors: Vec<Option<&str>> = last.iter().map(|u| u.last_error.as_deref()).collect();
+    let tenants: Vec<&str> = updates.iter().map(|u| u.tenant_id.as_str()).collect();
+    let printers: Vec<&str> = updates.iter().map(|u| u.printer_id.as_str()).collect();
+    let online: Vec<bool> = updates.iter().map(|u| u.online).collect();
+    let seen: Vec<Millis> = updates.iter().map(|u| u.now).collect();
+    let errors: Vec<Option<&str>> = updates.iter().map(|u| u.last_error.as_deref()).collect();
+    // Every report carries the alert it would write; the statement decides which flip.
+    let event_ids: Vec<&str> = updates.iter().map(|u| u.event_id.as_str()).collect();
+    let kinds: Vec<&str> = updates.iter().map(|u| alerts::printer_event_kind(u.online)).collect();
+    let payloads: Vec<String> = updates.iter().map(alerts::printer_event_payload).collect();
     let stmt = client.prepare_cached(UPDATE_PRINTER_STATUS).await.map_err(pg_error)?;
-    client.execute(&stmt, &[&tenants, &printers, &online, &seen, &errors]).await.map_err(pg_error)?;
+    client
+        .execute(&stmt, &[&tenants, &printers, &online, &seen, &errors, &event_ids, &kinds, &payloads])
+        .await
+        .map_err(pg_error)?;
     Ok(())
 }
 

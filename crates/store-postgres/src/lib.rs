@@ -5,7 +5,9 @@
 //! [`migrations`]), the connection pool (deadpool, plain TCP without TLS) and the mapping
 //! of SQLSTATEs onto [`StoreError`]. Intake is batched: a whole group-committed batch is
 //! inserted with one `unnest` statement; a batch of transitions is pipelined over one
-//! connection in one transaction (see the `delivery` module).
+//! connection in one transaction (see the `delivery` module). Alerts for webhooks are
+//! written to an outbox by the same statement as the change they report (see the
+//! `alerts` module).
 //!
 //! It must never decide domain rules. Which transitions are legal, whether a duplicate is
 //! a retry or a mismatch, what a task costs — all of that lives in `onceprint-core` and is
@@ -14,6 +16,7 @@
 //! flight per printer (a partial unique index). Callers must never skip that
 //! compare-and-set by writing state directly.
 
+mod alerts;
 mod delivery;
 mod error;
 pub mod migrations;
@@ -314,6 +317,29 @@ impl Store for PostgresStore {
         rows.iter().map(rows::printer).collect()
     }
 
+    async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>> {
+        // The transport is JSON text, as on SQLite; a row that is not JSON fails the read
+        // there too.
+        self.query(
+            &format!(
+                "SELECT {PRINTER_COLUMNS} FROM printers WHERE transport::jsonb ->> 'kind' = $1 ORDER BY tenant_id, id"
+            ),
+            &[&kind],
+        )
+        .await?
+        .iter()
+        .map(rows::printer)
+        .collect()
+    }
+
+    async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
+        self.query(&format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE id = $1 ORDER BY tenant_id"), &[&printer_id])
+            .await?
+            .iter()
+            .map(rows::printer)
+            .collect()
+    }
+
     async fn create_station(&self, station: NewStation) -> StoreResult<Station> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
@@ -551,5 +577,35 @@ impl Store for PostgresStore {
         }
         let client = self.client().await?;
         delivery::update_printer_status(&client, updates).await
+    }
+
+    async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook> {
+        let client = self.client().await?;
+        alerts::create_webhook(&client, webhook).await
+    }
+
+    async fn list_webhooks(&self, tenant_id: &str) -> StoreResult<Vec<Webhook>> {
+        let client = self.client().await?;
+        alerts::list_webhooks(&client, tenant_id).await
+    }
+
+    async fn webhook_deliveries(
+        &self,
+        tenant_id: &str,
+        webhook_id: &str,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<WebhookDelivery>>> {
+        let client = self.client().await?;
+        alerts::webhook_deliveries(&client, tenant_id, webhook_id, limit).await
+    }
+
+    async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>> {
+        let client = self.client().await?;
+        alerts::due_webhooks(&client, now, limit).await
+    }
+
+    async fn record_webhook_attempt(&self, attempt: &WebhookAttempt) -> StoreResult<()> {
+        let client = self.client().await?;
+        alerts::record_webhook_attempt(&client, attempt).await
     }
 }

@@ -19,7 +19,7 @@ const LOCK_CLASS: i32 = 0x6f70_6d67; // "opmg"
 
 /// `(version, SQL)` in the order they must be applied. Versions are increasing.
 pub(crate) const MIGRATIONS: &[(i32, &str)] =
-    &[(1, V1_INITIAL), (2, V2_DELIVERY), (3, V3_OPERATIONS), (4, V4_RECONCILIATION)];
+    &[(1, V1_INITIAL), (2, V2_DELIVERY), (3, V3_OPERATIONS), (4, V4_RECONCILIATION), (5, V5_ALERTS)];
 
 /// The version a fully migrated database reports.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -178,6 +178,50 @@ CREATE INDEX tasks_attention ON tasks (tenant_id, store_id, updated_at) WHERE st
 const V4_RECONCILIATION: &str = r#"
 ALTER TABLE stores ADD COLUMN utc_offset_minutes INT NOT NULL DEFAULT 0;
 CREATE INDEX ledger_by_time ON ledger (tenant_id, at);
+"#;
+
+/// Alerts: webhook endpoints (the event kinds each wants as an array, matched with
+/// `kind = ANY (events)`), the outbox an alert is written to in the same transaction as
+/// the change it reports, and one delivery row per event and endpoint. Due deliveries are
+/// found through a partial index that holds only those still waiting for an attempt, an
+/// endpoint's history through `webhook_deliveries_by_hook`.
+///
+/// Event ids use the "C" collation, like task ids: an endpoint's history sorts by
+/// (created_at, event_id) in byte order, as on every other backend.
+const V5_ALERTS: &str = r#"
+CREATE TABLE webhooks (
+    tenant_id  TEXT NOT NULL REFERENCES tenants (id),
+    id         TEXT NOT NULL,
+    url        TEXT NOT NULL,
+    secret     TEXT NOT NULL,
+    events     TEXT[] NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+
+CREATE TABLE outbox (
+    event_id   TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+
+CREATE TABLE webhook_deliveries (
+    event_id        TEXT COLLATE "C" NOT NULL REFERENCES outbox (event_id),
+    webhook_id      TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    attempts        INT NOT NULL DEFAULT 0,
+    next_attempt_at BIGINT,
+    last_status     INT,
+    last_error      TEXT,
+    delivered_at    BIGINT,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (event_id, webhook_id)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
+    WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL;
+CREATE INDEX webhook_deliveries_by_hook ON webhook_deliveries (tenant_id, webhook_id, created_at);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

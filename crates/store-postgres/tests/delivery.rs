@@ -58,6 +58,7 @@ fn send(t: &NewTask, agent: &str) -> Transition {
         now: NOW + 1,
         sent_to: Some(agent.into()),
         sent_session: Some(format!("{agent}-session")),
+        event: None,
     }
 }
 

@@ -59,6 +59,7 @@ fn change(t: &NewTask, from: TaskState, attempts: i32, to: TaskState) -> Transit
         now: NOW + 10,
         sent_to: None,
         sent_session: None,
+        event: None,
     }
 }
 

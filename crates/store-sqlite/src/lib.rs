@@ -360,6 +360,16 @@ impl Store for SqliteStore {
         self.read(move |c| sql::list_printers(c, &t, s.as_deref())).await
     }
 
+    async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>> {
+        let k = kind.to_owned();
+        self.read(move |c| sql::printers_by_transport(c, &k)).await
+    }
+
+    async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
+        let id = printer_id.to_owned();
+        self.read(move |c| sql::printers_with_id(c, &id)).await
+    }
+
     async fn create_station(&self, station: NewStation) -> StoreResult<Station> {
         self.write(move |c| sql::create_station(c, station)).await
     }

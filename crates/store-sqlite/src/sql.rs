@@ -757,3 +757,21 @@ pub fn record_webhook_attempt(c: &Connection, a: &WebhookAttempt) -> StoreResult
     .map(|_| ())
     .map_err(backend_err)
 }
+
+pub fn printers_by_transport(c: &Connection, kind: &str) -> StoreResult<Vec<Printer>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {PRINTER_COLS} FROM printers WHERE json_extract(transport, '$.kind') = ?1 ORDER BY tenant_id, id"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map([kind], printer_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn printers_with_id(c: &Connection, id: &str) -> StoreResult<Vec<Printer>> {
+    let mut s = c
+        .prepare_cached(&format!("SELECT {PRINTER_COLS} FROM printers WHERE id = ?1 ORDER BY tenant_id"))
+        .map_err(backend_err)?;
+    let rows = s.query_map([id], printer_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}

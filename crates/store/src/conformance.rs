@@ -172,6 +172,10 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
     assert_eq!(s.list_printers("acme", Some("s1")).await.unwrap().len(), 1);
     assert_eq!(s.list_printers("acme", Some("s2")).await.unwrap().len(), 0);
     assert_eq!(s.list_printers("acme", None).await.unwrap().len(), 1);
+    // Across tenants: both have a p1 with an agent transport.
+    assert_eq!(s.printers_with_id("p1").await.unwrap().len(), 2);
+    assert_eq!(s.printers_by_transport("agent").await.unwrap().len(), 2);
+    assert!(s.printers_by_transport("webhook").await.unwrap().is_empty());
 
     s.create_printer(NewPrinter {
         tenant_id: "acme".into(),

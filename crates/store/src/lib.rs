@@ -70,6 +70,12 @@ pub trait Store: Send + Sync + 'static {
     async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer>;
     async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>>;
     async fn list_printers(&self, tenant_id: &str, store_id: Option<&str>) -> StoreResult<Vec<Printer>>;
+    /// Printers of every tenant whose transport has this `kind` (the broker pushes to
+    /// `webhook` printers itself).
+    async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>>;
+    /// Printers of every tenant with this id (a vendor callback names only the printer;
+    /// its signature tells which tenant's printer it is).
+    async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>>;
 
     /// Fails with `NotFound` when the store or a printer is not the tenant's; the caller
     /// checks beforehand that all printers belong to the station's store.

@@ -1,6 +1,7 @@
 //! HTTP handlers, one module per area.
 
 pub mod agent;
+pub mod callbacks;
 pub mod manual;
 pub mod meta;
 pub mod reconcile;

@@ -110,26 +110,54 @@ pub async fn get_store(
     }
 }
 
+fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.len() > 2000
+        || url.contains(char::is_whitespace)
+    {
+        return Err(ApiError::invalid(format!("{field}: must be an http:// or https:// URL")));
+    }
+    Ok(())
+}
+
 /// Checks a transport object; returns its normalised JSON text.
 fn check_transport(t: &TransportIn) -> Result<String, ApiError> {
-    if t.kind != "agent" {
-        return Err(ApiError::invalid(format!("transport.kind: unsupported kind {:?}; supported: agent", t.kind)));
-    }
-    let rest = t
-        .address
-        .strip_prefix("tcp://")
-        .ok_or_else(|| ApiError::invalid("transport.address: must look like tcp://HOST:PORT"))?;
-    let (host, port) =
-        rest.rsplit_once(':').ok_or_else(|| ApiError::invalid("transport.address: must look like tcp://HOST:PORT"))?;
-    let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
-    if !port_ok || !host_ok {
-        return Err(ApiError::invalid(format!(
-            "transport.address: {:?} is not tcp://HOST:PORT with a port 1–65535",
-            t.address
-        )));
+    match t.kind.as_str() {
+        "agent" => {
+            if t.url.is_some() || t.secret.is_some() || t.status_url.is_some() {
+                return Err(ApiError::invalid("transport: url, secret and status_url belong to kind \"webhook\""));
+            }
+            let address = t.address.as_deref().unwrap_or("");
+            let bad = || {
+                ApiError::invalid(format!("transport.address: {address:?} is not tcp://HOST:PORT with a port 1–65535"))
+            };
+            let rest = address.strip_prefix("tcp://").ok_or_else(bad)?;
+            let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+            let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
+            let host_ok = !host.is_empty()
+                && host.len() <= 253
+                && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
+            if !port_ok || !host_ok {
+                return Err(bad());
+            }
+        }
+        "webhook" => {
+            if t.address.is_some() {
+                return Err(ApiError::invalid("transport.address belongs to kind \"agent\"; a webhook has a url"));
+            }
+            check_url("transport.url", t.url.as_deref().unwrap_or(""))?;
+            if let Some(s) = &t.status_url {
+                check_url("transport.status_url", s)?;
+            }
+            if t.secret.as_deref().map_or(true, |s| s.len() < 16) {
+                return Err(ApiError::invalid("transport.secret: at least 16 characters, shared with the receiver"));
+            }
+        }
+        other => {
+            return Err(ApiError::invalid(format!(
+                "transport.kind: unsupported kind {other:?}; supported: agent, webhook"
+            )))
+        }
     }
     serde_json::to_string(t).map_err(|e| ApiError::invalid(format!("transport: {e}")))
 }

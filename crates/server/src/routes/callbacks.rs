@@ -1,0 +1,91 @@
+//! Vendor callbacks for webhook printers (R17, R18): signed printed/failed reports.
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use onceprint_engine::transport::Transport;
+use onceprint_engine::webhook::{outcome_of, verify_signature, PUSH_AGENT};
+use onceprint_engine::AckIn;
+use onceprint_store::AgentIdentity;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{parse_json, Body};
+use crate::AppState;
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CallbackIn {
+    pub task_id: String,
+    /// Defaults to the task's current attempt.
+    pub attempt: Option<i32>,
+    /// `printed`, `failed`, or an ack outcome (`no_paper`, `cover_open`, `offline`,
+    /// `paper_jam`, `in_doubt`, `error`).
+    pub status: String,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CallbackOut {
+    pub task_id: String,
+    /// `applied`, `duplicate` or `stale`.
+    pub result: String,
+}
+
+/// A printed/failed report from a webhook printer's endpoint, signed like the jobs it
+/// received: `x-onceprint-signature: t=UNIX_SECONDS,v1=HEX(HMAC-SHA256(secret, "t.body"))`.
+/// A bad signature or a timestamp outside the replay window is 401; an unknown task 404;
+/// a report for a finished task changes nothing and raises no second alert.
+#[utoipa::path(post, path = "/v1/callbacks/{printer_id}", tag = "webhook transport", request_body = CallbackIn,
+    params(("printer_id" = String, Path)),
+    responses((status = 200, body = CallbackOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn callback(
+    State(st): State<AppState>,
+    Path(printer_id): Path<String>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Json<CallbackOut>, ApiError> {
+    let text = std::str::from_utf8(&body).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
+    let sig = headers
+        .get(onceprint_engine::alerts::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| ApiError::unauthorized("missing x-onceprint-signature"))?;
+    let now_s = onceprint_engine::clock::now_ms() / 1000;
+    // Printer ids are per tenant: the signature tells whose printer this is.
+    let printer = st
+        .store
+        .printers_with_id(&printer_id)
+        .await?
+        .into_iter()
+        .find(|p| match Transport::parse(&p.transport) {
+            Some(Transport::Webhook { secret, .. }) => {
+                verify_signature(&secret, sig, text, now_s, st.config.push.replay_window_s)
+            }
+            _ => false,
+        })
+        .ok_or_else(|| {
+            ApiError::unauthorized("bad signature, unknown printer, or a timestamp outside the replay window")
+        })?;
+    let req: CallbackIn = parse_json(&body)?;
+    let outcome =
+        outcome_of(&req.status).ok_or_else(|| ApiError::invalid(format!("status: unknown status {:?}", req.status)))?;
+    let task = st
+        .store
+        .get_task(&printer.tenant_id, &req.task_id)
+        .await?
+        .filter(|t| t.printer_id == printer.id)
+        .ok_or_else(|| ApiError::not_found(format!("no task {:?} on printer {printer_id:?}", req.task_id)))?;
+    let who = AgentIdentity { tenant_id: printer.tenant_id.clone(), store_id: printer.store_id.clone() };
+    let ack = AckIn {
+        task_id: task.task_id.clone(),
+        attempt: req.attempt.unwrap_or(task.attempts),
+        outcome,
+        detail: req.detail.unwrap_or_else(|| "vendor callback".into()).chars().take(500).collect(),
+    };
+    let results = st.dispatcher.ack(&who, PUSH_AGENT, vec![ack]).await.map_err(|e| match e {
+        onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
+    })?;
+    let result = results.first().map_or("stale", |r| r.as_str());
+    Ok(Json(CallbackOut { task_id: task.task_id, result: result.to_owned() }))
+}
