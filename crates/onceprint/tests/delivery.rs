@@ -345,8 +345,140 @@ both!(
     a_lost_ack_is_answered_from_the_journal_without_a_second_print,
     a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints,
     failover_prints_once_on_the_backup_and_the_primary_never_prints_it,
-    an_operator_reprint_comes_out_marked_as_a_reprint
+    an_operator_reprint_comes_out_marked_as_a_reprint,
+    alerts_manual_actions_and_reconciliation_with_the_real_binary
 );
+
+/// A webhook receiver that answers 500 to its first call, then 200.
+async fn alert_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let got: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                // A minimal HTTP/1.1 server: read headers and a Content-Length body.
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = sock.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(end) = text.find("\r\n\r\n") else { continue };
+                    let head = text[..end].to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string();
+                    let sig = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("x-onceprint-signature:").map(|v| v.trim().to_owned()))
+                        .unwrap_or_default();
+                    let first = {
+                        let mut g = seen.lock().expect("lock");
+                        g.push((sig, body));
+                        g.len() == 1
+                    };
+                    let status = if first { "500 Internal Server Error" } else { "200 OK" };
+                    let _ = sock
+                        .write_all(
+                            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes(),
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (format!("http://{addr}/alerts"), got)
+}
+
+fn hmac_hex(secret: &str, msg: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
+    mac.update(msg.as_bytes());
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn alerts_manual_actions_and_reconciliation_with_the_real_binary(pg: bool) {
+    let Some(w) = World::start("ops", pg, 1).await else { return };
+    let (url, got) = alert_receiver().await;
+    let secret = "ops-webhook-secret-0123";
+    w.post("/v1/webhooks", json!({"id": "ops", "url": url, "secret": secret, "events": ["task.failed"]})).await;
+    // A cover left open until attempts run out: failed, and an alert.
+    w.faults(0, json!({"cover_open": true})).await;
+    let failed = w.submit("OPS1", 0, "receipt").await;
+    w.wait_state(&failed, &["failed"], 30).await;
+    let start = Instant::now();
+    while got.lock().expect("lock").len() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(15), "alert not retried: {:?}", got.lock().expect("lock"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = got.lock().expect("lock").clone();
+    for (sig, body) in &calls {
+        let (t, v1) =
+            sig.split_once(',').map(|(t, v)| (t.trim_start_matches("t="), v.trim_start_matches("v1="))).expect("sig");
+        assert_eq!(hmac_hex(secret, &format!("{t}.{body}")), v1, "signature verifies");
+        let v: Value = serde_json::from_str(body).expect("json");
+        assert_eq!((v["type"].as_str(), v["data"]["task_id"].as_str()), (Some("task.failed"), Some(failed.as_str())));
+    }
+    // Forbidden: mark-printed of a pending task. Allowed: cancel it, reprint nothing.
+    w.faults(0, json!({"cover_open": false})).await;
+    let ok = w.submit("OPS2", 0, "receipt").await;
+    w.wait_state(&ok, &["printed"], 20).await;
+    let res = w
+        .http
+        .post(format!("{}/v1/print-tasks/{ok}/cancel", w.base))
+        .bearer_auth(&w.key)
+        .json(&json!({"operator": "amy", "reason": "test"}))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(res.status().as_u16(), 409, "a printed task cannot be cancelled");
+    let closed = w
+        .post(&format!("/v1/print-tasks/{failed}/mark-printed"), json!({"operator": "amy", "reason": "found it"}))
+        .await;
+    assert_eq!(closed["task"]["state"], "closed");
+
+    // The day, from cron: OPS3 was expected and never came.
+    let csv = w.dir.join("orders.csv");
+    std::fs::write(&csv, "biz_no\nOPS1\nOPS2\nOPS3\n").expect("csv");
+    let today = w.get("/v1/print-tasks?limit=1").await["tasks"][0]["created_at"]
+        .as_str()
+        .unwrap_or("")
+        .get(..10)
+        .unwrap_or("")
+        .to_owned();
+    let out = Command::new(BIN)
+        .args(["reconcile", "--server", &w.base, "--token", &w.key, "--store", "s1", "--date", &today])
+        .arg("--expected")
+        .arg(&csv)
+        .output()
+        .expect("reconcile");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "differences exit 1: {text}");
+    assert!(text.contains("expected but not printed (1): OPS3"), "{text}");
+    assert!(!text.contains("MORE THAN ONCE"), "{text}");
+    std::fs::write(&csv, "OPS1\nOPS2\n").expect("csv");
+    let out = Command::new(BIN)
+        .args(["reconcile", "--server", &w.base, "--token", &w.key, "--store", "s1", "--date", &today, "--csv"])
+        .arg("--expected")
+        .arg(&csv)
+        .output()
+        .expect("reconcile");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("count,submitted,2"));
+}
 
 async fn failover_prints_once_on_the_backup_and_the_primary_never_prints_it(pg: bool) {
     let Some(w) = World::start("failover", pg, 2).await else { return };
