@@ -92,6 +92,11 @@ impl Broker {
         Ok(Self { child, pid, addr, log_path: log_path.to_path_buf() })
     }
 
+    /// Peak RSS and CPU time so far, read while the broker still runs.
+    pub fn stats(&self) -> crate::procs::ProcStats {
+        crate::procs::ProcStats::of(self.pid)
+    }
+
     /// The broker's peak resident set size in KiB (`VmHWM`), read while it still runs.
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;

@@ -1,6 +1,10 @@
-//! The intake benchmark behind `onceprint bench submit`.
+//! The benchmarks behind `onceprint bench submit` and `onceprint bench e2e`.
 //!
-//! This crate owns one measurement: how fast a freshly started broker accepts print tasks
+//! `bench e2e` (module [`e2e`]) measures delivery end to end — broker, store agent and
+//! simulated printers as real processes, judged by the printers' paper log; see there.
+//! The rest of this overview is about `bench submit`, the intake benchmark.
+//!
+//! That one is a single measurement: how fast a freshly started broker accepts print tasks
 //! over HTTP when a share of the submissions are repeats (the idempotent-retry path order
 //! systems lean on), and whether every answer still obeys the contract while it does. It
 //! starts the broker as a child process on a database of its own (a temporary SQLite file
@@ -17,13 +21,17 @@
 //! the report as JSON, and exits non-zero when [`SubmitReport::problems`] is not empty.
 
 mod broker;
+pub mod e2e;
 mod http;
 mod load;
+pub mod paper;
 mod pg;
 mod plan;
+mod procs;
 mod report;
 mod verify;
 
+use std::future::Future;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +42,7 @@ use hyper::Method;
 use serde_json::{json, Value};
 
 use broker::Broker;
+pub use e2e::{run_e2e, E2eOptions, E2eReport};
 use http::{bearer, snippet, Conn};
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
@@ -127,14 +136,27 @@ pub async fn run_submit(opts: SubmitOptions) -> Result<SubmitReport, BenchError>
         .prefix("onceprint-bench-")
         .tempdir()
         .map_err(|e| BenchError::io("creating a temporary directory", e))?;
-    match opts.database.clone() {
+    let (dir, opts) = (tmp.path(), &opts);
+    on_database(opts.database.as_deref(), dir, |backend, url| async move { run_on(opts, backend, &url, dir).await })
+        .await
+}
+
+/// Runs `run(backend, broker_url)` on a fresh database: a SQLite file in `dir` when
+/// `database` is `None`, else a new schema in that PostgreSQL database, dropped afterwards
+/// whatever happened.
+async fn on_database<T, F, Fut>(database: Option<&str>, dir: &Path, run: F) -> Result<T, BenchError>
+where
+    F: FnOnce(&'static str, String) -> Fut,
+    Fut: Future<Output = Result<T, BenchError>>,
+{
+    match database {
         None => {
-            let url = format!("sqlite://{}", tmp.path().join("bench.db").display());
-            run_on(&opts, "sqlite", &url, tmp.path()).await
+            let url = format!("sqlite://{}", dir.join("bench.db").display());
+            run("sqlite", url).await
         }
         Some(url) => {
-            let schema = pg::PgSchema::create(&url, &random_hex(6)?).await?;
-            let result = run_on(&opts, "postgres", &schema.broker_url(&url), tmp.path()).await;
+            let schema = pg::PgSchema::create(url, &random_hex(6)?).await?;
+            let result = run("postgres", schema.broker_url(url)).await;
             // Drop the schema whatever happened; a failed drop only matters if the run
             // itself succeeded (otherwise its error is the one worth reporting).
             let dropped = schema.drop_schema().await;
@@ -144,6 +166,18 @@ pub async fn run_submit(opts: SubmitOptions) -> Result<SubmitReport, BenchError>
                 (Err(e), _) => Err(e),
             }
         }
+    }
+}
+
+/// `None` or a `postgres://` URL.
+fn validate_database(database: Option<&str>) -> Result<(), BenchError> {
+    match database {
+        Some(url) if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) => {
+            Err(BenchError::InvalidOptions(
+                "database must be a postgres:// URL (leave it out for a fresh SQLite file)".to_string(),
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -164,12 +198,7 @@ fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
     if u32::try_from(opts.requests.max(opts.warmup)).is_err() {
         return bad("too many requests");
     }
-    if let Some(url) = &opts.database {
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return bad("database must be a postgres:// URL (leave it out for a fresh SQLite file)");
-        }
-    }
-    Ok(())
+    validate_database(opts.database.as_deref())
 }
 
 /// Starts the broker on `database_url`, runs everything against it, and always stops it.

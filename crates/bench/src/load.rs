@@ -39,6 +39,9 @@ pub struct LoadResult {
     /// Indexed like the plan.
     pub outcomes: Vec<Outcome>,
     pub wall: Duration,
+    /// When the first request was sent, in µs since the Unix epoch: outcome times are
+    /// relative to it, and `bench e2e` compares them with the paper log's times.
+    pub started_unix_us: i64,
 }
 
 /// The fields of a submission answer the bench checks; the rest is ignored.
@@ -70,6 +73,7 @@ pub async fn run_load(
         );
     }
     let t0 = Instant::now();
+    let started_unix_us = crate::paper::unix_now_us();
     let mut handles = Vec::with_capacity(workers);
     for conn in conns {
         handles.push(tokio::spawn(worker(addr, conn, auth.clone(), bodies.clone(), next.clone(), t0)));
@@ -94,7 +98,7 @@ pub async fn run_load(
     let wall = t0.elapsed();
     match first_error {
         Some(e) => Err(e),
-        None => Ok(LoadResult { outcomes, wall }),
+        None => Ok(LoadResult { outcomes, wall, started_unix_us }),
     }
 }
 

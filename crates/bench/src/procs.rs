@@ -47,10 +47,6 @@ impl Proc {
         Ok(Self { name, child, pid, log_path: log_path.to_path_buf() })
     }
 
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// `Some(status)` once the process has exited (it is then reaped).
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
@@ -145,6 +141,34 @@ impl ProcStats {
     }
 }
 
+/// Whole-machine CPU time so far, from the first line of `/proc/stat`, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineTimes {
+    /// user + nice + system + irq + softirq + steal.
+    pub busy: f64,
+    /// idle + iowait.
+    pub idle: f64,
+}
+
+impl MachineTimes {
+    pub fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        // SAFETY: sysconf only reads a configuration value.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let (busy, idle) = parse_machine_ticks(&stat)?;
+        (ticks > 0).then(|| Self { busy: busy as f64 / ticks as f64, idle: idle as f64 / ticks as f64 })
+    }
+}
+
+/// (busy, idle) ticks of the aggregate `cpu` line of `/proc/stat`.
+fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|f| f.parse().unwrap_or(0)).collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    (v.len() >= 4).then(|| (at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4)))
+}
+
 /// `VmHWM` of a `/proc/PID/status` text, in KiB.
 pub fn parse_vm_hwm(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -187,6 +211,14 @@ mod tests {
         assert_eq!(parse_cpu_ticks(stat), Some(325));
         assert_eq!(parse_cpu_ticks("garbage"), None);
         assert_eq!(parse_cpu_ticks("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn machine_ticks_split_busy_from_idle() {
+        let stat = "cpu  100 5 50 1000 20 3 7 2 0 0\ncpu0 50 2 25 500 10 1 3 1 0 0\nintr 1\n";
+        assert_eq!(parse_machine_ticks(stat), Some((167, 1020)));
+        assert_eq!(parse_machine_ticks("intr 1\n"), None);
+        assert!(MachineTimes::now().is_some_and(|t| t.busy > 0.0 && t.idle >= 0.0));
     }
 
     #[test]

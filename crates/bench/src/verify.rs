@@ -147,12 +147,32 @@ pub async fn list_tasks(
     store_id: &str,
     expected: usize,
 ) -> Result<Vec<(String, String)>, BenchError> {
+    let query = format!("store_id={}", pct_encode(store_id));
+    list_pages(conn, auth, &query, expected, |item| (str_field(item, "biz_no"), str_field(item, "task_id"))).await
+}
+
+/// A string field of a listed task, empty when absent.
+pub fn str_field(item: &Value, name: &str) -> String {
+    item.get(name).and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// Pages through `GET /v1/print-tasks?<query>` (the query already encoded, without
+/// `limit` and `cursor`) with pages of 500 and returns `pick` of every listed task (one
+/// page of JSON at a time is kept, not the whole list). `expected` is only a hint for the
+/// allocation and the page limit.
+pub async fn list_pages<T>(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    query: &str,
+    expected: usize,
+    mut pick: impl FnMut(&Value) -> T,
+) -> Result<Vec<T>, BenchError> {
     let mut tasks = Vec::with_capacity(expected);
     let mut cursor: Option<String> = None;
     // A broken cursor could loop forever; no honest listing needs more pages than this.
     let max_pages = expected / 10 + 100;
     for _ in 0..max_pages {
-        let mut path = format!("/v1/print-tasks?store_id={}&limit=500", pct_encode(store_id));
+        let mut path = format!("/v1/print-tasks?{query}&limit=500");
         if let Some(c) = &cursor {
             path.push_str("&cursor=");
             path.push_str(&pct_encode(c));
@@ -178,10 +198,7 @@ pub async fn list_tasks(
                 detail: format!("no `tasks` array: {}", snippet(&body, 300)),
             });
         };
-        for item in items {
-            let field = |name: &str| item.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
-            tasks.push((field("biz_no"), field("task_id")));
-        }
+        tasks.extend(items.iter().map(&mut pick));
         let next = match page.get("next_cursor") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
@@ -200,7 +217,7 @@ pub async fn list_tasks(
         }
     }
     Err(BenchError::Protocol {
-        context: "listing tasks".into(),
+        context: format!("listing tasks ({query})"),
         detail: format!("still more pages after {max_pages} pages of up to 500 for {expected} tasks"),
     })
 }

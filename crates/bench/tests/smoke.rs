@@ -5,8 +5,9 @@
 //! tests skip, with a note, while it is missing or does not have `serve` yet.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use onceprint_bench::{run_submit, SubmitOptions};
+use onceprint_bench::{run_e2e, run_submit, E2eOptions, SubmitOptions};
 
 fn broker_exe() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -20,6 +21,18 @@ fn broker_exe() -> Option<PathBuf> {
     let help = std::process::Command::new(&exe).args(["serve", "--help"]).output().ok()?;
     if !String::from_utf8_lossy(&help.stdout).contains("--listen") {
         eprintln!("skipping: {} has no `serve --listen` yet", exe.display());
+        return None;
+    }
+    Some(exe)
+}
+
+/// The binary, when it also has the store agent and the printer simulator (`bench e2e`
+/// starts all three).
+fn delivery_exe() -> Option<PathBuf> {
+    let exe = broker_exe()?;
+    let help = std::process::Command::new(&exe).args(["printer-sim", "--help"]).output().ok()?;
+    if !String::from_utf8_lossy(&help.stdout).contains("--paper-log") {
+        eprintln!("skipping: {} has no `printer-sim --paper-log` yet", exe.display());
         return None;
     }
     Some(exe)
@@ -59,4 +72,55 @@ async fn submit_smoke_postgres() {
     let report = run_submit(SubmitOptions { database: Some(url), ..small(exe) }).await.expect("bench run");
     assert_eq!(report.backend, "postgres");
     check(&report);
+}
+
+fn small_e2e(exe: PathBuf) -> E2eOptions {
+    E2eOptions { printers: 4, tasks: 400, concurrency: 8, timeout: Duration::from_secs(120), ..E2eOptions::new(exe) }
+}
+
+fn check_e2e(report: &onceprint_bench::E2eReport) {
+    println!("{}", report.render_text());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert!(report.completed);
+    let d = &report.delivery;
+    assert_eq!((d.duplicated_tasks, d.extra_sheets, d.stray_jobs), (0, 0, 0));
+    assert_eq!(d.printed_on_paper + d.missing, report.tasks);
+    assert_eq!(d.missing, d.missing_in_doubt, "only in_doubt tasks may be missing from paper");
+    assert!(report.printed_per_sec > 0.0);
+    let json = serde_json::to_value(report).unwrap();
+    assert_eq!(json["tasks"], report.tasks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_smoke_sqlite() {
+    let Some(exe) = delivery_exe() else { return };
+    let report = run_e2e(small_e2e(exe)).await.expect("bench run");
+    assert_eq!(report.backend, "sqlite");
+    check_e2e(&report);
+    assert_eq!(report.delivery.printed_on_paper, report.tasks);
+    assert!(report.delivery.in_doubt.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_smoke_sqlite_agent_killed() {
+    let Some(exe) = delivery_exe() else { return };
+    let opts = E2eOptions { tasks: 1_000, kill_agent_at: Some(0.5), ..small_e2e(exe) };
+    let report = run_e2e(opts).await.expect("bench run");
+    check_e2e(&report);
+    let restart = report.agent_restart.as_ref().expect("restart measured");
+    assert!(restart.killed_after_printed.is_some_and(|n| n >= 500));
+    assert!(restart.resume_ms.is_some_and(|ms| ms <= 5_000.0), "{restart:?}");
+}
+
+/// Needs `ONCEPRINT_BENCH_POSTGRES_URL`, like `submit_smoke_postgres`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_smoke_postgres() {
+    let Some(exe) = delivery_exe() else { return };
+    let Ok(url) = std::env::var("ONCEPRINT_BENCH_POSTGRES_URL") else {
+        eprintln!("skipping: ONCEPRINT_BENCH_POSTGRES_URL not set");
+        return;
+    };
+    let report = run_e2e(E2eOptions { database: Some(url), ..small_e2e(exe) }).await.expect("bench run");
+    assert_eq!(report.backend, "postgres");
+    check_e2e(&report);
 }

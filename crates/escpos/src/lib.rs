@@ -7,12 +7,17 @@
 //! been processed — onceprint's printed-ACK ([`ack`]). The store agent builds requests
 //! and decodes replies with it; the printer simulator does the reverse. It also owns the
 //! bytes of a plain-text job and their decoding ([`text`]), and a streaming parser of
-//! ESC/POS command streams ([`parse`]) that the simulator reads its input with.
+//! ESC/POS command streams ([`parse`]) that the simulator reads its input with, the
+//! single-byte code pages selected with `ESC t` ([`codepage`]), and a readable transcript
+//! of a command stream built on the parser ([`transcript`]), which snapshot tests of
+//! rendered receipts compare.
 //!
 //! It must never open sockets or files: the agent and the simulator own their IO, and
 //! keeping the protocol pure keeps it testable byte for byte.
 
 pub mod ack;
+pub mod codepage;
 pub mod parse;
 pub mod status;
 pub mod text;
+pub mod transcript;

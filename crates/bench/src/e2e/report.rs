@@ -1,0 +1,229 @@
+//! What `onceprint bench e2e` reports, and how it is printed.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::check::DeliveryCheck;
+use crate::report::Percentiles;
+
+/// One figure for each process of the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PerProcess {
+    pub broker: Option<f64>,
+    /// Both lives of the agent when it was killed and restarted (peak: the higher one;
+    /// CPU: the sum).
+    pub agent: Option<f64>,
+    pub printer_sim: Option<f64>,
+    /// The bench itself (load generator and paper-log reader).
+    pub bench: Option<f64>,
+}
+
+/// The `--kill-agent-at` measurement.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AgentRestart {
+    /// Tasks on paper when the agent was killed; `None` when printing never got that far.
+    pub killed_after_printed: Option<usize>,
+    /// Tasks the broker had handed to the killed agent (`sent`): their jobs may have been
+    /// cut off, and their paper lines do not count as the restarted agent's.
+    pub in_flight_at_kill: usize,
+    /// From the restart until the first job the restarted agent printed, by the paper
+    /// log's own time stamps.
+    pub resume_ms: Option<f64>,
+}
+
+/// The whole machine's CPU from the first submission to the end of the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MachineCpu {
+    pub busy_seconds: f64,
+    pub idle_seconds: f64,
+    /// Busy time outside the broker, agent, simulator and bench: PostgreSQL's server
+    /// processes, kernel threads, and anything else that ran on the machine meanwhile
+    /// (approximate: the four processes' figures include their start-up).
+    pub other_busy_seconds: f64,
+}
+
+/// Everything `onceprint bench e2e` reports. Serialize it for `--json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct E2eReport {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// Cores and CPU model of the machine every process of the run shared.
+    pub machine: String,
+    pub printers: usize,
+    pub tasks: usize,
+    pub concurrency: usize,
+    pub kill_agent_at: Option<f64>,
+    /// From the first submission sent to the last answer.
+    pub submit_seconds: f64,
+    pub submitted_per_sec: f64,
+    /// Submissions answered anything but 201.
+    pub submit_failures: usize,
+    /// Submission answer times (201 only).
+    pub submit_latency_ms: Percentiles,
+    /// From the first submission sent to the last job on paper.
+    pub print_seconds: f64,
+    /// Tasks on paper / `print_seconds`.
+    pub printed_per_sec: f64,
+    /// From each task's 201 answer to its first job on paper (`at` of the paper log).
+    pub printed_latency_ms: Percentiles,
+    /// Tasks whose paper line is time-stamped before the bench had read their 201 answer
+    /// (their latency counts as 0).
+    pub printed_before_answer: usize,
+    /// Did every task reach paper (or an allowed `in_doubt`) before the timeout.
+    pub completed: bool,
+    pub agent_restart: Option<AgentRestart>,
+    pub delivery: DeliveryCheck,
+    pub peak_rss_mib: PerProcess,
+    pub cpu_seconds: PerProcess,
+    pub machine_cpu: Option<MachineCpu>,
+    /// Everything that broke the contract or the targets; empty means the run verified.
+    pub problems: Vec<String>,
+}
+
+impl E2eReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// The human-readable report, lines separated by `\n`, without a final newline.
+    pub fn render_text(&self) -> String {
+        let mut s = String::new();
+        let d = &self.delivery;
+        let fmt = |v: Option<f64>, unit: &str| v.map_or("?".to_string(), |v| format!("{v:.1}{unit}"));
+        // Writing to a String cannot fail, hence the ignored results.
+        let _ = writeln!(s, "onceprint bench e2e — backend {}", self.backend);
+        let _ = writeln!(s, "machine:      {}", self.machine);
+        let kill = self.kill_agent_at.map_or(String::new(), |f| format!(", agent killed at {f:.2} of the tasks"));
+        let _ = writeln!(
+            s,
+            "load:         {} tasks over {} printers (GS ( H confirmed), {} submit connections{kill}",
+            self.tasks, self.printers, self.concurrency
+        );
+        let _ = writeln!(
+            s,
+            "submitted:    {:.2} s  {:>8.0} tasks/s   answer p50 {:.3}  p99 {:.3}  max {:.3} ms",
+            self.submit_seconds,
+            self.submitted_per_sec,
+            self.submit_latency_ms.p50,
+            self.submit_latency_ms.p99,
+            self.submit_latency_ms.max
+        );
+        let _ = writeln!(
+            s,
+            "printed:      {:.2} s  {:>8.0} tasks/s   ({} on paper, first submit → last sheet){}",
+            self.print_seconds,
+            self.printed_per_sec,
+            d.printed_on_paper,
+            if self.completed { "" } else { "  — TIMED OUT" }
+        );
+        let l = &self.printed_latency_ms;
+        let _ = writeln!(s, "submit→paper: p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1} ms", l.p50, l.p90, l.p99, l.max);
+        if let Some(r) = &self.agent_restart {
+            match r.killed_after_printed {
+                Some(n) => {
+                    let resume = r.resume_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"));
+                    let _ = writeln!(
+                        s,
+                        "agent kill:   kill -9 after {n} printed, {} in flight; printing resumed {resume} after the restart",
+                        r.in_flight_at_kill
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "agent kill:   not done (printing never got that far)");
+                }
+            }
+        }
+        let _ = writeln!(
+            s,
+            "paper:        {} jobs; duplicates {} ({} extra sheets); missing {} (of them in_doubt {}); stray {}",
+            d.paper_jobs, d.duplicated_tasks, d.extra_sheets, d.missing, d.missing_in_doubt, d.stray_jobs
+        );
+        let states: Vec<String> = d.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(s, "broker says:  {}", states.join(", "));
+        if !d.in_doubt.is_empty() {
+            let list: Vec<String> = d
+                .in_doubt
+                .iter()
+                .map(|t| format!("{}@{}{}", t.biz_no, t.printer_id, if t.on_paper { " (on paper)" } else { "" }))
+                .collect();
+            let _ = writeln!(s, "in_doubt:     {}", list.join(", "));
+        }
+        let (r, c) = (&self.peak_rss_mib, &self.cpu_seconds);
+        let _ = writeln!(
+            s,
+            "peak RSS:     broker {}  agent {}  printer-sim {}  bench {}",
+            fmt(r.broker, " MiB"),
+            fmt(r.agent, " MiB"),
+            fmt(r.printer_sim, " MiB"),
+            fmt(r.bench, " MiB")
+        );
+        let _ = writeln!(
+            s,
+            "CPU time:     broker {}  agent {}  printer-sim {}  bench {}",
+            fmt(c.broker, " s"),
+            fmt(c.agent, " s"),
+            fmt(c.printer_sim, " s"),
+            fmt(c.bench, " s")
+        );
+        if let Some(m) = &self.machine_cpu {
+            let total = m.busy_seconds + m.idle_seconds;
+            let share = if total > 0.0 { 100.0 * m.busy_seconds / total } else { 0.0 };
+            let _ = writeln!(
+                s,
+                "machine CPU:  busy {:.1} s of {:.1} s ({share:.0} %); {:.1} s of it outside these four processes",
+                m.busy_seconds, total, m.other_busy_seconds
+            );
+        }
+        if self.problems.is_empty() {
+            let _ = writeln!(s, "verification: ok");
+        } else {
+            let _ = writeln!(s, "verification: {} problem(s)", self.problems.len());
+            for p in &self.problems {
+                let _ = writeln!(s, "  - {p}");
+            }
+        }
+        s.truncate(s.trim_end().len());
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::e2e::check::InDoubtTask;
+
+    #[test]
+    fn text_report_shows_the_figures_and_problems() {
+        let mut r = E2eReport {
+            backend: "sqlite".into(),
+            tasks: 10,
+            printers: 2,
+            printed_per_sec: 1234.0,
+            completed: true,
+            kill_agent_at: Some(0.5),
+            agent_restart: Some(AgentRestart {
+                killed_after_printed: Some(5),
+                in_flight_at_kill: 2,
+                resume_ms: Some(42.0),
+            }),
+            ..E2eReport::default()
+        };
+        r.delivery.in_doubt.push(InDoubtTask {
+            biz_no: "E3".into(),
+            task_id: "t".into(),
+            printer_id: "p1".into(),
+            on_paper: true,
+        });
+        r.peak_rss_mib.broker = Some(12.34);
+        let text = r.render_text();
+        assert!(text.contains("1234 tasks/s"), "{text}");
+        assert!(text.contains("resumed 42 ms"), "{text}");
+        assert!(text.contains("E3@p1 (on paper)"), "{text}");
+        assert!(text.contains("broker 12.3 MiB  agent ?"), "{text}");
+        assert!(text.ends_with("verification: ok"), "{text}");
+        r.problems.push("boom".into());
+        assert!(r.render_text().ends_with("  - boom"));
+        assert!(!r.ok());
+    }
+}
