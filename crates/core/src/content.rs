@@ -32,6 +32,8 @@ pub enum Content {
     Escpos { data: String },
     /// A receipt document (R32). Its schema is validated by the renderer.
     Doc { doc: serde_json::Value },
+    /// The tag markup of Chinese printer clouds (`<CB>`, `<BR>`, `<QR>` …), for migration.
+    Markup { markup: String },
 }
 
 /// Validated content: a type tag and the canonical bytes to store.
@@ -72,6 +74,12 @@ impl Content {
                 }
                 // serde_json's default map is ordered by key, so this is canonical.
                 ("doc", serde_json::to_vec(doc).map_err(|e| CoreError::invalid("content.doc", e.to_string()))?)
+            }
+            Content::Markup { markup } => {
+                if markup.trim().is_empty() {
+                    return Err(CoreError::invalid("content.markup", "must not be empty"));
+                }
+                ("markup", markup.as_bytes().to_vec())
             }
         };
         if bytes.len() > limits.max_bytes {

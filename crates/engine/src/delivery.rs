@@ -130,27 +130,11 @@ pub struct Dispatcher {
     agents: Mutex<HashMap<(String, String), HashMap<String, AgentSeen>>>,
 }
 
-/// The bytes for the printer. A reprint carries a visible banner line at the top, so a
-/// reprinted slip can never pass for the original.
-pub(crate) fn render_for(content_type: &str, content: Vec<u8>, banner: Option<&str>) -> Result<Vec<u8>, String> {
-    match content_type {
-        "escpos" => Ok(match banner {
-            Some(b) => {
-                let mut head = onceprint_escpos::text::header_line(b);
-                head.extend_from_slice(&content);
-                head
-            }
-            None => content,
-        }),
-        "text" => {
-            let text = String::from_utf8(content).map_err(|_| "stored text is not UTF-8".to_owned())?;
-            Ok(match banner {
-                Some(b) => onceprint_escpos::text::text_job(&format!("{b}\n{text}")),
-                None => onceprint_escpos::text::text_job(&text),
-            })
-        }
-        other => Err(format!("content type {other:?} cannot be rendered yet")),
-    }
+/// The printer's configured render profile (`transport.profile`), if any.
+pub(crate) fn printer_profile(transport: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(transport)
+        .ok()
+        .and_then(|v| v.get("profile").and_then(|a| a.as_str()).map(str::to_owned))
 }
 
 fn printer_address(transport: &str) -> String {
@@ -325,17 +309,21 @@ impl Dispatcher {
                 }
                 _ => None,
             };
-            let data = match render_for(&content.content_type, content.content, banner.as_deref()) {
+            let printer = self.directory.printer(&task.tenant_id, &task.printer_id).await?;
+            let profile = printer.as_ref().and_then(|p| printer_profile(&p.transport));
+            let data = match crate::content::render_for(
+                &content.content_type,
+                content.content,
+                banner.as_deref(),
+                profile.as_deref(),
+            ) {
                 Ok(d) => d,
                 Err(why) => {
                     self.fail_unrenderable(&task, change.attempts, &why).await?;
                     continue;
                 }
             };
-            let address = match self.directory.printer(&task.tenant_id, &task.printer_id).await? {
-                Some(p) => printer_address(&p.transport),
-                None => String::new(),
-            };
+            let address = printer.as_ref().map(|p| printer_address(&p.transport)).unwrap_or_default();
             out.push(Delivery {
                 idempotency_key: format!("{}#{}", task.biz_no, task.printer_id),
                 task_id: task.task_id,

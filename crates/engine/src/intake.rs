@@ -73,6 +73,9 @@ pub struct SubmitAnswer {
 pub enum IntakeError {
     #[error(transparent)]
     Invalid(#[from] CoreError),
+    /// A receipt document or markup that cannot be rendered (R32); names the field.
+    #[error("{0}")]
+    InvalidContent(String),
     /// A referenced printer or station does not exist for this tenant.
     #[error("{0}")]
     UnknownTarget(String),
@@ -122,15 +125,6 @@ impl Intake {
         let (print_type, policy) = self.config.policies.resolve(req.print_type.as_deref())?;
         let content = req.content.as_ref().ok_or_else(|| CoreError::invalid("content", "is required"))?;
         let canonical: CanonicalContent = content.canonicalize(self.config.content_limits)?;
-        if canonical.content_type == "doc" {
-            // Receipt documents need the renderer (issue 4); refusing them now is better
-            // than accepting a task that can never print.
-            return Err(CoreError::invalid(
-                "content.type",
-                "\"doc\" receipt documents are not supported by this version; send \"text\" or \"escpos\"",
-            )
-            .into());
-        }
         let fingerprint = canonical.fingerprint();
         let key = IdempotencyKey::new(&req.tenant_id, &target, &biz_no, print_type);
 
@@ -150,7 +144,11 @@ impl Intake {
             };
         }
 
-        // Validation against the directory: the target must be the tenant's.
+        // Validation (after the gates, R3). Documents and markup are checked now: a task
+        // that could never print is refused with the field named, not failed later.
+        crate::content::validate(canonical.content_type, &canonical.bytes)
+            .map_err(|e| IntakeError::InvalidContent(e.to_string()))?;
+        // The target must be the tenant's.
         let (printer_id, store_id, station_id) = match &target {
             Target::Printer(p) => {
                 let printer = self

@@ -12,6 +12,7 @@
 
 pub mod alerts;
 pub mod clock;
+pub mod content;
 pub mod delivery;
 pub mod directory;
 pub mod gate;

@@ -180,7 +180,9 @@ impl WebhookPusher {
     /// backoff like any printer that cannot be reached.
     async fn send(&self, task: &Task, attempt: i32, url: &str, secret: &str) -> Result<(), StoreError> {
         let Some(content) = self.store.task_content(&task.task_id).await? else { return Ok(()) };
-        let data = match crate::delivery::render_for(&content.content_type, content.content, None) {
+        let printer = self.store.get_printer(&task.tenant_id, &task.printer_id).await?;
+        let profile = printer.as_ref().and_then(|p| crate::delivery::printer_profile(&p.transport));
+        let data = match crate::content::render_for(&content.content_type, content.content, None, profile.as_deref()) {
             Ok(d) => d,
             Err(why) => {
                 tracing::warn!(task_id = %task.task_id, %why, "cannot render for the webhook");

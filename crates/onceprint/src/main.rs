@@ -33,6 +33,25 @@ enum Command {
     Agent(onceprint_agent::AgentArgs),
     /// A simulated ESC/POS network printer (or several) with a paper log and faults.
     PrinterSim(onceprint_printer_sim::SimArgs),
+    /// Render a receipt document (JSON) or cloud markup to ESC/POS, text or a PNG preview.
+    Render {
+        /// escpos, text or png.
+        #[arg(long, value_parser = ["escpos", "text", "png"])]
+        to: String,
+        /// A built-in profile, e.g. escpos-58-gb18030 (default: the document's paper at
+        /// escpos-80-gb18030).
+        #[arg(long)]
+        profile: Option<String>,
+        /// The file is cloud markup (<CB>, <BR>, <QR> …), not a JSON document. Files ending
+        /// in .txt are taken as markup too.
+        #[arg(long)]
+        markup: bool,
+        /// Write here instead of standard output.
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+        /// The document or markup file ("-" for standard input).
+        file: PathBuf,
+    },
     /// A store's daily reconciliation; exits 1 when the day has differences (for cron).
     Reconcile(reconcile::ReconcileArgs),
     /// Benchmarks against a fresh broker started by this command.
@@ -213,6 +232,34 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+fn render(to: &str, profile: Option<&str>, markup: bool, out: Option<PathBuf>, file: &PathBuf) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let mut input = Vec::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut input)?;
+    } else {
+        input = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    }
+    if let Some(p) = profile {
+        onceprint_engine::content::check_profile(p).map_err(|e| anyhow::anyhow!("--profile: {e}"))?;
+    }
+    let kind = if markup || file.extension().is_some_and(|e| e == "txt") { "markup" } else { "doc" };
+    let doc = onceprint_engine::content::document_of(kind, &input)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
+        .ok_or_else(|| anyhow::anyhow!("no document"))?;
+    let (bytes, _) =
+        onceprint_engine::content::render_document(&doc, profile, to).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match out {
+        Some(path) => std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))?,
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&bytes)?;
+            stdout.flush()?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging();
@@ -220,6 +267,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Render { to, profile, markup, out, file } => render(&to, profile.as_deref(), markup, out, &file),
             Command::Reconcile(args) => {
                 if reconcile::run(args).await? {
                     Ok(())

@@ -346,8 +346,40 @@ both!(
     a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints,
     failover_prints_once_on_the_backup_and_the_primary_never_prints_it,
     an_operator_reprint_comes_out_marked_as_a_reprint,
-    alerts_manual_actions_and_reconciliation_with_the_real_binary
+    alerts_manual_actions_and_reconciliation_with_the_real_binary,
+    a_chinese_kitchen_ticket_document_prints_the_right_characters
 );
+
+async fn a_chinese_kitchen_ticket_document_prints_the_right_characters(pg: bool) {
+    let Some(w) = World::start("cjk", pg, 1).await else { return };
+    let path = format!("{}/../render/tests/fixtures/kitchen-ticket.json", env!("CARGO_MANIFEST_DIR"));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
+    let t = w
+        .post("/v1/print-tasks", json!({"biz_no": "CN1", "printer_id": "p0", "content": {"type": "doc", "doc": doc}}))
+        .await;
+    let id = t["task_id"].as_str().expect("id").to_owned();
+    w.wait_state(&id, &["printed"], 20).await;
+    let paper = w.paper();
+    let text = paper.last().and_then(|j| j["text"].as_str()).unwrap_or("").to_owned();
+    for needle in ["宫保鸡丁", "水煮牛肉", "扬州炒饭 Fried rice", "花生过敏"] {
+        assert!(text.contains(needle), "{needle:?} missing from the paper log: {text}");
+    }
+    let markup =
+        std::fs::read_to_string(format!("{}/../render/tests/fixtures/markup-ticket.txt", env!("CARGO_MANIFEST_DIR")))
+            .expect("fixture");
+    let t = w
+        .post(
+            "/v1/print-tasks",
+            json!({"biz_no": "CN2", "printer_id": "p0", "content": {"type": "markup", "markup": markup}}),
+        )
+        .await;
+    let id = t["task_id"].as_str().expect("id").to_owned();
+    w.wait_state(&id, &["printed"], 20).await;
+    let paper = w.paper();
+    let last = paper.last().cloned().unwrap_or_default();
+    assert!(last["text"].as_str().unwrap_or("").contains("酸辣土豆丝"), "{last}");
+    assert_eq!(last["qr"][0], "https://example.com/o/0087", "{last}");
+}
 
 /// A webhook receiver that answers 500 to its first call, then 200.
 async fn alert_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>) {

@@ -92,6 +92,10 @@ pub struct TransportIn {
     /// `{"status": "printed" | "pending" | "failed" | …}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status_url: Option<String>,
+    /// Render profile for receipt documents, e.g. `escpos-58-gb18030` (paper width and
+    /// character encoding); default `escpos-80-gb18030` or the document's paper.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

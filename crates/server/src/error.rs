@@ -28,7 +28,7 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
-    /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `conflict`,
+    /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
     /// `method_not_allowed`, `unavailable`, `internal`.
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
@@ -106,6 +106,7 @@ impl From<IntakeError> for ApiError {
         match e {
             IntakeError::Invalid(c) => c.into(),
             IntakeError::UnknownTarget(m) => ApiError::invalid(m),
+            IntakeError::InvalidContent(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_content", m),
             IntakeError::Mismatch { task_id } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency_mismatch",

@@ -108,7 +108,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, callbacks, manual, meta, reconcile, setup, tasks, webhooks};
+    use routes::{agent, callbacks, manual, meta, reconcile, render, setup, tasks, webhooks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -128,6 +128,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stores/{id}/attention", get(manual::attention))
         .route("/v1/stores/{id}/reconciliation", get(reconcile::get_day).post(reconcile::post_day))
         .route("/v1/callbacks/{printer_id}", post(callbacks::callback))
+        .route("/v1/render/preview", post(render::preview))
+        .route("/v1/print-tasks/{task_id}/preview.png", get(render::task_preview))
         .route("/v1/webhooks", post(webhooks::create).get(webhooks::list))
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/agent/poll", post(agent::poll))

@@ -3,13 +3,18 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, callbacks, manual, meta, reconcile, setup, tasks, webhooks};
+use crate::routes::{agent, callbacks, manual, meta, reconcile, render, setup, tasks, webhooks};
 
 struct Security;
 
 impl Modify for Security {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
+        // The receipt document's JSON Schema lives with the renderer; it is embedded here
+        // as is, so the two can never disagree.
+        if let Ok(schema) = serde_json::from_value::<utoipa::openapi::schema::Schema>(onceprint_render::schema()) {
+            components.schemas.insert("ReceiptDocument".into(), utoipa::openapi::RefOr::T(schema));
+        }
         for (name, what) in [
             ("admin", "The admin token (set with --admin-token or generated and printed at first start)."),
             ("tenant", "A tenant API key (from POST /v1/tenants)."),
@@ -39,6 +44,7 @@ impl Modify for Security {
         reconcile::get_day, reconcile::post_day,
         webhooks::create, webhooks::list, webhooks::deliveries,
         callbacks::callback,
+        render::preview, render::task_preview,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     modifiers(&Security)

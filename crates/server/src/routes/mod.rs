@@ -5,6 +5,7 @@ pub mod callbacks;
 pub mod manual;
 pub mod meta;
 pub mod reconcile;
+pub mod render;
 pub mod setup;
 pub mod tasks;
 pub mod webhooks;

@@ -122,6 +122,10 @@ fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
 
 /// Checks a transport object; returns its normalised JSON text.
 fn check_transport(t: &TransportIn) -> Result<String, ApiError> {
+    if let Some(p) = &t.profile {
+        onceprint_engine::content::check_profile(p)
+            .map_err(|e| ApiError::invalid(format!("transport.profile: {e}")))?;
+    }
     match t.kind.as_str() {
         "agent" => {
             if t.url.is_some() || t.secret.is_some() || t.status_url.is_some() {

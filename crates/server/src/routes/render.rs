@@ -1,0 +1,95 @@
+//! Receipt previews (R32): a document in, a PNG (or text, or ESC/POS) out; and the
+//! preview of a stored task as its printer would print it.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use onceprint_core::TaskId;
+use onceprint_engine::content::{document_of, preview_png, render_document, ContentError};
+use serde::Deserialize;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Body, TenantAuth};
+use crate::AppState;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PreviewParams {
+    /// A built-in profile such as `escpos-58-gb18030` (default: the document's paper at
+    /// `escpos-80-gb18030`).
+    pub profile: Option<String>,
+    /// `png` (default), `text` or `escpos`.
+    pub format: Option<String>,
+}
+
+fn content_error(e: ContentError) -> ApiError {
+    match e {
+        ContentError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_content", m),
+        ContentError::NoPreview(_) => ApiError::invalid(e.to_string()),
+        ContentError::Render(m) => {
+            tracing::error!(error = %m, "rendering failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "rendering failed; see the broker log")
+        }
+    }
+}
+
+/// Render a receipt document (JSON; or cloud markup with `Content-Type: text/plain`) to a
+/// PNG preview, plain text or ESC/POS bytes. Invalid documents are 400 `invalid_content`
+/// naming the field.
+#[utoipa::path(post, path = "/v1/render/preview", tag = "receipt documents", security(("tenant" = [])),
+    params(PreviewParams),
+    request_body(content = Object, description = "a receipt document (see the ReceiptDocument schema), or markup as text/plain"),
+    responses((status = 200, content_type = "image/png"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn preview(
+    State(_st): State<AppState>,
+    _auth: TenantAuth,
+    Query(q): Query<PreviewParams>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    if let Some(p) = &q.profile {
+        onceprint_engine::content::check_profile(p).map_err(|e| ApiError::invalid(format!("profile: {e}")))?;
+    }
+    let is_markup =
+        headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/plain"));
+    let kind = if is_markup { "markup" } else { "doc" };
+    // Rendering a large document takes CPU time: off the async workers.
+    let format = q.format.unwrap_or_else(|| "png".into());
+    let profile = q.profile.clone();
+    let (bytes, mime) = tokio::task::spawn_blocking(move || {
+        let doc = document_of(kind, &body)?.ok_or_else(|| ContentError::Invalid("no document".into()))?;
+        render_document(&doc, profile.as_deref(), &format)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("render task: {e}")))?
+    .map_err(content_error)?;
+    Ok(([(header::CONTENT_TYPE, mime)], bytes).into_response())
+}
+
+/// A PNG of how a task prints on its printer (text, document and markup tasks).
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/preview.png", tag = "receipt documents", security(("tenant" = [])),
+    params(("task_id" = String, Path)),
+    responses((status = 200, content_type = "image/png"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn task_preview(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(task_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
+    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
+    let task = st.store.get_task(&auth.tenant_id, id.as_str()).await?.ok_or_else(not_found)?;
+    let content = st.store.task_content(&task.task_id).await?.ok_or_else(not_found)?;
+    let profile = st
+        .directory
+        .printer(&task.tenant_id, &task.printer_id)
+        .await?
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(&p.transport).ok())
+        .and_then(|v| v.get("profile").and_then(|p| p.as_str()).map(str::to_owned));
+    let png =
+        tokio::task::spawn_blocking(move || preview_png(&content.content_type, &content.content, profile.as_deref()))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("render task: {e}")))?
+            .map_err(content_error)?;
+    Ok(([(header::CONTENT_TYPE, "image/png")], png).into_response())
+}
