@@ -374,8 +374,12 @@ impl Dispatcher {
         let mut printer_updates: HashMap<String, PrinterStatusUpdate> = HashMap::new();
         // Station tasks whose attempts ran out with a reason proving nothing printed.
         let mut failover: HashMap<String, Task> = HashMap::new();
+        // One read for the whole batch of acks.
+        let ids: Vec<String> = acks.iter().map(|a| a.task_id.clone()).collect();
+        let tasks: HashMap<String, Task> =
+            self.store.get_tasks(&who.tenant_id, &ids).await?.into_iter().map(|t| (t.task_id.clone(), t)).collect();
         for (i, a) in acks.iter().enumerate() {
-            let Some(task) = self.store.get_task(&who.tenant_id, &a.task_id).await? else { continue };
+            let Some(task) = tasks.get(&a.task_id).cloned() else { continue };
             if task.store_id != who.store_id {
                 continue;
             }

@@ -63,6 +63,12 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Rendering speed of a typical 40-line receipt to ESC/POS and PNG, on one core.
+    Render {
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
     /// N submissions from C concurrent HTTP connections with a share of duplicates.
     Submit {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
@@ -185,6 +191,17 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
 
 async fn bench(which: BenchCommand) -> anyhow::Result<()> {
     match which {
+        BenchCommand::Render { seconds } => {
+            let reports = tokio::task::spawn_blocking(move || {
+                onceprint_render::bench::run(std::time::Duration::from_secs_f64(seconds.max(0.1)))
+            })
+            .await?
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            for r in reports {
+                println!("{r}");
+            }
+            Ok(())
+        }
         BenchCommand::Submit { database, requests, concurrency, duplicates, printers, warmup, json } => {
             let broker_exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
             let report = onceprint_bench::run_submit(onceprint_bench::SubmitOptions {

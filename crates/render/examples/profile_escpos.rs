@@ -1,9 +1,11 @@
-//! A loop to profile: `cargo run --release -p onceprint-render --example profile_escpos -- [zh|latin] [png]`.
+//! A loop to profile under `perf`:
+//! `cargo run --release -p onceprint-render --example profile_escpos -- [zh|latin] [png] [qr]`.
 
 fn main() {
     let chinese = std::env::args().nth(1).as_deref() != Some("latin");
     let png = std::env::args().nth(2).as_deref() == Some("png");
-    let doc = onceprint_render::parse_document(&onceprint_render::bench::sample_receipt(chinese, false)).expect("valid");
+    let doc =
+        onceprint_render::parse_document(&onceprint_render::bench::sample_receipt(chinese, false)).expect("valid");
     let profile = onceprint_render::Profile::default();
     let start = std::time::Instant::now();
     let mut n = 0u64;

@@ -111,7 +111,7 @@ const EAN_L: [&str; 10] =
     ["0001101", "0011001", "0010011", "0111101", "0100011", "0110001", "0101111", "0111011", "0110111", "0001011"];
 /// Which of the first six digits use G instead of L, by the leading digit.
 const EAN_PARITY: [&str; 10] =
-    ["LLLLLL", "LLGLGG", "LLGGLG", "LLGGGL", "LGLLGG", "LGGLLG", "LGGGLG", "LGLGLG", "LGLGGL", "LGGLGL"];
+    ["LLLLLL", "LLGLGG", "LLGGLG", "LLGGGL", "LGLLGG", "LGGLLG", "LGGGLL", "LGLGLG", "LGLGGL", "LGGLGL"];
 
 fn ean_check_digit(digits: &[u8]) -> u8 {
     let sum: u32 = digits.iter().enumerate().map(|(i, &d)| u32::from(d) * if i % 2 == 0 { 1 } else { 3 }).sum();
@@ -174,6 +174,23 @@ mod tests {
         assert!(encode(BarcodeKind::Ean13, "4006381333931").is_ok());
         assert!(encode(BarcodeKind::Ean13, "4006381333932").is_err());
         assert!(encode(BarcodeKind::Ean13, "40063813339").is_err());
+    }
+
+    #[test]
+    fn ean13_parities_are_a_code() {
+        // Every leading digit but 0 puts exactly three of the six left digits in G, and
+        // no two leading digits share a pattern (a scanner tells them apart by it).
+        for (d, p) in EAN_PARITY.iter().enumerate() {
+            let g = p.bytes().filter(|&b| b == b'G').count();
+            assert_eq!(g, if d == 0 { 0 } else { 3 }, "{d}: {p}");
+            assert!(p.starts_with('L'));
+            assert_eq!(EAN_PARITY.iter().filter(|q| *q == p).count(), 1);
+        }
+        let s = encode(BarcodeKind::Ean13, "690123456789").unwrap();
+        assert_eq!(s.text, "6901234567892");
+        // L, G, G, G, L, L for the digits 9 0 1 2 3 4 after the leading 6.
+        let left: String = bits(&s)[3..45].to_string();
+        assert_eq!(left, "000101101001110110011001101101111010100011");
     }
 
     #[test]

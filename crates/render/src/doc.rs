@@ -696,7 +696,7 @@ pub(crate) fn validate(doc: &Document) -> Result<(), RenderError> {
         match block {
             Block::Row(row) => {
                 let columns = usize::from(paper.columns());
-                let gaps = usize::from(row.gap) * (row.columns.len() - 1).min(row.columns.len());
+                let gaps = usize::from(row.gap) * row.columns.len().saturating_sub(1);
                 let factor = usize::from(row.style.width_factor());
                 let mut used = gaps;
                 for (j, c) in row.columns.iter().enumerate() {

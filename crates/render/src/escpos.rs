@@ -135,7 +135,15 @@ impl Writer {
 
     fn run(&mut self, run: &Run<'_>) {
         if run.pad > 0 {
-            self.set_blank_style(run.pad_style);
+            // Bold and height do not show on a blank: take the run's, so the run itself
+            // needs no further switch.
+            let style = run.style;
+            self.set_style(Style {
+                bold: style.bold,
+                double_height: style.double_height,
+                double_width: false,
+                ..run.pad_style
+            });
             self.spaces(run.pad);
         }
         self.set_style(run.style);
@@ -268,4 +276,3 @@ impl Writer {
         }
     }
 }
-

@@ -14,15 +14,19 @@
 //!   ships inside this crate (`fonts/`, see `fonts/README.md`);
 //! - the tag markup of Chinese printer clouds as a second input ([`parse_markup`],
 //!   documented in `MARKUP.md`);
-//! - a benchmark of the renderers ([`bench`]).
+//! - a benchmark of the renderers ([`mod@bench`]).
 //!
-//! All three renderers share one layout ([`layout`](crate::layout)): wrapping, column
+//! All three renderers share one layout (the private `layout` module): wrapping, column
 //! widths and alignment are computed once, in display columns of the printer's font A
 //! (a CJK character takes two), so the text, the picture and the printed slip agree.
 //!
-//! Characters a profile cannot encode are replaced by `?` (as many as the character's
-//! width, so columns stay aligned) and reported in [`Rendered::warnings`]; the PNG preview
-//! shows the same `?`. Nothing is ever sent to a printer as bytes it would misread.
+//! Characters a profile cannot encode are never sent as bytes a printer would misread.
+//! A Latin-1 sign a double-byte printer lacks (`¥`, `£`, `¢`) prints in its full-width
+//! form, the same character; on a single-byte code page, typographic dashes, quotes and
+//! bullets become their ASCII look-alike; anything else becomes `?`, one per column the
+//! character takes, so columns stay aligned. Every replacement but the full-width forms is
+//! reported in [`Rendered::warnings`] with the field it is in; the PNG preview shows
+//! exactly what prints.
 //!
 //! It must never do IO (no files, no sockets, no font lookup on the system, no
 //! download): everything it needs, the font included, is compiled in, so rendering
@@ -56,6 +60,6 @@ pub use escpos::{to_escpos, Rendered};
 pub use markup::parse_markup;
 pub use preview::to_png;
 pub use profile::{Encoding, Profile, DEFAULT_PROFILE};
-pub use schema::schema;
+pub use schema::{schema, schema_with_ref_prefix};
 pub use text::to_text;
 pub use width::display_width;

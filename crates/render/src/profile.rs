@@ -99,8 +99,8 @@ impl Encoding {
         }
     }
 
-    /// Whether the printer can print `c` (as one character of [`char_width`] columns).
-    /// Characters of width 0 are never printable.
+    /// Whether the printer can print `c` as itself (or its full-width form), in the
+    /// columns the layout gives it. Characters of width 0 are never printable.
     pub fn can_encode(self, c: char) -> bool {
         if char_width(self, c) == 0 {
             return false;
@@ -146,7 +146,9 @@ impl Encoding {
                 }
                 None
             }
-            Encoding::Big5 => table_lookup(BIG5, c, buf).or_else(|| encode_with(BIG5, c, buf).filter(|_| c > '\u{FFFF}')),
+            Encoding::Big5 => {
+                table_lookup(BIG5, c, buf).or_else(|| encode_with(BIG5, c, buf).filter(|_| c > '\u{FFFF}'))
+            }
             Encoding::ShiftJis => table_lookup(SHIFT_JIS, c, buf),
             Encoding::Cp437 | Encoding::Cp850 | Encoding::Cp858 => {
                 let b = self.code_page()?.encode(c)?;
@@ -179,7 +181,8 @@ fn bmp_table(encoding: &'static encoding_rs::Encoding) -> &'static [u16] {
         for (cp, slot) in table.iter_mut().enumerate().skip(0x80) {
             let Some(c) = u32::try_from(cp).ok().and_then(char::from_u32) else { continue };
             *slot = match encode_with(encoding, c, &mut buf) {
-                Some(1) if buf[0] >= 0x80 => u16::from(buf[0]),
+                // Shift_JIS prints ¥ and ‾ at 0x5C and 0x7E (JIS-Roman).
+                Some(1) => u16::from(buf[0]),
                 Some(2) => u16::from_be_bytes([buf[0], buf[1]]),
                 _ => 0,
             };
@@ -329,6 +332,8 @@ mod tests {
         assert_eq!(Encoding::Big5.encode_char('宫', &mut buf), None);
         assert_eq!(Encoding::ShiftJis.encode_char('日', &mut buf), Some(2));
         assert_eq!(Encoding::ShiftJis.encode_char('ｱ', &mut buf), Some(1));
+        assert_eq!(Encoding::ShiftJis.encode_char('¥', &mut buf), Some(1));
+        assert_eq!(buf[0], 0x5C);
         assert_eq!(Encoding::Cp858.encode_char('€', &mut buf), Some(1));
         assert_eq!(buf[0], 0xD5);
         assert_eq!(Encoding::Cp437.encode_char('€', &mut buf), None);
@@ -336,6 +341,9 @@ mod tests {
         // ¥ is only a four-byte code in GB18030; printers get the full-width ￥.
         assert_eq!(Encoding::Gb18030.encode_char('¥', &mut buf), Some(2));
         assert_eq!(&buf[..2], &[0xA3, 0xA4]);
+        assert_eq!(Encoding::Gbk.encode_char('£', &mut buf), Some(2));
+        assert_eq!(Encoding::Gbk.encode_char('¢', &mut buf), Some(2));
+        assert_eq!(Encoding::Cp437.encode_char('¥', &mut buf), Some(1));
         assert!(Encoding::Cp858.can_encode('a'));
     }
 }

@@ -16,6 +16,34 @@ pub fn schema() -> Value {
     PARSED.get_or_init(|| serde_json::from_str(SCHEMA).unwrap_or(Value::Null)).clone()
 }
 
+/// [`schema()`] for embedding where `#` is not the schema itself, such as under
+/// `components.schemas.ReceiptDocument` of an OpenAPI document: every internal
+/// `"$ref": "#/$defs/…"` becomes `"{prefix}/$defs/…"`, e.g. with prefix
+/// `#/components/schemas/ReceiptDocument`.
+pub fn schema_with_ref_prefix(prefix: &str) -> Value {
+    fn rewrite(v: &mut Value, prefix: &str) {
+        match v {
+            Value::Object(map) => {
+                for (key, value) in map.iter_mut() {
+                    match value {
+                        Value::String(r) if key == "$ref" => {
+                            if let Some(rest) = r.strip_prefix('#') {
+                                *r = format!("{prefix}{rest}");
+                            }
+                        }
+                        other => rewrite(other, prefix),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| rewrite(item, prefix)),
+            _ => {}
+        }
+    }
+    let mut v = schema();
+    rewrite(&mut v, prefix);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,6 +84,14 @@ mod tests {
         for f in STYLE_FIELDS {
             assert!(TEXT_FIELDS.contains(f));
         }
+    }
+
+    #[test]
+    fn refs_can_be_rebased() {
+        let v = schema_with_ref_prefix("#/components/schemas/ReceiptDocument");
+        assert_eq!(v["properties"]["blocks"]["items"]["$ref"], "#/components/schemas/ReceiptDocument/$defs/block");
+        assert_eq!(v["$defs"]["block"]["oneOf"][0]["$ref"], "#/components/schemas/ReceiptDocument/$defs/text");
+        assert!(!v.to_string().contains("\"#/$defs"));
     }
 
     #[test]

@@ -12,7 +12,9 @@ impl Modify for Security {
         let components = openapi.components.get_or_insert_with(Default::default);
         // The receipt document's JSON Schema lives with the renderer; it is embedded here
         // as is, so the two can never disagree.
-        if let Ok(schema) = serde_json::from_value::<utoipa::openapi::schema::Schema>(onceprint_render::schema()) {
+        if let Ok(schema) = serde_json::from_value::<utoipa::openapi::schema::Schema>(
+            onceprint_render::schema_with_ref_prefix("#/components/schemas/ReceiptDocument"),
+        ) {
             components.schemas.insert("ReceiptDocument".into(), utoipa::openapi::RefOr::T(schema));
         }
         for (name, what) in [

@@ -424,6 +424,17 @@ impl Store for PostgresStore {
         .transpose()
     }
 
+    async fn get_tasks(&self, tenant_id: &str, task_ids: &[String]) -> StoreResult<Vec<Task>> {
+        self.query(
+            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE tenant_id = $1 AND id = ANY($2)"),
+            &[&tenant_id, &task_ids],
+        )
+        .await?
+        .iter()
+        .map(rows::task)
+        .collect()
+    }
+
     async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>> {
         self.query_opt(
             &format!(

@@ -397,6 +397,11 @@ impl Store for SqliteStore {
         self.read(move |c| sql::get_task(c, &t, &id)).await
     }
 
+    async fn get_tasks(&self, tenant_id: &str, task_ids: &[String]) -> StoreResult<Vec<Task>> {
+        let (t, ids) = (tenant_id.to_owned(), task_ids.to_vec());
+        self.read(move |c| sql::get_tasks(c, &t, &ids)).await
+    }
+
     async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>> {
         let key = key.clone();
         self.read(move |c| sql::find_task(c, &key.tenant_id, &key.target, &key.biz_no, &key.print_type)).await

@@ -775,3 +775,14 @@ pub fn printers_with_id(c: &Connection, id: &str) -> StoreResult<Vec<Printer>> {
     let rows = s.query_map([id], printer_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
+
+pub fn get_tasks(c: &Connection, tenant: &str, ids: &[String]) -> StoreResult<Vec<Task>> {
+    let list = serde_json::to_string(ids).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1 AND id IN (SELECT value FROM json_each(?2))"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map(params![tenant, list], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}

@@ -93,6 +93,8 @@ pub trait Store: Send + Sync + 'static {
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>>;
 
     async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>>;
+    /// The tenant's tasks among `task_ids` (unknown ids are left out), in no set order.
+    async fn get_tasks(&self, tenant_id: &str, task_ids: &[String]) -> StoreResult<Vec<Task>>;
     async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>>;
     async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>>;
     /// Newest first; `cursor` is the last task id of the previous page.

@@ -153,7 +153,7 @@ fn check_transport(t: &TransportIn) -> Result<String, ApiError> {
             if let Some(s) = &t.status_url {
                 check_url("transport.status_url", s)?;
             }
-            if t.secret.as_deref().map_or(true, |s| s.len() < 16) {
+            if t.secret.as_deref().is_none_or(|s| s.len() < 16) {
                 return Err(ApiError::invalid("transport.secret: at least 16 characters, shared with the receiver"));
             }
         }
