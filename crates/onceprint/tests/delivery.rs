@@ -347,8 +347,152 @@ both!(
     failover_prints_once_on_the_backup_and_the_primary_never_prints_it,
     an_operator_reprint_comes_out_marked_as_a_reprint,
     alerts_manual_actions_and_reconciliation_with_the_real_binary,
-    a_chinese_kitchen_ticket_document_prints_the_right_characters
+    a_chinese_kitchen_ticket_document_prints_the_right_characters,
+    vendor_callbacks_with_good_bad_and_replayed_signatures,
+    a_reconciliation_day_matches_the_hand_computed_report
 );
+
+fn sign(secret: &str, ts: i64, body: &str) -> String {
+    format!("t={ts},v1={}", hmac_hex(secret, &format!("{ts}.{body}")))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// A vendor cloud that accepts jobs (202) and records their idempotency keys.
+async fn vendor_cloud() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let keys: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = keys.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    let Ok(n) = sock.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(end) = text.find("\r\n\r\n") else { continue };
+                    let head = text[..end].to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    if let Some(k) = head.lines().find_map(|l| l.strip_prefix("idempotency-key:")) {
+                        seen.lock().expect("lock").push(k.trim().to_owned());
+                    }
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (format!("http://{addr}/jobs"), keys)
+}
+
+async fn vendor_callbacks_with_good_bad_and_replayed_signatures(pg: bool) {
+    let Some(w) = World::start("callbacks", pg, 1).await else { return };
+    let secret = "vendor-shared-secret-xyz";
+    let (url, keys) = vendor_cloud().await;
+    w.post(
+        "/v1/printers",
+        json!({"id": "cloud", "store_id": "s1", "transport": {"kind": "webhook", "url": url, "secret": secret}}),
+    )
+    .await;
+    let t = w
+        .post(
+            "/v1/print-tasks",
+            json!({"biz_no": "CB1", "printer_id": "cloud", "content": {"type": "text", "text": "x\n"}}),
+        )
+        .await;
+    let id = t["task_id"].as_str().expect("id").to_owned();
+    let start = Instant::now();
+    while keys.lock().expect("lock").is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the job never reached the vendor\n{}", w.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        keys.lock().expect("lock")[0],
+        "cb1#cloud",
+        "Idempotency-Key: biz_no#printer_id (header read lower-cased)"
+    );
+    assert_eq!(w.state(&id).await["state"], "sent", "accepted by the vendor is not printed");
+    let body = json!({"task_id": id, "status": "printed"}).to_string();
+    let send = |sig: String| {
+        w.http
+            .post(format!("{}/v1/callbacks/cloud", w.base))
+            .header("content-type", "application/json")
+            .header("x-onceprint-signature", sig)
+            .body(body.clone())
+            .send()
+    };
+    assert_eq!(send(sign("wrong-secret-wrong-secret", unix_now(), &body)).await.expect("cb").status().as_u16(), 401);
+    assert_eq!(send(sign(secret, unix_now() - 3600, &body)).await.expect("cb").status().as_u16(), 401, "replayed");
+    let ok = send(sign(secret, unix_now(), &body)).await.expect("cb");
+    assert_eq!(ok.status().as_u16(), 200);
+    assert_eq!(ok.json::<Value>().await.expect("json")["result"], "applied");
+    assert_eq!(w.state(&id).await["state"], "printed");
+    let again = send(sign(secret, unix_now(), &body)).await.expect("cb").json::<Value>().await.expect("json");
+    assert_eq!(again["result"], "duplicate", "idempotent: a finished task is not moved");
+    let unknown = json!({"task_id": "01ZZZZZZZZZZZZZZZZZZZZZZZZ", "status": "printed"}).to_string();
+    let res = w
+        .http
+        .post(format!("{}/v1/callbacks/cloud", w.base))
+        .header("x-onceprint-signature", sign(secret, unix_now(), &unknown))
+        .body(unknown)
+        .send()
+        .await
+        .expect("cb");
+    assert_eq!(res.status().as_u16(), 404);
+}
+
+async fn a_reconciliation_day_matches_the_hand_computed_report(pg: bool) {
+    let Some(w) = World::start("recon", pg, 1).await else { return };
+    // R1, R2 print; R2 is reprinted; R3 is cancelled before it can print (paper out);
+    // X1 prints but was not expected; R4 is expected and never submitted.
+    for m in ["R1", "R2"] {
+        let id = w.submit(m, 0, "receipt").await;
+        w.wait_state(&id, &["printed"], 20).await;
+    }
+    let r2 = w.get("/v1/print-tasks?biz_no=R2").await["tasks"][0]["task_id"].as_str().unwrap_or("").to_owned();
+    let rp = w.post(&format!("/v1/print-tasks/{r2}/reprint"), json!({"operator": "amy", "reason": "torn"})).await;
+    w.wait_state(rp["created"]["task_id"].as_str().unwrap_or(""), &["printed"], 20).await;
+    w.faults(0, json!({"paper_out": true})).await;
+    let r3 = w.submit("R3", 0, "receipt").await;
+    w.wait_state(&r3, &["retrying"], 20).await;
+    w.post(&format!("/v1/print-tasks/{r3}/cancel"), json!({"operator": "amy", "reason": "left"})).await;
+    w.faults(0, json!({"paper_out": false})).await;
+    let x1 = w.submit("X1", 0, "receipt").await;
+    w.wait_state(&x1, &["printed"], 20).await;
+    let date = w.state(&x1).await["created_at"].as_str().unwrap_or("").get(..10).unwrap_or("").to_owned();
+    let got = w.post(&format!("/v1/stores/s1/reconciliation?date={date}"), json!(["R1", "R2", "R3", "R4"])).await;
+    let expected = json!({
+        "store_id": "s1", "date": date, "timezone": "+00:00",
+        "counts": {"submitted": 4, "printed": 3, "reprinted": 1, "failed": 0, "in_doubt": 0,
+                   "transferred": 0, "cancelled": 1, "closed": 0, "open": 0},
+        "ledger": {"charges": 5, "charged_amount": 5, "refunds": 1, "refunded_amount": 1},
+        "expected": 4,
+        "expected_not_printed": ["R3", "R4"],
+        "printed_not_expected": ["X1"],
+        "printed_more_than_once": []
+    });
+    assert_eq!(got, expected);
+    assert_eq!(w.printed_count("R2"), 2, "the original and its reprint");
+    assert_eq!(w.printed_count("R3"), 0);
+}
 
 async fn a_chinese_kitchen_ticket_document_prints_the_right_characters(pg: bool) {
     let Some(w) = World::start("cjk", pg, 1).await else { return };
