@@ -362,44 +362,13 @@ fn unix_now() -> i64 {
 
 /// A vendor cloud that accepts jobs (202) and records their idempotency keys.
 async fn vendor_cloud() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let keys: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let seen = keys.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                loop {
-                    let Ok(n) = sock.read(&mut chunk).await else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    let Some(end) = text.find("\r\n\r\n") else { continue };
-                    let head = text[..end].to_ascii_lowercase();
-                    let len = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
-                        .unwrap_or(0);
-                    if buf.len() < end + 4 + len {
-                        continue;
-                    }
-                    if let Some(k) = head.lines().find_map(|l| l.strip_prefix("idempotency-key:")) {
-                        seen.lock().expect("lock").push(k.trim().to_owned());
-                    }
-                    let _ = sock
-                        .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .await;
-                    return;
-                }
-            });
-        }
-    });
+    let addr = tiny_http(move |head, _body| {
+        seen.lock().expect("lock").push(header_value(head, "idempotency-key"));
+        "202 Accepted"
+    })
+    .await;
     (format!("http://{addr}/jobs"), keys)
 }
 
@@ -525,20 +494,23 @@ async fn a_chinese_kitchen_ticket_document_prints_the_right_characters(pg: bool)
     assert_eq!(last["qr"][0], "https://example.com/o/0087", "{last}");
 }
 
-/// A webhook receiver that answers 500 to its first call, then 200.
-async fn alert_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+/// A minimal HTTP/1.1 server for tests: reads one request per connection (headers and a
+/// Content-Length body), hands the lower-cased head and the body to `handle`, answers with
+/// the status line it returns, and closes the connection.
+async fn tiny_http<F>(handle: F) -> std::net::SocketAddr
+where
+    F: Fn(&str, String) -> &'static str + Send + Sync + 'static,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let got: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+    let handle = std::sync::Arc::new(handle);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let seen = got.clone();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
-            let seen = seen.clone();
+            let handle = handle.clone();
             tokio::spawn(async move {
-                // A minimal HTTP/1.1 server: read headers and a Content-Length body.
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
+                let mut chunk = [0u8; 8192];
                 loop {
                     let Ok(n) = sock.read(&mut chunk).await else { return };
                     if n == 0 {
@@ -556,26 +528,40 @@ async fn alert_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(Strin
                         continue;
                     }
                     let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string();
-                    let sig = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("x-onceprint-signature:").map(|v| v.trim().to_owned()))
-                        .unwrap_or_default();
-                    let first = {
-                        let mut g = seen.lock().expect("lock");
-                        g.push((sig, body));
-                        g.len() == 1
-                    };
-                    let status = if first { "500 Internal Server Error" } else { "200 OK" };
-                    let _ = sock
-                        .write_all(
-                            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes(),
-                        )
-                        .await;
+                    let status = handle(&head, body);
+                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                    let _ = sock.write_all(reply.as_bytes()).await;
                     return;
                 }
             });
         }
     });
+    addr
+}
+
+fn header_value(head: &str, name: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix(name).map(|v| v.trim_start_matches(':').trim().to_owned()))
+        .unwrap_or_default()
+}
+
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A webhook receiver that answers 500 to its first call, then 200; records
+/// (signature header, body).
+async fn alert_receiver() -> (String, Calls) {
+    let got: Calls = Default::default();
+    let seen = got.clone();
+    let addr = tiny_http(move |head, body| {
+        let mut g = seen.lock().expect("lock");
+        g.push((header_value(head, "x-onceprint-signature"), body));
+        if g.len() == 1 {
+            "500 Internal Server Error"
+        } else {
+            "200 OK"
+        }
+    })
+    .await;
     (format!("http://{addr}/alerts"), got)
 }
 
