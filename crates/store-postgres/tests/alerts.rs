@@ -2,44 +2,17 @@
 //! changes that apply, printer reports alert once per flip (also when they race), and an
 //! endpoint's history.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{fresh_store, raw, task_on, tenant};
 use onceprint_core::TaskState;
-use onceprint_store::conformance::{new_task, NOW};
+use onceprint_store::conformance::NOW;
 use onceprint_store::{
-    ManualChange, NewPrinter, NewStore, NewTask, NewTenant, NewWebhook, OutboxEvent, PrinterStatusUpdate, Store,
-    StoreError, Transition, WebhookAttempt,
+    ManualChange, NewTask, NewWebhook, OutboxEvent, PrinterStatusUpdate, Store, StoreError, Transition, WebhookAttempt,
 };
-use onceprint_store_postgres::testing;
-use tokio_postgres::NoTls;
-
-async fn tenant(s: &dyn Store, id: &str) {
-    s.create_tenant(NewTenant { id: id.into(), name: id.into(), api_key_hash: format!("hash-{id}"), now: NOW })
-        .await
-        .unwrap();
-    s.create_store(NewStore {
-        tenant_id: id.into(),
-        id: "s1".into(),
-        name: "Main".into(),
-        utc_offset_minutes: 0,
-        now: NOW,
-    })
-    .await
-    .unwrap();
-    for p in ["p1", "p2"] {
-        s.create_printer(NewPrinter {
-            tenant_id: id.into(),
-            id: p.into(),
-            store_id: "s1".into(),
-            name: p.into(),
-            transport: "{}".into(),
-            now: NOW,
-        })
-        .await
-        .unwrap();
-    }
-}
 
 async fn webhook(s: &dyn Store, tenant: &str, id: &str, events: &[&str]) {
     s.create_webhook(NewWebhook {
@@ -54,13 +27,6 @@ async fn webhook(s: &dyn Store, tenant: &str, id: &str, events: &[&str]) {
     .unwrap();
 }
 
-fn task_on(printer: &str, biz_no: &str, seq: u64) -> NewTask {
-    let mut t = new_task("acme", biz_no, "x", seq);
-    t.printer_id = printer.into();
-    t.target = format!("printer:{printer}");
-    t
-}
-
 fn alert(id: &str, kind: &str) -> Option<OutboxEvent> {
     Some(OutboxEvent {
         event_id: id.into(),
@@ -73,21 +39,7 @@ fn alert(id: &str, kind: &str) -> Option<OutboxEvent> {
 
 /// A send with an alert of kind `task.sent` (the store does not care what kinds mean).
 fn send(t: &NewTask, event_id: &str) -> Transition {
-    Transition {
-        task_id: t.task_id.clone(),
-        from: TaskState::Pending,
-        expected_attempts: 0,
-        to: TaskState::Sent,
-        attempts: 1,
-        last_error: None,
-        next_attempt_at: Some(NOW + 30_000),
-        actor: "engine".into(),
-        reason: "dispatched".into(),
-        now: NOW + 1,
-        sent_to: Some("agent".into()),
-        sent_session: Some("agent-session".into()),
-        event: alert(event_id, "task.sent"),
-    }
+    Transition { event: alert(event_id, "task.sent"), ..common::send(t, "agent") }
 }
 
 fn report(printer: &str, online: bool, n: i64) -> PrinterStatusUpdate {
@@ -99,13 +51,6 @@ fn report(printer: &str, online: bool, n: i64) -> PrinterStatusUpdate {
         now: NOW + n,
         event_id: format!("evt-{printer}-{n}"),
     }
-}
-
-/// A plain connection to the test schema.
-async fn raw(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 /// `(event_id, kind)` of every alert in the outbox, in id order.
@@ -124,9 +69,7 @@ fn ids(rows: &[(String, String)]) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_changes_that_apply_write_their_alerts() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
     let db = raw(&h.url).await;
     tenant(s, "acme").await;
@@ -200,9 +143,7 @@ async fn only_changes_that_apply_write_their_alerts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_in_one_call_alert_on_every_flip() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
     let db = raw(&h.url).await;
     tenant(s, "acme").await;
@@ -247,9 +188,7 @@ async fn reports_in_one_call_alert_on_every_flip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_reports_alert_once_and_never_deadlock() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s: Arc<dyn Store> = h.store.clone();
     let mut gate = raw(&h.url).await;
     tenant(s.as_ref(), "acme").await;
@@ -288,9 +227,7 @@ async fn racing_reports_alert_once_and_never_deadlock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoints_history_is_its_own_newest_first() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
     tenant(s, "acme").await;
     tenant(s, "other").await;

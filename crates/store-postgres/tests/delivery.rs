@@ -1,66 +1,15 @@
 //! Delivery on PostgreSQL: the one-in-flight-per-printer rule against concurrent
 //! transactions, and batches of transitions that go on after a refused change.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{events, fresh_store, raw, send, task_on, tenant};
 use onceprint_core::TaskState;
-use onceprint_store::conformance::{new_task, NOW};
-use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, Store, Transition};
-use onceprint_store_postgres::testing;
-use tokio_postgres::NoTls;
-
-async fn setup(s: &dyn Store) {
-    s.create_tenant(NewTenant { id: "acme".into(), name: "acme".into(), api_key_hash: "hash-acme".into(), now: NOW })
-        .await
-        .unwrap();
-    s.create_store(NewStore {
-        tenant_id: "acme".into(),
-        id: "s1".into(),
-        name: "Main".into(),
-        utc_offset_minutes: 0,
-        now: NOW,
-    })
-    .await
-    .unwrap();
-    for p in ["p1", "p2"] {
-        s.create_printer(NewPrinter {
-            tenant_id: "acme".into(),
-            id: p.into(),
-            store_id: "s1".into(),
-            name: p.into(),
-            transport: "{}".into(),
-            now: NOW,
-        })
-        .await
-        .unwrap();
-    }
-}
-
-fn task_on(printer: &str, biz_no: &str, seq: u64) -> NewTask {
-    let mut t = new_task("acme", biz_no, "x", seq);
-    t.printer_id = printer.into();
-    t.target = format!("printer:{printer}");
-    t
-}
-
-fn send(t: &NewTask, agent: &str) -> Transition {
-    Transition {
-        task_id: t.task_id.clone(),
-        from: TaskState::Pending,
-        expected_attempts: 0,
-        to: TaskState::Sent,
-        attempts: 1,
-        last_error: None,
-        next_attempt_at: Some(NOW + 30_000),
-        actor: "engine".into(),
-        reason: "dispatched".into(),
-        now: NOW + 1,
-        sent_to: Some(agent.into()),
-        sent_session: Some(format!("{agent}-session")),
-        event: None,
-    }
-}
+use onceprint_store::conformance::NOW;
+use onceprint_store::{NewTask, Store, Transition};
 
 fn printed(t: &NewTask) -> Transition {
     Transition {
@@ -74,28 +23,15 @@ fn printed(t: &NewTask) -> Transition {
     }
 }
 
-/// A plain connection to the test schema, standing in for another broker.
-async fn raw(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
-async fn events(s: &dyn Store, t: &NewTask) -> usize {
-    s.task_events("acme", &t.task_id).await.unwrap().unwrap().len()
-}
-
 async fn state(s: &dyn Store, t: &NewTask) -> TaskState {
     s.get_task("acme", &t.task_id).await.unwrap().unwrap().state
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_waits_for_the_other_transaction_and_then_decides() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.clone();
-    setup(s.as_ref()).await;
+    tenant(s.as_ref(), "acme").await;
     let (a, b) = (task_on("p1", "A", 1), task_on("p1", "B", 2));
     let (c, d) = (task_on("p2", "C", 3), task_on("p2", "D", 4));
     s.submit_batch(vec![a.clone(), b.clone(), c.clone(), d.clone()]).await.unwrap();
@@ -136,11 +72,9 @@ async fn a_send_waits_for_the_other_transaction_and_then_decides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sends_to_one_printer_never_both_succeed() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s: Arc<dyn Store> = h.store.clone();
-    setup(s.as_ref()).await;
+    tenant(s.as_ref(), "acme").await;
     let mut gate = raw(&h.url).await;
     for round in 0..20u64 {
         let a = task_on("p1", &format!("A{round}"), 10 * round + 1);
@@ -189,11 +123,9 @@ async fn concurrent_sends_to_one_printer_never_both_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_goes_on_after_refused_changes() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.clone();
-    setup(s.as_ref()).await;
+    tenant(s.as_ref(), "acme").await;
     let (a, b, c) = (task_on("p1", "A", 1), task_on("p1", "B", 2), task_on("p1", "C", 3));
     let d = task_on("p2", "D", 4);
     s.submit_batch(vec![a.clone(), b.clone(), c.clone(), d.clone()]).await.unwrap();

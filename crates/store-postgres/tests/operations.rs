@@ -1,49 +1,14 @@
 //! Operators' actions on PostgreSQL: what one transaction undoes when a part of it fails,
 //! and refunds under concurrent actions.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{events, fresh_store, task_on, tenant};
 use onceprint_core::TaskState;
-use onceprint_store::conformance::{new_task, NOW};
-use onceprint_store::{
-    ManualChange, NewPrinter, NewStore, NewTask, NewTenant, Origin, OriginKind, Store, StoreError, SubmitOutcome,
-    Transition,
-};
-use onceprint_store_postgres::testing;
-
-async fn setup(s: &dyn Store) {
-    s.create_tenant(NewTenant { id: "acme".into(), name: "acme".into(), api_key_hash: "hash-acme".into(), now: NOW })
-        .await
-        .unwrap();
-    s.create_store(NewStore {
-        tenant_id: "acme".into(),
-        id: "s1".into(),
-        name: "Main".into(),
-        utc_offset_minutes: 0,
-        now: NOW,
-    })
-    .await
-    .unwrap();
-    for p in ["p1", "p2"] {
-        s.create_printer(NewPrinter {
-            tenant_id: "acme".into(),
-            id: p.into(),
-            store_id: "s1".into(),
-            name: p.into(),
-            transport: "{}".into(),
-            now: NOW,
-        })
-        .await
-        .unwrap();
-    }
-}
-
-fn task_on(printer: &str, biz_no: &str, seq: u64) -> NewTask {
-    let mut t = new_task("acme", biz_no, "x", seq);
-    t.printer_id = printer.into();
-    t.target = format!("printer:{printer}");
-    t
-}
+use onceprint_store::conformance::NOW;
+use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, SubmitOutcome, Transition};
 
 fn change(t: &NewTask, from: TaskState, attempts: i32, to: TaskState) -> Transition {
     Transition {
@@ -71,21 +36,15 @@ fn successor(t: &NewTask, kind: OriginKind, printer: &str, seq: u64) -> NewTask 
     s
 }
 
-async fn events(s: &dyn Store, t: &NewTask) -> usize {
-    s.task_events("acme", &t.task_id).await.unwrap().unwrap().len()
-}
-
 async fn ledger_kinds(s: &dyn Store, t: &NewTask) -> Vec<String> {
     s.ledger_entries(&t.task_id).await.unwrap().into_iter().map(|e| e.kind).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_successor_undoes_the_whole_action() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
-    setup(s).await;
+    tenant(s, "acme").await;
     let t = task_on("p1", "T1", 1);
     s.submit_batch(vec![t.clone()]).await.unwrap();
 
@@ -126,11 +85,9 @@ async fn a_failing_successor_undoes_the_whole_action() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_refused_by_the_printer_lane_writes_nothing() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
-    setup(s).await;
+    tenant(s, "acme").await;
     let (a, b) = (task_on("p1", "A", 1), task_on("p1", "B", 2));
     s.submit_batch(vec![a.clone(), b.clone()]).await.unwrap();
     let send = |t: &NewTask| Transition { attempts: 1, ..change(t, TaskState::Pending, 0, TaskState::Sent) };
@@ -152,11 +109,9 @@ async fn an_action_refused_by_the_printer_lane_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_actions_refund_once() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s: Arc<dyn Store> = h.store.clone();
-    setup(s.as_ref()).await;
+    tenant(s.as_ref(), "acme").await;
     for round in 0..10u64 {
         let t = task_on("p1", &format!("R{round}"), round);
         s.submit_batch(vec![t.clone()]).await.unwrap();
@@ -194,11 +149,9 @@ async fn concurrent_actions_refund_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn created_tasks_read_back_as_returned() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
-    setup(s).await;
+    tenant(s, "acme").await;
     let t = task_on("p1", "O1", 1);
     let mut reprint = successor(&t, OriginKind::Reprint, "p1", 2);
     reprint.charge = 3;

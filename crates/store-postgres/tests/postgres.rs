@@ -1,6 +1,9 @@
 //! Behaviour specific to the PostgreSQL backend: connecting, migrating, and the error
 //! messages of writes that the shared conformance suite does not pin down.
 
+mod common;
+
+use common::{fresh_store, printer, tenant_with_store};
 use onceprint_store::conformance::{new_task, NOW};
 use onceprint_store::{NewPrinter, NewStation, NewStore, NewTenant, Store, StoreError};
 use onceprint_store_postgres::{migrations, testing, PostgresStore};
@@ -43,26 +46,9 @@ async fn an_unreachable_server_is_unavailable() {
     assert!(matches!(err, Some(StoreError::Backend(_))), "{err:?}");
 }
 
-async fn tenant_with_store(s: &dyn Store, id: &str) {
-    s.create_tenant(NewTenant { id: id.into(), name: id.into(), api_key_hash: format!("hash-{id}"), now: NOW })
-        .await
-        .unwrap();
-    s.create_store(NewStore {
-        tenant_id: id.into(),
-        id: "s1".into(),
-        name: "Main".into(),
-        utc_offset_minutes: 0,
-        now: NOW,
-    })
-    .await
-    .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_name_what_exists_or_is_missing() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
     tenant_with_store(s, "acme").await;
 
@@ -117,21 +103,10 @@ async fn writes_name_what_exists_or_is_missing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_batch_keeps_input_order() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.as_ref();
     tenant_with_store(s, "acme").await;
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p1".into(),
-        store_id: "s1".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    printer(s, "acme", "p1").await;
     // Keys in descending order, so that the store's sorting cannot line up with the input.
     let first: Vec<_> = (0..300u64).rev().map(|i| new_task("acme", &format!("K{i:04}"), "x", 1000 + i)).collect();
     let out = s.submit_batch(first.clone()).await.unwrap();
@@ -153,21 +128,10 @@ async fn a_large_batch_keeps_input_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_concurrent_batches_neither_deadlock_nor_duplicate() {
-    let Some(h) = testing::fresh_store().await else {
-        return;
-    };
+    let h = fresh_store!();
     let s = h.store.clone();
     tenant_with_store(s.as_ref(), "acme").await;
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p1".into(),
-        store_id: "s1".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    printer(s.as_ref(), "acme", "p1").await;
     // Eight writers submit the same 120 keys, each in its own order (a different stride
     // through the keys), in batches of 40. Without a stable lock order inside the store
     // two of them would soon wait on each other's keys.
