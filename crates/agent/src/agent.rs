@@ -12,8 +12,9 @@ use crate::{AgentArgs, AgentError};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
 
 /// How long shutdown waits for the last acks to reach the broker. Unsent acks are not
 /// lost work: the broker redelivers those tasks and the journal answers them.
@@ -68,13 +69,15 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     let mut dispatcher = Dispatcher::new(WorkerContext {
         journal: journal.clone(),
         driver,
+        printer_idle: Duration::from_millis(args.printer_idle_ms),
         no_printed_ack: args.no_printed_ack.iter().cloned().collect(),
         acks: ack_tx,
         stopping: stopping_rx,
     });
 
     let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
-    poll_loop(&client, &agent_id, args.poll_wait_ms, max, &mut dispatcher, shutdown).await;
+    let polling = Polling { wait_ms: args.poll_wait_ms, max, linger: Duration::from_millis(args.poll_linger_ms) };
+    poll_loop(&client, &agent_id, &polling, &mut dispatcher, shutdown).await;
 
     // Shutdown: no new deliveries are taken; queued ones are left for the broker to
     // redeliver (to this agent id, whose journal then answers); the job each printer is
@@ -104,21 +107,31 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     Ok(())
 }
 
+struct Polling {
+    wait_ms: u64,
+    /// `--max-deliveries`.
+    max: usize,
+    /// `--poll-linger-ms`.
+    linger: Duration,
+}
+
 async fn poll_loop(
     client: &BrokerClient,
     agent_id: &str,
-    wait_ms: u64,
-    max: usize,
+    polling: &Polling,
     dispatcher: &mut Dispatcher,
     shutdown: impl Future<Output = ()>,
 ) {
+    let Polling { wait_ms, max, linger } = *polling;
     let capacity = Arc::new(Semaphore::new(max));
     let mut backoff = Backoff::default();
     // New at every start: tells the broker that deliveries handed to an earlier session of
     // this agent id will never be acknowledged by that process, so it offers them again now.
     let session = format!("s{:032x}", rand::random::<u128>());
     tokio::pin!(shutdown);
+    let mut last_poll: Option<Instant> = None;
     loop {
+        let slot_was_free = capacity.available_permits() > 0;
         // Take as much capacity as is free, waiting for at least one slot: the broker marks
         // what it hands out as sent, so the agent asks only for what it can start soon.
         let mut permits = tokio::select! {
@@ -129,6 +142,21 @@ async fn poll_loop(
                 Err(_) => return,
             },
         };
+        // Under load, printers finish one by one, and polling at each would cost the broker
+        // a look at every lane for one delivery. So while other slots are still busy (with
+        // every slot free there is nothing to wait for), the poll lingers to let more work
+        // gather: after waiting for a free slot, `linger` for more slots to free up; with
+        // slots free already, until `linger` after the previous poll went out, so polls
+        // are at most one per `linger` and one that took that long anyway waits no more.
+        if !linger.is_zero() && capacity.available_permits() + 1 < max {
+            let until = if slot_was_free { last_poll.map(|t| t + linger) } else { Some(Instant::now() + linger) };
+            if let Some(until) = until.filter(|u| *u > Instant::now()) {
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+        }
         let free = capacity.available_permits().min(max - 1);
         if free > 0 {
             if let Ok(more) = capacity.clone().try_acquire_many_owned(free as u32) {
@@ -142,6 +170,7 @@ async fn poll_loop(
             session: session.clone(),
         };
         let began = Instant::now();
+        last_poll = Some(began);
         // Dropping an unanswered poll at shutdown may leave deliveries the broker already
         // handed out unread; they stay unconfirmed and come back to this agent id (R19).
         let answer = tokio::select! {

@@ -16,6 +16,13 @@
 //! retried by the agent. "Printed" means the printer's own `GS ( H` process-id reply,
 //! never "the TCP write succeeded" (R9).
 //!
+//! Each worker keeps its printer's TCP connection open from one job to the next (a new
+//! connection per job cost the agent and the printer more than the job itself), drops it
+//! on any error, timeout or doubt, and closes it after `--printer-idle-ms` (30 s) without a
+//! job, so that a printer that serves one client at a time is not held by an idle agent;
+//! `--printer-idle-ms 0` restores one connection per job. Under load the poll loop lingers
+//! briefly (`--poll-linger-ms`, 5 ms) so that one poll fetches several deliveries.
+//!
 //! Printers that ignore `GS ( H` can be listed with `--no-printed-ack`; they are confirmed
 //! by a real-time status check after the job instead. That is weaker: it shows the printer
 //! is online and has no blocker after the job reached it, not that this job came out of
@@ -84,6 +91,19 @@ pub struct AgentArgs {
     /// At most this many deliveries are in the agent (queued or printing) at once.
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub max_deliveries: u64,
+
+    /// While deliveries are in progress, let work gather before the next poll so that one
+    /// poll fetches several deliveries under load: after waiting for a free slot, wait
+    /// this long for more slots to free up; with slots free, poll at most once per this
+    /// many milliseconds. Adds at most this much latency; 0 polls at once.
+    #[arg(long, env = "ONCEPRINT_POLL_LINGER_MS", default_value_t = 5, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub poll_linger_ms: u64,
+
+    /// Close a printer's connection after this long without a job. The connection is kept
+    /// open between jobs to save a TCP handshake per job; a printer that accepts only one
+    /// client at a time is busy for others while it is open. 0 closes it after every job.
+    #[arg(long, env = "ONCEPRINT_PRINTER_IDLE_MS", default_value_t = 30_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub printer_idle_ms: u64,
 
     /// How long to wait for a printer's GS ( H reply after sending a job, in milliseconds.
     #[arg(long, default_value_t = 15_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
@@ -182,6 +202,7 @@ mod tests {
         assert_eq!(a.token.as_str(), "secret-token");
         assert_eq!((a.journal_size, a.poll_wait_ms, a.max_deliveries), (100_000, 25_000, 64));
         assert_eq!((a.print_timeout_ms, a.connect_timeout_ms), (15_000, 3_000));
+        assert_eq!((a.poll_linger_ms, a.printer_idle_ms), (5, 30_000));
         assert_eq!(a.no_printed_ack, ["p1", "p2"]);
         assert_eq!(a.agent_id, None);
         assert!(!format!("{a:?}").contains("secret-token"), "the token never shows in Debug output");

@@ -1,11 +1,11 @@
 //! Printing one job to a raw TCP 9100 ESC/POS printer, with the journal writes that make
 //! it safe to crash at any point.
 //!
-//! The sequence is fixed: connect; ask `DLE EOT 1, 2, 4` and refuse to send anything to a
-//! printer that reports a blocker; make `started` durable; send the job followed by
-//! `GS ( H` with a process id unique to this attempt; wait for the matching
-//! `37 22 id 00`. Only that reply proves the printer processed the job, so only then is
-//! `printed` journaled. Every failure before `started` is a recoverable outcome (nothing
+//! The sequence is fixed: connect (or reuse the printer's open connection, see
+//! [`PrinterLink`]); ask `DLE EOT 1, 2, 4` and refuse to send anything to a printer that
+//! reports a blocker; make `started` durable; send the job followed by `GS ( H` with a
+//! process id unique to this attempt; wait for the matching `37 22 id 00`. Only that
+//! reply proves the printer processed the job, so only then is `printed` journaled. Every failure before `started` is a recoverable outcome (nothing
 //! was sent); every failure after it is `in_doubt`, because some or all of the job may be
 //! on paper and sending it again could print a second copy.
 //!
@@ -146,6 +146,9 @@ pub enum DriverError {
 pub struct PrinterConnection {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// Reused for each write that joins several pieces (status requests, a job and its
+    /// `GS ( H`), so that they leave in one segment without a fresh allocation per job.
+    out: Vec<u8>,
 }
 
 impl PrinterConnection {
@@ -166,15 +169,25 @@ impl PrinterConnection {
         };
         // Status requests are three bytes; without this they could wait for Nagle.
         stream.set_nodelay(true)?;
-        Ok(PrinterConnection { stream, buf: Vec::new() })
+        Ok(PrinterConnection { stream, buf: Vec::new(), out: Vec::new() })
     }
 
-    /// Asks `DLE EOT n` for each `n` in `requests` and decodes the answers. Bytes that are
-    /// not status bytes (pushed status blocks, noise) are skipped.
+    /// Asks `DLE EOT n` for each `n` in `requests` and decodes the answers. The requests go
+    /// out together in one write (real-time commands are answered one byte each, in the
+    /// order received), and each answer may take up to `each_timeout`. Bytes that are not
+    /// status bytes (pushed status blocks, noise) are skipped, and so is every byte of a
+    /// `GS ( H` reply (whose id bytes can look like status bytes).
     pub async fn status(&mut self, requests: &[u8], each_timeout: Duration) -> Result<PrinterStatus, DriverError> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        for &n in requests {
+            out.extend_from_slice(&status::request(n));
+        }
+        let written = self.stream.write_all(&out).await;
+        self.out = out;
+        written?;
         let mut st = PrinterStatus::default();
         for &n in requests {
-            self.stream.write_all(&status::request(n)).await?;
             let byte = match timeout(each_timeout, self.next_status_byte()).await {
                 Ok(r) => r?,
                 Err(_) => {
@@ -191,13 +204,38 @@ impl PrinterConnection {
 
     async fn next_status_byte(&mut self) -> Result<u8, DriverError> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| status::is_status_byte(*b)) {
-                let b = self.buf[pos];
-                self.buf.drain(..=pos);
-                return Ok(b);
+            match scan_status(&self.buf) {
+                Scan::Found(pos) => {
+                    let b = self.buf[pos];
+                    self.buf.drain(..=pos);
+                    return Ok(b);
+                }
+                Scan::NeedMore(keep_from) => {
+                    self.buf.drain(..keep_from);
+                }
             }
-            self.buf.clear();
             self.fill().await?;
+        }
+    }
+
+    /// Throws away whatever the printer sent that nobody asked for yet (a late or repeated
+    /// reply to an earlier job, pushed status), so that it cannot be read as an answer to
+    /// the next request. Does not wait. `Err` when the printer has closed or reset the
+    /// connection, which is then unusable.
+    pub fn discard_unread(&mut self) -> Result<(), DriverError> {
+        if !self.buf.is_empty() {
+            tracing::debug!(bytes = self.buf.len(), "discarding unread bytes from the printer");
+            self.buf.clear();
+        }
+        let mut chunk = [0u8; 512];
+        loop {
+            match self.stream.try_read(&mut chunk) {
+                Ok(0) => return Err(DriverError::Closed),
+                Ok(n) => tracing::debug!(bytes = n, "discarding unread bytes from the printer"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(DriverError::Io(e)),
+            }
         }
     }
 
@@ -206,6 +244,26 @@ impl PrinterConnection {
         self.stream.write_all(bytes).await?;
         self.stream.flush().await?;
         Ok(())
+    }
+
+    /// Sends a job followed by `GS ( H` with `id`, in one write when the job is small.
+    pub async fn send_with_process_id(&mut self, data: &[u8], id: [u8; 4]) -> Result<(), DriverError> {
+        let request = ack::request(id);
+        if data.len() > 64 * 1024 {
+            self.send(data).await?;
+            return self.send(&request).await;
+        }
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        out.extend_from_slice(data);
+        out.extend_from_slice(&request);
+        let sent = self.send(&out).await;
+        if out.capacity() > 64 * 1024 + 64 {
+            // A rare big job need not stay in memory for the life of the connection.
+            out = Vec::new();
+        }
+        self.out = out;
+        sent
     }
 
     /// Waits for the `GS ( H` reply carrying `id`; replies with other ids (late answers to
@@ -244,9 +302,186 @@ impl PrinterConnection {
     }
 }
 
-/// Prints `job` once: status check, `started`, send, confirmation, `printed` or
-/// `in_doubt`. The caller has already checked the journal for this task id.
+/// Where the next status byte is in bytes read from a printer.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// At this index.
+    Found(usize),
+    /// Not there yet; bytes before this index can be dropped (the rest may be the start
+    /// of a `GS ( H` reply still arriving).
+    NeedMore(usize),
+}
+
+/// Finds the first status byte that is not part of a `GS ( H` reply (`37 22 d1 d2 d3 d4
+/// 00`, whose printable id bytes can have a status byte's fixed bits). A possible reply
+/// cut off at the end of `buf` is kept until the rest arrives.
+fn scan_status(buf: &[u8]) -> Scan {
+    let mut i = 0;
+    while i < buf.len() {
+        if buf[i] == 0x37 {
+            match reply_at(&buf[i..]) {
+                ReplyAt::Complete => {
+                    i += 7;
+                    continue;
+                }
+                ReplyAt::Partial => return Scan::NeedMore(i),
+                ReplyAt::No => {}
+            }
+        }
+        if status::is_status_byte(buf[i]) {
+            return Scan::Found(i);
+        }
+        i += 1;
+    }
+    Scan::NeedMore(buf.len())
+}
+
+enum ReplyAt {
+    Complete,
+    Partial,
+    No,
+}
+
+/// Whether `b` starts with a `GS ( H` reply, or with what can still become one.
+fn reply_at(b: &[u8]) -> ReplyAt {
+    for (k, &byte) in b.iter().enumerate().take(7) {
+        let fits = match k {
+            0 => byte == 0x37,
+            1 => byte == 0x22,
+            2..=5 => (0x20..=0x7E).contains(&byte),
+            _ => byte == 0x00,
+        };
+        if !fits {
+            return ReplyAt::No;
+        }
+    }
+    if b.len() >= 7 {
+        ReplyAt::Complete
+    } else {
+        ReplyAt::Partial
+    }
+}
+
+/// One printer's connection, kept open across jobs by the printer's worker so that a job
+/// costs no TCP handshake and teardown (and the printer no accept).
+///
+/// A connection is reused only while every exchange on it went as expected: any IO error,
+/// timeout or doubt drops it, and the next job opens a new one. Before a reused
+/// connection carries a new job's status request, whatever the printer sent unasked is
+/// thrown away ([`PrinterConnection::discard_unread`]); a reply that still arrives late
+/// cannot be taken for this job's, since status answers skip `GS ( H` replies and process
+/// ids differ per attempt. A reused connection the printer has closed or reset in the
+/// meantime (it rebooted, or it drops idle clients) is replaced by a new one at once:
+/// only status requests had been sent on it for this job, so that is safe.
+///
+/// The printer's worker closes it after `--printer-idle-ms` without a job (see
+/// [`PrinterLink::idle_deadline`]), so that a printer that serves one client at a time is
+/// not held by an idle agent forever.
+#[derive(Default)]
+pub struct PrinterLink {
+    conn: Option<(PrinterAddress, PrinterConnection)>,
+    last_used: Option<Instant>,
+    opened: u64,
+}
+
+impl PrinterLink {
+    pub fn new() -> PrinterLink {
+        PrinterLink::default()
+    }
+
+    /// Whether a connection is open now.
+    pub fn is_open(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// How many connections this link has opened so far.
+    pub fn connections_opened(&self) -> u64 {
+        self.opened
+    }
+
+    /// When an open connection becomes idle for `idle`; `None` when none is open.
+    pub fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        match (&self.conn, self.last_used) {
+            (Some(_), Some(t)) => Some(t + idle),
+            (Some(_), None) => Some(Instant::now()),
+            _ => None,
+        }
+    }
+
+    /// Closes the connection politely, if one is open.
+    pub async fn close(&mut self) {
+        if let Some((_, conn)) = self.conn.take() {
+            conn.close().await;
+        }
+    }
+
+    /// Drops the connection without ceremony (after an error or doubt on it).
+    fn discard(&mut self) {
+        self.conn = None;
+    }
+
+    /// A connection to `address` whose status says the printer can take a job, or why not.
+    /// Nothing of the job is sent here.
+    async fn status(&mut self, address: &PrinterAddress, cfg: &DriverConfig) -> Result<PrinterStatus, String> {
+        if self.conn.as_ref().is_some_and(|(a, _)| a != address) {
+            // The printer moved: the old connection is of no use any more.
+            self.close().await;
+        }
+        if let Some((_, conn)) = self.conn.as_mut() {
+            let reused = match conn.discard_unread() {
+                Ok(()) => conn.status(&STATUS_REQUESTS, cfg.status_timeout).await,
+                Err(e) => Err(e),
+            };
+            match reused {
+                Ok(st) => {
+                    self.last_used = Some(Instant::now());
+                    return Ok(st);
+                }
+                // No answer on a connection that still looks open: the printer is there
+                // but silent; a new connection would most likely wait as long again.
+                Err(e @ DriverError::Timeout(_)) => {
+                    self.discard();
+                    return Err(format!("status check failed: {e}"));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the kept printer connection is gone; opening a new one");
+                    self.discard();
+                }
+            }
+        }
+        let mut conn = PrinterConnection::connect(address, cfg.connect_timeout).await.map_err(|e| e.to_string())?;
+        self.opened += 1;
+        match conn.status(&STATUS_REQUESTS, cfg.status_timeout).await {
+            Ok(st) => {
+                self.conn = Some((address.clone(), conn));
+                self.last_used = Some(Instant::now());
+                Ok(st)
+            }
+            Err(e) => Err(format!("status check failed: {e}")),
+        }
+    }
+}
+
+/// Prints `job` once on a connection of its own, which is closed afterwards. See
+/// [`print_job_on`].
 pub async fn print_job(
+    journal: &Journal,
+    address: &PrinterAddress,
+    job: &Job<'_>,
+    cfg: &DriverConfig,
+    confirmation: Confirmation,
+) -> Finished {
+    let mut link = PrinterLink::new();
+    let finished = print_job_on(&mut link, journal, address, job, cfg, confirmation).await;
+    link.close().await;
+    finished
+}
+
+/// Prints `job` once: status check, `started`, send, confirmation, `printed` or
+/// `in_doubt`, using (and leaving open for the next job) the connection of `link`. The
+/// caller has already checked the journal for this task id.
+pub async fn print_job_on(
+    link: &mut PrinterLink,
     journal: &Journal,
     address: &PrinterAddress,
     job: &Job<'_>,
@@ -255,42 +490,46 @@ pub async fn print_job(
 ) -> Finished {
     // (1) Reach the printer and ask how it is. Nothing has been sent, so any failure here
     // is safe to retry later.
-    let mut conn = match PrinterConnection::connect(address, cfg.connect_timeout).await {
-        Ok(c) => c,
-        Err(e) => return Finished::new(Outcome::Offline, e.to_string()),
-    };
-    match conn.status(&STATUS_REQUESTS, cfg.status_timeout).await {
+    match link.status(address, cfg).await {
         Ok(st) => {
             if let Some(b) = st.blocker() {
-                conn.close().await;
+                // The connection is fine; the next job asks again.
                 return Finished::new(
                     Outcome::from_blocker(b),
                     format!("printer status before sending: {}", b.outcome()),
                 );
             }
         }
-        Err(e) => return Finished::new(Outcome::Offline, format!("status check failed: {e}")),
+        Err(detail) => return Finished::new(Outcome::Offline, detail),
     }
+
+    // `status` leaves a connection open whenever it answers `Ok`.
+    let Some((_, conn)) = link.conn.as_mut() else {
+        return Finished::new(Outcome::Offline, "no connection to the printer after the status check");
+    };
 
     // (2) The point of no return is made durable before it is crossed.
     let started = Record::new(job.task_id, job.attempt, RecordState::Started, address.to_string());
     if let Err(e) = journal.append(started).await {
-        conn.close().await;
         return Finished::new(Outcome::Error, format!("journal: {e}; nothing was sent"));
     }
 
     // (3) Send and confirm. From here on, any failure is in doubt.
     let result = match confirmation {
-        Confirmation::ProcessId => send_with_process_id(&mut conn, job, cfg).await,
-        Confirmation::StatusOnly => send_with_status_check(&mut conn, job, cfg).await,
+        Confirmation::ProcessId => send_with_process_id(conn, job, cfg).await,
+        Confirmation::StatusOnly => send_with_status_check(conn, job, cfg).await,
     };
     let finished = match result {
-        Ok(detail) => Finished::new(Outcome::Printed, detail),
+        Ok(detail) => {
+            link.last_used = Some(Instant::now());
+            Finished::new(Outcome::Printed, detail)
+        }
         Err(reason) => {
+            // A reply may still be on its way, or the connection is broken: start afresh.
+            link.discard();
             Finished::new(Outcome::InDoubt, format!("{reason}; not printed again, a person must check the paper"))
         }
     };
-    conn.close().await;
 
     // (4) Record the end. If this write fails the truth is still what the printer said, so
     // it is reported as it is; the journal keeps `started`, so a redelivery after a
@@ -310,8 +549,7 @@ async fn send_with_process_id(
     let id = job.process_id;
     let deadline = Instant::now() + cfg.print_timeout;
     let work = async {
-        conn.send(job.data).await?;
-        conn.send(&ack::request(id)).await?;
+        conn.send_with_process_id(job.data, id).await?;
         conn.wait_for_process_id(id).await
     };
     match tokio::time::timeout_at(deadline, work).await {
@@ -390,6 +628,26 @@ fn fnv1a(task_id: &[u8], attempt: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_answers_are_found_past_noise_and_process_id_replies() {
+        // `::::` are printable id bytes that also have a status byte's fixed bits.
+        let stale = ack::reply(*b"::::");
+        assert!(stale[2..6].iter().all(|b| status::is_status_byte(*b)));
+        let mut buf = stale.to_vec();
+        buf.push(0x12);
+        assert_eq!(scan_status(&buf), Scan::Found(7), "the whole reply is skipped");
+        // Pushed status (ASB) and other noise without the fixed bits are skipped.
+        assert_eq!(scan_status(&[0x10, 0x00, 0x00, 0x00, 0x16]), Scan::Found(4));
+        // A reply still arriving is kept until it is complete...
+        assert_eq!(scan_status(&[0x01, 0x37, 0x22, b':', b':']), Scan::NeedMore(1));
+        assert_eq!(scan_status(&[0x37]), Scan::NeedMore(0));
+        // ...but what cannot become one is not waited for.
+        assert_eq!(scan_status(&[0x37, 0x12]), Scan::Found(1));
+        assert_eq!(scan_status(&[0x37, 0x22, 0x12]), Scan::Found(2));
+        assert_eq!(scan_status(&[0x37, 0x22, b':', b':', b':', b':', 0x12]), Scan::Found(2));
+        assert_eq!(scan_status(&[0x01, 0x80]), Scan::NeedMore(2));
+    }
 
     #[test]
     fn addresses_parse_and_print_back() {

@@ -1,13 +1,19 @@
 //! Per-printer workers: each printer gets one task that handles its deliveries one at a
 //! time in arrival order (R23), so one slow or dead printer never holds up the others and
 //! no printer is ever sent two jobs at once.
+//!
+//! The worker also owns its printer's TCP connection ([`PrinterLink`]): it stays open from
+//! one job to the next and is closed once the printer has had no job for
+//! `--printer-idle-ms`, so that a printer that serves one client at a time is free again
+//! for others while the agent has nothing for it.
 
 use crate::journal::{Journal, Record, RecordState};
-use crate::printer::{print_job, Confirmation, DriverConfig, Job, PrinterAddress, ProcessIds};
+use crate::printer::{print_job_on, Confirmation, DriverConfig, Job, PrinterAddress, PrinterLink, ProcessIds};
 use crate::protocol::{Ack, Delivery, Outcome};
 use base64::Engine as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -23,6 +29,9 @@ pub const ALREADY_IN_DOUBT: &str = "in doubt since an earlier attempt (journal);
 pub(crate) struct WorkerContext {
     pub journal: Arc<Journal>,
     pub driver: DriverConfig,
+    /// An open printer connection is closed after this long without a job; zero closes it
+    /// after every job.
+    pub printer_idle: Duration,
     /// Printers confirmed by status only (they ignore `GS ( H`).
     pub no_printed_ack: HashSet<String>,
     pub acks: mpsc::UnboundedSender<Ack>,
@@ -96,13 +105,32 @@ impl Dispatcher {
 
 async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Item>) {
     let mut ids = ProcessIds::default();
-    while let Some(item) = rx.recv().await {
+    let mut link = PrinterLink::new();
+    loop {
+        let item = match rx.try_recv() {
+            Ok(item) => Some(item),
+            Err(_) => match link.idle_deadline(ctx.printer_idle) {
+                Some(idle_at) => tokio::select! {
+                    item = rx.recv() => item,
+                    _ = tokio::time::sleep_until(idle_at) => {
+                        tracing::debug!("closing the idle printer connection");
+                        link.close().await;
+                        continue;
+                    }
+                },
+                None => rx.recv().await,
+            },
+        };
+        let Some(item) = item else { break };
         let d = item.delivery;
         if *ctx.stopping.borrow() {
             tracing::info!(task_id = %d.task_id, attempt = d.attempt, "shutting down: not started; the broker will redeliver it");
             continue;
         }
-        let ack = handle_delivery(&ctx, &d, &mut ids).await;
+        let ack = handle_delivery(&ctx, &d, &mut ids, &mut link).await;
+        if ctx.printer_idle.is_zero() {
+            link.close().await;
+        }
         tracing::info!(
             task_id = %d.task_id,
             attempt = d.attempt,
@@ -117,10 +145,16 @@ async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Ite
             tracing::error!(task_id = %d.task_id, "ack queue closed; the broker will redeliver and the journal will answer");
         }
     }
+    link.close().await;
 }
 
 /// Decides and carries out one delivery; returns the ack to send.
-pub(crate) async fn handle_delivery(ctx: &WorkerContext, d: &Delivery, ids: &mut ProcessIds) -> Ack {
+pub(crate) async fn handle_delivery(
+    ctx: &WorkerContext,
+    d: &Delivery,
+    ids: &mut ProcessIds,
+    link: &mut PrinterLink,
+) -> Ack {
     let ack =
         |outcome: Outcome, detail: String| Ack { task_id: d.task_id.clone(), attempt: d.attempt, outcome, detail };
 
@@ -160,7 +194,7 @@ pub(crate) async fn handle_delivery(ctx: &WorkerContext, d: &Delivery, ids: &mut
     let confirmation =
         if ctx.no_printed_ack.contains(&d.printer_id) { Confirmation::StatusOnly } else { Confirmation::ProcessId };
     let job = Job { task_id: &d.task_id, attempt: d.attempt, data: &data, process_id: ids.next(&d.task_id, d.attempt) };
-    let finished = print_job(&ctx.journal, &address, &job, &ctx.driver, confirmation).await;
+    let finished = print_job_on(link, &ctx.journal, &address, &job, &ctx.driver, confirmation).await;
     match finished.outcome {
         // `print_job` has journaled these itself, in the order that makes them safe.
         Outcome::Printed | Outcome::InDoubt => ack(finished.outcome, finished.detail),

@@ -241,3 +241,75 @@ async fn a_429_is_obeyed_for_as_long_as_retry_after_says() {
     assert!(broker.state.polls.load(Ordering::SeqCst) >= 2);
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_printer_connection_is_kept_across_jobs_and_closed_when_idle() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut a = args(&broker.url(), state.path());
+    a.printer_idle_ms = 700;
+    let agent = RunningAgent::start(a);
+    for i in 0..5 {
+        broker.state.push(delivery(&format!("T{i}"), 1, "p1", &printer.address(), format!("r{i}\n").as_bytes()));
+    }
+    let acks = broker.state.wait_acks(5, WITHIN).await;
+    assert!(acks.iter().all(|x| x.outcome == Outcome::Printed), "{acks:?}");
+    assert_eq!(printer.job_count(), 5);
+    assert_eq!(printer.connections(), 1, "five jobs over one connection");
+    assert_eq!(printer.open_connections(), 1, "kept open after the jobs");
+
+    // No job for --printer-idle-ms: the agent lets go of the printer.
+    common::eventually(WITHIN, "the idle connection is closed", || printer.open_connections() == 0).await;
+    broker.state.push(delivery("T5", 1, "p1", &printer.address(), b"r5\n"));
+    let acks = broker.state.wait_acks(6, WITHIN).await;
+    assert_eq!(acks[5].outcome, Outcome::Printed, "{:?}", acks[5]);
+    assert_eq!(printer.connections(), 2, "a new connection after the idle close");
+    agent.stop().await;
+    common::eventually(WITHIN, "closed at shutdown", || printer.open_connections() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_printer_idle_zero_every_job_gets_its_own_connection() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut a = args(&broker.url(), state.path());
+    a.printer_idle_ms = 0;
+    let agent = RunningAgent::start(a);
+    for i in 0..3 {
+        broker.state.push(delivery(&format!("T{i}"), 1, "p1", &printer.address(), format!("r{i}\n").as_bytes()));
+    }
+    let acks = broker.state.wait_acks(3, WITHIN).await;
+    assert!(acks.iter().all(|x| x.outcome == Outcome::Printed), "{acks:?}");
+    assert_eq!((printer.job_count(), printer.connections()), (3, 3));
+    common::eventually(WITHIN, "nothing kept open", || printer.open_connections() == 0).await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_the_poll_lingers_so_one_poll_fetches_several_deliveries() {
+    let broker = FakeBroker::start().await;
+    let slow = FakePrinter::start(Behaviour::Slow).await;
+    let healthy = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut a = args(&broker.url(), state.path());
+    a.poll_linger_ms = 250;
+    let agent = RunningAgent::start(a);
+    // One delivery keeps a slot busy for half a second...
+    broker.state.push(delivery("A", 1, "slow", &slow.address(), b"long\n"));
+    common::eventually(WITHIN, "A reaches its printer", || slow.connections() > 0).await;
+    let polls_before = broker.state.polls.load(Ordering::SeqCst);
+    // ...while three more trickle in, 20 ms apart. Without the linger each would have a
+    // poll of its own; with it, they wait for the next poll together.
+    for i in 0..3 {
+        broker.state.push(delivery(&format!("B{i}"), 1, &format!("p{i}"), &healthy.address(), b"short\n"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let acks = broker.state.wait_acks(3, WITHIN).await;
+    assert!(acks.iter().all(|x| x.task_id.starts_with('B') && x.outcome == Outcome::Printed), "{acks:?}");
+    let polls = broker.state.polls.load(Ordering::SeqCst) - polls_before;
+    assert!(polls <= 2, "{polls} polls for three deliveries: one fetched them, the next waits");
+    broker.state.wait_acks(4, WITHIN).await;
+    agent.stop().await;
+}

@@ -5,7 +5,7 @@ mod common;
 use common::{Behaviour, FakePrinter};
 use onceprint_agent::journal::{Journal, RecordState};
 use onceprint_agent::printer::{
-    print_job, Confirmation, DriverConfig, Finished, Job, PrinterAddress, STATUS_ONLY_DETAIL,
+    print_job, print_job_on, Confirmation, DriverConfig, Finished, Job, PrinterAddress, PrinterLink, STATUS_ONLY_DETAIL,
 };
 use onceprint_agent::Outcome;
 use std::time::Duration;
@@ -128,5 +128,99 @@ async fn a_printer_that_never_answers_status_is_offline() {
     assert!(f.detail.contains("DLE EOT 1"), "{}", f.detail);
     assert_eq!(printer.job_count(), 0);
     assert_eq!(journal.lookup("T1"), None);
+    journal.close().await.expect("close");
+}
+
+async fn print_on(link: &mut PrinterLink, journal: &Journal, address: &str, task: &str, id: &[u8; 4]) -> Finished {
+    let address: PrinterAddress = address.parse().expect("address");
+    let job = Job { task_id: task, attempt: 1, data: DATA, process_id: *id };
+    print_job_on(link, journal, &address, &job, &cfg(), Confirmation::ProcessId).await
+}
+
+#[tokio::test]
+async fn jobs_in_a_row_share_one_connection_and_a_dropped_one_is_reopened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let mut link = PrinterLink::new();
+
+    for (task, id) in [("T1", b"id01"), ("T2", b"id02")] {
+        let f = print_on(&mut link, &journal, &printer.address(), task, id).await;
+        assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    }
+    assert_eq!(printer.connections(), 1, "the second job went over the first job's connection");
+    assert_eq!((link.connections_opened(), link.is_open()), (1, true));
+
+    // The printer drops the connection between jobs (it rebooted, or closes idle
+    // clients): the next job notices before sending anything and opens a new one.
+    printer.kick();
+    common::eventually(Duration::from_secs(5), "the printer closed it", || printer.open_connections() == 0).await;
+    let f = print_on(&mut link, &journal, &printer.address(), "T3", b"id03").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    // And also when it happens just before the job, before the agent could see it.
+    printer.kick();
+    let f = print_on(&mut link, &journal, &printer.address(), "T4", b"id04").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    assert_eq!(printer.connections(), 3);
+    assert_eq!(printer.job_count(), 4, "every job on paper once");
+    for t in ["T1", "T2", "T3", "T4"] {
+        assert_eq!(journal.lookup(t).map(|r| r.state), Some(RecordState::Printed), "{t}");
+    }
+
+    link.close().await;
+    assert!(!link.is_open());
+    common::eventually(Duration::from_secs(5), "closed on the printer's side", || printer.open_connections() == 0)
+        .await;
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_connection_lost_mid_job_is_in_doubt_and_the_next_job_gets_a_new_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    let dropping = FakePrinter::start(Behaviour::DropAfterJob).await;
+    let mut link = PrinterLink::new();
+    let f = print_on(&mut link, &journal, &dropping.address(), "T1", b"id01").await;
+    assert_eq!(f.outcome, Outcome::InDoubt, "{f:?}");
+    assert!(!link.is_open(), "a connection that failed mid-job is not kept");
+
+    // The same worker's next job (here: the printer at a new address) connects afresh.
+    let healthy = FakePrinter::start(Behaviour::Healthy).await;
+    let f = print_on(&mut link, &journal, &healthy.address(), "T2", b"id02").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    let f = print_on(&mut link, &journal, &healthy.address(), "T3", b"id03").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    assert_eq!((dropping.connections(), healthy.connections()), (1, 1));
+    assert_eq!(link.connections_opened(), 2);
+    link.close().await;
+    journal.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn bytes_left_over_from_an_earlier_job_are_not_taken_for_status_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path(), 100).expect("journal");
+    // Unasked bytes that look like "offline" status answers arrive after the first job:
+    // the next job throws them away before asking.
+    let noisy = FakePrinter::start(Behaviour::NoiseAfterReply).await;
+    let mut link = PrinterLink::new();
+    let f = print_on(&mut link, &journal, &noisy.address(), "T1", b"id01").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let f = print_on(&mut link, &journal, &noisy.address(), "T2", b"id02").await;
+    assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    assert_eq!(noisy.connections(), 1);
+    link.close().await;
+
+    // A stray GS ( H reply whose id bytes look like "offline" status answers arrives in
+    // front of the next status answer: it is skipped as a whole.
+    let stale = FakePrinter::start(Behaviour::StaleReplyBeforeStatus).await;
+    let mut link = PrinterLink::new();
+    for (task, id) in [("T3", b"id03"), ("T4", b"id04"), ("T5", b"id05")] {
+        let f = print_on(&mut link, &journal, &stale.address(), task, id).await;
+        assert_eq!(f.outcome, Outcome::Printed, "{f:?}");
+    }
+    assert_eq!((stale.connections(), stale.job_count()), (1, 3));
+    link.close().await;
     journal.close().await.expect("close");
 }

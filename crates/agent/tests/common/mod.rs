@@ -42,12 +42,22 @@ pub enum Behaviour {
     /// A clone that runs out of paper while printing: healthy until job data arrived,
     /// then DLE EOT 4 answers 0x7E.
     PaperOutAfterJob,
+    /// Healthy, but 50 ms after each GS ( H reply it sends three unasked bytes `3A` that
+    /// look like status bytes reporting offline (noise, a pushed status).
+    NoiseAfterReply,
+    /// Healthy, but after a job it puts a stray GS ( H reply for id `::::` (whose id
+    /// bytes look like status bytes reporting offline) in front of its next status answer.
+    StaleReplyBeforeStatus,
 }
 
 pub struct FakePrinter {
     pub addr: SocketAddr,
     jobs: Arc<Mutex<Vec<Vec<u8>>>>,
     connections: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    /// Bumped to make the printer close every connection it has (a reboot, an idle
+    /// timeout on the printer's side).
+    kick: tokio::sync::watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -63,14 +73,35 @@ impl FakePrinter {
         let addr = listener.local_addr().expect("local addr");
         let jobs = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
-        let (j, c) = (jobs.clone(), connections.clone());
+        let open = Arc::new(AtomicUsize::new(0));
+        let (kick, kicked) = tokio::sync::watch::channel(0u64);
+        let (j, c, o) = (jobs.clone(), connections.clone(), open.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve_printer(stream, behaviour, j.clone()));
+                let (j, o, mut kicked) = (j.clone(), o.clone(), kicked.clone());
+                let _ = kicked.borrow_and_update();
+                o.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = serve_printer(stream, behaviour, j) => {}
+                        _ = kicked.changed() => {}
+                    }
+                    o.fetch_sub(1, Ordering::SeqCst);
+                });
             }
         });
-        FakePrinter { addr, jobs, connections, task }
+        FakePrinter { addr, jobs, connections, open, kick, task }
+    }
+
+    /// Connections open now (as the printer sees them).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Closes every connection from the printer's side.
+    pub fn kick(&self) {
+        self.kick.send_modify(|g| *g += 1);
     }
 
     pub fn address(&self) -> String {
@@ -95,6 +126,10 @@ async fn serve_printer(mut stream: TcpStream, behaviour: Behaviour, jobs: Arc<Mu
     let mut buf: Vec<u8> = Vec::new();
     let mut payload: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 1024];
+    // Whether a job reached this printer (for the out-of-paper-after-a-job printer) and
+    // whether one was completed since the last status answer.
+    let mut had_job = false;
+    let mut job_since_status = false;
     loop {
         let n = match stream.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
@@ -108,10 +143,20 @@ async fn serve_printer(mut stream: TcpStream, behaviour: Behaviour, jobs: Arc<Mu
             if buf.len() >= 3 && buf[0] == 0x10 && buf[1] == 0x04 {
                 let n = buf[2];
                 buf.drain(..3);
-                let out = behaviour == Behaviour::PaperOut
-                    || (behaviour == Behaviour::PaperOutAfterJob && !payload.is_empty());
-                let answer = if out && n == 4 { 0x7E } else { 0x12 };
-                if stream.write_all(&[answer]).await.is_err() {
+                // A job without GS ( H (the status-only path) is on paper once its data
+                // arrived; the status request after it ends it.
+                if !payload.is_empty() {
+                    jobs.lock().expect("jobs lock").push(std::mem::take(&mut payload));
+                    had_job = true;
+                    job_since_status = true;
+                }
+                let out = behaviour == Behaviour::PaperOut || (behaviour == Behaviour::PaperOutAfterJob && had_job);
+                let mut answer = Vec::new();
+                if behaviour == Behaviour::StaleReplyBeforeStatus && std::mem::take(&mut job_since_status) {
+                    answer.extend_from_slice(&onceprint_escpos::ack::reply(*b"::::"));
+                }
+                answer.push(if out && n == 4 { 0x7E } else { 0x12 });
+                if stream.write_all(&answer).await.is_err() {
                     return;
                 }
             } else if buf.len() >= 11 && buf[..7] == GS_H {
@@ -119,11 +164,20 @@ async fn serve_printer(mut stream: TcpStream, behaviour: Behaviour, jobs: Arc<Mu
                 buf.drain(..11);
                 if !payload.is_empty() {
                     jobs.lock().expect("jobs lock").push(std::mem::take(&mut payload));
+                    had_job = true;
+                    job_since_status = true;
                 }
                 let mut reply = Vec::new();
                 match behaviour {
-                    Behaviour::Healthy | Behaviour::PaperOut => {
+                    Behaviour::Healthy | Behaviour::PaperOut | Behaviour::StaleReplyBeforeStatus => {
                         reply.extend_from_slice(&onceprint_escpos::ack::reply(id))
+                    }
+                    Behaviour::NoiseAfterReply => {
+                        if stream.write_all(&onceprint_escpos::ack::reply(id)).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        reply.extend_from_slice(&[0x3A, 0x3A, 0x3A]);
                     }
                     Behaviour::Slow => {
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -339,6 +393,8 @@ pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
         journal_size: 1000,
         poll_wait_ms: 300,
         max_deliveries: 16,
+        poll_linger_ms: 5,
+        printer_idle_ms: 30_000,
         print_timeout_ms: 1000,
         connect_timeout_ms: 500,
         no_printed_ack: Vec::new(),
