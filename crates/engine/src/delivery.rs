@@ -296,13 +296,18 @@ impl Dispatcher {
             return Ok((Vec::new(), next_due));
         }
         let applied = self.store.apply_transitions(&changes).await?;
+        let sent_ids: Vec<String> =
+            changes.iter().zip(&applied).filter(|(_, ok)| **ok).map(|(c, _)| c.task_id.clone()).collect();
+        // One read for the content of everything handed out in this look.
+        let mut contents: HashMap<String, onceprint_store::TaskContent> =
+            self.store.task_contents(&sent_ids).await?.into_iter().collect();
         let mut out = Vec::with_capacity(changes.len());
         for ((change, task), ok) in changes.into_iter().zip(chosen).zip(applied) {
             if !ok {
                 continue; // someone else moved it first; the next look sees the new state
             }
             self.gate.set_state(&task.task_id, TaskState::Sent);
-            let Some(content) = self.store.task_content(&task.task_id).await? else { continue };
+            let Some(content) = contents.remove(&task.task_id) else { continue };
             let banner = match (task.origin_kind, task.reprint_no) {
                 (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
                     Some(self.config.reprint_banner.replace("{n}", &n.to_string()))

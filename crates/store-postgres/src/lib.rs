@@ -435,6 +435,21 @@ impl Store for PostgresStore {
         .collect()
     }
 
+    async fn task_contents(&self, task_ids: &[String]) -> StoreResult<Vec<(String, TaskContent)>> {
+        let rows = self.query("SELECT id, content_type, content FROM tasks WHERE id = ANY($1)", &[&task_ids]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<_, String>(0).map_err(crate::error::pg_error)?,
+                    TaskContent {
+                        content_type: r.try_get(1).map_err(crate::error::pg_error)?,
+                        content: r.try_get(2).map_err(crate::error::pg_error)?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>> {
         self.query_opt(
             &format!(

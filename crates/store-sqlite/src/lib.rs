@@ -412,6 +412,11 @@ impl Store for SqliteStore {
         self.read(move |c| sql::task_content(c, &id)).await
     }
 
+    async fn task_contents(&self, task_ids: &[String]) -> StoreResult<Vec<(String, TaskContent)>> {
+        let ids = task_ids.to_vec();
+        self.read(move |c| sql::task_contents(c, &ids)).await
+    }
+
     async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>> {
         let q = query.clone();
         self.read(move |c| sql::list_tasks(c, &q)).await

@@ -786,3 +786,14 @@ pub fn get_tasks(c: &Connection, tenant: &str, ids: &[String]) -> StoreResult<Ve
     let rows = s.query_map(params![tenant, list], task_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
+
+pub fn task_contents(c: &Connection, ids: &[String]) -> StoreResult<Vec<(String, TaskContent)>> {
+    let list = serde_json::to_string(ids).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let mut s = c
+        .prepare_cached("SELECT id, content_type, content FROM tasks WHERE id IN (SELECT value FROM json_each(?1))")
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([list], |r| Ok((r.get(0)?, TaskContent { content_type: r.get(1)?, content: r.get(2)? })))
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}

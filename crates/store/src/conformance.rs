@@ -245,6 +245,8 @@ pub async fn submit_writes_task_event_and_charge(s: Arc<dyn Store>) {
     assert!(s.get_tasks("other", std::slice::from_ref(&t.task_id)).await.unwrap().is_empty());
     assert_eq!(s.find_task(&key("acme", "A1001")).await.unwrap().unwrap().task_id, t.task_id);
     let content = s.task_content(&t.task_id).await.unwrap().unwrap();
+    let many = s.task_contents(&[t.task_id.clone(), "nope".into()]).await.unwrap();
+    assert_eq!(many, vec![(t.task_id.clone(), content.clone())]);
     assert_eq!((content.content_type.as_str(), content.content.as_slice()), ("text", &b"hello"[..]));
     let events = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
     assert_eq!(events.len(), 1);

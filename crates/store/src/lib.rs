@@ -97,6 +97,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_tasks(&self, tenant_id: &str, task_ids: &[String]) -> StoreResult<Vec<Task>>;
     async fn find_task(&self, key: &IdempotencyKey) -> StoreResult<Option<Task>>;
     async fn task_content(&self, task_id: &str) -> StoreResult<Option<TaskContent>>;
+    /// The content of several tasks at once (task id → content; unknown ids left out).
+    async fn task_contents(&self, task_ids: &[String]) -> StoreResult<Vec<(String, TaskContent)>>;
     /// Newest first; `cursor` is the last task id of the previous page.
     async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>>;
     /// `None` when the task does not exist for this tenant.
