@@ -15,7 +15,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use onceprint_core::TaskState;
 use onceprint_store::{NewTask, StoreError, StoreResult, SubmitOutcome, Task};
 
 use deadpool_postgres::GenericClient;
@@ -75,36 +74,6 @@ type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
 
 fn key_of(t: &NewTask) -> Key<'_> {
     (&t.tenant_id, &t.target, &t.biz_no, &t.print_type)
-}
-
-/// The row a created task has right after the insert; built here instead of read back.
-fn created_task(t: &NewTask) -> Task {
-    Task {
-        task_id: t.task_id.clone(),
-        tenant_id: t.tenant_id.clone(),
-        store_id: t.store_id.clone(),
-        printer_id: t.printer_id.clone(),
-        station_id: t.station_id.clone(),
-        target: t.target.clone(),
-        biz_no: t.biz_no.clone(),
-        print_type: t.print_type.clone(),
-        priority: t.priority,
-        content_type: t.content_type.clone(),
-        fingerprint: t.fingerprint.clone(),
-        state: TaskState::Pending,
-        attempts: 0,
-        last_error: None,
-        next_attempt_at: None,
-        created_at: t.now,
-        updated_at: t.now,
-        printed_at: None,
-        sent_to: None,
-        sent_session: None,
-        origin_task_id: t.origin.as_ref().map(|o| o.task_id.clone()),
-        origin_kind: t.origin.as_ref().map(|o| o.kind),
-        reprint_no: t.origin.as_ref().and_then(|o| o.reprint_no),
-        successor_task_id: None,
-    }
 }
 
 /// Runs on a pooled connection (each statement its own transaction, see the module
@@ -228,7 +197,7 @@ pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTas
                 None => return Err(StoreError::Backend("intake lost track of a repeated key".into())),
             }
         } else if created.contains(t.task_id.as_str()) {
-            SubmitOutcome::Created(created_task(t))
+            SubmitOutcome::Created(t.created_task())
         } else {
             let k = (t.tenant_id.clone(), t.target.clone(), t.biz_no.clone(), t.print_type.clone());
             match existing.remove(&k) {

@@ -300,32 +300,7 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
             if t.charge != 0 {
                 insert_charge.execute(params![t.tenant_id, t.task_id, t.charge, t.now]).map_err(backend_err)?;
             }
-            out.push(SubmitOutcome::Created(Task {
-                task_id: t.task_id.clone(),
-                tenant_id: t.tenant_id.clone(),
-                store_id: t.store_id.clone(),
-                printer_id: t.printer_id.clone(),
-                station_id: t.station_id.clone(),
-                target: t.target.clone(),
-                biz_no: t.biz_no.clone(),
-                print_type: t.print_type.clone(),
-                priority: t.priority,
-                content_type: t.content_type.clone(),
-                fingerprint: t.fingerprint.clone(),
-                state: TaskState::Pending,
-                attempts: 0,
-                last_error: None,
-                next_attempt_at: None,
-                created_at: t.now,
-                updated_at: t.now,
-                printed_at: None,
-                sent_to: None,
-                sent_session: None,
-                origin_task_id: t.origin.as_ref().map(|o| o.task_id.clone()),
-                origin_kind: t.origin.as_ref().map(|o| o.kind),
-                reprint_no: t.origin.as_ref().and_then(|o| o.reprint_no),
-                successor_task_id: None,
-            }));
+            out.push(SubmitOutcome::Created(t.created_task()));
         } else {
             let existing = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.ok_or_else(|| {
                 StoreError::Backend(format!("task key of {} conflicted but no row was found", t.task_id))

@@ -179,6 +179,39 @@ pub struct ManualChange {
     pub now: Millis,
 }
 
+impl NewTask {
+    /// The row this submission becomes when it is inserted: every backend answers
+    /// `Created` with it instead of reading the row back.
+    pub fn created_task(&self) -> Task {
+        Task {
+            task_id: self.task_id.clone(),
+            tenant_id: self.tenant_id.clone(),
+            store_id: self.store_id.clone(),
+            printer_id: self.printer_id.clone(),
+            station_id: self.station_id.clone(),
+            target: self.target.clone(),
+            biz_no: self.biz_no.clone(),
+            print_type: self.print_type.clone(),
+            priority: self.priority,
+            content_type: self.content_type.clone(),
+            fingerprint: self.fingerprint.clone(),
+            state: TaskState::Pending,
+            attempts: 0,
+            last_error: None,
+            next_attempt_at: None,
+            created_at: self.now,
+            updated_at: self.now,
+            printed_at: None,
+            sent_to: None,
+            sent_session: None,
+            origin_task_id: self.origin.as_ref().map(|o| o.task_id.clone()),
+            origin_kind: self.origin.as_ref().map(|o| o.kind),
+            reprint_no: self.origin.as_ref().and_then(|o| o.reprint_no),
+            successor_task_id: None,
+        }
+    }
+}
+
 /// What [`crate::Store::submit_batch`] did with one submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitOutcome {
