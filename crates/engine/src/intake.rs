@@ -9,10 +9,9 @@ use std::sync::Arc;
 
 use onceprint_core::content::CanonicalContent;
 use onceprint_core::{
-    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, Target, TaskId, TaskState,
+    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, Target, TaskState,
 };
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
-use rand::RngCore;
 
 use crate::{clock::now_ms, Directory, RecentTasks, StoreSignals};
 
@@ -173,10 +172,8 @@ impl Intake {
         };
 
         let now = now_ms();
-        let mut random = [0u8; 10];
-        rand::thread_rng().fill_bytes(&mut random);
         let new = NewTask {
-            task_id: TaskId::from_parts(now, random).into_string(),
+            task_id: crate::ids::next_task_id(now).into_string(),
             tenant_id: req.tenant_id.clone(),
             store_id,
             printer_id,

@@ -16,6 +16,7 @@ pub mod content;
 pub mod delivery;
 pub mod directory;
 pub mod gate;
+pub mod ids;
 pub mod intake;
 pub mod operations;
 pub mod reconcile;

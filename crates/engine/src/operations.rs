@@ -10,9 +10,8 @@
 use std::sync::Arc;
 
 use onceprint_core::manual::{original_goes_to, ManualAction, NotAllowed};
-use onceprint_core::{CoreError, PolicyTable, TaskId, TaskState};
+use onceprint_core::{CoreError, PolicyTable, TaskState};
 use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, Task, Transition};
-use rand::RngCore;
 
 use crate::clock::now_ms;
 use crate::{Directory, RecentTasks, StoreSignals};
@@ -75,9 +74,7 @@ pub struct Operations {
 }
 
 fn new_task_id(now: i64) -> String {
-    let mut random = [0u8; 10];
-    rand::thread_rng().fill_bytes(&mut random);
-    TaskId::from_parts(now, random).into_string()
+    crate::ids::next_task_id(now).into_string()
 }
 
 fn check_text(field: &str, value: &str, max: usize) -> Result<(), CoreError> {
