@@ -495,7 +495,7 @@ pub async fn print_job_on(
             if let Some(b) = st.blocker() {
                 // The connection is fine; the next job asks again.
                 return Finished::new(
-                    Outcome::from_blocker(b),
+                    crate::protocol::outcome_of_blocker(b),
                     format!("printer status before sending: {}", b.outcome()),
                 );
             }

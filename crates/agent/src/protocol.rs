@@ -6,7 +6,6 @@
 //! already deployed in stores.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// `POST /v1/agent/poll` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,55 +48,17 @@ pub struct Delivery {
     pub reprint: bool,
 }
 
-/// What became of one delivery, in the words of the contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The printer said it printed (GS ( H reply), or the journal remembers that it did.
-    Printed,
-    /// Checked before sending: nothing was sent.
-    NoPaper,
-    /// Checked before sending: nothing was sent.
-    CoverOpen,
-    /// Unreachable or not answering before sending: nothing was sent.
-    Offline,
-    /// Checked before sending: nothing was sent.
-    PaperJam,
-    /// Bytes may have reached the paper but the printer never confirmed: a person decides.
-    InDoubt,
-    /// The delivery could not be handled (bad data, unusable address, journal failure);
-    /// nothing was sent.
-    Error,
-}
+/// What became of one delivery, in the words of the contract (the broker's own type).
+pub use onceprint_core::Outcome;
 
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Printed => "printed",
-            Outcome::NoPaper => "no_paper",
-            Outcome::CoverOpen => "cover_open",
-            Outcome::Offline => "offline",
-            Outcome::PaperJam => "paper_jam",
-            Outcome::InDoubt => "in_doubt",
-            Outcome::Error => "error",
-        }
-    }
-
-    /// The outcome for a printer that reported it cannot print.
-    pub fn from_blocker(b: onceprint_escpos::status::Blocker) -> Outcome {
-        use onceprint_escpos::status::Blocker;
-        match b {
-            Blocker::NoPaper => Outcome::NoPaper,
-            Blocker::CoverOpen => Outcome::CoverOpen,
-            Blocker::PaperJam => Outcome::PaperJam,
-            Blocker::Offline => Outcome::Offline,
-        }
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The outcome for a printer that reported it cannot print: nothing was sent.
+pub fn outcome_of_blocker(b: onceprint_escpos::status::Blocker) -> Outcome {
+    use onceprint_escpos::status::Blocker;
+    match b {
+        Blocker::NoPaper => Outcome::NoPaper,
+        Blocker::CoverOpen => Outcome::CoverOpen,
+        Blocker::PaperJam => Outcome::PaperJam,
+        Blocker::Offline => Outcome::Offline,
     }
 }
 

@@ -6,10 +6,13 @@
 //! nothing; a repeated ack is recognised as a duplicate; a late PRINTED for a task that
 //! is waiting to retry (or waiting for a human) closes it, since paper did come out.
 
+use serde::{Deserialize, Serialize};
+
 use crate::{Millis, PrintTypePolicy, TaskState};
 
-/// The outcomes of the agent protocol (CONTRACT.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The outcomes of the agent protocol (CONTRACT.md), shared by the broker and the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Printed,
     NoPaper,
@@ -56,6 +59,12 @@ impl Outcome {
     /// Outcomes that prove nothing came out of the printer (checked before sending).
     pub fn is_recoverable(self) -> bool {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam | Outcome::Error)
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -214,15 +214,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 warmup,
             })
             .await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                println!("{}", report.render_text());
-            }
-            if !report.problems.is_empty() {
-                anyhow::bail!("the benchmark found {} problem(s)", report.problems.len());
-            }
-            Ok(())
+            print_report(json, &report, report.render_text(), report.problems.len())
         }
         BenchCommand::E2e { database, printers, tasks, concurrency, kill_agent_at, timeout_secs, json } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
@@ -236,15 +228,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 timeout: std::time::Duration::from_secs(timeout_secs),
             })
             .await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                println!("{}", report.render_text());
-            }
-            if !report.problems.is_empty() {
-                anyhow::bail!("the benchmark found {} problem(s)", report.problems.len());
-            }
-            Ok(())
+            print_report(json, &report, report.render_text(), report.problems.len())
         }
     }
 }
@@ -273,6 +257,19 @@ fn render(to: &str, profile: Option<&str>, markup: bool, out: Option<PathBuf>, f
             stdout.write_all(&bytes)?;
             stdout.flush()?;
         }
+    }
+    Ok(())
+}
+
+/// Prints a benchmark report as JSON or text; a report with problems fails the command.
+fn print_report(json: bool, report: &impl serde::Serialize, text: String, problems: usize) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        println!("{text}");
+    }
+    if problems > 0 {
+        anyhow::bail!("the benchmark found {problems} problem(s)");
     }
     Ok(())
 }
