@@ -1,7 +1,7 @@
 //! The one place where failures become HTTP answers with the body of CONTRACT.md:
 //! `{"error": {"code": "snake_case_code", "message": "…"}}`.
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use onceprint_core::CoreError;
@@ -63,6 +63,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of an oversized body is never read, so the connection cannot carry another
+            // request and the server closes it. Saying so in the answer keeps clients from reusing
+            // it for their next request, which would then fail half-way ("incomplete message").
+            return (self.status, [(header::CONNECTION, "close")], Json(body)).into_response();
+        }
         (self.status, Json(body)).into_response()
     }
 }

@@ -146,6 +146,18 @@ async fn bad_input_is_a_clear_4xx_and_writes_nothing(app: &TestApp) {
     assert_eq!((malformed.status, malformed.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{malformed:?}");
     let huge = app.raw("/v1/print-tasks", &key, vec![b' '; 2 * 1024 * 1024]).await;
     assert_eq!((huge.status, huge.code()), (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"), "{huge:?}");
+    // The unread rest of the body makes the connection unusable; the answer must say it closes,
+    // or the client's next request on the same connection fails half-way.
+    let res = app
+        .http
+        .post(format!("{}/v1/print-tasks", app.base))
+        .bearer_auth(&key)
+        .body(vec![b' '; 2 * 1024 * 1024])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(res.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]), "{:?}", res.headers());
+    drop(res);
     assert!(app.all_tasks(&key).await.is_empty(), "no partial writes");
 }
 
