@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod secrets;
 pub mod signals;
 pub mod transport;
+pub mod tz;
 pub mod webhook;
 
 pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};

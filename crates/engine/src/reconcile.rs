@@ -10,45 +10,48 @@ use onceprint_core::{Millis, TaskId, TaskState};
 use onceprint_store::{LedgerEntry, OriginKind, Store, StoreError, Task};
 use serde::Serialize;
 
-/// A business day of a store: local midnight to local midnight.
+use crate::tz::{self, Zone};
+
+/// A business day of a store, in milliseconds since the epoch: from the start of the local
+/// day (inclusive) to the start of the next local day (exclusive).
+///
+/// The window is usually 24 hours long, but not always: on the day a store's clocks spring
+/// forward it is 23 hours, on the day they fall back 25, and a task printed at 23:30 local
+/// time on such a day still belongs to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DayWindow {
     pub from: Millis,
     pub to: Millis,
 }
 
-/// Days since 1970-01-01 of a civil date (proleptic Gregorian), after Howard Hinnant's
-/// `days_from_civil`; `None` for an impossible date.
-fn days_from_civil(y: i64, m: i64, d: i64) -> Option<i64> {
-    let days_in_month = match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        _ => return None,
-    };
-    if !(1..=days_in_month).contains(&d) || !(1970..=9999).contains(&y) {
-        return None;
-    }
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    Some(era * 146_097 + doe - 719_468)
-}
-
-/// The window of `date` (`YYYY-MM-DD`) in a store `utc_offset_minutes` east of UTC.
-pub fn day_window(date: &str, utc_offset_minutes: i32) -> Option<DayWindow> {
+/// A civil date written `YYYY-MM-DD`, from 1970 on; `None` for anything else, including
+/// impossible dates such as 2026-02-30.
+fn parse_date(date: &str) -> Option<jiff::civil::Date> {
     let mut parts = date.split('-');
     let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || y.len() != 4 || m.len() != 2 || d.len() != 2 {
+    let digits = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_digit());
+    if parts.next().is_some() || !digits(y, 4) || !digits(m, 2) || !digits(d, 2) {
         return None;
     }
-    let days = days_from_civil(y.parse().ok()?, m.parse().ok()?, d.parse().ok()?)?;
-    let from = days * 86_400_000 - i64::from(utc_offset_minutes) * 60_000;
-    Some(DayWindow { from, to: from + 86_400_000 })
+    let year: i16 = y.parse().ok()?;
+    if year < 1970 {
+        return None;
+    }
+    jiff::civil::Date::new(year, m.parse().ok()?, d.parse().ok()?).ok()
+}
+
+/// The window of `date` (`YYYY-MM-DD`) in the store's time zone `zone`; `None` when the
+/// date is not a date.
+pub fn day_window(date: &str, zone: &Zone) -> Option<DayWindow> {
+    let day = parse_date(date)?;
+    // The start of a day is its first instant, which is usually midnight. Where midnight
+    // falls into a gap (clocks jump forward at 00:00) the conversion moves it forward past
+    // the gap, and where midnight happens twice (clocks fall back to 00:00) it takes the
+    // earlier one: in both cases the first instant that belongs to the day.
+    let start = |d: jiff::civil::Date| d.to_zoned(zone.rules().clone()).ok().map(|z| z.timestamp().as_millisecond());
+    let from = start(day)?;
+    let to = start(day.tomorrow().ok()?)?;
+    Some(DayWindow { from, to })
 }
 
 /// Counts of the day.
@@ -85,6 +88,8 @@ pub struct LedgerSums {
 pub struct Report {
     pub store_id: String,
     pub date: String,
+    /// The store's time zone the day was computed in, as stored: an IANA name
+    /// (`Europe/Berlin`), a fixed UTC offset (`+08:00`), or `UTC`.
     pub timezone: String,
     pub counts: DayCounts,
     pub ledger: LedgerSums,
@@ -204,6 +209,11 @@ pub enum ReconcileError {
     NoStore(String),
     #[error("date: {0:?} is not a date like 2026-11-29")]
     BadDate(String),
+    /// The store's stored time zone is not one this broker knows. Stores are only
+    /// created with zones that parse, so this means the row was changed by other means
+    /// (or by a broker with a newer time zone database).
+    #[error("store {store_id:?} has a time zone this broker does not know: {error}")]
+    StoreZone { store_id: String, error: tz::ZoneError },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -218,33 +228,88 @@ pub async fn reconcile(
 ) -> Result<Report, ReconcileError> {
     let shop =
         store.get_store(tenant_id, store_id).await?.ok_or_else(|| ReconcileError::NoStore(store_id.to_owned()))?;
-    let window = day_window(date, shop.utc_offset_minutes).ok_or_else(|| ReconcileError::BadDate(date.to_owned()))?;
+    let zone = tz::parse(&shop.timezone)
+        .map_err(|error| ReconcileError::StoreZone { store_id: store_id.to_owned(), error })?;
+    let window = day_window(date, &zone).ok_or_else(|| ReconcileError::BadDate(date.to_owned()))?;
     // Task ids begin with their creation time, so the day is an id range.
     let from_id = TaskId::from_parts(window.from, [0; 10]).into_string();
     let to_id = TaskId::from_parts(window.to, [0; 10]).into_string();
     let tasks = store.tasks_created_between(tenant_id, store_id, &from_id, &to_id).await?;
     let ledger = store.ledger_between(tenant_id, store_id, window.from, window.to).await?;
-    let m = shop.utc_offset_minutes;
-    let tz = format!("{}{:02}:{:02}", if m < 0 { '-' } else { '+' }, m.abs() / 60, m.abs() % 60);
-    Ok(compute(store_id, date, &tz, &tasks, &ledger, expected))
+    Ok(compute(store_id, date, zone.name(), &tasks, &ledger, expected))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn zone(name: &str) -> Zone {
+        tz::parse(name).expect(name)
+    }
+
+    const HOUR: i64 = 3_600_000;
+
     #[test]
     fn business_days_start_at_local_midnight() {
-        let utc = day_window("2026-11-29", 0).unwrap();
+        let utc = day_window("2026-11-29", &Zone::utc()).unwrap();
         assert_eq!(utc.from, 1_795_910_400_000); // date -u -d 2026-11-29 +%s
         assert_eq!(utc.to - utc.from, 86_400_000);
-        let shanghai = day_window("2026-11-29", 480).unwrap();
-        assert_eq!(utc.from - shanghai.from, 8 * 3_600_000);
-        assert_eq!(day_window("1970-01-01", 0).unwrap().from, 0);
-        assert_eq!(day_window("2024-02-29", 0).map(|w| w.from % 86_400_000), Some(0));
-        for bad in ["2026-02-30", "2026-13-01", "2026-1-01", "yesterday", "2023-02-29", ""] {
-            assert!(day_window(bad, 0).is_none(), "{bad}");
+        let shanghai = day_window("2026-11-29", &zone("+08:00")).unwrap();
+        assert_eq!(utc.from - shanghai.from, 8 * HOUR);
+        assert_eq!(shanghai.to - shanghai.from, 24 * HOUR);
+        let newfoundland_ish = day_window("2026-11-29", &zone("-03:30")).unwrap();
+        assert_eq!(newfoundland_ish.from - utc.from, 3 * HOUR + HOUR / 2);
+        assert_eq!(day_window("2026-11-29", &zone("Asia/Shanghai")), Some(shanghai));
+        assert_eq!(day_window("1970-01-01", &Zone::utc()).unwrap().from, 0);
+        assert_eq!(day_window("2024-02-29", &Zone::utc()).map(|w| w.from % 86_400_000), Some(0));
+        for bad in ["2026-02-30", "2026-13-01", "2026-1-01", "yesterday", "2023-02-29", "", "1969-12-31", "2026-+1-01"]
+        {
+            assert!(day_window(bad, &Zone::utc()).is_none(), "{bad}");
+            assert!(day_window(bad, &zone("Europe/Berlin")).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn business_days_follow_daylight_saving_time() {
+        // date -d 'TZ="Europe/Berlin" 2026-03-29 00:00' +%s → 1774738800
+        let berlin = zone("Europe/Berlin");
+        let spring = day_window("2026-03-29", &berlin).unwrap();
+        assert_eq!(spring.from, 1_774_738_800_000);
+        assert_eq!(spring.to - spring.from, 23 * HOUR, "clocks jump from 02:00 to 03:00");
+        // date -d 'TZ="Europe/Berlin" 2026-10-25 00:00' +%s → 1792879200
+        let autumn = day_window("2026-10-25", &berlin).unwrap();
+        assert_eq!(autumn.from, 1_792_879_200_000);
+        assert_eq!(autumn.to - autumn.from, 25 * HOUR, "clocks go back from 03:00 to 02:00");
+        // 23:30 local time on the long day is 22:30 UTC (+01:00 after the change): inside.
+        let late = autumn.from + 24 * HOUR + 30 * 60_000;
+        assert!(late < autumn.to);
+        // The days around a change still join without a gap or an overlap.
+        assert_eq!(day_window("2026-10-24", &berlin).unwrap().to, autumn.from);
+        assert_eq!(day_window("2026-10-26", &berlin).unwrap().from, autumn.to);
+        assert_eq!(day_window("2026-07-01", &berlin).map(|w| w.to - w.from), Some(24 * HOUR));
+
+        // date -d 'TZ="America/New_York" 2026-03-08 00:00' +%s → 1772946000
+        let new_york = zone("America/New_York");
+        let spring = day_window("2026-03-08", &new_york).unwrap();
+        assert_eq!(spring.from, 1_772_946_000_000);
+        assert_eq!(spring.to - spring.from, 23 * HOUR);
+        // date -d 'TZ="America/New_York" 2026-11-01 00:00' +%s → 1793505600
+        let autumn = day_window("2026-11-01", &new_york).unwrap();
+        assert_eq!(autumn.from, 1_793_505_600_000);
+        assert_eq!(autumn.to - autumn.from, 25 * HOUR);
+
+        // A fixed offset never changes, whatever the season.
+        assert_eq!(day_window("2026-10-25", &zone("+01:00")).map(|w| w.to - w.from), Some(24 * HOUR));
+    }
+
+    #[test]
+    fn a_day_whose_midnight_does_not_exist_starts_after_the_gap() {
+        // Brazil moved its clocks forward at midnight: on 2018-11-04 São Paulo went from
+        // 00:00 -03:00 straight to 01:00 -02:00, so that day began at 01:00 local time.
+        // date -u -d '2018-11-04 01:00 -0200' +%s → 1541300400
+        let sao_paulo = day_window("2018-11-04", &zone("America/Sao_Paulo")).unwrap();
+        assert_eq!(sao_paulo.from, 1_541_300_400_000);
+        assert_eq!(sao_paulo.to - sao_paulo.from, 23 * HOUR);
     }
 
     fn task(id: &str, biz: &str, state: TaskState, origin: Option<OriginKind>, succ: Option<&str>) -> Task {

@@ -449,7 +449,7 @@ async fn a_reconciliation_day_matches_the_hand_computed_report(pg: bool) {
     let date = w.state(&x1).await["created_at"].as_str().unwrap_or("").get(..10).unwrap_or("").to_owned();
     let got = w.post(&format!("/v1/stores/s1/reconciliation?date={date}"), json!(["R1", "R2", "R3", "R4"])).await;
     let expected = json!({
-        "store_id": "s1", "date": date, "timezone": "+00:00",
+        "store_id": "s1", "date": date, "timezone": "UTC",
         "counts": {"submitted": 4, "printed": 3, "reprinted": 1, "failed": 0, "in_doubt": 0,
                    "transferred": 0, "cancelled": 1, "closed": 0, "open": 0},
         "ledger": {"charges": 5, "charged_amount": 5, "refunds": 1, "refunded_amount": 1},

@@ -34,8 +34,13 @@ pub struct TenantCreated {
 pub struct CreateStore {
     pub id: String,
     pub name: String,
-    /// UTC offset of the store's business day, `+08:00` (default `+00:00`); used by the
-    /// daily reconciliation.
+    /// The store's time zone, which decides where its business day (daily reconciliation)
+    /// begins and ends: an IANA name such as `Asia/Shanghai` or `Europe/Berlin`, whose days
+    /// follow daylight saving time (23 or 25 hours long on the days the clocks change), or
+    /// a fixed UTC offset `+HH:MM` / `-HH:MM` of at most 14 hours, such as `+08:00`.
+    /// `Z`, `UTC`, an empty string or no field mean UTC. Names are looked up in the IANA
+    /// time zone database built into the broker, without regard to case; an unknown name
+    /// is refused with `invalid_request`.
     pub timezone: Option<String>,
 }
 
@@ -43,26 +48,15 @@ pub struct CreateStore {
 pub struct StoreOut {
     pub id: String,
     pub name: String,
-    /// UTC offset, `+08:00`.
+    /// The store's time zone as stored: an IANA name as the time zone database spells it
+    /// (`Europe/Berlin`), a fixed offset `+HH:MM` / `-HH:MM` (`+08:00`), or `UTC`.
     pub timezone: String,
     pub created_at: String,
 }
 
-/// `+HH:MM` for an offset in minutes.
-pub fn offset_string(minutes: i32) -> String {
-    let sign = if minutes < 0 { '-' } else { '+' };
-    let m = minutes.abs();
-    format!("{sign}{:02}:{:02}", m / 60, m % 60)
-}
-
 impl From<StoreRow> for StoreOut {
     fn from(s: StoreRow) -> Self {
-        StoreOut {
-            id: s.id,
-            name: s.name,
-            timezone: offset_string(s.utc_offset_minutes),
-            created_at: rfc3339(s.created_at),
-        }
+        StoreOut { id: s.id, name: s.name, timezone: s.timezone, created_at: rfc3339(s.created_at) }
     }
 }
 

@@ -5,6 +5,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use onceprint_core::CoreError;
+use onceprint_engine::tz::ZoneError;
 use onceprint_engine::IntakeError;
 use onceprint_store::StoreError;
 use serde::Serialize;
@@ -123,5 +124,13 @@ impl From<IntakeError> for ApiError {
             ),
             IntakeError::Store(s) => s.into(),
         }
+    }
+}
+
+impl From<ZoneError> for ApiError {
+    /// A `timezone` the broker does not know. The message names the field and gives
+    /// examples of what is accepted.
+    fn from(e: ZoneError) -> Self {
+        ApiError::invalid(e.to_string())
     }
 }

@@ -1,5 +1,10 @@
 //! A reconciliation day with missing, unexpected and reprinted orders, matched against a
-//! hand-computed expectation, on SQLite and PostgreSQL.
+//! hand-computed expectation, and stores' time zones, on SQLite and PostgreSQL.
+//!
+//! Where a business day begins and ends across daylight saving changes is tested in the
+//! engine (`reconcile::tests` and `tests/reconcile_time_zones.rs`), with tasks at chosen
+//! times; here the broker stamps tasks with the current time, so only the `timezone`
+//! text is checked: accepted, refused, kept and shown.
 
 mod common;
 
@@ -7,7 +12,12 @@ use common::{order, TestApp};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-both_backends!(a_day_with_missing_unexpected_and_reprinted_orders, bad_reconciliation_requests);
+both_backends!(
+    a_day_with_missing_unexpected_and_reprinted_orders,
+    bad_reconciliation_requests,
+    stores_take_iana_time_zones_and_fixed_offsets,
+    unknown_time_zones_are_refused_naming_the_field
+);
 
 async fn deliver_and_ack(app: &TestApp, token: &str, outcome: &str) -> String {
     let d = app.post("/v1/agent/poll", token, json!({"agent_id": "a1", "session": "s", "wait_ms": 1000})).await;
@@ -70,7 +80,7 @@ async fn a_day_with_missing_unexpected_and_reprinted_orders(app: &TestApp) {
     let got = app.post(&path, &key, json!(["O1", "O2", "O3", "O4", "O5"])).await;
     assert_eq!(got.status, StatusCode::OK, "{got:?}");
     let expected = json!({
-        "store_id": "s1", "date": date, "timezone": "+00:00",
+        "store_id": "s1", "date": date, "timezone": "UTC",
         "counts": {"submitted": 5, "printed": 3, "reprinted": 1, "failed": 0, "in_doubt": 1,
                    "transferred": 0, "cancelled": 1, "closed": 0, "open": 0},
         "ledger": {"charges": 6, "charged_amount": 6, "refunds": 1, "refunded_amount": 1},
@@ -117,8 +127,79 @@ async fn bad_reconciliation_requests(app: &TestApp) {
     );
     let east = app.get("/v1/stores/east/reconciliation?date=2026-11-29", &other).await;
     assert_eq!(east.body["timezone"], "+08:00");
-    let bad = app.post("/v1/stores", &other, json!({"id": "west", "name": "W", "timezone": "Europe/Paris"})).await;
+    let bad = app.post("/v1/stores", &other, json!({"id": "west", "name": "W", "timezone": "Europe/Pariss"})).await;
     assert_eq!(bad.code(), "invalid_request");
     let a = app.post("/v1/stores/s1/reconciliation?date=2026-11-29", &key, json!({"nope": 1})).await;
     assert_eq!(a.code(), "invalid_request");
+}
+
+async fn stores_take_iana_time_zones_and_fixed_offsets(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let created =
+        app.post("/v1/stores", &key, json!({"id": "berlin", "name": "Berlin", "timezone": "Europe/Berlin"})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["timezone"], "Europe/Berlin");
+    assert_eq!(app.get("/v1/stores/berlin", &key).await.body["timezone"], "Europe/Berlin");
+
+    // Other spellings, and what the broker keeps for each: names as the time zone
+    // database writes them, offsets as +HH:MM, and one spelling for UTC.
+    for (id, given, kept) in [
+        ("ny", json!("america/new_york"), "America/New_York"),
+        ("shanghai", json!("+8:00"), "+08:00"),
+        ("mumbai", json!("+05:30"), "+05:30"),
+        ("stjohns", json!("-03:30"), "-03:30"),
+        ("zulu", json!("Z"), "UTC"),
+        ("zero", json!("+00:00"), "UTC"),
+        ("empty", json!(""), "UTC"),
+        ("none", Value::Null, "UTC"),
+    ] {
+        let a = app.post("/v1/stores", &key, json!({"id": id, "name": id, "timezone": given})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{given}: {a:?}");
+        assert_eq!(a.body["timezone"], kept, "{given}");
+    }
+    let listed = app.get("/v1/stores", &key).await;
+    let zones: Vec<(&str, &str)> = listed.body["stores"]
+        .as_array()
+        .expect("stores")
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap_or(""), s["timezone"].as_str().unwrap_or("")))
+        .collect();
+    assert!(zones.contains(&("berlin", "Europe/Berlin")) && zones.contains(&("ny", "America/New_York")), "{zones:?}");
+    assert!(zones.contains(&("s1", "UTC")), "a store created without a time zone is on UTC: {zones:?}");
+
+    // The report names the zone its day was computed in, also on the day the clocks go
+    // back (a 25-hour day in Berlin).
+    let day = app.get("/v1/stores/berlin/reconciliation?date=2026-10-25", &key).await;
+    assert_eq!(day.status, StatusCode::OK, "{day:?}");
+    assert_eq!(
+        (day.body["timezone"].as_str(), day.body["counts"]["submitted"].as_u64()),
+        (Some("Europe/Berlin"), Some(0))
+    );
+    let csv = app
+        .http
+        .get(format!("{}/v1/stores/ny/reconciliation?date=2026-11-01", app.base))
+        .bearer_auth(&key)
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .expect("csv");
+    assert!(csv.text().await.expect("text").contains("report,timezone,America/New_York\n"));
+}
+
+async fn unknown_time_zones_are_refused_naming_the_field(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let mars = app.post("/v1/stores", &key, json!({"id": "mars", "name": "Mars", "timezone": "Mars/Olympus"})).await;
+    assert_eq!((mars.status, mars.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{mars:?}");
+    let message = mars.body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.starts_with("timezone: "), "{message}");
+    assert!(message.contains("Mars/Olympus"), "says what was wrong: {message}");
+    assert!(message.contains("\"Asia/Shanghai\"") && message.contains("\"+08:00\""), "gives examples: {message}");
+    assert_eq!(app.get("/v1/stores/mars", &key).await.code(), "not_found", "nothing was stored");
+
+    for bad in [json!("+15:00"), json!("+0800"), json!("08:00"), json!("+08:60"), json!("Etc/Unknown"), json!(480)] {
+        let a = app.post("/v1/stores", &key, json!({"id": "bad", "name": "Bad", "timezone": bad})).await;
+        assert_eq!(a.code(), "invalid_request", "{bad}: {a:?}");
+        assert!(a.body["error"]["message"].as_str().unwrap_or("").contains("timezone"), "{bad}: {a:?}");
+    }
+    assert_eq!(app.get("/v1/stores/bad", &key).await.code(), "not_found");
 }

@@ -237,10 +237,10 @@ impl Store for PostgresStore {
         let row = self
             .insert_returning(
                 &format!(
-                    "INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at)
+                    "INSERT INTO stores (tenant_id, id, name, timezone, created_at)
                      VALUES ($1, $2, $3, $4, $5) RETURNING {STORE_COLUMNS}"
                 ),
-                &[&store.tenant_id, &store.id, &store.name, &store.utc_offset_minutes, &store.now],
+                &[&store.tenant_id, &store.id, &store.name, &store.timezone, &store.now],
             )
             .await?
             .map_err(|e| {

@@ -18,8 +18,14 @@ use crate::error::pg_error;
 const LOCK_CLASS: i32 = 0x6f70_6d67; // "opmg"
 
 /// `(version, SQL)` in the order they must be applied. Versions are increasing.
-pub(crate) const MIGRATIONS: &[(i32, &str)] =
-    &[(1, V1_INITIAL), (2, V2_DELIVERY), (3, V3_OPERATIONS), (4, V4_RECONCILIATION), (5, V5_ALERTS)];
+pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
+    (1, V1_INITIAL),
+    (2, V2_DELIVERY),
+    (3, V3_OPERATIONS),
+    (4, V4_RECONCILIATION),
+    (5, V5_ALERTS),
+    (6, V6_TIME_ZONES),
+];
 
 /// The version a fully migrated database reports.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -224,6 +230,25 @@ CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
 CREATE INDEX webhook_deliveries_by_hook ON webhook_deliveries (tenant_id, webhook_id, created_at);
 "#;
 
+/// Time zones: a store's business day follows its time zone, an IANA name such as
+/// "Europe/Berlin" (daylight saving time included) or a fixed offset. Existing stores keep
+/// the offset they had, written `+HH:MM` / `-HH:MM`, and `UTC` for none.
+///
+/// `utc_offset_minutes` stays, unused by this version. Brokers of the previous version
+/// may still run against the same database during a rolling upgrade, and they insert
+/// stores with that column; dropping it would make their store creation fail. (A store
+/// created by such a broker after this migration gets the default `UTC` here, whatever
+/// offset it was given, so stores in other zones are best created once every node runs
+/// this version.)
+const V6_TIME_ZONES: &str = r#"
+ALTER TABLE stores ADD COLUMN timezone TEXT NOT NULL DEFAULT 'UTC';
+UPDATE stores
+   SET timezone = (CASE WHEN utc_offset_minutes < 0 THEN '-' ELSE '+' END)
+                  || lpad((abs(utc_offset_minutes) / 60)::text, 2, '0')
+                  || ':' || lpad((abs(utc_offset_minutes) % 60)::text, 2, '0')
+ WHERE utc_offset_minutes <> 0;
+"#;
+
 /// Applies every migration the schema has not seen yet, one transaction each.
 pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult<()> {
     for (version, sql) in MIGRATIONS {
@@ -280,5 +305,45 @@ mod tests {
     fn versions_increase_from_one() {
         assert_eq!(MIGRATIONS[0].0, 1);
         assert!(MIGRATIONS.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    /// The migration to time zones keeps every existing store's offset, now as text.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stores_keep_their_utc_offset_as_a_time_zone() {
+        use onceprint_store::Store as _;
+
+        let Some(schema) = crate::testing::fresh_schema().await else { return };
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        // The schema as the broker before time zones left it: migrations 1 to 5.
+        client
+            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+            .await
+            .expect("schema_migrations");
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 5) {
+            client.batch_execute(sql).await.expect("old migration");
+            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[version]).await.expect("version");
+        }
+        client
+            .batch_execute(
+                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+                 INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES
+                     ('t', 'east', 'e', 480, 0), ('t', 'india', 'i', 330, 0), ('t', 'west', 'w', -300, 0),
+                     ('t', 'newfoundland', 'n', -210, 0), ('t', 'utc', 'u', 0, 0);",
+            )
+            .await
+            .expect("old rows");
+        drop(client);
+        let _ = driver.await;
+
+        let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
+        assert_eq!(store.schema_version().await.expect("version"), LATEST_VERSION);
+        let zones: Vec<(String, String)> =
+            store.list_stores("t").await.expect("stores").into_iter().map(|s| (s.id, s.timezone)).collect();
+        let want =
+            [("east", "+08:00"), ("india", "+05:30"), ("newfoundland", "-03:30"), ("utc", "UTC"), ("west", "-05:00")];
+        assert_eq!(zones, want.map(|(id, tz)| (id.to_owned(), tz.to_owned())));
+        drop(store);
+        drop(schema);
     }
 }

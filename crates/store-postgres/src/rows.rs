@@ -25,7 +25,7 @@ pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printe
      t.origin_kind, t.reprint_no, t.successor_task_id";
 
 /// The store columns in the order [`store`] reads them.
-pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, utc_offset_minutes, created_at";
+pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, timezone, created_at";
 
 /// The ledger columns in the order [`ledger_entry`] reads them.
 pub(crate) const LEDGER_COLUMNS: &str = "task_id, tenant_id, kind, amount, at";
@@ -88,7 +88,7 @@ pub(crate) fn store(row: &Row) -> StoreResult<StoreRow> {
         tenant_id: col(row, 0)?,
         id: col(row, 1)?,
         name: col(row, 2)?,
-        utc_offset_minutes: col(row, 3)?,
+        timezone: col(row, 3)?,
         created_at: col(row, 4)?,
     })
 }

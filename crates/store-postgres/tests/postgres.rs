@@ -65,7 +65,7 @@ async fn writes_name_what_exists_or_is_missing() {
             tenant_id: "ghost".into(),
             id: "s1".into(),
             name: "x".into(),
-            utc_offset_minutes: 0,
+            timezone: "UTC".into(),
             now: NOW,
         })
         .await;

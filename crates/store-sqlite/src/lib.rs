@@ -525,3 +525,55 @@ impl Store for SqliteStore {
         self.write(move |c| sql::update_printer_status(c, &updates)).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The migration to time zones keeps every existing store's offset, now as text.
+    #[test]
+    fn stores_keep_their_utc_offset_as_a_time_zone() {
+        let mut conn = Connection::open_in_memory().expect("memory database");
+        // The database as the broker before time zones left it: migrations 1 to 5.
+        conn.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
+            .expect("schema_migrations");
+        for (i, sql) in schema::MIGRATIONS.iter().take(5).enumerate() {
+            conn.execute_batch(sql).expect("old migration");
+            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1])
+                .expect("version");
+        }
+        conn.execute("INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0)", [])
+            .expect("tenant");
+        for (id, minutes) in [("east", 480), ("india", 330), ("west", -300), ("newfoundland", -210), ("utc", 0)] {
+            conn.execute(
+                "INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES ('t', ?1, ?1, ?2, 0)",
+                rusqlite::params![id, minutes],
+            )
+            .expect("store");
+        }
+
+        migrate(&mut conn).expect("migrate");
+
+        let zones: Vec<(String, String)> =
+            sql::list_stores(&conn, "t").expect("stores").into_iter().map(|s| (s.id, s.timezone)).collect();
+        let want =
+            [("east", "+08:00"), ("india", "+05:30"), ("newfoundland", "-03:30"), ("utc", "UTC"), ("west", "-05:00")];
+        assert_eq!(zones, want.map(|(id, tz)| (id.to_owned(), tz.to_owned())));
+        // A store created afterwards gets the zone it is given.
+        sql::create_store(
+            &conn,
+            NewStore {
+                tenant_id: "t".into(),
+                id: "berlin".into(),
+                name: "Berlin".into(),
+                timezone: "Europe/Berlin".into(),
+                now: 0,
+            },
+        )
+        .expect("new store");
+        assert_eq!(
+            sql::get_store(&conn, "t", "berlin").expect("read").map(|s| s.timezone).as_deref(),
+            Some("Europe/Berlin")
+        );
+    }
+}

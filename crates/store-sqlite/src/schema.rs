@@ -158,4 +158,16 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_at) WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL;
 CREATE INDEX webhook_deliveries_by_hook ON webhook_deliveries(tenant_id, webhook_id, created_at);
 "#,
+    // Time zones: a store's business day follows its time zone, an IANA name such as
+    // "Europe/Berlin" (daylight saving time included) or a fixed offset. Existing stores
+    // keep the offset they had, written "+HH:MM" / "-HH:MM", and "UTC" for none. The old
+    // column stays, unused: dropping it would gain nothing, but a broker of the previous
+    // version opened on this file after a downgrade still writes and reads it.
+    r#"
+ALTER TABLE stores ADD COLUMN timezone TEXT NOT NULL DEFAULT 'UTC';
+UPDATE stores
+   SET timezone = (CASE WHEN utc_offset_minutes < 0 THEN '-' ELSE '+' END)
+                  || printf('%02d:%02d', abs(utc_offset_minutes) / 60, abs(utc_offset_minutes) % 60)
+ WHERE utc_offset_minutes <> 0;
+"#,
 ];

@@ -85,32 +85,20 @@ pub fn tenant_by_key_hash(c: &Connection, h: &str) -> StoreResult<Option<Tenant>
 
 pub fn create_store(c: &Connection, s: NewStore) -> StoreResult<StoreRow> {
     c.execute(
-        "INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![s.tenant_id, s.id, s.name, s.utc_offset_minutes, s.now],
+        "INSERT INTO stores (tenant_id, id, name, timezone, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![s.tenant_id, s.id, s.name, s.timezone, s.now],
     )
     .map_err(|e| constraint_err(e, &format!("store {}", s.id), &format!("tenant {}", s.tenant_id)))?;
-    Ok(StoreRow {
-        tenant_id: s.tenant_id,
-        id: s.id,
-        name: s.name,
-        utc_offset_minutes: s.utc_offset_minutes,
-        created_at: s.now,
-    })
+    Ok(StoreRow { tenant_id: s.tenant_id, id: s.id, name: s.name, timezone: s.timezone, created_at: s.now })
 }
 
 fn store_from_row(r: &Row<'_>) -> rusqlite::Result<StoreRow> {
-    Ok(StoreRow {
-        tenant_id: r.get(0)?,
-        id: r.get(1)?,
-        name: r.get(2)?,
-        created_at: r.get(3)?,
-        utc_offset_minutes: r.get(4)?,
-    })
+    Ok(StoreRow { tenant_id: r.get(0)?, id: r.get(1)?, name: r.get(2)?, created_at: r.get(3)?, timezone: r.get(4)? })
 }
 
 pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreRow>> {
     c.query_row(
-        "SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 AND id = ?2",
+        "SELECT tenant_id, id, name, created_at, timezone FROM stores WHERE tenant_id = ?1 AND id = ?2",
         [t, id],
         store_from_row,
     )
@@ -120,9 +108,7 @@ pub fn get_store(c: &Connection, t: &str, id: &str) -> StoreResult<Option<StoreR
 
 pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
     let mut s = c
-        .prepare_cached(
-            "SELECT tenant_id, id, name, created_at, utc_offset_minutes FROM stores WHERE tenant_id = ?1 ORDER BY id",
-        )
+        .prepare_cached("SELECT tenant_id, id, name, created_at, timezone FROM stores WHERE tenant_id = ?1 ORDER BY id")
         .map_err(backend_err)?;
     let rows = s.query_map([t], store_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)

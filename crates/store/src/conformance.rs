@@ -64,7 +64,8 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
         tenant_id: id.into(),
         id: "s1".into(),
         name: "Main".into(),
-        utc_offset_minutes: 480,
+        // An IANA name, so that the round trip below shows the text is kept as it is.
+        timezone: "Europe/Berlin".into(),
         now: NOW,
     })
     .await
@@ -134,15 +135,29 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             tenant_id: "acme".into(),
             id: "s1".into(),
             name: "x".into(),
-            utc_offset_minutes: 0,
+            timezone: "UTC".into(),
             now: NOW,
         })
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
     let st = s.get_store("acme", "s1").await.unwrap().unwrap();
-    assert_eq!((st.name.as_str(), st.utc_offset_minutes), ("Main", 480));
+    assert_eq!((st.name.as_str(), st.timezone.as_str()), ("Main", "Europe/Berlin"));
     assert_eq!(s.get_store("acme", "s9").await.unwrap(), None);
     assert_eq!(s.list_stores("acme").await.unwrap().len(), 1);
+    let fixed = s
+        .create_store(NewStore {
+            tenant_id: "acme".into(),
+            id: "s3".into(),
+            name: "Offset".into(),
+            timezone: "-05:30".into(),
+            now: NOW,
+        })
+        .await
+        .unwrap();
+    assert_eq!(fixed.timezone, "-05:30");
+    let zones: Vec<(String, String)> =
+        s.list_stores("acme").await.unwrap().into_iter().map(|st| (st.id, st.timezone)).collect();
+    assert_eq!(zones, vec![("s1".to_string(), "Europe/Berlin".to_string()), ("s3".to_string(), "-05:30".to_string())]);
 
     let bad = s
         .create_printer(NewPrinter {
@@ -348,7 +363,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         tenant_id: "acme".into(),
         id: "s2".into(),
         name: "Two".into(),
-        utc_offset_minutes: 0,
+        timezone: "UTC".into(),
         now: NOW,
     })
     .await

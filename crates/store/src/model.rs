@@ -25,9 +25,11 @@ pub struct NewStore {
     pub tenant_id: String,
     pub id: String,
     pub name: String,
-    /// The store's offset from UTC in minutes; its business days (reconciliation) start
-    /// at local midnight.
-    pub utc_offset_minutes: i32,
+    /// The store's time zone, already checked by the caller: an IANA name
+    /// ("Europe/Berlin"), a fixed offset ("+08:00"), or "UTC". Its business days
+    /// (reconciliation) start at local midnight in this zone. The store keeps the text as
+    /// given and does not interpret it.
+    pub timezone: String,
     pub now: Millis,
 }
 
@@ -36,7 +38,8 @@ pub struct StoreRow {
     pub tenant_id: String,
     pub id: String,
     pub name: String,
-    pub utc_offset_minutes: i32,
+    /// See [`NewStore::timezone`].
+    pub timezone: String,
     pub created_at: Millis,
 }
 

@@ -14,7 +14,9 @@ use crate::AppState;
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DateParam {
-    /// The business day, `YYYY-MM-DD`, in the store's time zone.
+    /// The business day, `YYYY-MM-DD`, in the store's time zone: from the start of that
+    /// local date to the start of the next, which is 23 or 25 hours on the days daylight
+    /// saving time begins or ends.
     pub date: String,
 }
 
@@ -87,6 +89,12 @@ fn map_err(e: ReconcileError) -> ApiError {
     match e {
         ReconcileError::NoStore(s) => ApiError::not_found(format!("no store {s:?}")),
         ReconcileError::BadDate(_) => ApiError::invalid(e.to_string()),
+        // The request was fine; the stored row is not. That is for the operator's log,
+        // and the caller can do nothing about it but report it.
+        ReconcileError::StoreZone { .. } => {
+            tracing::error!(error = %e, "cannot reconcile");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the broker log")
+        }
         ReconcileError::Store(s) => s.into(),
     }
 }

@@ -4,7 +4,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::validate_id;
-use onceprint_engine::{clock::now_ms, secrets};
+use onceprint_engine::{clock::now_ms, secrets, tz};
 use onceprint_store::{NewAgentToken, NewPrinter, NewStation, NewStore, NewTenant};
 
 use crate::dto::*;
@@ -42,26 +42,6 @@ pub async fn create_tenant(
     ))
 }
 
-/// Parses a UTC offset `+HH:MM` / `-HH:MM` (or `Z`) into minutes.
-fn parse_offset(tz: Option<&str>) -> Result<i32, ApiError> {
-    let Some(tz) = tz.filter(|t| !t.is_empty()) else { return Ok(0) };
-    let bad = || ApiError::invalid(format!("timezone: {tz:?} is not a UTC offset like \"+08:00\" or \"-05:00\""));
-    if tz == "Z" || tz == "UTC" {
-        return Ok(0);
-    }
-    let (sign, rest) = match tz.as_bytes().first() {
-        Some(b'+') => (1, &tz[1..]),
-        Some(b'-') => (-1, &tz[1..]),
-        _ => return Err(bad()),
-    };
-    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
-    let (h, m): (i32, i32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-    if h > 14 || m > 59 || h < 0 || m < 0 {
-        return Err(bad());
-    }
-    Ok(sign * (h * 60 + m))
-}
-
 /// Create a store of the calling tenant.
 #[utoipa::path(post, path = "/v1/stores", tag = "set-up", request_body = CreateStore,
     security(("tenant" = [])),
@@ -74,13 +54,15 @@ pub async fn create_store(
 ) -> Result<(StatusCode, Json<StoreOut>), ApiError> {
     validate_id("id", &req.id)?;
     check_name("name", &req.name)?;
+    // Checked before anything is written; the canonical text is what the store keeps.
+    let zone = tz::parse(req.timezone.as_deref().unwrap_or_default())?;
     let s = st
         .store
         .create_store(NewStore {
             tenant_id: auth.tenant_id,
             id: req.id,
             name: req.name,
-            utc_offset_minutes: parse_offset(req.timezone.as_deref())?,
+            timezone: zone.name().to_owned(),
             now: now_ms(),
         })
         .await?;

@@ -30,7 +30,7 @@ pub async fn tenant_with_store(s: &dyn Store, id: &str) {
         tenant_id: id.into(),
         id: "s1".into(),
         name: "Main".into(),
-        utc_offset_minutes: 0,
+        timezone: "UTC".into(),
         now: NOW,
     })
     .await
