@@ -23,6 +23,7 @@ pub mod migrations;
 mod operations;
 mod reconcile;
 mod rows;
+mod statistics;
 mod submit;
 pub mod testing;
 
@@ -48,6 +49,8 @@ const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A [`Store`] on PostgreSQL. Cheap to share: clone the `Arc` it is usually wrapped in.
 pub struct PostgresStore {
     pool: Pool,
+    /// Keeps the planner statistics of the busy tables current while the store lives.
+    _statistics: statistics::Keeper,
 }
 
 impl PostgresStore {
@@ -82,7 +85,7 @@ impl PostgresStore {
         migrations::apply(&mut client).await.map_err(unavailable)?;
         drop(client);
 
-        let store = PostgresStore { pool };
+        let store = PostgresStore { _statistics: statistics::spawn(pool.clone()), pool };
         let version = store.schema_version().await?;
         if version > migrations::LATEST_VERSION {
             // A newer broker migrated this database. Running on is usually fine (migrations
