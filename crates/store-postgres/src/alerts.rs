@@ -4,7 +4,9 @@
 //! transition, see [`crate::delivery`], or a printer going on- or offline), together with
 //! one `webhook_deliveries` row for each endpoint of the tenant whose `events` contain its
 //! kind, due at once. A committed change therefore always has its alert, and a change that
-//! did not apply has none. The sender reads due deliveries here, through the partial index
+//! did not apply has none. An alert no endpoint wants is not written at all: nothing
+//! reads the outbox except through a delivery, and a `task.printed` row for every task
+//! would be a write per print for nobody. The sender reads due deliveries here, through the partial index
 //! `webhook_deliveries_due`, and records each attempt.
 
 use onceprint_core::Millis;

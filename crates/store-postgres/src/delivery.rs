@@ -35,8 +35,8 @@ use crate::rows::{self, TASK_COLUMNS};
 const ONE_IN_FLIGHT: &str = "tasks_one_in_flight_per_printer";
 
 /// One statement, hence atomic on its own: the compare-and-set update, its audit event
-/// and, when the change carries one, its alert in the outbox with one delivery per
-/// endpoint of the tenant that wants its kind. When the update matches no row, the inserts
+/// and, when the change carries one and an endpoint of the tenant wants its kind, its
+/// alert in the outbox with one delivery per such endpoint. When the update matches no row, the inserts
 /// read nothing from it and write nothing; the statement returns a row exactly when the
 /// change applied. Without an alert (`$13` NULL) the outbox insert writes nothing either.
 const TRANSITION: &str = "
@@ -55,7 +55,9 @@ logged AS (
 ),
 alert AS (
     INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
-    SELECT $13::text, $14::text, $15::text, $16::text, $17::int8 FROM moved WHERE $13::text IS NOT NULL
+    SELECT $13::text, $14::text, $15::text, $16::text, $17::int8 FROM moved
+    WHERE $13::text IS NOT NULL
+      AND EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = $14::text AND $15::text = ANY (w.events))
     RETURNING event_id, tenant_id, kind, created_at
 ),
 fanned_out AS (
@@ -136,7 +138,10 @@ updated AS (
 ),
 alerts AS (
     INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
-    SELECT event_id, tenant_id, kind, payload, seen_at FROM reports WHERE online <> was_online ORDER BY ord
+    SELECT event_id, tenant_id, kind, payload, seen_at FROM reports r
+    WHERE online <> was_online
+      AND EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = r.tenant_id AND r.kind = ANY (w.events))
+    ORDER BY ord
     RETURNING event_id, tenant_id, kind, created_at
 )
 INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)

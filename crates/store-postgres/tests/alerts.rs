@@ -148,6 +148,7 @@ async fn reports_in_one_call_alert_on_every_flip() {
     let db = raw(&h.url).await;
     tenant(s, "acme").await;
     webhook(s, "acme", "ops", &["printer.offline"]).await;
+    webhook(s, "acme", "audit", &["printer.online", "printer.offline"]).await;
     // Printers start offline. The reports apply in order, as if one after the other.
     let mut unknown = report("p9", true, 1);
     unknown.event_id = "evt-unknown".into();
@@ -173,15 +174,26 @@ async fn reports_in_one_call_alert_on_every_flip() {
     let p1 = s.get_printer("acme", "p1").await.unwrap().unwrap();
     assert_eq!((p1.online, p1.last_seen_at), (true, Some(NOW + 6)), "the last report wins");
     assert_eq!(s.get_printer("acme", "p2").await.unwrap().unwrap().last_seen_at, Some(NOW + 2));
-    // Only the endpoint's kind is delivered, with the alert's body.
+    // Each endpoint gets the kinds it asked for, with the alert's body.
     let due = s.due_webhooks(NOW + 100, 10).await.unwrap();
-    assert_eq!(due.len(), 1);
-    assert_eq!(due[0].event_id, "evt-p1-4");
+    let mut pairs: Vec<(&str, &str)> = due.iter().map(|d| (d.event_id.as_str(), d.webhook_id.as_str())).collect();
+    pairs.sort();
+    assert_eq!(pairs, vec![("evt-p1-1", "audit"), ("evt-p1-4", "audit"), ("evt-p1-4", "ops"), ("evt-p1-6", "audit")]);
+    let offline = due.iter().find(|d| d.webhook_id == "ops").expect("ops delivery");
     assert_eq!(
-        due[0].payload,
+        offline.payload,
         r#"{"created_at_ms":1764000000004,"data":{"last_error":null,"online":false,"printer_id":"p1"},"id":"evt-p1-4","tenant_id":"acme","type":"printer.offline"}"#
     );
     s.update_printer_status(&[]).await.unwrap();
+
+    // A flip of a tenant without endpoints writes no alert at all: nobody would read it.
+    tenant(s, "solo").await;
+    let mut solo = report("p1", true, 7);
+    solo.tenant_id = "solo".into();
+    solo.event_id = "evt-solo".into();
+    s.update_printer_status(&[solo]).await.unwrap();
+    assert!(s.get_printer("solo", "p1").await.unwrap().unwrap().online, "the flip itself is recorded");
+    assert_eq!(outbox(&db).await.len(), 3, "no alert for nobody");
     drop(db);
     drop(h);
 }
@@ -192,6 +204,7 @@ async fn racing_reports_alert_once_and_never_deadlock() {
     let s: Arc<dyn Store> = h.store.clone();
     let mut gate = raw(&h.url).await;
     tenant(s.as_ref(), "acme").await;
+    webhook(s.as_ref(), "acme", "ops", &["printer.online", "printer.offline"]).await;
     for round in 0..20i64 {
         let online = round % 2 == 0; // every round flips both printers
                                      // The rows are locked while both reports start, so that they surely race; they

@@ -443,8 +443,19 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
 }
 
 /// Writes an alert to the outbox and fans it out to the tenant's endpoints that want it,
-/// in the caller's transaction.
+/// in the caller's transaction. An alert no endpoint wants is not written: the outbox is
+/// only ever read through its deliveries, and a `task.printed` row for every task would
+/// be a write per print for nobody.
 fn insert_event(c: &Connection, e: &OutboxEvent) -> StoreResult<()> {
+    let wanted = c
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM webhooks w, json_each(w.events) k WHERE w.tenant_id = ?1 AND k.value = ?2)",
+        )
+        .and_then(|mut s| s.query_row(params![e.tenant_id, e.kind], |r| r.get::<_, bool>(0)))
+        .map_err(backend_err)?;
+    if !wanted {
+        return Ok(());
+    }
     c.prepare_cached("INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")
         .and_then(|mut s| s.execute(params![e.event_id, e.tenant_id, e.kind, e.payload, e.now]))
         .map_err(backend_err)?;
