@@ -4,6 +4,7 @@
 
 use onceprint_core::TaskId;
 use onceprint_engine::reconcile::{reconcile, ReconcileError};
+use onceprint_store::conformance::new_task;
 use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, Store};
 
 const MINUTE: i64 = 60_000;
@@ -12,25 +13,13 @@ const HOUR: i64 = 60 * MINUTE;
 /// `date -d 'TZ="Europe/Berlin" 2026-10-25 00:00' +%s`.
 const BERLIN_OCT_25: i64 = 1_792_879_200_000;
 
+/// A submission of tenant acme at store "berlin", created at `at` (its id carries that time).
 fn task(biz_no: &str, at: i64, n: u8) -> NewTask {
-    NewTask {
-        task_id: TaskId::from_parts(at, [n; 10]).into_string(),
-        tenant_id: "acme".into(),
-        store_id: "berlin".into(),
-        printer_id: "p1".into(),
-        station_id: None,
-        target: "printer:p1".into(),
-        biz_no: biz_no.into(),
-        print_type: "receipt".into(),
-        priority: 10,
-        content_type: "text".into(),
-        content: biz_no.as_bytes().to_vec(),
-        fingerprint: format!("fp-{biz_no}"),
-        actor: "tenant:acme".into(),
-        charge: 1,
-        now: at,
-        origin: None,
-    }
+    let mut t = new_task("acme", biz_no, biz_no, u64::from(n));
+    t.task_id = TaskId::from_parts(at, [n; 10]).into_string();
+    t.store_id = "berlin".into();
+    t.now = at;
+    t
 }
 
 async fn berlin_store(s: &dyn Store) {
