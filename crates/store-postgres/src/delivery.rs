@@ -10,7 +10,9 @@
 //! a unique violation if the first commits, success if it rolls back. So two engines can
 //! never both hand a printer a task.
 //!
-//! A batch of transitions runs in one transaction, its statements pipelined over the one
+//! A batch of transitions is one statement over `unnest` where that means the same as
+//! applying its changes one after the other (see [`apply_transitions`]). Otherwise it
+//! runs in one transaction, its statements pipelined over the one
 //! connection: every change is sent up front, and the answers are read afterwards. A
 //! violation would abort the whole transaction, so each change to `sent` (the only kind
 //! that can collide) runs under a savepoint. When one is refused, everything sent after it
@@ -66,6 +68,52 @@ fanned_out AS (
     FROM alert a JOIN webhooks w ON w.tenant_id = a.tenant_id AND a.kind = ANY (w.events)
 )
 SELECT id FROM logged";
+
+/// A whole batch of changes as one statement: [`TRANSITION`] over the rows of `unnest`,
+/// each row's compare-and-set, audit event and alert exactly as there, the events in
+/// the order of the batch. It returns the ordinal (from 1) of every change that applied.
+/// Used only where it means the same as applying the changes one after the other (see
+/// [`apply_transitions`]); a refusal by the one-in-flight index fails it whole.
+const TRANSITION_BATCH: &str = "
+WITH c AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::int8[],
+                         $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
+                         $15::text[], $16::text[], $17::int8[])
+        WITH ORDINALITY AS c(id, to_state, from_state, expected, attempts, last_error, next_attempt_at, now_ms,
+                             actor, reason, sent_to, sent_session, event_id, event_tenant, event_kind,
+                             event_payload, event_at, ord)
+),
+moved AS (
+    UPDATE tasks t
+    SET state = c.to_state, attempts = c.attempts, last_error = c.last_error, next_attempt_at = c.next_attempt_at,
+        updated_at = c.now_ms,
+        printed_at = CASE WHEN c.to_state = 'printed' THEN c.now_ms ELSE t.printed_at END,
+        sent_to = c.sent_to, sent_session = c.sent_session
+    FROM c
+    WHERE t.id = ANY ($1::text[]) AND t.id = c.id AND t.state = c.from_state AND t.attempts = c.expected
+    RETURNING c.ord
+),
+done AS (
+    SELECT c.* FROM c JOIN moved m ON m.ord = c.ord
+),
+logged AS (
+    INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason)
+    SELECT id, now_ms, from_state, to_state, attempts, actor, reason FROM done ORDER BY ord
+),
+alert AS (
+    INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
+    SELECT event_id, event_tenant, event_kind, event_payload, event_at FROM done d
+    WHERE event_id IS NOT NULL
+      AND EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = d.event_tenant AND d.event_kind = ANY (w.events))
+    ORDER BY ord
+    RETURNING event_id, tenant_id, kind, created_at
+),
+fanned_out AS (
+    INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
+    SELECT a.event_id, w.id, w.tenant_id, a.created_at, a.created_at
+    FROM alert a JOIN webhooks w ON w.tenant_id = a.tenant_id AND a.kind = ANY (w.events)
+)
+SELECT ord FROM moved";
 
 /// The savepoint a change to `sent` runs under inside a batch. Only one is ever open: the
 /// next change to `sent` releases it (keeping its work) and sets a new one.
@@ -230,6 +278,18 @@ enum Step {
 
 type Answer<'a> = Pin<Box<dyn Future<Output = Result<Option<bool>, tokio_postgres::Error>> + Send + 'a>>;
 
+/// Applies `changes` as if one after the other, in one transaction; `true` for each that
+/// applied.
+///
+/// A batch takes one statement ([`TRANSITION_BATCH`]) when that gives the same answers as
+/// one change after the other, which holds when no task appears twice and either no
+/// change goes to `sent` (the acks of a poll's deliveries: moving out of `sent` can never
+/// collide) or every change does (a poll handing out work). In the second case a printer
+/// named twice, or one with a task already in flight, makes the one-in-flight index refuse
+/// the statement whole, and the batch is applied again the long way, change by change,
+/// where each refusal is an answer of its own. A mixed batch always goes the long way: in
+/// one statement, a task leaving `sent` and another entering it on the same printer could
+/// be applied in either order.
 pub(crate) async fn apply_transitions(
     client: &mut deadpool_postgres::Client,
     changes: &[Transition],
@@ -237,6 +297,84 @@ pub(crate) async fn apply_transitions(
     if changes.is_empty() {
         return Ok(Vec::new());
     }
+    let to_sent = changes.iter().filter(|c| c.to == TaskState::Sent).count();
+    if changes.len() > 1 && (to_sent == 0 || to_sent == changes.len()) && distinct_tasks(changes) {
+        match apply_batch(client, changes).await {
+            Ok(applied) => return Ok(applied),
+            Err(e) if to_sent > 0 && refused_in_flight(&e) => {} // the long way below
+            Err(e) => return Err(pg_error(e)),
+        }
+    }
+    apply_one_by_one(client, changes).await
+}
+
+fn distinct_tasks(changes: &[Transition]) -> bool {
+    let mut ids: Vec<&str> = changes.iter().map(|c| c.task_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
+}
+
+/// The whole batch in one statement (its own transaction).
+async fn apply_batch(
+    client: &deadpool_postgres::Client,
+    changes: &[Transition],
+) -> Result<Vec<bool>, tokio_postgres::Error> {
+    let params: Vec<Params<'_>> = changes.iter().map(Params::new).collect();
+    let ids: Vec<&str> = changes.iter().map(|c| c.task_id.as_str()).collect();
+    let to: Vec<&str> = params.iter().map(|p| p.to).collect();
+    let from: Vec<&str> = params.iter().map(|p| p.from).collect();
+    let expected: Vec<i32> = changes.iter().map(|c| c.expected_attempts).collect();
+    let attempts: Vec<i32> = changes.iter().map(|c| c.attempts).collect();
+    let last_error: Vec<Option<&str>> = changes.iter().map(|c| c.last_error.as_deref()).collect();
+    let next: Vec<Option<Millis>> = changes.iter().map(|c| c.next_attempt_at).collect();
+    let now: Vec<Millis> = changes.iter().map(|c| c.now).collect();
+    let actor: Vec<&str> = changes.iter().map(|c| c.actor.as_str()).collect();
+    let reason: Vec<&str> = changes.iter().map(|c| c.reason.as_str()).collect();
+    let sent_to: Vec<Option<&str>> = changes.iter().map(|c| c.sent_to.as_deref()).collect();
+    let session: Vec<Option<&str>> = changes.iter().map(|c| c.sent_session.as_deref()).collect();
+    let event_id: Vec<Option<&str>> = params.iter().map(|p| p.event_id).collect();
+    let event_tenant: Vec<Option<&str>> = params.iter().map(|p| p.event_tenant).collect();
+    let event_kind: Vec<Option<&str>> = params.iter().map(|p| p.event_kind).collect();
+    let event_payload: Vec<Option<&str>> = params.iter().map(|p| p.event_payload).collect();
+    let event_at: Vec<Option<Millis>> = params.iter().map(|p| p.event_at).collect();
+    let stmt = client.prepare_cached(TRANSITION_BATCH).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &ids,
+                &to,
+                &from,
+                &expected,
+                &attempts,
+                &last_error,
+                &next,
+                &now,
+                &actor,
+                &reason,
+                &sent_to,
+                &session,
+                &event_id,
+                &event_tenant,
+                &event_kind,
+                &event_payload,
+                &event_at,
+            ],
+        )
+        .await?;
+    let mut applied = vec![false; changes.len()];
+    for row in rows {
+        let ord: i64 = row.try_get(0)?;
+        // Ordinals count from 1 and come from the batch itself.
+        if let Some(slot) = usize::try_from(ord).ok().and_then(|o| o.checked_sub(1)).and_then(|i| applied.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    Ok(applied)
+}
+
+/// Change by change, pipelined over the connection, in one transaction.
+async fn apply_one_by_one(client: &mut deadpool_postgres::Client, changes: &[Transition]) -> StoreResult<Vec<bool>> {
     let tx = client.transaction().await.map_err(pg_error)?;
     let stmt = tx.prepare_cached(TRANSITION).await.map_err(pg_error)?;
     let params: Vec<Params<'_>> = changes.iter().map(Params::new).collect();
@@ -384,6 +522,94 @@ pub(crate) mod tests {
             assert!(!due.contains("Sort"), "{due}");
         }
         drop(h);
+    }
+
+    /// The one-statement path on its own: the answers of the rows that applied, nothing
+    /// for a lost compare-and-set, and a refusal by the one-in-flight index failing the
+    /// statement whole (which is what sends such a batch the long way). Its tasks are found
+    /// by the primary key.
+    #[tokio::test]
+    async fn a_batch_in_one_statement_answers_per_change() {
+        use onceprint_store::conformance::new_task;
+        use onceprint_store::{NewPrinter, NewStore, NewTenant, Store};
+        let Some(guard) = crate::testing::fresh_schema().await else {
+            return;
+        };
+        let store = crate::PostgresStore::connect(guard.url(), 2).await.unwrap();
+        let now = onceprint_store::conformance::NOW;
+        let tenant = NewTenant { id: "acme".into(), name: "Acme".into(), api_key_hash: "h".into(), now };
+        store.create_tenant(tenant).await.unwrap();
+        let shop =
+            NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "s".into(), timezone: "UTC".into(), now };
+        store.create_store(shop).await.unwrap();
+        for p in ["p1", "p2"] {
+            let printer = NewPrinter {
+                tenant_id: "acme".into(),
+                id: p.into(),
+                store_id: "s1".into(),
+                name: p.into(),
+                transport: "{}".into(),
+                now,
+            };
+            store.create_printer(printer).await.unwrap();
+        }
+        let mut tasks =
+            vec![new_task("acme", "A", "x", 1), new_task("acme", "B", "x", 2), new_task("acme", "C", "x", 3)];
+        tasks[1].printer_id = "p2".into();
+        tasks[1].target = "printer:p2".into();
+        store.submit_batch(tasks.clone()).await.unwrap();
+        let send = |i: usize, expected: i32| Transition {
+            task_id: tasks[i].task_id.clone(),
+            from: TaskState::Pending,
+            expected_attempts: expected,
+            to: TaskState::Sent,
+            attempts: 1,
+            last_error: None,
+            next_attempt_at: Some(now + 30_000),
+            actor: "engine".into(),
+            reason: "dispatched".into(),
+            now,
+            sent_to: Some("agent-1".into()),
+            sent_session: None,
+            event: None,
+        };
+        let client = store.pool.get().await.unwrap();
+        let answers = apply_batch(&client, &[send(0, 0), send(1, 3)]).await.unwrap();
+        assert_eq!(answers, vec![true, false], "B's compare-and-set names an attempt it never had");
+        let refused = apply_batch(&client, &[send(1, 0), send(2, 0)]).await.expect_err("C collides with A on p1");
+        assert!(refused_in_flight(&refused), "{refused}");
+        assert_eq!(store.get_task("acme", &tasks[1].task_id).await.unwrap().unwrap().state, TaskState::Pending);
+
+        let lines = client
+            .query(
+                &format!("EXPLAIN {TRANSITION_BATCH}"),
+                &[
+                    &vec!["t"],
+                    &vec!["sent"],
+                    &vec!["pending"],
+                    &vec![0i32],
+                    &vec![1i32],
+                    &vec![None::<&str>],
+                    &vec![None::<i64>],
+                    &vec![0i64],
+                    &vec!["a"],
+                    &vec!["r"],
+                    &vec![None::<&str>],
+                    &vec![None::<&str>],
+                    &vec![None::<&str>],
+                    &vec![None::<&str>],
+                    &vec![None::<&str>],
+                    &vec![None::<&str>],
+                    &vec![None::<i64>],
+                ],
+            )
+            .await
+            .unwrap();
+        let plan = lines.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n");
+        assert!(plan.contains("tasks_pkey"), "{plan}");
+        drop(client);
+        drop(store);
+        drop(guard);
     }
 
     /// The compare-and-set must find its task by the primary key whatever the planner

@@ -32,7 +32,7 @@ macro_rules! conformance_tests {
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
             lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
-            due_tasks_use_the_deadline, printer_status_is_recorded,
+            batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
             alerts_go_through_the_outbox_with_the_change);
@@ -583,6 +583,75 @@ pub async fn one_task_in_flight_per_printer(s: Arc<dyn Store>) {
         ..send(&a, 0, NOW + 7)
     };
     assert_eq!(s.apply_transitions(&[done, send(&b, 0, NOW + 8)]).await.unwrap(), vec![true, true]);
+}
+
+/// Batches as the engine makes them: a poll handing out work to several printers, then
+/// their acknowledgements, one of them stale. Whatever way a backend applies a batch, the
+/// answers, states and audit trails are those of the changes applied one after the other.
+pub async fn batches_apply_as_one_change_after_the_other(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+    let on_p2 = |mut t: NewTask| {
+        t.printer_id = "p2".into();
+        t.target = "printer:p2".into();
+        t
+    };
+    let (a, b) = (new_task("acme", "A", "x", 1), on_p2(new_task("acme", "B", "x", 2)));
+    let (c, d) = (new_task("acme", "C", "x", 3), on_p2(new_task("acme", "D", "x", 4)));
+    s.submit_batch(vec![a.clone(), b.clone(), c.clone(), d.clone()]).await.unwrap();
+
+    // A poll: one task for each printer.
+    assert_eq!(s.apply_transitions(&[send(&a, 0, NOW + 5), send(&b, 0, NOW + 5)]).await.unwrap(), vec![true, true]);
+    // The acks: A printed; the ack for B names an attempt B never had and changes nothing.
+    let ack = |t: &NewTask, expected: i32, now: i64| Transition {
+        from: TaskState::Sent,
+        expected_attempts: expected,
+        to: TaskState::Printed,
+        next_attempt_at: None,
+        actor: "agent:agent-1".into(),
+        reason: "printed".into(),
+        ..send(t, 0, now)
+    };
+    assert_eq!(s.apply_transitions(&[ack(&a, 1, NOW + 6), ack(&b, 7, NOW + 6)]).await.unwrap(), vec![true, false]);
+    let state = |t: &NewTask| {
+        let s = s.clone();
+        let id = t.task_id.clone();
+        async move { s.get_task("acme", &id).await.unwrap().unwrap() }
+    };
+    let ta = state(&a).await;
+    assert_eq!((ta.state, ta.attempts, ta.printed_at), (TaskState::Printed, 1, Some(NOW + 6)));
+    assert_eq!(state(&b).await.state, TaskState::Sent, "the stale ack moved nothing");
+    let trail: Vec<_> = s
+        .task_events("acme", &a.task_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|e| (e.from, e.to, e.actor.clone()))
+        .collect();
+    assert_eq!(
+        trail,
+        vec![
+            (None, TaskState::Pending, "tenant:acme".to_owned()),
+            (Some(TaskState::Pending), TaskState::Sent, "engine".to_owned()),
+            (Some(TaskState::Sent), TaskState::Printed, "agent:agent-1".to_owned()),
+        ]
+    );
+    assert_eq!(s.task_events("acme", &b.task_id).await.unwrap().unwrap().len(), 2, "no audit for the stale ack");
+
+    // The next poll: p1 is free again, p2 still has B in flight.
+    assert_eq!(s.apply_transitions(&[send(&c, 0, NOW + 7), send(&d, 0, NOW + 7)]).await.unwrap(), vec![true, false]);
+    assert_eq!((state(&c).await.state, state(&d).await.state), (TaskState::Sent, TaskState::Pending));
+    assert_eq!(s.task_events("acme", &d.task_id).await.unwrap().unwrap().len(), 1);
 }
 
 pub async fn due_tasks_use_the_deadline(s: Arc<dyn Store>) {
