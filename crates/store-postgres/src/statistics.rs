@@ -107,6 +107,56 @@ async fn round(pool: &Pool) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// A table that grows from nothing gets statistics from the store itself, within a few
+    /// rounds, without autovacuum (switched off for the table here, so that only the
+    /// keeper can be the one who analyzed it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_that_grows_from_nothing_is_analyzed() {
+        use onceprint_store::conformance::{new_task, NOW};
+        use onceprint_store::{NewPrinter, NewStore, NewTenant, Store};
+        let Some(h) = crate::testing::fresh_store().await else {
+            return;
+        };
+        let (db, connection) = tokio_postgres::connect(&h.url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        db.batch_execute("ALTER TABLE tasks SET (autovacuum_enabled = false)").await.unwrap();
+        let believed = || async {
+            let row = db
+                .query_one("SELECT reltuples::float8 FROM pg_class WHERE oid = 'tasks'::regclass", &[])
+                .await
+                .unwrap();
+            row.get::<_, f64>(0)
+        };
+        assert!(believed().await < 0.0, "a new table has never been analyzed");
+
+        let s = h.store.as_ref();
+        s.create_tenant(NewTenant { id: "acme".into(), name: "a".into(), api_key_hash: "h".into(), now: NOW })
+            .await
+            .unwrap();
+        let shop =
+            NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "s".into(), timezone: "UTC".into(), now: NOW };
+        s.create_store(shop).await.unwrap();
+        let printer = NewPrinter {
+            tenant_id: "acme".into(),
+            id: "p1".into(),
+            store_id: "s1".into(),
+            name: "p".into(),
+            transport: "{}".into(),
+            now: NOW,
+        };
+        s.create_printer(printer).await.unwrap();
+        let tasks: Vec<_> = (0..800u64).map(|n| new_task("acme", &format!("B{n}"), "x", n)).collect();
+        s.submit_batch(tasks).await.unwrap();
+
+        let deadline = tokio::time::Instant::now() + 10 * CHECK_EVERY;
+        while believed().await < 800.0 {
+            assert!(tokio::time::Instant::now() < deadline, "tasks never analyzed: {}", believed().await);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        drop(db);
+        drop(h);
+    }
+
     #[test]
     fn a_table_is_analyzed_when_more_rows_changed_than_it_had() {
         assert!(!due(499.0, -1.0), "a few changes to a new table are not worth it");
