@@ -113,7 +113,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_that_grows_from_nothing_is_analyzed() {
         use onceprint_store::conformance::{new_task, NOW};
-        use onceprint_store::{NewPrinter, NewStore, NewTenant, Store};
+        use onceprint_store::{NewPrinter, NewStore, NewTenant};
         let Some(h) = crate::testing::fresh_store().await else {
             return;
         };
