@@ -51,6 +51,20 @@ macro_rules! conformance_tests {
 
 pub const NOW: i64 = 1_764_000_000_000;
 
+/// Printer p2 of tenant acme, in store s1 next to p1.
+async fn second_printer(s: &Arc<dyn Store>) {
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        now: NOW,
+    })
+    .await
+    .unwrap();
+}
+
 async fn tenant(s: &Arc<dyn Store>, id: &str) {
     s.create_tenant(NewTenant {
         id: id.into(),
@@ -521,16 +535,7 @@ fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
 
 pub async fn lanes_give_one_head_per_printer_in_priority_order(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p2".into(),
-        store_id: "s1".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    second_printer(&s).await;
     let a = new_task("acme", "A", "x", 1);
     let mut b = new_task("acme", "B", "x", 2);
     b.priority = 0; // a refund submitted later still goes first
@@ -590,16 +595,7 @@ pub async fn one_task_in_flight_per_printer(s: Arc<dyn Store>) {
 /// answers, states and audit trails are those of the changes applied one after the other.
 pub async fn batches_apply_as_one_change_after_the_other(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p2".into(),
-        store_id: "s1".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    second_printer(&s).await;
     let on_p2 = |mut t: NewTask| {
         t.printer_id = "p2".into();
         t.target = "printer:p2".into();
@@ -782,16 +778,7 @@ pub async fn reprints_hang_on_the_original(s: Arc<dyn Store>) {
 
 pub async fn transfer_links_the_successor(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p2".into(),
-        store_id: "s1".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        now: NOW,
-    })
-    .await
-    .unwrap();
+    second_printer(&s).await;
     let t = new_task("acme", "T1", "x", 1);
     s.submit_batch(vec![t.clone()]).await.unwrap();
     let succ = successor_of(&t, OriginKind::Transfer, None, "p2", 2);
