@@ -56,6 +56,17 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         "store agent started"
     );
 
+    // New at every start: tells the broker that deliveries handed to an earlier session of
+    // this agent id will never be acknowledged by that process, so it offers them again
+    // once that process is quiet. It carries the start time, so that of two processes with
+    // one agent id the broker knows the newer (which wins) even across its own restarts.
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let session = onceprint_core::ids::agent_session_id(started_ms, rand::random::<u64>());
+    let client = client.identified(&agent_id, &session);
+
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
     let unsent_acks = Arc::new(AtomicUsize::new(0));
     let mut ack_task = tokio::spawn(run_ack_sender(client.clone(), ack_rx, unsent_acks.clone()));
@@ -77,7 +88,14 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
 
     let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
     let polling = Polling { wait_ms: args.poll_wait_ms, max, linger: Duration::from_millis(args.poll_linger_ms) };
-    poll_loop(&client, &agent_id, &polling, &mut dispatcher, shutdown).await;
+    let ended = poll_loop(&client, &agent_id, &session, &polling, &mut dispatcher, shutdown).await;
+    if let PollEnd::Superseded(why) = &ended {
+        tracing::error!(
+            error = %why,
+            "another agent process with this agent id took over; stopping (finishing prints in flight, \
+             sending their acks)"
+        );
+    }
 
     // Shutdown: no new deliveries are taken; queued ones are left for the broker to
     // redeliver (to this agent id, whose journal then answers); the job each printer is
@@ -104,7 +122,17 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     journal.close().await?;
     drop(state);
     tracing::info!("store agent stopped");
-    Ok(())
+    match ended {
+        PollEnd::Shutdown => Ok(()),
+        PollEnd::Superseded(why) => Err(AgentError::Superseded(why)),
+    }
+}
+
+/// Why the poll loop ended.
+enum PollEnd {
+    Shutdown,
+    /// The broker said a newer process with this agent id took over.
+    Superseded(String),
 }
 
 struct Polling {
@@ -118,16 +146,14 @@ struct Polling {
 async fn poll_loop(
     client: &BrokerClient,
     agent_id: &str,
+    session: &str,
     polling: &Polling,
     dispatcher: &mut Dispatcher,
     shutdown: impl Future<Output = ()>,
-) {
+) -> PollEnd {
     let Polling { wait_ms, max, linger } = *polling;
     let capacity = Arc::new(Semaphore::new(max));
     let mut backoff = Backoff::default();
-    // New at every start: tells the broker that deliveries handed to an earlier session of
-    // this agent id will never be acknowledged by that process, so it offers them again now.
-    let session = format!("s{:032x}", rand::random::<u128>());
     tokio::pin!(shutdown);
     let mut last_poll: Option<Instant> = None;
     loop {
@@ -135,11 +161,11 @@ async fn poll_loop(
         // Take as much capacity as is free, waiting for at least one slot: the broker marks
         // what it hands out as sent, so the agent asks only for what it can start soon.
         let mut permits = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => return PollEnd::Shutdown,
             p = capacity.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 // The semaphore is never closed; should it be, there is nothing to poll for.
-                Err(_) => return,
+                Err(_) => return PollEnd::Shutdown,
             },
         };
         // Under load, printers finish one by one, and polling at each would cost the broker
@@ -152,7 +178,7 @@ async fn poll_loop(
             let until = if slot_was_free { last_poll.map(|t| t + linger) } else { Some(Instant::now() + linger) };
             if let Some(until) = until.filter(|u| *u > Instant::now()) {
                 tokio::select! {
-                    _ = &mut shutdown => return,
+                    _ = &mut shutdown => return PollEnd::Shutdown,
                     _ = tokio::time::sleep_until(until) => {}
                 }
             }
@@ -167,14 +193,14 @@ async fn poll_loop(
             agent_id: agent_id.to_owned(),
             wait_ms,
             max: permits.num_permits(),
-            session: session.clone(),
+            session: session.to_owned(),
         };
         let began = Instant::now();
         last_poll = Some(began);
         // Dropping an unanswered poll at shutdown may leave deliveries the broker already
         // handed out unread; they stay unconfirmed and come back to this agent id (R19).
         let answer = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => return PollEnd::Shutdown,
             a = client.poll(&req) => a,
         };
         let pause = match answer {
@@ -202,6 +228,7 @@ async fn poll_loop(
                     None
                 }
             }
+            Err(BrokerError::Superseded(why)) => return PollEnd::Superseded(why),
             Err(e) => {
                 drop(permits);
                 let delay = e.retry_delay(&mut backoff);
@@ -217,7 +244,7 @@ async fn poll_loop(
         };
         if let Some(pause) = pause {
             tokio::select! {
-                _ = &mut shutdown => return,
+                _ = &mut shutdown => return PollEnd::Shutdown,
                 _ = tokio::time::sleep(pause) => {}
             }
         }

@@ -36,6 +36,10 @@ pub enum BrokerError {
     Status { status: u16, body: String },
     #[error("the broker's answer could not be read: {0}")]
     Decode(String),
+    /// 409 `agent_superseded`: another process with this agent id started later and took
+    /// over; this one must stop.
+    #[error("{0}")]
+    Superseded(String),
 }
 
 impl BrokerError {
@@ -70,6 +74,9 @@ pub struct BrokerClient {
     poll_url: Url,
     acks_url: Url,
     token: String,
+    /// Who this process is, sent with the acks.
+    agent_id: Option<String>,
+    session: Option<String>,
 }
 
 impl std::fmt::Debug for BrokerClient {
@@ -104,7 +111,14 @@ impl BrokerClient {
             .user_agent(concat!("onceprint-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(BrokerClient { http, poll_url, acks_url, token: token.to_owned() })
+        Ok(BrokerClient { http, poll_url, acks_url, token: token.to_owned(), agent_id: None, session: None })
+    }
+
+    /// The same client, acknowledging as `agent_id` in `session`.
+    pub fn identified(mut self, agent_id: &str, session: &str) -> BrokerClient {
+        self.agent_id = Some(agent_id.to_owned());
+        self.session = Some(session.to_owned());
+        self
     }
 
     /// Long-polls for deliveries: the broker answers as soon as work exists or after
@@ -127,7 +141,7 @@ impl BrokerClient {
 
     /// Sends acknowledgements; `Ok` means the broker has taken them (200).
     pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
-        let body = AcksRequest { acks: acks.to_vec() };
+        let body = AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone() };
         let resp = self
             .http
             .post(self.acks_url.clone())
@@ -168,6 +182,13 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError
         return Err(BrokerError::RateLimited { retry_after });
     }
     let mut body = resp.text().await.unwrap_or_default();
+    if status == StatusCode::CONFLICT {
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if v["error"]["code"] == "agent_superseded" {
+            let message = v["error"]["message"].as_str().unwrap_or("another agent process took over").to_owned();
+            return Err(BrokerError::Superseded(message));
+        }
+    }
     if body.len() > 500 {
         let mut cut = 500;
         while !body.is_char_boundary(cut) {

@@ -49,7 +49,7 @@ mod worker;
 pub use agent::run;
 pub use journal::{Journal, JournalError, Record, RecordState};
 pub use protocol::{Ack, Delivery, Outcome};
-pub use worker::{ALREADY_IN_DOUBT, ALREADY_PRINTED, STARTED_BEFORE_CRASH};
+pub use worker::{ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, STARTED_BEFORE_CRASH};
 
 use std::fmt;
 use std::path::PathBuf;
@@ -170,6 +170,9 @@ pub enum AgentError {
     Journal(#[from] JournalError),
     #[error("the agent failed internally: {0}")]
     Internal(String),
+    /// The broker refused this process: a newer one with the same agent id took over.
+    #[error("stopped: {0}")]
+    Superseded(String),
 }
 
 #[cfg(test)]

@@ -75,6 +75,12 @@ pub struct Ack {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcksRequest {
     pub acks: Vec<Ack>,
+    /// Extension: who acknowledges (recorded in the audit trail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// Extension: the acknowledging process's session, as in its polls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// `POST /v1/agent/acks` answer.

@@ -22,6 +22,8 @@ use tracing::Instrument as _;
 pub const ALREADY_PRINTED: &str = "already printed (journal)";
 /// The ack detail for a task that was started but never finished before a crash.
 pub const STARTED_BEFORE_CRASH: &str = "printing started before a crash; not printed again";
+/// The ack detail for an attempt the agent answered already (its journal says how).
+pub const ALREADY_REPORTED: &str = "attempt already answered (journal); not printed";
 /// The ack detail for a task the journal already holds in doubt.
 pub const ALREADY_IN_DOUBT: &str = "in doubt since an earlier attempt (journal); not printed again";
 
@@ -177,6 +179,20 @@ pub(crate) async fn handle_delivery(
                     tracing::error!(task_id = %d.task_id, error = %e, "could not journal in_doubt");
                 }
                 return ack(Outcome::InDoubt, STARTED_BEFORE_CRASH.into());
+            }
+            // This very attempt (or a later one) was answered already, and the answer may
+            // have been lost on the way: say the same again rather than print. Printing an
+            // attempt the agent reported as "no paper" would let a retried report undo the
+            // print on the broker (and a station fail over to a second printer).
+            other if r.attempt >= d.attempt => {
+                let outcome = match other {
+                    RecordState::NoPaper => Outcome::NoPaper,
+                    RecordState::CoverOpen => Outcome::CoverOpen,
+                    RecordState::Offline => Outcome::Offline,
+                    RecordState::PaperJam => Outcome::PaperJam,
+                    _ => Outcome::Error,
+                };
+                return ack(outcome, format!("{ALREADY_REPORTED}: {}", r.detail));
             }
             // A blocker or error on an earlier attempt: nothing was sent then.
             _ => {}

@@ -78,6 +78,19 @@ pub struct AckChange {
     pub last_error: Option<String>,
     pub next_attempt_at: Option<Millis>,
     pub reason: String,
+    /// The attempt this ack reports on may have put paper out (it does not prove that
+    /// nothing printed). Once any attempt of a task may have printed, the task is never
+    /// moved to another printer automatically (R25).
+    pub may_have_printed: bool,
+}
+
+impl AckChange {
+    /// Whether a station task may fail over to its next printer after this change: it
+    /// failed, and neither this attempt nor any earlier one (`earlier_may_have_printed`)
+    /// can have printed. A task that may have printed goes to a person instead (R14, R25).
+    pub fn allows_failover(&self, earlier_may_have_printed: bool) -> bool {
+        self.to == TaskState::Failed && !self.may_have_printed && !earlier_may_have_printed
+    }
 }
 
 /// What to do with one ack.
@@ -117,8 +130,17 @@ pub fn decide(
             format!("attempt {ack_attempt}: {what} ({detail})")
         }
     };
+    let may_have_printed = !outcome.proves_nothing_printed() && outcome != Outcome::Printed;
     let change = |to: TaskState, last_error: Option<String>, next: Option<Millis>, why: String| {
-        AckDecision::Apply(AckChange { from: state, to, attempts, last_error, next_attempt_at: next, reason: why })
+        AckDecision::Apply(AckChange {
+            from: state,
+            to,
+            attempts,
+            last_error,
+            next_attempt_at: next,
+            reason: why,
+            may_have_printed,
+        })
     };
     let current = ack_attempt == attempts && ack_attempt > 0;
     match (state, outcome) {
@@ -258,6 +280,22 @@ mod tests {
             AckDecision::Stale,
             "from the future"
         );
+    }
+
+    #[test]
+    fn only_attempts_that_prove_nothing_printed_allow_failover() {
+        let p = policy();
+        let last = p.max_attempts as i32;
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::NoPaper, ""), &p, 0, 0.0) else {
+            panic!()
+        };
+        assert!(c.allows_failover(false));
+        assert!(!c.allows_failover(true), "an earlier attempt may have printed");
+        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::Error, ""), &p, 0, 0.0) else {
+            panic!()
+        };
+        assert_eq!(c.to, TaskState::Failed);
+        assert!(!c.allows_failover(false), "an error says nothing about paper");
     }
 
     fn any_state() -> impl Strategy<Value = TaskState> {

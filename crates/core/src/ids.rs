@@ -53,6 +53,25 @@ pub fn validate_biz_no(value: Option<&str>) -> Result<&str, CoreError> {
     Ok(value)
 }
 
+/// A store agent's session id: one per agent process, `t` + 12 hex digits of the
+/// process's start in milliseconds + `-` + 16 hex digits of randomness. The start time
+/// lets the broker tell, even after it restarted itself, which of two live processes with
+/// one agent id is the newer (it wins; the older is told to stop).
+pub fn agent_session_id(started_ms: crate::Millis, random: u64) -> String {
+    format!("t{:012x}-{random:016x}", started_ms.max(0))
+}
+
+/// The start time an [`agent_session_id`] carries; `None` for other session ids (an older
+/// agent's), which the broker orders by when it first saw them.
+pub fn agent_session_started_at(session: &str) -> Option<crate::Millis> {
+    let rest = session.strip_prefix('t')?;
+    let (ms, _) = rest.split_once('-')?;
+    if ms.len() != 12 {
+        return None;
+    }
+    i64::from_str_radix(ms, 16).ok()
+}
+
 /// A broker-generated task id: 26 characters of Crockford base32 encoding 48 bits of
 /// creation time (ms) and 80 random bits, like a ULID. Ids sort by creation time, which
 /// gives list pagination a stable order without a second column.
@@ -83,6 +102,18 @@ impl TaskId {
         (s.len() == 26 && s.bytes().all(|b| CROCKFORD.contains(&b))).then(|| TaskId(s.to_owned()))
     }
 
+    /// The creation time (ms) and the 80 random bits of an id in this format; `None` for
+    /// any other string (ids of the conformance tests, say).
+    pub fn parts(s: &str) -> Option<(crate::Millis, u128)> {
+        let id = TaskId::parse(s)?;
+        let mut value: u128 = 0;
+        for b in id.0.bytes() {
+            let digit = CROCKFORD.iter().position(|c| *c == b)? as u128;
+            value = (value << 5) | digit;
+        }
+        Some(((value >> 80) as crate::Millis, value & ((1u128 << 80) - 1)))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -101,6 +132,15 @@ impl std::fmt::Display for TaskId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_come_apart_into_what_built_them() {
+        let id = TaskId::from_parts(1_800_000_000_123, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let (ms, random) = TaskId::parts(id.as_str()).expect("parts");
+        assert_eq!(ms, 1_800_000_000_123);
+        assert_eq!(random, 0x0102_0304_0506_0708_090a);
+        assert_eq!(TaskId::parts("00000000000000000001-acme"), None);
+    }
 
     #[test]
     fn ids_accept_the_contract_alphabet_only() {

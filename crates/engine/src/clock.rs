@@ -1,4 +1,7 @@
-//! The wall clock, read in one place so the domain crate never has to.
+//! The wall clock, read in one place so the domain crate never has to. The lane engine and
+//! the agent registry read it through [`Clock`], so that tests can move time by hand.
+
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use onceprint_core::Millis;
 
@@ -14,4 +17,43 @@ pub fn rfc3339(ms: Millis) -> String {
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_else(|| ms.to_string())
+}
+
+/// A source of the current time.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> Millis;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> Millis {
+        now_ms()
+    }
+}
+
+/// A clock that only moves when told to (tests and models).
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    pub fn new(start: Millis) -> ManualClock {
+        ManualClock(AtomicI64::new(start))
+    }
+
+    pub fn advance(&self, ms: Millis) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    pub fn set(&self, ms: Millis) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> Millis {
+        self.0.load(Ordering::SeqCst)
+    }
 }

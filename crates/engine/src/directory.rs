@@ -1,87 +1,174 @@
 //! A read-through cache of the set-up objects that every request needs: tenants by API
-//! key hash, agent identities by token hash, printers and stations. These objects are
-//! created rarely and never deleted or moved between stores, so positive answers can be
-//! kept for the life of the process; misses always ask the database, so an object created
-//! by another broker node is found on first use.
+//! key hash, agent identities by token hash, printers (with their transport parsed once,
+//! here) and stations.
+//!
+//! Entries are forgotten when this process changes the object (set-up calls
+//! [`Directory::forget_printer`] and friends after the change is durable) and, so that a
+//! change made by another broker node or a revoked key is seen too, after a short time to
+//! live. Misses always ask the database, so an object created elsewhere is found on first
+//! use.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use onceprint_store::{AgentIdentity, Printer, Station, Store, StoreResult, Tenant};
+
+use crate::transport::TransportConfig;
+
+/// How long a cached answer is trusted before the database is asked again.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// A printer with its transport parsed.
+#[derive(Debug, Clone)]
+pub struct PrinterInfo {
+    pub row: Printer,
+    /// `None` when the stored configuration is not one this version can read: such a
+    /// printer is served by no transport.
+    pub transport: Option<TransportConfig>,
+}
+
+impl PrinterInfo {
+    pub fn new(row: Printer) -> PrinterInfo {
+        let transport = TransportConfig::from_stored(&row.transport);
+        PrinterInfo { row, transport }
+    }
+}
+
+struct Cache<K, V> {
+    map: RwLock<HashMap<K, (Instant, V)>>,
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
+    fn new() -> Self {
+        Cache { map: RwLock::default() }
+    }
+
+    fn get(&self, k: &K, ttl: Duration) -> Option<V> {
+        let map = self.map.read().ok()?;
+        map.get(k).filter(|(at, _)| at.elapsed() < ttl).map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, k: K, v: V) {
+        if let Ok(mut m) = self.map.write() {
+            m.insert(k, (Instant::now(), v));
+        }
+    }
+
+    fn forget(&self, k: &K) {
+        if let Ok(mut m) = self.map.write() {
+            m.remove(k);
+        }
+    }
+
+    fn forget_where(&self, f: impl Fn(&K, &V) -> bool) {
+        if let Ok(mut m) = self.map.write() {
+            m.retain(|k, (_, v)| !f(k, v));
+        }
+    }
+}
 
 /// The directory cache. Cheap to share behind an `Arc`.
 pub struct Directory {
     store: Arc<dyn Store>,
-    tenants: RwLock<HashMap<String, Tenant>>,
-    agents: RwLock<HashMap<String, AgentIdentity>>,
-    printers: RwLock<HashMap<(String, String), Printer>>,
-    stations: RwLock<HashMap<(String, String), Station>>,
-}
-
-fn cached<K: std::hash::Hash + Eq, V: Clone>(map: &RwLock<HashMap<K, V>>, k: &K) -> Option<V> {
-    map.read().ok().and_then(|m| m.get(k).cloned())
-}
-
-fn remember<K: std::hash::Hash + Eq, V>(map: &RwLock<HashMap<K, V>>, k: K, v: V) {
-    if let Ok(mut m) = map.write() {
-        m.insert(k, v);
-    }
+    ttl: Duration,
+    tenants: Cache<String, Tenant>,
+    agents: Cache<String, AgentIdentity>,
+    printers: Cache<(String, String), Arc<PrinterInfo>>,
+    stations: Cache<(String, String), Station>,
 }
 
 impl Directory {
     pub fn new(store: Arc<dyn Store>) -> Directory {
+        Directory::with_ttl(store, DEFAULT_TTL)
+    }
+
+    pub fn with_ttl(store: Arc<dyn Store>, ttl: Duration) -> Directory {
         Directory {
             store,
-            tenants: RwLock::default(),
-            agents: RwLock::default(),
-            printers: RwLock::default(),
-            stations: RwLock::default(),
+            ttl,
+            tenants: Cache::new(),
+            agents: Cache::new(),
+            printers: Cache::new(),
+            stations: Cache::new(),
         }
     }
 
     pub async fn tenant_by_key_hash(&self, hash: &str) -> StoreResult<Option<Tenant>> {
-        if let Some(t) = cached(&self.tenants, &hash.to_owned()) {
+        if let Some(t) = self.tenants.get(&hash.to_owned(), self.ttl) {
             return Ok(Some(t));
         }
         let found = self.store.tenant_by_key_hash(hash).await?;
         if let Some(t) = &found {
-            remember(&self.tenants, hash.to_owned(), t.clone());
+            self.tenants.put(hash.to_owned(), t.clone());
         }
         Ok(found)
     }
 
     pub async fn agent_by_token_hash(&self, hash: &str) -> StoreResult<Option<AgentIdentity>> {
-        if let Some(a) = cached(&self.agents, &hash.to_owned()) {
+        if let Some(a) = self.agents.get(&hash.to_owned(), self.ttl) {
             return Ok(Some(a));
         }
         let found = self.store.agent_by_token_hash(hash).await?;
         if let Some(a) = &found {
-            remember(&self.agents, hash.to_owned(), a.clone());
+            self.agents.put(hash.to_owned(), a.clone());
+        }
+        Ok(found)
+    }
+
+    /// A printer of the tenant with its transport parsed.
+    pub async fn printer_info(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Arc<PrinterInfo>>> {
+        let k = (tenant_id.to_owned(), printer_id.to_owned());
+        if let Some(p) = self.printers.get(&k, self.ttl) {
+            return Ok(Some(p));
+        }
+        let found = self.store.get_printer(tenant_id, printer_id).await?.map(|p| Arc::new(PrinterInfo::new(p)));
+        if let Some(p) = &found {
+            self.printers.put(k, p.clone());
         }
         Ok(found)
     }
 
     pub async fn printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>> {
-        let k = (tenant_id.to_owned(), printer_id.to_owned());
-        if let Some(p) = cached(&self.printers, &k) {
-            return Ok(Some(p));
-        }
-        let found = self.store.get_printer(tenant_id, printer_id).await?;
-        if let Some(p) = &found {
-            remember(&self.printers, k, p.clone());
-        }
-        Ok(found)
+        Ok(self.printer_info(tenant_id, printer_id).await?.map(|p| p.row.clone()))
     }
 
     pub async fn station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>> {
         let k = (tenant_id.to_owned(), station_id.to_owned());
-        if let Some(s) = cached(&self.stations, &k) {
+        if let Some(s) = self.stations.get(&k, self.ttl) {
             return Ok(Some(s));
         }
         let found = self.store.get_station(tenant_id, station_id).await?;
         if let Some(s) = &found {
-            remember(&self.stations, k, s.clone());
+            self.stations.put(k, s.clone());
         }
         Ok(found)
+    }
+
+    /// After a printer changed: the next look reads it again.
+    pub fn forget_printer(&self, tenant_id: &str, printer_id: &str) {
+        self.printers.forget(&(tenant_id.to_owned(), printer_id.to_owned()));
+    }
+
+    pub fn forget_station(&self, tenant_id: &str, station_id: &str) {
+        self.stations.forget(&(tenant_id.to_owned(), station_id.to_owned()));
+    }
+
+    /// After an API key was revoked.
+    pub fn forget_tenant_key(&self, key_hash: &str) {
+        self.tenants.forget(&key_hash.to_owned());
+    }
+
+    /// After an agent token was revoked.
+    pub fn forget_agent_token(&self, token_hash: &str) {
+        self.agents.forget(&token_hash.to_owned());
+    }
+
+    /// After something about a whole tenant changed.
+    pub fn forget_tenant(&self, tenant_id: &str) {
+        self.tenants.forget_where(|_, t| t.id == tenant_id);
+        self.agents.forget_where(|_, a| a.tenant_id == tenant_id);
+        self.printers.forget_where(|(t, _), _| t == tenant_id);
+        self.stations.forget_where(|(t, _), _| t == tenant_id);
     }
 }

@@ -3,15 +3,52 @@
 //! A task id carries its creation millisecond and 80 random bits. Lanes hand out tasks in
 //! (priority, id) order, so two tickets submitted in the same millisecond must still get
 //! ids in submission order: within one millisecond (or if the clock steps back) the next
-//! id is the previous one plus one, like a monotonic ULID. Ids from several broker nodes
-//! in the same millisecond are ordered arbitrarily between nodes.
+//! id is the previous one plus one, like a monotonic ULID. At start the generator is
+//! seeded with the greatest id in the database ([`observe`]), so a clock that stepped back
+//! across a restart cannot mint ids that sort before tasks already waiting (R23). Ids from
+//! several broker nodes in the same millisecond are ordered arbitrarily between nodes.
 
 use std::sync::Mutex;
 
 use onceprint_core::{Millis, TaskId};
 use rand::RngCore;
 
-static LAST: Mutex<(Millis, u128)> = Mutex::new((0, 0));
+/// The last id handed out, as (millisecond, random part).
+struct Generator {
+    last: (Millis, u128),
+}
+
+const MAX80: u128 = (1u128 << 80) - 1;
+
+impl Generator {
+    const fn new() -> Generator {
+        Generator { last: (0, 0) }
+    }
+
+    fn observe(&mut self, id: &str) {
+        if let Some(seen) = TaskId::parts(id) {
+            if seen > self.last {
+                self.last = seen;
+            }
+        }
+    }
+
+    fn next(&mut self, now: Millis, random: u128) -> TaskId {
+        let (ms, rand) = if now > self.last.0 {
+            // A fresh millisecond: leave room above the random part so increments within
+            // the millisecond cannot overflow into the time bits.
+            (now, random >> 1)
+        } else if self.last.1 < MAX80 {
+            (self.last.0, self.last.1 + 1)
+        } else {
+            (self.last.0 + 1, random >> 1)
+        };
+        self.last = (ms, rand);
+        TaskId::from_parts(ms, to_bytes(rand))
+    }
+}
+
+static GENERATOR: Mutex<Generator> = Mutex::new(Generator::new());
 
 /// The 80 random bits as a number.
 fn random80() -> u128 {
@@ -28,21 +65,15 @@ fn to_bytes(v: u128) -> [u8; 10] {
     out
 }
 
+/// Makes every later id greater than `id` (the greatest task id in the database).
+pub fn observe(id: &str) {
+    GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner).observe(id);
+}
+
 /// The next task id for a task created at `now`.
 pub fn next_task_id(now: Millis) -> TaskId {
-    const MAX80: u128 = (1u128 << 80) - 1;
-    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (ms, rand) = if now > last.0 {
-        // A fresh millisecond: leave room above the random part so increments within the
-        // millisecond cannot overflow into the time bits.
-        (now, random80() >> 1)
-    } else if last.1 < MAX80 {
-        (last.0, last.1 + 1)
-    } else {
-        (last.0 + 1, random80() >> 1)
-    };
-    *last = (ms, rand);
-    TaskId::from_parts(ms, to_bytes(rand))
+    let random = random80();
+    GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner).next(now, random)
 }
 
 #[cfg(test)]
@@ -51,13 +82,25 @@ mod tests {
 
     #[test]
     fn ids_increase_within_one_millisecond_and_when_the_clock_steps_back() {
-        let mut prev = next_task_id(1_800_000_000_000);
+        let mut g = Generator::new();
+        let mut prev = g.next(1_800_000_000_000, random80());
         for now in [1_800_000_000_000, 1_800_000_000_000, 1_799_999_999_000, 1_800_000_000_001] {
             for _ in 0..1000 {
-                let id = next_task_id(now);
+                let id = g.next(now, random80());
                 assert!(id > prev, "{id} after {prev}");
                 prev = id;
             }
         }
+    }
+
+    #[test]
+    fn ids_stay_above_an_observed_id_from_a_clock_that_ran_ahead() {
+        let mut g = Generator::new();
+        let ahead = Generator::new().next(1_900_000_000_000, random80()).into_string();
+        g.observe(&ahead);
+        g.observe("not an id");
+        let next = g.next(1_800_000_000_000, random80()).into_string();
+        assert!(next > ahead, "{next} after {ahead}");
+        assert_eq!(TaskId::parts(&next).map(|p| p.0), Some(1_900_000_000_000), "the later day, not the earlier");
     }
 }

@@ -3,32 +3,41 @@
 //! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
 //! enqueue), the in-process first gate that answers recent duplicates without a database
 //! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
-//! the secrets helpers (hashing and generating API keys and tokens), and delivery: per-printer
-//! lanes handed to store agents by long poll, acks applied by compare-and-set, and the sweeper.
+//! the secrets helpers, and delivery: the one lane engine (`lanes`: claim, ack, sweep)
+//! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
+//! transports on top of it (`transport`: the agent's long poll, the push driver and the
+//! webhook transport). It also owns the manual channel, alerts, reconciliation and store
+//! time zones.
 //!
-//! It must never speak HTTP (status codes and JSON bodies belong to `onceprint-server`)
-//! and never write SQL (that belongs to the store backends). Every decision that can be
-//! made without IO is delegated to `onceprint-core`.
+//! It must never write SQL (that belongs to the store backends) and never decide HTTP
+//! answers of the broker's own API (status codes and JSON bodies belong to
+//! `onceprint-server`); transports may be HTTP clients of printers and vendor clouds.
+//! Every decision that can be made without IO is delegated to `onceprint-core`.
 
 pub mod alerts;
+pub mod claimant;
 pub mod clock;
 pub mod content;
-pub mod delivery;
 pub mod directory;
 pub mod gate;
 pub mod ids;
 pub mod intake;
+pub mod lanes;
 pub mod operations;
 pub mod reconcile;
 pub mod secrets;
 pub mod signals;
 pub mod transport;
 pub mod tz;
-pub mod webhook;
+pub mod watchdog;
 
-pub use delivery::{AckIn, AckResult, Delivery, DeliveryConfig, DeliveryError, Dispatcher, SweepReport};
+pub use claimant::{AgentRegistry, Claimant, RegistryConfig, Superseded};
 pub use directory::Directory;
 pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
+pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, DeliveryError, LaneEngine, SweepReport};
 pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
 pub use signals::StoreSignals;
+pub use transport::agent::{AgentDelivery, AgentTransport, PollError};
+pub use transport::push::{PushConfig, PushDriver};
+pub use watchdog::Watchdog;

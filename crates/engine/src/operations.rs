@@ -133,6 +133,23 @@ pub(crate) async fn successor(store: &dyn Store, task: &Task, spec: SuccessorSpe
 }
 
 impl Operations {
+    /// The task of `task`'s chain that carries the order's charge: a transfer or failover
+    /// successor is not charged again, so cancelling it refunds the task it carries on.
+    async fn charged_task(&self, task: &Task) -> Result<String, StoreError> {
+        let mut current = task.clone();
+        // A chain is as long as the moves made; the bound only guards against a cycle
+        // that the store would never produce.
+        for _ in 0..64 {
+            let moved = matches!(current.origin_kind, Some(OriginKind::Transfer | OriginKind::Failover));
+            let Some(origin) = current.origin_task_id.clone().filter(|_| moved) else { break };
+            match self.store.get_task(&current.tenant_id, &origin).await? {
+                Some(t) => current = t,
+                None => break,
+            }
+        }
+        Ok(current.task_id)
+    }
+
     pub fn new(
         store: Arc<dyn Store>,
         directory: Arc<Directory>,
@@ -169,6 +186,7 @@ impl Operations {
             now,
             sent_to: task.sent_to.clone(),
             sent_session: task.sent_session.clone(),
+            may_have_printed: false,
             event: None,
         });
         let successor = match action {
@@ -229,10 +247,14 @@ impl Operations {
             }
             ManualAction::MarkPrinted | ManualAction::Cancel => None,
         };
+        let refund = match action {
+            ManualAction::Cancel => Some(self.charged_task(&task).await?),
+            _ => None,
+        };
         let change = ManualChange {
             task_id: task.task_id.clone(),
-            transition,
-            refund: action == ManualAction::Cancel,
+            transitions: transition.into_iter().collect(),
+            refund,
             successor: successor.clone(),
             now,
         };

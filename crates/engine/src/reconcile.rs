@@ -334,6 +334,8 @@ mod tests {
             printed_at: None,
             sent_to: None,
             sent_session: None,
+            sent_at: None,
+            may_have_printed: false,
             origin_task_id: origin.map(|_| "X".into()),
             origin_kind: origin,
             reprint_no: None,

@@ -61,6 +61,14 @@ pub struct FileConfig {
     pub reprint_banner: Option<String>,
     /// How often the sweeper runs (default 1000).
     pub sweep_interval_ms: Option<u64>,
+    /// An earlier process of an agent id quiet this long has stopped; its deliveries go to
+    /// the restarted one (default 3000).
+    pub takeover_quiet_ms: Option<i64>,
+    /// A lane with work and no progress this long raises `printer.stalled` (default 120000).
+    pub stall_after_ms: Option<i64>,
+    /// A pushed (webhook) delivery without an answer this long goes to a person (default
+    /// 300000).
+    pub push_doubt_after_ms: Option<i64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
 }
@@ -121,13 +129,21 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 charge: file.charge_per_task.unwrap_or(1),
             },
             alerts: Default::default(),
-            push: Default::default(),
+            push: {
+                let p = onceprint_engine::PushConfig::default();
+                onceprint_engine::PushConfig {
+                    doubt_after_ms: file.push_doubt_after_ms.unwrap_or(p.doubt_after_ms).max(1_000),
+                    ..p
+                }
+            },
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {
                     redeliver_after_ms: file.redeliver_after_ms.unwrap_or(d.redeliver_after_ms).max(100),
                     agent_gone_after_ms: file.agent_gone_after_ms.unwrap_or(d.agent_gone_after_ms).max(100),
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
+                    takeover_quiet_ms: file.takeover_quiet_ms.unwrap_or(d.takeover_quiet_ms).max(0),
+                    stall_after_ms: file.stall_after_ms.unwrap_or(d.stall_after_ms).max(1_000),
                     recheck_ms: d.recheck_ms,
                     reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
                 }

@@ -65,10 +65,11 @@ pub struct StoreList {
     pub stores: Vec<StoreOut>,
 }
 
-/// How the broker reaches a printer. Only `agent` exists so far: a store agent prints to a
-/// raw TCP (port 9100) ESC/POS printer at `address`.
+/// How the broker reaches a printer (documentation of the transport object; the engine's
+/// typed transport model parses and checks it).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct TransportIn {
     /// `agent` (a store agent prints to a raw TCP 9100 printer) or `webhook` (the broker
     /// pushes jobs to an HTTP endpoint: a vendor cloud or the merchant's own bridge).
@@ -99,7 +100,8 @@ pub struct CreatePrinter {
     pub store_id: String,
     /// Defaults to the id.
     pub name: Option<String>,
-    pub transport: TransportIn,
+    #[schema(value_type = TransportIn)]
+    pub transport: serde_json::Value,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -118,16 +120,12 @@ pub struct PrinterOut {
 impl From<Printer> for PrinterOut {
     fn from(p: Printer) -> Self {
         PrinterOut {
-            transport: {
-                // The webhook secret never leaves the broker again after registration.
-                let mut t: serde_json::Value = serde_json::from_str(&p.transport).unwrap_or(serde_json::Value::Null);
-                if let Some(obj) = t.as_object_mut() {
-                    if obj.contains_key("secret") {
-                        obj.insert("secret".into(), serde_json::Value::String("***".into()));
-                    }
-                }
-                t
-            },
+            // Secrets are typed in the transport model and shown as "***" (never again
+            // after registration); a configuration this version cannot read is shown as
+            // nothing rather than as stored.
+            transport: onceprint_engine::transport::TransportConfig::from_stored(&p.transport)
+                .map(|t| t.redacted())
+                .unwrap_or(serde_json::Value::Null),
             id: p.id,
             store_id: p.store_id,
             name: p.name,
@@ -335,7 +333,10 @@ pub struct DeliveryOut {
     pub printer_id: String,
     /// `tcp://HOST:PORT`.
     pub printer_address: String,
-    /// `biz_no#printer_id` (R16).
+    /// The same on every redelivery of the task, never shared by two tasks of one printer:
+    /// `biz_no#printer_id` in the simple case, suffixes `#type=`, `#station=`,
+    /// `#reprint=N#origin=`, `#transfer=`, `#failover=` otherwise, `#` and `%` in `biz_no`
+    /// written `%23` and `%25` (R16).
     pub idempotency_key: String,
     /// Always `escpos`: `data` is the bytes to send to the printer.
     pub content_type: String,
@@ -347,8 +348,8 @@ pub struct DeliveryOut {
     pub reprint: bool,
 }
 
-impl From<onceprint_engine::Delivery> for DeliveryOut {
-    fn from(d: onceprint_engine::Delivery) -> Self {
+impl From<onceprint_engine::AgentDelivery> for DeliveryOut {
+    fn from(d: onceprint_engine::AgentDelivery) -> Self {
         use base64::Engine as _;
         DeliveryOut {
             task_id: d.task_id,
@@ -384,6 +385,10 @@ pub struct AcksIn {
     pub acks: Vec<AckIn>,
     /// Extension: the acknowledging agent's id, recorded in the audit trail.
     pub agent_id: Option<String>,
+    /// Extension: the acknowledging agent process's session (as in its polls). Keeps the
+    /// deliveries of a process that was replaced by a newer one with it while it still
+    /// answers them.
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

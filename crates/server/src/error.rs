@@ -30,7 +30,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
     /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
-    /// `method_not_allowed`, `unavailable`, `internal`.
+    /// `agent_superseded`, `method_not_allowed`, `unavailable`, `internal`.
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
     pub message: String,
@@ -103,6 +103,25 @@ impl From<StoreError> for ApiError {
             StoreError::Backend(m) => {
                 tracing::error!(error = %m, "database error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the broker log")
+            }
+        }
+    }
+}
+
+impl From<onceprint_engine::DeliveryError> for ApiError {
+    fn from(e: onceprint_engine::DeliveryError) -> Self {
+        match e {
+            onceprint_engine::DeliveryError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<onceprint_engine::PollError> for ApiError {
+    fn from(e: onceprint_engine::PollError) -> Self {
+        match e {
+            onceprint_engine::PollError::Store(s) => s.into(),
+            onceprint_engine::PollError::Superseded(s) => {
+                ApiError::new(StatusCode::CONFLICT, "agent_superseded", s.to_string())
             }
         }
     }

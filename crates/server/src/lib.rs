@@ -21,8 +21,10 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::{
-    secrets, DeliveryConfig, Directory, Dispatcher, Intake, IntakeConfig, Operations, OperationsConfig, StoreSignals,
+    secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
+    OperationsConfig, RegistryConfig, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -36,7 +38,7 @@ pub struct HttpConfig {
     pub intake: IntakeConfig,
     pub delivery: DeliveryConfig,
     pub alerts: onceprint_engine::alerts::AlertConfig,
-    pub push: onceprint_engine::webhook::PushConfig,
+    pub push: onceprint_engine::PushConfig,
 }
 
 impl Default for HttpConfig {
@@ -56,7 +58,9 @@ impl Default for HttpConfig {
 pub struct AppState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) intake: Arc<Intake>,
-    pub(crate) dispatcher: Arc<Dispatcher>,
+    pub(crate) lanes: Arc<LaneEngine>,
+    pub(crate) agents: Arc<AgentTransport>,
+    pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
@@ -164,16 +168,30 @@ pub async fn bind(
     listen: &str,
     config: HttpConfig,
 ) -> Result<Bound, ServerError> {
+    // New ids sort after every task already stored, whatever the wall clock says now.
+    if let Some(id) = store.max_task_id().await? {
+        onceprint_engine::ids::observe(&id);
+    }
     let directory = Arc::new(Directory::new(store.clone()));
     let signals = Arc::new(StoreSignals::default());
     let intake = Arc::new(Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone()));
-    let dispatcher = Arc::new(Dispatcher::new(
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let registry = AgentRegistry::new(
+        clock.clone(),
+        RegistryConfig {
+            gone_after_ms: config.delivery.agent_gone_after_ms,
+            takeover_quiet_ms: config.delivery.takeover_quiet_ms,
+        },
+    );
+    let lanes = Arc::new(LaneEngine::new(
         store.clone(),
         directory.clone(),
         intake.gate().clone(),
         signals.clone(),
         config.intake.policies.clone(),
         config.delivery.clone(),
+        clock,
+        registry,
     ));
     let operations = Arc::new(Operations::new(
         store.clone(),
@@ -186,7 +204,9 @@ pub async fn bind(
     let state = AppState {
         store,
         intake,
-        dispatcher,
+        agents: Arc::new(AgentTransport::new(lanes.clone())),
+        watchdog: Watchdog::new(lanes.clone()),
+        lanes,
         operations,
         directory,
         metrics: metrics::Metrics::new(),
@@ -208,14 +228,15 @@ impl Bound {
     /// finish and returns once intake has nothing left to commit.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let app = router(self.state.clone());
-        let sweeper = self.state.dispatcher.spawn_sweeper();
-        let pusher = match onceprint_engine::webhook::WebhookPusher::new(
-            self.state.store.clone(),
-            self.state.dispatcher.clone(),
-            self.state.dispatcher.signals().clone(),
-            self.state.config.push.clone(),
-        ) {
-            Ok(p) => Some(p.spawn()),
+        let lanes = self.state.lanes.clone();
+        let sweeper = lanes.spawn_sweeper();
+        let watchdog = self.state.watchdog.spawn(std::time::Duration::from_millis(
+            (lanes.config().sweep_interval_ms * 5).clamp(200, 5_000),
+        ));
+        let pusher = match onceprint_engine::transport::webhook::Webhook::new(&self.state.config.push) {
+            Ok(w) => Some(
+                onceprint_engine::PushDriver::new(lanes.clone(), Arc::new(w), self.state.config.push.clone()).spawn(),
+            ),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the webhook transport");
                 None
@@ -224,18 +245,19 @@ impl Bound {
 
         let deliverer = onceprint_engine::alerts::spawn_deliverer(
             self.state.store.clone(),
-            self.state.dispatcher.signals().clone(),
+            lanes.signals().clone(),
             self.state.config.alerts.clone(),
         );
-        let dispatcher = self.state.dispatcher.clone();
+        let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
         let shutdown = async move {
             shutdown.await;
-            dispatcher.signals().begin_shutdown();
+            signals.begin_shutdown();
         };
         axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
         let _ = sweeper.await;
+        let _ = watchdog.await;
         if let Some(p) = pusher {
             let _ = p.await;
         }

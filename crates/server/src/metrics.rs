@@ -50,6 +50,10 @@ pub struct Metrics {
     submissions: Family<Labels, Counter>,
     tasks: Family<Labels, Gauge>,
     latency: Family<Labels, Histogram>,
+    lane_waiting: Family<Labels, Gauge>,
+    lane_oldest: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    lane_in_flight: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    lane_stalled: Family<Labels, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -71,7 +75,36 @@ impl Metrics {
             "HTTP request latency by route, method and status",
             latency.clone(),
         );
-        Arc::new(Metrics { registry, submissions, tasks, latency })
+        let lane_waiting = Family::<Labels, Gauge>::default();
+        let lane_oldest = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let lane_in_flight = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let lane_stalled = Family::<Labels, Gauge>::default();
+        registry.register("onceprint_lane_waiting_tasks", "Tasks waiting in a printer's lane", lane_waiting.clone());
+        registry.register(
+            "onceprint_lane_oldest_waiting_seconds",
+            "Age of the oldest task waiting in a printer's lane",
+            lane_oldest.clone(),
+        );
+        registry.register(
+            "onceprint_lane_in_flight_seconds",
+            "How long the task in flight of a printer's lane has been out",
+            lane_in_flight.clone(),
+        );
+        registry.register(
+            "onceprint_lane_stalled",
+            "1 when a printer's lane has work and no progress past stall_after_ms",
+            lane_stalled.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            submissions,
+            tasks,
+            latency,
+            lane_waiting,
+            lane_oldest,
+            lane_in_flight,
+            lane_stalled,
+        })
     }
 
     pub fn submission(&self, outcome: SubmitOutcomeLabel) {
@@ -88,6 +121,24 @@ impl Metrics {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot count tasks for metrics"),
+        }
+        // The lanes as the watchdog last measured them (every few seconds): a scrape does
+        // not look at every lane itself. Lanes that drained since are left out.
+        self.lane_waiting.clear();
+        self.lane_oldest.clear();
+        self.lane_in_flight.clear();
+        self.lane_stalled.clear();
+        for a in state.watchdog.snapshot() {
+            let labels =
+                vec![("tenant", a.tenant_id.clone()), ("store", a.store_id.clone()), ("printer", a.printer_id.clone())];
+            self.lane_waiting.get_or_create(&labels).set(a.waiting);
+            if let Some(ms) = a.oldest_waiting_ms {
+                self.lane_oldest.get_or_create(&labels).set(ms as f64 / 1000.0);
+            }
+            if let Some(ms) = a.in_flight_ms {
+                self.lane_in_flight.get_or_create(&labels).set(ms as f64 / 1000.0);
+            }
+            self.lane_stalled.get_or_create(&labels).set(i64::from(a.stalled));
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {

@@ -26,7 +26,7 @@ use std::task::Poll;
 
 use deadpool_postgres::GenericClient;
 use onceprint_core::{Millis, TaskState};
-use onceprint_store::{PrinterStatusUpdate, StoreResult, Task, Transition};
+use onceprint_store::{Lane, LaneStats, OutboxEvent, PrinterStatusUpdate, StoreResult, Task, Transition};
 use tokio_postgres::types::ToSql;
 
 use crate::alerts;
@@ -46,7 +46,9 @@ WITH moved AS (
     UPDATE tasks
     SET state = $2::text, attempts = $5, last_error = $6, next_attempt_at = $7, updated_at = $8::int8,
         printed_at = CASE WHEN $2::text = 'printed' THEN $8::int8 ELSE printed_at END,
-        sent_to = $11, sent_session = $12
+        sent_to = $11, sent_session = $12,
+        sent_at = CASE WHEN $2::text = 'sent' AND $3::text <> 'sent' THEN $8::int8 ELSE sent_at END,
+        may_have_printed = may_have_printed OR $18::bool
     WHERE id = $1 AND state = $3::text AND attempts = $4
     RETURNING id
 ),
@@ -78,17 +80,19 @@ const TRANSITION_BATCH: &str = "
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::int8[],
                          $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
-                         $15::text[], $16::text[], $17::int8[])
+                         $15::text[], $16::text[], $17::int8[], $18::bool[])
         WITH ORDINALITY AS c(id, to_state, from_state, expected, attempts, last_error, next_attempt_at, now_ms,
                              actor, reason, sent_to, sent_session, event_id, event_tenant, event_kind,
-                             event_payload, event_at, ord)
+                             event_payload, event_at, may_have_printed, ord)
 ),
 moved AS (
     UPDATE tasks t
     SET state = c.to_state, attempts = c.attempts, last_error = c.last_error, next_attempt_at = c.next_attempt_at,
         updated_at = c.now_ms,
         printed_at = CASE WHEN c.to_state = 'printed' THEN c.now_ms ELSE t.printed_at END,
-        sent_to = c.sent_to, sent_session = c.sent_session
+        sent_to = c.sent_to, sent_session = c.sent_session,
+        sent_at = CASE WHEN c.to_state = 'sent' AND c.from_state <> 'sent' THEN c.now_ms ELSE t.sent_at END,
+        may_have_printed = t.may_have_printed OR c.may_have_printed
     FROM c
     WHERE t.id = ANY ($1::text[]) AND t.id = c.id AND t.state = c.from_state AND t.attempts = c.expected
     RETURNING c.ord
@@ -121,21 +125,54 @@ const SAVEPOINT: &str = "SAVEPOINT one_in_flight";
 const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT one_in_flight; SAVEPOINT one_in_flight";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT one_in_flight";
 
-/// For each printer of the store, its first active task by (priority, id): one index
-/// probe of `tasks_lane` per printer. The state list repeats the index predicate
-/// literally, which is what lets the planner use the partial index.
-const LANE_HEADS: &str = "
-SELECT head.*
+/// For each printer of the store, its task in flight (through the partial unique index
+/// `tasks_one_in_flight_per_printer`) and its first waiting task by (priority, id) (through
+/// `tasks_lane`, whose predicate the query repeats literally so that the planner can use
+/// the partial index; `<> 'sent'` then steps over at most the one row in flight). `{which}`
+/// is the condition on the printer (`p.store_id = $2`, or `p.id = $2`).
+const LANES: &str = "
+SELECT lane.*
 FROM printers p
 CROSS JOIN LATERAL (
-    SELECT {cols}
-    FROM tasks
-    WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
-    ORDER BY priority, id
-    LIMIT 1
-) AS head
-WHERE p.tenant_id = $1 AND p.store_id = $2
+    (SELECT {cols}
+     FROM tasks
+     WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state = 'sent'
+     LIMIT 1)
+    UNION ALL
+    (SELECT {cols}
+     FROM tasks
+     WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
+       AND state <> 'sent'
+     ORDER BY priority, id
+     LIMIT 1)
+) AS lane
+WHERE p.tenant_id = $1 AND {which}
 ORDER BY p.id";
+
+fn lanes_sql(which: &str) -> String {
+    LANES.replace("{cols}", TASK_COLUMNS).replace("{which}", which)
+}
+
+/// Figures of every lane with active tasks, read through `tasks_lane`.
+const LANE_STATS: &str = "
+SELECT tenant_id, store_id, printer_id, count(*) FILTER (WHERE state <> 'sent'),
+       min(created_at) FILTER (WHERE state <> 'sent'), min(sent_at) FILTER (WHERE state = 'sent')
+FROM tasks
+WHERE state IN ('pending', 'sent', 'retrying')
+GROUP BY tenant_id, store_id, printer_id
+ORDER BY tenant_id, store_id, printer_id";
+
+/// An alert of its own (not carried by a transition), fanned out like a transition's.
+const RECORD_ALERT: &str = "
+WITH alert AS (
+    INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
+    SELECT $1::text, $2::text, $3::text, $4::text, $5::int8
+    WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = $2::text AND $3::text = ANY (w.events))
+    RETURNING event_id, tenant_id, kind, created_at
+)
+INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
+SELECT a.event_id, w.id, w.tenant_id, a.created_at, a.created_at
+FROM alert a JOIN webhooks w ON w.tenant_id = a.tenant_id AND a.kind = ANY (w.events)";
 
 /// Through the partial (state, next_attempt_at) index `tasks_due`, which holds the tasks
 /// in `sent` and `retrying`. The state is written into the text rather than passed as a
@@ -224,7 +261,7 @@ impl<'a> Params<'a> {
         }
     }
 
-    fn values(&self) -> [&(dyn ToSql + Sync); 17] {
+    fn values(&self) -> [&(dyn ToSql + Sync); 18] {
         let c = self.change;
         [
             &c.task_id,
@@ -244,6 +281,7 @@ impl<'a> Params<'a> {
             &self.event_kind,
             &self.event_payload,
             &self.event_at,
+            &c.may_have_printed,
         ]
     }
 }
@@ -337,6 +375,7 @@ async fn apply_batch(
     let event_kind: Vec<Option<&str>> = params.iter().map(|p| p.event_kind).collect();
     let event_payload: Vec<Option<&str>> = params.iter().map(|p| p.event_payload).collect();
     let event_at: Vec<Option<Millis>> = params.iter().map(|p| p.event_at).collect();
+    let may_have_printed: Vec<bool> = changes.iter().map(|c| c.may_have_printed).collect();
     let stmt = client.prepare_cached(TRANSITION_BATCH).await?;
     let rows = client
         .query(
@@ -359,6 +398,7 @@ async fn apply_batch(
                 &event_kind,
                 &event_payload,
                 &event_at,
+                &may_have_printed,
             ],
         )
         .await?;
@@ -447,14 +487,59 @@ async fn join_all<F: Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
     outputs.into_iter().flatten().collect()
 }
 
-pub(crate) async fn lane_heads(
-    client: &deadpool_postgres::Client,
-    tenant_id: &str,
-    store_id: &str,
-) -> StoreResult<Vec<Task>> {
-    let stmt = client.prepare_cached(&LANE_HEADS.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
+/// Groups lane rows by printer, the one in `sent` as in flight.
+fn group_lanes(tasks: Vec<Task>) -> Vec<Lane> {
+    let mut lanes: Vec<Lane> = Vec::new();
+    for t in tasks {
+        if lanes.last().is_none_or(|l| l.printer_id != t.printer_id) {
+            lanes.push(Lane { printer_id: t.printer_id.clone(), in_flight: None, waiting: None });
+        }
+        if let Some(lane) = lanes.last_mut() {
+            if t.state == TaskState::Sent {
+                lane.in_flight = Some(t);
+            } else {
+                lane.waiting = Some(t);
+            }
+        }
+    }
+    lanes
+}
+
+pub(crate) async fn lanes(client: &deadpool_postgres::Client, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>> {
+    let stmt = client.prepare_cached(&lanes_sql("p.store_id = $2")).await.map_err(pg_error)?;
     let found = client.query(&stmt, &[&tenant_id, &store_id]).await.map_err(pg_error)?;
-    found.iter().map(rows::task).collect()
+    Ok(group_lanes(found.iter().map(rows::task).collect::<StoreResult<_>>()?))
+}
+
+pub(crate) async fn lane(client: &deadpool_postgres::Client, tenant_id: &str, printer_id: &str) -> StoreResult<Lane> {
+    let stmt = client.prepare_cached(&lanes_sql("p.id = $2")).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[&tenant_id, &printer_id]).await.map_err(pg_error)?;
+    let lanes = group_lanes(found.iter().map(rows::task).collect::<StoreResult<_>>()?);
+    Ok(lanes.into_iter().next().unwrap_or(Lane { printer_id: printer_id.to_owned(), in_flight: None, waiting: None }))
+}
+
+pub(crate) async fn lane_stats(client: &deadpool_postgres::Client) -> StoreResult<Vec<LaneStats>> {
+    let stmt = client.prepare_cached(LANE_STATS).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[]).await.map_err(pg_error)?;
+    found
+        .iter()
+        .map(|r| {
+            Ok(LaneStats {
+                tenant_id: rows::col(r, 0)?,
+                store_id: rows::col(r, 1)?,
+                printer_id: rows::col(r, 2)?,
+                waiting: rows::col(r, 3)?,
+                oldest_waiting_at: rows::col(r, 4)?,
+                in_flight_since: rows::col(r, 5)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn record_alert(client: &deadpool_postgres::Client, e: &OutboxEvent) -> StoreResult<()> {
+    let stmt = client.prepare_cached(RECORD_ALERT).await.map_err(pg_error)?;
+    client.execute(&stmt, &[&e.event_id, &e.tenant_id, &e.kind, &e.payload, &e.now]).await.map_err(pg_error)?;
+    Ok(())
 }
 
 pub(crate) async fn due_tasks(
@@ -512,7 +597,7 @@ pub(crate) mod tests {
         let Some(h) = crate::testing::fresh_store().await else {
             return;
         };
-        let lanes = plan(&h.url, &LANE_HEADS.replace("{cols}", TASK_COLUMNS), &[&"acme", &"s1"]).await;
+        let lanes = plan(&h.url, &lanes_sql("p.store_id = $2"), &[&"acme", &"s1"]).await;
         assert!(lanes.contains("using tasks_lane on tasks"), "{lanes}");
         assert!(!lanes.contains("Sort"), "the lane order must come from the index:\n{lanes}");
 
@@ -571,6 +656,7 @@ pub(crate) mod tests {
             now,
             sent_to: Some("agent-1".into()),
             sent_session: None,
+            may_have_printed: false,
             event: None,
         };
         let client = store.pool.get().await.unwrap();
@@ -601,6 +687,7 @@ pub(crate) mod tests {
                     &vec![None::<&str>],
                     &vec![None::<&str>],
                     &vec![None::<i64>],
+                    &vec![false],
                 ],
             )
             .await
@@ -625,12 +712,12 @@ pub(crate) mod tests {
         tokio::spawn(connection);
         client.batch_execute("SET plan_cache_mode = force_generic_plan").await.unwrap();
         let types =
-            "text, text, text, int, int, text, int8, int8, text, text, text, text, text, text, text, text, int8";
+            "text, text, text, int, int, text, int8, int8, text, text, text, text, text, text, text, text, int8, bool";
         client.batch_execute(&format!("PREPARE cas ({types}) AS {TRANSITION}")).await.unwrap();
         let lines = client
             .query(
                 "EXPLAIN EXECUTE cas('t', 'printed', 'sent', 1, 1, NULL, NULL, 0, 'a', 'r', NULL, NULL, \
-                 NULL, NULL, NULL, NULL, NULL)",
+                 NULL, NULL, NULL, NULL, NULL, false)",
                 &[],
             )
             .await

@@ -553,9 +553,31 @@ impl Store for PostgresStore {
         delivery::apply_transitions(&mut client, changes).await
     }
 
-    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>> {
+    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>> {
         let client = self.client().await?;
-        delivery::lane_heads(&client, tenant_id, store_id).await
+        delivery::lanes(&client, tenant_id, store_id).await
+    }
+
+    async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane> {
+        let client = self.client().await?;
+        delivery::lane(&client, tenant_id, printer_id).await
+    }
+
+    async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {
+        let client = self.client().await?;
+        delivery::lane_stats(&client).await
+    }
+
+    async fn max_task_id(&self) -> StoreResult<Option<String>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached("SELECT max(id) FROM tasks").await.map_err(pg_error)?;
+        let row = client.query_one(&stmt, &[]).await.map_err(pg_error)?;
+        rows::col(&row, 0)
+    }
+
+    async fn record_alert(&self, event: &OutboxEvent) -> StoreResult<()> {
+        let client = self.client().await?;
+        delivery::record_alert(&client, event).await
     }
 
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>> {

@@ -26,6 +26,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (5, V5_ALERTS),
     (6, V6_TIME_ZONES),
     (7, V7_PLANS),
+    (8, V8_LANES),
 ];
 
 /// The version a fully migrated database reports.
@@ -269,6 +270,16 @@ const V7_PLANS: &str = r#"
 DROP INDEX tasks_state_next_attempt_idx;
 CREATE INDEX tasks_due ON tasks (state, next_attempt_at) WHERE state IN ('sent', 'retrying');
 ALTER TABLE tasks SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05);
+"#;
+
+/// The lane engine (issue 8): when a task last went into `sent` (its in-flight age, R37;
+/// offering it again does not move it), and whether any attempt may have printed (no
+/// automatic failover then, R25). A task in flight at the upgrade counts from its last
+/// change. Both columns are added without a table rewrite (a constant default).
+const V8_LANES: &str = r#"
+ALTER TABLE tasks ADD COLUMN sent_at BIGINT, ADD COLUMN may_have_printed BOOLEAN NOT NULL DEFAULT false;
+UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
+UPDATE tasks SET may_have_printed = true WHERE state = 'in_doubt' OR last_error = 'in_doubt';
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

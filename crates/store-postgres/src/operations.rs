@@ -39,15 +39,15 @@ pub(crate) const REPRINT_COUNT: &str =
 pub(crate) async fn apply_manual(client: &mut deadpool_postgres::Client, change: &ManualChange) -> StoreResult<bool> {
     // Dropping the transaction on an early return (an error) rolls all of it back.
     let tx = client.transaction().await.map_err(pg_error)?;
-    if let Some(t) = &change.transition {
+    for t in &change.transitions {
         if !delivery::transition(&tx, t).await? {
             tx.rollback().await.map_err(pg_error)?;
             return Ok(false);
         }
     }
-    if change.refund {
+    if let Some(charged) = &change.refund {
         let stmt = tx.prepare_cached(REFUND).await.map_err(pg_error)?;
-        tx.execute(&stmt, &[&change.task_id, &change.now]).await.map_err(pg_error)?;
+        tx.execute(&stmt, &[charged, &change.now]).await.map_err(pg_error)?;
     }
     if let Some(succ) = &change.successor {
         let out = submit::submit_batch(&tx, vec![succ.clone()]).await?;

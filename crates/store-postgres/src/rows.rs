@@ -16,13 +16,13 @@ use tokio_postgres::Row;
 pub(crate) const TASK_COLUMNS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, \
      print_type, priority, content_type, fingerprint, state, attempts, last_error, next_attempt_at, \
      created_at, updated_at, printed_at, sent_to, sent_session, origin_task_id, origin_kind, reprint_no, \
-     successor_task_id";
+     successor_task_id, sent_at, may_have_printed";
 
 /// [`TASK_COLUMNS`] qualified with the alias `t`, for joins.
 pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printer_id, t.station_id, t.target, \
      t.biz_no, t.print_type, t.priority, t.content_type, t.fingerprint, t.state, t.attempts, t.last_error, \
      t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session, t.origin_task_id, \
-     t.origin_kind, t.reprint_no, t.successor_task_id";
+     t.origin_kind, t.reprint_no, t.successor_task_id, t.sent_at, t.may_have_printed";
 
 /// The store columns in the order [`store`] reads them.
 pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, timezone, created_at";
@@ -74,6 +74,8 @@ pub(crate) fn task(row: &Row) -> StoreResult<Task> {
         origin_kind: col::<Option<&str>>(row, 21)?.and_then(OriginKind::parse),
         reprint_no: col(row, 22)?,
         successor_task_id: col(row, 23)?,
+        sent_at: col(row, 24)?,
+        may_have_printed: col(row, 25)?,
     })
 }
 

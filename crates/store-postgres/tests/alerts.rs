@@ -105,8 +105,8 @@ async fn only_changes_that_apply_write_their_alerts() {
     };
     let action = ManualChange {
         task_id: b.task_id.clone(),
-        transition: Some(Transition { expected_attempts: 3, ..cancel("e5") }),
-        refund: true,
+        transitions: vec![Transition { expected_attempts: 3, ..cancel("e5") }],
+        refund: Some(b.task_id.clone()),
         successor: None,
         now: NOW + 10,
     };
@@ -115,10 +115,10 @@ async fn only_changes_that_apply_write_their_alerts() {
     let mut taken = task_on("p2", "A", 9);
     taken.target = a.target.clone();
     let out = s
-        .apply_manual(&ManualChange { transition: Some(cancel("e6")), successor: Some(taken), ..action.clone() })
+        .apply_manual(&ManualChange { transitions: vec![cancel("e6")], successor: Some(taken), ..action.clone() })
         .await;
     assert!(matches!(out, Err(StoreError::AlreadyExists(_))), "{out:?}");
-    assert!(s.apply_manual(&ManualChange { transition: Some(cancel("e7")), ..action }).await.unwrap());
+    assert!(s.apply_manual(&ManualChange { transitions: vec![cancel("e7")], ..action }).await.unwrap());
     assert_eq!(
         outbox(&db).await,
         vec![

@@ -24,6 +24,7 @@ fn change(t: &NewTask, from: TaskState, attempts: i32, to: TaskState) -> Transit
         now: NOW + 10,
         sent_to: None,
         sent_session: None,
+        may_have_printed: false,
         event: None,
     }
 }
@@ -54,8 +55,8 @@ async fn a_failing_successor_undoes_the_whole_action() {
     taken.task_id = format!("{}-again", taken.task_id);
     let action = ManualChange {
         task_id: t.task_id.clone(),
-        transition: Some(change(&t, TaskState::Pending, 0, TaskState::Transferred)),
-        refund: true,
+        transitions: vec![change(&t, TaskState::Pending, 0, TaskState::Transferred)],
+        refund: Some(t.task_id.clone()),
         successor: Some(taken.clone()),
         now: NOW + 10,
     };
@@ -95,8 +96,8 @@ async fn an_action_refused_by_the_printer_lane_writes_nothing() {
     // B cannot go in flight beside A; the unique index aborts the action's transaction.
     let action = ManualChange {
         task_id: b.task_id.clone(),
-        transition: Some(send(&b)),
-        refund: true,
+        transitions: vec![send(&b)],
+        refund: Some(b.task_id.clone()),
         successor: None,
         now: NOW,
     };
@@ -118,17 +119,17 @@ async fn concurrent_actions_refund_once() {
         // Two cancels and two bare refunds at once: one cancel wins, one refund is written.
         let cancel = ManualChange {
             task_id: t.task_id.clone(),
-            transition: Some(change(&t, TaskState::Pending, 0, TaskState::Cancelled)),
-            refund: true,
+            transitions: vec![change(&t, TaskState::Pending, 0, TaskState::Cancelled)],
+            refund: Some(t.task_id.clone()),
             successor: None,
             now: NOW + 10,
         };
-        let bare = ManualChange { transition: None, ..cancel.clone() };
+        let bare = ManualChange { transitions: vec![], ..cancel.clone() };
         let runs: Vec<_> = [cancel.clone(), bare.clone(), cancel, bare]
             .into_iter()
             .map(|m| {
                 let s = s.clone();
-                tokio::spawn(async move { (m.transition.is_some(), s.apply_manual(&m).await.unwrap()) })
+                tokio::spawn(async move { (!m.transitions.is_empty(), s.apply_manual(&m).await.unwrap()) })
             })
             .collect();
         let mut cancels_won = 0;

@@ -446,9 +446,27 @@ impl Store for SqliteStore {
         self.write(move |c| sql::apply_transitions(c, &changes)).await
     }
 
-    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>> {
+    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>> {
         let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
-        self.read(move |c| sql::lane_heads(c, &t, &s)).await
+        self.read(move |c| sql::lanes(c, &t, &s)).await
+    }
+
+    async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane> {
+        let (t, p) = (tenant_id.to_owned(), printer_id.to_owned());
+        self.read(move |c| sql::lane(c, &t, &p)).await
+    }
+
+    async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {
+        self.read(sql::lane_stats).await
+    }
+
+    async fn max_task_id(&self) -> StoreResult<Option<String>> {
+        self.read(sql::max_task_id).await
+    }
+
+    async fn record_alert(&self, event: &OutboxEvent) -> StoreResult<()> {
+        let e = event.clone();
+        self.write(move |c| sql::record_alert(c, &e)).await
     }
 
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>> {

@@ -170,4 +170,14 @@ UPDATE stores
                   || printf('%02d:%02d', abs(utc_offset_minutes) / 60, abs(utc_offset_minutes) % 60)
  WHERE utc_offset_minutes <> 0;
 "#,
+    // The lane engine (issue 8): when a task last went into `sent` (its in-flight age, R37;
+    // offering it again does not move it), and whether any attempt may have printed (no
+    // automatic failover then, R25). A task in flight at the upgrade counts from its last
+    // change.
+    r#"
+ALTER TABLE tasks ADD COLUMN sent_at INTEGER;
+ALTER TABLE tasks ADD COLUMN may_have_printed INTEGER NOT NULL DEFAULT 0;
+UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
+UPDATE tasks SET may_have_printed = 1 WHERE state = 'in_doubt' OR last_error = 'in_doubt';
+"#,
 ];

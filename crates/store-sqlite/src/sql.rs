@@ -11,7 +11,7 @@ use crate::{backend_err, constraint_err};
 
 const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
      content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
-     sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id";
+     sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id, sent_at, may_have_printed";
 
 fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     TaskState::parse(s).ok_or_else(|| {
@@ -50,6 +50,8 @@ fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         origin_kind: r.get::<_, Option<String>>(21)?.and_then(|k| OriginKind::parse(&k)),
         reprint_no: r.get(22)?,
         successor_task_id: r.get(23)?,
+        sent_at: r.get(24)?,
+        may_have_printed: r.get(25)?,
     })
 }
 
@@ -402,7 +404,9 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
     let updated = c
         .prepare_cached(
             "UPDATE tasks SET state = ?1, attempts = ?2, last_error = ?3, next_attempt_at = ?4, updated_at = ?5, \
-             printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END, sent_to = ?9, sent_session = ?10 \
+             printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END, sent_to = ?9, sent_session = ?10, \
+             sent_at = CASE WHEN ?1 = 'sent' AND ?7 <> 'sent' THEN ?5 ELSE sent_at END, \
+             may_have_printed = may_have_printed OR ?11 \
              WHERE id = ?6 AND state = ?7 AND attempts = ?8",
         )
         .and_then(|mut s| {
@@ -416,7 +420,8 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
                 t.from.as_str(),
                 t.expected_attempts,
                 t.sent_to,
-                t.sent_session
+                t.sent_session,
+                t.may_have_printed
             ])
         });
     let changed = match updated {
@@ -473,20 +478,89 @@ pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<
     changes.iter().map(|t| transition(c, t)).collect()
 }
 
-pub fn lane_heads(c: &Connection, tenant: &str, store: &str) -> StoreResult<Vec<Task>> {
-    // One index seek per printer of the store (tasks_lane), not a scan of the backlog.
+/// The task in flight (through the partial unique index `tasks_one_in_flight_per_printer`)
+/// and the first waiting task (through `tasks_lane`, whose predicate the query repeats
+/// literally; `<> 'sent'` then skips at most the one row in flight) of each printer in
+/// `printers`, a query over the printers table that yields `p.tenant_id` and `p.id`.
+fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<Vec<Lane>> {
     let mut s = c
         .prepare_cached(&format!(
-            "SELECT {TASK_COLS} FROM tasks WHERE id IN ( \
+            "WITH l AS ( \
                SELECT (SELECT u.id FROM tasks u \
+                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent') AS f, \
+                      (SELECT u.id FROM tasks u \
                        WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
-                         AND u.state IN ('pending', 'sent', 'retrying') \
-                       ORDER BY u.priority, u.id LIMIT 1) \
-               FROM printers p WHERE p.tenant_id = ?1 AND p.store_id = ?2)"
+                         AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                       ORDER BY u.priority, u.id LIMIT 1) AS w \
+               FROM printers p WHERE {printers}) \
+             SELECT {TASK_COLS} FROM tasks WHERE id IN (SELECT f FROM l UNION ALL SELECT w FROM l)"
         ))
         .map_err(backend_err)?;
-    let rows = s.query_map([tenant, store], task_from_row).map_err(backend_err)?;
+    let rows = s.query_map(args, task_from_row).map_err(backend_err)?;
+    let tasks = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)?;
+    Ok(group_lanes(tasks))
+}
+
+/// Groups the tasks of [`lanes_where`] by printer, the one in `sent` as in flight.
+fn group_lanes(tasks: Vec<Task>) -> Vec<Lane> {
+    let mut lanes: Vec<Lane> = Vec::new();
+    for t in tasks {
+        let i = match lanes.iter().position(|l| l.printer_id == t.printer_id) {
+            Some(i) => i,
+            None => {
+                lanes.push(Lane { printer_id: t.printer_id.clone(), in_flight: None, waiting: None });
+                lanes.len() - 1
+            }
+        };
+        if t.state == TaskState::Sent {
+            lanes[i].in_flight = Some(t);
+        } else {
+            lanes[i].waiting = Some(t);
+        }
+    }
+    lanes.sort_by(|a, b| a.printer_id.cmp(&b.printer_id));
+    lanes
+}
+
+pub fn lanes(c: &Connection, tenant: &str, store: &str) -> StoreResult<Vec<Lane>> {
+    lanes_where(c, "p.tenant_id = ?1 AND p.store_id = ?2", [tenant, store])
+}
+
+pub fn lane(c: &Connection, tenant: &str, printer: &str) -> StoreResult<Lane> {
+    let found = lanes_where(c, "p.tenant_id = ?1 AND p.id = ?2", [tenant, printer])?;
+    Ok(found.into_iter().next().unwrap_or(Lane { printer_id: printer.to_owned(), in_flight: None, waiting: None }))
+}
+
+pub fn lane_stats(c: &Connection) -> StoreResult<Vec<LaneStats>> {
+    let mut s = c
+        .prepare_cached(
+            "SELECT tenant_id, store_id, printer_id, SUM(state <> 'sent'), \
+                    MIN(CASE WHEN state <> 'sent' THEN created_at END), MIN(CASE WHEN state = 'sent' THEN sent_at END) \
+             FROM tasks WHERE state IN ('pending', 'sent', 'retrying') \
+             GROUP BY tenant_id, store_id, printer_id ORDER BY tenant_id, store_id, printer_id",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([], |r| {
+            Ok(LaneStats {
+                tenant_id: r.get(0)?,
+                store_id: r.get(1)?,
+                printer_id: r.get(2)?,
+                waiting: r.get(3)?,
+                oldest_waiting_at: r.get(4)?,
+                in_flight_since: r.get(5)?,
+            })
+        })
+        .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn max_task_id(c: &Connection) -> StoreResult<Option<String>> {
+    c.query_row("SELECT MAX(id) FROM tasks", [], |r| r.get(0)).map_err(backend_err)
+}
+
+pub fn record_alert(c: &Connection, e: &OutboxEvent) -> StoreResult<()> {
+    insert_event(c, e)
 }
 
 pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> StoreResult<Vec<Task>> {
@@ -533,12 +607,28 @@ pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) ->
 }
 
 pub fn apply_manual(c: &Connection, m: &ManualChange) -> StoreResult<bool> {
-    if let Some(t) = &m.transition {
+    // The whole change under a savepoint of its own: when a later transition of the chain
+    // does not apply, the earlier ones are undone with it.
+    c.execute_batch("SAVEPOINT manual").map_err(backend_err)?;
+    match apply_manual_steps(c, m) {
+        Ok(true) => {
+            c.execute_batch("RELEASE manual").map_err(backend_err)?;
+            Ok(true)
+        }
+        other => {
+            c.execute_batch("ROLLBACK TO manual; RELEASE manual").map_err(backend_err)?;
+            other
+        }
+    }
+}
+
+fn apply_manual_steps(c: &Connection, m: &ManualChange) -> StoreResult<bool> {
+    for t in &m.transitions {
         if !transition(c, t)? {
             return Ok(false);
         }
     }
-    if m.refund {
+    if let Some(charged) = &m.refund {
         // The refund copies the charge; the ledger's key (task, kind) makes a second refund
         // impossible even if an operator manages to ask twice.
         c.prepare_cached(
@@ -546,7 +636,7 @@ pub fn apply_manual(c: &Connection, m: &ManualChange) -> StoreResult<bool> {
              SELECT tenant_id, task_id, 'refund', amount, ?2 FROM ledger WHERE task_id = ?1 AND kind = 'charge' \
              ON CONFLICT (task_id, kind) DO NOTHING",
         )
-        .and_then(|mut s| s.execute(params![m.task_id, m.now]))
+        .and_then(|mut s| s.execute(params![charged, m.now]))
         .map_err(backend_err)?;
     }
     if let Some(succ) = &m.successor {

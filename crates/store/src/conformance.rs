@@ -31,7 +31,8 @@ macro_rules! conformance_tests {
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
-            lanes_give_one_head_per_printer_in_priority_order, one_task_in_flight_per_printer,
+            lanes_show_the_task_in_flight_and_the_first_waiting, the_may_have_printed_mark_stays,
+            manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
@@ -459,6 +460,7 @@ pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
         now: NOW + 10,
         sent_to: Some("agent-1".into()),
         sent_session: Some("sess-1".into()),
+        may_have_printed: false,
         event: None,
     };
     assert!(s.transition(&send).await.unwrap());
@@ -529,11 +531,12 @@ fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
         now,
         sent_to: Some("agent-1".into()),
         sent_session: Some("sess-1".into()),
+        may_have_printed: false,
         event: None,
     }
 }
 
-pub async fn lanes_give_one_head_per_printer_in_priority_order(s: Arc<dyn Store>) {
+pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     second_printer(&s).await;
     let a = new_task("acme", "A", "x", 1);
@@ -543,29 +546,136 @@ pub async fn lanes_give_one_head_per_printer_in_priority_order(s: Arc<dyn Store>
     c.printer_id = "p2".into();
     c.target = "printer:p2".into();
     s.submit_batch(vec![a.clone(), b.clone(), c.clone()]).await.unwrap();
-    let mut heads = s.lane_heads("acme", "s1").await.unwrap();
-    heads.sort_by(|x, y| x.printer_id.cmp(&y.printer_id));
-    let ids: Vec<_> = heads.iter().map(|t| t.task_id.clone()).collect();
-    assert_eq!(ids, vec![b.task_id.clone(), c.task_id.clone()]);
-    assert!(s.lane_heads("acme", "other-store").await.unwrap().is_empty());
-    // The head in flight stays the head: the lane is busy until it is acknowledged.
-    assert_eq!(s.apply_transitions(&[send(&b, 0, NOW + 5)]).await.unwrap(), vec![true]);
-    let heads = s.lane_heads("acme", "s1").await.unwrap();
-    let p1 = heads.iter().find(|t| t.printer_id == "p1").unwrap();
+    let ids = |lanes: &[Lane]| -> Vec<(String, Option<String>, Option<String>)> {
+        lanes
+            .iter()
+            .map(|l| {
+                (
+                    l.printer_id.clone(),
+                    l.in_flight.as_ref().map(|t| t.task_id.clone()),
+                    l.waiting.as_ref().map(|t| t.task_id.clone()),
+                )
+            })
+            .collect()
+    };
+    let lanes = s.lanes("acme", "s1").await.unwrap();
     assert_eq!(
-        (p1.task_id.as_str(), p1.state, p1.sent_to.as_deref(), p1.sent_session.as_deref()),
-        (b.task_id.as_str(), TaskState::Sent, Some("agent-1"), Some("sess-1"))
+        ids(&lanes),
+        vec![("p1".into(), None, Some(b.task_id.clone())), ("p2".into(), None, Some(c.task_id.clone()))]
     );
+    assert!(s.lanes("acme", "other-store").await.unwrap().is_empty());
+    assert!(s.lanes("other-tenant", "s1").await.unwrap().is_empty());
+
+    // A in flight, then a refund D arrives: the lane shows both, whatever their priorities
+    // (deciding from the waiting head alone is how a lane once stalled for good).
+    assert_eq!(s.apply_transitions(&[send(&a, 0, NOW + 5)]).await.unwrap(), vec![true]);
+    let mut d = new_task("acme", "D", "x", 4);
+    d.priority = 0;
+    s.submit_batch(vec![d.clone()]).await.unwrap();
+    let lane = s.lane("acme", "p1").await.unwrap();
+    assert_eq!(lane.in_flight.as_ref().map(|t| (t.task_id.as_str(), t.state)), Some((a.task_id.as_str(), TaskState::Sent)));
+    assert_eq!(
+        lane.in_flight.as_ref().map(|t| (t.sent_to.as_deref(), t.sent_session.as_deref(), t.sent_at)),
+        Some((Some("agent-1"), Some("sess-1"), Some(NOW + 5)))
+    );
+    assert_eq!(lane.waiting.as_ref().map(|t| t.task_id.as_str()), Some(b.task_id.as_str()), "refunds first, FIFO");
+    assert_eq!(s.lanes("acme", "s1").await.unwrap()[0], lane);
+    assert_eq!(s.lane("acme", "nowhere").await.unwrap(), Lane { printer_id: "nowhere".into(), in_flight: None, waiting: None });
+
+    // Offering it again does not move `sent_at`: the lane has been busy since NOW + 5.
+    let again = Transition { from: TaskState::Sent, expected_attempts: 1, attempts: 2, now: NOW + 9, ..send(&a, 0, NOW + 9) };
+    assert!(s.transition(&again).await.unwrap());
+    let a_now = s.get_task("acme", &a.task_id).await.unwrap().unwrap();
+    assert_eq!((a_now.attempts, a_now.sent_at, a_now.updated_at), (2, Some(NOW + 5), NOW + 9));
+
+    let stats = s.lane_stats().await.unwrap();
+    let p1 = stats.iter().find(|l| l.printer_id == "p1").unwrap();
+    assert_eq!(
+        (p1.tenant_id.as_str(), p1.store_id.as_str(), p1.waiting, p1.oldest_waiting_at, p1.in_flight_since),
+        ("acme", "s1", 2, Some(b.now), Some(NOW + 5))
+    );
+    assert_eq!(stats.iter().find(|l| l.printer_id == "p2").map(|l| (l.waiting, l.in_flight_since)), Some((1, None)));
+
     let printed = Transition {
         from: TaskState::Sent,
-        expected_attempts: 1,
+        expected_attempts: 2,
+        attempts: 2,
         to: TaskState::Printed,
         next_attempt_at: None,
-        ..send(&b, 0, NOW + 6)
+        ..send(&a, 0, NOW + 10)
     };
     assert!(s.transition(&printed).await.unwrap());
-    let heads = s.lane_heads("acme", "s1").await.unwrap();
-    assert_eq!(heads.iter().find(|t| t.printer_id == "p1").unwrap().task_id, a.task_id, "then FIFO");
+    let lane = s.lane("acme", "p1").await.unwrap();
+    assert_eq!((lane.in_flight, lane.waiting.map(|t| t.task_id)), (None, Some(b.task_id.clone())));
+    assert_eq!(s.max_task_id().await.unwrap().as_deref(), Some(d.task_id.as_str()));
+}
+
+/// The mark "may have printed" is set by a transition that carries it and never removed.
+pub async fn the_may_have_printed_mark_stays(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let a = new_task("acme", "A", "x", 1);
+    s.submit_batch(vec![a.clone()]).await.unwrap();
+    assert!(!s.get_task("acme", &a.task_id).await.unwrap().unwrap().may_have_printed);
+    assert!(s.transition(&send(&a, 0, NOW + 5)).await.unwrap());
+    let doubt = Transition {
+        from: TaskState::Sent,
+        expected_attempts: 1,
+        to: TaskState::Retrying,
+        may_have_printed: true,
+        ..send(&a, 0, NOW + 6)
+    };
+    assert!(s.apply_transitions(&[doubt]).await.unwrap()[0]);
+    assert!(s.get_task("acme", &a.task_id).await.unwrap().unwrap().may_have_printed);
+    let again = Transition { from: TaskState::Retrying, expected_attempts: 1, ..send(&a, 1, NOW + 7) };
+    assert!(s.apply_transitions(&[again]).await.unwrap()[0]);
+    let t = s.get_task("acme", &a.task_id).await.unwrap().unwrap();
+    assert_eq!((t.state, t.attempts, t.may_have_printed, t.sent_at), (TaskState::Sent, 2, true, Some(NOW + 7)));
+}
+
+/// A chain of transitions (a failover: `sent → failed → transferred` with the successor)
+/// applies whole or not at all.
+pub async fn manual_changes_apply_whole_or_not_at_all(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    let t = new_task("acme", "F1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    assert!(s.transition(&send(&t, 0, NOW + 5)).await.unwrap());
+    let failed = manual_transition(&t, TaskState::Sent, 1, TaskState::Failed, NOW + 6);
+    let moved = manual_transition(&t, TaskState::Failed, 1, TaskState::Transferred, NOW + 6);
+    let succ = successor_of(&t, OriginKind::Failover, None, "p2", 2);
+    // The second step expects the wrong attempt: nothing of the chain is written.
+    let broken = ManualChange {
+        task_id: t.task_id.clone(),
+        transitions: vec![failed.clone(), Transition { expected_attempts: 7, ..moved.clone() }],
+        refund: None,
+        successor: Some(succ.clone()),
+        now: NOW + 6,
+    };
+    assert!(!s.apply_manual(&broken).await.unwrap());
+    let row = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(row.state, TaskState::Sent, "the first step was undone with the chain");
+    assert_eq!(s.task_events("acme", &t.task_id).await.unwrap().unwrap().len(), 2);
+    assert_eq!(s.get_task("acme", &succ.task_id).await.unwrap(), None);
+    let whole = ManualChange { transitions: vec![failed, moved], ..broken };
+    assert!(s.apply_manual(&whole).await.unwrap());
+    let row = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!((row.state, row.successor_task_id.as_deref()), (TaskState::Transferred, Some(succ.task_id.as_str())));
+    let to: Vec<TaskState> = s.task_events("acme", &t.task_id).await.unwrap().unwrap().iter().map(|e| e.to).collect();
+    assert_eq!(to, vec![TaskState::Pending, TaskState::Sent, TaskState::Failed, TaskState::Transferred]);
+
+    // Cancelling the successor refunds the charge it names: the original's.
+    let cancel = ManualChange {
+        task_id: succ.task_id.clone(),
+        transitions: vec![manual_transition(&succ, TaskState::Pending, 0, TaskState::Cancelled, NOW + 8)],
+        refund: Some(t.task_id.clone()),
+        successor: None,
+        now: NOW + 8,
+    };
+    assert!(s.apply_manual(&cancel).await.unwrap());
+    let kinds: Vec<_> =
+        s.ledger_entries(&t.task_id).await.unwrap().iter().map(|e| (e.kind.clone(), e.amount)).collect();
+    assert_eq!(kinds, vec![("charge".to_owned(), 1), ("refund".to_owned(), 1)]);
+    assert!(s.ledger_entries(&succ.task_id).await.unwrap().is_empty());
 }
 
 pub async fn one_task_in_flight_per_printer(s: Arc<dyn Store>) {
@@ -703,6 +813,7 @@ fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState,
         now,
         sent_to: None,
         sent_session: None,
+        may_have_printed: false,
         event: None,
     }
 }
@@ -727,15 +838,15 @@ pub async fn cancel_refunds_exactly_once(s: Arc<dyn Store>) {
     s.submit_batch(vec![t.clone()]).await.unwrap();
     let cancel = ManualChange {
         task_id: t.task_id.clone(),
-        transition: Some(manual_transition(&t, TaskState::Pending, 0, TaskState::Cancelled, NOW + 5)),
-        refund: true,
+        transitions: vec![manual_transition(&t, TaskState::Pending, 0, TaskState::Cancelled, NOW + 5)],
+        refund: Some(t.task_id.clone()),
         successor: None,
         now: NOW + 5,
     };
     assert!(s.apply_manual(&cancel).await.unwrap());
     assert!(!s.apply_manual(&cancel).await.unwrap(), "the second cancel loses its compare-and-set");
     // Even a refund asked for without a transition cannot refund twice.
-    assert!(s.apply_manual(&ManualChange { transition: None, ..cancel.clone() }).await.unwrap());
+    assert!(s.apply_manual(&ManualChange { transitions: vec![], ..cancel.clone() }).await.unwrap());
     let ledger = s.ledger_entries(&t.task_id).await.unwrap();
     let kinds: Vec<_> = ledger.iter().map(|e| (e.kind.as_str(), e.amount)).collect();
     assert_eq!(kinds, vec![("charge", 1), ("refund", 1)]);
@@ -754,8 +865,8 @@ pub async fn reprints_hang_on_the_original(s: Arc<dyn Store>) {
     let r1 = successor_of(&t, OriginKind::Reprint, Some(1), "p1", 2);
     let m = ManualChange {
         task_id: t.task_id.clone(),
-        transition: None,
-        refund: false,
+        transitions: vec![],
+        refund: None,
         successor: Some(r1.clone()),
         now: NOW + 5,
     };
@@ -784,8 +895,8 @@ pub async fn transfer_links_the_successor(s: Arc<dyn Store>) {
     let succ = successor_of(&t, OriginKind::Transfer, None, "p2", 2);
     let m = ManualChange {
         task_id: t.task_id.clone(),
-        transition: Some(manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5)),
-        refund: false,
+        transitions: vec![manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5)],
+        refund: None,
         successor: Some(succ.clone()),
         now: NOW + 5,
     };
@@ -927,4 +1038,20 @@ pub async fn alerts_go_through_the_outbox_with_the_change(s: Arc<dyn Store>) {
     let due = s.due_webhooks(NOW + 100, 10).await.unwrap();
     assert_eq!(due.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(), vec!["evt-p-2"]);
     assert!(due[0].payload.contains("printer.offline"));
+
+    // An alert of its own (a stalled lane) reaches the endpoints that asked for it only.
+    let stalled = |id: &str| OutboxEvent {
+        event_id: id.into(),
+        tenant_id: "acme".into(),
+        kind: "printer.stalled".into(),
+        payload: r#"{"type":"printer.stalled"}"#.into(),
+        now: NOW + 30,
+    };
+    s.record_alert(&stalled("evt-s-1")).await.unwrap();
+    assert_eq!(s.due_webhooks(NOW + 100, 10).await.unwrap().len(), 1, "nobody subscribed to printer.stalled");
+    s.create_webhook(hook("watch", &["printer.stalled"])).await.unwrap();
+    s.record_alert(&stalled("evt-s-2")).await.unwrap();
+    let due = s.due_webhooks(NOW + 100, 10).await.unwrap();
+    let stalls: Vec<_> = due.iter().filter(|d| d.webhook_id == "watch").map(|d| d.event_id.as_str()).collect();
+    assert_eq!(stalls, vec!["evt-s-2"]);
 }

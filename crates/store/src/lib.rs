@@ -119,9 +119,26 @@ pub trait Store: Send + Sync + 'static {
     /// unique index), is `false` and writes nothing; the others still apply.
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
-    /// The head of every printer lane of a store: for each printer of the store with
-    /// active tasks (`pending`, `sent`, `retrying`), the first by (priority, id).
-    async fn lane_heads(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Task>>;
+    /// The lanes of a store's printers that have active tasks: for each, the task in
+    /// flight and the first waiting task by (priority, id). Both through indexes, one
+    /// probe each per printer, never a scan of the backlog.
+    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>>;
+
+    /// One printer's lane (empty when it has no active task).
+    async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane>;
+
+    /// Figures of every lane with active tasks, of every tenant (the watchdog).
+    async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>>;
+
+    /// The greatest task id in the database. A broker seeds its id generator with it, so a
+    /// wall clock that stepped back across a restart cannot mint ids that sort before the
+    /// tasks already waiting (R23).
+    async fn max_task_id(&self) -> StoreResult<Option<String>>;
+
+    /// Writes an alert that belongs to no state change (`printer.stalled`) to the outbox,
+    /// fanned out to the tenant's endpoints that subscribed to its kind (and not written at
+    /// all when none did).
+    async fn record_alert(&self, event: &OutboxEvent) -> StoreResult<()>;
 
     /// Tasks in `state` whose `next_attempt_at` has passed, oldest deadline first, found
     /// through the (state, next_attempt_at) index (R12). For `sent` tasks that column holds
@@ -129,10 +146,10 @@ pub trait Store: Send + Sync + 'static {
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>>;
 
     /// Applies an operator's action or a failover in one transaction: the compare-and-set
-    /// transition of the task (with its audit event), the refund of its charge (unique per
-    /// task, so never twice), and the successor task (with its own creation event and
+    /// transitions of the task (with their audit events; all or none), the refund of the
+    /// charge named (unique per task, so never twice), and the successor task (with its own creation event and
     /// charge; a transfer or failover also links the original to it). Returns `false`
-    /// and writes nothing when the compare-and-set fails. A successor whose key exists
+    /// and writes nothing when a compare-and-set fails. A successor whose key exists
     /// already fails with `AlreadyExists` and writes nothing.
     async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool>;
 

@@ -173,10 +173,14 @@ pub struct Origin {
 pub struct ManualChange {
     /// The task acted on.
     pub task_id: String,
-    /// Its compare-and-set state change, if the action moves it.
-    pub transition: Option<Transition>,
-    /// Refund the task's charge (at most once, whatever happens).
-    pub refund: bool,
+    /// Its compare-and-set state changes, applied one after the other; if any of them does
+    /// not apply, nothing of the whole change is written (a failover is `sent → failed`
+    /// and `failed → transferred` together with the successor, or none of it).
+    pub transitions: Vec<Transition>,
+    /// Refund the charge of this task (at most once, whatever happens). It is the task
+    /// acted on, or the task of its chain that carries the order's charge (a transferred
+    /// task's successor is not charged again; cancelling it refunds the original's charge).
+    pub refund: Option<String>,
     /// A task created by the action (a reprint, or the transferred task's successor).
     pub successor: Option<NewTask>,
     pub now: Millis,
@@ -207,6 +211,8 @@ impl NewTask {
             printed_at: None,
             sent_to: None,
             sent_session: None,
+            sent_at: None,
+            may_have_printed: false,
             origin_task_id: self.origin.as_ref().map(|o| o.task_id.clone()),
             origin_kind: self.origin.as_ref().map(|o| o.kind),
             reprint_no: self.origin.as_ref().and_then(|o| o.reprint_no),
@@ -256,6 +262,14 @@ pub struct Task {
     pub sent_to: Option<String>,
     /// The agent process (session) it was handed to: a restarted agent has a new one.
     pub sent_session: Option<String>,
+    /// When the task last went into `sent` from a waiting state; offering it again to a
+    /// claimant does not move it, so `now - sent_at` is how long the lane has been busy
+    /// with this task (the in-flight age of R37).
+    pub sent_at: Option<Millis>,
+    /// Some attempt of this task may have put paper out without proof either way (it ended
+    /// in doubt, or with an error after sending). Such a task is never moved to another
+    /// printer automatically (R25).
+    pub may_have_printed: bool,
     /// The task this one reprints or continues (see [`OriginKind`]).
     pub origin_task_id: Option<String>,
     pub origin_kind: Option<OriginKind>,
@@ -314,9 +328,12 @@ pub struct Transition {
     pub actor: String,
     pub reason: String,
     pub now: Millis,
-    /// For a transition to `sent`: the agent and session it is handed to.
+    /// For a transition to `sent`: the claimant and session it is handed to.
     pub sent_to: Option<String>,
     pub sent_session: Option<String>,
+    /// Marks the task as possibly printed ([`Task::may_have_printed`]); the mark is never
+    /// removed, so `false` leaves the task as it was.
+    pub may_have_printed: bool,
     /// An alert to write to the outbox in the same transaction, if the change applies.
     pub event: Option<OutboxEvent>,
 }
@@ -404,4 +421,30 @@ pub struct PrinterStatusUpdate {
     pub now: Millis,
     /// Id for the `printer.online` / `printer.offline` alert written if `online` flips.
     pub event_id: String,
+}
+
+/// A printer's lane as the lane engine looks at it: the task in flight (at most one, the
+/// database enforces it) and the first waiting task by (priority, id), whatever the
+/// priority of the one in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lane {
+    pub printer_id: String,
+    /// The task in `sent`, if any.
+    pub in_flight: Option<Task>,
+    /// The first `pending` or `retrying` task by (priority, id), if any.
+    pub waiting: Option<Task>,
+}
+
+/// The figures of one printer's lane, for the watchdog and `/metrics` (R37).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneStats {
+    pub tenant_id: String,
+    pub store_id: String,
+    pub printer_id: String,
+    /// Tasks waiting (`pending`, `retrying`).
+    pub waiting: i64,
+    /// Creation time of the oldest waiting task.
+    pub oldest_waiting_at: Option<Millis>,
+    /// [`Task::sent_at`] of the task in flight.
+    pub in_flight_since: Option<Millis>,
 }

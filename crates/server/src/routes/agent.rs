@@ -17,10 +17,14 @@ const MAX_WAIT_MS: u64 = 60_000;
 
 /// Long poll for deliveries to this agent's store's printers. Answers as soon as work
 /// exists, or with no deliveries after `wait_ms`. Unconfirmed deliveries handed to this
-/// agent come back first when it restarted (new `session`) or missed the deadline.
+/// agent come back, as a new attempt, when it restarted (new `session`, once the earlier
+/// process is quiet) or missed the deadline. A session older than the newest one of its
+/// agent id is answered 409 `agent_superseded`: another process with the same agent id
+/// took over, and this one must stop.
 #[utoipa::path(post, path = "/v1/agent/poll", tag = "store agent", request_body = PollIn,
     security(("agent" = [])),
-    responses((status = 200, body = DeliveryList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 200, body = DeliveryList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
 pub async fn poll(
     State(st): State<AppState>,
     AgentAuth(who): AgentAuth,
@@ -32,13 +36,8 @@ pub async fn poll(
     }
     let wait = req.wait_ms.unwrap_or(25_000).min(MAX_WAIT_MS);
     let max = req.max.unwrap_or(16).clamp(1, 256) as usize;
-    let deliveries = st
-        .dispatcher
-        .poll(&who, &req.agent_id, req.session.as_deref(), Duration::from_millis(wait), max)
-        .await
-        .map_err(|e| match e {
-            onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
-        })?;
+    let deliveries =
+        st.agents.poll(&who, &req.agent_id, req.session.as_deref(), Duration::from_millis(wait), max).await?;
     Ok(Json(DeliveryList { deliveries: deliveries.into_iter().map(DeliveryOut::from).collect() }))
 }
 
@@ -57,6 +56,9 @@ pub async fn acks(
     }
     let agent_id = req.agent_id.clone().unwrap_or_else(|| "unknown".into());
     validate_id("agent_id", &agent_id)?;
+    if let Some(s) = &req.session {
+        validate_id("session", s)?;
+    }
     let mut acks = Vec::with_capacity(req.acks.len());
     for (i, a) in req.acks.iter().enumerate() {
         let outcome = Outcome::parse(&a.outcome).ok_or_else(|| {
@@ -74,9 +76,7 @@ pub async fn acks(
         });
     }
     let ids: Vec<String> = acks.iter().map(|a| a.task_id.clone()).collect();
-    let results = st.dispatcher.ack(&who, &agent_id, acks).await.map_err(|e| match e {
-        onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
-    })?;
+    let results = st.agents.ack(&who, &agent_id, req.session.as_deref(), acks).await?;
     Ok(Json(AckResults {
         results: ids
             .into_iter()

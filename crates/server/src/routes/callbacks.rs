@@ -3,9 +3,8 @@
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::Json;
-use onceprint_engine::transport::Transport;
-use onceprint_engine::webhook::{outcome_of, verify_signature, PUSH_AGENT};
-use onceprint_engine::AckIn;
+use onceprint_engine::transport::webhook::{outcome_of, signed_by};
+use onceprint_engine::{AckIn, Claimant};
 use onceprint_store::AgentIdentity;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -51,19 +50,9 @@ pub async fn callback(
         .get(onceprint_engine::alerts::SIGNATURE_HEADER)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| ApiError::unauthorized("missing x-onceprint-signature"))?;
-    let now_s = onceprint_engine::clock::now_ms() / 1000;
     // Printer ids are per tenant: the signature tells whose printer this is.
-    let printer = st
-        .store
-        .printers_with_id(&printer_id)
+    let printer = signed_by(st.store.as_ref(), &printer_id, sig, text, st.config.push.replay_window_s)
         .await?
-        .into_iter()
-        .find(|p| match Transport::parse(&p.transport) {
-            Some(Transport::Webhook { secret, .. }) => {
-                verify_signature(&secret, sig, text, now_s, st.config.push.replay_window_s)
-            }
-            _ => false,
-        })
         .ok_or_else(|| {
             ApiError::unauthorized("bad signature, unknown printer, or a timestamp outside the replay window")
         })?;
@@ -83,9 +72,7 @@ pub async fn callback(
         outcome,
         detail: req.detail.unwrap_or_else(|| "vendor callback".into()).chars().take(500).collect(),
     };
-    let results = st.dispatcher.ack(&who, PUSH_AGENT, vec![ack]).await.map_err(|e| match e {
-        onceprint_engine::DeliveryError::Store(s) => ApiError::from(s),
-    })?;
+    let results = st.lanes.ack(&who, &Claimant::push("webhook"), vec![ack]).await?;
     let result = results.first().map_or("stale", |r| r.as_str());
     Ok(Json(CallbackOut { task_id: task.task_id, result: result.to_owned() }))
 }

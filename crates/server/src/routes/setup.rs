@@ -4,6 +4,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::validate_id;
+use onceprint_engine::transport::TransportConfig;
 use onceprint_engine::{clock::now_ms, secrets, tz};
 use onceprint_store::{NewAgentToken, NewPrinter, NewStation, NewStore, NewTenant};
 
@@ -92,62 +93,6 @@ pub async fn get_store(
     }
 }
 
-fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
-    if !(url.starts_with("http://") || url.starts_with("https://"))
-        || url.len() > 2000
-        || url.contains(char::is_whitespace)
-    {
-        return Err(ApiError::invalid(format!("{field}: must be an http:// or https:// URL")));
-    }
-    Ok(())
-}
-
-/// Checks a transport object; returns its normalised JSON text.
-fn check_transport(t: &TransportIn) -> Result<String, ApiError> {
-    if let Some(p) = &t.profile {
-        onceprint_engine::content::check_profile(p)
-            .map_err(|e| ApiError::invalid(format!("transport.profile: {e}")))?;
-    }
-    match t.kind.as_str() {
-        "agent" => {
-            if t.url.is_some() || t.secret.is_some() || t.status_url.is_some() {
-                return Err(ApiError::invalid("transport: url, secret and status_url belong to kind \"webhook\""));
-            }
-            let address = t.address.as_deref().unwrap_or("");
-            let bad = || {
-                ApiError::invalid(format!("transport.address: {address:?} is not tcp://HOST:PORT with a port 1–65535"))
-            };
-            let rest = address.strip_prefix("tcp://").ok_or_else(bad)?;
-            let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
-            let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
-            let host_ok = !host.is_empty()
-                && host.len() <= 253
-                && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
-            if !port_ok || !host_ok {
-                return Err(bad());
-            }
-        }
-        "webhook" => {
-            if t.address.is_some() {
-                return Err(ApiError::invalid("transport.address belongs to kind \"agent\"; a webhook has a url"));
-            }
-            check_url("transport.url", t.url.as_deref().unwrap_or(""))?;
-            if let Some(s) = &t.status_url {
-                check_url("transport.status_url", s)?;
-            }
-            if t.secret.as_deref().is_none_or(|s| s.len() < 16) {
-                return Err(ApiError::invalid("transport.secret: at least 16 characters, shared with the receiver"));
-            }
-        }
-        other => {
-            return Err(ApiError::invalid(format!(
-                "transport.kind: unsupported kind {other:?}; supported: agent, webhook"
-            )))
-        }
-    }
-    serde_json::to_string(t).map_err(|e| ApiError::invalid(format!("transport: {e}")))
-}
-
 /// Register a printer, bound to one store of the calling tenant.
 #[utoipa::path(post, path = "/v1/printers", tag = "set-up", request_body = CreatePrinter,
     security(("tenant" = [])),
@@ -162,7 +107,7 @@ pub async fn create_printer(
     validate_id("store_id", &req.store_id)?;
     let name = req.name.unwrap_or_else(|| req.id.clone());
     check_name("name", &name)?;
-    let transport = check_transport(&req.transport)?;
+    let transport = TransportConfig::from_request(req.transport)?.to_stored_json();
     let p = st
         .store
         .create_printer(NewPrinter {

@@ -82,6 +82,7 @@ pub fn send(t: &NewTask, agent: &str) -> Transition {
         now: NOW + 1,
         sent_to: Some(agent.into()),
         sent_session: Some(format!("{agent}-session")),
+        may_have_printed: false,
         event: None,
     }
 }

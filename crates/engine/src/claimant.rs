@@ -1,0 +1,424 @@
+//! Who may hold a printer's delivery: claimants, and what the broker knows about the ones
+//! that are store agents.
+//!
+//! A claimant is an agent session (a store agent process), a push driver (the broker
+//! itself, pushing to webhook printers), or, with the printer transports that poll the
+//! broker, a printer. A task handed out is recorded with `sent_to` = the claimant
+//! (`agent:ID`, `push:webhook`) and `sent_session`.
+//!
+//! The [`AgentRegistry`] answers the questions the lane engine asks about agents: is the
+//! session that holds a delivery still working on it, or did its process end (a restart),
+//! and is an agent gone while another one serves its store. It also fences: of two live
+//! processes with one agent id (`--agent-id` reused, a copied state directory) the newest
+//! session wins and the older is told to stop; its deliveries stay with it until it
+//! answers them or falls silent, so two processes never print one task.
+//!
+//! The registry is in memory. What it does not know after a broker restart it treats as
+//! unknown, never as gone: an agent not yet seen counts as gone only once the broker has
+//! been up longer than `agent_gone_after_ms`, and an earlier session only once the broker
+//! has been up long enough for a live one to have polled.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use onceprint_core::lane::Holder;
+use onceprint_core::Millis;
+
+use crate::clock::Clock;
+
+/// What kind of thing holds a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimantKind {
+    /// A store agent (pull).
+    Agent,
+    /// The broker's push driver for one transport kind.
+    Push,
+}
+
+/// One claimant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimant {
+    pub kind: ClaimantKind,
+    pub id: String,
+    /// The process (agent) or run of the driver; a new session of the same id is a restart.
+    pub session: Option<String>,
+}
+
+impl Claimant {
+    pub fn agent(id: &str, session: Option<&str>) -> Claimant {
+        Claimant { kind: ClaimantKind::Agent, id: id.to_owned(), session: session.map(str::to_owned) }
+    }
+
+    /// The push driver of a transport kind (`webhook`).
+    pub fn push(transport: &str) -> Claimant {
+        Claimant { kind: ClaimantKind::Push, id: transport.to_owned(), session: Some("push".into()) }
+    }
+
+    /// The `sent_to` column of a task handed to this claimant.
+    pub fn sent_to(&self) -> String {
+        match self.kind {
+            ClaimantKind::Agent => format!("agent:{}", self.id),
+            ClaimantKind::Push => format!("push:{}", self.id),
+        }
+    }
+
+    /// The claimant a task's `sent_to` names. Before claimants were typed, `sent_to` held
+    /// an agent id as it is, or `webhook` for the pusher.
+    pub fn holder_of(sent_to: &str) -> (ClaimantKind, &str) {
+        match sent_to.split_once(':') {
+            Some(("agent", id)) => (ClaimantKind::Agent, id),
+            Some(("push", id)) => (ClaimantKind::Push, id),
+            _ if sent_to == "webhook" => (ClaimantKind::Push, "webhook"),
+            _ => (ClaimantKind::Agent, sent_to),
+        }
+    }
+
+    /// The actor in the audit trail.
+    pub fn actor(&self) -> String {
+        match self.kind {
+            ClaimantKind::Agent => format!("agent:{}", self.id),
+            ClaimantKind::Push => format!("transport:{}", self.id),
+        }
+    }
+}
+
+/// Timing of the registry.
+#[derive(Debug, Clone, Copy)]
+pub struct RegistryConfig {
+    /// An agent not heard of for this long (no poll open, no ack) is gone.
+    pub gone_after_ms: i64,
+    /// An earlier session of an agent id that has not been heard of for this long, and was
+    /// never heard after a newer session appeared, has stopped: its deliveries go to the
+    /// newer session. A live agent always has a poll open or acks as it prints, so this is
+    /// only the time for a restarted agent to come back. An earlier session that was still
+    /// heard after the newer one appeared is a second live process: its deliveries wait
+    /// for it until it has been silent for `gone_after_ms`.
+    pub takeover_quiet_ms: i64,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000 }
+    }
+}
+
+/// A session was replaced by a newer process with the same agent id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "agent {agent_id}: a newer process with the same agent id (session {newer}) has taken over; this one \
+     must stop (two agent processes with one agent id: --agent-id reused, or a copied state directory)"
+)]
+pub struct Superseded {
+    pub agent_id: String,
+    pub newer: String,
+}
+
+#[derive(Debug, Clone)]
+struct SessionState {
+    /// Orders sessions of one agent id: the start time the session id carries, else the
+    /// time this broker first saw it.
+    started: Millis,
+    heard: Millis,
+    open_polls: u32,
+    superseded: bool,
+    /// Heard (a poll or an ack) after a newer session appeared: a second live process.
+    heard_after_superseded: bool,
+}
+
+#[derive(Debug, Default)]
+struct AgentState {
+    current: Option<String>,
+    sessions: HashMap<String, SessionState>,
+}
+
+impl AgentState {
+    fn last_heard(&self) -> Option<Millis> {
+        self.sessions.values().map(|s| s.heard).max()
+    }
+
+    fn has_open_poll(&self) -> bool {
+        self.sessions.values().any(|s| s.open_polls > 0)
+    }
+}
+
+type Key = (String, String);
+
+pub use onceprint_core::ids::{agent_session_id as new_session_id, agent_session_started_at as session_started_at};
+
+/// What the broker knows about the store agents that talk to it.
+pub struct AgentRegistry {
+    clock: Arc<dyn Clock>,
+    config: RegistryConfig,
+    started_at: Millis,
+    agents: Mutex<HashMap<Key, HashMap<String, AgentState>>>,
+}
+
+/// Held while a poll is open; the session counts as live until it is dropped (the poll
+/// answered, or its connection closed).
+pub struct PollGuard {
+    registry: Arc<AgentRegistry>,
+    key: Key,
+    agent_id: String,
+    session: String,
+    /// This poll's session replaced an earlier one of the agent id (a restart, or a second
+    /// process): polls of the earlier one should look again, and learn they must stop.
+    pub took_over: bool,
+}
+
+impl Drop for PollGuard {
+    fn drop(&mut self) {
+        let now = self.registry.clock.now_ms();
+        let mut all = self.registry.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) =
+            all.get_mut(&self.key).and_then(|a| a.get_mut(&self.agent_id)).and_then(|a| a.sessions.get_mut(&self.session))
+        {
+            s.open_polls = s.open_polls.saturating_sub(1);
+            s.heard = s.heard.max(now);
+        }
+    }
+}
+
+impl AgentRegistry {
+    pub fn new(clock: Arc<dyn Clock>, config: RegistryConfig) -> Arc<AgentRegistry> {
+        let started_at = clock.now_ms();
+        Arc::new(AgentRegistry { clock, config, started_at, agents: Mutex::default() })
+    }
+
+    pub fn config(&self) -> RegistryConfig {
+        self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, HashMap<String, AgentState>>> {
+        self.agents.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a poll of `agent_id` in `session` (`None`: an agent that sends no session
+    /// is one session for ever). A session older than the agent id's current one is
+    /// refused: a newer process took over.
+    pub fn begin_poll(
+        self: &Arc<Self>,
+        tenant_id: &str,
+        store_id: &str,
+        agent_id: &str,
+        session: Option<&str>,
+    ) -> Result<PollGuard, Superseded> {
+        let now = self.clock.now_ms();
+        let key = (tenant_id.to_owned(), store_id.to_owned());
+        let session = session.unwrap_or_default().to_owned();
+        let mut all = self.lock();
+        let agent = all.entry(key.clone()).or_default().entry(agent_id.to_owned()).or_default();
+        let took_over = Self::note(agent, agent_id, &session, now)?;
+        if let Some(s) = agent.sessions.get_mut(&session) {
+            s.open_polls += 1;
+        }
+        Self::prune(agent, now, self.config.gone_after_ms);
+        drop(all);
+        Ok(PollGuard { registry: self.clone(), key, agent_id: agent_id.to_owned(), session, took_over })
+    }
+
+    /// Notes that `session` of `agent_id` was heard (an ack). Acks of a superseded session
+    /// are still taken (they tell the truth about its own deliveries); they only keep its
+    /// deliveries with it.
+    pub fn heard(&self, tenant_id: &str, store_id: &str, agent_id: &str, session: Option<&str>) {
+        let now = self.clock.now_ms();
+        let mut all = self.lock();
+        let agent = all.entry((tenant_id.to_owned(), store_id.to_owned())).or_default().entry(agent_id.to_owned()).or_default();
+        let _ = Self::note(agent, agent_id, session.unwrap_or_default(), now);
+    }
+
+    fn note(agent: &mut AgentState, agent_id: &str, session: &str, now: Millis) -> Result<bool, Superseded> {
+        let current = agent.current.clone();
+        if let Some(s) = agent.sessions.get_mut(session) {
+            s.heard = s.heard.max(now);
+            if s.superseded {
+                s.heard_after_superseded = true;
+                return Err(Superseded { agent_id: agent_id.to_owned(), newer: current.unwrap_or_default() });
+            }
+            return Ok(false);
+        }
+        let started = session_started_at(session).unwrap_or(now);
+        let newer_exists = current
+            .as_ref()
+            .and_then(|c| agent.sessions.get(c))
+            .is_some_and(|c| c.started > started);
+        let state = SessionState {
+            started,
+            heard: now,
+            open_polls: 0,
+            superseded: newer_exists,
+            heard_after_superseded: newer_exists,
+        };
+        if newer_exists {
+            agent.sessions.insert(session.to_owned(), state);
+            return Err(Superseded { agent_id: agent_id.to_owned(), newer: current.unwrap_or_default() });
+        }
+        let took_over = match current.as_ref().and_then(|c| agent.sessions.get_mut(c)) {
+            Some(old) => {
+                old.superseded = true;
+                true
+            }
+            None => false,
+        };
+        agent.sessions.insert(session.to_owned(), state);
+        agent.current = Some(session.to_owned());
+        Ok(took_over)
+    }
+
+    /// Forgets superseded sessions that have long been silent.
+    fn prune(agent: &mut AgentState, now: Millis, gone_after_ms: i64) {
+        if agent.sessions.len() > 4 {
+            agent.sessions.retain(|_, s| !s.superseded || s.open_polls > 0 || now - s.heard < 2 * gone_after_ms);
+        }
+    }
+
+    /// Whether `session` is still the current session of `agent_id` (a poll of a session
+    /// that was superseded while it waited ends at once).
+    pub fn is_superseded(&self, tenant_id: &str, store_id: &str, agent_id: &str, session: Option<&str>) -> Option<String> {
+        let all = self.lock();
+        let agent = all.get(&(tenant_id.to_owned(), store_id.to_owned()))?.get(agent_id)?;
+        let s = agent.sessions.get(session.unwrap_or_default())?;
+        s.superseded.then(|| agent.current.clone().unwrap_or_default())
+    }
+
+    /// Who holds a delivery handed to agent `holder` in `holder_session`, as seen by
+    /// `asker` (an agent and its session), or by the sweeper (`None`).
+    pub fn holder(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        holder: &str,
+        holder_session: Option<&str>,
+        asker: Option<(&str, Option<&str>)>,
+    ) -> Holder {
+        let now = self.clock.now_ms();
+        let all = self.lock();
+        let agents = all.get(&(tenant_id.to_owned(), store_id.to_owned()));
+        let holder_session = holder_session.unwrap_or_default();
+        if let Some((asker_id, asker_session)) = asker {
+            if asker_id == holder {
+                if asker_session.unwrap_or_default() == holder_session {
+                    return Holder::Me;
+                }
+                let state = agents.and_then(|a| a.get(holder)).and_then(|a| a.sessions.get(holder_session));
+                return Holder::EarlierSession { quiet: self.quiet(state, now) };
+            }
+        }
+        let gone = self.gone(agents.and_then(|a| a.get(holder)), now);
+        // Someone must serve the store now: the asker does; for the sweeper, another agent.
+        let replaced = asker.is_some()
+            || agents.is_some_and(|a| a.iter().any(|(id, st)| id != holder && !self.gone(Some(st), now)));
+        Holder::Other { gone: gone && replaced }
+    }
+
+    /// Whether an earlier session has certainly stopped working on its deliveries.
+    fn quiet(&self, state: Option<&SessionState>, now: Millis) -> bool {
+        match state {
+            // Not seen by this broker process: a live one polls within moments of a broker
+            // restart, so give it that long.
+            None => now - self.started_at >= self.config.takeover_quiet_ms,
+            Some(s) if s.open_polls > 0 => false,
+            Some(s) if s.heard_after_superseded => now - s.heard >= self.config.gone_after_ms,
+            Some(s) => now - s.heard >= self.config.takeover_quiet_ms,
+        }
+    }
+
+    fn gone(&self, state: Option<&AgentState>, now: Millis) -> bool {
+        match state {
+            // Unknown is not gone: only once the broker has been up long enough for it to
+            // have polled.
+            None => now - self.started_at > self.config.gone_after_ms,
+            Some(a) if a.has_open_poll() => false,
+            Some(a) => now - a.last_heard().unwrap_or(self.started_at) > self.config.gone_after_ms,
+        }
+    }
+
+    /// Whether any agent of the store is live (polled or acked recently).
+    pub fn store_has_live_agent(&self, tenant_id: &str, store_id: &str) -> bool {
+        let now = self.clock.now_ms();
+        let all = self.lock();
+        all.get(&(tenant_id.to_owned(), store_id.to_owned()))
+            .is_some_and(|a| a.values().any(|st| !self.gone(Some(st), now)))
+    }
+
+    /// When an earlier session's deliveries will go to the newer one, if it stays quiet
+    /// (so a waiting poll can look again then).
+    pub fn quiet_at(&self, tenant_id: &str, store_id: &str, holder: &str, holder_session: Option<&str>) -> Option<Millis> {
+        let all = self.lock();
+        let state = all
+            .get(&(tenant_id.to_owned(), store_id.to_owned()))
+            .and_then(|a| a.get(holder))
+            .and_then(|a| a.sessions.get(holder_session.unwrap_or_default()));
+        match state {
+            None => Some(self.started_at + self.config.takeover_quiet_ms),
+            Some(s) if s.open_polls > 0 => None,
+            Some(s) if s.heard_after_superseded => Some(s.heard + self.config.gone_after_ms),
+            Some(s) => Some(s.heard + self.config.takeover_quiet_ms),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn registry() -> (Arc<ManualClock>, Arc<AgentRegistry>) {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let r = AgentRegistry::new(clock.clone(), RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000 });
+        (clock, r)
+    }
+
+    #[test]
+    fn sent_to_names_the_claimant_and_reads_what_earlier_versions_wrote() {
+        assert_eq!(Claimant::agent("a1", Some("s")).sent_to(), "agent:a1");
+        assert_eq!(Claimant::push("webhook").sent_to(), "push:webhook");
+        assert_eq!(Claimant::holder_of("agent:a1"), (ClaimantKind::Agent, "a1"));
+        assert_eq!(Claimant::holder_of("push:webhook"), (ClaimantKind::Push, "webhook"));
+        assert_eq!(Claimant::holder_of("webhook"), (ClaimantKind::Push, "webhook"));
+        assert_eq!(Claimant::holder_of("a1"), (ClaimantKind::Agent, "a1"));
+        assert_eq!(session_started_at(&new_session_id(0x1234_5678_9abc, 7)), Some(0x1234_5678_9abc));
+        assert_eq!(session_started_at("s0123"), None);
+    }
+
+    #[test]
+    fn a_restart_takes_over_once_the_old_process_is_quiet() {
+        let (clock, r) = registry();
+        let old = new_session_id(1, 1);
+        let new = new_session_id(2, 2);
+        drop(r.begin_poll("t", "s", "a", Some(&old)).expect("first"));
+        clock.advance(500);
+        let _poll = r.begin_poll("t", "s", "a", Some(&new)).expect("a newer process wins");
+        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: false });
+        clock.advance(2_500);
+        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: true });
+        assert_eq!(r.holder("t", "s", "a", Some(&new), Some(("a", Some(&new)))), Holder::Me);
+    }
+
+    #[test]
+    fn a_second_live_process_is_fenced_and_keeps_its_deliveries_while_it_talks() {
+        let (clock, r) = registry();
+        let old = new_session_id(1, 1);
+        let new = new_session_id(2, 2);
+        let _old_poll = r.begin_poll("t", "s", "a", Some(&old)).expect("first");
+        let _new_poll = r.begin_poll("t", "s", "a", Some(&new)).expect("newer wins");
+        // The old process is still polling: it is told to stop, and holds on to its work.
+        let e = r.begin_poll("t", "s", "a", Some(&old)).err().expect("fenced");
+        assert_eq!(e.newer, new);
+        assert!(r.is_superseded("t", "s", "a", Some(&old)).is_some());
+        clock.advance(10_000);
+        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: false });
+        // An older process that starts polling only now is refused too.
+        let older = new_session_id(0, 3);
+        assert!(r.begin_poll("t", "s", "a", Some(&older)).is_err());
+    }
+
+    #[test]
+    fn unknown_agents_are_not_gone_until_the_broker_has_been_up_long_enough() {
+        let (clock, r) = registry();
+        let _b = r.begin_poll("t", "s", "b", Some("x")).expect("b polls");
+        // Agent a held a delivery before a broker restart and has not polled yet.
+        assert_eq!(r.holder("t", "s", "a", Some("sa"), None), Holder::Other { gone: false });
+        clock.advance(60_001);
+        assert_eq!(r.holder("t", "s", "a", Some("sa"), None), Holder::Other { gone: true });
+    }
+}

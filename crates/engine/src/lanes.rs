@@ -1,0 +1,848 @@
+//! The lane engine: the one mechanism every transport delivers through (R8–R25, R37).
+//!
+//! A printer's lane is its active tasks; at most one is in flight (`sent`, a unique index
+//! in the database), the others wait in (priority, id) order. Three operations:
+//!
+//! - [`LaneEngine::claim`] hands out what may go now, for a set of printers, to a claimant
+//!   (an agent session polling for its store, the push driver of a transport). A lane's
+//!   next step is decided by `onceprint_core::lane::next_step` from the pair (task in
+//!   flight, first waiting task): the in-flight task is always looked at, whatever its
+//!   priority, so it is offered again to a restarted claimant or settled as in doubt when
+//!   its claimant went away, and the lane can never stall behind it.
+//! - [`LaneEngine::ack`] applies what a claimant reports, with `onceprint_core::ack::decide`
+//!   as a compare-and-set on (state, attempt). Acks of one task in one batch are applied in
+//!   order, each against the state the previous one left. A failover (R25) commits in the
+//!   same transaction as the failure that causes it.
+//! - [`LaneEngine::sweep_once`] settles deliveries whose agent went away while another
+//!   serves the store; the watchdog (`crate::watchdog`) reports lanes without progress.
+//!
+//! Offering a task to an agent again is a new attempt: the attempt number is the fencing
+//! token, so an answer from an earlier process about the earlier attempt can no longer
+//! move the task (a late `printed` still closes it: paper did come out). A push driver
+//! re-sends the same attempt (its receiver prints once per idempotency key), and a push
+//! delivery nobody answers goes to a person after `push_doubt_after_ms` instead of being
+//! asked about for ever.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use onceprint_core::ack::{decide, Ack, AckChange, AckDecision, Outcome};
+use onceprint_core::lane::{next_step, Holder, InFlight, Reoffer, Step, Waiting};
+use onceprint_core::{delivery_key, Millis, PolicyTable, TaskState};
+use onceprint_store::{
+    AgentIdentity, Lane, ManualChange, PrinterStatusUpdate, Store, StoreError, Task, TaskContent, Transition,
+};
+use rand::Rng;
+
+use crate::claimant::{AgentRegistry, Claimant, ClaimantKind};
+use crate::clock::Clock;
+use crate::directory::PrinterInfo;
+use crate::transport::{Encoding, TransportKind};
+use crate::{Directory, RecentTasks, StoreSignals};
+
+/// Tuning of delivery.
+#[derive(Debug, Clone)]
+pub struct DeliveryConfig {
+    /// A delivery not acknowledged after this long is offered again to its claimant (an
+    /// agent answers from its journal, a push driver asks the status URL or re-sends).
+    pub redeliver_after_ms: i64,
+    /// An agent that has not been heard of (poll or ack) for this long is gone.
+    pub agent_gone_after_ms: i64,
+    /// An earlier process of an agent id that has been quiet this long has stopped; its
+    /// deliveries go to the newer process (see `crate::claimant::RegistryConfig`).
+    pub takeover_quiet_ms: i64,
+    /// How often the sweeper looks for overdue deliveries.
+    pub sweep_interval_ms: u64,
+    /// Waiting polls re-check the database at least this often (work from other nodes,
+    /// retry times coming due).
+    pub recheck_ms: u64,
+    /// The line printed at the top of a reprint; `{n}` is the reprint number.
+    pub reprint_banner: String,
+    /// A lane with work and no progress for this long is `printer.stalled` (R37).
+    pub stall_after_ms: i64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            redeliver_after_ms: 30_000,
+            agent_gone_after_ms: 60_000,
+            takeover_quiet_ms: 3_000,
+            sweep_interval_ms: 1_000,
+            recheck_ms: 1_000,
+            reprint_banner: "*** REPRINT {n} ***".into(),
+            stall_after_ms: 120_000,
+        }
+    }
+}
+
+/// One job handed to a claimant.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The task as it is now: `sent`, to this claimant.
+    pub task: Task,
+    pub attempt: i32,
+    pub printer: Arc<PrinterInfo>,
+    /// What the printer side prints once per (R16, `onceprint_core::delivery_key`).
+    pub idempotency_key: String,
+    /// The bytes for the printer, in the transport's encoding.
+    pub data: Vec<u8>,
+    /// The previous attempt ended in doubt and the print type reprints on doubt: the
+    /// agent may print over its journal's record of an older attempt.
+    pub reprint: bool,
+    /// `Some` when the task was in flight at this claimant already and is offered again.
+    pub again: Option<Reoffer>,
+}
+
+/// What a claim handed out.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub deliveries: Vec<Delivery>,
+    /// When a lane that has to wait now may move (a retry time, a deadline, an earlier
+    /// session becoming quiet): a long poll looks again then.
+    pub next_look: Option<Millis>,
+}
+
+/// How a claim hands out.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRules {
+    /// At most this many deliveries.
+    pub max: usize,
+    /// The claimant answers within this long, or the delivery is offered to it again.
+    pub answer_within_ms: i64,
+    /// A delivery this claimant holds and has not answered this long after it first went
+    /// out is settled as in doubt instead of being offered again (push transports, whose
+    /// receivers may never answer; `None` for agents, whose journal always answers).
+    pub give_up_after_ms: Option<i64>,
+}
+
+/// Which printers a claim is for.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// The printers of a store that use this transport kind.
+    Store { store_id: &'a str, kind: TransportKind },
+}
+
+/// One ack as received.
+#[derive(Debug, Clone)]
+pub struct AckIn {
+    pub task_id: String,
+    pub attempt: i32,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// The result of one ack (CONTRACT.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckResult {
+    Applied,
+    Duplicate,
+    Stale,
+}
+
+impl AckResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckResult::Applied => "applied",
+            AckResult::Duplicate => "duplicate",
+            AckResult::Stale => "stale",
+        }
+    }
+}
+
+/// Failures of delivery operations.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What the sweeper did in one pass (for logs and tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub overdue: usize,
+    pub in_doubt: usize,
+    pub retrying: usize,
+}
+
+/// The lane engine. Share it behind an `Arc`.
+pub struct LaneEngine {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+    gate: Arc<RecentTasks>,
+    signals: Arc<StoreSignals>,
+    policies: PolicyTable,
+    config: DeliveryConfig,
+    clock: Arc<dyn Clock>,
+    agents: Arc<AgentRegistry>,
+}
+
+/// A change the engine makes to a lane on a claim, with what it is for.
+enum LaneChange {
+    HandOut { task: Task, printer: Arc<PrinterInfo>, again: Option<Reoffer> },
+    Settle,
+}
+
+/// A task's state as acks of one batch see it, one after the other.
+#[derive(Clone)]
+struct View {
+    task: Task,
+}
+
+/// One decided ack, waiting to be applied.
+struct Decided {
+    index: usize,
+    transition: Transition,
+    /// The failover this failure causes: applied with it, in one transaction.
+    failover: Option<ManualChange>,
+    outcome: Outcome,
+    detail: String,
+    printer_id: String,
+}
+
+impl LaneEngine {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Arc<dyn Store>,
+        directory: Arc<Directory>,
+        gate: Arc<RecentTasks>,
+        signals: Arc<StoreSignals>,
+        policies: PolicyTable,
+        config: DeliveryConfig,
+        clock: Arc<dyn Clock>,
+        agents: Arc<AgentRegistry>,
+    ) -> LaneEngine {
+        LaneEngine { store, directory, gate, signals, policies, config, clock, agents }
+    }
+
+    pub fn signals(&self) -> &Arc<StoreSignals> {
+        &self.signals
+    }
+
+    pub fn agents(&self) -> &Arc<AgentRegistry> {
+        &self.agents
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
+    }
+
+    pub fn config(&self) -> &DeliveryConfig {
+        &self.config
+    }
+
+    pub fn now(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    pub fn policies(&self) -> &PolicyTable {
+        &self.policies
+    }
+
+    fn jitter() -> f64 {
+        rand::thread_rng().gen()
+    }
+
+    /// Who holds `task` (in flight), as seen by `asker` (`None`: the sweeper).
+    fn holder(&self, task: &Task, printer: &PrinterInfo, asker: Option<&Claimant>) -> Holder {
+        let Some(sent_to) = task.sent_to.as_deref() else {
+            // A task in flight with no claimant recorded cannot be answered by anyone.
+            return Holder::Other { gone: true };
+        };
+        let (kind, id) = Claimant::holder_of(sent_to);
+        match kind {
+            ClaimantKind::Agent => {
+                let asker = asker.map(|a| match a.kind {
+                    ClaimantKind::Agent => (a.id.as_str(), a.session.as_deref()),
+                    // A push driver asking about an agent's delivery: the printer moved to
+                    // another transport; the agent is "another claimant".
+                    ClaimantKind::Push => ("", None),
+                });
+                self.agents.holder(&task.tenant_id, &task.store_id, id, task.sent_session.as_deref(), asker)
+            }
+            ClaimantKind::Push => match asker {
+                Some(a) if a.kind == ClaimantKind::Push && a.id == id => Holder::Me,
+                // The driver answers for itself while the printer still uses its
+                // transport; once the printer moved to another one, nobody will ask about
+                // the delivery again.
+                _ => Holder::Other { gone: printer.transport.as_ref().map(|t| t.kind().as_str()) != Some(id) },
+            },
+        }
+    }
+
+    /// Hands out what may go now to `claimant`, at most `max` deliveries.
+    pub async fn claim(
+        &self,
+        claimant: &Claimant,
+        tenant_id: &str,
+        scope: Scope<'_>,
+        rules: ClaimRules,
+    ) -> Result<Claimed, DeliveryError> {
+        let now = self.now();
+        let max = rules.max;
+        let Scope::Store { store_id, kind } = scope;
+        let lanes = self.store.lanes(tenant_id, store_id).await?;
+        let mut next_look: Option<Millis> = None;
+        let mut look_at = |t: Option<Millis>| {
+            if let Some(t) = t {
+                next_look = Some(next_look.map_or(t, |n: Millis| n.min(t)));
+            }
+        };
+        let mut changes: Vec<(Transition, LaneChange)> = Vec::new();
+        let mut handed_out = 0usize;
+        for Lane { printer_id, in_flight, waiting } in lanes {
+            let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
+            if printer.transport.as_ref().map(|t| t.kind()) != Some(kind) {
+                // Another transport's lane. A delivery of it that this claimant holds
+                // (the printer moved to another transport while it was in flight) is
+                // still answered through `ack`.
+                continue;
+            }
+            let flight = in_flight.as_ref().map(|t| {
+                let mut holder = self.holder(t, &printer, Some(claimant));
+                let mut deadline = t.next_attempt_at;
+                if let (Holder::Me, Some(limit)) = (holder, rules.give_up_after_ms) {
+                    // A delivery nobody answers is not asked about for ever.
+                    let give_up = t.sent_at.unwrap_or(t.updated_at) + limit;
+                    if give_up <= now {
+                        holder = Holder::Other { gone: true };
+                    } else {
+                        deadline = deadline.map(|d| d.min(give_up));
+                    }
+                }
+                InFlight { deadline, holder }
+            });
+            let wait = waiting.as_ref().map(|t| match t.state {
+                TaskState::Retrying => Waiting::Retrying { due: t.next_attempt_at },
+                _ => Waiting::Pending,
+            });
+            let step = next_step(flight.as_ref(), wait.as_ref(), now);
+            match step {
+                Step::Claim | Step::Reoffer(_) if handed_out >= max => {
+                    look_at(Some(now));
+                }
+                Step::Claim => {
+                    let Some(task) = waiting else { continue };
+                    changes.push((self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms), LaneChange::HandOut {
+                        task,
+                        printer,
+                        again: None,
+                    }));
+                    handed_out += 1;
+                }
+                Step::Reoffer(why) => {
+                    let Some(task) = in_flight else { continue };
+                    // An agent gets a new attempt (the fencing token); a push driver sends
+                    // the same one again.
+                    let attempt =
+                        if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
+                    changes.push((self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms), LaneChange::HandOut {
+                        task,
+                        printer,
+                        again: Some(why),
+                    }));
+                    handed_out += 1;
+                }
+                Step::Doubt => {
+                    let Some(task) = in_flight else { continue };
+                    if let Some(t) = self.doubt(&task, claimant.actor(), now) {
+                        changes.push((t, LaneChange::Settle));
+                    }
+                    // The lane moves on at once.
+                    look_at(Some(now));
+                }
+                Step::Wait { until } => {
+                    look_at(until);
+                    if let (Some(f), Some(t)) = (&flight, &in_flight) {
+                        if matches!(f.holder, Holder::EarlierSession { quiet: false }) {
+                            if let Some((_, id)) = t.sent_to.as_deref().map(Claimant::holder_of) {
+                                look_at(self.agents.quiet_at(&t.tenant_id, &t.store_id, id, t.sent_session.as_deref()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if changes.is_empty() {
+            return Ok(Claimed { deliveries: Vec::new(), next_look });
+        }
+        let transitions: Vec<Transition> = changes.iter().map(|(t, _)| t.clone()).collect();
+        let applied = self.store.apply_transitions(&transitions).await?;
+        let ids: Vec<String> = changes
+            .iter()
+            .zip(&applied)
+            .filter(|((_, c), ok)| **ok && matches!(c, LaneChange::HandOut { .. }))
+            .map(|((t, _), _)| t.task_id.clone())
+            .collect();
+        // One read for the content of everything handed out in this look.
+        let mut contents: HashMap<String, TaskContent> = if ids.is_empty() {
+            HashMap::new()
+        } else {
+            self.store.task_contents(&ids).await?.into_iter().collect()
+        };
+        let mut deliveries = Vec::with_capacity(ids.len());
+        let mut settled = false;
+        for ((t, change), ok) in changes.into_iter().zip(applied) {
+            if !ok {
+                continue; // someone else moved it first; the next look sees the new state
+            }
+            self.gate.set_state(&t.task_id, t.to);
+            match change {
+                LaneChange::Settle => {
+                    settled = true;
+                    tracing::warn!(task_id = %t.task_id, to = %t.to, reason = %t.reason, "delivery settled as in doubt");
+                }
+                LaneChange::HandOut { task, printer, again } => {
+                    let Some(content) = contents.remove(&task.task_id) else { continue };
+                    let sent = Task {
+                        state: TaskState::Sent,
+                        attempts: t.attempts,
+                        next_attempt_at: t.next_attempt_at,
+                        sent_to: t.sent_to.clone(),
+                        sent_session: t.sent_session.clone(),
+                        sent_at: if task.state == TaskState::Sent { task.sent_at } else { Some(now) },
+                        ..task.clone()
+                    };
+                    match self.render(&sent, content, &printer) {
+                        Ok(data) => deliveries.push(Delivery {
+                            idempotency_key: delivery_key(&sent.biz_no, &sent.printer_id, &sent.target, &sent.print_type),
+                            attempt: t.attempts,
+                            reprint: task.state == TaskState::Retrying && task.last_error.as_deref() == Some("in_doubt"),
+                            task: sent,
+                            printer,
+                            data,
+                            again,
+                        }),
+                        Err(why) => {
+                            settled = true;
+                            self.fail_unrenderable(&sent, &why).await?;
+                        }
+                    }
+                }
+            }
+        }
+        if settled {
+            self.signals.notify(tenant_id, store_id);
+        }
+        Ok(Claimed { deliveries, next_look })
+    }
+
+    /// The transition that hands `task` to `claimant` as `attempt`.
+    fn hand_out(
+        &self,
+        task: &Task,
+        claimant: &Claimant,
+        attempt: i32,
+        again: Option<Reoffer>,
+        deadline: Millis,
+    ) -> Transition {
+        let now = self.now();
+        let to = claimant.sent_to();
+        let reason = match (task.state, again) {
+            (TaskState::Pending, _) => format!("dispatched to {to}"),
+            (TaskState::Retrying, _) => format!("attempt {attempt} dispatched to {to}"),
+            (_, Some(Reoffer::Restarted)) => {
+                format!("attempt {attempt}: offered again to {to}: its earlier process stopped before answering")
+            }
+            (_, _) if attempt == task.attempts => {
+                format!("attempt {attempt} sent again to {to}: no answer before the deadline")
+            }
+            (_, _) => format!("attempt {attempt}: offered again to {to}: no answer before the deadline"),
+        };
+        Transition {
+            task_id: task.task_id.clone(),
+            from: task.state,
+            expected_attempts: task.attempts,
+            to: TaskState::Sent,
+            attempts: attempt,
+            last_error: task.last_error.clone(),
+            next_attempt_at: Some(deadline),
+            actor: claimant.actor(),
+            reason,
+            now,
+            sent_to: Some(to),
+            sent_session: claimant.session.clone(),
+            may_have_printed: false,
+            event: None,
+        }
+    }
+
+    /// Settles a delivery that its holder can never answer, through the ack rules (so
+    /// "reprint on doubt" is bounded by the attempt limit like any retry).
+    fn doubt(&self, task: &Task, actor: String, now: Millis) -> Option<Transition> {
+        let holder = task.sent_to.clone().unwrap_or_else(|| "nobody".into());
+        let detail = format!("{holder} went away without answering and cannot be asked again");
+        let ack = Ack { attempt: task.attempts, outcome: Outcome::InDoubt, detail };
+        let policy = self.policies.policy_for(&task.print_type);
+        match decide(task.state, task.attempts, &ack, &policy, now, Self::jitter()) {
+            AckDecision::Apply(c) => Some(self.transition_for(task, &c, actor, now)),
+            AckDecision::Duplicate | AckDecision::Stale => None,
+        }
+    }
+
+    fn transition_for(&self, task: &Task, c: &AckChange, actor: String, now: Millis) -> Transition {
+        Transition {
+            event: crate::alerts::task_event(task, c.to, c.last_error.as_deref(), &c.reason, now),
+            task_id: task.task_id.clone(),
+            from: c.from,
+            expected_attempts: task.attempts,
+            to: c.to,
+            attempts: c.attempts,
+            last_error: c.last_error.clone(),
+            next_attempt_at: c.next_attempt_at,
+            actor,
+            reason: c.reason.clone(),
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: task.sent_session.clone(),
+            may_have_printed: c.may_have_printed && c.to != TaskState::Printed,
+        }
+    }
+
+    /// The bytes of `task` for `printer`. A reprint carries a visible banner line at the
+    /// top, whatever the transport.
+    fn render(&self, task: &Task, content: TaskContent, printer: &PrinterInfo) -> Result<Vec<u8>, String> {
+        let banner = match (task.origin_kind, task.reprint_no) {
+            (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
+                Some(self.config.reprint_banner.replace("{n}", &n.to_string()))
+            }
+            _ => None,
+        };
+        let encoding = printer
+            .transport
+            .as_ref()
+            .map(|t| t.encoding())
+            .unwrap_or(Encoding::EscPos { profile: None });
+        match encoding {
+            Encoding::EscPos { profile } => crate::content::render_for(
+                &content.content_type,
+                content.content,
+                banner.as_deref(),
+                profile.as_deref(),
+            ),
+        }
+    }
+
+    /// Content that cannot be rendered fails at once, for every transport: no attempt can
+    /// ever print it.
+    async fn fail_unrenderable(&self, task: &Task, why: &str) -> Result<(), DeliveryError> {
+        let now = self.now();
+        let change = Transition {
+            task_id: task.task_id.clone(),
+            from: TaskState::Sent,
+            expected_attempts: task.attempts,
+            to: TaskState::Failed,
+            attempts: task.attempts,
+            last_error: Some("unrenderable".into()),
+            next_attempt_at: None,
+            actor: "engine".into(),
+            reason: format!("cannot render the content: {why}"),
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: task.sent_session.clone(),
+            may_have_printed: false,
+            event: crate::alerts::task_event(task, TaskState::Failed, Some("unrenderable"), why, now),
+        };
+        if self.store.transition(&change).await? {
+            self.gate.set_state(&task.task_id, TaskState::Failed);
+            tracing::warn!(task_id = %task.task_id, %why, "content cannot be rendered; failed");
+        }
+        Ok(())
+    }
+
+    /// Applies acks from `claimant` for tasks of `who`'s store. Acks for tasks of other
+    /// stores or unknown tasks are `stale`: they change nothing. Acks of one task are
+    /// applied in the order given, each against the state the previous one left.
+    pub async fn ack(
+        &self,
+        who: &AgentIdentity,
+        claimant: &Claimant,
+        acks: Vec<AckIn>,
+    ) -> Result<Vec<AckResult>, DeliveryError> {
+        let mut results = vec![AckResult::Stale; acks.len()];
+        let mut printer_updates: HashMap<String, PrinterStatusUpdate> = HashMap::new();
+        let mut pending: Vec<usize> = (0..acks.len()).collect();
+        let mut changed = false;
+        // A change that loses its compare-and-set (another actor moved the task between
+        // the read and the write) is decided again on a fresh read, a few times at most.
+        for _round in 0..3 {
+            if pending.is_empty() {
+                break;
+            }
+            let now = self.now();
+            let mut ids: Vec<String> = pending.iter().map(|&i| acks[i].task_id.clone()).collect();
+            ids.sort();
+            ids.dedup();
+            let mut views: HashMap<String, View> = self
+                .store
+                .get_tasks(&who.tenant_id, &ids)
+                .await?
+                .into_iter()
+                .filter(|t| t.store_id == who.store_id)
+                .map(|t| (t.task_id.clone(), View { task: t }))
+                .collect();
+            // Layer k holds the k-th change of every task, so that each layer has every
+            // task at most once and layers apply one after the other.
+            let mut layers: Vec<Vec<Decided>> = Vec::new();
+            let mut depth: HashMap<String, usize> = HashMap::new();
+            for &i in &pending {
+                let a = &acks[i];
+                let Some(view) = views.get_mut(&a.task_id) else { continue };
+                let task = &view.task;
+                let policy = self.policies.policy_for(&task.print_type);
+                let ack = Ack { attempt: a.attempt, outcome: a.outcome, detail: a.detail.clone() };
+                let c = match decide(task.state, task.attempts, &ack, &policy, now, Self::jitter()) {
+                    AckDecision::Apply(c) => c,
+                    AckDecision::Duplicate => {
+                        results[i] = AckResult::Duplicate;
+                        continue;
+                    }
+                    AckDecision::Stale => {
+                        results[i] = AckResult::Stale;
+                        continue;
+                    }
+                };
+                let transition = self.transition_for(task, &c, claimant.actor(), now);
+                let failover = if task.station_id.is_some() && c.allows_failover(task.may_have_printed) {
+                    self.failover_change(task, &transition, now).await?
+                } else {
+                    None
+                };
+                let d = depth.entry(a.task_id.clone()).or_insert(0);
+                if layers.len() <= *d {
+                    layers.push(Vec::new());
+                }
+                // The next ack of this task sees the state this one leaves.
+                let after = Task {
+                    state: if failover.is_some() { TaskState::Transferred } else { c.to },
+                    last_error: c.last_error.clone(),
+                    next_attempt_at: c.next_attempt_at,
+                    may_have_printed: task.may_have_printed || transition.may_have_printed,
+                    ..task.clone()
+                };
+                layers[*d].push(Decided {
+                    index: i,
+                    transition,
+                    failover,
+                    outcome: a.outcome,
+                    detail: a.detail.clone(),
+                    printer_id: task.printer_id.clone(),
+                });
+                *d += 1;
+                view.task = after;
+            }
+            let mut retry: Vec<usize> = Vec::new();
+            let mut lost: std::collections::HashSet<String> = std::collections::HashSet::new();
+            for layer in layers {
+                let (chains, plain): (Vec<Decided>, Vec<Decided>) = layer
+                    .into_iter()
+                    .filter(|d| {
+                        if lost.contains(&d.transition.task_id) {
+                            retry.push(d.index);
+                            false
+                        } else {
+                            true
+                        }
+                    })
+                    .partition(|d| d.failover.is_some());
+                let list: Vec<Transition> = plain.iter().map(|d| d.transition.clone()).collect();
+                let applied = if list.is_empty() { Vec::new() } else { self.store.apply_transitions(&list).await? };
+                let mut outcomes: Vec<(Decided, bool)> = plain.into_iter().zip(applied).collect();
+                for d in chains {
+                    let ok = match &d.failover {
+                        Some(m) => self.apply_failover(m).await?,
+                        None => false,
+                    };
+                    outcomes.push((d, ok));
+                }
+                for (d, ok) in outcomes {
+                    if !ok {
+                        lost.insert(d.transition.task_id.clone());
+                        retry.push(d.index);
+                        continue;
+                    }
+                    changed = true;
+                    results[d.index] = AckResult::Applied;
+                    let t = &d.transition;
+                    let to = if d.failover.is_some() { TaskState::Transferred } else { t.to };
+                    self.gate.set_state(&t.task_id, to);
+                    tracing::info!(task_id = %t.task_id, from = %t.from, to = %to, reason = %t.reason, "ack applied");
+                    // What the printer said about itself. Only acks that change a task
+                    // count: a stale or repeated ack describes the printer as it was.
+                    printer_updates.insert(
+                        d.printer_id.clone(),
+                        printer_status(&who.tenant_id, &d.printer_id, d.outcome, &d.detail, t.now),
+                    );
+                }
+            }
+            retry.sort_unstable();
+            pending = retry;
+        }
+        if changed {
+            // A lane may have freed up (or a retry was scheduled): let waiting polls look.
+            self.signals.notify(&who.tenant_id, &who.store_id);
+        }
+        if !printer_updates.is_empty() {
+            let updates: Vec<PrinterStatusUpdate> = printer_updates.into_values().collect();
+            self.store.update_printer_status(&updates).await?;
+        }
+        Ok(results)
+    }
+
+    /// The failover of a station task that is failing with `failed` (R25): `failed` and
+    /// `transferred` with the successor on the station's next printer, as one change.
+    /// `None` when the station has no printer left (the task just fails).
+    async fn failover_change(
+        &self,
+        task: &Task,
+        failed: &Transition,
+        now: Millis,
+    ) -> Result<Option<ManualChange>, DeliveryError> {
+        let Some(station_id) = task.station_id.clone() else { return Ok(None) };
+        let Some(station) = self.directory.station(&task.tenant_id, &station_id).await? else { return Ok(None) };
+        let next = station
+            .printers
+            .iter()
+            .position(|p| *p == task.printer_id)
+            .and_then(|i| station.printers.get(i + 1))
+            .cloned();
+        let Some(next) = next else {
+            tracing::warn!(task_id = %task.task_id, station = %station_id, "failover: no backup printer left");
+            return Ok(None);
+        };
+        let why = failed.last_error.clone().unwrap_or_default();
+        let spec = crate::operations::SuccessorSpec {
+            kind: onceprint_store::OriginKind::Failover,
+            printer_id: &next,
+            reprint_no: None,
+            actor: "engine".into(),
+            reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
+            priority: task.priority,
+            charge: 0,
+        };
+        let succ = crate::operations::successor(self.store.as_ref(), task, spec).await?;
+        let moved = Transition {
+            task_id: task.task_id.clone(),
+            from: TaskState::Failed,
+            expected_attempts: failed.attempts,
+            to: TaskState::Transferred,
+            attempts: failed.attempts,
+            last_error: failed.last_error.clone(),
+            next_attempt_at: None,
+            actor: "engine".into(),
+            reason: format!(
+                "failover: {} could not print ({why}); continued on {next} as {}",
+                task.printer_id, succ.task_id
+            ),
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: task.sent_session.clone(),
+            may_have_printed: false,
+            event: None,
+        };
+        Ok(Some(ManualChange {
+            task_id: task.task_id.clone(),
+            transitions: vec![failed.clone(), moved],
+            refund: None,
+            successor: Some(succ),
+            now,
+        }))
+    }
+
+    async fn apply_failover(&self, change: &ManualChange) -> Result<bool, DeliveryError> {
+        let applied = self.store.apply_manual(change).await?;
+        if applied {
+            if let Some(succ) = &change.successor {
+                self.signals.notify(&succ.tenant_id, &succ.store_id);
+                tracing::warn!(task_id = %change.task_id, successor = %succ.task_id, printer = %succ.printer_id, "failover");
+            }
+        }
+        Ok(applied)
+    }
+
+    /// One sweeper pass (R13): a delivery past its deadline whose agent is gone while
+    /// another agent now serves the store can never be answered, and nobody can know
+    /// whether paper came out: it is settled as in doubt (or retried where the print type
+    /// reprints on doubt, within its attempts). A delivery whose agent is still around is
+    /// offered to it again on its next poll; one whose store has no agent at all waits
+    /// for the agent to come back. Push deliveries are the push driver's. Never a blind
+    /// resend to a different device.
+    pub async fn sweep_once(&self) -> Result<SweepReport, DeliveryError> {
+        let now = self.now();
+        let overdue = self.store.due_tasks(TaskState::Sent, now, 500).await?;
+        let mut report = SweepReport { overdue: overdue.len(), ..Default::default() };
+        let mut changes = Vec::new();
+        for task in overdue {
+            let Some(sent_to) = task.sent_to.as_deref() else { continue };
+            if Claimant::holder_of(sent_to).0 != ClaimantKind::Agent {
+                continue;
+            }
+            let Some(printer) = self.directory.printer_info(&task.tenant_id, &task.printer_id).await? else {
+                continue;
+            };
+            if self.holder(&task, &printer, None) != (Holder::Other { gone: true }) {
+                continue;
+            }
+            if let Some(t) = self.doubt(&task, "sweeper".into(), now) {
+                changes.push(t);
+            }
+        }
+        if !changes.is_empty() {
+            let applied = self.store.apply_transitions(&changes).await?;
+            for (t, ok) in changes.iter().zip(applied) {
+                if ok {
+                    self.gate.set_state(&t.task_id, t.to);
+                    if t.to == TaskState::InDoubt {
+                        report.in_doubt += 1;
+                    } else {
+                        report.retrying += 1;
+                    }
+                    tracing::warn!(task_id = %t.task_id, to = %t.to, reason = %t.reason, "sweeper");
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs the sweeper until shutdown.
+    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(this.config.sweep_interval_ms));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = this.sweep_once().await {
+                            tracing::warn!(error = %e, "sweeper pass failed");
+                        }
+                    }
+                    _ = this.signals.shutdown() => return,
+                }
+            }
+        })
+    }
+}
+
+/// What an applied ack says about the printer itself.
+fn printer_status(tenant_id: &str, printer_id: &str, outcome: Outcome, detail: &str, now: Millis) -> PrinterStatusUpdate {
+    let (online, last_error) = match outcome {
+        Outcome::Printed => (true, None),
+        Outcome::Offline => (false, Some("offline".to_owned())),
+        Outcome::NoPaper | Outcome::CoverOpen | Outcome::PaperJam => (true, Some(outcome.as_str().to_owned())),
+        Outcome::InDoubt | Outcome::Error => {
+            (true, Some(format!("{}: {}", outcome.as_str(), detail).trim_end_matches(": ").to_owned()))
+        }
+    };
+    PrinterStatusUpdate {
+        tenant_id: tenant_id.to_owned(),
+        printer_id: printer_id.to_owned(),
+        online,
+        last_error,
+        now,
+        event_id: crate::alerts::new_event_id(now),
+    }
+}

@@ -1,0 +1,144 @@
+//! The `agent` transport (pull): store agents long-poll for the deliveries of their store's
+//! agent printers and acknowledge what the printer said (CONTRACT.md, store agent
+//! protocol). Send = hand out on a poll (`claim`), query = offer again to the same agent
+//! id, whose journal answers, verify = the agent's token (checked by the HTTP layer).
+//!
+//! A poll names the agent id and its session (one per agent process). A session older
+//! than the agent id's newest is refused ([`PollError::Superseded`]): two live processes
+//! with one agent id must not both print, so the older is told to stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceprint_store::{AgentIdentity, StoreError};
+
+use crate::claimant::{Claimant, Superseded};
+use crate::lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryError, LaneEngine, Scope};
+use crate::transport::{TransportConfig, TransportKind};
+
+/// Why a poll was not answered with deliveries.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    #[error(transparent)]
+    Superseded(#[from] Superseded),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<DeliveryError> for PollError {
+    fn from(e: DeliveryError) -> Self {
+        match e {
+            DeliveryError::Store(s) => PollError::Store(s),
+        }
+    }
+}
+
+/// One delivery as an agent receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDelivery {
+    pub task_id: String,
+    pub attempt: i32,
+    pub printer_id: String,
+    /// `tcp://HOST:PORT` as configured on the printer.
+    pub printer_address: String,
+    pub idempotency_key: String,
+    pub content_type: &'static str,
+    pub data: Vec<u8>,
+    pub reprint: bool,
+}
+
+impl From<Delivery> for AgentDelivery {
+    fn from(d: Delivery) -> Self {
+        let printer_address = match &d.printer.transport {
+            Some(TransportConfig::Agent(a)) => a.address.clone(),
+            _ => String::new(),
+        };
+        AgentDelivery {
+            task_id: d.task.task_id,
+            attempt: d.attempt,
+            printer_id: d.task.printer_id,
+            printer_address,
+            idempotency_key: d.idempotency_key,
+            content_type: "escpos",
+            data: d.data,
+            reprint: d.reprint,
+        }
+    }
+}
+
+/// The agent transport on the lane engine.
+pub struct AgentTransport {
+    lanes: Arc<LaneEngine>,
+}
+
+impl AgentTransport {
+    pub fn new(lanes: Arc<LaneEngine>) -> AgentTransport {
+        AgentTransport { lanes }
+    }
+
+    /// Long poll: deliveries for the agent's store, as soon as there are any, or an empty
+    /// list after `wait`.
+    pub async fn poll(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        session: Option<&str>,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<AgentDelivery>, PollError> {
+        let registry = self.lanes.agents();
+        let signals = self.lanes.signals().clone();
+        let guard = registry.begin_poll(&who.tenant_id, &who.store_id, agent_id, session)?;
+        if guard.took_over {
+            // Polls of the earlier session look again (and learn that they must stop); the
+            // earlier session's deliveries come to this one once it is quiet.
+            signals.notify(&who.tenant_id, &who.store_id);
+        }
+        let claimant = Claimant::agent(agent_id, session);
+        let rules =
+            ClaimRules { max, answer_within_ms: self.lanes.config().redeliver_after_ms, give_up_after_ms: None };
+        let start = tokio::time::Instant::now();
+        let deadline = start + wait;
+        let notify = signals.get(&who.tenant_id, &who.store_id);
+        loop {
+            if let Some(newer) = registry.is_superseded(&who.tenant_id, &who.store_id, agent_id, session) {
+                return Err(Superseded { agent_id: agent_id.to_owned(), newer }.into());
+            }
+            let woken = notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let claimed = self
+                .lanes
+                .claim(&claimant, &who.tenant_id, Scope::Store { store_id: &who.store_id, kind: TransportKind::Agent }, rules)
+                .await?;
+            let now = tokio::time::Instant::now();
+            if !claimed.deliveries.is_empty() || now >= deadline || signals.is_shutting_down() {
+                return Ok(claimed.deliveries.into_iter().map(AgentDelivery::from).collect());
+            }
+            let mut until = deadline.min(now + Duration::from_millis(self.lanes.config().recheck_ms));
+            if let Some(t) = claimed.next_look {
+                let ms = (t - self.lanes.now()).max(0) as u64;
+                until = until.min(now + Duration::from_millis(ms));
+            }
+            tokio::select! {
+                _ = &mut woken => {}
+                _ = tokio::time::sleep_until(until) => {}
+                _ = signals.shutdown() => {}
+            }
+        }
+    }
+
+    /// Applies an agent's acks. Acks of a superseded session are taken too: they tell the
+    /// truth about its own attempts, and the attempt number keeps them from moving a task
+    /// that was offered to the newer session since.
+    pub async fn ack(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        session: Option<&str>,
+        acks: Vec<AckIn>,
+    ) -> Result<Vec<AckResult>, DeliveryError> {
+        self.lanes.agents().heard(&who.tenant_id, &who.store_id, agent_id, session);
+        self.lanes.ack(who, &Claimant::agent(agent_id, session), acks).await
+    }
+}

@@ -1,0 +1,165 @@
+//! The push driver: one loop for every transport whose printers the broker sends jobs to
+//! (`webhook` today). A push transport says how to [`PushTransport::send`] a delivery and
+//! how to [`PushTransport::query`] what became of one; the driver claims the lanes of its
+//! printers on the lane engine, sends, and turns what the transport learns into acks, so
+//! the same rules, alerts and failover apply as for agents.
+//!
+//! "Accepted" is never "printed": a delivery stays `sent` until the receiver reports (a
+//! callback, through [`LaneEngine::ack`]) or the transport's query says so. A delivery
+//! without an answer by its deadline is asked about, and sent again with the same
+//! attempt and idempotency key when the receiver does not know it (it prints once per
+//! key); one without an answer after `doubt_after_ms` goes to a person.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use onceprint_core::Outcome;
+use onceprint_store::{AgentIdentity, StoreError};
+
+use crate::claimant::Claimant;
+use crate::lanes::{AckIn, ClaimRules, Delivery, LaneEngine, Scope};
+use crate::transport::TransportKind;
+
+/// What sending a delivery did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// The receiver took it (not printed yet).
+    Accepted,
+    /// It did not get there, or was refused: this ack outcome, with what happened.
+    Failed { outcome: Outcome, detail: String },
+}
+
+/// What the receiver says about a delivery sent earlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// It is done: this ack outcome.
+    Done { outcome: Outcome, detail: String },
+    /// It has the job and has not finished it.
+    Pending,
+    /// It does not know the job, could not be asked, or cannot be asked at all: send it
+    /// again (same key).
+    Unknown,
+}
+
+/// One push transport.
+#[async_trait]
+pub trait PushTransport: Send + Sync + 'static {
+    fn kind(&self) -> TransportKind;
+    async fn send(&self, delivery: &Delivery) -> Sent;
+    async fn query(&self, delivery: &Delivery) -> Asked;
+}
+
+/// Tuning of the push driver.
+#[derive(Debug, Clone)]
+pub struct PushConfig {
+    pub interval_ms: u64,
+    /// After this long without an answer, the receiver is asked (or the job re-sent with
+    /// the same idempotency key).
+    pub recheck_after_ms: i64,
+    /// A delivery without an answer this long after it was first sent goes to `in_doubt`
+    /// (or is reprinted, within its attempts, where the print type says so).
+    pub doubt_after_ms: i64,
+    pub timeout_ms: u64,
+    /// Callbacks signed more than this far from now are refused (replays).
+    pub replay_window_s: i64,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        PushConfig {
+            interval_ms: 200,
+            recheck_after_ms: 10_000,
+            doubt_after_ms: 300_000,
+            timeout_ms: 10_000,
+            replay_window_s: 300,
+        }
+    }
+}
+
+/// Drives one push transport until shutdown.
+pub struct PushDriver {
+    lanes: Arc<LaneEngine>,
+    transport: Arc<dyn PushTransport>,
+    config: PushConfig,
+    claimant: Claimant,
+}
+
+impl PushDriver {
+    pub fn new(lanes: Arc<LaneEngine>, transport: Arc<dyn PushTransport>, config: PushConfig) -> PushDriver {
+        let claimant = Claimant::push(transport.kind().as_str());
+        PushDriver { lanes, transport, config, claimant }
+    }
+
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(self.config.interval_ms));
+            let signals = self.lanes.signals().clone();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = signals.shutdown() => return,
+                }
+                if let Err(e) = self.pass().await {
+                    tracing::warn!(error = %e, transport = self.transport.kind().as_str(), "push pass failed");
+                }
+            }
+        })
+    }
+
+    /// One look at every lane of the transport's printers.
+    pub async fn pass(&self) -> Result<(), StoreError> {
+        let kind = self.transport.kind();
+        let printers = self.lanes.store().printers_by_transport(kind.as_str()).await?;
+        let stores: BTreeSet<(String, String)> = printers.into_iter().map(|p| (p.tenant_id, p.store_id)).collect();
+        let rules = ClaimRules {
+            max: 256,
+            answer_within_ms: self.config.recheck_after_ms,
+            give_up_after_ms: Some(self.config.doubt_after_ms),
+        };
+        for (tenant, store) in stores {
+            let claimed = match self
+                .lanes
+                .claim(&self.claimant, &tenant, Scope::Store { store_id: &store, kind }, rules)
+                .await
+            {
+                Ok(c) => c,
+                Err(crate::DeliveryError::Store(e)) => return Err(e),
+            };
+            for d in claimed.deliveries {
+                self.deliver(&d).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn deliver(&self, d: &Delivery) -> Result<(), StoreError> {
+        if d.again.is_some() {
+            match self.transport.query(d).await {
+                Asked::Done { outcome, detail } => return self.report(d, outcome, detail).await,
+                Asked::Pending => {
+                    tracing::debug!(task_id = %d.task.task_id, "the receiver has it, not printed yet");
+                    return Ok(());
+                }
+                Asked::Unknown => {}
+            }
+        }
+        match self.transport.send(d).await {
+            Sent::Accepted => {
+                tracing::info!(task_id = %d.task.task_id, attempt = d.attempt, "accepted by the receiver (not printed yet)");
+                Ok(())
+            }
+            Sent::Failed { outcome, detail } => self.report(d, outcome, detail).await,
+        }
+    }
+
+    async fn report(&self, d: &Delivery, outcome: Outcome, detail: String) -> Result<(), StoreError> {
+        let who = AgentIdentity { tenant_id: d.task.tenant_id.clone(), store_id: d.task.store_id.clone() };
+        let ack = AckIn { task_id: d.task.task_id.clone(), attempt: d.attempt, outcome, detail };
+        match self.lanes.ack(&who, &self.claimant, vec![ack]).await {
+            Ok(_) => Ok(()),
+            Err(crate::DeliveryError::Store(e)) => Err(e),
+        }
+    }
+}
