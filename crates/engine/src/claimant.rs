@@ -216,14 +216,28 @@ impl AgentRegistry {
         Ok(PollGuard { registry: self.clone(), key, agent_id: agent_id.to_owned(), session, took_over })
     }
 
-    /// Notes that `session` of `agent_id` was heard (an ack). Acks of a superseded session
-    /// are still taken (they tell the truth about its own deliveries); they only keep its
-    /// deliveries with it.
+    /// Notes that `session` of `agent_id` was heard (an ack; `None`: an agent that sends no
+    /// session, heard as its current one). Acks of a superseded session are still taken
+    /// (they tell the truth about its own deliveries); they keep its deliveries with it.
+    /// Only polls make a session known: an ack of a session this broker has not seen yet
+    /// changes nothing here.
     pub fn heard(&self, tenant_id: &str, store_id: &str, agent_id: &str, session: Option<&str>) {
         let now = self.clock.now_ms();
         let mut all = self.lock();
-        let agent = all.entry((tenant_id.to_owned(), store_id.to_owned())).or_default().entry(agent_id.to_owned()).or_default();
-        let _ = Self::note(agent, agent_id, session.unwrap_or_default(), now);
+        let Some(agent) = all.get_mut(&(tenant_id.to_owned(), store_id.to_owned())).and_then(|a| a.get_mut(agent_id))
+        else {
+            return;
+        };
+        let name = match session {
+            Some(s) => s.to_owned(),
+            None => agent.current.clone().unwrap_or_default(),
+        };
+        if let Some(s) = agent.sessions.get_mut(&name) {
+            s.heard = s.heard.max(now);
+            if s.superseded {
+                s.heard_after_superseded = true;
+            }
+        }
     }
 
     fn note(agent: &mut AgentState, agent_id: &str, session: &str, now: Millis) -> Result<bool, Superseded> {

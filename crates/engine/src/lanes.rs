@@ -195,6 +195,8 @@ struct Decided {
     transition: Transition,
     /// The failover this failure causes: applied with it, in one transaction.
     failover: Option<ManualChange>,
+    /// This change leaves a station task failed with nothing printed by any attempt.
+    allows_failover: bool,
     outcome: Outcome,
     detail: String,
     printer_id: String,
@@ -607,18 +609,14 @@ impl LaneEngine {
                     }
                 };
                 let transition = self.transition_for(task, &c, claimant.actor(), now);
-                let failover = if task.station_id.is_some() && c.allows_failover(task.may_have_printed) {
-                    self.failover_change(task, &transition, now).await?
-                } else {
-                    None
-                };
+                let allows_failover = task.station_id.is_some() && c.allows_failover(task.may_have_printed);
                 let d = depth.entry(a.task_id.clone()).or_insert(0);
                 if layers.len() <= *d {
                     layers.push(Vec::new());
                 }
                 // The next ack of this task sees the state this one leaves.
                 let after = Task {
-                    state: if failover.is_some() { TaskState::Transferred } else { c.to },
+                    state: c.to,
                     last_error: c.last_error.clone(),
                     next_attempt_at: c.next_attempt_at,
                     may_have_printed: task.may_have_printed || transition.may_have_printed,
@@ -627,13 +625,29 @@ impl LaneEngine {
                 layers[*d].push(Decided {
                     index: i,
                     transition,
-                    failover,
+                    failover: None,
+                    allows_failover,
                     outcome: a.outcome,
                     detail: a.detail.clone(),
                     printer_id: task.printer_id.clone(),
                 });
                 *d += 1;
                 view.task = after;
+            }
+            // A failover follows from where the batch leaves a task, not from one ack on
+            // the way: `[no_paper(N), printed(N)]` ends `printed`, and nothing moves to a
+            // backup printer. Only the task's last change in the batch can carry one.
+            for (task_id, d) in &depth {
+                let Some(last) = layers.get_mut(d - 1).and_then(|l| l.iter_mut().find(|x| &x.transition.task_id == task_id))
+                else {
+                    continue;
+                };
+                if last.transition.to == TaskState::Failed && last.allows_failover {
+                    if let Some(view) = views.get(task_id) {
+                        let before = Task { state: last.transition.from, ..view.task.clone() };
+                        last.failover = self.failover_change(&before, &last.transition, now).await?;
+                    }
+                }
             }
             let mut retry: Vec<usize> = Vec::new();
             let mut lost: std::collections::HashSet<String> = std::collections::HashSet::new();

@@ -765,7 +765,9 @@ async fn a_lost_ack_is_answered_from_the_journal_without_a_second_print(pg: bool
     }
     drop_acks.store(false, std::sync::atomic::Ordering::SeqCst);
     let t = w.wait_state(&id, &["printed"], 30).await;
-    assert_eq!(t["attempts"], 1, "the same attempt, never a new one");
+    // Offered again as a new attempt (the attempt is the fencing token), which the agent
+    // answered from its journal without printing.
+    assert!(t["attempts"].as_i64() >= Some(2), "{t}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(w.printed_count("L1"), 1, "one sheet of paper");
 }

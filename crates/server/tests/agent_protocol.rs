@@ -61,7 +61,7 @@ async fn a_submitted_task_is_delivered_once_and_acked_printed(app: &TestApp) {
     assert_eq!(d[0]["attempt"], 1);
     assert_eq!(d[0]["printer_id"], "p1");
     assert_eq!(d[0]["printer_address"], "tcp://192.0.2.10:9100");
-    assert_eq!(d[0]["idempotency_key"], "A1#kitchen#p1");
+    assert_eq!(d[0]["idempotency_key"], "A1%23kitchen#p1", "a `#` inside biz_no is escaped (CONTRACT.md)");
     assert_eq!(d[0]["content_type"], "escpos");
     let bytes = base64::engine::general_purpose::STANDARD.decode(d[0]["data"].as_str().expect("data")).expect("base64");
     assert_eq!(&bytes[..2], &[0x1B, 0x40], "starts with ESC @");
@@ -89,18 +89,20 @@ async fn a_restarted_agent_gets_its_unconfirmed_delivery_again(app: &TestApp) {
     let token = agent_token(app, &key, "s1").await;
     let id = app.submit(&key, order("R1", "x")).await.body["task_id"].as_str().expect("id").to_owned();
     assert_eq!(poll(app, &token, "first", 1000).await.len(), 1);
-    // Same agent id, new session: it crashed and came back.
-    let again = poll(app, &token, "second", 1000).await;
+    // Same agent id, new session: it crashed and came back. Once the first process has
+    // been quiet for `takeover_quiet_ms` (3 s), its delivery comes to the new one, as a new
+    // attempt: the attempt is the fencing token.
+    let start = Instant::now();
+    let again = poll(app, &token, "second", 10_000).await;
     assert_eq!(again.len(), 1);
-    assert_eq!(
-        (again[0]["task_id"].as_str(), again[0]["attempt"].as_i64()),
-        (Some(id.as_str()), Some(1)),
-        "same attempt"
-    );
+    assert!(start.elapsed() >= Duration::from_millis(2_500), "taken over too early: {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_millis(6_000), "taken over too late: {:?}", start.elapsed());
+    assert_eq!((again[0]["task_id"].as_str(), again[0]["attempt"].as_i64()), (Some(id.as_str()), Some(2)));
     let events = app.get(&format!("/v1/print-tasks/{id}/events"), &key).await.body;
     let tos: Vec<&str> = events["events"].as_array().expect("events").iter().filter_map(|e| e["to"].as_str()).collect();
     assert_eq!(tos, vec!["pending", "sent", "sent"], "the redelivery is audited");
-    assert_eq!(ack(app, &token, &id, 1, "printed").await, "applied");
+    assert_eq!(ack(app, &token, &id, 1, "no_paper").await, "stale", "the old attempt cannot move it any more");
+    assert_eq!(ack(app, &token, &id, 2, "printed").await, "applied");
 }
 
 async fn recoverable_outcomes_schedule_a_retry(app: &TestApp) {
