@@ -60,10 +60,8 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     // this agent id will never be acknowledged by that process, so it offers them again
     // once that process is quiet. It carries the start time, so that of two processes with
     // one agent id the broker knows the newer (which wins) even across its own restarts.
-    let started_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
+    let started_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     let session = onceprint_core::ids::agent_session_id(started_ms, rand::random::<u64>());
     let client = client.identified(&agent_id, &session);
 

@@ -9,7 +9,6 @@ use sha2::{Digest, Sha256};
 
 use crate::{ids::validate_id, CoreError};
 
-
 /// What a task is addressed to: one printer, or a failover station (R25).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {

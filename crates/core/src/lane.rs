@@ -43,7 +43,9 @@ pub struct InFlight {
 pub enum Waiting {
     Pending,
     /// Waits for its retry time (`None`: due now).
-    Retrying { due: Option<Millis> },
+    Retrying {
+        due: Option<Millis>,
+    },
 }
 
 /// Why a delivery in flight is handed out again.

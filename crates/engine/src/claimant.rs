@@ -169,8 +169,10 @@ impl Drop for PollGuard {
     fn drop(&mut self) {
         let now = self.registry.clock.now_ms();
         let mut all = self.registry.agents.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) =
-            all.get_mut(&self.key).and_then(|a| a.get_mut(&self.agent_id)).and_then(|a| a.sessions.get_mut(&self.session))
+        if let Some(s) = all
+            .get_mut(&self.key)
+            .and_then(|a| a.get_mut(&self.agent_id))
+            .and_then(|a| a.sessions.get_mut(&self.session))
         {
             s.open_polls = s.open_polls.saturating_sub(1);
             s.heard = s.heard.max(now);
@@ -251,10 +253,7 @@ impl AgentRegistry {
             return Ok(false);
         }
         let started = session_started_at(session).unwrap_or(now);
-        let newer_exists = current
-            .as_ref()
-            .and_then(|c| agent.sessions.get(c))
-            .is_some_and(|c| c.started > started);
+        let newer_exists = current.as_ref().and_then(|c| agent.sessions.get(c)).is_some_and(|c| c.started > started);
         let state = SessionState {
             started,
             heard: now,
@@ -287,7 +286,13 @@ impl AgentRegistry {
 
     /// Whether `session` is still the current session of `agent_id` (a poll of a session
     /// that was superseded while it waited ends at once).
-    pub fn is_superseded(&self, tenant_id: &str, store_id: &str, agent_id: &str, session: Option<&str>) -> Option<String> {
+    pub fn is_superseded(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        agent_id: &str,
+        session: Option<&str>,
+    ) -> Option<String> {
         let all = self.lock();
         let agent = all.get(&(tenant_id.to_owned(), store_id.to_owned()))?.get(agent_id)?;
         let s = agent.sessions.get(session.unwrap_or_default())?;
@@ -356,7 +361,13 @@ impl AgentRegistry {
 
     /// When an earlier session's deliveries will go to the newer one, if it stays quiet
     /// (so a waiting poll can look again then).
-    pub fn quiet_at(&self, tenant_id: &str, store_id: &str, holder: &str, holder_session: Option<&str>) -> Option<Millis> {
+    pub fn quiet_at(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        holder: &str,
+        holder_session: Option<&str>,
+    ) -> Option<Millis> {
         let all = self.lock();
         let state = all
             .get(&(tenant_id.to_owned(), store_id.to_owned()))
@@ -402,9 +413,15 @@ mod tests {
         drop(r.begin_poll("t", "s", "a", Some(&old)).expect("first"));
         clock.advance(500);
         let _poll = r.begin_poll("t", "s", "a", Some(&new)).expect("a newer process wins");
-        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: false });
+        assert_eq!(
+            r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))),
+            Holder::EarlierSession { quiet: false }
+        );
         clock.advance(2_500);
-        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: true });
+        assert_eq!(
+            r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))),
+            Holder::EarlierSession { quiet: true }
+        );
         assert_eq!(r.holder("t", "s", "a", Some(&new), Some(("a", Some(&new)))), Holder::Me);
     }
 
@@ -420,7 +437,10 @@ mod tests {
         assert_eq!(e.newer, new);
         assert!(r.is_superseded("t", "s", "a", Some(&old)).is_some());
         clock.advance(10_000);
-        assert_eq!(r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))), Holder::EarlierSession { quiet: false });
+        assert_eq!(
+            r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))),
+            Holder::EarlierSession { quiet: false }
+        );
         // An older process that starts polling only now is refused too.
         let older = new_session_id(0, 3);
         assert!(r.begin_poll("t", "s", "a", Some(&older)).is_err());

@@ -179,7 +179,7 @@ pub struct LaneEngine {
 
 /// A change the engine makes to a lane on a claim, with what it is for.
 enum LaneChange {
-    HandOut { task: Task, printer: Arc<PrinterInfo>, again: Option<Reoffer> },
+    HandOut { task: Box<Task>, printer: Arc<PrinterInfo>, again: Option<Reoffer> },
     Settle,
 }
 
@@ -329,24 +329,21 @@ impl LaneEngine {
                 }
                 Step::Claim => {
                     let Some(task) = waiting else { continue };
-                    changes.push((self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms), LaneChange::HandOut {
-                        task,
-                        printer,
-                        again: None,
-                    }));
+                    changes.push((
+                        self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms),
+                        LaneChange::HandOut { task: Box::new(task), printer, again: None },
+                    ));
                     handed_out += 1;
                 }
                 Step::Reoffer(why) => {
                     let Some(task) = in_flight else { continue };
                     // An agent gets a new attempt (the fencing token); a push driver sends
                     // the same one again.
-                    let attempt =
-                        if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
-                    changes.push((self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms), LaneChange::HandOut {
-                        task,
-                        printer,
-                        again: Some(why),
-                    }));
+                    let attempt = if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
+                    changes.push((
+                        self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms),
+                        LaneChange::HandOut { task: Box::new(task), printer, again: Some(why) },
+                    ));
                     handed_out += 1;
                 }
                 Step::Doubt => {
@@ -381,11 +378,8 @@ impl LaneEngine {
             .map(|((t, _), _)| t.task_id.clone())
             .collect();
         // One read for the content of everything handed out in this look.
-        let mut contents: HashMap<String, TaskContent> = if ids.is_empty() {
-            HashMap::new()
-        } else {
-            self.store.task_contents(&ids).await?.into_iter().collect()
-        };
+        let mut contents: HashMap<String, TaskContent> =
+            if ids.is_empty() { HashMap::new() } else { self.store.task_contents(&ids).await?.into_iter().collect() };
         let mut deliveries = Vec::with_capacity(ids.len());
         let mut settled = false;
         for ((t, change), ok) in changes.into_iter().zip(applied) {
@@ -407,13 +401,19 @@ impl LaneEngine {
                         sent_to: t.sent_to.clone(),
                         sent_session: t.sent_session.clone(),
                         sent_at: if task.state == TaskState::Sent { task.sent_at } else { Some(now) },
-                        ..task.clone()
+                        ..(*task).clone()
                     };
                     match self.render(&sent, content, &printer) {
                         Ok(data) => deliveries.push(Delivery {
-                            idempotency_key: delivery_key(&sent.biz_no, &sent.printer_id, &sent.target, &sent.print_type),
+                            idempotency_key: delivery_key(
+                                &sent.biz_no,
+                                &sent.printer_id,
+                                &sent.target,
+                                &sent.print_type,
+                            ),
                             attempt: t.attempts,
-                            reprint: task.state == TaskState::Retrying && task.last_error.as_deref() == Some("in_doubt"),
+                            reprint: task.state == TaskState::Retrying
+                                && task.last_error.as_deref() == Some("in_doubt"),
                             task: sent,
                             printer,
                             data,
@@ -514,11 +514,7 @@ impl LaneEngine {
             }
             _ => None,
         };
-        let encoding = printer
-            .transport
-            .as_ref()
-            .map(|t| t.encoding())
-            .unwrap_or(Encoding::EscPos { profile: None });
+        let encoding = printer.transport.as_ref().map(|t| t.encoding()).unwrap_or(Encoding::EscPos { profile: None });
         match encoding {
             Encoding::EscPos { profile } => crate::content::render_for(
                 &content.content_type,
@@ -638,7 +634,8 @@ impl LaneEngine {
             // the way: `[no_paper(N), printed(N)]` ends `printed`, and nothing moves to a
             // backup printer. Only the task's last change in the batch can carry one.
             for (task_id, d) in &depth {
-                let Some(last) = layers.get_mut(d - 1).and_then(|l| l.iter_mut().find(|x| &x.transition.task_id == task_id))
+                let Some(last) =
+                    layers.get_mut(d - 1).and_then(|l| l.iter_mut().find(|x| &x.transition.task_id == task_id))
                 else {
                     continue;
                 };
@@ -842,7 +839,13 @@ impl LaneEngine {
 }
 
 /// What an applied ack says about the printer itself.
-fn printer_status(tenant_id: &str, printer_id: &str, outcome: Outcome, detail: &str, now: Millis) -> PrinterStatusUpdate {
+fn printer_status(
+    tenant_id: &str,
+    printer_id: &str,
+    outcome: Outcome,
+    detail: &str,
+    now: Millis,
+) -> PrinterStatusUpdate {
     let (online, last_error) = match outcome {
         Outcome::Printed => (true, None),
         Outcome::Offline => (false, Some("offline".to_owned())),

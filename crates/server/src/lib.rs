@@ -230,9 +230,10 @@ impl Bound {
         let app = router(self.state.clone());
         let lanes = self.state.lanes.clone();
         let sweeper = lanes.spawn_sweeper();
-        let watchdog = self.state.watchdog.spawn(std::time::Duration::from_millis(
-            (lanes.config().sweep_interval_ms * 5).clamp(200, 5_000),
-        ));
+        let watchdog = self
+            .state
+            .watchdog
+            .spawn(std::time::Duration::from_millis((lanes.config().sweep_interval_ms * 5).clamp(200, 5_000)));
         let pusher = match onceprint_engine::transport::webhook::Webhook::new(&self.state.config.push) {
             Ok(w) => Some(
                 onceprint_engine::PushDriver::new(lanes.clone(), Arc::new(w), self.state.config.push.clone()).spawn(),

@@ -573,17 +573,24 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
     d.priority = 0;
     s.submit_batch(vec![d.clone()]).await.unwrap();
     let lane = s.lane("acme", "p1").await.unwrap();
-    assert_eq!(lane.in_flight.as_ref().map(|t| (t.task_id.as_str(), t.state)), Some((a.task_id.as_str(), TaskState::Sent)));
+    assert_eq!(
+        lane.in_flight.as_ref().map(|t| (t.task_id.as_str(), t.state)),
+        Some((a.task_id.as_str(), TaskState::Sent))
+    );
     assert_eq!(
         lane.in_flight.as_ref().map(|t| (t.sent_to.as_deref(), t.sent_session.as_deref(), t.sent_at)),
         Some((Some("agent-1"), Some("sess-1"), Some(NOW + 5)))
     );
     assert_eq!(lane.waiting.as_ref().map(|t| t.task_id.as_str()), Some(b.task_id.as_str()), "refunds first, FIFO");
     assert_eq!(s.lanes("acme", "s1").await.unwrap()[0], lane);
-    assert_eq!(s.lane("acme", "nowhere").await.unwrap(), Lane { printer_id: "nowhere".into(), in_flight: None, waiting: None });
+    assert_eq!(
+        s.lane("acme", "nowhere").await.unwrap(),
+        Lane { printer_id: "nowhere".into(), in_flight: None, waiting: None }
+    );
 
     // Offering it again does not move `sent_at`: the lane has been busy since NOW + 5.
-    let again = Transition { from: TaskState::Sent, expected_attempts: 1, attempts: 2, now: NOW + 9, ..send(&a, 0, NOW + 9) };
+    let again =
+        Transition { from: TaskState::Sent, expected_attempts: 1, attempts: 2, now: NOW + 9, ..send(&a, 0, NOW + 9) };
     assert!(s.transition(&again).await.unwrap());
     let a_now = s.get_task("acme", &a.task_id).await.unwrap().unwrap();
     assert_eq!((a_now.attempts, a_now.sent_at, a_now.updated_at), (2, Some(NOW + 5), NOW + 9));

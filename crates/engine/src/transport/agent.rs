@@ -109,7 +109,12 @@ impl AgentTransport {
             woken.as_mut().enable();
             let claimed = self
                 .lanes
-                .claim(&claimant, &who.tenant_id, Scope::Store { store_id: &who.store_id, kind: TransportKind::Agent }, rules)
+                .claim(
+                    &claimant,
+                    &who.tenant_id,
+                    Scope::Store { store_id: &who.store_id, kind: TransportKind::Agent },
+                    rules,
+                )
                 .await?;
             let now = tokio::time::Instant::now();
             if !claimed.deliveries.is_empty() || now >= deadline || signals.is_shutting_down() {

@@ -131,11 +131,8 @@ impl TransportConfig {
     pub fn from_request(value: serde_json::Value) -> Result<TransportConfig, CoreError> {
         let t: TransportConfig = serde_json::from_value(value).map_err(|e| {
             let msg = e.to_string();
-            let msg = if msg.starts_with("unknown variant") {
-                format!("{msg}; supported kinds: {}", kinds())
-            } else {
-                msg
-            };
+            let msg =
+                if msg.starts_with("unknown variant") { format!("{msg}; supported kinds: {}", kinds()) } else { msg };
             CoreError::invalid("transport", msg)
         })?;
         t.validate()?;
@@ -215,9 +212,8 @@ fn kinds() -> String {
 }
 
 fn check_tcp_address(address: &str) -> Result<(), CoreError> {
-    let bad = || {
-        CoreError::invalid("transport.address", format!("{address:?} is not tcp://HOST:PORT with a port 1–65535"))
-    };
+    let bad =
+        || CoreError::invalid("transport.address", format!("{address:?} is not tcp://HOST:PORT with a port 1–65535"));
     let rest = address.strip_prefix("tcp://").ok_or_else(bad)?;
     let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
     let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);

@@ -119,14 +119,11 @@ impl PushDriver {
             give_up_after_ms: Some(self.config.doubt_after_ms),
         };
         for (tenant, store) in stores {
-            let claimed = match self
-                .lanes
-                .claim(&self.claimant, &tenant, Scope::Store { store_id: &store, kind }, rules)
-                .await
-            {
-                Ok(c) => c,
-                Err(crate::DeliveryError::Store(e)) => return Err(e),
-            };
+            let claimed =
+                match self.lanes.claim(&self.claimant, &tenant, Scope::Store { store_id: &store, kind }, rules).await {
+                    Ok(c) => c,
+                    Err(crate::DeliveryError::Store(e)) => return Err(e),
+                };
             for d in claimed.deliveries {
                 self.deliver(&d).await?;
             }

@@ -62,9 +62,11 @@ pub async fn signed_by(
     window_s: i64,
 ) -> StoreResult<Option<Printer>> {
     let now_s = now_ms() / 1000;
-    Ok(store.printers_with_id(printer_id).await?.into_iter().find(|p| match TransportConfig::from_stored(&p.transport) {
-        Some(TransportConfig::Webhook(w)) => verify_signature(w.secret.expose(), header, body, now_s, window_s),
-        _ => false,
+    Ok(store.printers_with_id(printer_id).await?.into_iter().find(|p| {
+        match TransportConfig::from_stored(&p.transport) {
+            Some(TransportConfig::Webhook(w)) => verify_signature(w.secret.expose(), header, body, now_s, window_s),
+            _ => false,
+        }
     }))
 }
 
@@ -95,7 +97,10 @@ impl PushTransport for Webhook {
 
     async fn send(&self, d: &Delivery) -> Sent {
         let Some(w) = Self::config(d) else {
-            return Sent::Failed { outcome: Outcome::Offline, detail: "the printer is no longer a webhook printer".into() };
+            return Sent::Failed {
+                outcome: Outcome::Offline,
+                detail: "the printer is no longer a webhook printer".into(),
+            };
         };
         let body = serde_json::json!({
             "task_id": d.task.task_id,

@@ -51,11 +51,10 @@ pub async fn callback(
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| ApiError::unauthorized("missing x-onceprint-signature"))?;
     // Printer ids are per tenant: the signature tells whose printer this is.
-    let printer = signed_by(st.store.as_ref(), &printer_id, sig, text, st.config.push.replay_window_s)
-        .await?
-        .ok_or_else(|| {
-            ApiError::unauthorized("bad signature, unknown printer, or a timestamp outside the replay window")
-        })?;
+    let printer =
+        signed_by(st.store.as_ref(), &printer_id, sig, text, st.config.push.replay_window_s).await?.ok_or_else(
+            || ApiError::unauthorized("bad signature, unknown printer, or a timestamp outside the replay window"),
+        )?;
     let req: CallbackIn = parse_json(&body)?;
     let outcome =
         outcome_of(&req.status).ok_or_else(|| ApiError::invalid(format!("status: unknown status {:?}", req.status)))?;

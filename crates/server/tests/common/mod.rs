@@ -55,6 +55,11 @@ impl TestApp {
             Backend::Sqlite => onceprint_store_sqlite::testing::fresh_store().await,
             Backend::Postgres => onceprint_store_postgres::testing::fresh_store().await,
         }?;
+        Some(TestApp::spawn_on(harness, config).await)
+    }
+
+    /// A broker on an existing database (a restart).
+    async fn spawn_on(harness: Harness, config: HttpConfig) -> TestApp {
         let store = harness.store.clone();
         let (hash, _) = onceprint_server::settle_admin_token(store.as_ref(), Some(ADMIN)).await.expect("admin token");
         let bound = onceprint_server::bind(store.clone(), hash, "127.0.0.1:0", config).await.expect("bind");
@@ -68,14 +73,30 @@ impl TestApp {
                 .await
                 .expect("serve");
         });
-        Some(TestApp {
+        TestApp {
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
             store,
             _harness: harness,
             shutdown: Some(tx),
             server: Some(server),
-        })
+        }
+    }
+
+    /// Stops this broker and starts a new one on the same database: the new process knows
+    /// only what the database holds (on a new port).
+    pub async fn restart(mut self, config: HttpConfig) -> TestApp {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = h.await;
+        }
+        let harness = std::mem::replace(
+            &mut self._harness,
+            Harness { store: self.store.clone(), guard: Box::new(()), url: String::new() },
+        );
+        TestApp::spawn_on(harness, config).await
     }
 
     pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
