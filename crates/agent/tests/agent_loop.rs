@@ -4,7 +4,7 @@ mod common;
 
 use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent};
 use onceprint_agent::journal::{Journal, Record, RecordState};
-use onceprint_agent::{Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, STARTED_BEFORE_CRASH};
+use onceprint_agent::{Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, STARTED_BEFORE_CRASH};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -312,4 +312,54 @@ async fn under_load_the_poll_lingers_so_one_poll_fetches_several_deliveries() {
     assert!(polls <= 2, "{polls} polls for three deliveries: one fetched them, the next waits");
     broker.state.wait_acks(4, WITHIN).await;
     agent.stop().await;
+}
+
+/// An attempt the agent answered already (here: "no paper") and that the broker offers
+/// again, because the answer was lost, is answered the same way from the journal and not
+/// printed: printing it would let the retried "no paper" undo the print on the broker.
+/// The next attempt prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_already_answered_is_answered_again_not_printed() {
+    let broker = FakeBroker::start().await;
+    let empty = FakePrinter::start(Behaviour::PaperOut).await;
+    let fixed = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 1, "p1", &empty.address(), b"x\n"));
+    assert_eq!(broker.state.wait_acks(1, WITHIN).await[0].outcome, Outcome::NoPaper);
+    broker.state.push(delivery("T1", 1, "p1", &fixed.address(), b"x\n"));
+    let acks = broker.state.wait_acks(2, WITHIN).await;
+    assert_eq!(acks[1].outcome, Outcome::NoPaper, "{:?}", acks[1]);
+    assert!(acks[1].detail.starts_with(ALREADY_REPORTED), "{:?}", acks[1]);
+    assert_eq!(fixed.job_count(), 0, "not printed");
+    broker.state.push(delivery("T1", 2, "p1", &fixed.address(), b"x\n"));
+    assert_eq!(broker.state.wait_acks(3, WITHIN).await[2].outcome, Outcome::Printed);
+    assert_eq!(fixed.job_count(), 1);
+    // Every ack says who sent it: the agent id and the session of this process's polls.
+    let senders = broker.state.ack_senders.lock().expect("senders").clone();
+    let polled = broker.state.poll_sessions.lock().expect("sessions").clone();
+    assert!(!senders.is_empty());
+    for (id, session) in &senders {
+        assert!(id.as_deref().is_some_and(|i| i.starts_with("agent-")), "{senders:?}");
+        assert_eq!(session.as_deref(), polled.first().map(String::as_str), "{senders:?} {polled:?}");
+    }
+    assert!(
+        polled.first().and_then(|s| onceprint_core::ids::agent_session_started_at(s)).is_some(),
+        "the session carries the process's start: {polled:?}"
+    );
+    agent.stop().await;
+}
+
+/// Told by the broker that a newer process with its agent id took over, the agent stops
+/// by itself, with an error saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_agent_stops_and_says_why() {
+    let broker = FakeBroker::start().await;
+    broker.state.supersede.store(true, Ordering::SeqCst);
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    let result = agent.ended(Duration::from_secs(20)).await;
+    let e = result.expect_err("it stops with an error");
+    assert!(matches!(e, onceprint_agent::AgentError::Superseded(_)), "{e}");
+    assert!(e.to_string().contains("newer process"), "{e}");
 }

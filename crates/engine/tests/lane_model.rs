@@ -49,21 +49,42 @@ enum Print {
     /// confirmation: `in_doubt`.
     LostAfterPaper,
     /// The agent process dies after journaling `started`, with or without paper out.
-    Crash { paper: bool },
+    Crash {
+        paper: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Submit { printer: usize, kind: usize },
-    Poll { agent: usize },
-    Handle { agent: usize, print: Print },
+    Submit {
+        printer: usize,
+        kind: usize,
+    },
+    Poll {
+        agent: usize,
+    },
+    Handle {
+        agent: usize,
+        print: Print,
+    },
     /// Sends the agent's acks; the request or only the answer may be lost (the agent
     /// keeps them and sends them again either way).
-    SendAcks { agent: usize, request_lost: bool, answer_lost: bool },
-    Restart { agent: usize },
-    Advance { ms: i64 },
+    SendAcks {
+        agent: usize,
+        request_lost: bool,
+        answer_lost: bool,
+    },
+    Restart {
+        agent: usize,
+    },
+    Advance {
+        ms: i64,
+    },
     Sweep,
-    Manual { pick: usize, action: usize },
+    Manual {
+        pick: usize,
+        action: usize,
+    },
 }
 
 fn print() -> impl Strategy<Value = Print> {
@@ -249,7 +270,13 @@ impl Sut {
         };
         for id in AGENTS {
             let session = sut.new_session();
-            sut.agents.push(SimAgent { id, session, inbox: VecDeque::new(), outbox: Vec::new(), journal: HashMap::new() });
+            sut.agents.push(SimAgent {
+                id,
+                session,
+                inbox: VecDeque::new(),
+                outbox: Vec::new(),
+                journal: HashMap::new(),
+            });
         }
         sut
     }
@@ -332,8 +359,7 @@ impl Sut {
 
     fn poll(&mut self, agent: usize) {
         let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
-        let answer =
-            self.block_on(self.agents_api.poll(&self.who, id, Some(&session), Duration::from_millis(0), 16));
+        let answer = self.block_on(self.agents_api.poll(&self.who, id, Some(&session), Duration::from_millis(0), 16));
         let deliveries = match answer {
             Ok(d) => d,
             // A newer process took over: this one stops (it is restarted as a newer one).

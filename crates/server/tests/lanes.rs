@@ -61,6 +61,7 @@ lane_tests!(
     a_lost_poll_answer_is_offered_again_after_the_deadline,
     reprint_on_doubt_is_bounded_by_the_attempts,
     one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task,
+    a_failover_commits_whole_or_not_at_all,
     a_second_live_process_with_one_agent_id_is_fenced,
     agents_not_seen_since_a_broker_restart_are_not_gone,
     ids_stay_in_order_when_the_clock_stepped_back_across_a_restart,
@@ -320,6 +321,60 @@ async fn one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task(b
     assert!(t["successor_task_id"].is_null(), "no failover: {t}");
     let all = app.all_tasks(&key).await;
     assert_eq!(all.len(), 1, "no task for the backup printer: {all:?}");
+    app.stop().await;
+}
+
+/// Review finding 8: the failure that causes a failover and the failover itself commit
+/// together. A database error while writing the successor leaves the task as it was
+/// (`sent`), so the agent's retried ack completes it; before, `failed` committed alone and
+/// the task stayed failed for good.
+async fn a_failover_commits_whole_or_not_at_all(backend: Backend) {
+    let mut config = fast();
+    for p in config.intake.policies.types.values_mut() {
+        p.max_attempts = 1;
+    }
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let s = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1", "p2"]})).await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let agent = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
+    let a =
+        app.submit(&key, json!({"biz_no": "F1", "station_id": "hot", "content": {"type": "text", "text": "x"}})).await;
+    let id = a.body["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(agent.poll(&app, 1000).await.len(), 1);
+    // The database refuses the successor (any error between the two writes would do).
+    if app.is_postgres() {
+        app.sql(
+            "CREATE FUNCTION refuse_failover() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN RAISE EXCEPTION 'injected failure'; END $$; \
+             CREATE TRIGGER refuse_failover BEFORE INSERT ON tasks FOR EACH ROW \
+             WHEN (NEW.target LIKE 'failover:%') EXECUTE FUNCTION refuse_failover();",
+        )
+        .await;
+    } else {
+        app.sql(
+            "CREATE TRIGGER refuse_failover BEFORE INSERT ON tasks WHEN NEW.target LIKE 'failover:%' \
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+        )
+        .await;
+    }
+    let body = json!({"agent_id": "a", "session": agent.session, "acks": [{"task_id": id, "attempt": 1, "outcome": "no_paper", "detail": "test"}]});
+    let refused = app.post("/v1/agent/acks", &agent.token, body.clone()).await;
+    assert!(refused.status.is_server_error(), "{refused:?}");
+    let t = task(&app, &key, &id).await;
+    assert_eq!(t["state"], "sent", "nothing of the failing change was written: {t}");
+    app.sql(if app.is_postgres() { "DROP TRIGGER refuse_failover ON tasks" } else { "DROP TRIGGER refuse_failover" })
+        .await;
+    // The agent sends its ack again.
+    let again = app.post("/v1/agent/acks", &agent.token, body).await;
+    assert_eq!(again.body["results"][0]["result"], "applied", "{again:?}");
+    let t = task(&app, &key, &id).await;
+    assert_eq!(t["state"], "transferred", "{t}");
+    let next = t["successor_task_id"].as_str().expect("successor").to_owned();
+    let n = task(&app, &key, &next).await;
+    assert_eq!((n["printer_id"].as_str(), n["state"].as_str()), (Some("p2"), Some("pending")));
+    let trail: Vec<String> = events(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
+    assert_eq!(trail, vec!["pending", "sent", "failed", "transferred"]);
     app.stop().await;
 }
 

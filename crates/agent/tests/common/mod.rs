@@ -231,6 +231,11 @@ pub struct BrokerState {
     pub fail_acks: AtomicUsize,
     /// Answer this many polls with 429 and `Retry-After: 1`.
     pub rate_limit_polls: AtomicUsize,
+    /// Answer every poll with 409 `agent_superseded` (a newer process took over).
+    pub supersede: std::sync::atomic::AtomicBool,
+    /// The `(agent_id, session)` of every ack POST and the sessions of the polls.
+    pub ack_senders: Mutex<Vec<(Option<String>, Option<String>)>>,
+    pub poll_sessions: Mutex<Vec<String>>,
 }
 
 impl BrokerState {
@@ -303,6 +308,13 @@ async fn poll_inner(st: &BrokerState, headers: &HeaderMap, body: Value) -> (Stat
             Json(json!({"error": {"code": "rate_limited", "message": "slow down"}})),
         );
     }
+    if st.supersede.load(Ordering::SeqCst) {
+        return (
+            StatusCode::CONFLICT,
+            Json(json!({"error": {"code": "agent_superseded", "message": "a newer process took over"}})),
+        );
+    }
+    st.poll_sessions.lock().expect("sessions lock").push(body["session"].as_str().unwrap_or_default().to_owned());
     let agent_id = body["agent_id"].as_str().unwrap_or_default().to_owned();
     let wait_ms = body["wait_ms"].as_u64().unwrap_or(0);
     let max = body["max"].as_u64().unwrap_or(1) as usize;
@@ -336,6 +348,10 @@ async fn acks(
         st.fail_acks.fetch_sub(1, Ordering::SeqCst);
         return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": {"code": "internal", "message": "boom"}})));
     }
+    st.ack_senders
+        .lock()
+        .expect("senders lock")
+        .push((body["agent_id"].as_str().map(str::to_owned), body["session"].as_str().map(str::to_owned)));
     let parsed: Vec<Ack> = serde_json::from_value(body["acks"].clone()).expect("acks body");
     let results: Vec<Value> = parsed.iter().map(|a| json!({"task_id": a.task_id, "result": "applied"})).collect();
     st.acks.lock().expect("acks lock").extend(parsed);
@@ -416,6 +432,15 @@ impl RunningAgent {
         };
         let task = tokio::spawn(onceprint_agent::run(args, shutdown));
         RunningAgent { stop: Some(stop), task }
+    }
+
+    /// Waits for the agent to end on its own; its result.
+    pub async fn ended(mut self, within: Duration) -> Result<(), onceprint_agent::AgentError> {
+        let r = tokio::time::timeout(within, &mut self.task).await;
+        match r {
+            Ok(Ok(result)) => result,
+            other => panic!("agent did not end by itself: {other:?}"),
+        }
     }
 
     /// Asks for a graceful shutdown and expects `Ok` within a few seconds.

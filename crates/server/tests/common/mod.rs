@@ -99,6 +99,31 @@ impl TestApp {
         TestApp::spawn_on(harness, config).await
     }
 
+    /// Runs SQL statements straight on the broker's database (fault injection in tests).
+    pub async fn sql(&self, statements: &str) {
+        let url = self._harness.url.clone();
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            let (path, statements) = (path.to_owned(), statements.to_owned());
+            tokio::task::spawn_blocking(move || {
+                let c = rusqlite::Connection::open(path).expect("open the test database");
+                c.busy_timeout(std::time::Duration::from_secs(10)).expect("busy timeout");
+                c.execute_batch(&statements).expect("statements");
+            })
+            .await
+            .expect("sql task");
+        } else {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            let driver = tokio::spawn(connection);
+            client.batch_execute(statements).await.expect("statements");
+            drop(client);
+            let _ = driver.await;
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        !self._harness.url.starts_with("sqlite://")
+    }
+
     pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
         let mut req = self.http.request(method.parse().expect("method"), format!("{}{path}", self.base));
         if let Some(t) = token {
