@@ -26,6 +26,7 @@ use onceprint_engine::{
     AckIn, ActionRequest, AgentDelivery, AgentRegistry, AgentTransport, DeliveryConfig, Directory, LaneEngine,
     Operations, OperationsConfig, RecentTasks, RegistryConfig, StoreSignals,
 };
+use onceprint_store::conformance::HarnessFactory;
 use onceprint_store::testing::Harness;
 use onceprint_store::{AgentIdentity, NewPrinter, NewStore, NewTask, NewTenant, Store, TaskQuery};
 use proptest::prelude::*;
@@ -171,8 +172,7 @@ struct Sut {
     who: AgentIdentity,
 }
 
-static FACTORY: Mutex<Option<fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Harness>> + Send>>>> =
-    Mutex::new(None);
+static FACTORY: Mutex<Option<HarnessFactory>> = Mutex::new(None);
 static RUN: Mutex<()> = Mutex::new(());
 
 fn runtime() -> Runtime {
@@ -528,7 +528,7 @@ impl StateMachineTest for LaneTest {
     }
 }
 
-fn run(factory: fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Harness>> + Send>>, cases: u32) {
+fn run(factory: HarnessFactory, cases: u32) {
     let _run = RUN.lock().unwrap_or_else(PoisonError::into_inner);
     {
         let rt = runtime();
