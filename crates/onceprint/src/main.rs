@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the broker: HTTP API (and, with later work, dispatcher and sweeper).
+    /// Run the broker: HTTP API, the lane engine (agent long polls, the webhook push driver,
+    /// the sweeper and the lane watchdog), alert delivery.
     Serve(config::ServeArgs),
     /// The store agent: pulls deliveries for its store's printers, prints, acknowledges.
     Agent(onceprint_agent::AgentArgs),

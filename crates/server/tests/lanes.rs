@@ -63,6 +63,7 @@ lane_tests!(
     one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task,
     a_failover_commits_whole_or_not_at_all,
     a_second_live_process_with_one_agent_id_is_fenced,
+    a_killed_agents_open_poll_does_not_hold_its_delivery,
     agents_not_seen_since_a_broker_restart_are_not_gone,
     ids_stay_in_order_when_the_clock_stepped_back_across_a_restart,
     cancelling_a_transferred_task_refunds_the_order_once,
@@ -407,6 +408,33 @@ async fn a_second_live_process_with_one_agent_id_is_fenced(backend: Backend) {
     assert_eq!(older.poll_answer(&app, 100).await.code(), "agent_superseded");
     let t = task(&app, &key, &id).await;
     assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("printed"), Some(1)));
+    app.stop().await;
+}
+
+/// kill -9 of an agent closes its long poll's connection: the broker notices at once, so
+/// the restarted agent gets the delivery back after `takeover_quiet_ms`, not after the
+/// dead poll's wait.
+async fn a_killed_agents_open_poll_does_not_hold_its_delivery(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, fast()).await else { return };
+    let key = app.tenant("acme").await;
+    let dead = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
+    let id = submit(&app, &key, "A1", "receipt").await;
+    assert_eq!(dead.poll(&app, 1000).await.len(), 1);
+    // Its next long poll is open when the process dies: the client gives up after 200 ms
+    // and the connection closes.
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(200)).build().expect("client");
+    let cut = client
+        .post(format!("{}/v1/agent/poll", app.base))
+        .bearer_auth(&dead.token)
+        .json(&json!({"agent_id": "a", "session": dead.session, "wait_ms": 30_000, "max": 16}))
+        .send()
+        .await;
+    assert!(cut.is_err(), "the poll was cut off");
+    let restarted = Agent { session: "t000000000002-0000000000000002".into(), ..dead };
+    let start = Instant::now();
+    let d = restarted.poll_until(&app, Duration::from_secs(10)).await;
+    assert_eq!(d.iter().map(task_of).collect::<Vec<_>>(), vec![(id, 2)]);
+    assert!(start.elapsed() < Duration::from_secs(3), "held by the dead poll: {:?}", start.elapsed());
     app.stop().await;
 }
 
