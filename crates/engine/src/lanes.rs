@@ -38,7 +38,7 @@ use crate::claimant::{AgentRegistry, Claimant, ClaimantKind};
 use crate::clock::Clock;
 use crate::directory::PrinterInfo;
 use crate::transport::{Encoding, TransportKind};
-use crate::{Directory, RecentTasks, StoreSignals};
+use crate::{Directory, RecentTasks, Shared, StoreSignals};
 
 /// Tuning of delivery.
 #[derive(Debug, Clone)]
@@ -203,17 +203,13 @@ struct Decided {
 }
 
 impl LaneEngine {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        store: Arc<dyn Store>,
-        directory: Arc<Directory>,
-        gate: Arc<RecentTasks>,
-        signals: Arc<StoreSignals>,
-        policies: PolicyTable,
+        shared: Shared,
         config: DeliveryConfig,
         clock: Arc<dyn Clock>,
         agents: Arc<AgentRegistry>,
     ) -> LaneEngine {
+        let Shared { store, directory, gate, signals, policies } = shared;
         LaneEngine { store, directory, gate, signals, policies, config, clock, agents }
     }
 

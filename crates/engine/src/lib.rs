@@ -31,6 +31,17 @@ pub mod transport;
 pub mod tz;
 pub mod watchdog;
 
+/// What the broker's services share: the store, the directory cache, the first gate,
+/// the wake-up signals and the print-type policies.
+#[derive(Clone)]
+pub struct Shared {
+    pub store: std::sync::Arc<dyn onceprint_store::Store>,
+    pub directory: std::sync::Arc<Directory>,
+    pub gate: std::sync::Arc<RecentTasks>,
+    pub signals: std::sync::Arc<StoreSignals>,
+    pub policies: onceprint_core::PolicyTable,
+}
+
 pub use claimant::{AgentRegistry, Claimant, RegistryConfig, Superseded};
 pub use directory::Directory;
 pub use gate::RecentTasks;

@@ -14,7 +14,7 @@ use onceprint_core::{CoreError, PolicyTable, TaskState};
 use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, Task, Transition};
 
 use crate::clock::now_ms;
-use crate::{Directory, RecentTasks, StoreSignals};
+use crate::{Directory, RecentTasks, Shared, StoreSignals};
 
 /// Why an action was refused.
 #[derive(Debug, thiserror::Error)]
@@ -150,14 +150,8 @@ impl Operations {
         Ok(current.task_id)
     }
 
-    pub fn new(
-        store: Arc<dyn Store>,
-        directory: Arc<Directory>,
-        gate: Arc<RecentTasks>,
-        signals: Arc<StoreSignals>,
-        policies: PolicyTable,
-        config: OperationsConfig,
-    ) -> Operations {
+    pub fn new(shared: Shared, config: OperationsConfig) -> Operations {
+        let Shared { store, directory, gate, signals, policies } = shared;
         Operations { store, directory, gate, signals, policies, config }
     }
 

@@ -24,7 +24,7 @@ use onceprint_core::{Outcome, PolicyTable, TaskState};
 use onceprint_engine::clock::{Clock, ManualClock};
 use onceprint_engine::{
     AckIn, ActionRequest, AgentDelivery, AgentRegistry, AgentTransport, DeliveryConfig, Directory, LaneEngine,
-    Operations, OperationsConfig, RecentTasks, RegistryConfig, StoreSignals,
+    Operations, OperationsConfig, RecentTasks, RegistryConfig, Shared, StoreSignals,
 };
 use onceprint_store::conformance::HarnessFactory;
 use onceprint_store::testing::Harness;
@@ -242,18 +242,9 @@ impl Sut {
         let gate = Arc::new(RecentTasks::new(0));
         let signals = Arc::new(StoreSignals::default());
         let policies = policies();
-        let lanes = Arc::new(LaneEngine::new(
-            store.clone(),
-            directory.clone(),
-            gate.clone(),
-            signals.clone(),
-            policies.clone(),
-            config,
-            clock.clone(),
-            registry,
-        ));
-        let operations =
-            Operations::new(store.clone(), directory, gate, signals, policies.clone(), OperationsConfig::default());
+        let shared = Shared { store: store.clone(), directory, gate, signals, policies: policies.clone() };
+        let lanes = Arc::new(LaneEngine::new(shared.clone(), config, clock.clone(), registry));
+        let operations = Operations::new(shared, OperationsConfig::default());
         let mut sut = Sut {
             rt,
             _harness: harness,

@@ -24,7 +24,7 @@ use axum::Router;
 use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, RegistryConfig, StoreSignals, Watchdog,
+    OperationsConfig, RegistryConfig, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -183,24 +183,15 @@ pub async fn bind(
             takeover_quiet_ms: config.delivery.takeover_quiet_ms,
         },
     );
-    let lanes = Arc::new(LaneEngine::new(
-        store.clone(),
-        directory.clone(),
-        intake.gate().clone(),
-        signals.clone(),
-        config.intake.policies.clone(),
-        config.delivery.clone(),
-        clock,
-        registry,
-    ));
-    let operations = Arc::new(Operations::new(
-        store.clone(),
-        directory.clone(),
-        intake.gate().clone(),
+    let shared = Shared {
+        store: store.clone(),
+        directory: directory.clone(),
+        gate: intake.gate().clone(),
         signals,
-        config.intake.policies.clone(),
-        OperationsConfig { charge: config.intake.charge },
-    ));
+        policies: config.intake.policies.clone(),
+    };
+    let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
+    let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
     let state = AppState {
         store,
         intake,

@@ -3,42 +3,12 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
-use common::{order, Backend, TestApp};
+use common::{order, receiver, Backend, Received, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
-
-type Received = Arc<Mutex<Vec<(HeaderMap, String)>>>;
-
-/// A receiver that answers 500 to the first `fail_first` requests, then 204.
-async fn receiver(fail_first: usize) -> (String, Received) {
-    let got: Received = Arc::default();
-    let seen = got.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: HeaderMap, body: String| {
-            let seen = seen.clone();
-            async move {
-                let mut g = seen.lock().expect("lock");
-                g.push((headers, body));
-                if g.len() <= fail_first {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                } else {
-                    StatusCode::NO_CONTENT
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/hook"), got)
-}
 
 /// The documented verification recipe, done independently of the broker's code.
 fn verify(secret: &str, headers: &HeaderMap, body: &str) -> bool {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use common::{order, Backend, TestApp};
+use common::{order, receiver, sign, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -298,23 +298,31 @@ async fn reprint_on_doubt_is_bounded_by_the_attempts(backend: Backend) {
     app.stop().await;
 }
 
-/// Review finding 1: the agent retried `no_paper(N)` and then printed attempt N; both acks
-/// arrive in one batch. Applied in order, the task ends `printed`; nothing fails over to
-/// the backup printer (which would print a second copy).
-async fn one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task(backend: Backend) {
+/// A configuration where every print type has one attempt, a station `hot` (p1, then p2),
+/// an agent, and a station task handed to it.
+async fn station_task_at_its_last_attempt(backend: Backend, biz_no: &str) -> Option<(TestApp, String, Agent, String)> {
     let mut config = fast();
     for p in config.intake.policies.types.values_mut() {
         p.max_attempts = 1;
     }
-    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let app = TestApp::spawn_with(backend, config).await?;
     let key = app.tenant("acme").await;
     let s = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1", "p2"]})).await;
     assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
     let agent = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
-    let a =
-        app.submit(&key, json!({"biz_no": "S1", "station_id": "hot", "content": {"type": "text", "text": "x"}})).await;
+    let a = app
+        .submit(&key, json!({"biz_no": biz_no, "station_id": "hot", "content": {"type": "text", "text": "x"}}))
+        .await;
     let id = a.body["task_id"].as_str().expect("id").to_owned();
     assert_eq!(agent.poll(&app, 1000).await.len(), 1);
+    Some((app, key, agent, id))
+}
+
+/// Review finding 1: the agent retried `no_paper(N)` and then printed attempt N; both acks
+/// arrive in one batch. Applied in order, the task ends `printed`; nothing fails over to
+/// the backup printer (which would print a second copy).
+async fn one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task(backend: Backend) {
+    let Some((app, key, agent, id)) = station_task_at_its_last_attempt(backend, "S1").await else { return };
     let results = agent.acks(&app, &[(&id, 1, "no_paper"), (&id, 1, "printed")]).await;
     assert_eq!(results, vec!["applied", "applied"]);
     let t = task(&app, &key, &id).await;
@@ -330,19 +338,7 @@ async fn one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task(b
 /// (`sent`), so the agent's retried ack completes it; before, `failed` committed alone and
 /// the task stayed failed for good.
 async fn a_failover_commits_whole_or_not_at_all(backend: Backend) {
-    let mut config = fast();
-    for p in config.intake.policies.types.values_mut() {
-        p.max_attempts = 1;
-    }
-    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
-    let key = app.tenant("acme").await;
-    let s = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1", "p2"]})).await;
-    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
-    let agent = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
-    let a =
-        app.submit(&key, json!({"biz_no": "F1", "station_id": "hot", "content": {"type": "text", "text": "x"}})).await;
-    let id = a.body["task_id"].as_str().expect("id").to_owned();
-    assert_eq!(agent.poll(&app, 1000).await.len(), 1);
+    let Some((app, key, agent, id)) = station_task_at_its_last_attempt(backend, "F1").await else { return };
     // The database refuses the successor (any error between the two writes would do).
     if app.is_postgres() {
         app.sql(
@@ -573,37 +569,13 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
     app.stop().await;
 }
 
-type Received = Arc<Mutex<Vec<Value>>>;
-
-/// A webhook receiver for alerts.
-async fn alert_receiver() -> (String, Received) {
-    let got: Received = Arc::default();
-    let seen = got.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |body: String| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().expect("lock").push(serde_json::from_str(&body).unwrap_or_default());
-                StatusCode::NO_CONTENT
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/hook"), got)
-}
-
 /// R37: an agent that takes a delivery and never answers (it keeps polling) makes no
 /// progress; past `stall_after_ms` the lane is `printer.stalled`, once, and `/metrics`
 /// shows its in-flight age.
 async fn a_lane_without_progress_raises_printer_stalled(backend: Backend) {
     let Some(app) = TestApp::spawn_with(backend, fast()).await else { return };
     let key = app.tenant("acme").await;
-    let (hook, got) = alert_receiver().await;
+    let (hook, got) = receiver(0).await;
     let w = app.post("/v1/webhooks", &key, json!({"id": "ops", "url": hook, "events": ["printer.stalled"]})).await;
     assert_eq!(w.status, StatusCode::CREATED, "{w:?}");
     let agent = Agent::new(&app, &key, "silent", "t000000000001-0000000000000001").await;
@@ -619,7 +591,8 @@ async fn a_lane_without_progress_raises_printer_stalled(backend: Backend) {
     assert!(metrics.contains(r#"onceprint_lane_stalled{tenant="acme",store="s1",printer="p1"} 1"#), "{metrics}");
     assert!(metrics.contains("onceprint_lane_in_flight_seconds{"), "{metrics}");
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let alerts = got.lock().expect("lock").clone();
+    let alerts: Vec<Value> =
+        got.lock().expect("lock").iter().map(|(_, b)| serde_json::from_str(b).unwrap_or_default()).collect();
     assert_eq!(alerts.len(), 1, "one alert per stall: {alerts:?}");
     assert_eq!(
         (alerts[0]["type"].as_str(), alerts[0]["data"]["printer_id"].as_str()),
@@ -701,14 +674,6 @@ async fn webhook_printer(app: &TestApp, key: &str, id: &str, url: &str, status: 
     }
     let p = app.post("/v1/printers", key, json!({"id": id, "store_id": "s1", "transport": transport})).await;
     assert_eq!(p.status, StatusCode::CREATED, "{p:?}");
-}
-
-fn sign(secret: &str, ts: i64, body: &str) -> String {
-    use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
-    mac.update(format!("{ts}.{body}").as_bytes());
-    let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    format!("t={ts},v1={hex}")
 }
 
 async fn callback(app: &TestApp, printer: &str, task_id: &str, status: &str) -> Value {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
-use common::{Backend, TestApp};
+use common::{sign, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -49,14 +49,6 @@ async fn vendor() -> (String, Arc<Mutex<Vendor>>) {
         let _ = axum::serve(listener, app).await;
     });
     (format!("http://{addr}"), state)
-}
-
-fn sign(secret: &str, ts: i64, body: &str) -> String {
-    use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
-    mac.update(format!("{ts}.{body}").as_bytes());
-    let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    format!("t={ts},v1={hex}")
 }
 
 fn now_s() -> i64 {

@@ -4,7 +4,9 @@
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderMap;
 
 use onceprint_server::HttpConfig;
 use onceprint_store::testing::Harness;
@@ -209,6 +211,45 @@ impl TestApp {
             let _ = h.await;
         }
     }
+}
+
+pub type Received = Arc<Mutex<Vec<(HeaderMap, String)>>>;
+
+/// A receiver that answers 500 to the first `fail_first` requests, then 204.
+pub async fn receiver(fail_first: usize) -> (String, Received) {
+    let got: Received = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: HeaderMap, body: String| {
+            let seen = seen.clone();
+            async move {
+                let mut g = seen.lock().expect("lock");
+                g.push((headers, body));
+                if g.len() <= fail_first {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    StatusCode::NO_CONTENT
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/hook"), got)
+}
+
+/// `t=…,v1=…`: a body signed the way the broker signs and checks callbacks, computed
+/// here independently of the broker's code.
+pub fn sign(secret: &str, ts: i64, body: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
+    mac.update(format!("{ts}.{body}").as_bytes());
+    let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("t={ts},v1={hex}")
 }
 
 /// A typical text submission.
