@@ -29,6 +29,8 @@ mod pg;
 mod plan;
 mod procs;
 mod report;
+mod setup;
+mod sim;
 mod verify;
 
 use std::future::Future;
@@ -37,13 +39,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hyper::body::Bytes;
-use hyper::header::HeaderValue;
-use hyper::Method;
-use serde_json::{json, Value};
 
 use broker::Broker;
 pub use e2e::{run_e2e, E2eOptions, E2eReport};
-use http::{bearer, snippet, Conn};
+use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
 
@@ -239,25 +238,10 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
     let mut conn = Conn::connect(broker.addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
-    let admin = bearer(admin_token).map_err(BenchError::InvalidOptions)?;
-    let tenant = setup_call(&mut conn, &admin, "/v1/tenants", json!({"id": "bench", "name": "Bench"})).await?;
-    let api_key = tenant.get("api_key").and_then(Value::as_str).ok_or_else(|| BenchError::Protocol {
-        context: "creating the tenant".into(),
-        detail: format!("no api_key in {tenant}"),
-    })?;
-    let auth =
-        bearer(api_key).map_err(|m| BenchError::Protocol { context: "creating the tenant".into(), detail: m })?;
-    setup_call(&mut conn, &auth, "/v1/stores", json!({"id": STORE_ID, "name": "Bench store"})).await?;
-    for p in 0..opts.printers {
-        let body = json!({
-            "id": format!("p{p}"),
-            "store_id": STORE_ID,
-            "name": format!("Bench printer {p}"),
-            // Nobody polls for this agent: tasks stay pending, which is all intake needs.
-            "transport": {"kind": "agent", "address": "tcp://127.0.0.1:9100"},
-        });
-        setup_call(&mut conn, &auth, "/v1/printers", body).await?;
-    }
+    let auth = setup::tenant(&mut conn, admin_token).await?;
+    // Nobody polls for this agent: tasks stay pending, which is all intake needs.
+    let addresses = vec!["tcp://127.0.0.1:9100".to_string(); opts.printers];
+    setup::store_and_printers(&mut conn, &auth, &addresses).await?;
 
     let mut problems = Vec::new();
     // Warm-up keys ("W…") are disjoint from the measured ones ("B…"), so the measured run
@@ -267,13 +251,13 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
         let plan = build_plan("W", opts.warmup, opts.duplicate_share, opts.printers, PLAN_SEED ^ 0x5741_524D);
         let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
         let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-        answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &mut problems));
+        answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &Default::default(), &mut problems));
     }
 
     let plan = build_plan("B", opts.requests, opts.duplicate_share, opts.printers, PLAN_SEED);
     let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
     let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-    answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &mut problems));
+    answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &Default::default(), &mut problems));
 
     let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
     verify::check_listing(&answered, &listed, &mut problems);
@@ -303,19 +287,6 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
         broker_peak_rss_mib: None,
         problems,
     })
-}
-
-/// One set-up POST that must answer 201; returns the answer's JSON.
-async fn setup_call(conn: &mut Conn, auth: &HeaderValue, path: &str, body: Value) -> Result<Value, BenchError> {
-    let step = format!("POST {path} {body}");
-    let (status, answer) = conn
-        .request(Method::POST, path, auth, Some(Bytes::from(body.to_string())))
-        .await
-        .map_err(|detail| BenchError::Http { context: format!("set-up ({step})"), detail })?;
-    if status.as_u16() != 201 {
-        return Err(BenchError::Setup { step, status: status.as_u16(), body: snippet(&answer, 500) });
-    }
-    Ok(serde_json::from_slice(&answer).unwrap_or(Value::Null))
 }
 
 /// `bytes` random bytes from the kernel, as hex: admin token and schema suffix.

@@ -16,14 +16,7 @@ use crate::paper::Tally;
 /// How many examples a finding lists.
 const EXAMPLES: usize = 5;
 
-/// One task as `GET /v1/print-tasks` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListedTask {
-    pub biz_no: String,
-    pub task_id: String,
-    pub printer_id: String,
-    pub state: String,
-}
+pub use crate::verify::ListedTask;
 
 /// A task the broker left `in_doubt`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -224,6 +217,7 @@ mod tests {
                 task_id: format!("t{n}"),
                 printer_id: format!("p{}", n % printers),
                 state: s.to_string(),
+                ..ListedTask::default()
             })
             .collect()
     }
@@ -299,6 +293,7 @@ mod tests {
             task_id: "t9".into(),
             printer_id: "p0".into(),
             state: "printed".into(),
+            ..ListedTask::default()
         });
         l.push(l[0].clone());
         let mut problems = Vec::new();
