@@ -150,6 +150,13 @@ impl Broker {
         self.child.try_wait().ok().flatten()
     }
 
+    /// `kill -9` and reap: the crash the fault run inflicts.
+    pub async fn kill9(mut self) -> Result<(), BenchError> {
+        self.child.start_kill().map_err(|e| BenchError::io("killing the broker", e))?;
+        self.child.wait().await.map_err(|e| BenchError::io("reaping the broker", e))?;
+        Ok(())
+    }
+
     /// Stops the broker with SIGTERM (the contract's graceful shutdown) and waits; kills
     /// it if it has not exited within [`STOP_TIMEOUT`]. Returns the exit status, or
     /// `None` when it had to be killed.

@@ -1,8 +1,10 @@
-//! The benchmarks behind `onceprint bench submit` and `onceprint bench e2e`.
+//! The benchmarks behind `onceprint bench submit`, `bench e2e` and `bench faults`.
 //!
 //! `bench e2e` (module [`e2e`]) measures delivery end to end — broker, store agent and
 //! simulated printers as real processes, judged by the printers' paper log; see there.
-//! The rest of this overview is about `bench submit`, the intake benchmark.
+//! `bench faults` (module [`faults`]) runs the same processes under printer faults,
+//! `kill -9` of the agent and the broker and client retry storms, and proves (or refutes)
+//! that nothing prints twice, nothing is lost and every lane drains. The rest of this overview is about `bench submit`, the intake benchmark.
 //!
 //! That one is a single measurement: how fast a freshly started broker accepts print tasks
 //! over HTTP when a share of the submissions are repeats (the idempotent-retry path order
@@ -22,6 +24,7 @@
 
 mod broker;
 pub mod e2e;
+pub mod faults;
 mod http;
 mod load;
 pub mod paper;
@@ -42,6 +45,7 @@ use hyper::body::Bytes;
 
 use broker::Broker;
 pub use e2e::{run_e2e, E2eOptions, E2eReport};
+pub use faults::{run_faults, FaultsOptions, FaultsReport};
 use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};

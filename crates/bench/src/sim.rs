@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
 use hyper::header::HeaderValue;
 use hyper::Method;
+use serde_json::Value;
 
-use crate::http::Conn;
+use crate::http::{snippet, Conn};
 use crate::procs::Proc;
 use crate::{random_hex, BenchError};
 
@@ -20,6 +22,7 @@ pub const MAX_PRINTERS: usize = 5_000;
 pub struct Sim {
     pub proc: Proc,
     pub first_port: u16,
+    pub control: SocketAddr,
     pub paper_log: PathBuf,
 }
 
@@ -53,7 +56,7 @@ pub async fn start_sim(exe: &Path, printers: usize, dir: &Path) -> Result<Sim, B
                 break;
             }
             if healthy(control).await {
-                return Ok(Sim { proc, first_port: first, paper_log: paper });
+                return Ok(Sim { proc, first_port: first, control, paper_log: paper });
             }
             if started.elapsed() > Duration::from_secs(15) {
                 let tail = proc.log_tail();
@@ -77,6 +80,18 @@ fn no_auth() -> HeaderValue {
 async fn healthy(control: SocketAddr) -> bool {
     let Ok(mut conn) = Conn::connect(control).await else { return false };
     matches!(conn.request(Method::GET, "/healthz", &no_auth(), None).await, Ok((s, _)) if s.is_success())
+}
+
+/// `PUT /faults` with `body` (the simulator's `FaultUpdate` fields, and `printer` to
+/// change one printer instead of all) on an open connection to the control endpoint.
+pub async fn put_faults(conn: &mut Conn, body: &Value) -> Result<(), String> {
+    let (status, answer) =
+        conn.request(Method::PUT, "/faults", &no_auth(), Some(Bytes::from(body.to_string()))).await?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("PUT /faults {body}: HTTP {status}: {}", snippet(&answer, 300)))
+    }
 }
 
 /// `count` consecutive ports on 127.0.0.1 that are free now, below the ephemeral range
