@@ -110,6 +110,12 @@ pub enum BenchError {
     Setup { step: String, status: u16, body: String },
     #[error("unexpected answer while {context}: {detail}")]
     Protocol { context: String, detail: String },
+    #[error("{source}\n(the run's directory is kept in {dir})")]
+    Kept {
+        dir: String,
+        #[source]
+        source: Box<BenchError>,
+    },
     #[error("PostgreSQL, {context}: {source}")]
     Postgres {
         context: String,

@@ -163,6 +163,10 @@ enum BenchCommand {
         /// Audit trails checked: every task not printed, and printed ones up to this many.
         #[arg(long, default_value_t = 1_000)]
         audit_sample: usize,
+        /// Keep the run's directory (process logs, paper log, agent journal, SQLite file)
+        /// and print where it is, to look behind a finding.
+        #[arg(long)]
+        keep_dir: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -294,6 +298,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             drain_timeout_secs,
             timeout_secs,
             audit_sample,
+            keep_dir,
             json,
         } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
@@ -312,6 +317,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 audit_sample,
+                keep_dir,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())

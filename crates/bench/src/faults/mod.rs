@@ -103,6 +103,9 @@ pub struct FaultsOptions {
     /// Audit trails checked: every task not `printed`, and printed ones up to this many
     /// in all (a seeded sample; all when it is at least `tasks`).
     pub audit_sample: usize,
+    /// Keep the run's directory (logs of every process, paper log, agent journal, SQLite
+    /// file) instead of removing it, and name it in the report: to look behind a finding.
+    pub keep_dir: bool,
 }
 
 impl FaultsOptions {
@@ -123,6 +126,7 @@ impl FaultsOptions {
             drain_timeout: Duration::from_secs(120),
             timeout: Duration::from_secs(600),
             audit_sample: 1_000,
+            keep_dir: false,
         }
     }
 }
@@ -177,12 +181,24 @@ pub async fn run_faults(opts: FaultsOptions) -> Result<FaultsReport, BenchError>
         .map_err(|e| BenchError::io("creating a temporary directory", e))?;
     let dir = tmp.path();
     let opts = &opts;
-    crate::on_database(opts.database.as_deref(), dir, |backend, url| async move {
+    let result = crate::on_database(opts.database.as_deref(), dir, |backend, url| async move {
         let mut report = run_on(opts, &url, dir).await?;
         report.backend = backend.to_string();
         Ok(report)
     })
-    .await
+    .await;
+    if !opts.keep_dir {
+        return result;
+    }
+    // Every process is stopped by now; what stays is files.
+    let kept = tmp.keep();
+    match result {
+        Ok(mut report) => {
+            report.kept_dir = Some(kept.display().to_string());
+            Ok(report)
+        }
+        Err(e) => Err(BenchError::Kept { dir: kept.display().to_string(), source: Box::new(e) }),
+    }
 }
 
 /// The processes of a run. Drivers take them in and out while they kill and restart them;
@@ -416,6 +432,7 @@ async fn drive(
         verdict,
         audit,
         total_seconds: started.elapsed().as_secs_f64(),
+        kept_dir: None,
         problems,
     })
 }

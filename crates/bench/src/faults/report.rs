@@ -78,6 +78,8 @@ pub struct FaultsReport {
     pub printed_per_sec: f64,
     /// The whole run, start-up and verdict included.
     pub total_seconds: f64,
+    /// Where the run's files are, when they were kept (`--keep-dir`).
+    pub kept_dir: Option<String>,
     /// Everything that broke the promise; empty means the run verified.
     pub problems: Vec<String>,
 }
@@ -172,6 +174,9 @@ impl FaultsReport {
             "throughput:   {:.0} tasks/s on paper ({:.1} s first submission → last sheet); total {:.1} s",
             self.printed_per_sec, self.print_seconds, self.total_seconds
         );
+        if let Some(dir) = &self.kept_dir {
+            let _ = writeln!(s, "kept:         {dir} (broker.log, agent.log, sim.log, paper.jsonl, agent/, bench.db)");
+        }
         if self.problems.is_empty() {
             let _ = writeln!(s, "verification: ok");
         } else {
