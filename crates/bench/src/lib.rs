@@ -132,6 +132,21 @@ impl BenchError {
     fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
         Self::Postgres { context: context.into(), source }
     }
+
+    /// Appends the processes' log tails to an error a process is the likely cause of (an
+    /// HTTP failure or an unexpected answer); other errors are the bench's own and stay
+    /// as they are.
+    fn with_logs(self, tails: Option<String>) -> Self {
+        match (self, tails) {
+            (BenchError::Http { context, detail }, Some(t)) => {
+                BenchError::Http { context, detail: format!("{detail}{t}") }
+            }
+            (BenchError::Protocol { context, detail }, Some(t)) => {
+                BenchError::Protocol { context, detail: format!("{detail}{t}") }
+            }
+            (other, _) => other,
+        }
+    }
 }
 
 /// Runs the whole benchmark: start a broker, set up, warm up, measure, verify, stop.
@@ -141,10 +156,7 @@ impl BenchError {
 /// are listed in [`SubmitReport::problems`].
 pub async fn run_submit(opts: SubmitOptions) -> Result<SubmitReport, BenchError> {
     validate(&opts)?;
-    let tmp = tempfile::Builder::new()
-        .prefix("onceprint-bench-")
-        .tempdir()
-        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    let tmp = run_dir("onceprint-bench-")?;
     let (dir, opts) = (tmp.path(), &opts);
     on_database(opts.database.as_deref(), dir, |backend, url| async move { run_on(opts, backend, &url, dir).await })
         .await
@@ -297,6 +309,12 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
         broker_peak_rss_mib: None,
         problems,
     })
+}
+
+/// A new temporary directory for one run's files (database, logs, paper log), removed
+/// when the returned guard is dropped.
+fn run_dir(prefix: &str) -> Result<tempfile::TempDir, BenchError> {
+    tempfile::Builder::new().prefix(prefix).tempdir().map_err(|e| BenchError::io("creating a temporary directory", e))
 }
 
 /// `bytes` random bytes from the kernel, as hex: admin token and schema suffix.

@@ -135,19 +135,7 @@ pub fn check_delivery(
             examples(&lost, |&m| format!("E{m} ({})", state_of(m)))
         ));
     }
-    if tally.unmarked > 0 {
-        problems.push(format!("{} jobs on paper carry no task marker", tally.unmarked));
-    }
-    if tally.foreign > 0 {
-        problems.push(format!("{} markers on paper belong to no task of this run", tally.foreign));
-    }
-    if tally.malformed > 0 {
-        problems.push(format!(
-            "{} paper-log lines are unreadable, e.g. {}",
-            tally.malformed,
-            tally.malformed_example.as_deref().unwrap_or("")
-        ));
-    }
+    tally.report_strays(problems);
 
     // States: `printed` everywhere, `in_doubt` only where the bench crashed the agent.
     for (state, n) in &out.states {
@@ -199,13 +187,7 @@ mod tests {
     use crate::paper::PaperLine;
 
     fn tally(prints: &[(u32, u32)], tasks: usize) -> Tally {
-        let mut t = Tally::new(tasks);
-        for &(m, times) in prints {
-            for _ in 0..times {
-                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m] });
-            }
-        }
-        t
+        Tally::with_prints(prints, tasks)
     }
 
     fn listed(states: &[&str], printers: usize) -> Vec<ListedTask> {

@@ -130,10 +130,7 @@ pub fn task_body_for(n: u32, printer: usize, print_type: &str) -> Bytes {
 /// that could is listed in [`E2eReport::problems`].
 pub async fn run_e2e(opts: E2eOptions) -> Result<E2eReport, BenchError> {
     validate(&opts)?;
-    let tmp = tempfile::Builder::new()
-        .prefix("onceprint-bench-e2e-")
-        .tempdir()
-        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    let tmp = crate::run_dir("onceprint-bench-e2e-")?;
     let dir = tmp.path();
     let opts = &opts;
     crate::on_database(opts.database.as_deref(), dir, |backend, url| async move {
@@ -194,13 +191,7 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     }
     note_stop("broker", broker.stop().await, &mut stop_problems);
 
-    let mut report = result.map_err(|e| match (e, tails) {
-        (BenchError::Http { context, detail }, Some(t)) => BenchError::Http { context, detail: format!("{detail}{t}") },
-        (BenchError::Protocol { context, detail }, Some(t)) => {
-            BenchError::Protocol { context, detail: format!("{detail}{t}") }
-        }
-        (other, _) => other,
-    })?;
+    let mut report = result.map_err(|e| e.with_logs(tails))?;
     let mib = |s: ProcStats| s.peak_rss_kib.map(|k| k as f64 / 1024.0);
     report.peak_rss_mib = PerProcess {
         broker: mib(broker_stats),

@@ -250,19 +250,7 @@ pub fn check(
             v.unaccepted_on_paper.iter().take(EXAMPLES).cloned().collect::<Vec<_>>().join(", ")
         ));
     }
-    if tally.unmarked > 0 {
-        problems.push(format!("{} jobs on paper carry no task marker", tally.unmarked));
-    }
-    if tally.foreign > 0 {
-        problems.push(format!("{} markers on paper belong to no task of this run", tally.foreign));
-    }
-    if tally.malformed > 0 {
-        problems.push(format!(
-            "{} paper-log lines are unreadable, e.g. {}",
-            tally.malformed,
-            tally.malformed_example.as_deref().unwrap_or("")
-        ));
-    }
+    tally.report_strays(problems);
     v
 }
 
@@ -409,13 +397,7 @@ mod tests {
     use crate::paper::PaperLine;
 
     fn tally(prints: &[(u32, u32)], tasks: usize) -> Tally {
-        let mut t = Tally::new(tasks);
-        for &(m, times) in prints {
-            for _ in 0..times {
-                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m] });
-            }
-        }
-        t
+        Tally::with_prints(prints, tasks)
     }
 
     fn task(n: usize, printer: usize, state: &str, print_type: &str) -> ListedTask {

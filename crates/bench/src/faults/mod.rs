@@ -175,10 +175,7 @@ fn validate(opts: &FaultsOptions) -> Result<(), BenchError> {
 /// wrong in a run that could is listed in [`FaultsReport::problems`].
 pub async fn run_faults(opts: FaultsOptions) -> Result<FaultsReport, BenchError> {
     validate(&opts)?;
-    let tmp = tempfile::Builder::new()
-        .prefix("onceprint-bench-faults-")
-        .tempdir()
-        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    let tmp = crate::run_dir("onceprint-bench-faults-")?;
     let dir = tmp.path();
     let opts = &opts;
     let result = crate::on_database(opts.database.as_deref(), dir, |backend, url| async move {
@@ -243,13 +240,7 @@ async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<
     if let Some(broker) = running.broker.take() {
         note_stop("broker", broker.stop().await, &mut stop_problems);
     }
-    let mut report = result.map_err(|e| match (e, tails) {
-        (BenchError::Http { context, detail }, Some(t)) => BenchError::Http { context, detail: format!("{detail}{t}") },
-        (BenchError::Protocol { context, detail }, Some(t)) => {
-            BenchError::Protocol { context, detail: format!("{detail}{t}") }
-        }
-        (other, _) => other,
-    })?;
+    let mut report = result.map_err(|e| e.with_logs(tails))?;
     report.problems.extend(stop_problems);
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok(report)

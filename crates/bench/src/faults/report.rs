@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::chaos::KillRecord;
 use super::check::{describe_lanes, Verdict};
+use crate::report::finish_text;
 
 /// The submissions of the run and what it took to get them answered.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -175,18 +176,12 @@ impl FaultsReport {
             self.printed_per_sec, self.print_seconds, self.total_seconds
         );
         if let Some(dir) = &self.kept_dir {
-            let _ = writeln!(s, "kept:         {dir} (broker.log, agent.log, sim.log, paper.jsonl, agent/, bench.db)");
+            let _ = writeln!(
+                s,
+                "kept:         {dir} (broker.log, agent.log, sim.log, paper.jsonl, the agent's journal in agent/, bench.db on SQLite)"
+            );
         }
-        if self.problems.is_empty() {
-            let _ = writeln!(s, "verification: ok");
-        } else {
-            let _ = writeln!(s, "verification: {} problem(s)", self.problems.len());
-            for p in &self.problems {
-                let _ = writeln!(s, "  - {p}");
-            }
-        }
-        s.truncate(s.trim_end().len());
-        s
+        finish_text(s, &self.problems)
     }
 }
 

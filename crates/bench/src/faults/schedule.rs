@@ -3,7 +3,9 @@
 //!
 //! Submissions and chaos draw from separate random streams, so that changing a fault rate
 //! or the number of kills does not change which tasks are submitted, and a run can be
-//! replayed exactly (as far as the processes' own timing allows) from its seed.
+//! replayed exactly (as far as the processes' own timing allows) from its seed. Within the
+//! chaos one stream serves the printer faults, then the agent kills, then the broker
+//! kills, in that order: changing one of them moves the draws of those after it.
 
 use std::collections::BTreeMap;
 
