@@ -1,4 +1,4 @@
-//! The broker under test: a child process the bench starts, watches and stops.
+//! The broker under test: a child process the bench starts, watches, kills and stops.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
+use crate::procs::{die_with_parent, log_tail, parse_vm_hwm, ProcStats};
 use crate::BenchError;
 
 /// How long the broker may take to migrate its database and start listening.
@@ -15,6 +16,22 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a graceful stop may take before the bench kills the broker.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const READY_PREFIX: &str = "listening on http://";
+
+/// How to start a broker: everything `serve` gets on its command line.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub exe: PathBuf,
+    pub database_url: String,
+    pub admin_token: String,
+    /// stdout is read for the ready line; stderr is appended here (a restarted broker
+    /// appends to its predecessor's log, so one file tells the whole run).
+    pub log_path: PathBuf,
+    /// `127.0.0.1:0` lets the OS pick a port; a fixed port lets a restarted broker come
+    /// back where its clients (the agent, the submitters) still look for it.
+    pub listen: SocketAddr,
+    /// A TOML file for `--config`.
+    pub config: Option<PathBuf>,
+}
 
 pub struct Broker {
     child: Child,
@@ -28,22 +45,47 @@ impl Broker {
     /// and waits for its `listening on http://…` line. Port 0 lets the OS pick a free
     /// port, so parallel runs never collide; the broker tells us which one it got.
     pub async fn start(exe: &Path, database_url: &str, admin_token: &str, log_path: &Path) -> Result<Self, BenchError> {
-        let log = std::fs::File::create(log_path)
-            .map_err(|e| BenchError::io(format!("creating {}", log_path.display()), e))?;
-        let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--database", database_url])
-            .args(["--admin-token", admin_token])
+        Self::launch(&Launch {
+            exe: exe.to_path_buf(),
+            database_url: database_url.to_string(),
+            admin_token: admin_token.to_string(),
+            log_path: log_path.to_path_buf(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            config: None,
+        })
+        .await
+    }
+
+    /// Starts `serve` as `launch` says and waits until it listens.
+    pub async fn launch(launch: &Launch) -> Result<Self, BenchError> {
+        let log_path = launch.log_path.as_path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .map_err(|e| BenchError::io(format!("opening {}", log_path.display()), e))?;
+        let mut command = Command::new(&launch.exe);
+        command
+            .args(["serve", "--listen", &launch.listen.to_string(), "--database", &launch.database_url])
+            .args(["--admin-token", &launch.admin_token]);
+        if let Some(config) = &launch.config {
+            command.arg("--config").arg(config);
+        }
+        command
             // Keep the broker's log quiet: logging every request would measure the logger.
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             // Never leave a broker behind if the bench errors out or is cancelled.
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| BenchError::io(format!("starting {}", exe.display()), e))?;
+            .kill_on_drop(true);
+        die_with_parent(&mut command);
+        let mut child = command.spawn().map_err(|e| BenchError::io(format!("starting {}", launch.exe.display()), e))?;
         let pid = child.id().unwrap_or(0);
-        let stdout = child.stdout.take().expect("stdout is piped");
+        let Some(stdout) = child.stdout.take() else {
+            let _ = child.kill().await;
+            return Err(BenchError::BrokerStart { reason: "no stdout pipe".into(), stderr: log_tail(log_path, 40) });
+        };
         let mut lines = BufReader::new(stdout).lines();
 
         let found = tokio::time::timeout(START_TIMEOUT, async {
@@ -65,26 +107,26 @@ impl Broker {
                     Ok(Ok(s)) => format!("broker exited with {s} before it was listening"),
                     _ => "broker closed its stdout before it was listening".to_string(),
                 };
-                return Err(BenchError::BrokerStart { reason, stderr: log_tail(log_path) });
+                return Err(BenchError::BrokerStart { reason, stderr: log_tail(log_path, 40) });
             }
             Err(_) => {
                 let _ = child.kill().await;
                 return Err(BenchError::BrokerStart {
                     reason: format!("no `{READY_PREFIX}…` line within {START_TIMEOUT:?}"),
-                    stderr: log_tail(log_path),
+                    stderr: log_tail(log_path, 40),
                 });
             }
         };
         let addr: SocketAddr = addr_text.parse().map_err(|_| BenchError::BrokerStart {
             reason: format!("cannot parse the address in `{READY_PREFIX}{addr_text}`"),
-            stderr: log_tail(log_path),
+            stderr: log_tail(log_path, 40),
         })?;
         // The bench promises to talk to nothing but the broker it started on loopback.
         if !addr.ip().is_loopback() {
             let _ = child.kill().await;
             return Err(BenchError::BrokerStart {
                 reason: format!("broker announced {addr}, which is not a loopback address"),
-                stderr: log_tail(log_path),
+                stderr: log_tail(log_path, 40),
             });
         }
         // Keep reading stdout so the broker never blocks on a full pipe.
@@ -93,8 +135,8 @@ impl Broker {
     }
 
     /// Peak RSS and CPU time so far, read while the broker still runs.
-    pub fn stats(&self) -> crate::procs::ProcStats {
-        crate::procs::ProcStats::of(self.pid)
+    pub fn stats(&self) -> ProcStats {
+        ProcStats::of(self.pid)
     }
 
     /// The broker's peak resident set size in KiB (`VmHWM`), read while it still runs.
@@ -103,18 +145,26 @@ impl Broker {
         parse_vm_hwm(&status)
     }
 
+    /// `Some(status)` once the broker has exited on its own (it is then reaped).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// `kill -9` and reap: the crash the fault run inflicts.
+    pub async fn kill9(mut self) -> Result<(), BenchError> {
+        self.child.start_kill().map_err(|e| BenchError::io("killing the broker", e))?;
+        self.child.wait().await.map_err(|e| BenchError::io("reaping the broker", e))?;
+        Ok(())
+    }
+
     /// Stops the broker with SIGTERM (the contract's graceful shutdown) and waits; kills
     /// it if it has not exited within [`STOP_TIMEOUT`]. Returns the exit status, or
     /// `None` when it had to be killed.
     pub async fn stop(mut self) -> Result<Option<ExitStatus>, BenchError> {
-        if self.pid != 0 {
-            // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet
-            // (we still own `self.child` and have not waited on it), so the pid cannot
-            // have been reused by another process.
-            unsafe {
-                libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
-            }
+        if let Some(status) = self.exited() {
+            return Ok(Some(status));
         }
+        crate::procs::sigterm(self.pid);
         match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
             Ok(Ok(status)) => Ok(Some(status)),
             Ok(Err(e)) => Err(BenchError::io("waiting for the broker to exit", e)),
@@ -126,43 +176,10 @@ impl Broker {
     }
 
     pub fn log_tail(&self) -> String {
-        log_tail(&self.log_path)
+        log_tail(&self.log_path, 40)
     }
 }
 
 async fn drain(mut lines: tokio::io::Lines<BufReader<ChildStdout>>) {
     while let Ok(Some(_)) = lines.next_line().await {}
-}
-
-/// The last 40 lines of the broker's stderr log, for error messages.
-fn log_tail(path: &Path) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().collect();
-            let start = lines.len().saturating_sub(40);
-            if lines.is_empty() {
-                "(empty)".to_string()
-            } else {
-                lines[start..].join("\n")
-            }
-        }
-        Err(e) => format!("(cannot read {}: {e})", path.display()),
-    }
-}
-
-fn parse_vm_hwm(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn vm_hwm_is_parsed_in_kib() {
-        let status = "Name:\tonceprint\nVmPeak:\t  100 kB\nVmHWM:\t   45678 kB\nVmRSS:\t 40000 kB\n";
-        assert_eq!(parse_vm_hwm(status), Some(45678));
-        assert_eq!(parse_vm_hwm("Name: x\n"), None);
-    }
 }

@@ -1,8 +1,10 @@
-//! The benchmarks behind `onceprint bench submit` and `onceprint bench e2e`.
+//! The benchmarks behind `onceprint bench submit`, `bench e2e` and `bench faults`.
 //!
 //! `bench e2e` (module [`e2e`]) measures delivery end to end — broker, store agent and
 //! simulated printers as real processes, judged by the printers' paper log; see there.
-//! The rest of this overview is about `bench submit`, the intake benchmark.
+//! `bench faults` (module [`faults`]) runs the same processes under printer faults,
+//! `kill -9` of the agent and the broker and client retry storms, and proves (or refutes)
+//! that nothing prints twice, nothing is lost and every lane drains. The rest of this overview is about `bench submit`, the intake benchmark.
 //!
 //! That one is a single measurement: how fast a freshly started broker accepts print tasks
 //! over HTTP when a share of the submissions are repeats (the idempotent-retry path order
@@ -22,6 +24,7 @@
 
 mod broker;
 pub mod e2e;
+pub mod faults;
 mod http;
 mod load;
 pub mod paper;
@@ -29,6 +32,8 @@ mod pg;
 mod plan;
 mod procs;
 mod report;
+mod setup;
+mod sim;
 mod verify;
 
 use std::future::Future;
@@ -37,13 +42,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hyper::body::Bytes;
-use hyper::header::HeaderValue;
-use hyper::Method;
-use serde_json::{json, Value};
 
 use broker::Broker;
 pub use e2e::{run_e2e, E2eOptions, E2eReport};
-use http::{bearer, snippet, Conn};
+pub use faults::{run_faults, FaultsOptions, FaultsReport};
+use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
 
@@ -107,6 +110,12 @@ pub enum BenchError {
     Setup { step: String, status: u16, body: String },
     #[error("unexpected answer while {context}: {detail}")]
     Protocol { context: String, detail: String },
+    #[error("{source}\n(the run's directory is kept in {dir})")]
+    Kept {
+        dir: String,
+        #[source]
+        source: Box<BenchError>,
+    },
     #[error("PostgreSQL, {context}: {source}")]
     Postgres {
         context: String,
@@ -123,6 +132,21 @@ impl BenchError {
     fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
         Self::Postgres { context: context.into(), source }
     }
+
+    /// Appends the processes' log tails to an error a process is the likely cause of (an
+    /// HTTP failure or an unexpected answer); other errors are the bench's own and stay
+    /// as they are.
+    fn with_logs(self, tails: Option<String>) -> Self {
+        match (self, tails) {
+            (BenchError::Http { context, detail }, Some(t)) => {
+                BenchError::Http { context, detail: format!("{detail}{t}") }
+            }
+            (BenchError::Protocol { context, detail }, Some(t)) => {
+                BenchError::Protocol { context, detail: format!("{detail}{t}") }
+            }
+            (other, _) => other,
+        }
+    }
 }
 
 /// Runs the whole benchmark: start a broker, set up, warm up, measure, verify, stop.
@@ -132,10 +156,7 @@ impl BenchError {
 /// are listed in [`SubmitReport::problems`].
 pub async fn run_submit(opts: SubmitOptions) -> Result<SubmitReport, BenchError> {
     validate(&opts)?;
-    let tmp = tempfile::Builder::new()
-        .prefix("onceprint-bench-")
-        .tempdir()
-        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    let tmp = run_dir("onceprint-bench-")?;
     let (dir, opts) = (tmp.path(), &opts);
     on_database(opts.database.as_deref(), dir, |backend, url| async move { run_on(opts, backend, &url, dir).await })
         .await
@@ -239,25 +260,10 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
     let mut conn = Conn::connect(broker.addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
-    let admin = bearer(admin_token).map_err(BenchError::InvalidOptions)?;
-    let tenant = setup_call(&mut conn, &admin, "/v1/tenants", json!({"id": "bench", "name": "Bench"})).await?;
-    let api_key = tenant.get("api_key").and_then(Value::as_str).ok_or_else(|| BenchError::Protocol {
-        context: "creating the tenant".into(),
-        detail: format!("no api_key in {tenant}"),
-    })?;
-    let auth =
-        bearer(api_key).map_err(|m| BenchError::Protocol { context: "creating the tenant".into(), detail: m })?;
-    setup_call(&mut conn, &auth, "/v1/stores", json!({"id": STORE_ID, "name": "Bench store"})).await?;
-    for p in 0..opts.printers {
-        let body = json!({
-            "id": format!("p{p}"),
-            "store_id": STORE_ID,
-            "name": format!("Bench printer {p}"),
-            // Nobody polls for this agent: tasks stay pending, which is all intake needs.
-            "transport": {"kind": "agent", "address": "tcp://127.0.0.1:9100"},
-        });
-        setup_call(&mut conn, &auth, "/v1/printers", body).await?;
-    }
+    let auth = setup::tenant(&mut conn, admin_token).await?;
+    // Nobody polls for this agent: tasks stay pending, which is all intake needs.
+    let addresses = vec!["tcp://127.0.0.1:9100".to_string(); opts.printers];
+    setup::store_and_printers(&mut conn, &auth, &addresses).await?;
 
     let mut problems = Vec::new();
     // Warm-up keys ("W…") are disjoint from the measured ones ("B…"), so the measured run
@@ -267,13 +273,13 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
         let plan = build_plan("W", opts.warmup, opts.duplicate_share, opts.printers, PLAN_SEED ^ 0x5741_524D);
         let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
         let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-        answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &mut problems));
+        answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &Default::default(), &mut problems));
     }
 
     let plan = build_plan("B", opts.requests, opts.duplicate_share, opts.printers, PLAN_SEED);
     let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
     let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
-    answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &mut problems));
+    answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &Default::default(), &mut problems));
 
     let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
     verify::check_listing(&answered, &listed, &mut problems);
@@ -305,17 +311,10 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
     })
 }
 
-/// One set-up POST that must answer 201; returns the answer's JSON.
-async fn setup_call(conn: &mut Conn, auth: &HeaderValue, path: &str, body: Value) -> Result<Value, BenchError> {
-    let step = format!("POST {path} {body}");
-    let (status, answer) = conn
-        .request(Method::POST, path, auth, Some(Bytes::from(body.to_string())))
-        .await
-        .map_err(|detail| BenchError::Http { context: format!("set-up ({step})"), detail })?;
-    if status.as_u16() != 201 {
-        return Err(BenchError::Setup { step, status: status.as_u16(), body: snippet(&answer, 500) });
-    }
-    Ok(serde_json::from_slice(&answer).unwrap_or(Value::Null))
+/// A new temporary directory for one run's files (database, logs, paper log), removed
+/// when the returned guard is dropped.
+fn run_dir(prefix: &str) -> Result<tempfile::TempDir, BenchError> {
+    tempfile::Builder::new().prefix(prefix).tempdir().map_err(|e| BenchError::io("creating a temporary directory", e))
 }
 
 /// `bytes` random bytes from the kernel, as hex: admin token and schema suffix.

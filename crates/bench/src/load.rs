@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
 use hyper::header::HeaderValue;
-use hyper::Method;
+use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::http::{snippet, Conn};
@@ -49,6 +49,31 @@ pub struct LoadResult {
 struct TaskAnswer {
     task_id: Option<String>,
     duplicate: Option<bool>,
+}
+
+/// The [`Outcome`] of one submission sent at `start_us` and finished at `end_us`: the
+/// status with the answer's task id and duplicate flag, or status 0 with the error when no
+/// answer arrived.
+pub fn outcome_of(result: Result<(StatusCode, Bytes), String>, start_us: u64, end_us: u64) -> Outcome {
+    let mut outcome = Outcome { start_us, end_us, ..Outcome::default() };
+    match result {
+        Ok((status, body)) => {
+            outcome.status = status.as_u16();
+            if status.is_success() {
+                match serde_json::from_slice::<TaskAnswer>(&body) {
+                    Ok(answer) => {
+                        outcome.task_id = answer.task_id.map(String::into_boxed_str);
+                        outcome.duplicate = answer.duplicate;
+                    }
+                    Err(e) => outcome.detail = Some(format!("unparsable answer ({e}): {}", snippet(&body, 200))),
+                }
+            } else {
+                outcome.detail = Some(snippet(&body, 300));
+            }
+        }
+        Err(detail) => outcome.detail = Some(detail),
+    }
+    outcome
 }
 
 /// Sends every body once, `concurrency` at a time, and records each outcome.
@@ -118,35 +143,14 @@ async fn worker(
         }
         let start = t0.elapsed();
         let result = conn.request(Method::POST, "/v1/print-tasks", &auth, Some(bodies[i].clone())).await;
-        let end = t0.elapsed();
-        let mut outcome =
-            Outcome { start_us: start.as_micros() as u64, end_us: end.as_micros() as u64, ..Outcome::default() };
-        match result {
-            Ok((status, body)) => {
-                outcome.status = status.as_u16();
-                if status.is_success() {
-                    match serde_json::from_slice::<TaskAnswer>(&body) {
-                        Ok(answer) => {
-                            outcome.task_id = answer.task_id.map(String::into_boxed_str);
-                            outcome.duplicate = answer.duplicate;
-                        }
-                        Err(e) => outcome.detail = Some(format!("unparsable answer ({e}): {}", snippet(&body, 200))),
-                    }
-                } else {
-                    outcome.detail = Some(snippet(&body, 300));
-                }
-                done.push((i, outcome));
-            }
-            Err(detail) => {
-                // The connection is in an unknown state: record the loss and start afresh.
-                // If even that fails the broker is gone and the run cannot go on.
-                outcome.detail = Some(detail);
-                done.push((i, outcome));
-                conn = Conn::connect(addr).await.map_err(|detail| BenchError::Http {
-                    context: "reconnecting after a lost request".into(),
-                    detail,
-                })?;
-            }
+        let lost = result.is_err();
+        done.push((i, outcome_of(result, start.as_micros() as u64, t0.elapsed().as_micros() as u64)));
+        if lost {
+            // The connection is in an unknown state: record the loss and start afresh.
+            // If even that fails the broker is gone and the run cannot go on.
+            conn = Conn::connect(addr)
+                .await
+                .map_err(|detail| BenchError::Http { context: "reconnecting after a lost request".into(), detail })?;
         }
     }
 }

@@ -191,9 +191,42 @@ impl Tally {
         self.counts.iter().map(|&c| c.saturating_sub(1) as usize).sum()
     }
 
+    /// Adds a finding for each kind of sheet no task of the run explains: jobs without a
+    /// marker, markers of no task of the run, unreadable lines.
+    pub fn report_strays(&self, problems: &mut Vec<String>) {
+        if self.unmarked > 0 {
+            problems.push(format!("{} jobs on paper carry no task marker", self.unmarked));
+        }
+        if self.foreign > 0 {
+            problems.push(format!("{} markers on paper belong to no task of this run", self.foreign));
+        }
+        if self.malformed > 0 {
+            problems.push(format!(
+                "{} paper-log lines are unreadable, e.g. {}",
+                self.malformed,
+                self.malformed_example.as_deref().unwrap_or("")
+            ));
+        }
+    }
+
     /// Markers never printed, in order.
     pub fn missing(&self) -> Vec<u32> {
         self.counts.iter().enumerate().filter(|(_, &c)| c == 0).map(|(m, _)| m as u32).collect()
+    }
+}
+
+#[cfg(test)]
+impl Tally {
+    /// A tally of tasks `0..tasks` where each `(marker, times)` was printed that often,
+    /// for the verdicts' tests.
+    pub fn with_prints(prints: &[(u32, u32)], tasks: usize) -> Tally {
+        let mut t = Tally::new(tasks);
+        for &(m, times) in prints {
+            for _ in 0..times {
+                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m] });
+            }
+        }
+        t
     }
 }
 

@@ -1,6 +1,7 @@
 //! Child processes other than the broker (the store agent and the printer simulator), and
 //! what the bench reads about any of its children from `/proc` while they run.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -34,15 +35,16 @@ impl Proc {
                 .map_err(|e| BenchError::io(format!("opening {}", log_path.display()), e))
         };
         let (out, err) = (open()?, open()?);
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args(args)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| BenchError::io(format!("starting {} {name}", exe.display()), e))?;
+            .kill_on_drop(true);
+        die_with_parent(&mut command);
+        let child = command.spawn().map_err(|e| BenchError::io(format!("starting {} {name}", exe.display()), e))?;
         let pid = child.id().unwrap_or(0);
         Ok(Self { name, child, pid, log_path: log_path.to_path_buf() })
     }
@@ -84,6 +86,62 @@ impl Proc {
     pub fn log_tail(&self) -> String {
         log_tail(&self.log_path, 40)
     }
+}
+
+/// Asks the kernel to SIGKILL the child when the bench dies. `kill_on_drop` covers a
+/// bench that returns or unwinds; this covers one that is itself killed (Ctrl-C, kill -9,
+/// a CI timeout), which never runs a destructor. Linux sends the signal when the thread
+/// that spawned the child exits: children are spawned from async code, i.e. from the
+/// runtime's worker threads or the thread blocking on the runtime, which live as long as
+/// the bench does.
+pub fn die_with_parent(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // which is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
+/// Adds what went wrong when a process was stopped at the end of a run to `problems`:
+/// anything but exit 0 after SIGTERM breaks the contract's graceful shutdown.
+pub fn note_stop(name: &str, stopped: Result<Option<ExitStatus>, BenchError>, problems: &mut Vec<String>) {
+    match stopped {
+        Ok(Some(status)) if status.success() => {}
+        Ok(Some(status)) => {
+            problems.push(format!("the {name} exited with {status} after SIGTERM (the contract asks for exit 0)"))
+        }
+        Ok(None) => problems.push(format!("the {name} did not exit within 30 s of SIGTERM and was killed")),
+        Err(e) => problems.push(format!("stopping the {name}: {e}")),
+    }
+}
+
+/// The command line of a store agent for `server` with its state in `state_dir`. With
+/// `agent_id` the id is given explicitly (it would otherwise be generated once and kept in
+/// the state directory); either way a restart with the same directory is the same agent.
+pub fn agent_args(server: SocketAddr, token: &str, state_dir: &Path, agent_id: Option<&str>) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "agent".into(),
+        "--server".into(),
+        format!("http://{server}"),
+        "--token".into(),
+        token.into(),
+        "--state-dir".into(),
+        state_dir.display().to_string(),
+        "--max-deliveries".into(),
+        "256".into(),
+    ];
+    if let Some(id) = agent_id {
+        args.extend(["--agent-id".to_string(), id.to_string()]);
+    }
+    args
 }
 
 /// Sends SIGTERM to a child the caller owns and has not reaped (so the pid cannot have
@@ -204,6 +262,13 @@ pub fn log_tail(path: &Path, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vm_hwm_is_parsed_in_kib() {
+        let status = "Name:\tonceprint\nVmPeak:\t  100 kB\nVmHWM:\t   45678 kB\nVmRSS:\t 40000 kB\n";
+        assert_eq!(parse_vm_hwm(status), Some(45678));
+        assert_eq!(parse_vm_hwm("Name: x\n"), None);
+    }
 
     #[test]
     fn cpu_ticks_are_counted_after_the_command_name() {

@@ -147,17 +147,24 @@ impl SubmitReport {
                 let _ = writeln!(s, "broker RSS:   unknown");
             }
         }
-        if self.problems.is_empty() {
-            let _ = writeln!(s, "verification: ok");
-        } else {
-            let _ = writeln!(s, "verification: {} problem(s)", self.problems.len());
-            for p in &self.problems {
-                let _ = writeln!(s, "  - {p}");
-            }
-        }
-        s.truncate(s.trim_end().len());
-        s
+        finish_text(s, &self.problems)
     }
+}
+
+/// Ends a report's text: `verification: ok`, or the problems one per line; without a
+/// final newline (print it with `println!`).
+pub fn finish_text(mut s: String, problems: &[String]) -> String {
+    // Writing to a String cannot fail, hence the ignored results.
+    if problems.is_empty() {
+        let _ = writeln!(s, "verification: ok");
+    } else {
+        let _ = writeln!(s, "verification: {} problem(s)", problems.len());
+        for p in problems {
+            let _ = writeln!(s, "  - {p}");
+        }
+    }
+    s.truncate(s.trim_end().len());
+    s
 }
 
 /// `N cores, <model name>` of this machine.

@@ -118,6 +118,60 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The fault run: broker, store agent and simulated printers as processes under
+    /// printer faults (paper out, cover open, offline, crash mid-job, slow), kill -9 of the
+    /// agent and the broker, and client retry storms; then faults stop and every lane must
+    /// drain. Judged by the paper log: no task printed twice, none lost, doubt honest.
+    /// Exits non-zero on any problem.
+    Faults {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        /// Tasks submitted (each once, plus the repeats).
+        #[arg(long, default_value_t = 10_000)]
+        tasks: usize,
+        /// Simulated printers; tasks are spread over them at random (seeded).
+        #[arg(long, default_value_t = 8)]
+        printers: usize,
+        /// Submission connections (keep-alive; each request retried until answered).
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Seed of the submission plan, the printer faults and the kill moments.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Share of tasks whose submission is repeated 1–4 times (some racing the original).
+        #[arg(long, default_value_t = 0.30)]
+        duplicates: f64,
+        /// Submissions are spread over this many seconds; faults and kills fall into them.
+        #[arg(long, default_value_t = 30)]
+        fault_window_secs: u64,
+        /// Mean quiet time between two faults of one printer, in milliseconds.
+        #[arg(long, default_value_t = 4_000)]
+        fault_every_ms: u64,
+        /// kill -9 the agent this many times (restarted with the same state directory).
+        #[arg(long, default_value_t = 5)]
+        agent_kills: usize,
+        /// kill -9 the broker this many times (restarted on the same database and port).
+        #[arg(long, default_value_t = 3)]
+        broker_kills: usize,
+        /// After faults stop, every lane must drain within this many seconds.
+        #[arg(long, default_value_t = 120)]
+        drain_timeout_secs: u64,
+        /// Submitting and the fault phase must end within this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Audit trails checked: every task not printed, and printed ones up to this many.
+        #[arg(long, default_value_t = 1_000)]
+        audit_sample: usize,
+        /// Keep the run's directory (process logs, paper log, agent journal, SQLite file)
+        /// and print where it is, to look behind a finding.
+        #[arg(long)]
+        keep_dir: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_logging() {
@@ -227,6 +281,44 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Faults {
+            database,
+            tasks,
+            printers,
+            concurrency,
+            seed,
+            duplicates,
+            fault_window_secs,
+            fault_every_ms,
+            agent_kills,
+            broker_kills,
+            drain_timeout_secs,
+            timeout_secs,
+            audit_sample,
+            keep_dir,
+            json,
+        } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_faults(onceprint_bench::FaultsOptions {
+                exe,
+                database,
+                tasks,
+                printers,
+                concurrency,
+                seed,
+                repeat_share: duplicates,
+                fault_window: std::time::Duration::from_secs(fault_window_secs),
+                fault_every: std::time::Duration::from_millis(fault_every_ms),
+                agent_kills,
+                broker_kills,
+                drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
+                timeout: std::time::Duration::from_secs(timeout_secs),
+                audit_sample,
+                keep_dir,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())

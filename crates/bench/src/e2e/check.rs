@@ -16,14 +16,7 @@ use crate::paper::Tally;
 /// How many examples a finding lists.
 const EXAMPLES: usize = 5;
 
-/// One task as `GET /v1/print-tasks` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListedTask {
-    pub biz_no: String,
-    pub task_id: String,
-    pub printer_id: String,
-    pub state: String,
-}
+pub use crate::verify::ListedTask;
 
 /// A task the broker left `in_doubt`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -142,19 +135,7 @@ pub fn check_delivery(
             examples(&lost, |&m| format!("E{m} ({})", state_of(m)))
         ));
     }
-    if tally.unmarked > 0 {
-        problems.push(format!("{} jobs on paper carry no task marker", tally.unmarked));
-    }
-    if tally.foreign > 0 {
-        problems.push(format!("{} markers on paper belong to no task of this run", tally.foreign));
-    }
-    if tally.malformed > 0 {
-        problems.push(format!(
-            "{} paper-log lines are unreadable, e.g. {}",
-            tally.malformed,
-            tally.malformed_example.as_deref().unwrap_or("")
-        ));
-    }
+    tally.report_strays(problems);
 
     // States: `printed` everywhere, `in_doubt` only where the bench crashed the agent.
     for (state, n) in &out.states {
@@ -206,13 +187,7 @@ mod tests {
     use crate::paper::PaperLine;
 
     fn tally(prints: &[(u32, u32)], tasks: usize) -> Tally {
-        let mut t = Tally::new(tasks);
-        for &(m, times) in prints {
-            for _ in 0..times {
-                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m] });
-            }
-        }
-        t
+        Tally::with_prints(prints, tasks)
     }
 
     fn listed(states: &[&str], printers: usize) -> Vec<ListedTask> {
@@ -224,6 +199,7 @@ mod tests {
                 task_id: format!("t{n}"),
                 printer_id: format!("p{}", n % printers),
                 state: s.to_string(),
+                ..ListedTask::default()
             })
             .collect()
     }
@@ -299,6 +275,7 @@ mod tests {
             task_id: "t9".into(),
             printer_id: "p0".into(),
             state: "printed".into(),
+            ..ListedTask::default()
         });
         l.push(l[0].clone());
         let mut problems = Vec::new();

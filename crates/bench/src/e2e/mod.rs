@@ -27,18 +27,18 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
 use hyper::header::HeaderValue;
-use hyper::Method;
-use serde_json::{json, Value};
 
 pub use check::{check_delivery, marker_of, DeliveryCheck, InDoubtTask, ListedTask};
 pub use report::{AgentRestart, E2eReport, MachineCpu, PerProcess};
 
 use crate::broker::Broker;
-use crate::http::{bearer, Conn};
+use crate::http::Conn;
 use crate::paper::{unix_now_us, PaperWatcher, Tally};
-use crate::procs::{MachineTimes, Proc, ProcStats};
+use crate::procs::{agent_args, note_stop, MachineTimes, Proc, ProcStats};
 use crate::report::{machine_line, Percentiles};
-use crate::{load, random_hex, setup_call, verify, BenchError, STORE_ID};
+use crate::setup::{self, Deployment};
+use crate::sim::MAX_PRINTERS;
+use crate::{load, random_hex, verify, BenchError, STORE_ID};
 
 /// Printing must resume within this long after the agent's restart.
 pub const RESUME_LIMIT: Duration = Duration::from_secs(5);
@@ -49,8 +49,6 @@ const RESUME_WAIT: Duration = Duration::from_secs(60);
 const STALL_CHECK: Duration = Duration::from_secs(1);
 /// How long the broker gets, once everything is on paper, to take the last acks.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most printers a run may simulate (consecutive ports below the ephemeral range).
-const MAX_PRINTERS: usize = 5_000;
 
 /// What `run_e2e` should do.
 #[derive(Debug, Clone)]
@@ -113,9 +111,15 @@ fn validate(opts: &E2eOptions) -> Result<(), BenchError> {
 /// whose first line is the marker `E2E <n>`. Only our own digits go in, so nothing needs
 /// JSON escaping.
 pub fn task_body(n: u32, printers: usize) -> Bytes {
-    let printer = n as usize % printers;
+    task_body_for(n, n as usize % printers, "receipt")
+}
+
+/// The submission of task `n` to printer `p<printer>` with `print_type`: `biz_no`
+/// `E<n>` and the marker line `E2E <n>` (the paper log's link back to the task). The
+/// print type is one of the bench's own names, so nothing needs JSON escaping.
+pub fn task_body_for(n: u32, printer: usize, print_type: &str) -> Bytes {
     Bytes::from(format!(
-        r#"{{"biz_no":"E{n}","printer_id":"p{printer}","print_type":"receipt","content":{{"type":"text","text":"E2E {n}\n1 x Noodles  12.00\n"}}}}"#
+        r#"{{"biz_no":"E{n}","printer_id":"p{printer}","print_type":"{print_type}","content":{{"type":"text","text":"E2E {n}\n1 x Noodles  12.00\n"}}}}"#
     ))
 }
 
@@ -126,10 +130,7 @@ pub fn task_body(n: u32, printers: usize) -> Bytes {
 /// that could is listed in [`E2eReport::problems`].
 pub async fn run_e2e(opts: E2eOptions) -> Result<E2eReport, BenchError> {
     validate(&opts)?;
-    let tmp = tempfile::Builder::new()
-        .prefix("onceprint-bench-e2e-")
-        .tempdir()
-        .map_err(|e| BenchError::io("creating a temporary directory", e))?;
+    let tmp = crate::run_dir("onceprint-bench-e2e-")?;
     let dir = tmp.path();
     let opts = &opts;
     crate::on_database(opts.database.as_deref(), dir, |backend, url| async move {
@@ -153,14 +154,15 @@ struct Procs {
 /// Starts the simulator and the broker on `database_url`, drives the run, and always
 /// stops everything.
 async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2eReport, BenchError> {
-    let sim = start_sim(opts, dir).await?;
+    let sim = crate::sim::start_sim(&opts.exe, opts.printers, dir).await?;
     let admin_token = random_hex(24)?;
     // On an error the simulator is killed when `sim` is dropped.
     let broker = Broker::start(&opts.exe, database_url, &admin_token, &dir.join("broker.log")).await?;
+    let (first_port, paper_log) = (sim.first_port, sim.paper_log.clone());
     let mut procs =
         Procs { sim: Some(sim.proc), agent: None, killed_agent: ProcStats::default(), machine_at_start: None };
 
-    let result = drive(opts, &broker, sim.first_port, &mut procs, dir, &admin_token).await;
+    let result = drive(opts, &broker, first_port, &paper_log, &mut procs, dir, &admin_token).await;
 
     // Read what /proc knows before stopping: it is gone once a process is reaped.
     let broker_stats = broker.stats();
@@ -181,29 +183,15 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     // The agent first (it hands back what it holds and flushes its acks), then the
     // printers, then the broker.
     let mut stop_problems = Vec::new();
-    let mut note = |name: &str, stopped: Result<Option<std::process::ExitStatus>, BenchError>| match stopped {
-        Ok(Some(status)) if status.success() => {}
-        Ok(Some(status)) => {
-            stop_problems.push(format!("the {name} exited with {status} after SIGTERM (the contract asks for exit 0)"))
-        }
-        Ok(None) => stop_problems.push(format!("the {name} did not exit within 30 s of SIGTERM and was killed")),
-        Err(e) => stop_problems.push(format!("stopping the {name}: {e}")),
-    };
     if let Some(agent) = procs.agent.take() {
-        note("agent", agent.stop().await);
+        note_stop("agent", agent.stop().await, &mut stop_problems);
     }
     if let Some(sim) = procs.sim.take() {
-        note("printer-sim", sim.stop().await);
+        note_stop("printer-sim", sim.stop().await, &mut stop_problems);
     }
-    note("broker", broker.stop().await);
+    note_stop("broker", broker.stop().await, &mut stop_problems);
 
-    let mut report = result.map_err(|e| match (e, tails) {
-        (BenchError::Http { context, detail }, Some(t)) => BenchError::Http { context, detail: format!("{detail}{t}") },
-        (BenchError::Protocol { context, detail }, Some(t)) => {
-            BenchError::Protocol { context, detail: format!("{detail}{t}") }
-        }
-        (other, _) => other,
-    })?;
+    let mut report = result.map_err(|e| e.with_logs(tails))?;
     let mib = |s: ProcStats| s.peak_rss_kib.map(|k| k as f64 / 1024.0);
     report.peak_rss_mib = PerProcess {
         broker: mib(broker_stats),
@@ -230,108 +218,12 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     Ok(report)
 }
 
-struct Sim {
-    proc: Proc,
-    first_port: u16,
-}
-
-/// Starts `printer-sim` with `opts.printers` printers on consecutive free ports (and its
-/// control endpoint on the port after them), and waits until it answers. Free ports are
-/// found by binding them; should another process take one before the simulator does, it
-/// fails to start and the bench tries other ports.
-async fn start_sim(opts: &E2eOptions, dir: &Path) -> Result<Sim, BenchError> {
-    let paper = dir.join("paper.jsonl");
-    let mut last_failure = String::new();
-    for _ in 0..5 {
-        let first = free_port_run(opts.printers + 1)?;
-        let control: SocketAddr = ([127, 0, 0, 1], first + opts.printers as u16).into();
-        let args: Vec<String> = vec![
-            "printer-sim".into(),
-            "--count".into(),
-            opts.printers.to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{first}"),
-            "--paper-log".into(),
-            paper.display().to_string(),
-            "--control".into(),
-            control.to_string(),
-            "--fast".into(),
-        ];
-        let mut proc = Proc::spawn("printer-sim", &opts.exe, &args, &dir.join("sim.log"))?;
-        let started = Instant::now();
-        loop {
-            if let Some(status) = proc.exited() {
-                last_failure = format!("printer-sim exited with {status}:\n{}", proc.log_tail());
-                break;
-            }
-            if healthy(control).await {
-                return Ok(Sim { proc, first_port: first });
-            }
-            if started.elapsed() > Duration::from_secs(15) {
-                let tail = proc.log_tail();
-                let _ = proc.kill9().await;
-                return Err(BenchError::Protocol {
-                    context: "starting printer-sim".into(),
-                    detail: format!("its control endpoint {control} did not answer within 15 s\n{tail}"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    Err(BenchError::Protocol { context: "starting printer-sim".into(), detail: last_failure })
-}
-
-async fn healthy(control: SocketAddr) -> bool {
-    let Ok(mut conn) = Conn::connect(control).await else { return false };
-    // The control endpoint takes no authentication; the header is ignored.
-    let auth = HeaderValue::from_static("Bearer none");
-    matches!(conn.request(Method::GET, "/healthz", &auth, None).await, Ok((s, _)) if s.is_success())
-}
-
-/// `count` consecutive ports on 127.0.0.1 that are free now, below the ephemeral range
-/// (so outgoing connections of this machine never take one meanwhile).
-fn free_port_run(count: usize) -> Result<u16, BenchError> {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<usize>().ok()))
-        .unwrap_or(32_768);
-    let low = 10_000usize;
-    let high = ephemeral_low.saturating_sub(count).max(low + 1);
-    let seed = random_hex(8)?;
-    let mut rng = crate::plan::SplitMix64::new(u64::from_str_radix(&seed, 16).unwrap_or(1));
-    for _ in 0..200 {
-        let x = rng.next_u64();
-        let first = low + (x as usize % (high - low));
-        if first + count > usize::from(u16::MAX) {
-            continue;
-        }
-        let all_free = (first..first + count).all(|p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok());
-        if all_free {
-            return Ok(first as u16);
-        }
-    }
-    Err(BenchError::InvalidOptions(format!("found no {count} consecutive free ports on 127.0.0.1")))
-}
-
-fn agent_args(server: SocketAddr, token: &str, dir: &Path) -> Vec<String> {
-    vec![
-        "agent".into(),
-        "--server".into(),
-        format!("http://{server}"),
-        "--token".into(),
-        token.into(),
-        "--state-dir".into(),
-        dir.join("agent").display().to_string(),
-        "--max-deliveries".into(),
-        "256".into(),
-    ]
-}
-
 /// Set-up, the agent, submissions, the wait for paper, and the verdict.
 async fn drive(
     opts: &E2eOptions,
     broker: &Broker,
     first_port: u16,
+    paper_log: &Path,
     procs: &mut Procs,
     dir: &Path,
     admin_token: &str,
@@ -339,26 +231,14 @@ async fn drive(
     let mut conn = Conn::connect(broker.addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
-    let admin = bearer(admin_token).map_err(BenchError::InvalidOptions)?;
-    let tenant = setup_call(&mut conn, &admin, "/v1/tenants", json!({"id": "bench", "name": "Bench"})).await?;
-    let key = tenant.get("api_key").and_then(Value::as_str).unwrap_or_default();
-    let auth = bearer(key).map_err(|m| BenchError::Protocol { context: "creating the tenant".into(), detail: m })?;
-    setup_call(&mut conn, &auth, "/v1/stores", json!({"id": STORE_ID, "name": "Bench store"})).await?;
-    for p in 0..opts.printers {
-        let address = format!("tcp://127.0.0.1:{}", usize::from(first_port) + p);
-        let body = json!({"id": format!("p{p}"), "store_id": STORE_ID, "name": format!("Bench printer {p}"),
-                          "transport": {"kind": "agent", "address": address}});
-        setup_call(&mut conn, &auth, "/v1/printers", body).await?;
-    }
-    let answer = setup_call(&mut conn, &auth, &format!("/v1/stores/{STORE_ID}/agent-tokens"), json!({})).await?;
-    let token = answer.get("token").and_then(Value::as_str).ok_or_else(|| BenchError::Protocol {
-        context: "creating the agent token".into(),
-        detail: format!("no token in {answer}"),
-    })?;
+    let addresses: Vec<String> =
+        (0..opts.printers).map(|p| format!("tcp://127.0.0.1:{}", usize::from(first_port) + p)).collect();
+    let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
+    let token = agent_token.as_str();
 
-    let watcher = PaperWatcher::start(dir.join("paper.jsonl"), opts.tasks)
+    let watcher = PaperWatcher::start(paper_log.to_path_buf(), opts.tasks)
         .map_err(|e| BenchError::io("starting the paper-log reader", e))?;
-    let args = agent_args(broker.addr, token, dir);
+    let args = agent_args(broker.addr, token, &dir.join("agent"), None);
     let agent_log = dir.join("agent.log");
     procs.agent = Some(Proc::spawn("agent", &opts.exe, &args, &agent_log)?);
     // An agent that refuses its flags or state directory exits at once: say so clearly
@@ -401,7 +281,7 @@ async fn drive(
     let settled = settle(&mut conn, &auth).await?;
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
-    let listed = list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), n).await?;
+    let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), n).await?;
 
     let mut problems = Vec::new();
     if !completed {
@@ -531,7 +411,7 @@ async fn kill_and_restart(
     let mut conn = Conn::connect(ctx.addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting to list in-flight tasks".into(), detail })?;
-    let sent = list_states(&mut conn, ctx.auth, &format!("store_id={STORE_ID}&state=sent"), 512).await?;
+    let sent = verify::list_states(&mut conn, ctx.auth, &format!("store_id={STORE_ID}&state=sent"), 512).await?;
     let in_flight: HashSet<u32> = sent.iter().filter_map(|t| marker_of(&t.biz_no)).collect();
 
     let restarted_us = unix_now_us();
@@ -584,7 +464,7 @@ async fn wait_for_paper(
             let mut never: HashSet<u32> = HashSet::new();
             for state in ["in_doubt", "failed"] {
                 let query = format!("store_id={STORE_ID}&state={state}");
-                for t in list_states(conn, auth, &query, 128).await? {
+                for t in verify::list_states(conn, auth, &query, 128).await? {
                     never.extend(marker_of(&t.biz_no).filter(|&m| !watcher.printed(m)));
                 }
             }
@@ -601,23 +481,7 @@ async fn wait_for_paper(
 async fn settle(conn: &mut Conn, auth: &HeaderValue) -> Result<bool, BenchError> {
     let give_up = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let mut active = 0;
-        for state in ["pending", "sent", "retrying"] {
-            let path = format!("/v1/print-tasks?store_id={STORE_ID}&state={state}&limit=1");
-            let (status, body) = conn
-                .request(Method::GET, &path, auth, None)
-                .await
-                .map_err(|detail| BenchError::Http { context: format!("listing ({path})"), detail })?;
-            let page: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let Some(items) = page.get("tasks").and_then(Value::as_array).filter(|_| status.is_success()) else {
-                return Err(BenchError::Protocol {
-                    context: format!("listing ({path})"),
-                    detail: format!("HTTP {status}: {}", crate::http::snippet(&body, 300)),
-                });
-            };
-            active += items.len();
-        }
-        if active == 0 {
+        if !verify::any_active(conn, auth).await? {
             return Ok(true);
         }
         if Instant::now() >= give_up {
@@ -627,27 +491,11 @@ async fn settle(conn: &mut Conn, auth: &HeaderValue) -> Result<bool, BenchError>
     }
 }
 
-/// Lists tasks (`query` as for [`verify::list_pages`]) with the fields the verdict uses.
-async fn list_states(
-    conn: &mut Conn,
-    auth: &HeaderValue,
-    query: &str,
-    expected: usize,
-) -> Result<Vec<ListedTask>, BenchError> {
-    let field = verify::str_field;
-    verify::list_pages(conn, auth, query, expected, |t| ListedTask {
-        biz_no: field(t, "biz_no"),
-        task_id: field(t, "task_id"),
-        printer_id: field(t, "printer_id"),
-        state: field(t, "state"),
-    })
-    .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::paper::{markers_in, PaperLine};
+    use serde_json::Value;
 
     #[test]
     fn defaults_match_the_documented_ones() {
@@ -700,14 +548,5 @@ mod tests {
         let (p, before) = print_latencies(&t, &run);
         assert_eq!((p.count, before), (2, 1));
         assert_eq!((p.p50, p.max), (0.0, 4.0));
-    }
-
-    #[test]
-    fn free_ports_are_below_the_ephemeral_range() {
-        let first = free_port_run(3).unwrap();
-        assert!(first >= 10_000);
-        for p in first..first + 3 {
-            assert!(std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
-        }
     }
 }

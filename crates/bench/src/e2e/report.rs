@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::check::DeliveryCheck;
-use crate::report::Percentiles;
+use crate::report::{finish_text, Percentiles};
 
 /// One figure for each process of the run.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -175,16 +175,7 @@ impl E2eReport {
                 m.busy_seconds, total, m.other_busy_seconds
             );
         }
-        if self.problems.is_empty() {
-            let _ = writeln!(s, "verification: ok");
-        } else {
-            let _ = writeln!(s, "verification: {} problem(s)", self.problems.len());
-            for p in &self.problems {
-                let _ = writeln!(s, "  - {p}");
-            }
-        }
-        s.truncate(s.trim_end().len());
-        s
+        finish_text(s, &self.problems)
     }
 }
 

@@ -1,0 +1,371 @@
+//! What a fault run will do, decided from its seed before anything starts: every
+//! submission with its moment and its repeats, every printer fault, every kill.
+//!
+//! Submissions and chaos draw from separate random streams, so that changing a fault rate
+//! or the number of kills does not change which tasks are submitted, and a run can be
+//! replayed exactly (as far as the processes' own timing allows) from its seed. Within the
+//! chaos one stream serves the printer faults, then the agent kills, then the broker
+//! kills, in that order: changing one of them moves the draws of those after it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::e2e::task_body_for;
+use crate::plan::{Plan, PlannedRequest, SplitMix64};
+
+/// The print types of a fault run: name, priority (lower goes first) and how often a task
+/// gets it (weights out of 100). Four priorities, so that higher-priority work keeps
+/// arriving on lanes that have lower-priority work in flight.
+pub const PRINT_TYPES: [(&str, i32, u32); 4] =
+    [("refund", 0, 10), ("receipt", 10, 45), ("kitchen", 20, 35), ("prebill", 40, 10)];
+
+/// Share of repeats sent at the same moment as their original, racing it on another
+/// connection; the others follow it by up to [`LATE_REPEAT_MAX_MS`].
+const RACING_SHARE: f64 = 0.4;
+const LATE_REPEAT_MAX_MS: u64 = 5_000;
+/// A repeated submission is sent this many more times (1 to 4).
+const MAX_REPEATS: usize = 4;
+
+/// The priority of a print type of [`PRINT_TYPES`] (unknown names sort last).
+pub fn priority_of(print_type: &str) -> i32 {
+    PRINT_TYPES.iter().find(|(name, _, _)| *name == print_type).map_or(i32::MAX, |(_, p, _)| *p)
+}
+
+/// The submissions of a run. `plan.requests` are in sending order; the key of a request is
+/// its task number `n` (`biz_no` `E<n>`, marker `E2E <n>`).
+#[derive(Debug, Clone)]
+pub struct Submissions {
+    pub plan: Plan,
+    /// When each request goes out, in ms after the fault phase began.
+    pub send_at_ms: Vec<u64>,
+    /// Whether each request is a repeat sent together with its original.
+    pub racing: Vec<bool>,
+    /// Per task: its printer index and print type.
+    pub printer_of: Vec<usize>,
+    pub print_type_of: Vec<&'static str>,
+}
+
+impl Submissions {
+    pub fn repeats(&self) -> usize {
+        self.plan.repeats()
+    }
+
+    pub fn racing_repeats(&self) -> usize {
+        self.racing.iter().filter(|&&r| r).count()
+    }
+}
+
+fn weighted_print_type(rng: &mut SplitMix64) -> &'static str {
+    let total: u32 = PRINT_TYPES.iter().map(|(_, _, w)| w).sum();
+    let mut pick = rng.below(total as usize) as u32;
+    for (name, _, weight) in PRINT_TYPES {
+        if pick < weight {
+            return name;
+        }
+        pick -= weight;
+    }
+    "receipt"
+}
+
+/// `tasks` tasks over `printers` printers, originals spread evenly over `window_ms`; a
+/// share `repeat_share` of them sent 1–4 more times.
+pub fn submissions(tasks: usize, printers: usize, repeat_share: f64, window_ms: u64, seed: u64) -> Submissions {
+    let mut rng = SplitMix64::new(seed ^ 0x5355_424D_4954);
+    // (send time, order of drawing, request): the drawing order breaks ties, so a racing
+    // repeat is queued right after its original and taken by the next free connection.
+    let mut timed: Vec<(u64, usize, PlannedRequest, bool)> = Vec::with_capacity(tasks * 2);
+    let mut printer_of = Vec::with_capacity(tasks);
+    let mut print_type_of = Vec::with_capacity(tasks);
+    for n in 0..tasks {
+        let at = (n as u64 * window_ms) / tasks.max(1) as u64;
+        let printer = rng.below(printers);
+        let print_type = weighted_print_type(&mut rng);
+        printer_of.push(printer);
+        print_type_of.push(print_type);
+        let body = task_body_for(n as u32, printer, print_type);
+        let key = n as u32;
+        timed.push((at, timed.len(), PlannedRequest { key, repeat: false, body: body.clone() }, false));
+        if rng.next_f64() < repeat_share {
+            for _ in 0..1 + rng.below(MAX_REPEATS) {
+                let racing = rng.next_f64() < RACING_SHARE;
+                let when = if racing { at } else { at + 1 + rng.below(LATE_REPEAT_MAX_MS as usize) as u64 };
+                timed.push((when, timed.len(), PlannedRequest { key, repeat: true, body: body.clone() }, racing));
+            }
+        }
+    }
+    timed.sort_by_key(|(at, order, _, _)| (*at, *order));
+    let mut send_at_ms = Vec::with_capacity(timed.len());
+    let mut racing = Vec::with_capacity(timed.len());
+    let mut requests = Vec::with_capacity(timed.len());
+    for (at, _, req, race) in timed {
+        send_at_ms.push(at);
+        racing.push(race);
+        requests.push(req);
+    }
+    Submissions {
+        plan: Plan { prefix: "E", requests, distinct_keys: tasks },
+        send_at_ms,
+        racing,
+        printer_of,
+        print_type_of,
+    }
+}
+
+/// A printer fault the run injects through the simulator's control API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    PaperOut,
+    CoverOpen,
+    Offline,
+    /// The next job prints, then the printer drops the connection before confirming it.
+    CrashMidJob,
+    /// Every job waits this many ms before it prints.
+    Slow(u64),
+}
+
+impl FaultKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::PaperOut => "paper_out",
+            FaultKind::CoverOpen => "cover_open",
+            FaultKind::Offline => "offline",
+            FaultKind::CrashMidJob => "crash_mid_job",
+            FaultKind::Slow(_) => "slow_ms",
+        }
+    }
+
+    /// The `PUT /faults` fields that switch it on or off (a crash has no off: the
+    /// simulator counts it down itself).
+    pub fn fields(self, on: bool) -> Value {
+        match self {
+            FaultKind::CrashMidJob => json!({"crash_mid_job": u32::from(on)}),
+            FaultKind::Slow(ms) => json!({"slow_ms": if on { ms } else { 0 }}),
+            other => json!({ other.name(): on }),
+        }
+    }
+}
+
+/// The body of `PUT /faults` (without `printer`) that clears every fault.
+pub fn clear_all_fields() -> Value {
+    json!({"paper_out": false, "cover_open": false, "offline": false, "crash_mid_job": 0, "slow_ms": 0})
+}
+
+/// One change of one printer's faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultEvent {
+    pub at_ms: u64,
+    pub printer: usize,
+    pub kind: FaultKind,
+    pub on: bool,
+}
+
+/// A `kill -9` of the agent or the broker, and how long the process stays down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kill {
+    pub at_ms: u64,
+    pub down_ms: u64,
+}
+
+/// Everything the run does to the processes while tasks flow.
+#[derive(Debug, Clone, Default)]
+pub struct Chaos {
+    /// In time order.
+    pub printer_events: Vec<FaultEvent>,
+    pub agent_kills: Vec<Kill>,
+    pub broker_kills: Vec<Kill>,
+}
+
+impl Chaos {
+    /// Faults switched on, per kind.
+    pub fn injected(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for e in self.printer_events.iter().filter(|e| e.on) {
+            *out.entry(e.kind.name().to_string()).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// How long a toggled fault (paper out, cover open, offline) lasts: 0.3–3 s, short
+/// enough for the retry policy (10 attempts over ~7.5 s) to outlast it.
+const TOGGLE_MS: (u64, u64) = (300, 3_000);
+/// How long a printer stays slow, and how slow.
+const SLOW_FOR_MS: (u64, u64) = (1_000, 5_000);
+const SLOW_MS: (u64, u64) = (20, 200);
+/// How long a killed agent / broker stays down before the bench starts it again.
+const AGENT_DOWN_MS: (u64, u64) = (0, 500);
+const BROKER_DOWN_MS: (u64, u64) = (200, 1_500);
+/// A restarted process runs at least this long before it is killed again, so that each
+/// kill hits a process that has resumed work rather than one still starting.
+const MIN_UPTIME_MS: u64 = 1_500;
+
+fn between(rng: &mut SplitMix64, (low, high): (u64, u64)) -> u64 {
+    low + rng.below((high - low + 1) as usize) as u64
+}
+
+/// Draws the chaos of a run: per printer, faults one after the other with exponentially
+/// distributed quiet gaps of mean `fault_every_ms` (so a printer has at most one fault at
+/// a time), within `window_ms`; and `agent_kills` / `broker_kills` kills at random moments
+/// between 5 % and 90 % of the window.
+pub fn chaos(
+    printers: usize,
+    window_ms: u64,
+    fault_every_ms: u64,
+    agent_kills: usize,
+    broker_kills: usize,
+    seed: u64,
+) -> Chaos {
+    let mut rng = SplitMix64::new(seed ^ 0x0043_4841_4F53);
+    let mut events = Vec::new();
+    let gap = |rng: &mut SplitMix64| (-(fault_every_ms as f64) * (1.0 - rng.next_f64()).ln()) as u64;
+    for printer in 0..printers {
+        let mut t = gap(&mut rng);
+        while t < window_ms {
+            let pick = rng.below(100);
+            let kind = match pick {
+                0..=29 => FaultKind::PaperOut,
+                30..=49 => FaultKind::CoverOpen,
+                50..=74 => FaultKind::Offline,
+                75..=84 => FaultKind::CrashMidJob,
+                _ => FaultKind::Slow(between(&mut rng, SLOW_MS)),
+            };
+            events.push(FaultEvent { at_ms: t, printer, kind, on: true });
+            let lasts = match kind {
+                FaultKind::CrashMidJob => 0,
+                FaultKind::Slow(_) => between(&mut rng, SLOW_FOR_MS),
+                _ => between(&mut rng, TOGGLE_MS),
+            };
+            if kind != FaultKind::CrashMidJob {
+                events.push(FaultEvent { at_ms: (t + lasts).min(window_ms), printer, kind, on: false });
+            }
+            t += lasts + gap(&mut rng);
+        }
+    }
+    events.sort_by_key(|e| (e.at_ms, e.printer, e.on));
+    let mut kills = |count: usize, down: (u64, u64)| {
+        let low = window_ms / 20;
+        let span = (window_ms * 9 / 10).saturating_sub(low).max(1);
+        let mut at: Vec<u64> = (0..count).map(|_| low + rng.below(span as usize) as u64).collect();
+        at.sort_unstable();
+        let mut out: Vec<Kill> = Vec::with_capacity(count);
+        for a in at {
+            let earliest = out.last().map_or(0, |k| k.at_ms + k.down_ms + MIN_UPTIME_MS);
+            out.push(Kill { at_ms: a.max(earliest), down_ms: between(&mut rng, down) });
+        }
+        out
+    };
+    let agent = kills(agent_kills, AGENT_DOWN_MS);
+    let broker = kills(broker_kills, BROKER_DOWN_MS);
+    Chaos { printer_events: events, agent_kills: agent, broker_kills: broker }
+}
+
+/// The broker's configuration for a fault run: short timings, so that what the faults
+/// leave behind resolves in seconds, and the print types of [`PRINT_TYPES`] with a fast
+/// backoff and enough attempts that transient faults rarely exhaust them. No print type
+/// reprints on doubt: a doubt must end `in_doubt`, never as a second sheet.
+pub fn broker_config() -> String {
+    let mut toml = String::from("redeliver_after_ms = 2000\nagent_gone_after_ms = 3000\nsweep_interval_ms = 200\n");
+    for (name, priority, _) in PRINT_TYPES {
+        toml.push_str(&format!(
+            "\n[print_types.{name}]\npriority = {priority}\nmax_attempts = 10\nreprint_on_doubt = false\n\
+             backoff = {{ initial_ms = 100, factor = 2.0, cap_ms = 1000, jitter = 0.2 }}\n"
+        ));
+    }
+    toml
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn submissions_are_seeded_spread_and_repeat_identical_bodies() {
+        let a = submissions(2_000, 8, 0.3, 10_000, 7);
+        let b = submissions(2_000, 8, 0.3, 10_000, 7);
+        let c = submissions(2_000, 8, 0.3, 10_000, 8);
+        let keys = |s: &Submissions| s.plan.requests.iter().map(|r| r.key).collect::<Vec<_>>();
+        assert_eq!(keys(&a), keys(&b));
+        assert_ne!(keys(&a), keys(&c));
+        assert_eq!(a.plan.distinct_keys, 2_000);
+        assert!(a.send_at_ms.windows(2).all(|w| w[0] <= w[1]), "sending order is time order");
+        let originals = a.plan.requests.iter().filter(|r| !r.repeat).count();
+        assert_eq!(originals, 2_000);
+        // About 30 % of tasks are repeated, 1–4 times (2.5 on average).
+        let repeated: std::collections::HashSet<u32> =
+            a.plan.requests.iter().filter(|r| r.repeat).map(|r| r.key).collect();
+        assert!((500..700).contains(&repeated.len()), "{}", repeated.len());
+        assert!(a.racing_repeats() > 0 && a.racing_repeats() < a.repeats());
+        let mut first: HashMap<u32, (&hyper::body::Bytes, u64)> = HashMap::new();
+        for (i, r) in a.plan.requests.iter().enumerate() {
+            if r.repeat {
+                let (body, at) = first[&r.key];
+                assert_eq!(body, &r.body, "a repeat is byte-identical");
+                assert!(a.send_at_ms[i] >= at);
+                if a.racing[i] {
+                    assert_eq!(a.send_at_ms[i], at);
+                }
+            } else {
+                first.insert(r.key, (&r.body, a.send_at_ms[i]));
+            }
+        }
+        let types: std::collections::HashSet<&str> = a.print_type_of.iter().copied().collect();
+        assert_eq!(types.len(), 4, "every print type is used");
+        assert!(a.printer_of.iter().all(|&p| p < 8));
+    }
+
+    #[test]
+    fn chaos_keeps_one_fault_per_printer_at_a_time_and_spaces_the_kills() {
+        let c = chaos(8, 30_000, 4_000, 5, 3, 1);
+        assert!(c.printer_events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        assert!(c.printer_events.iter().all(|e| e.at_ms <= 30_000 && e.printer < 8));
+        for p in 0..8 {
+            let mut on: Option<FaultKind> = None;
+            for e in c.printer_events.iter().filter(|e| e.printer == p) {
+                match (e.on, e.kind) {
+                    (true, FaultKind::CrashMidJob) => assert!(on.is_none()),
+                    (true, k) => {
+                        assert!(on.is_none(), "printer {p}: {k:?} while {on:?}");
+                        on = Some(k);
+                    }
+                    (false, k) => {
+                        assert_eq!(on, Some(k));
+                        on = None;
+                    }
+                }
+            }
+            assert!(on.is_none(), "every toggled fault is switched off again");
+        }
+        let injected = c.injected();
+        assert!(injected.values().sum::<usize>() > 20, "{injected:?}");
+        for kills in [&c.agent_kills, &c.broker_kills] {
+            for w in kills.windows(2) {
+                assert!(w[1].at_ms >= w[0].at_ms + w[0].down_ms + MIN_UPTIME_MS);
+            }
+            assert!(kills.first().is_some_and(|k| k.at_ms >= 1_500));
+        }
+        assert_eq!((c.agent_kills.len(), c.broker_kills.len()), (5, 3));
+        assert_eq!(chaos(8, 30_000, 4_000, 5, 3, 1).printer_events, c.printer_events, "seeded");
+    }
+
+    #[test]
+    fn fault_fields_are_the_simulators() {
+        assert_eq!(FaultKind::PaperOut.fields(true), json!({"paper_out": true}));
+        assert_eq!(FaultKind::Offline.fields(false), json!({"offline": false}));
+        assert_eq!(FaultKind::CrashMidJob.fields(true), json!({"crash_mid_job": 1}));
+        assert_eq!(FaultKind::Slow(40).fields(true), json!({"slow_ms": 40}));
+        assert_eq!(FaultKind::Slow(40).fields(false), json!({"slow_ms": 0}));
+    }
+
+    #[test]
+    fn the_config_has_every_print_type_in_priority_order() {
+        let cfg = broker_config();
+        for (name, priority, _) in PRINT_TYPES {
+            assert!(cfg.contains(&format!("[print_types.{name}]\npriority = {priority}\n")), "{cfg}");
+        }
+        assert!(cfg.contains("reprint_on_doubt = false") && !cfg.contains("reprint_on_doubt = true"));
+        assert_eq!(priority_of("refund"), 0);
+        assert_eq!(priority_of("nope"), i32::MAX);
+    }
+}
