@@ -126,9 +126,11 @@ const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT one_in_flight; SAVEPOINT one_in_
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT one_in_flight";
 
 /// For each printer of the store, its task in flight (through the partial unique index
-/// `tasks_one_in_flight_per_printer`) and its first waiting task by (priority, id) (through
-/// `tasks_lane`, whose predicate the query repeats literally so that the planner can use
-/// the partial index; `<> 'sent'` then steps over at most the one row in flight). `{which}`
+/// `tasks_one_in_flight_per_printer`) and, when nothing is in flight, its first waiting
+/// task by (priority, id) (through `tasks_lane`, whose predicate the query repeats
+/// literally so that the planner can use the partial index; `<> 'sent'` then steps over
+/// at most the one row in flight). The waiting task of a busy lane is not read: nothing
+/// but its task in flight can move while it is busy. `{which}`
 /// is the condition on the printer (`p.store_id = $2`, or `p.id = $2`).
 const LANES: &str = "
 SELECT lane.*
@@ -143,6 +145,7 @@ CROSS JOIN LATERAL (
      FROM tasks
      WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
        AND state <> 'sent'
+       AND NOT EXISTS (SELECT 1 FROM tasks s WHERE s.tenant_id = p.tenant_id AND s.printer_id = p.id AND s.state = 'sent')
      ORDER BY priority, id
      LIMIT 1)
 ) AS lane

@@ -479,20 +479,28 @@ pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<
 }
 
 /// The task in flight (through the partial unique index `tasks_one_in_flight_per_printer`)
-/// and the first waiting task (through `tasks_lane`, whose predicate the query repeats
-/// literally; `<> 'sent'` then skips at most the one row in flight) of each printer in
-/// `printers`, a query over the printers table that yields `p.tenant_id` and `p.id`.
+/// and, for a printer with nothing in flight, the first waiting task (through
+/// `tasks_lane`, whose predicate the query repeats literally; `<> 'sent'` then skips at
+/// most the one row in flight) of each printer in `printers`, a condition on the printers
+/// table `p`. The waiting task of a busy lane is not read: nothing but its task in flight
+/// can move while it is busy.
 fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<Vec<Lane>> {
     let mut s = c
         .prepare_cached(&format!(
-            "WITH l AS ( \
-               SELECT (SELECT u.id FROM tasks u \
-                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent') AS f, \
+            "WITH f AS ( \
+               SELECT p.tenant_id AS tenant_id, p.id AS printer_id, \
                       (SELECT u.id FROM tasks u \
-                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
-                         AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
-                       ORDER BY u.priority, u.id LIMIT 1) AS w \
-               FROM printers p WHERE {printers}) \
+                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent') AS f \
+               FROM printers p WHERE {printers}), \
+             l AS ( \
+               SELECT f.f AS f, \
+                      CASE WHEN f.f IS NULL THEN \
+                        (SELECT u.id FROM tasks u \
+                         WHERE u.tenant_id = f.tenant_id AND u.printer_id = f.printer_id \
+                           AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                         ORDER BY u.priority, u.id LIMIT 1) \
+                      END AS w \
+               FROM f) \
              SELECT {TASK_COLS} FROM tasks WHERE id IN (SELECT f FROM l UNION ALL SELECT w FROM l)"
         ))
         .map_err(backend_err)?;

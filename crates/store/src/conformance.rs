@@ -566,8 +566,9 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
     assert!(s.lanes("acme", "other-store").await.unwrap().is_empty());
     assert!(s.lanes("other-tenant", "s1").await.unwrap().is_empty());
 
-    // A in flight, then a refund D arrives: the lane shows both, whatever their priorities
-    // (deciding from the waiting head alone is how a lane once stalled for good).
+    // A in flight, then a refund D arrives: the lane shows A, whatever the priorities
+    // (deciding from the waiting head alone is how a lane once stalled for good); what
+    // waits behind a busy lane is not read.
     assert_eq!(s.apply_transitions(&[send(&a, 0, NOW + 5)]).await.unwrap(), vec![true]);
     let mut d = new_task("acme", "D", "x", 4);
     d.priority = 0;
@@ -581,7 +582,7 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
         lane.in_flight.as_ref().map(|t| (t.sent_to.as_deref(), t.sent_session.as_deref(), t.sent_at)),
         Some((Some("agent-1"), Some("sess-1"), Some(NOW + 5)))
     );
-    assert_eq!(lane.waiting.as_ref().map(|t| t.task_id.as_str()), Some(b.task_id.as_str()), "refunds first, FIFO");
+    assert_eq!(lane.waiting, None, "a busy lane's waiting task is not read");
     assert_eq!(s.lanes("acme", "s1").await.unwrap()[0], lane);
     assert_eq!(
         s.lane("acme", "nowhere").await.unwrap(),
@@ -613,7 +614,11 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
     };
     assert!(s.transition(&printed).await.unwrap());
     let lane = s.lane("acme", "p1").await.unwrap();
-    assert_eq!((lane.in_flight, lane.waiting.map(|t| t.task_id)), (None, Some(b.task_id.clone())));
+    assert_eq!(
+        (lane.in_flight, lane.waiting.map(|t| t.task_id)),
+        (None, Some(b.task_id.clone())),
+        "refunds first, FIFO"
+    );
     assert_eq!(s.max_task_id().await.unwrap().as_deref(), Some(d.task_id.as_str()));
 }
 

@@ -120,11 +120,12 @@ pub trait Store: Send + Sync + 'static {
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
     /// The lanes of a store's printers that have active tasks: for each, the task in
-    /// flight and the first waiting task by (priority, id). Both through indexes, one
-    /// probe each per printer, never a scan of the backlog.
+    /// flight, or, when nothing is in flight, the first waiting task by (priority, id)
+    /// (while a lane is busy only its task in flight can move, so its waiting task is not
+    /// read). Through indexes, a probe or two per printer, never a scan of the backlog.
     async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>>;
 
-    /// One printer's lane (empty when it has no active task).
+    /// One printer's lane, as in [`Store::lanes`] (empty when it has no active task).
     async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane>;
 
     /// Figures of every lane with active tasks, of every tenant (the watchdog).

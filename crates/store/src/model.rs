@@ -424,14 +424,14 @@ pub struct PrinterStatusUpdate {
 }
 
 /// A printer's lane as the lane engine looks at it: the task in flight (at most one, the
-/// database enforces it) and the first waiting task by (priority, id), whatever the
-/// priority of the one in flight.
+/// database enforces it), whatever its priority, or, when nothing is in flight, the first
+/// waiting task by (priority, id).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lane {
     pub printer_id: String,
     /// The task in `sent`, if any.
     pub in_flight: Option<Task>,
-    /// The first `pending` or `retrying` task by (priority, id), if any.
+    /// The first `pending` or `retrying` task by (priority, id), when nothing is in flight.
     pub waiting: Option<Task>,
 }
 
