@@ -34,6 +34,7 @@ pub mod check;
 mod report;
 pub mod schedule;
 pub mod submit;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -322,7 +323,9 @@ async fn drive(
         opts.seed,
     );
 
-    // The fault phase: submissions, printer faults and kills side by side.
+    // The fault phase: submissions, printer faults and kills side by side, with the lanes
+    // watched from outside until they have drained.
+    let lane_watch = watch::Watching::start(addr);
     let t0 = Instant::now();
     let t0_unix_us = unix_now_us();
     let deadline = t0 + opts.timeout;
@@ -366,6 +369,13 @@ async fn drive(
         tokio::time::sleep(DRAIN_POLL).await;
     };
     let drain_seconds = drain_start.elapsed().as_secs_f64();
+    let lanes = lane_watch.finish();
+    if !lanes.stalled.is_empty() {
+        problems.push(format!(
+            "the broker reported stalled lanes (printer.stalled: work and no progress for stall_after_ms): {}",
+            lanes.stalled.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
     wait_for_quiet_paper(&watcher).await;
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
@@ -417,6 +427,7 @@ async fn drive(
         fault_phase_seconds,
         drained,
         drain_seconds,
+        lanes,
         drain_timeout_seconds: opts.drain_timeout.as_secs_f64(),
         printed_per_sec: if print_seconds > 0.0 { tally.distinct as f64 / print_seconds } else { 0.0 },
         print_seconds,

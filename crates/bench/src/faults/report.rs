@@ -71,6 +71,8 @@ pub struct FaultsReport {
     pub drained: bool,
     pub drain_seconds: f64,
     pub drain_timeout_seconds: f64,
+    /// The lanes as `/metrics` showed them during the run (R37's watchdog, from outside).
+    pub lanes: crate::faults::watch::LaneWatch,
     pub verdict: Verdict,
     pub audit: AuditCheck,
     /// From the first submission to the last sheet of paper.
@@ -144,6 +146,18 @@ impl FaultsReport {
                 format!("NOT DRAINED within {:.0} s", self.drain_timeout_seconds)
             },
             self.fault_phase_seconds
+        );
+        let _ = writeln!(
+            s,
+            "lanes:        longest in flight {:.1} s{}; stalled {} ({} reads of /metrics)",
+            self.lanes.longest_in_flight_s,
+            self.lanes.longest_in_flight_printer.as_deref().map(|p| format!(" ({p})")).unwrap_or_default(),
+            if self.lanes.stalled.is_empty() {
+                "none".to_string()
+            } else {
+                self.lanes.stalled.iter().cloned().collect::<Vec<_>>().join(", ")
+            },
+            self.lanes.samples
         );
         let states: Vec<String> = v.states.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "broker says:  {}", states.join(", "));

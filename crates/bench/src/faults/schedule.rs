@@ -263,9 +263,13 @@ pub fn chaos(
 /// The broker's configuration for a fault run: short timings, so that what the faults
 /// leave behind resolves in seconds, and the print types of [`PRINT_TYPES`] with a fast
 /// backoff and enough attempts that transient faults rarely exhaust them. No print type
-/// reprints on doubt: a doubt must end `in_doubt`, never as a second sheet.
+/// reprints on doubt: a doubt must end `in_doubt`, never as a second sheet. A lane counts
+/// as stalled after 30 s without progress: longer than any delivery can legitimately take
+/// here (the agent gives a printer 15 s to confirm a job), far shorter than the run.
 pub fn broker_config() -> String {
-    let mut toml = String::from("redeliver_after_ms = 2000\nagent_gone_after_ms = 3000\nsweep_interval_ms = 200\n");
+    let mut toml = String::from(
+        "redeliver_after_ms = 2000\nagent_gone_after_ms = 3000\nsweep_interval_ms = 200\nstall_after_ms = 30000\n",
+    );
     for (name, priority, _) in PRINT_TYPES {
         toml.push_str(&format!(
             "\n[print_types.{name}]\npriority = {priority}\nmax_attempts = 10\nreprint_on_doubt = false\n\
