@@ -6,7 +6,7 @@ use axum::Json;
 use onceprint_core::validate_id;
 use onceprint_engine::transport::TransportConfig;
 use onceprint_engine::{clock::now_ms, secrets, tz};
-use onceprint_store::{NewAgentToken, NewPrinter, NewStation, NewStore, NewTenant};
+use onceprint_store::{NewAgentToken, NewPrinter, NewStation, NewStore, NewTenant, SetupAudit};
 
 use crate::dto::*;
 use crate::error::{ApiError, ErrorBody};
@@ -35,7 +35,14 @@ pub async fn create_tenant(
     let api_key = secrets::generate("opk_");
     let t = st
         .store
-        .create_tenant(NewTenant { id: req.id, name: req.name, api_key_hash: secrets::hash(&api_key), now: now_ms() })
+        .create_tenant(NewTenant {
+            api_key_id: format!("key_{}", &secrets::hash(&api_key)[..16]),
+            id: req.id,
+            name: req.name,
+            api_key_hash: secrets::hash(&api_key),
+            now: now_ms(),
+            audit: SetupAudit { actor: "admin".into(), detail: serde_json::json!({}) },
+        })
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -60,6 +67,7 @@ pub async fn create_store(
     let s = st
         .store
         .create_store(NewStore {
+            audit: SetupAudit { actor: format!("api_key:{}", auth.key_id), detail: serde_json::json!({}) },
             tenant_id: auth.tenant_id,
             id: req.id,
             name: req.name,
@@ -111,6 +119,7 @@ pub async fn create_printer(
     let p = st
         .store
         .create_printer(NewPrinter {
+            audit: SetupAudit { actor: format!("api_key:{}", auth.key_id), detail: serde_json::json!({}) },
             tenant_id: auth.tenant_id,
             id: req.id,
             store_id: req.store_id,
@@ -187,6 +196,7 @@ pub async fn create_station(
     let s = st
         .store
         .create_station(NewStation {
+            audit: SetupAudit { actor: format!("api_key:{}", auth.key_id), detail: serde_json::json!({}) },
             tenant_id: auth.tenant_id,
             id: req.id,
             store_id: req.store_id,
@@ -227,6 +237,8 @@ pub async fn create_agent_token(
     let token = secrets::generate("opa_");
     st.store
         .create_agent_token(NewAgentToken {
+            id: format!("tok_{}", &secrets::hash(&token)[..16]),
+            audit: SetupAudit { actor: format!("api_key:{}", auth.key_id), detail: serde_json::json!({}) },
             token_hash: secrets::hash(&token),
             tenant_id: auth.tenant_id,
             store_id: id.clone(),
