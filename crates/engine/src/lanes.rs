@@ -304,6 +304,12 @@ impl LaneEngine {
                 // still answered through `ack`.
                 continue;
             }
+            if !printer.row.enabled {
+                // A disabled printer's lane goes to nobody: its waiting tasks wait, and its
+                // task in flight is neither offered again nor settled here (it may be
+                // printing); an ack for it still applies through `ack`.
+                continue;
+            }
             let flight = in_flight.as_ref().map(|t| {
                 let mut holder = self.holder(t, &printer, Some(claimant));
                 let mut deadline = t.next_attempt_at;
