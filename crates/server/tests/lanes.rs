@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use common::{order, Backend, TestApp};
+use common::{order, task_of, Agent, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -72,70 +72,6 @@ lane_tests!(
     a_webhook_job_the_receiver_never_got_is_sent_again,
     a_webhook_job_nobody_answers_goes_to_a_person,
 );
-
-/// A store agent played over HTTP.
-struct Agent {
-    token: String,
-    id: String,
-    session: String,
-}
-
-impl Agent {
-    async fn new(app: &TestApp, key: &str, id: &str, session: &str) -> Agent {
-        let a = app.call("POST", "/v1/stores/s1/agent-tokens", Some(key), None).await;
-        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
-        Agent { token: a.body["token"].as_str().expect("token").into(), id: id.into(), session: session.into() }
-    }
-
-    async fn poll_answer(&self, app: &TestApp, wait_ms: u64) -> common::Answer {
-        app.post(
-            "/v1/agent/poll",
-            &self.token,
-            json!({"agent_id": self.id, "session": self.session, "wait_ms": wait_ms, "max": 16}),
-        )
-        .await
-    }
-
-    async fn poll(&self, app: &TestApp, wait_ms: u64) -> Vec<Value> {
-        let a = self.poll_answer(app, wait_ms).await;
-        assert_eq!(a.status, StatusCode::OK, "{a:?}");
-        a.body["deliveries"].as_array().cloned().expect("deliveries")
-    }
-
-    /// Polls until something comes or `within` passes.
-    async fn poll_until(&self, app: &TestApp, within: Duration) -> Vec<Value> {
-        let start = Instant::now();
-        loop {
-            let d = self.poll(app, 300).await;
-            if !d.is_empty() || start.elapsed() > within {
-                return d;
-            }
-        }
-    }
-
-    async fn acks(&self, app: &TestApp, acks: &[(&str, i64, &str)]) -> Vec<String> {
-        let list: Vec<Value> =
-            acks.iter().map(|(t, n, o)| json!({"task_id": t, "attempt": n, "outcome": o, "detail": "test"})).collect();
-        let a = app
-            .post("/v1/agent/acks", &self.token, json!({"agent_id": self.id, "session": self.session, "acks": list}))
-            .await;
-        assert_eq!(a.status, StatusCode::OK, "{a:?}");
-        a.body["results"]
-            .as_array()
-            .expect("results")
-            .iter()
-            .map(|r| r["result"].as_str().unwrap_or("").into())
-            .collect()
-    }
-
-    async fn ack(&self, app: &TestApp, task: &str, attempt: i64, outcome: &str) -> String {
-        self.acks(app, &[(task, attempt, outcome)]).await.remove(0)
-    }
-}
-
-fn task_of(d: &Value) -> (String, i64) {
-    (d["task_id"].as_str().unwrap_or("").to_owned(), d["attempt"].as_i64().unwrap_or(0))
-}
 
 async fn submit(app: &TestApp, key: &str, biz_no: &str, print_type: &str) -> String {
     let mut body = order(biz_no, &format!("{biz_no}\n"));
