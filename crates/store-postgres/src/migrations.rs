@@ -385,34 +385,44 @@ mod tests {
         assert!(MIGRATIONS.windows(2).all(|w| w[0].0 < w[1].0));
     }
 
+    /// A fresh schema as a broker of an earlier version left it: the migrations up to
+    /// `version` applied and recorded, then `rows` inserted. `None` when no PostgreSQL is
+    /// configured (the harness has said so).
+    async fn schema_at(version: i32, rows: &str) -> Option<crate::testing::SchemaGuard> {
+        let schema = crate::testing::fresh_schema().await?;
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        client
+            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+            .await
+            .expect("schema_migrations");
+        for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= version) {
+            client.batch_execute(sql).await.expect("old migration");
+            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[v]).await.expect("version");
+        }
+        client.batch_execute(rows).await.expect("old rows");
+        drop(client);
+        let _ = driver.await;
+        Some(schema)
+    }
+
     /// The migration to time zones keeps every existing store's offset, now as text.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn stores_keep_their_utc_offset_as_a_time_zone() {
         use onceprint_store::Store as _;
 
-        let Some(schema) = crate::testing::fresh_schema().await else { return };
-        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
-        let driver = tokio::spawn(connection);
         // The schema as the broker before time zones left it: migrations 1 to 5.
-        client
-            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
-            .await
-            .expect("schema_migrations");
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 5) {
-            client.batch_execute(sql).await.expect("old migration");
-            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[version]).await.expect("version");
-        }
-        client
-            .batch_execute(
-                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
-                 INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES
-                     ('t', 'east', 'e', 480, 0), ('t', 'india', 'i', 330, 0), ('t', 'west', 'w', -300, 0),
-                     ('t', 'newfoundland', 'n', -210, 0), ('t', 'utc', 'u', 0, 0);",
-            )
-            .await
-            .expect("old rows");
-        drop(client);
-        let _ = driver.await;
+        let Some(schema) = schema_at(
+            5,
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+             INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES
+                 ('t', 'east', 'e', 480, 0), ('t', 'india', 'i', 330, 0), ('t', 'west', 'w', -300, 0),
+                 ('t', 'newfoundland', 'n', -210, 0), ('t', 'utc', 'u', 0, 0);",
+        )
+        .await
+        else {
+            return;
+        };
 
         let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
         assert_eq!(store.schema_version().await.expect("version"), LATEST_VERSION);
@@ -431,31 +441,20 @@ mod tests {
     async fn keys_and_tokens_of_earlier_versions_keep_working_with_ids() {
         use onceprint_store::Store as _;
 
-        let Some(schema) = crate::testing::fresh_schema().await else { return };
-        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
-        let driver = tokio::spawn(connection);
         // The schema as the broker before set-up changes left it: migrations 1 to 8.
-        client
-            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
-            .await
-            .expect("schema_migrations");
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 8) {
-            client.batch_execute(sql).await.expect("old migration");
-            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[version]).await.expect("version");
-        }
-        client
-            .batch_execute(
-                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', '0123456789abcdef0123', 5);
-                 INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
-                 INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
-                     VALUES ('t', 'p', 's', 'p', '{}', 0);
-                 INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at)
-                     VALUES ('fedcba9876543210fe', 't', 's', 7);",
-            )
-            .await
-            .expect("old rows");
-        drop(client);
-        let _ = driver.await;
+        let Some(schema) = schema_at(
+            8,
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', '0123456789abcdef0123', 5);
+             INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+             INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
+                 VALUES ('t', 'p', 's', 'p', '{}', 0);
+             INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at)
+                 VALUES ('fedcba9876543210fe', 't', 's', 7);",
+        )
+        .await
+        else {
+            return;
+        };
 
         let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
         let key = store.tenant_by_key_hash("0123456789abcdef0123").await.expect("read").expect("key still works");

@@ -588,18 +588,25 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
-    /// The migration to time zones keeps every existing store's offset, now as text.
-    #[test]
-    fn stores_keep_their_utc_offset_as_a_time_zone() {
-        let mut conn = Connection::open_in_memory().expect("memory database");
-        // The database as the broker before time zones left it: migrations 1 to 5.
+    /// An in-memory database as a broker of an earlier version left it: the first
+    /// `version` migrations applied and recorded.
+    fn database_at(version: usize) -> Connection {
+        let conn = Connection::open_in_memory().expect("memory database");
         conn.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
             .expect("schema_migrations");
-        for (i, sql) in schema::MIGRATIONS.iter().take(5).enumerate() {
+        for (i, sql) in schema::MIGRATIONS.iter().take(version).enumerate() {
             conn.execute_batch(sql).expect("old migration");
             conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1])
                 .expect("version");
         }
+        conn
+    }
+
+    /// The migration to time zones keeps every existing store's offset, now as text.
+    #[test]
+    fn stores_keep_their_utc_offset_as_a_time_zone() {
+        // The database as the broker before time zones left it: migrations 1 to 5.
+        let mut conn = database_at(5);
         conn.execute("INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0)", [])
             .expect("tenant");
         for (id, minutes) in [("east", 480), ("india", 330), ("west", -300), ("newfoundland", -210), ("utc", 0)] {
@@ -640,15 +647,8 @@ mod tests {
     /// and leaves printers enabled.
     #[test]
     fn keys_and_tokens_of_earlier_versions_keep_working_with_ids() {
-        let mut conn = Connection::open_in_memory().expect("memory database");
-        conn.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
-            .expect("schema_migrations");
         // The database as the broker before set-up changes left it: migrations 1 to 7.
-        for (i, sql) in schema::MIGRATIONS.iter().take(7).enumerate() {
-            conn.execute_batch(sql).expect("old migration");
-            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1])
-                .expect("version");
-        }
+        let mut conn = database_at(7);
         conn.execute_batch(
             "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', '0123456789abcdef0123', 5);
              INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
