@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use onceprint_store::{AgentIdentity, Printer, Station, Store, StoreResult, Tenant};
+use onceprint_store::{AgentIdentity, Printer, Station, Store, StoreResult, TenantKey};
 
 use crate::transport::TransportConfig;
 
@@ -72,7 +72,7 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
 pub struct Directory {
     store: Arc<dyn Store>,
     ttl: Duration,
-    tenants: Cache<String, Tenant>,
+    tenants: Cache<String, TenantKey>,
     agents: Cache<String, AgentIdentity>,
     printers: Cache<(String, String), Arc<PrinterInfo>>,
     stations: Cache<(String, String), Station>,
@@ -94,7 +94,8 @@ impl Directory {
         }
     }
 
-    pub async fn tenant_by_key_hash(&self, hash: &str) -> StoreResult<Option<Tenant>> {
+    /// The tenant of an active API key, and which key it is.
+    pub async fn tenant_by_key_hash(&self, hash: &str) -> StoreResult<Option<TenantKey>> {
         if let Some(t) = self.tenants.get(&hash.to_owned(), self.ttl) {
             return Ok(Some(t));
         }
@@ -166,7 +167,7 @@ impl Directory {
 
     /// After something about a whole tenant changed.
     pub fn forget_tenant(&self, tenant_id: &str) {
-        self.tenants.forget_where(|_, t| t.id == tenant_id);
+        self.tenants.forget_where(|_, k| k.tenant.id == tenant_id);
         self.agents.forget_where(|_, a| a.tenant_id == tenant_id);
         self.printers.forget_where(|(t, _), _| t == tenant_id);
         self.stations.forget_where(|(t, _), _| t == tenant_id);

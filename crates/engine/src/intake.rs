@@ -78,11 +78,21 @@ pub enum IntakeError {
     /// A referenced printer or station does not exist for this tenant.
     #[error("{0}")]
     UnknownTarget(String),
+    /// The target printer is disabled (for a station: all of its printers), and the
+    /// submission is not a retry of an existing task. The message names the field.
+    #[error("{0}")]
+    PrinterDisabled(String),
     /// Same key, different content (R4).
     #[error("task {task_id} already exists for this biz_no, printer and print type with different content")]
     Mismatch { task_id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Where a new task goes, or why it cannot go anywhere.
+enum Resolved {
+    To { printer_id: String, store_id: String, station_id: Option<String> },
+    Disabled(String),
 }
 
 /// The intake service.
@@ -147,27 +157,16 @@ impl Intake {
         // that could never print is refused with the field named, not failed later.
         crate::content::validate(canonical.content_type, &canonical.bytes)
             .map_err(|e| IntakeError::InvalidContent(e.to_string()))?;
-        // The target must be the tenant's.
-        let (printer_id, store_id, station_id) = match &target {
-            Target::Printer(p) => {
-                let printer = self
-                    .directory
-                    .printer(&req.tenant_id, p)
-                    .await?
-                    .ok_or_else(|| IntakeError::UnknownTarget(format!("printer_id: no printer {p:?}")))?;
-                (printer.id, printer.store_id, None)
-            }
-            Target::Station(s) => {
-                let station = self
-                    .directory
-                    .station(&req.tenant_id, s)
-                    .await?
-                    .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: no station {s:?}")))?;
-                let primary =
-                    station.printers.first().cloned().ok_or_else(|| {
-                        IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers"))
-                    })?;
-                (primary, station.store_id, Some(station.id))
+        // The target must be the tenant's, and able to take new work.
+        let (printer_id, store_id, station_id) = match self.resolve(&req.tenant_id, &target).await? {
+            Resolved::To { printer_id, store_id, station_id } => (printer_id, store_id, station_id),
+            Resolved::Disabled(why) => {
+                // Dedup still comes first (R3): a retry of a task made before the printer
+                // was disabled is answered as before; only new work is refused.
+                return match self.store.find_task(&key).await? {
+                    Some(task) => self.answer(SubmitKind::Duplicate, task, &key, &fingerprint.0).await,
+                    None => Err(IntakeError::PrinterDisabled(why)),
+                };
             }
         };
 
@@ -190,25 +189,77 @@ impl Intake {
             now,
             origin: None,
         };
-        let outcome = self.committer.submit(new).await?;
-        let (kind, task): (SubmitKind, &Task) = match &outcome {
+        let (kind, task) = match self.committer.submit(new).await? {
             SubmitOutcome::Created(t) => (SubmitKind::Created, t),
             SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, t),
         };
-        // The outcome is durable now, so the gate may remember it, and the printer's lane
-        // has work: wake the store's waiting agent polls (R7: printing never blocks intake).
-        self.gate.insert(&key, &task.task_id, &task.fingerprint, task.state);
+        // The printer's lane has work: wake the store's waiting agent polls (R7: printing
+        // never blocks intake).
         if kind == SubmitKind::Created {
             self.signals.notify(&task.tenant_id, &task.store_id);
         }
-        if task.fingerprint != fingerprint.0 {
-            return Err(IntakeError::Mismatch { task_id: task.task_id.clone() });
+        self.answer(kind, task, &key, &fingerprint.0).await
+    }
+
+    /// The answer about a durable task: remembered by the gate, refused as a mismatch when
+    /// its content differs, and for a transferred task the live task of its chain.
+    async fn answer(
+        &self,
+        kind: SubmitKind,
+        task: Task,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+    ) -> Result<SubmitAnswer, IntakeError> {
+        self.gate.insert(key, &task.task_id, &task.fingerprint, task.state);
+        if task.fingerprint != fingerprint {
+            return Err(IntakeError::Mismatch { task_id: task.task_id });
         }
-        if task.state == TaskState::Transferred {
-            let live = self.live_task(task.clone()).await?;
-            return Ok(SubmitAnswer { kind, task_id: live.task_id, state: live.state, from_gate: false });
+        let task = if task.state == TaskState::Transferred { self.live_task(task).await? } else { task };
+        Ok(SubmitAnswer { kind, task_id: task.task_id, state: task.state, from_gate: false })
+    }
+
+    /// The printer a new task for `target` goes to: the printer itself, or the first
+    /// enabled printer of the station (primary first; a disabled primary is skipped).
+    async fn resolve(&self, tenant_id: &str, target: &Target) -> Result<Resolved, IntakeError> {
+        match target {
+            Target::Printer(p) => {
+                let printer = self
+                    .directory
+                    .printer(tenant_id, p)
+                    .await?
+                    .ok_or_else(|| IntakeError::UnknownTarget(format!("printer_id: no printer {p:?}")))?;
+                if !printer.enabled {
+                    return Ok(Resolved::Disabled(format!(
+                        "printer_id: printer {p:?} is disabled and takes no new tasks; enable it \
+                         (POST /v1/printers/{p}/enable) or send to another printer"
+                    )));
+                }
+                Ok(Resolved::To { printer_id: printer.id, store_id: printer.store_id, station_id: None })
+            }
+            Target::Station(s) => {
+                let station = self
+                    .directory
+                    .station(tenant_id, s)
+                    .await?
+                    .ok_or_else(|| IntakeError::UnknownTarget(format!("station_id: no station {s:?}")))?;
+                if station.printers.is_empty() {
+                    return Err(IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers")));
+                }
+                for p in &station.printers {
+                    if self.directory.printer(tenant_id, p).await?.is_some_and(|printer| printer.enabled) {
+                        return Ok(Resolved::To {
+                            printer_id: p.clone(),
+                            store_id: station.store_id,
+                            station_id: Some(station.id),
+                        });
+                    }
+                }
+                Ok(Resolved::Disabled(format!(
+                    "station_id: every printer of station {s:?} ({}) is disabled; enable one of them",
+                    station.printers.join(", ")
+                )))
+            }
         }
-        Ok(SubmitAnswer { kind, task_id: task.task_id.clone(), state: task.state, from_gate: false })
     }
 
     /// Follows a transferred task's successors to the task that carries its work now

@@ -300,6 +300,12 @@ impl LaneEngine {
                 // still answered through `ack`.
                 continue;
             }
+            if !printer.row.enabled {
+                // A disabled printer's lane goes to nobody: its waiting tasks wait, and its
+                // task in flight is neither offered again nor settled here (it may be
+                // printing); an ack for it still applies through `ack`.
+                continue;
+            }
             let flight = in_flight.as_ref().map(|t| {
                 let mut holder = self.holder(t, &printer, Some(claimant));
                 let mut deadline = t.next_attempt_at;
@@ -711,12 +717,17 @@ impl LaneEngine {
     ) -> Result<Option<ManualChange>, DeliveryError> {
         let Some(station_id) = task.station_id.clone() else { return Ok(None) };
         let Some(station) = self.directory.station(&task.tenant_id, &station_id).await? else { return Ok(None) };
-        let next = station
-            .printers
-            .iter()
-            .position(|p| *p == task.printer_id)
-            .and_then(|i| station.printers.get(i + 1))
-            .cloned();
+        // The next printer of the station after this one that is not disabled: a disabled
+        // backup would only hold the ticket until someone enables it again.
+        let after = station.printers.iter().position(|p| *p == task.printer_id).map_or(0, |i| i + 1);
+        let mut next = None;
+        for candidate in station.printers.iter().skip(after) {
+            let enabled = self.directory.printer_info(&task.tenant_id, candidate).await?.is_some_and(|p| p.row.enabled);
+            if enabled {
+                next = Some(candidate.clone());
+                break;
+            }
+        }
         let Some(next) = next else {
             tracing::warn!(task_id = %task.task_id, station = %station_id, "failover: no backup printer left");
             return Ok(None);

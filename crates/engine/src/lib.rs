@@ -3,7 +3,9 @@
 //! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
 //! enqueue), the in-process first gate that answers recent duplicates without a database
 //! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
-//! the secrets helpers, and delivery: the one lane engine (`lanes`: claim, ack, sweep)
+//! the secrets helpers, set-up (`setup`: every change of tenants, stores, printers,
+//! stations, tokens and keys, validated, audited and forgotten by the directory), and
+//! delivery: the one lane engine (`lanes`: claim, ack, sweep)
 //! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
 //! transports on top of it (`transport`: the agent's long poll, the push driver and the
 //! webhook transport). It also owns the manual channel, alerts, reconciliation and store
@@ -26,6 +28,7 @@ pub mod lanes;
 pub mod operations;
 pub mod reconcile;
 pub mod secrets;
+pub mod setup;
 pub mod signals;
 pub mod transport;
 pub mod tz;
@@ -48,6 +51,7 @@ pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
 pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, DeliveryError, LaneEngine, SweepReport};
 pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
+pub use setup::{Caller, Setup, SetupError};
 pub use signals::StoreSignals;
 pub use transport::agent::{AgentDelivery, AgentTransport, PollError};
 pub use transport::push::{PushConfig, PushDriver};

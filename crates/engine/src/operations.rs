@@ -77,7 +77,7 @@ fn new_task_id(now: i64) -> String {
     crate::ids::next_task_id(now).into_string()
 }
 
-fn check_text(field: &str, value: &str, max: usize) -> Result<(), CoreError> {
+pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), CoreError> {
     if value.trim().is_empty() {
         return Err(CoreError::invalid(field, "is required: say who acts and why"));
     }
@@ -223,6 +223,14 @@ impl Operations {
                 }
                 if printer.id == task.printer_id {
                     return Err(CoreError::invalid("printer_id", "is the task's own printer").into());
+                }
+                if !printer.enabled {
+                    // The task would only wait there: a disabled printer's lane goes to nobody.
+                    return Err(CoreError::invalid(
+                        "printer_id",
+                        format!("printer {printer_id:?} is disabled; enable it or choose another printer"),
+                    )
+                    .into());
                 }
                 let spec = SuccessorSpec {
                     kind: OriginKind::Transfer,

@@ -8,9 +8,21 @@ use sha2::{Digest, Sha256};
 /// A new random secret with a readable prefix (`opk_` tenant key, `opa_` agent token,
 /// `opadm_` admin token) so a leaked string is recognisable in logs and scanners.
 pub fn generate(prefix: &str) -> String {
-    let mut bytes = [0u8; 32];
+    random_hex::<32>(prefix)
+}
+
+/// A new random id with a readable prefix (`key_` API keys, `tok_` agent tokens): 64
+/// random bits, enough that ids never collide in practice (the database's unique key
+/// refuses one that would), and nothing about the secret it names.
+pub fn short_id(prefix: &str) -> String {
+    random_hex::<8>(prefix)
+}
+
+/// `prefix` followed by `N` random bytes from the OS random source, in hex.
+fn random_hex<const N: usize>(prefix: &str) -> String {
+    let mut bytes = [0u8; N];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
-    let mut out = String::with_capacity(prefix.len() + 64);
+    let mut out = String::with_capacity(prefix.len() + 2 * N);
     out.push_str(prefix);
     for b in bytes {
         out.push_str(&format!("{b:02x}"));

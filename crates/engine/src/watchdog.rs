@@ -13,7 +13,7 @@
 //!
 //! A lane waiting for a scheduled retry is not stalled, nor one whose printer nobody can
 //! reach (an agent printer in a store without a live agent): that is `agent offline`, a
-//! different alarm. With the lane engine working, a stall means a defect or a claimant
+//! different alarm; nor a disabled printer's, which waits because a person said so. With the lane engine working, a stall means a defect or a claimant
 //! that holds a delivery without ever answering it.
 
 use std::collections::{HashMap, HashSet};
@@ -129,6 +129,10 @@ impl Watchdog {
         let Some(printer) = self.lanes.directory().printer_info(&s.tenant_id, &s.printer_id).await? else {
             return Ok(false);
         };
+        if !printer.row.enabled {
+            // Stopped on purpose by a person: not a stall.
+            return Ok(false);
+        }
         let reachable = match printer.transport.as_ref().map(|t| t.kind()) {
             Some(TransportKind::Agent) => self.lanes.agents().store_has_live_agent(&s.tenant_id, &s.store_id),
             Some(TransportKind::Webhook) => true,

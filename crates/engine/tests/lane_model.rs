@@ -28,7 +28,7 @@ use onceprint_engine::{
 };
 use onceprint_store::conformance::HarnessFactory;
 use onceprint_store::testing::Harness;
-use onceprint_store::{AgentIdentity, NewPrinter, NewStore, NewTask, NewTenant, Store, TaskQuery};
+use onceprint_store::{AgentIdentity, NewPrinter, NewStore, NewTask, NewTenant, SetupAudit, Store, TaskQuery};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
@@ -201,7 +201,14 @@ impl Sut {
         let clock = Arc::new(ManualClock::new(START));
         rt.block_on(async {
             store
-                .create_tenant(NewTenant { id: "t".into(), name: "t".into(), api_key_hash: "h".into(), now: START })
+                .create_tenant(NewTenant {
+                    id: "t".into(),
+                    name: "t".into(),
+                    api_key_hash: "h".into(),
+                    api_key_id: "key-t".into(),
+                    now: START,
+                    audit: SetupAudit::default(),
+                })
                 .await
                 .expect("tenant");
             store
@@ -211,6 +218,7 @@ impl Sut {
                     name: "s".into(),
                     timezone: "UTC".into(),
                     now: START,
+                    audit: SetupAudit::default(),
                 })
                 .await
                 .expect("store");
@@ -223,6 +231,7 @@ impl Sut {
                         name: p.into(),
                         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9"}"#.into(),
                         now: START,
+                        audit: SetupAudit::default(),
                     })
                     .await
                     .expect("printer");

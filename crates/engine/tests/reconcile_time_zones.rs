@@ -5,7 +5,7 @@
 use onceprint_core::TaskId;
 use onceprint_engine::reconcile::{reconcile, ReconcileError};
 use onceprint_store::conformance::new_task;
-use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, Store};
+use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, SetupAudit, Store};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 60 * MINUTE;
@@ -24,15 +24,23 @@ fn task(biz_no: &str, at: i64, n: u8) -> NewTask {
 
 async fn berlin_store(s: &dyn Store) {
     let now = BERLIN_OCT_25;
-    s.create_tenant(NewTenant { id: "acme".into(), name: "Acme".into(), api_key_hash: "h".into(), now })
-        .await
-        .expect("tenant");
+    s.create_tenant(NewTenant {
+        id: "acme".into(),
+        name: "Acme".into(),
+        api_key_hash: "h".into(),
+        now,
+        api_key_id: "key-acme".into(),
+        audit: SetupAudit::default(),
+    })
+    .await
+    .expect("tenant");
     s.create_store(NewStore {
         tenant_id: "acme".into(),
         id: "berlin".into(),
         name: "Berlin".into(),
         timezone: "Europe/Berlin".into(),
         now,
+        audit: SetupAudit::default(),
     })
     .await
     .expect("store");
@@ -43,6 +51,7 @@ async fn berlin_store(s: &dyn Store) {
         name: "Kitchen".into(),
         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
         now,
+        audit: SetupAudit::default(),
     })
     .await
     .expect("printer");
@@ -91,6 +100,7 @@ async fn a_stored_zone_the_broker_does_not_know_is_an_error_not_a_wrong_day() {
         name: "Mars".into(),
         timezone: "Mars/Olympus".into(),
         now: BERLIN_OCT_25,
+        audit: SetupAudit::default(),
     })
     .await
     .expect("store");

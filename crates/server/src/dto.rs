@@ -2,7 +2,7 @@
 //! also feed the OpenAPI document, so the description cannot drift from the code.
 
 use onceprint_core::Millis;
-use onceprint_store::{Printer, Station, StoreRow, Task, TaskEvent};
+use onceprint_store::{AgentToken, ApiKey, Printer, SetupEvent, Station, StoreRow, Task, TaskEvent};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -26,6 +26,9 @@ pub struct TenantCreated {
     pub name: String,
     /// The tenant's API key. Shown only in this answer; only its hash is stored.
     pub api_key: String,
+    /// Extension: the key's id (for `GET /v1/api-keys`, revocation, and the set-up audit,
+    /// where changes made with it are by `api_key:ID`).
+    pub api_key_id: String,
     pub created_at: String,
 }
 
@@ -104,13 +107,39 @@ pub struct CreatePrinter {
     pub transport: serde_json::Value,
 }
 
+/// A change of a printer: `name` and/or `transport`. A printer cannot change store
+/// (`store_id` may be sent only with the printer's own store).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdatePrinter {
+    pub name: Option<String>,
+    /// A whole transport object, checked like at registration (secrets included: a
+    /// webhook printer's `secret` must be given again).
+    #[schema(value_type = Option<TransportIn>)]
+    pub transport: Option<serde_json::Value>,
+    pub store_id: Option<String>,
+}
+
+/// Who disables or enables a printer and why (recorded in the set-up audit).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchIn {
+    pub operator: String,
+    pub reason: String,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PrinterOut {
     pub id: String,
     pub store_id: String,
     pub name: String,
+    /// As registered, secrets shown as `"***"`.
     #[schema(value_type = Object)]
     pub transport: serde_json::Value,
+    /// Extension: `false` while the printer is disabled. Its lane is then handed out to
+    /// nobody (waiting tasks wait; the task in flight is not taken back) and new
+    /// submissions to it are refused with 409 `printer_disabled`.
+    pub enabled: bool,
     pub online: bool,
     pub last_seen_at: Option<String>,
     pub last_error: Option<String>,
@@ -129,6 +158,7 @@ impl From<Printer> for PrinterOut {
             id: p.id,
             store_id: p.store_id,
             name: p.name,
+            enabled: p.enabled,
             online: p.online,
             last_seen_at: opt_time(p.last_seen_at),
             last_error: p.last_error,
@@ -151,6 +181,14 @@ pub struct CreateStation {
     pub printers: Vec<String>,
 }
 
+/// A station's new printer list: printer ids of the station's store, the primary first.
+/// Tasks already created keep their printer.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateStation {
+    pub printers: Vec<String>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StationOut {
     pub id: String,
@@ -167,9 +205,113 @@ impl From<Station> for StationOut {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AgentTokenOut {
+    /// Extension: names the token in `GET /v1/stores/{id}/agent-tokens` and revocation.
+    pub id: String,
     /// The agent token. Shown only in this answer; only its hash is stored.
     pub token: String,
     pub store_id: String,
+    pub created_at: String,
+}
+
+/// An agent token as listed (never the token itself).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentTokenInfo {
+    pub id: String,
+    pub store_id: String,
+    pub created_at: String,
+    /// Set once revoked; a revoked token is refused with 401.
+    pub revoked_at: Option<String>,
+}
+
+impl From<AgentToken> for AgentTokenInfo {
+    fn from(t: AgentToken) -> Self {
+        AgentTokenInfo {
+            id: t.id,
+            store_id: t.store_id,
+            created_at: rfc3339(t.created_at),
+            revoked_at: opt_time(t.revoked_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentTokenList {
+    pub tokens: Vec<AgentTokenInfo>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApiKeyCreated {
+    pub id: String,
+    /// The key. Shown only in this answer; only its hash is stored.
+    pub api_key: String,
+    pub created_at: String,
+}
+
+/// An API key as listed (never the key itself).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApiKeyOut {
+    pub id: String,
+    pub created_at: String,
+    /// Set once revoked; a revoked key is refused with 401.
+    pub revoked_at: Option<String>,
+}
+
+impl From<ApiKey> for ApiKeyOut {
+    fn from(k: ApiKey) -> Self {
+        ApiKeyOut { id: k.id, created_at: rfc3339(k.created_at), revoked_at: opt_time(k.revoked_at) }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApiKeyList {
+    pub api_keys: Vec<ApiKeyOut>,
+}
+
+/// One set-up change.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SetupEventOut {
+    pub at: String,
+    /// `admin` or `api_key:ID`.
+    pub actor: String,
+    /// `tenant`, `store`, `printer`, `station`, `agent_token` or `api_key`.
+    pub object_kind: String,
+    pub object_id: String,
+    /// `create`, `update`, `disable`, `enable` or `revoke`.
+    pub action: String,
+    /// What changed. Printer edits: `{"before":{"name","transport"},"after":{…}}` with
+    /// transports as the API shows them (secrets as `"***"`); disable/enable:
+    /// `{"operator","reason"}`; station changes: the printer lists before and after.
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+impl From<SetupEvent> for SetupEventOut {
+    fn from(e: SetupEvent) -> Self {
+        SetupEventOut {
+            at: rfc3339(e.at),
+            actor: e.actor,
+            object_kind: e.object_kind,
+            object_id: e.object_id,
+            action: e.action,
+            detail: e.detail,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SetupEventList {
+    /// Newest first.
+    pub events: Vec<SetupEventOut>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SetupEventParams {
+    /// 1–500, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
 }
 
 /// A print task submission. Exactly one of `printer_id` and `station_id`.

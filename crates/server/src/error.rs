@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use onceprint_core::CoreError;
 use onceprint_engine::tz::ZoneError;
-use onceprint_engine::IntakeError;
+use onceprint_engine::{IntakeError, SetupError};
 use onceprint_store::StoreError;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -30,7 +30,8 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
     /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
-    /// `agent_superseded`, `method_not_allowed`, `unavailable`, `internal`.
+    /// `printer_disabled`, `last_api_key`, `agent_superseded`, `method_not_allowed`, `unavailable`,
+    /// `internal`.
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
     pub message: String,
@@ -133,6 +134,7 @@ impl From<IntakeError> for ApiError {
             IntakeError::Invalid(c) => c.into(),
             IntakeError::UnknownTarget(m) => ApiError::invalid(m),
             IntakeError::InvalidContent(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_content", m),
+            IntakeError::PrinterDisabled(m) => ApiError::new(StatusCode::CONFLICT, "printer_disabled", m),
             IntakeError::Mismatch { task_id } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency_mismatch",
@@ -151,5 +153,18 @@ impl From<ZoneError> for ApiError {
     /// examples of what is accepted.
     fn from(e: ZoneError) -> Self {
         ApiError::invalid(e.to_string())
+    }
+}
+
+impl From<SetupError> for ApiError {
+    fn from(e: SetupError) -> Self {
+        match e {
+            SetupError::Invalid(c) => c.into(),
+            SetupError::Zone(z) => z.into(),
+            SetupError::NotFound(m) => ApiError::not_found(m),
+            SetupError::LastApiKey(_) => ApiError::new(StatusCode::CONFLICT, "last_api_key", e.to_string()),
+            SetupError::Conflict(m) => ApiError::conflict(m),
+            SetupError::Store(s) => s.into(),
+        }
     }
 }

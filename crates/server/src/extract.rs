@@ -103,6 +103,8 @@ impl FromRequestParts<AppState> for Admin {
 /// The caller presented a tenant API key.
 pub struct TenantAuth {
     pub tenant_id: String,
+    /// Which of the tenant's keys (the actor `api_key:ID` of set-up changes).
+    pub key_id: String,
 }
 
 impl FromRequestParts<AppState> for TenantAuth {
@@ -111,7 +113,7 @@ impl FromRequestParts<AppState> for TenantAuth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?;
         match state.directory.tenant_by_key_hash(&secrets::hash(token)).await? {
-            Some(t) => Ok(TenantAuth { tenant_id: t.id }),
+            Some(k) => Ok(TenantAuth { tenant_id: k.tenant.id, key_id: k.key_id }),
             None => Err(ApiError::unauthorized("unknown API key")),
         }
     }

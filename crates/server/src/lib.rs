@@ -19,12 +19,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, RegistryConfig, Shared, StoreSignals, Watchdog,
+    OperationsConfig, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -62,6 +62,7 @@ pub struct AppState {
     pub(crate) agents: Arc<AgentTransport>,
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
+    pub(crate) setup: Arc<Setup>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -117,11 +118,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
         .route("/v1/stores/{id}", get(setup::get_store))
-        .route("/v1/stores/{id}/agent-tokens", post(setup::create_agent_token))
+        .route("/v1/stores/{id}/agent-tokens", post(setup::create_agent_token).get(setup::list_agent_tokens))
+        .route("/v1/stores/{id}/agent-tokens/{token_id}", delete(setup::revoke_agent_token))
         .route("/v1/printers", post(setup::create_printer).get(setup::list_printers))
-        .route("/v1/printers/{id}", get(setup::get_printer))
+        .route("/v1/printers/{id}", get(setup::get_printer).patch(setup::update_printer))
+        .route("/v1/printers/{id}/disable", post(setup::disable_printer))
+        .route("/v1/printers/{id}/enable", post(setup::enable_printer))
         .route("/v1/stations", post(setup::create_station))
-        .route("/v1/stations/{id}", get(setup::get_station))
+        .route("/v1/stations/{id}", get(setup::get_station).patch(setup::update_station))
+        .route("/v1/api-keys", post(setup::create_api_key).get(setup::list_api_keys))
+        .route("/v1/api-keys/{id}", delete(setup::revoke_api_key))
+        .route("/v1/setup-events", get(setup::setup_events))
         .route("/v1/print-tasks", post(tasks::submit).get(tasks::list_tasks))
         .route("/v1/print-tasks/{task_id}", get(tasks::get_task))
         .route("/v1/print-tasks/{task_id}/events", get(tasks::task_events))
@@ -192,6 +199,7 @@ pub async fn bind(
     };
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
+    let setup = Arc::new(Setup::new(store.clone(), directory.clone()));
     let state = AppState {
         store,
         intake,
@@ -199,6 +207,7 @@ pub async fn bind(
         watchdog: Watchdog::new(lanes.clone()),
         lanes,
         operations,
+        setup,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),

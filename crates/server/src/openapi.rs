@@ -38,8 +38,11 @@ impl Modify for Security {
     ),
     paths(
         setup::create_tenant, setup::create_store, setup::list_stores, setup::get_store,
-        setup::create_printer, setup::list_printers, setup::get_printer,
-        setup::create_station, setup::get_station, setup::create_agent_token,
+        setup::create_printer, setup::list_printers, setup::get_printer, setup::update_printer,
+        setup::disable_printer, setup::enable_printer,
+        setup::create_station, setup::get_station, setup::update_station,
+        setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
+        setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use common::{order, receiver, sign, Backend, TestApp};
+use common::{order, receiver, sign, task_of, Agent, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -62,6 +62,7 @@ lane_tests!(
     reprint_on_doubt_is_bounded_by_the_attempts,
     one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task,
     a_failover_commits_whole_or_not_at_all,
+    a_failover_skips_a_disabled_backup,
     a_second_live_process_with_one_agent_id_is_fenced,
     a_killed_agents_open_poll_does_not_hold_its_delivery,
     agents_not_seen_since_a_broker_restart_are_not_gone,
@@ -74,70 +75,6 @@ lane_tests!(
     a_webhook_job_the_receiver_never_got_is_sent_again,
     a_webhook_job_nobody_answers_goes_to_a_person,
 );
-
-/// A store agent played over HTTP.
-struct Agent {
-    token: String,
-    id: String,
-    session: String,
-}
-
-impl Agent {
-    async fn new(app: &TestApp, key: &str, id: &str, session: &str) -> Agent {
-        let a = app.call("POST", "/v1/stores/s1/agent-tokens", Some(key), None).await;
-        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
-        Agent { token: a.body["token"].as_str().expect("token").into(), id: id.into(), session: session.into() }
-    }
-
-    async fn poll_answer(&self, app: &TestApp, wait_ms: u64) -> common::Answer {
-        app.post(
-            "/v1/agent/poll",
-            &self.token,
-            json!({"agent_id": self.id, "session": self.session, "wait_ms": wait_ms, "max": 16}),
-        )
-        .await
-    }
-
-    async fn poll(&self, app: &TestApp, wait_ms: u64) -> Vec<Value> {
-        let a = self.poll_answer(app, wait_ms).await;
-        assert_eq!(a.status, StatusCode::OK, "{a:?}");
-        a.body["deliveries"].as_array().cloned().expect("deliveries")
-    }
-
-    /// Polls until something comes or `within` passes.
-    async fn poll_until(&self, app: &TestApp, within: Duration) -> Vec<Value> {
-        let start = Instant::now();
-        loop {
-            let d = self.poll(app, 300).await;
-            if !d.is_empty() || start.elapsed() > within {
-                return d;
-            }
-        }
-    }
-
-    async fn acks(&self, app: &TestApp, acks: &[(&str, i64, &str)]) -> Vec<String> {
-        let list: Vec<Value> =
-            acks.iter().map(|(t, n, o)| json!({"task_id": t, "attempt": n, "outcome": o, "detail": "test"})).collect();
-        let a = app
-            .post("/v1/agent/acks", &self.token, json!({"agent_id": self.id, "session": self.session, "acks": list}))
-            .await;
-        assert_eq!(a.status, StatusCode::OK, "{a:?}");
-        a.body["results"]
-            .as_array()
-            .expect("results")
-            .iter()
-            .map(|r| r["result"].as_str().unwrap_or("").into())
-            .collect()
-    }
-
-    async fn ack(&self, app: &TestApp, task: &str, attempt: i64, outcome: &str) -> String {
-        self.acks(app, &[(task, attempt, outcome)]).await.remove(0)
-    }
-}
-
-fn task_of(d: &Value) -> (String, i64) {
-    (d["task_id"].as_str().unwrap_or("").to_owned(), d["attempt"].as_i64().unwrap_or(0))
-}
 
 async fn submit(app: &TestApp, key: &str, biz_no: &str, print_type: &str) -> String {
     let mut body = order(biz_no, &format!("{biz_no}\n"));
@@ -372,6 +309,35 @@ async fn a_failover_commits_whole_or_not_at_all(backend: Backend) {
     assert_eq!((n["printer_id"].as_str(), n["state"].as_str()), (Some("p2"), Some("pending")));
     let trail: Vec<String> = events(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
     assert_eq!(trail, vec!["pending", "sent", "failed", "transferred"]);
+    app.stop().await;
+}
+
+/// A station's failover goes to the next backup that is not disabled.
+async fn a_failover_skips_a_disabled_backup(backend: Backend) {
+    let Some((app, key, agent, x0)) = station_task_at_its_last_attempt(backend, "X0").await else { return };
+    let p = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "p3", "store_id": "s1", "transport": {"kind": "agent", "address": "tcp://192.0.2.10:9100"}}),
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::CREATED, "{p:?}");
+    let s = app.call("PATCH", "/v1/stations/hot", Some(&key), Some(json!({"printers": ["p1", "p2", "p3"]}))).await;
+    assert_eq!(s.status, StatusCode::OK, "{s:?}");
+    let d = app.post("/v1/printers/p2/disable", &key, json!({"operator": "alice", "reason": "broken"})).await;
+    assert_eq!(d.status, StatusCode::OK, "{d:?}");
+    let a =
+        app.submit(&key, json!({"biz_no": "X1", "station_id": "hot", "content": {"type": "text", "text": "x"}})).await;
+    let id = a.body["task_id"].as_str().expect("id").to_owned();
+    // X0 holds p1's lane; it prints, then X1 comes and runs out of paper.
+    assert_eq!(agent.ack(&app, &x0, 1, "printed").await, "applied");
+    let d = agent.poll_until(&app, Duration::from_secs(5)).await;
+    assert_eq!(d.iter().map(task_of).collect::<Vec<_>>(), vec![(id.clone(), 1)]);
+    assert_eq!(agent.ack(&app, &id, 1, "no_paper").await, "applied");
+    let t = task(&app, &key, &id).await;
+    let next = t["successor_task_id"].as_str().expect("failed over").to_owned();
+    assert_eq!(task(&app, &key, &next).await["printer_id"], "p3", "not the disabled p2");
     app.stop().await;
 }
 

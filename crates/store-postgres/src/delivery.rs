@@ -623,16 +623,29 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_batch_in_one_statement_answers_per_change() {
         use onceprint_store::conformance::new_task;
-        use onceprint_store::{NewPrinter, NewStore, NewTenant, Store};
+        use onceprint_store::{NewPrinter, NewStore, NewTenant, SetupAudit, Store};
         let Some(guard) = crate::testing::fresh_schema().await else {
             return;
         };
         let store = crate::PostgresStore::connect(guard.url(), 2).await.unwrap();
         let now = onceprint_store::conformance::NOW;
-        let tenant = NewTenant { id: "acme".into(), name: "Acme".into(), api_key_hash: "h".into(), now };
+        let tenant = NewTenant {
+            id: "acme".into(),
+            name: "Acme".into(),
+            api_key_hash: "h".into(),
+            now,
+            api_key_id: "key-acme".into(),
+            audit: SetupAudit::default(),
+        };
         store.create_tenant(tenant).await.unwrap();
-        let shop =
-            NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "s".into(), timezone: "UTC".into(), now };
+        let shop = NewStore {
+            tenant_id: "acme".into(),
+            id: "s1".into(),
+            name: "s".into(),
+            timezone: "UTC".into(),
+            now,
+            audit: SetupAudit::default(),
+        };
         store.create_store(shop).await.unwrap();
         for p in ["p1", "p2"] {
             let printer = NewPrinter {
@@ -642,6 +655,7 @@ pub(crate) mod tests {
                 name: p.into(),
                 transport: "{}".into(),
                 now,
+                audit: SetupAudit::default(),
             };
             store.create_printer(printer).await.unwrap();
         }

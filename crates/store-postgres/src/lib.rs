@@ -23,6 +23,7 @@ pub mod migrations;
 mod operations;
 mod reconcile;
 mod rows;
+mod setup;
 mod statistics;
 mod submit;
 pub mod testing;
@@ -124,18 +125,6 @@ impl PostgresStore {
         let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
         client.query_opt(&stmt, params).await.map_err(pg_error)
     }
-
-    /// Runs a cached prepared statement that returns exactly one row (an `INSERT …
-    /// RETURNING`), leaving the raw error to the caller so it can interpret violations.
-    async fn insert_returning(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> StoreResult<Result<tokio_postgres::Row, tokio_postgres::Error>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(pg_error)?;
-        Ok(client.query_one(&stmt, params).await)
-    }
 }
 
 /// `host:port/dbname` for messages, without the password a URL may carry.
@@ -162,7 +151,7 @@ fn describe_target(config: &tokio_postgres::Config) -> String {
 
 /// Builds a `StoreError` for a failed create: unique violations become `AlreadyExists`,
 /// foreign-key violations `NotFound`, with the names the caller supplies.
-fn create_error(
+pub(crate) fn create_error(
     e: tokio_postgres::Error,
     exists: impl FnOnce(&str) -> String,
     missing: impl FnOnce(&str) -> String,
@@ -204,52 +193,27 @@ impl Store for PostgresStore {
     }
 
     async fn create_tenant(&self, tenant: NewTenant) -> StoreResult<Tenant> {
-        let row = self
-            .insert_returning(
-                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ($1, $2, $3, $4)
-                 RETURNING id, name, created_at",
-                &[&tenant.id, &tenant.name, &tenant.api_key_hash, &tenant.now],
-            )
-            .await?
-            .map_err(|e| {
-                create_error(
-                    e,
-                    |constraint| {
-                        // The hash must never appear in a message, only the fact.
-                        if constraint == "tenants_api_key_hash_key" {
-                            "a tenant with this API key".to_owned()
-                        } else {
-                            format!("tenant {}", tenant.id)
-                        }
-                    },
-                    |_| format!("tenant {}", tenant.id),
-                )
-            })?;
-        rows::tenant(&row)
+        self.setup_create_tenant(tenant).await
     }
 
-    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>> {
-        self.query_opt("SELECT id, name, created_at FROM tenants WHERE api_key_hash = $1", &[&api_key_hash])
-            .await?
-            .as_ref()
-            .map(rows::tenant)
-            .transpose()
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<TenantKey>> {
+        self.setup_tenant_by_key_hash(api_key_hash).await
+    }
+
+    async fn create_api_key(&self, key: NewApiKey) -> StoreResult<ApiKey> {
+        self.setup_create_api_key(key).await
+    }
+
+    async fn list_api_keys(&self, tenant_id: &str) -> StoreResult<Vec<ApiKey>> {
+        self.setup_list_api_keys(tenant_id).await
+    }
+
+    async fn revoke_api_key(&self, change: RevokeApiKey) -> StoreResult<KeyRevocation> {
+        self.setup_revoke_api_key(change).await
     }
 
     async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
-        let row = self
-            .insert_returning(
-                &format!(
-                    "INSERT INTO stores (tenant_id, id, name, timezone, created_at)
-                     VALUES ($1, $2, $3, $4, $5) RETURNING {STORE_COLUMNS}"
-                ),
-                &[&store.tenant_id, &store.id, &store.name, &store.timezone, &store.now],
-            )
-            .await?
-            .map_err(|e| {
-                create_error(e, |_| format!("store {}", store.id), |_| format!("tenant {}", store.tenant_id))
-            })?;
-        rows::store(&row)
+        self.setup_create_store(store).await
     }
 
     async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>> {
@@ -272,19 +236,7 @@ impl Store for PostgresStore {
     }
 
     async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer> {
-        let row = self
-            .insert_returning(
-                &format!(
-                    "INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING {PRINTER_COLUMNS}"
-                ),
-                &[&printer.tenant_id, &printer.id, &printer.store_id, &printer.name, &printer.transport, &printer.now],
-            )
-            .await?
-            .map_err(|e| {
-                create_error(e, |_| format!("printer {}", printer.id), |_| format!("store {}", printer.store_id))
-            })?;
-        rows::printer(&row)
+        self.setup_create_printer(printer).await
     }
 
     async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>> {
@@ -320,6 +272,14 @@ impl Store for PostgresStore {
         rows.iter().map(rows::printer).collect()
     }
 
+    async fn update_printer(&self, change: PrinterUpdate) -> StoreResult<Option<Printer>> {
+        self.setup_update_printer(change).await
+    }
+
+    async fn set_printer_enabled(&self, change: PrinterEnabled) -> StoreResult<Option<Printer>> {
+        self.setup_set_printer_enabled(change).await
+    }
+
     async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>> {
         // The transport is JSON text, as on SQLite; a row that is not JSON fails the read
         // there too.
@@ -344,36 +304,7 @@ impl Store for PostgresStore {
     }
 
     async fn create_station(&self, station: NewStation) -> StoreResult<Station> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg_error)?;
-        // The schema cannot reference array elements, so the printers are checked here,
-        // in the same transaction, with a key-share lock that keeps them from being
-        // deleted or renamed before the commit.
-        let stmt = tx
-            .prepare_cached("SELECT id FROM printers WHERE tenant_id = $1 AND id = ANY($2::text[]) FOR KEY SHARE")
-            .await
-            .map_err(pg_error)?;
-        let found = tx.query(&stmt, &[&station.tenant_id, &station.printers]).await.map_err(pg_error)?;
-        let found: Vec<&str> = found.iter().map(|r| rows::col(r, 0)).collect::<StoreResult<_>>()?;
-        if let Some(missing) = station.printers.iter().find(|p| !found.contains(&p.as_str())) {
-            return Err(StoreError::NotFound(format!("printer {missing}")));
-        }
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES ($1, $2, $3, $4, $5)
-                 RETURNING tenant_id, id, store_id, printers, created_at",
-            )
-            .await
-            .map_err(pg_error)?;
-        let row = tx
-            .query_one(&stmt, &[&station.tenant_id, &station.id, &station.store_id, &station.printers, &station.now])
-            .await
-            .map_err(|e| {
-                create_error(e, |_| format!("station {}", station.id), |_| format!("store {}", station.store_id))
-            })?;
-        let created = rows::station(&row)?;
-        tx.commit().await.map_err(pg_error)?;
-        Ok(created)
+        self.setup_create_station(station).await
     }
 
     async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>> {
@@ -387,25 +318,37 @@ impl Store for PostgresStore {
         .transpose()
     }
 
-    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()> {
-        self.insert_returning(
-            "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at) VALUES ($1, $2, $3, $4)
-             RETURNING token_hash",
-            &[&token.token_hash, &token.tenant_id, &token.store_id, &token.now],
-        )
-        .await?
-        .map_err(|e| create_error(e, |_| "agent token".to_owned(), |_| format!("store {}", token.store_id)))?;
-        Ok(())
+    async fn update_station(&self, change: StationUpdate) -> StoreResult<Option<Station>> {
+        self.setup_update_station(change).await
+    }
+
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<AgentToken> {
+        self.setup_create_agent_token(token).await
     }
 
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
         match self
-            .query_opt("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1", &[&token_hash])
+            .query_opt(
+                "SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
+                &[&token_hash],
+            )
             .await?
         {
             Some(row) => Ok(Some(AgentIdentity { tenant_id: rows::col(&row, 0)?, store_id: rows::col(&row, 1)? })),
             None => Ok(None),
         }
+    }
+
+    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>> {
+        self.setup_list_agent_tokens(tenant_id, store_id).await
+    }
+
+    async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
+        self.setup_revoke_agent_token(change).await
+    }
+
+    async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {
+        self.setup_events_page(tenant_id, limit, before).await
     }
 
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {

@@ -27,6 +27,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (6, V6_TIME_ZONES),
     (7, V7_PLANS),
     (8, V8_LANES),
+    (9, V9_SETUP_CHANGES),
 ];
 
 /// The version a fully migrated database reports.
@@ -282,6 +283,50 @@ UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
 UPDATE tasks SET may_have_printed = true WHERE state = 'in_doubt' OR last_error = 'in_doubt';
 "#;
 
+/// Set-up changes (issue 8): printers can be disabled; API keys live in a table of their
+/// own, with ids, so that a tenant has several and can revoke them; agent tokens get ids
+/// and can be revoked; every set-up change leaves a row in `setup_events`, read newest
+/// first per tenant through `setup_events_by_tenant`.
+///
+/// The key given at tenant creation moves to `api_keys`; `tenants.api_key_hash` keeps it
+/// for brokers of the previous version during a rolling upgrade and is overwritten when
+/// that key is revoked. Ids of keys and tokens that exist already are derived from their
+/// hashes, which are unique. An earlier broker writes no `api_keys` row and no token id
+/// (its token inserts fail on the NOT NULL), so set-up objects are best created only by
+/// brokers of this version once every node runs it.
+const V9_SETUP_CHANGES: &str = r#"
+ALTER TABLE printers ADD COLUMN enabled BOOLEAN NOT NULL DEFAULT true;
+
+CREATE TABLE api_keys (
+    tenant_id  TEXT NOT NULL REFERENCES tenants (id),
+    id         TEXT NOT NULL,
+    key_hash   TEXT NOT NULL CONSTRAINT api_keys_key_hash_key UNIQUE,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT,
+    PRIMARY KEY (tenant_id, id)
+);
+INSERT INTO api_keys (tenant_id, id, key_hash, created_at)
+    SELECT id, 'key_' || substr(api_key_hash, 1, 16), api_key_hash, created_at FROM tenants;
+
+ALTER TABLE agent_tokens ADD COLUMN id TEXT, ADD COLUMN revoked_at BIGINT;
+UPDATE agent_tokens SET id = 'tok_' || substr(token_hash, 1, 16);
+ALTER TABLE agent_tokens ALTER COLUMN id SET NOT NULL;
+CREATE UNIQUE INDEX agent_tokens_by_id ON agent_tokens (tenant_id, id);
+CREATE INDEX agent_tokens_by_store ON agent_tokens (tenant_id, store_id, created_at);
+
+CREATE TABLE setup_events (
+    id          BIGSERIAL PRIMARY KEY,
+    tenant_id   TEXT NOT NULL,
+    at          BIGINT NOT NULL,
+    actor       TEXT NOT NULL,
+    object_kind TEXT NOT NULL,
+    object_id   TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    detail      TEXT NOT NULL
+);
+CREATE INDEX setup_events_by_tenant ON setup_events (tenant_id, id);
+"#;
+
 /// Applies every migration the schema has not seen yet, one transaction each.
 pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult<()> {
     for (version, sql) in MIGRATIONS {
@@ -340,34 +385,44 @@ mod tests {
         assert!(MIGRATIONS.windows(2).all(|w| w[0].0 < w[1].0));
     }
 
+    /// A fresh schema as a broker of an earlier version left it: the migrations up to
+    /// `version` applied and recorded, then `rows` inserted. `None` when no PostgreSQL is
+    /// configured (the harness has said so).
+    async fn schema_at(version: i32, rows: &str) -> Option<crate::testing::SchemaGuard> {
+        let schema = crate::testing::fresh_schema().await?;
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        client
+            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+            .await
+            .expect("schema_migrations");
+        for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= version) {
+            client.batch_execute(sql).await.expect("old migration");
+            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[v]).await.expect("version");
+        }
+        client.batch_execute(rows).await.expect("old rows");
+        drop(client);
+        let _ = driver.await;
+        Some(schema)
+    }
+
     /// The migration to time zones keeps every existing store's offset, now as text.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn stores_keep_their_utc_offset_as_a_time_zone() {
         use onceprint_store::Store as _;
 
-        let Some(schema) = crate::testing::fresh_schema().await else { return };
-        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
-        let driver = tokio::spawn(connection);
         // The schema as the broker before time zones left it: migrations 1 to 5.
-        client
-            .batch_execute("CREATE TABLE schema_migrations (version INT PRIMARY KEY, applied_at BIGINT NOT NULL)")
-            .await
-            .expect("schema_migrations");
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 5) {
-            client.batch_execute(sql).await.expect("old migration");
-            client.execute("INSERT INTO schema_migrations VALUES ($1, 0)", &[version]).await.expect("version");
-        }
-        client
-            .batch_execute(
-                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
-                 INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES
-                     ('t', 'east', 'e', 480, 0), ('t', 'india', 'i', 330, 0), ('t', 'west', 'w', -300, 0),
-                     ('t', 'newfoundland', 'n', -210, 0), ('t', 'utc', 'u', 0, 0);",
-            )
-            .await
-            .expect("old rows");
-        drop(client);
-        let _ = driver.await;
+        let Some(schema) = schema_at(
+            5,
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+             INSERT INTO stores (tenant_id, id, name, utc_offset_minutes, created_at) VALUES
+                 ('t', 'east', 'e', 480, 0), ('t', 'india', 'i', 330, 0), ('t', 'west', 'w', -300, 0),
+                 ('t', 'newfoundland', 'n', -210, 0), ('t', 'utc', 'u', 0, 0);",
+        )
+        .await
+        else {
+            return;
+        };
 
         let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
         assert_eq!(store.schema_version().await.expect("version"), LATEST_VERSION);
@@ -376,6 +431,39 @@ mod tests {
         let want =
             [("east", "+08:00"), ("india", "+05:30"), ("newfoundland", "-03:30"), ("utc", "UTC"), ("west", "-05:00")];
         assert_eq!(zones, want.map(|(id, tz)| (id.to_owned(), tz.to_owned())));
+        drop(store);
+        drop(schema);
+    }
+
+    /// The migration to set-up changes keeps every key and token working, gives them ids,
+    /// and leaves printers enabled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_and_tokens_of_earlier_versions_keep_working_with_ids() {
+        use onceprint_store::Store as _;
+
+        // The schema as the broker before set-up changes left it: migrations 1 to 8.
+        let Some(schema) = schema_at(
+            8,
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', '0123456789abcdef0123', 5);
+             INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+             INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
+                 VALUES ('t', 'p', 's', 'p', '{}', 0);
+             INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at)
+                 VALUES ('fedcba9876543210fe', 't', 's', 7);",
+        )
+        .await
+        else {
+            return;
+        };
+
+        let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
+        let key = store.tenant_by_key_hash("0123456789abcdef0123").await.expect("read").expect("key still works");
+        assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("t", "key_0123456789abcdef"));
+        assert_eq!(store.list_api_keys("t").await.expect("keys")[0].created_at, 5);
+        assert!(store.agent_by_token_hash("fedcba9876543210fe").await.expect("read").is_some());
+        let tokens = store.list_agent_tokens("t", "s").await.expect("tokens");
+        assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
+        assert!(store.get_printer("t", "p").await.expect("read").expect("printer").enabled);
         drop(store);
         drop(schema);
     }

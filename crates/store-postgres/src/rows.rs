@@ -31,7 +31,7 @@ pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, timezone, created_a
 pub(crate) const LEDGER_COLUMNS: &str = "task_id, tenant_id, kind, amount, at";
 
 pub(crate) const PRINTER_COLUMNS: &str =
-    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at";
+    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled";
 
 /// Reads column `idx`, turning a type mismatch into a backend error.
 pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
@@ -118,6 +118,7 @@ pub(crate) fn printer(row: &Row) -> StoreResult<Printer> {
         last_seen_at: col(row, 6)?,
         last_error: col(row, 7)?,
         created_at: col(row, 8)?,
+        enabled: col(row, 9)?,
     })
 }
 

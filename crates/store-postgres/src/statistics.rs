@@ -113,7 +113,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_table_that_grows_from_nothing_is_analyzed() {
         use onceprint_store::conformance::{new_task, NOW};
-        use onceprint_store::{NewPrinter, NewStore, NewTenant};
+        use onceprint_store::{NewPrinter, NewStore, NewTenant, SetupAudit};
         let Some(h) = crate::testing::fresh_store().await else {
             return;
         };
@@ -130,11 +130,24 @@ mod tests {
         assert!(believed().await < 0.0, "a new table has never been analyzed");
 
         let s = h.store.as_ref();
-        s.create_tenant(NewTenant { id: "acme".into(), name: "a".into(), api_key_hash: "h".into(), now: NOW })
-            .await
-            .unwrap();
-        let shop =
-            NewStore { tenant_id: "acme".into(), id: "s1".into(), name: "s".into(), timezone: "UTC".into(), now: NOW };
+        s.create_tenant(NewTenant {
+            id: "acme".into(),
+            name: "a".into(),
+            api_key_hash: "h".into(),
+            now: NOW,
+            api_key_id: "key-acme".into(),
+            audit: SetupAudit::default(),
+        })
+        .await
+        .unwrap();
+        let shop = NewStore {
+            tenant_id: "acme".into(),
+            id: "s1".into(),
+            name: "s".into(),
+            timezone: "UTC".into(),
+            now: NOW,
+            audit: SetupAudit::default(),
+        };
         s.create_store(shop).await.unwrap();
         let printer = NewPrinter {
             tenant_id: "acme".into(),
@@ -143,6 +156,7 @@ mod tests {
             name: "p".into(),
             transport: "{}".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         };
         s.create_printer(printer).await.unwrap();
         let tasks: Vec<_> = (0..800u64).map(|n| new_task("acme", &format!("B{n}"), "x", n)).collect();

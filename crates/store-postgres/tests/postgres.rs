@@ -5,7 +5,7 @@ mod common;
 
 use common::{fresh_store, printer, tenant_with_store};
 use onceprint_store::conformance::{new_task, NOW};
-use onceprint_store::{NewPrinter, NewStation, NewStore, NewTenant, Store, StoreError};
+use onceprint_store::{NewPrinter, NewStation, NewStore, NewTenant, SetupAudit, Store, StoreError};
 use onceprint_store_postgres::{migrations, testing, PostgresStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,11 +53,26 @@ async fn writes_name_what_exists_or_is_missing() {
     tenant_with_store(s, "acme").await;
 
     let same_key = s
-        .create_tenant(NewTenant { id: "other".into(), name: "x".into(), api_key_hash: "hash-acme".into(), now: NOW })
+        .create_tenant(NewTenant {
+            id: "other".into(),
+            name: "x".into(),
+            api_key_hash: "hash-acme".into(),
+            now: NOW,
+            api_key_id: "key-other".into(),
+            audit: SetupAudit::default(),
+        })
         .await;
     assert!(matches!(&same_key, Err(StoreError::AlreadyExists(m)) if !m.contains("hash-acme")), "{same_key:?}");
-    let same_id =
-        s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "new".into(), now: NOW }).await;
+    let same_id = s
+        .create_tenant(NewTenant {
+            id: "acme".into(),
+            name: "x".into(),
+            api_key_hash: "new".into(),
+            now: NOW,
+            api_key_id: "key-acme".into(),
+            audit: SetupAudit::default(),
+        })
+        .await;
     assert_eq!(same_id, Err(StoreError::AlreadyExists("tenant acme".into())));
 
     let no_tenant = s
@@ -67,6 +82,7 @@ async fn writes_name_what_exists_or_is_missing() {
             name: "x".into(),
             timezone: "UTC".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert_eq!(no_tenant, Err(StoreError::NotFound("tenant ghost".into())));
@@ -78,6 +94,7 @@ async fn writes_name_what_exists_or_is_missing() {
             name: "x".into(),
             transport: "{}".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert_eq!(no_store, Err(StoreError::NotFound("store s9".into())));
@@ -89,6 +106,7 @@ async fn writes_name_what_exists_or_is_missing() {
             store_id: "s1".into(),
             printers: vec!["p7".into()],
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert_eq!(no_printer, Err(StoreError::NotFound("printer p7".into())));

@@ -15,6 +15,7 @@
 //! caller before the commit that carries its write.
 
 mod schema;
+mod setup;
 mod sql;
 pub mod testing;
 
@@ -327,9 +328,22 @@ impl Store for SqliteStore {
         self.write(move |c| sql::create_tenant(c, tenant)).await
     }
 
-    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>> {
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<TenantKey>> {
         let h = api_key_hash.to_owned();
         self.read(move |c| sql::tenant_by_key_hash(c, &h)).await
+    }
+
+    async fn create_api_key(&self, key: NewApiKey) -> StoreResult<ApiKey> {
+        self.write(move |c| setup::create_api_key(c, &key)).await
+    }
+
+    async fn list_api_keys(&self, tenant_id: &str) -> StoreResult<Vec<ApiKey>> {
+        let t = tenant_id.to_owned();
+        self.read(move |c| setup::list_api_keys(c, &t)).await
+    }
+
+    async fn revoke_api_key(&self, change: RevokeApiKey) -> StoreResult<KeyRevocation> {
+        self.write(move |c| setup::revoke_api_key(c, &change)).await
     }
 
     async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow> {
@@ -360,6 +374,14 @@ impl Store for SqliteStore {
         self.read(move |c| sql::list_printers(c, &t, s.as_deref())).await
     }
 
+    async fn update_printer(&self, change: PrinterUpdate) -> StoreResult<Option<Printer>> {
+        self.write(move |c| setup::update_printer(c, &change)).await
+    }
+
+    async fn set_printer_enabled(&self, change: PrinterEnabled) -> StoreResult<Option<Printer>> {
+        self.write(move |c| setup::set_printer_enabled(c, &change)).await
+    }
+
     async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>> {
         let k = kind.to_owned();
         self.read(move |c| sql::printers_by_transport(c, &k)).await
@@ -379,13 +401,31 @@ impl Store for SqliteStore {
         self.read(move |c| sql::get_station(c, &t, &s)).await
     }
 
-    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()> {
+    async fn update_station(&self, change: StationUpdate) -> StoreResult<Option<Station>> {
+        self.write(move |c| setup::update_station(c, &change)).await
+    }
+
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<AgentToken> {
         self.write(move |c| sql::create_agent_token(c, token)).await
     }
 
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
         let h = token_hash.to_owned();
         self.read(move |c| sql::agent_by_token_hash(c, &h)).await
+    }
+
+    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| setup::list_agent_tokens(c, &t, &s)).await
+    }
+
+    async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
+        self.write(move |c| setup::revoke_agent_token(c, &change)).await
+    }
+
+    async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {
+        let t = tenant_id.to_owned();
+        self.read(move |c| setup::setup_events(c, &t, limit, before)).await
     }
 
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
@@ -548,18 +588,25 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
-    /// The migration to time zones keeps every existing store's offset, now as text.
-    #[test]
-    fn stores_keep_their_utc_offset_as_a_time_zone() {
-        let mut conn = Connection::open_in_memory().expect("memory database");
-        // The database as the broker before time zones left it: migrations 1 to 5.
+    /// An in-memory database as a broker of an earlier version left it: the first
+    /// `version` migrations applied and recorded.
+    fn database_at(version: usize) -> Connection {
+        let conn = Connection::open_in_memory().expect("memory database");
         conn.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")
             .expect("schema_migrations");
-        for (i, sql) in schema::MIGRATIONS.iter().take(5).enumerate() {
+        for (i, sql) in schema::MIGRATIONS.iter().take(version).enumerate() {
             conn.execute_batch(sql).expect("old migration");
             conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1])
                 .expect("version");
         }
+        conn
+    }
+
+    /// The migration to time zones keeps every existing store's offset, now as text.
+    #[test]
+    fn stores_keep_their_utc_offset_as_a_time_zone() {
+        // The database as the broker before time zones left it: migrations 1 to 5.
+        let mut conn = database_at(5);
         conn.execute("INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0)", [])
             .expect("tenant");
         for (id, minutes) in [("east", 480), ("india", 330), ("west", -300), ("newfoundland", -210), ("utc", 0)] {
@@ -586,6 +633,7 @@ mod tests {
                 name: "Berlin".into(),
                 timezone: "Europe/Berlin".into(),
                 now: 0,
+                audit: SetupAudit::default(),
             },
         )
         .expect("new store");
@@ -593,5 +641,30 @@ mod tests {
             sql::get_store(&conn, "t", "berlin").expect("read").map(|s| s.timezone).as_deref(),
             Some("Europe/Berlin")
         );
+    }
+
+    /// The migration to set-up changes keeps every key and token working, gives them ids,
+    /// and leaves printers enabled.
+    #[test]
+    fn keys_and_tokens_of_earlier_versions_keep_working_with_ids() {
+        // The database as the broker before set-up changes left it: migrations 1 to 7.
+        let mut conn = database_at(7);
+        conn.execute_batch(
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', '0123456789abcdef0123', 5);
+             INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+             INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at) VALUES ('t', 'p', 's', 'p', '{}', 0);
+             INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at) VALUES ('fedcba9876543210fe', 't', 's', 7);",
+        )
+        .expect("old rows");
+
+        migrate(&mut conn).expect("migrate");
+
+        let key = sql::tenant_by_key_hash(&conn, "0123456789abcdef0123").expect("read").expect("key still works");
+        assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("t", "key_0123456789abcdef"));
+        assert_eq!(setup::list_api_keys(&conn, "t").expect("keys")[0].created_at, 5);
+        assert!(sql::agent_by_token_hash(&conn, "fedcba9876543210fe").expect("read").is_some());
+        let tokens = setup::list_agent_tokens(&conn, "t", "s").expect("tokens");
+        assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
+        assert!(sql::get_printer(&conn, "t", "p").expect("read").expect("printer").enabled);
     }
 }

@@ -180,4 +180,41 @@ ALTER TABLE tasks ADD COLUMN may_have_printed INTEGER NOT NULL DEFAULT 0;
 UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
 UPDATE tasks SET may_have_printed = 1 WHERE state = 'in_doubt' OR last_error = 'in_doubt';
 "#,
+    // Set-up changes (issue 8): printers can be disabled; API keys live in a table of
+    // their own, with ids, so that a tenant has several and can revoke them (the key given
+    // at tenant creation moves there; `tenants.api_key_hash` keeps it for brokers of the
+    // previous version and is overwritten when that key is revoked); agent tokens get ids
+    // and can be revoked; every set-up change leaves a row in `setup_events`. Ids of keys
+    // and tokens that exist already are derived from their hashes, which are unique.
+    // Set-up objects are best created only by brokers of this version once it runs: an
+    // earlier broker writes no `api_keys` row and no token id.
+    r#"
+ALTER TABLE printers ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE api_keys (
+    tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+    id         TEXT NOT NULL,
+    key_hash   TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER,
+    PRIMARY KEY (tenant_id, id)
+);
+INSERT INTO api_keys (tenant_id, id, key_hash, created_at)
+    SELECT id, 'key_' || substr(api_key_hash, 1, 16), api_key_hash, created_at FROM tenants;
+ALTER TABLE agent_tokens ADD COLUMN id TEXT;
+ALTER TABLE agent_tokens ADD COLUMN revoked_at INTEGER;
+UPDATE agent_tokens SET id = 'tok_' || substr(token_hash, 1, 16);
+CREATE UNIQUE INDEX agent_tokens_by_id ON agent_tokens(tenant_id, id);
+CREATE INDEX agent_tokens_by_store ON agent_tokens(tenant_id, store_id, created_at);
+CREATE TABLE setup_events (
+    id          INTEGER PRIMARY KEY,
+    tenant_id   TEXT NOT NULL,
+    at          INTEGER NOT NULL,
+    actor       TEXT NOT NULL,
+    object_kind TEXT NOT NULL,
+    object_id   TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    detail      TEXT NOT NULL -- JSON
+);
+CREATE INDEX setup_events_by_tenant ON setup_events(tenant_id, id);
+"#,
 ];

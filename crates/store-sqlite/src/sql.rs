@@ -7,6 +7,7 @@ use onceprint_core::TaskState;
 use onceprint_store::*;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use crate::setup::{audit, check_station_printers, insert_api_key};
 use crate::{backend_err, constraint_err};
 
 const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
@@ -74,15 +75,26 @@ pub fn create_tenant(c: &Connection, t: NewTenant) -> StoreResult<Tenant> {
         params![t.id, t.name, t.api_key_hash, t.now],
     )
     .map_err(|e| constraint_err(e, &format!("tenant {}", t.id), "tenant"))?;
+    insert_api_key(c, &t.id, &t.api_key_id, &t.api_key_hash, t.now)?;
+    audit(c, &t.id, t.now, (SetupObject::Tenant, &t.id, SetupAction::Create), &t.audit)?;
     Ok(Tenant { id: t.id, name: t.name, created_at: t.now })
 }
 
-pub fn tenant_by_key_hash(c: &Connection, h: &str) -> StoreResult<Option<Tenant>> {
-    c.prepare_cached("SELECT id, name, created_at FROM tenants WHERE api_key_hash = ?1")
-        .and_then(|mut s| {
-            s.query_row([h], |r| Ok(Tenant { id: r.get(0)?, name: r.get(1)?, created_at: r.get(2)? })).optional()
+pub fn tenant_by_key_hash(c: &Connection, h: &str) -> StoreResult<Option<TenantKey>> {
+    c.prepare_cached(
+        "SELECT t.id, t.name, t.created_at, k.id FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+         WHERE k.key_hash = ?1 AND k.revoked_at IS NULL",
+    )
+    .and_then(|mut s| {
+        s.query_row([h], |r| {
+            Ok(TenantKey {
+                tenant: Tenant { id: r.get(0)?, name: r.get(1)?, created_at: r.get(2)? },
+                key_id: r.get(3)?,
+            })
         })
-        .map_err(backend_err)
+        .optional()
+    })
+    .map_err(backend_err)
 }
 
 pub fn create_store(c: &Connection, s: NewStore) -> StoreResult<StoreRow> {
@@ -91,6 +103,7 @@ pub fn create_store(c: &Connection, s: NewStore) -> StoreResult<StoreRow> {
         params![s.tenant_id, s.id, s.name, s.timezone, s.now],
     )
     .map_err(|e| constraint_err(e, &format!("store {}", s.id), &format!("tenant {}", s.tenant_id)))?;
+    audit(c, &s.tenant_id, s.now, (SetupObject::Store, &s.id, SetupAction::Create), &s.audit)?;
     Ok(StoreRow { tenant_id: s.tenant_id, id: s.id, name: s.name, timezone: s.timezone, created_at: s.now })
 }
 
@@ -116,7 +129,8 @@ pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
 
-const PRINTER_COLS: &str = "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at";
+const PRINTER_COLS: &str =
+    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled";
 
 fn printer_from_row(r: &Row<'_>) -> rusqlite::Result<Printer> {
     Ok(Printer {
@@ -129,6 +143,7 @@ fn printer_from_row(r: &Row<'_>) -> rusqlite::Result<Printer> {
         last_seen_at: r.get(6)?,
         last_error: r.get(7)?,
         created_at: r.get(8)?,
+        enabled: r.get(9)?,
     })
 }
 
@@ -138,12 +153,14 @@ pub fn create_printer(c: &Connection, p: NewPrinter) -> StoreResult<Printer> {
         params![p.tenant_id, p.id, p.store_id, p.name, p.transport, p.now],
     )
     .map_err(|e| constraint_err(e, &format!("printer {}", p.id), &format!("store {}", p.store_id)))?;
+    audit(c, &p.tenant_id, p.now, (SetupObject::Printer, &p.id, SetupAction::Create), &p.audit)?;
     Ok(Printer {
         tenant_id: p.tenant_id,
         id: p.id,
         store_id: p.store_id,
         name: p.name,
         transport: p.transport,
+        enabled: true,
         online: false,
         last_seen_at: None,
         last_error: None,
@@ -168,23 +185,14 @@ pub fn list_printers(c: &Connection, t: &str, store: Option<&str>) -> StoreResul
 }
 
 pub fn create_station(c: &Connection, s: NewStation) -> StoreResult<Station> {
-    // Printers are checked here as well as in the caller so that the store alone keeps
-    // the invariant "a station names only its tenant's printers".
-    for p in &s.printers {
-        let found: Option<i64> = c
-            .query_row("SELECT 1 FROM printers WHERE tenant_id = ?1 AND id = ?2", [&s.tenant_id, p], |r| r.get(0))
-            .optional()
-            .map_err(backend_err)?;
-        if found.is_none() {
-            return Err(StoreError::NotFound(format!("printer {p}")));
-        }
-    }
+    check_station_printers(c, &s.tenant_id, &s.printers)?;
     let printers = serde_json::to_string(&s.printers).map_err(|e| StoreError::Backend(e.to_string()))?;
     c.execute(
         "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![s.tenant_id, s.id, s.store_id, printers, s.now],
     )
     .map_err(|e| constraint_err(e, &format!("station {}", s.id), &format!("store {}", s.store_id)))?;
+    audit(c, &s.tenant_id, s.now, (SetupObject::Station, &s.id, SetupAction::Create), &s.audit)?;
     Ok(Station { tenant_id: s.tenant_id, id: s.id, store_id: s.store_id, printers: s.printers, created_at: s.now })
 }
 
@@ -213,21 +221,22 @@ pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Stat
     .transpose()
 }
 
-pub fn create_agent_token(c: &Connection, t: NewAgentToken) -> StoreResult<()> {
+pub fn create_agent_token(c: &Connection, t: NewAgentToken) -> StoreResult<AgentToken> {
     c.execute(
-        "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![t.token_hash, t.tenant_id, t.store_id, t.now],
+        "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at, id) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![t.token_hash, t.tenant_id, t.store_id, t.now, t.id],
     )
-    .map(|_| ())
-    .map_err(|e| constraint_err(e, "agent token", &format!("store {}", t.store_id)))
+    .map_err(|e| constraint_err(e, "agent token", &format!("store {}", t.store_id)))?;
+    audit(c, &t.tenant_id, t.now, (SetupObject::AgentToken, &t.id, SetupAction::Create), &t.audit)?;
+    Ok(AgentToken { tenant_id: t.tenant_id, store_id: t.store_id, id: t.id, created_at: t.now, revoked_at: None })
 }
 
 pub fn agent_by_token_hash(c: &Connection, h: &str) -> StoreResult<Option<AgentIdentity>> {
-    c.query_row("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = ?1", [h], |r| {
-        Ok(AgentIdentity { tenant_id: r.get(0)?, store_id: r.get(1)? })
-    })
-    .optional()
-    .map_err(backend_err)
+    c.prepare_cached("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = ?1 AND revoked_at IS NULL")
+        .and_then(|mut s| {
+            s.query_row([h], |r| Ok(AgentIdentity { tenant_id: r.get(0)?, store_id: r.get(1)? })).optional()
+        })
+        .map_err(backend_err)
 }
 
 type KeyRef<'a> = (&'a str, &'a str, &'a str, &'a str);

@@ -36,7 +36,10 @@ macro_rules! conformance_tests {
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
-            alerts_go_through_the_outbox_with_the_change);
+            alerts_go_through_the_outbox_with_the_change,
+            api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
+            printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
+            setup_changes_are_audited_per_tenant_newest_first);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -61,6 +64,7 @@ async fn second_printer(s: &Arc<dyn Store>) {
         name: "x".into(),
         transport: "{}".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -72,6 +76,8 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
         name: format!("Tenant {id}"),
         api_key_hash: format!("hash-{id}"),
         now: NOW,
+        api_key_id: format!("key-{id}"),
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -82,6 +88,7 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
         // An IANA name, so that the round trip below shows the text is kept as it is.
         timezone: "Europe/Berlin".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -92,6 +99,7 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
         name: "Kitchen".into(),
         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -139,10 +147,19 @@ pub async fn settings_round_trip(s: Arc<dyn Store>) {
 pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     tenant(&s, "other").await;
-    let dup =
-        s.create_tenant(NewTenant { id: "acme".into(), name: "x".into(), api_key_hash: "h2".into(), now: NOW }).await;
+    let dup = s
+        .create_tenant(NewTenant {
+            id: "acme".into(),
+            name: "x".into(),
+            api_key_hash: "h2".into(),
+            now: NOW,
+            api_key_id: "key-acme".into(),
+            audit: SetupAudit::default(),
+        })
+        .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
-    assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap().id, "acme");
+    let key = s.tenant_by_key_hash("hash-acme").await.unwrap().unwrap();
+    assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("acme", "key-acme"));
     assert_eq!(s.tenant_by_key_hash("nope").await.unwrap(), None);
 
     let dup = s
@@ -152,6 +169,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             name: "x".into(),
             timezone: "UTC".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
@@ -166,6 +184,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             name: "Offset".into(),
             timezone: "-05:30".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await
         .unwrap();
@@ -182,6 +201,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             name: "x".into(),
             transport: "{}".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert!(matches!(bad, Err(StoreError::NotFound(_))), "{bad:?}");
@@ -193,6 +213,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             name: "x".into(),
             transport: "{}".into(),
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
@@ -214,6 +235,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
         name: "Backup".into(),
         transport: "{}".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -224,6 +246,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             store_id: "s1".into(),
             printers: vec!["p2".into(), "p1".into()],
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await
         .unwrap();
@@ -237,6 +260,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             store_id: "s1".into(),
             printers: vec!["p1".into()],
             now: NOW,
+            audit: SetupAudit::default(),
         })
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
@@ -246,6 +270,8 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
         tenant_id: "acme".into(),
         store_id: "s1".into(),
         now: NOW,
+        id: "tok-1".into(),
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -380,6 +406,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         name: "Two".into(),
         timezone: "UTC".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -390,6 +417,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         name: "x".into(),
         transport: "{}".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -1066,4 +1094,272 @@ pub async fn alerts_go_through_the_outbox_with_the_change(s: Arc<dyn Store>) {
     let due = s.due_webhooks(NOW + 100, 10).await.unwrap();
     let stalls: Vec<_> = due.iter().filter(|d| d.webhook_id == "watch").map(|d| d.event_id.as_str()).collect();
     assert_eq!(stalls, vec!["evt-s-2"]);
+}
+
+/// A set-up audit for the cases below: `detail` names the step, so that the audit rows
+/// each change wrote can be told apart.
+fn by(step: &str) -> SetupAudit {
+    SetupAudit { actor: "api_key:key-acme".into(), detail: serde_json::json!({ "step": step }) }
+}
+
+/// The `step` of each of the tenant's audit rows, newest first.
+async fn audit_steps(s: &Arc<dyn Store>, tenant_id: &str) -> Vec<String> {
+    s.setup_events(tenant_id, 500, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.detail["step"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+pub async fn api_keys_are_listed_added_and_revoked_but_never_the_last(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let revoke = |id: &str, tenant: &str, step: &str| RevokeApiKey {
+        tenant_id: tenant.into(),
+        id: id.into(),
+        now: NOW + 10,
+        audit: by(step),
+    };
+    // The key of the tenant's creation is listed with the id it was given.
+    let keys = s.list_api_keys("acme").await.unwrap();
+    assert_eq!(
+        keys,
+        vec![ApiKey { tenant_id: "acme".into(), id: "key-acme".into(), created_at: NOW, revoked_at: None }]
+    );
+    // The last active key cannot go, so the tenant cannot lock itself out.
+    assert_eq!(s.revoke_api_key(revoke("key-acme", "acme", "x")).await.unwrap(), KeyRevocation::LastActiveKey);
+
+    let second = NewApiKey {
+        tenant_id: "acme".into(),
+        id: "k2".into(),
+        key_hash: "hash-k2".into(),
+        now: NOW + 5,
+        audit: by("add k2"),
+    };
+    let k2 = s.create_api_key(second.clone()).await.unwrap();
+    assert_eq!((k2.id.as_str(), k2.created_at, k2.revoked_at), ("k2", NOW + 5, None));
+    let dup = s.create_api_key(NewApiKey { key_hash: "hash-other".into(), ..second.clone() }).await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    // A hash is unique across tenants: it alone says whose key it is.
+    let same_hash = s.create_api_key(NewApiKey { tenant_id: "other".into(), id: "k9".into(), ..second }).await;
+    assert!(matches!(same_hash, Err(StoreError::AlreadyExists(_))), "{same_hash:?}");
+    let key = s.tenant_by_key_hash("hash-k2").await.unwrap().unwrap();
+    assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("acme", "k2"));
+
+    // Another tenant's key is not found, nor is an unknown id.
+    assert_eq!(s.revoke_api_key(revoke("key-acme", "other", "x")).await.unwrap(), KeyRevocation::NotFound);
+    assert_eq!(s.revoke_api_key(revoke("nope", "acme", "x")).await.unwrap(), KeyRevocation::NotFound);
+
+    // The first key can go now that k2 is active; from then on it authenticates nobody.
+    let KeyRevocation::Revoked(r) = s.revoke_api_key(revoke("key-acme", "acme", "revoke first")).await.unwrap() else {
+        panic!("not revoked")
+    };
+    assert_eq!((r.row.id.as_str(), r.row.revoked_at, r.hash.as_str()), ("key-acme", Some(NOW + 10), "hash-acme"));
+    assert_eq!(s.tenant_by_key_hash("hash-acme").await.unwrap(), None);
+    assert!(s.tenant_by_key_hash("hash-k2").await.unwrap().is_some());
+    // Again: the same answer, nothing changes, no second audit row.
+    let again = RevokeApiKey { now: NOW + 99, ..revoke("key-acme", "acme", "revoke first again") };
+    assert_eq!(s.revoke_api_key(again).await.unwrap(), KeyRevocation::Revoked(r));
+    // k2 is now the last one.
+    assert_eq!(s.revoke_api_key(revoke("k2", "acme", "x")).await.unwrap(), KeyRevocation::LastActiveKey);
+    let listed: Vec<(String, Option<i64>)> =
+        s.list_api_keys("acme").await.unwrap().into_iter().map(|k| (k.id, k.revoked_at)).collect();
+    assert_eq!(listed, vec![("key-acme".to_string(), Some(NOW + 10)), ("k2".to_string(), None)]);
+    assert_eq!(s.list_api_keys("other").await.unwrap().len(), 1);
+    // Above the rows of the tenant's creation (which carry no step).
+    assert_eq!(audit_steps(&s, "acme").await[..3], ["revoke first", "add k2", ""]);
+}
+
+pub async fn agent_tokens_are_listed_and_revoked(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let new = |tenant: &str, id: &str, hash: &str| NewAgentToken {
+        id: id.into(),
+        token_hash: hash.into(),
+        tenant_id: tenant.into(),
+        store_id: "s1".into(),
+        now: NOW + 1,
+        audit: by(&format!("create {id}")),
+    };
+    let t1 = s.create_agent_token(new("acme", "t1", "h1")).await.unwrap();
+    assert_eq!(
+        t1,
+        AgentToken {
+            tenant_id: "acme".into(),
+            store_id: "s1".into(),
+            id: "t1".into(),
+            created_at: NOW + 1,
+            revoked_at: None
+        }
+    );
+    s.create_agent_token(new("acme", "t2", "h2")).await.unwrap();
+    // Ids are per tenant.
+    s.create_agent_token(new("other", "t1", "h3")).await.unwrap();
+    let dup = s.create_agent_token(new("acme", "t1", "h4")).await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    let no_store = s.create_agent_token(NewAgentToken { store_id: "s9".into(), ..new("acme", "t5", "h5") }).await;
+    assert!(matches!(no_store, Err(StoreError::NotFound(_))), "{no_store:?}");
+    let ids: Vec<String> = s.list_agent_tokens("acme", "s1").await.unwrap().into_iter().map(|t| t.id).collect();
+    assert_eq!(ids, vec!["t1", "t2"]);
+    assert!(s.list_agent_tokens("acme", "s9").await.unwrap().is_empty());
+
+    let revoke = |tenant: &str, store: &str, id: &str, now: i64| RevokeAgentToken {
+        tenant_id: tenant.into(),
+        store_id: store.into(),
+        id: id.into(),
+        now,
+        audit: by(&format!("revoke {id}")),
+    };
+    assert_eq!(s.revoke_agent_token(revoke("acme", "s1", "t9", NOW)).await.unwrap(), None);
+    assert_eq!(s.revoke_agent_token(revoke("acme", "s9", "t1", NOW)).await.unwrap(), None);
+    let r = s.revoke_agent_token(revoke("acme", "s1", "t1", NOW + 7)).await.unwrap().unwrap();
+    assert_eq!((r.row.revoked_at, r.hash.as_str()), (Some(NOW + 7), "h1"));
+    assert_eq!(s.agent_by_token_hash("h1").await.unwrap(), None);
+    // The other tenant's t1 and acme's t2 still work.
+    assert!(s.agent_by_token_hash("h2").await.unwrap().is_some());
+    assert_eq!(s.agent_by_token_hash("h3").await.unwrap().map(|a| a.tenant_id).as_deref(), Some("other"));
+    // Revoking again changes nothing.
+    assert_eq!(s.revoke_agent_token(revoke("acme", "s1", "t1", NOW + 50)).await.unwrap(), Some(r));
+    let listed: Vec<(String, Option<i64>)> =
+        s.list_agent_tokens("acme", "s1").await.unwrap().into_iter().map(|t| (t.id, t.revoked_at)).collect();
+    assert_eq!(listed, vec![("t1".to_string(), Some(NOW + 7)), ("t2".to_string(), None)]);
+    assert_eq!(audit_steps(&s, "acme").await[..3], ["revoke t1", "create t2", "create t1"]);
+}
+
+pub async fn printers_are_edited_as_compare_and_set_and_disabled(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let before = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert!(before.enabled, "printers start enabled");
+    let edit = PrinterUpdate {
+        tenant_id: "acme".into(),
+        id: "p1".into(),
+        expected_name: before.name.clone(),
+        expected_transport: before.transport.clone(),
+        name: "Hot kitchen".into(),
+        transport: r#"{"kind":"agent","address":"tcp://10.0.0.9:9100"}"#.into(),
+        now: NOW + 1,
+        audit: by("edit"),
+    };
+    // Another tenant's printer of the same id is not touched.
+    assert_eq!(s.update_printer(PrinterUpdate { tenant_id: "nobody".into(), ..edit.clone() }).await.unwrap(), None);
+    let after = s.update_printer(edit.clone()).await.unwrap().unwrap();
+    assert_eq!((after.name.as_str(), after.store_id.as_str()), ("Hot kitchen", "s1"));
+    assert!(after.transport.contains("10.0.0.9"));
+    assert_eq!(s.get_printer("acme", "p1").await.unwrap(), Some(after.clone()));
+    assert_eq!(s.get_printer("other", "p1").await.unwrap().unwrap().transport, before.transport);
+    // The same edit again expects what is no longer there: nothing is written.
+    assert_eq!(s.update_printer(PrinterUpdate { audit: by("stale edit"), ..edit }).await.unwrap(), None);
+
+    let flip = |enabled: bool, step: &str| PrinterEnabled {
+        tenant_id: "acme".into(),
+        id: "p1".into(),
+        enabled,
+        now: NOW + 2,
+        audit: by(step),
+    };
+    let off = s.set_printer_enabled(flip(false, "disable")).await.unwrap().unwrap();
+    assert!(!off.enabled);
+    assert!(!s.get_printer("acme", "p1").await.unwrap().unwrap().enabled);
+    assert!(!s.list_printers("acme", Some("s1")).await.unwrap()[0].enabled);
+    assert!(s.get_printer("other", "p1").await.unwrap().unwrap().enabled);
+    // Disabling a disabled printer changes nothing and writes no audit row.
+    assert!(!s.set_printer_enabled(flip(false, "disable again")).await.unwrap().unwrap().enabled);
+    assert_eq!(s.set_printer_enabled(PrinterEnabled { id: "p9".into(), ..flip(false, "x") }).await.unwrap(), None);
+    // Disabling keeps the printer's tasks where they are: its lane is as it was.
+    s.submit_batch(vec![new_task("acme", "A1", "x", 1)]).await.unwrap();
+    assert!(s.lane("acme", "p1").await.unwrap().waiting.is_some());
+    assert!(s.set_printer_enabled(flip(true, "enable")).await.unwrap().unwrap().enabled);
+    assert_eq!(audit_steps(&s, "acme").await[..4], ["enable", "disable", "edit", ""]);
+}
+
+pub async fn stations_get_new_printer_lists(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    second_printer(&s).await;
+    s.create_station(NewStation {
+        tenant_id: "acme".into(),
+        id: "hot".into(),
+        store_id: "s1".into(),
+        printers: vec!["p1".into()],
+        now: NOW,
+        audit: by("create hot"),
+    })
+    .await
+    .unwrap();
+    let change = StationUpdate {
+        tenant_id: "acme".into(),
+        id: "hot".into(),
+        expected_printers: vec!["p1".into()],
+        printers: vec!["p2".into(), "p1".into()],
+        now: NOW + 1,
+        audit: by("reorder"),
+    };
+    // A printer the tenant does not have fails the change, which writes nothing.
+    let missing = s.update_station(StationUpdate { printers: vec!["p1".into(), "p7".into()], ..change.clone() }).await;
+    assert_eq!(missing, Err(StoreError::NotFound("printer p7".into())));
+    assert_eq!(s.update_station(StationUpdate { tenant_id: "other".into(), ..change.clone() }).await.unwrap(), None);
+    let st = s.update_station(change.clone()).await.unwrap().unwrap();
+    assert_eq!((st.printers.clone(), st.store_id.as_str(), st.created_at), (vec!["p2".into(), "p1".into()], "s1", NOW));
+    assert_eq!(s.get_station("acme", "hot").await.unwrap(), Some(st));
+    // Expecting the old list again: somebody changed it since, nothing is written.
+    assert_eq!(s.update_station(StationUpdate { audit: by("stale"), ..change }).await.unwrap(), None);
+    assert_eq!(audit_steps(&s, "acme").await[..2], ["reorder", "create hot"]);
+}
+
+pub async fn setup_changes_are_audited_per_tenant_newest_first(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    // The tenant, its store and its printer: three rows, in the order they were made.
+    let all = s.setup_events("acme", 500, None).await.unwrap();
+    let what: Vec<(&str, &str, &str)> =
+        all.iter().map(|e| (e.object_kind.as_str(), e.object_id.as_str(), e.action.as_str())).collect();
+    assert_eq!(what, vec![("printer", "p1", "create"), ("store", "s1", "create"), ("tenant", "acme", "create")]);
+    assert!(all.iter().all(|e| e.tenant_id == "acme" && e.at == NOW));
+    assert!(all.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+    // A failed change writes no audit row.
+    let dup = s
+        .create_printer(NewPrinter {
+            tenant_id: "acme".into(),
+            id: "p1".into(),
+            store_id: "s1".into(),
+            name: "x".into(),
+            transport: "{}".into(),
+            now: NOW,
+            audit: by("duplicate"),
+        })
+        .await;
+    assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
+    s.create_api_key(NewApiKey {
+        tenant_id: "acme".into(),
+        id: "k2".into(),
+        key_hash: "hash-k2".into(),
+        now: NOW + 1,
+        audit: SetupAudit {
+            actor: "api_key:key-acme".into(),
+            detail: serde_json::json!({"nested": {"list": [1, "two", null]}}),
+        },
+    })
+    .await
+    .unwrap();
+    let newest = s.setup_events("acme", 1, None).await.unwrap();
+    assert_eq!(newest.len(), 1);
+    let e = &newest[0];
+    assert_eq!(
+        (e.object_kind.as_str(), e.object_id.as_str(), e.action.as_str(), e.actor.as_str(), e.at),
+        ("api_key", "k2", "create", "api_key:key-acme", NOW + 1)
+    );
+    assert_eq!(e.detail, serde_json::json!({"nested": {"list": [1, "two", null]}}), "detail round-trips as JSON");
+    // Pages: below the last id of the previous page.
+    let page2 = s.setup_events("acme", 2, Some(e.id)).await.unwrap();
+    assert_eq!(page2.iter().map(|e| e.object_kind.as_str()).collect::<Vec<_>>(), vec!["printer", "store"]);
+    let page3 = s.setup_events("acme", 2, Some(page2[1].id)).await.unwrap();
+    assert_eq!(page3.iter().map(|e| e.object_kind.as_str()).collect::<Vec<_>>(), vec!["tenant"]);
+    assert!(s.setup_events("acme", 2, Some(page3[0].id)).await.unwrap().is_empty());
+    // The other tenant sees its own three rows only.
+    let theirs = s.setup_events("other", 500, None).await.unwrap();
+    assert_eq!(theirs.len(), 3);
+    assert!(theirs.iter().all(|e| e.tenant_id == "other"));
+    assert!(s.setup_events("nobody", 500, None).await.unwrap().is_empty());
 }

@@ -59,8 +59,22 @@ pub trait Store: Send + Sync + 'static {
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()>;
 
+    // Set-up. Every set-up write (the `create_*`, `update_*`, `set_printer_enabled` and
+    // `revoke_*` methods) records its `audit` as one row of the set-up audit in the same
+    // transaction as the change, and none when it changes nothing.
+
+    /// Creates the tenant together with its first API key.
     async fn create_tenant(&self, tenant: NewTenant) -> StoreResult<Tenant>;
-    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<Tenant>>;
+    /// The tenant of an active (not revoked) API key, and which key it is.
+    async fn tenant_by_key_hash(&self, api_key_hash: &str) -> StoreResult<Option<TenantKey>>;
+    /// Fails with `AlreadyExists` when the id is taken, `NotFound` when the tenant is gone.
+    async fn create_api_key(&self, key: NewApiKey) -> StoreResult<ApiKey>;
+    /// The tenant's keys, active and revoked, oldest first.
+    async fn list_api_keys(&self, tenant_id: &str) -> StoreResult<Vec<ApiKey>>;
+    /// Revokes a key of the tenant, unless it is the tenant's last active one; checked and
+    /// changed in one transaction, so that two revocations racing cannot revoke the last
+    /// two keys. Revoking a revoked key changes nothing and answers `Revoked`.
+    async fn revoke_api_key(&self, change: RevokeApiKey) -> StoreResult<KeyRevocation>;
 
     async fn create_store(&self, store: NewStore) -> StoreResult<StoreRow>;
     async fn get_store(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<StoreRow>>;
@@ -70,6 +84,12 @@ pub trait Store: Send + Sync + 'static {
     async fn create_printer(&self, printer: NewPrinter) -> StoreResult<Printer>;
     async fn get_printer(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Option<Printer>>;
     async fn list_printers(&self, tenant_id: &str, store_id: Option<&str>) -> StoreResult<Vec<Printer>>;
+    /// Changes a printer's name and transport if it still has the expected ones; `None`
+    /// (and nothing written) when the tenant has no such printer or it was changed since.
+    async fn update_printer(&self, change: PrinterUpdate) -> StoreResult<Option<Printer>>;
+    /// Disables or enables a printer; `None` when the tenant has no such printer. The
+    /// audit row is written only when the state flips.
+    async fn set_printer_enabled(&self, change: PrinterEnabled) -> StoreResult<Option<Printer>>;
     /// Printers of every tenant whose transport has this `kind` (the broker pushes to
     /// `webhook` printers itself).
     async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>>;
@@ -81,9 +101,24 @@ pub trait Store: Send + Sync + 'static {
     /// checks beforehand that all printers belong to the station's store.
     async fn create_station(&self, station: NewStation) -> StoreResult<Station>;
     async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>>;
+    /// Replaces a station's printers if it still has the expected list; `None` (nothing
+    /// written) when the tenant has no such station or it was changed since. Fails with
+    /// `NotFound("printer …")` like creation.
+    async fn update_station(&self, change: StationUpdate) -> StoreResult<Option<Station>>;
 
-    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<()>;
+    /// Fails with `NotFound` when the store is not the tenant's.
+    async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<AgentToken>;
+    /// The identity of an active (not revoked) agent token.
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>>;
+    /// A store's tokens, active and revoked, oldest first.
+    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>>;
+    /// Revokes a token of the store; `None` when the store has no token with this id.
+    /// Revoking a revoked token changes nothing.
+    async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>>;
+
+    /// The tenant's set-up audit, newest first: at most `limit` rows with an id below
+    /// `before` (the last id of the previous page).
+    async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>>;
 
     /// Creates tasks in one transaction, each with its first audit event and its ledger
     /// charge (R6). A task whose key already exists — in the database or earlier in the

@@ -8,9 +8,13 @@ use serde::{Deserialize, Serialize};
 pub struct NewTenant {
     pub id: String,
     pub name: String,
+    /// The id of the tenant's first API key (further keys come from
+    /// [`crate::Store::create_api_key`]).
+    pub api_key_id: String,
     /// SHA-256 (hex) of the API key; the key itself is never stored.
     pub api_key_hash: String,
     pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +22,62 @@ pub struct Tenant {
     pub id: String,
     pub name: String,
     pub created_at: Millis,
+}
+
+/// Who an active API key speaks for, and which of the tenant's keys it is (the actor of
+/// the set-up audit, `api_key:ID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantKey {
+    pub tenant: Tenant,
+    pub key_id: String,
+}
+
+/// One of a tenant's API keys, as the API lists it (never the key or its hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub tenant_id: String,
+    pub id: String,
+    pub created_at: Millis,
+    /// Set once; a revoked key authenticates nobody.
+    pub revoked_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewApiKey {
+    pub tenant_id: String,
+    pub id: String,
+    /// SHA-256 (hex) of the key.
+    pub key_hash: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokeApiKey {
+    pub tenant_id: String,
+    pub id: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// A revoked key or token, with the hash it was found by (for the caller to drop from its
+/// caches; it is never shown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked<T> {
+    pub row: T,
+    pub hash: String,
+}
+
+/// What [`crate::Store::revoke_api_key`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRevocation {
+    /// The key is revoked (now, or it already was: then nothing was written).
+    Revoked(Revoked<ApiKey>),
+    /// Refused: it is the tenant's last active key, and revoking it would lock the tenant
+    /// out of its own set-up for good.
+    LastActiveKey,
+    /// The tenant has no key with this id.
+    NotFound,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +91,7 @@ pub struct NewStore {
     /// given and does not interpret it.
     pub timezone: String,
     pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +113,7 @@ pub struct NewPrinter {
     /// The transport object as JSON text (`{"kind":"agent","address":…}`).
     pub transport: String,
     pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,10 +123,40 @@ pub struct Printer {
     pub store_id: String,
     pub name: String,
     pub transport: String,
+    /// A disabled printer's lane is handed out to nobody and it takes no new submissions;
+    /// its tasks wait (see [`PrinterEnabled`]).
+    pub enabled: bool,
     pub online: bool,
     pub last_seen_at: Option<Millis>,
     pub last_error: Option<String>,
     pub created_at: Millis,
+}
+
+/// A change of a printer's name and transport (its store never changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterUpdate {
+    pub tenant_id: String,
+    pub id: String,
+    /// The name and transport the caller read: the change applies only while the printer
+    /// still has them (a compare-and-set), so that the audit's "before" is what was
+    /// really replaced, also when two edits race.
+    pub expected_name: String,
+    pub expected_transport: String,
+    pub name: String,
+    pub transport: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// Disabling or enabling a printer. Setting the state it already has changes nothing and
+/// writes no audit row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterEnabled {
+    pub tenant_id: String,
+    pub id: String,
+    pub enabled: bool,
+    pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +167,19 @@ pub struct NewStation {
     /// Primary first, then backups in order.
     pub printers: Vec<String>,
     pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// A new printer list for a station (tasks already created keep their printer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StationUpdate {
+    pub tenant_id: String,
+    pub id: String,
+    /// The list the caller read (a compare-and-set, as for [`PrinterUpdate`]).
+    pub expected_printers: Vec<String>,
+    pub printers: Vec<String>,
+    pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,11 +193,34 @@ pub struct Station {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAgentToken {
+    /// Names the token in lists and revocation (unique per tenant).
+    pub id: String,
     /// SHA-256 (hex) of the token.
     pub token_hash: String,
     pub tenant_id: String,
     pub store_id: String,
     pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// A store agent token as the API lists it (never the token or its hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentToken {
+    pub tenant_id: String,
+    pub store_id: String,
+    pub id: String,
+    pub created_at: Millis,
+    /// Set once; a revoked token authenticates nobody.
+    pub revoked_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokeAgentToken {
+    pub tenant_id: String,
+    pub store_id: String,
+    pub id: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
 }
 
 /// Who an agent token speaks for.
@@ -447,4 +575,79 @@ pub struct LaneStats {
     pub oldest_waiting_at: Option<Millis>,
     /// [`Task::sent_at`] of the task in flight.
     pub in_flight_since: Option<Millis>,
+}
+
+/// Who made a set-up change and what it changed (R30). Every set-up write carries one;
+/// the store writes it as a row of the set-up audit in the same transaction as the
+/// change, with the object and the action that the change itself is, so that the audit
+/// cannot name another object than the one changed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SetupAudit {
+    /// `admin` or `api_key:ID`.
+    pub actor: String,
+    /// What changed, as the caller describes it. Never a secret: for a printer, its
+    /// transport as the API shows it (secrets as `"***"`).
+    pub detail: serde_json::Value,
+}
+
+/// The kinds of objects the set-up audit names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupObject {
+    Tenant,
+    Store,
+    Printer,
+    Station,
+    AgentToken,
+    ApiKey,
+}
+
+impl SetupObject {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetupObject::Tenant => "tenant",
+            SetupObject::Store => "store",
+            SetupObject::Printer => "printer",
+            SetupObject::Station => "station",
+            SetupObject::AgentToken => "agent_token",
+            SetupObject::ApiKey => "api_key",
+        }
+    }
+}
+
+/// What a set-up change did to its object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupAction {
+    Create,
+    Update,
+    Disable,
+    Enable,
+    Revoke,
+}
+
+impl SetupAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetupAction::Create => "create",
+            SetupAction::Update => "update",
+            SetupAction::Disable => "disable",
+            SetupAction::Enable => "enable",
+            SetupAction::Revoke => "revoke",
+        }
+    }
+}
+
+/// One row of the set-up audit, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupEvent {
+    /// Increases with every row of the database; pages go by it (newest first).
+    pub id: i64,
+    pub tenant_id: String,
+    pub at: Millis,
+    pub actor: String,
+    /// A [`SetupObject`] spelling.
+    pub object_kind: String,
+    pub object_id: String,
+    /// A [`SetupAction`] spelling.
+    pub action: String,
+    pub detail: serde_json::Value,
 }

@@ -1,23 +1,23 @@
-//! Set-up endpoints: tenants (admin), stores, printers, stations and agent tokens (tenant).
+//! Set-up endpoints: tenants (admin); stores, printers, stations, agent tokens, API keys
+//! and the set-up audit (tenant). Every change goes through `onceprint_engine::Setup`,
+//! which checks the input, writes the change with its audit row and makes the directory
+//! forget the object; these handlers only parse, call and shape the answer.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use onceprint_core::validate_id;
-use onceprint_engine::transport::TransportConfig;
-use onceprint_engine::{clock::now_ms, secrets, tz};
-use onceprint_store::{NewAgentToken, NewPrinter, NewStation, NewStore, NewTenant};
+use onceprint_engine::setup::{PrinterChange, PrinterSpec, Reason};
+use onceprint_engine::Caller;
 
 use crate::dto::*;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Admin, JsonBody, TenantAuth};
 use crate::AppState;
 
-fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
-    if name.trim().is_empty() || name.len() > 200 {
-        return Err(ApiError::invalid(format!("{field}: must be 1–200 bytes")));
+impl TenantAuth {
+    fn caller(&self) -> Caller<'_> {
+        Caller { tenant_id: &self.tenant_id, key_id: &self.key_id }
     }
-    Ok(())
 }
 
 /// Create a tenant (merchant) and its API key.
@@ -30,16 +30,16 @@ pub async fn create_tenant(
     _admin: Admin,
     JsonBody(req): JsonBody<CreateTenant>,
 ) -> Result<(StatusCode, Json<TenantCreated>), ApiError> {
-    validate_id("id", &req.id)?;
-    check_name("name", &req.name)?;
-    let api_key = secrets::generate("opk_");
-    let t = st
-        .store
-        .create_tenant(NewTenant { id: req.id, name: req.name, api_key_hash: secrets::hash(&api_key), now: now_ms() })
-        .await?;
+    let c = st.setup.create_tenant(req.id, req.name).await?;
     Ok((
         StatusCode::CREATED,
-        Json(TenantCreated { id: t.id, name: t.name, api_key, created_at: rfc3339(t.created_at) }),
+        Json(TenantCreated {
+            id: c.tenant.id,
+            name: c.tenant.name,
+            api_key: c.api_key,
+            api_key_id: c.api_key_id,
+            created_at: rfc3339(c.tenant.created_at),
+        }),
     ))
 }
 
@@ -53,20 +53,7 @@ pub async fn create_store(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreateStore>,
 ) -> Result<(StatusCode, Json<StoreOut>), ApiError> {
-    validate_id("id", &req.id)?;
-    check_name("name", &req.name)?;
-    // Checked before anything is written; the canonical text is what the store keeps.
-    let zone = tz::parse(req.timezone.as_deref().unwrap_or_default())?;
-    let s = st
-        .store
-        .create_store(NewStore {
-            tenant_id: auth.tenant_id,
-            id: req.id,
-            name: req.name,
-            timezone: zone.name().to_owned(),
-            now: now_ms(),
-        })
-        .await?;
+    let s = st.setup.create_store(auth.caller(), req.id, req.name, req.timezone.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(s.into())))
 }
 
@@ -103,22 +90,8 @@ pub async fn create_printer(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreatePrinter>,
 ) -> Result<(StatusCode, Json<PrinterOut>), ApiError> {
-    validate_id("id", &req.id)?;
-    validate_id("store_id", &req.store_id)?;
-    let name = req.name.unwrap_or_else(|| req.id.clone());
-    check_name("name", &name)?;
-    let transport = TransportConfig::from_request(req.transport)?.to_stored_json();
-    let p = st
-        .store
-        .create_printer(NewPrinter {
-            tenant_id: auth.tenant_id,
-            id: req.id,
-            store_id: req.store_id,
-            name,
-            transport,
-            now: now_ms(),
-        })
-        .await?;
+    let spec = PrinterSpec { id: req.id, store_id: req.store_id, name: req.name, transport: req.transport };
+    let p = st.setup.create_printer(auth.caller(), spec).await?;
     Ok((StatusCode::CREATED, Json(p.into())))
 }
 
@@ -135,7 +108,7 @@ pub async fn list_printers(
     Ok(Json(PrinterList { printers: printers.into_iter().map(Into::into).collect() }))
 }
 
-/// One printer, with its `online`, `last_seen_at` and `last_error`.
+/// One printer, with its `online`, `last_seen_at`, `last_error` and `enabled`.
 #[utoipa::path(get, path = "/v1/printers/{id}", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = PrinterOut), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -150,6 +123,67 @@ pub async fn get_printer(
     }
 }
 
+/// Change a printer's `name` and/or `transport` (a whole transport object, checked like at
+/// registration). The delivery in flight is not taken back and its ack applies as usual;
+/// the next delivery goes by the new configuration. A printer cannot change store.
+#[utoipa::path(patch, path = "/v1/printers/{id}", tag = "set-up", request_body = UpdatePrinter,
+    security(("tenant" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = PrinterOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "`conflict`: the printer kept changing under concurrent edits", body = ErrorBody)))]
+pub async fn update_printer(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<UpdatePrinter>,
+) -> Result<Json<PrinterOut>, ApiError> {
+    let change = PrinterChange { name: req.name, transport: req.transport, store_id: req.store_id };
+    Ok(Json(st.setup.update_printer(auth.caller(), &id, change).await?.into()))
+}
+
+async fn switch(
+    st: AppState,
+    auth: TenantAuth,
+    id: String,
+    enabled: bool,
+    req: SwitchIn,
+) -> Result<Json<PrinterOut>, ApiError> {
+    let why = Reason { operator: req.operator, reason: req.reason };
+    Ok(Json(st.setup.set_printer_enabled(auth.caller(), &id, enabled, why).await?.into()))
+}
+
+/// Disable a printer: its lane is handed out to nobody. Waiting tasks stay waiting (and
+/// can be transferred); the task in flight is not taken back and its ack still applies;
+/// new submissions to it are refused with 409 `printer_disabled` (duplicates of existing
+/// tasks are answered as before); stations send new tasks to their next enabled printer.
+/// Disabling a disabled printer changes nothing.
+#[utoipa::path(post, path = "/v1/printers/{id}/disable", tag = "set-up", request_body = SwitchIn,
+    security(("tenant" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = PrinterOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn disable_printer(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<SwitchIn>,
+) -> Result<Json<PrinterOut>, ApiError> {
+    switch(st, auth, id, false, req).await
+}
+
+/// Enable a disabled printer: its lane moves again, waiting tasks first.
+#[utoipa::path(post, path = "/v1/printers/{id}/enable", tag = "set-up", request_body = SwitchIn,
+    security(("tenant" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = PrinterOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn enable_printer(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<SwitchIn>,
+) -> Result<Json<PrinterOut>, ApiError> {
+    switch(st, auth, id, true, req).await
+}
+
 /// Create a failover station: a primary printer and backups, all of one store.
 #[utoipa::path(post, path = "/v1/stations", tag = "set-up", request_body = CreateStation,
     security(("tenant" = [])),
@@ -160,40 +194,7 @@ pub async fn create_station(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreateStation>,
 ) -> Result<(StatusCode, Json<StationOut>), ApiError> {
-    validate_id("id", &req.id)?;
-    validate_id("store_id", &req.store_id)?;
-    if req.printers.is_empty() || req.printers.len() > 16 {
-        return Err(ApiError::invalid("printers: give 1–16 printer ids, the primary first"));
-    }
-    if st.store.get_store(&auth.tenant_id, &req.store_id).await?.is_none() {
-        return Err(ApiError::invalid(format!("store_id: no store {:?}", req.store_id)));
-    }
-    for (i, p) in req.printers.iter().enumerate() {
-        validate_id(&format!("printers[{i}]"), p)?;
-        if req.printers[..i].contains(p) {
-            return Err(ApiError::invalid(format!("printers[{i}]: {p:?} is listed twice")));
-        }
-        match st.store.get_printer(&auth.tenant_id, p).await? {
-            None => return Err(ApiError::invalid(format!("printers[{i}]: no printer {p:?}"))),
-            Some(printer) if printer.store_id != req.store_id => {
-                return Err(ApiError::invalid(format!(
-                    "printers[{i}]: printer {p:?} belongs to store {:?}, not {:?}; a station's printers must all be in its store",
-                    printer.store_id, req.store_id
-                )))
-            }
-            Some(_) => {}
-        }
-    }
-    let s = st
-        .store
-        .create_station(NewStation {
-            tenant_id: auth.tenant_id,
-            id: req.id,
-            store_id: req.store_id,
-            printers: req.printers,
-            now: now_ms(),
-        })
-        .await?;
+    let s = st.setup.create_station(auth.caller(), req.id, req.store_id, req.printers).await?;
     Ok((StatusCode::CREATED, Json(s.into())))
 }
 
@@ -212,6 +213,22 @@ pub async fn get_station(
     }
 }
 
+/// Replace a station's printers (primary first), checked like at creation. Tasks already
+/// created keep their printer.
+#[utoipa::path(patch, path = "/v1/stations/{id}", tag = "set-up", request_body = UpdateStation,
+    security(("tenant" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = StationOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "`conflict`: the station kept changing under concurrent edits", body = ErrorBody)))]
+pub async fn update_station(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<UpdateStation>,
+) -> Result<Json<StationOut>, ApiError> {
+    Ok(Json(st.setup.update_station(auth.caller(), &id, req.printers).await?.into()))
+}
+
 /// Issue a token for a store agent. The agent may only serve this store's printers.
 #[utoipa::path(post, path = "/v1/stores/{id}/agent-tokens", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
@@ -221,17 +238,91 @@ pub async fn create_agent_token(
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<AgentTokenOut>), ApiError> {
-    if st.store.get_store(&auth.tenant_id, &id).await?.is_none() {
-        return Err(ApiError::not_found(format!("no store {id:?}")));
-    }
-    let token = secrets::generate("opa_");
-    st.store
-        .create_agent_token(NewAgentToken {
-            token_hash: secrets::hash(&token),
-            tenant_id: auth.tenant_id,
-            store_id: id.clone(),
-            now: now_ms(),
-        })
-        .await?;
-    Ok((StatusCode::CREATED, Json(AgentTokenOut { token, store_id: id })))
+    let (t, token) = st.setup.create_agent_token(auth.caller(), &id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(AgentTokenOut { id: t.id, token, store_id: t.store_id, created_at: rfc3339(t.created_at) }),
+    ))
+}
+
+/// A store's agent tokens, active and revoked, oldest first (ids and times, never the
+/// tokens).
+#[utoipa::path(get, path = "/v1/stores/{id}/agent-tokens", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = AgentTokenList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_agent_tokens(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<AgentTokenList>, ApiError> {
+    let tokens = st.setup.agent_tokens(auth.caller(), &id).await?;
+    Ok(Json(AgentTokenList { tokens: tokens.into_iter().map(Into::into).collect() }))
+}
+
+/// Revoke an agent token: from the next request on it is refused with 401 (on other broker
+/// nodes within 10 s). Deliveries the agent holds are not taken back: the same agent id
+/// polling with a new token is offered them again, and one it never answers goes to a
+/// person like any delivery of an agent that went away. Revoking a revoked token answers
+/// it unchanged.
+#[utoipa::path(delete, path = "/v1/stores/{id}/agent-tokens/{token_id}", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path), ("token_id" = String, Path)),
+    responses((status = 200, body = AgentTokenInfo), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn revoke_agent_token(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path((id, token_id)): Path<(String, String)>,
+) -> Result<Json<AgentTokenInfo>, ApiError> {
+    Ok(Json(st.setup.revoke_agent_token(auth.caller(), &id, &token_id).await?.into()))
+}
+
+/// Create another API key of the calling tenant (shown once).
+#[utoipa::path(post, path = "/v1/api-keys", tag = "set-up", security(("tenant" = [])),
+    responses((status = 201, body = ApiKeyCreated), (status = 401, body = ErrorBody)))]
+pub async fn create_api_key(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+) -> Result<(StatusCode, Json<ApiKeyCreated>), ApiError> {
+    let (k, api_key) = st.setup.create_api_key(auth.caller()).await?;
+    Ok((StatusCode::CREATED, Json(ApiKeyCreated { id: k.id, api_key, created_at: rfc3339(k.created_at) })))
+}
+
+/// The calling tenant's API keys, active and revoked, oldest first (never the keys).
+#[utoipa::path(get, path = "/v1/api-keys", tag = "set-up", security(("tenant" = [])),
+    responses((status = 200, body = ApiKeyList), (status = 401, body = ErrorBody)))]
+pub async fn list_api_keys(State(st): State<AppState>, auth: TenantAuth) -> Result<Json<ApiKeyList>, ApiError> {
+    let keys = st.setup.api_keys(auth.caller()).await?;
+    Ok(Json(ApiKeyList { api_keys: keys.into_iter().map(Into::into).collect() }))
+}
+
+/// Revoke an API key (the one calling included): from the next request on it is refused
+/// with 401 (on other broker nodes within 10 s). The last active key cannot be revoked
+/// (409 `last_api_key`), so a tenant cannot lock itself out. Revoking a revoked key
+/// answers it unchanged.
+#[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = ApiKeyOut), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "`last_api_key`", body = ErrorBody)))]
+pub async fn revoke_api_key(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<ApiKeyOut>, ApiError> {
+    Ok(Json(st.setup.revoke_api_key(auth.caller(), &id).await?.into()))
+}
+
+/// The calling tenant's set-up changes, newest first: who (`admin`, `api_key:ID`), what
+/// object, what action, and a detail that never holds a secret.
+#[utoipa::path(get, path = "/v1/setup-events", tag = "set-up", security(("tenant" = [])),
+    params(SetupEventParams),
+    responses((status = 200, body = SetupEventList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn setup_events(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Query(q): Query<SetupEventParams>,
+) -> Result<Json<SetupEventList>, ApiError> {
+    let page = st.setup.events(auth.caller(), q.limit, q.cursor.as_deref()).await?;
+    Ok(Json(SetupEventList {
+        events: page.events.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }

@@ -35,6 +35,8 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
         (status = 200, description = "duplicate: the existing task, nothing created or charged", body = SubmitOut),
         (status = 400, description = "`missing_biz_no` or `invalid_request`", body = ErrorBody),
         (status = 401, body = ErrorBody),
+        (status = 409, description = "`printer_disabled`: a new task for a disabled printer (or a station whose \
+            printers are all disabled); a duplicate of an existing task is still answered 200", body = ErrorBody),
         (status = 413, body = ErrorBody),
         (status = 422, description = "`idempotency_mismatch`: same key, different content", body = ErrorBody)))]
 pub async fn submit(

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
@@ -255,6 +256,70 @@ pub fn sign(secret: &str, ts: i64, body: &str) -> String {
 /// A typical text submission.
 pub fn order(biz_no: &str, text: &str) -> Value {
     json!({"biz_no": biz_no, "printer_id": "p1", "content": {"type": "text", "text": text}})
+}
+
+/// A store agent played over HTTP.
+pub struct Agent {
+    pub token: String,
+    pub id: String,
+    pub session: String,
+}
+
+impl Agent {
+    pub async fn new(app: &TestApp, key: &str, id: &str, session: &str) -> Agent {
+        let a = app.call("POST", "/v1/stores/s1/agent-tokens", Some(key), None).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        Agent { token: a.body["token"].as_str().expect("token").into(), id: id.into(), session: session.into() }
+    }
+
+    pub async fn poll_answer(&self, app: &TestApp, wait_ms: u64) -> Answer {
+        app.post(
+            "/v1/agent/poll",
+            &self.token,
+            json!({"agent_id": self.id, "session": self.session, "wait_ms": wait_ms, "max": 16}),
+        )
+        .await
+    }
+
+    pub async fn poll(&self, app: &TestApp, wait_ms: u64) -> Vec<Value> {
+        let a = self.poll_answer(app, wait_ms).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        a.body["deliveries"].as_array().cloned().expect("deliveries")
+    }
+
+    /// Polls until something comes or `within` passes.
+    pub async fn poll_until(&self, app: &TestApp, within: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let d = self.poll(app, 300).await;
+            if !d.is_empty() || start.elapsed() > within {
+                return d;
+            }
+        }
+    }
+
+    pub async fn acks(&self, app: &TestApp, acks: &[(&str, i64, &str)]) -> Vec<String> {
+        let list: Vec<Value> =
+            acks.iter().map(|(t, n, o)| json!({"task_id": t, "attempt": n, "outcome": o, "detail": "test"})).collect();
+        let a = app
+            .post("/v1/agent/acks", &self.token, json!({"agent_id": self.id, "session": self.session, "acks": list}))
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        a.body["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| r["result"].as_str().unwrap_or("").into())
+            .collect()
+    }
+
+    pub async fn ack(&self, app: &TestApp, task: &str, attempt: i64, outcome: &str) -> String {
+        self.acks(app, &[(task, attempt, outcome)]).await.remove(0)
+    }
+}
+
+pub fn task_of(d: &Value) -> (String, i64) {
+    (d["task_id"].as_str().unwrap_or("").to_owned(), d["attempt"].as_i64().unwrap_or(0))
 }
 
 /// Generates `NAME_sqlite` and `NAME_postgres` tests from one async fn taking a `TestApp`.

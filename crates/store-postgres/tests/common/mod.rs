@@ -6,7 +6,7 @@
 
 use onceprint_core::TaskState;
 use onceprint_store::conformance::{new_task, NOW};
-use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, Store, Transition};
+use onceprint_store::{NewPrinter, NewStore, NewTask, NewTenant, SetupAudit, Store, Transition};
 use tokio_postgres::NoTls;
 
 /// A fresh, empty store for this test, or returns from the test (skipping it, as
@@ -23,15 +23,23 @@ pub(crate) use fresh_store;
 
 /// Tenant `id` (its API key hash `hash-{id}`) with store s1.
 pub async fn tenant_with_store(s: &dyn Store, id: &str) {
-    s.create_tenant(NewTenant { id: id.into(), name: id.into(), api_key_hash: format!("hash-{id}"), now: NOW })
-        .await
-        .unwrap();
+    s.create_tenant(NewTenant {
+        id: id.into(),
+        name: id.into(),
+        api_key_hash: format!("hash-{id}"),
+        now: NOW,
+        api_key_id: format!("key-{id}"),
+        audit: SetupAudit::default(),
+    })
+    .await
+    .unwrap();
     s.create_store(NewStore {
         tenant_id: id.into(),
         id: "s1".into(),
         name: "Main".into(),
         timezone: "UTC".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();
@@ -46,6 +54,7 @@ pub async fn printer(s: &dyn Store, tenant: &str, id: &str) {
         name: id.into(),
         transport: "{}".into(),
         now: NOW,
+        audit: SetupAudit::default(),
     })
     .await
     .unwrap();

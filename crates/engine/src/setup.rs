@@ -1,0 +1,545 @@
+//! Set-up (R29, R30): tenants, stores, printers, stations, agent tokens and API keys —
+//! created, changed, disabled and revoked through this one service, which the HTTP layer
+//! only calls.
+//!
+//! Every input is checked here, by one function per kind of value that creation and
+//! change share: ids, names, time zones, transports (`TransportConfig::from_request`, so
+//! an edited transport is checked exactly like a new one), station printer lists (all of
+//! the station's store). Every change is written together with its row of the set-up
+//! audit (who: `admin` or `api_key:ID`; what; a detail that never holds a secret, the
+//! transport appearing only as `TransportConfig::redacted` shows it), and once it is
+//! durable the directory forgets what it cached about the object, so that the next
+//! request on this node sees the change. Other nodes see it when their cached entry
+//! expires ([`crate::directory::DEFAULT_TTL`]).
+//!
+//! What changes do to tasks:
+//! - A printer's new name or transport applies from its next delivery: the delivery in
+//!   flight (which may be printing) is not taken back, and its acknowledgement applies as
+//!   usual, because acks go by task id and attempt.
+//! - A disabled printer's lane is handed out to nobody (`LaneEngine::claim`): its waiting
+//!   tasks stay waiting, visible, and may be transferred by an operator; the task in flight
+//!   is not taken back and its ack still applies. New submissions to it are refused
+//!   (`IntakeError::PrinterDisabled`), duplicates of existing tasks are answered as before;
+//!   a station sends new tasks to its first enabled printer.
+//! - A station's new printer list applies to tasks created afterwards; tasks keep the
+//!   printer they were given.
+//! - A revoked agent token or API key is refused from the next request on (401).
+
+use std::sync::Arc;
+
+use onceprint_core::{validate_id, CoreError};
+use onceprint_store::{
+    AgentToken, ApiKey, KeyRevocation, NewAgentToken, NewApiKey, NewPrinter, NewStation, NewStore, NewTenant, Printer,
+    PrinterEnabled, PrinterUpdate, RevokeAgentToken, RevokeApiKey, SetupAudit, SetupEvent, Station, StationUpdate,
+    Store, StoreError, StoreRow, Tenant,
+};
+use serde_json::{json, Value};
+
+use crate::clock::now_ms;
+use crate::transport::TransportConfig;
+use crate::tz::{self, ZoneError};
+use crate::{secrets, Directory};
+
+/// Most printers of one station.
+const MAX_STATION_PRINTERS: usize = 16;
+/// How often an edit is tried again when the object changed between reading and writing.
+const EDIT_ATTEMPTS: usize = 3;
+
+/// Why a set-up call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Input that can never be right; the message names the field.
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    #[error(transparent)]
+    Zone(#[from] ZoneError),
+    /// The object named (in the path) is not the tenant's.
+    #[error("{0}")]
+    NotFound(String),
+    /// Revoking the tenant's last active API key would lock it out of its own set-up.
+    #[error(
+        "API key {0:?} is the tenant's last active key; create another key (POST /v1/api-keys) before revoking this one"
+    )]
+    LastApiKey(String),
+    /// The object kept changing under concurrent edits.
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A tenant's API key, the one caller of tenant set-up: the audit names it `api_key:ID`.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    pub tenant_id: &'a str,
+    pub key_id: &'a str,
+}
+
+impl Caller<'_> {
+    fn audit(&self, detail: Value) -> SetupAudit {
+        SetupAudit { actor: format!("api_key:{}", self.key_id), detail }
+    }
+}
+
+/// A new tenant and its first API key (the key is shown once).
+#[derive(Debug, Clone)]
+pub struct TenantCreated {
+    pub tenant: Tenant,
+    pub api_key_id: String,
+    pub api_key: String,
+}
+
+/// A printer as the caller wants it registered.
+#[derive(Debug, Clone)]
+pub struct PrinterSpec {
+    pub id: String,
+    pub store_id: String,
+    /// Defaults to the id.
+    pub name: Option<String>,
+    /// The transport object as the client sent it.
+    pub transport: Value,
+}
+
+/// A change of a printer: whatever is `Some`. The store cannot change; naming the
+/// printer's own store is allowed (a client may send back what it read), another one is
+/// refused.
+#[derive(Debug, Clone, Default)]
+pub struct PrinterChange {
+    pub name: Option<String>,
+    pub transport: Option<Value>,
+    pub store_id: Option<String>,
+}
+
+/// Who disables or enables a printer, and why (as for the manual actions).
+#[derive(Debug, Clone)]
+pub struct Reason {
+    pub operator: String,
+    pub reason: String,
+}
+
+/// A page of the set-up audit.
+#[derive(Debug, Clone)]
+pub struct SetupPage {
+    pub events: Vec<SetupEvent>,
+    /// The cursor of the next page; `None` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// The set-up service. Share it behind an `Arc`.
+pub struct Setup {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
+    if name.trim().is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, "must be 1–200 bytes without control characters"));
+    }
+    Ok(())
+}
+
+/// The transport as the API shows it (secrets as `"***"`), for the audit; a stored
+/// configuration this version cannot read shows as `null`, never as stored.
+fn shown_transport(stored: &str) -> Value {
+    TransportConfig::from_stored(stored).map(|t| t.redacted()).unwrap_or(Value::Null)
+}
+
+/// Checks a station's printer list as given, before anything is looked up.
+fn check_printer_list(printers: &[String]) -> Result<(), CoreError> {
+    if printers.is_empty() || printers.len() > MAX_STATION_PRINTERS {
+        return Err(CoreError::invalid(
+            "printers",
+            format!("give 1–{MAX_STATION_PRINTERS} printer ids, the primary first"),
+        ));
+    }
+    for (i, p) in printers.iter().enumerate() {
+        validate_id(&format!("printers[{i}]"), p)?;
+        if printers[..i].contains(p) {
+            return Err(CoreError::invalid(format!("printers[{i}]"), format!("{p:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+impl Setup {
+    pub fn new(store: Arc<dyn Store>, directory: Arc<Directory>) -> Setup {
+        Setup { store, directory }
+    }
+
+    /// A tenant and its first API key (admin).
+    pub async fn create_tenant(&self, id: String, name: String) -> Result<TenantCreated, SetupError> {
+        validate_id("id", &id)?;
+        check_name("name", &name)?;
+        let api_key = secrets::generate("opk_");
+        let api_key_id = secrets::short_id("key_");
+        let tenant = self
+            .store
+            .create_tenant(NewTenant {
+                audit: SetupAudit { actor: "admin".into(), detail: json!({ "name": name, "api_key_id": api_key_id }) },
+                id,
+                name,
+                api_key_id: api_key_id.clone(),
+                api_key_hash: secrets::hash(&api_key),
+                now: now_ms(),
+            })
+            .await?;
+        Ok(TenantCreated { tenant, api_key_id, api_key })
+    }
+
+    /// A store of the tenant. `timezone`: an IANA name or a fixed offset (default UTC).
+    pub async fn create_store(
+        &self,
+        caller: Caller<'_>,
+        id: String,
+        name: String,
+        timezone: Option<&str>,
+    ) -> Result<StoreRow, SetupError> {
+        validate_id("id", &id)?;
+        check_name("name", &name)?;
+        // The canonical text is what the store keeps.
+        let zone = tz::parse(timezone.unwrap_or_default())?;
+        let timezone = zone.name().to_owned();
+        Ok(self
+            .store
+            .create_store(NewStore {
+                audit: caller.audit(json!({ "name": name, "timezone": timezone })),
+                tenant_id: caller.tenant_id.to_owned(),
+                id,
+                name,
+                timezone,
+                now: now_ms(),
+            })
+            .await?)
+    }
+
+    /// A printer bound to one store of the tenant (R29).
+    pub async fn create_printer(&self, caller: Caller<'_>, spec: PrinterSpec) -> Result<Printer, SetupError> {
+        validate_id("id", &spec.id)?;
+        validate_id("store_id", &spec.store_id)?;
+        let name = spec.name.unwrap_or_else(|| spec.id.clone());
+        check_name("name", &name)?;
+        let transport = TransportConfig::from_request(spec.transport)?;
+        let printer = self
+            .store
+            .create_printer(NewPrinter {
+                audit: caller.audit(json!({
+                    "store_id": spec.store_id, "name": name, "transport": transport.redacted(),
+                })),
+                tenant_id: caller.tenant_id.to_owned(),
+                id: spec.id,
+                store_id: spec.store_id,
+                name,
+                transport: transport.to_stored_json(),
+                now: now_ms(),
+            })
+            .await?;
+        // Nothing was cached under the new id (misses are not cached); forgetting anyway
+        // keeps "every change forgets its object" without exceptions.
+        self.directory.forget_printer(&printer.tenant_id, &printer.id);
+        Ok(printer)
+    }
+
+    /// Changes a printer's name and/or transport; the next delivery goes by them.
+    pub async fn update_printer(
+        &self,
+        caller: Caller<'_>,
+        printer_id: &str,
+        change: PrinterChange,
+    ) -> Result<Printer, SetupError> {
+        if change.name.is_none() && change.transport.is_none() {
+            return Err(CoreError::invalid("name", "give a new name and/or transport").into());
+        }
+        if let Some(name) = &change.name {
+            check_name("name", name)?;
+        }
+        let transport = change.transport.map(TransportConfig::from_request).transpose()?;
+        for _ in 0..EDIT_ATTEMPTS {
+            let current = self.printer_of(caller, printer_id).await?;
+            if let Some(store_id) = change.store_id.as_deref().filter(|s| *s != current.store_id) {
+                return Err(CoreError::invalid(
+                    "store_id",
+                    format!(
+                        "printer {printer_id:?} belongs to store {:?} and cannot move to {store_id:?}; \
+                         register a new printer in that store instead",
+                        current.store_id
+                    ),
+                )
+                .into());
+            }
+            let name = change.name.clone().unwrap_or_else(|| current.name.clone());
+            let stored = transport.as_ref().map_or_else(|| current.transport.clone(), |t| t.to_stored_json());
+            if name == current.name && stored == current.transport {
+                return Ok(current);
+            }
+            let detail = json!({
+                "before": { "name": current.name, "transport": shown_transport(&current.transport) },
+                "after": { "name": name, "transport": shown_transport(&stored) },
+            });
+            let update = PrinterUpdate {
+                tenant_id: caller.tenant_id.to_owned(),
+                id: printer_id.to_owned(),
+                expected_name: current.name,
+                expected_transport: current.transport,
+                name,
+                transport: stored,
+                now: now_ms(),
+                audit: caller.audit(detail),
+            };
+            if let Some(p) = self.store.update_printer(update).await? {
+                self.directory.forget_printer(caller.tenant_id, printer_id);
+                return Ok(p);
+            }
+            // Changed between the read and the write: read it again.
+        }
+        Err(SetupError::Conflict(format!("printer {printer_id:?} kept changing while being edited; try again")))
+    }
+
+    /// Disables (`enabled = false`) or enables a printer. Setting the state it has is
+    /// answered with the printer as it is, and audits nothing.
+    pub async fn set_printer_enabled(
+        &self,
+        caller: Caller<'_>,
+        printer_id: &str,
+        enabled: bool,
+        why: Reason,
+    ) -> Result<Printer, SetupError> {
+        crate::operations::check_text("operator", &why.operator, 200)?;
+        crate::operations::check_text("reason", &why.reason, 2000)?;
+        let change = PrinterEnabled {
+            tenant_id: caller.tenant_id.to_owned(),
+            id: printer_id.to_owned(),
+            enabled,
+            now: now_ms(),
+            audit: caller.audit(json!({ "operator": why.operator, "reason": why.reason })),
+        };
+        let printer = self.store.set_printer_enabled(change).await?.ok_or_else(|| no_printer(printer_id))?;
+        self.directory.forget_printer(caller.tenant_id, printer_id);
+        Ok(printer)
+    }
+
+    /// A failover station: a primary and backups, all of one store of the tenant (R25).
+    pub async fn create_station(
+        &self,
+        caller: Caller<'_>,
+        id: String,
+        store_id: String,
+        printers: Vec<String>,
+    ) -> Result<Station, SetupError> {
+        validate_id("id", &id)?;
+        validate_id("store_id", &store_id)?;
+        check_printer_list(&printers)?;
+        if self.store.get_store(caller.tenant_id, &store_id).await?.is_none() {
+            return Err(CoreError::invalid("store_id", format!("no store {store_id:?}")).into());
+        }
+        self.check_printers_in_store(caller, &store_id, &printers).await?;
+        let station = self
+            .store
+            .create_station(NewStation {
+                audit: caller.audit(json!({ "store_id": store_id, "printers": printers })),
+                tenant_id: caller.tenant_id.to_owned(),
+                id,
+                store_id,
+                printers,
+                now: now_ms(),
+            })
+            .await?;
+        self.directory.forget_station(&station.tenant_id, &station.id);
+        Ok(station)
+    }
+
+    /// Replaces a station's printers (primary first), checked like at creation. Tasks
+    /// already created keep their printer.
+    pub async fn update_station(
+        &self,
+        caller: Caller<'_>,
+        station_id: &str,
+        printers: Vec<String>,
+    ) -> Result<Station, SetupError> {
+        check_printer_list(&printers)?;
+        for _ in 0..EDIT_ATTEMPTS {
+            let current = self
+                .store
+                .get_station(caller.tenant_id, station_id)
+                .await?
+                .ok_or_else(|| SetupError::NotFound(format!("no station {station_id:?}")))?;
+            if current.printers == printers {
+                return Ok(current);
+            }
+            self.check_printers_in_store(caller, &current.store_id, &printers).await?;
+            let update = StationUpdate {
+                tenant_id: caller.tenant_id.to_owned(),
+                id: station_id.to_owned(),
+                audit: caller.audit(json!({
+                    "before": { "printers": current.printers }, "after": { "printers": printers },
+                })),
+                expected_printers: current.printers,
+                printers: printers.clone(),
+                now: now_ms(),
+            };
+            if let Some(s) = self.store.update_station(update).await? {
+                self.directory.forget_station(caller.tenant_id, station_id);
+                return Ok(s);
+            }
+        }
+        Err(SetupError::Conflict(format!("station {station_id:?} kept changing while being edited; try again")))
+    }
+
+    /// A token for a store agent (shown once), which may serve only that store's printers.
+    pub async fn create_agent_token(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+    ) -> Result<(AgentToken, String), SetupError> {
+        self.store_of(caller, store_id).await?;
+        let token = secrets::generate("opa_");
+        let created = self
+            .store
+            .create_agent_token(NewAgentToken {
+                id: secrets::short_id("tok_"),
+                token_hash: secrets::hash(&token),
+                tenant_id: caller.tenant_id.to_owned(),
+                store_id: store_id.to_owned(),
+                now: now_ms(),
+                audit: caller.audit(json!({ "store_id": store_id })),
+            })
+            .await?;
+        Ok((created, token))
+    }
+
+    /// A store's agent tokens, active and revoked, oldest first.
+    pub async fn agent_tokens(&self, caller: Caller<'_>, store_id: &str) -> Result<Vec<AgentToken>, SetupError> {
+        self.store_of(caller, store_id).await?;
+        Ok(self.store.list_agent_tokens(caller.tenant_id, store_id).await?)
+    }
+
+    /// Revokes an agent token: from the next request on this node it is refused.
+    pub async fn revoke_agent_token(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        token_id: &str,
+    ) -> Result<AgentToken, SetupError> {
+        let revoked = self
+            .store
+            .revoke_agent_token(RevokeAgentToken {
+                tenant_id: caller.tenant_id.to_owned(),
+                store_id: store_id.to_owned(),
+                id: token_id.to_owned(),
+                now: now_ms(),
+                audit: caller.audit(json!({ "store_id": store_id })),
+            })
+            .await?
+            .ok_or_else(|| SetupError::NotFound(format!("no agent token {token_id:?} in store {store_id:?}")))?;
+        self.directory.forget_agent_token(&revoked.hash);
+        Ok(revoked.row)
+    }
+
+    /// Another API key of the tenant (shown once).
+    pub async fn create_api_key(&self, caller: Caller<'_>) -> Result<(ApiKey, String), SetupError> {
+        let api_key = secrets::generate("opk_");
+        let created = self
+            .store
+            .create_api_key(NewApiKey {
+                tenant_id: caller.tenant_id.to_owned(),
+                id: secrets::short_id("key_"),
+                key_hash: secrets::hash(&api_key),
+                now: now_ms(),
+                audit: caller.audit(json!({})),
+            })
+            .await?;
+        Ok((created, api_key))
+    }
+
+    /// The tenant's API keys, active and revoked, oldest first.
+    pub async fn api_keys(&self, caller: Caller<'_>) -> Result<Vec<ApiKey>, SetupError> {
+        Ok(self.store.list_api_keys(caller.tenant_id).await?)
+    }
+
+    /// Revokes an API key (the caller's own included), unless it is the last active one.
+    pub async fn revoke_api_key(&self, caller: Caller<'_>, key_id: &str) -> Result<ApiKey, SetupError> {
+        let change = RevokeApiKey {
+            tenant_id: caller.tenant_id.to_owned(),
+            id: key_id.to_owned(),
+            now: now_ms(),
+            audit: caller.audit(json!({})),
+        };
+        match self.store.revoke_api_key(change).await? {
+            KeyRevocation::Revoked(r) => {
+                self.directory.forget_tenant_key(&r.hash);
+                Ok(r.row)
+            }
+            KeyRevocation::LastActiveKey => Err(SetupError::LastApiKey(key_id.to_owned())),
+            KeyRevocation::NotFound => Err(SetupError::NotFound(format!("no API key {key_id:?}"))),
+        }
+    }
+
+    /// The tenant's set-up audit, newest first. `limit` 1–500 (default 50); `cursor` is
+    /// the `next_cursor` of the previous page.
+    pub async fn events(
+        &self,
+        caller: Caller<'_>,
+        limit: Option<i64>,
+        cursor: Option<&str>,
+    ) -> Result<SetupPage, SetupError> {
+        let limit = limit.unwrap_or(50);
+        if !(1..=500).contains(&limit) {
+            return Err(CoreError::invalid("limit", "must be 1–500").into());
+        }
+        let before = match cursor.filter(|c| !c.is_empty()) {
+            None => None,
+            Some(c) => Some(
+                c.parse::<i64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| CoreError::invalid("cursor", "not a cursor from this API"))?,
+            ),
+        };
+        let events = self.store.setup_events(caller.tenant_id, limit, before).await?;
+        let next_cursor = if events.len() as i64 == limit { events.last().map(|e| e.id.to_string()) } else { None };
+        Ok(SetupPage { events, next_cursor })
+    }
+
+    async fn printer_of(&self, caller: Caller<'_>, printer_id: &str) -> Result<Printer, SetupError> {
+        self.store.get_printer(caller.tenant_id, printer_id).await?.ok_or_else(|| no_printer(printer_id))
+    }
+
+    async fn store_of(&self, caller: Caller<'_>, store_id: &str) -> Result<StoreRow, SetupError> {
+        self.store
+            .get_store(caller.tenant_id, store_id)
+            .await?
+            .ok_or_else(|| SetupError::NotFound(format!("no store {store_id:?}")))
+    }
+
+    /// Every printer of a station must be the tenant's and in the station's store (R29: a
+    /// failover can never carry a task to another store's printer). Read from the
+    /// database, not the directory: set-up is rare, and must not act on a stale entry.
+    async fn check_printers_in_store(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        printers: &[String],
+    ) -> Result<(), SetupError> {
+        for (i, p) in printers.iter().enumerate() {
+            match self.store.get_printer(caller.tenant_id, p).await? {
+                None => return Err(CoreError::invalid(format!("printers[{i}]"), format!("no printer {p:?}")).into()),
+                Some(printer) if printer.store_id != store_id => {
+                    return Err(CoreError::invalid(
+                        format!("printers[{i}]"),
+                        format!(
+                            "printer {p:?} belongs to store {:?}, not {store_id:?}; a station's printers must all be \
+                             in its store",
+                            printer.store_id
+                        ),
+                    )
+                    .into())
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn no_printer(printer_id: &str) -> SetupError {
+    SetupError::NotFound(format!("no printer {printer_id:?}"))
+}
