@@ -251,6 +251,13 @@ impl LaneEngine {
             // A task in flight with no claimant recorded cannot be answered by anyone.
             return Holder::Other { gone: true };
         };
+        // The common case, a busy lane held by the very session that asks, needs no look at
+        // the registry.
+        if let Some(a) = asker {
+            if a.session == task.sent_session && sent_to.strip_prefix("agent:").is_some_and(|id| id == a.id) {
+                return Holder::Me;
+            }
+        }
         let (kind, id) = Claimant::holder_of(sent_to);
         match kind {
             ClaimantKind::Agent => {
@@ -291,7 +298,10 @@ impl LaneEngine {
             }
         };
         let mut changes: Vec<(Transition, LaneChange)> = Vec::new();
-        let mut handed_out = 0usize;
+        // What could be handed out, keyed by (priority, id): when there is more than the
+        // claimant can take, the most urgent and oldest go first, across printers, so that
+        // every lane keeps moving rather than the first printers in id order.
+        let mut offers: Vec<((i32, String), Transition, LaneChange)> = Vec::new();
         for Lane { printer_id, in_flight, waiting } in lanes {
             let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
             if printer.transport.as_ref().map(|t| t.kind()) != Some(kind) {
@@ -326,27 +336,24 @@ impl LaneEngine {
             });
             let step = next_step(flight.as_ref(), wait.as_ref(), now);
             match step {
-                Step::Claim | Step::Reoffer(_) if handed_out >= max => {
-                    look_at(Some(now));
-                }
                 Step::Claim => {
                     let Some(task) = waiting else { continue };
-                    changes.push((
+                    offers.push((
+                        (task.priority, task.task_id.clone()),
                         self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms),
                         LaneChange::HandOut { task: Box::new(task), printer, again: None },
                     ));
-                    handed_out += 1;
                 }
                 Step::Reoffer(why) => {
                     let Some(task) = in_flight else { continue };
                     // An agent gets a new attempt (the fencing token); a push driver sends
                     // the same one again.
                     let attempt = if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
-                    changes.push((
+                    offers.push((
+                        (task.priority, task.task_id.clone()),
                         self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms),
                         LaneChange::HandOut { task: Box::new(task), printer, again: Some(why) },
                     ));
-                    handed_out += 1;
                 }
                 Step::Doubt => {
                     let Some(task) = in_flight else { continue };
@@ -368,6 +375,13 @@ impl LaneEngine {
                 }
             }
         }
+        offers.sort_by(|a, b| a.0.cmp(&b.0));
+        if offers.len() > max {
+            offers.truncate(max);
+            // More could go at once; the claimant asks again when it has room.
+            look_at(Some(now));
+        }
+        changes.extend(offers.into_iter().map(|(_, t, c)| (t, c)));
         if changes.is_empty() {
             return Ok(Claimed { deliveries: Vec::new(), next_look });
         }

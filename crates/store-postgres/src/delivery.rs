@@ -145,9 +145,10 @@ CROSS JOIN LATERAL (
      FROM tasks
      WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
        AND state <> 'sent'
-       AND NOT EXISTS (SELECT 1 FROM tasks s WHERE s.tenant_id = p.tenant_id AND s.printer_id = p.id AND s.state = 'sent')
      ORDER BY priority, id
      LIMIT 1)
+    -- The first branch that yields a row ends the scan: a busy lane costs one probe.
+    LIMIT 1
 ) AS lane
 WHERE p.tenant_id = $1 AND {which}
 ORDER BY p.id";

@@ -494,23 +494,19 @@ pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<
 /// table `p`. The waiting task of a busy lane is not read: nothing but its task in flight
 /// can move while it is busy.
 fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<Vec<Lane>> {
+    // One task per printer: `COALESCE` evaluates its second probe only when the first
+    // found nothing, so a busy lane costs one index probe.
     let mut s = c
         .prepare_cached(&format!(
-            "WITH f AS ( \
-               SELECT p.tenant_id AS tenant_id, p.id AS printer_id, \
-                      (SELECT u.id FROM tasks u \
-                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent') AS f \
-               FROM printers p WHERE {printers}), \
-             l AS ( \
-               SELECT f.f AS f, \
-                      CASE WHEN f.f IS NULL THEN \
-                        (SELECT u.id FROM tasks u \
-                         WHERE u.tenant_id = f.tenant_id AND u.printer_id = f.printer_id \
-                           AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
-                         ORDER BY u.priority, u.id LIMIT 1) \
-                      END AS w \
-               FROM f) \
-             SELECT {TASK_COLS} FROM tasks WHERE id IN (SELECT f FROM l UNION ALL SELECT w FROM l)"
+            "SELECT {TASK_COLS} FROM tasks WHERE id IN ( \
+               SELECT COALESCE( \
+                 (SELECT u.id FROM tasks u \
+                  WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent'), \
+                 (SELECT u.id FROM tasks u \
+                  WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
+                    AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                  ORDER BY u.priority, u.id LIMIT 1)) \
+               FROM printers p WHERE {printers})"
         ))
         .map_err(backend_err)?;
     let rows = s.query_map(args, task_from_row).map_err(backend_err)?;
