@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use common::{order, receiver, sign, task_of, Agent, Backend, TestApp};
+use common::{order, receiver, task_of, Agent, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -642,19 +642,9 @@ async fn webhook_printer(app: &TestApp, key: &str, id: &str, url: &str, status: 
     assert_eq!(p.status, StatusCode::CREATED, "{p:?}");
 }
 
-async fn callback(app: &TestApp, printer: &str, task_id: &str, status: &str) -> Value {
-    let body = json!({"task_id": task_id, "status": status}).to_string();
+async fn report(app: &TestApp, printer: &str, task_id: &str, status: &str) -> Value {
     let ts = onceprint_engine::clock::now_ms() / 1000;
-    let res = app
-        .http
-        .post(format!("{}/v1/callbacks/{printer}", app.base))
-        .header("content-type", "application/json")
-        .header("x-onceprint-signature", sign(SECRET, ts, &body))
-        .body(body)
-        .send()
-        .await
-        .expect("callback");
-    res.json().await.unwrap_or(Value::Null)
+    common::callback(app, printer, json!({"task_id": task_id, "status": status}), SECRET, ts).await.body
 }
 
 async fn wait_jobs(v: &Arc<Mutex<VendorState>>, n: usize, within: Duration) {
@@ -688,7 +678,7 @@ async fn webhook_tasks_in_a_store_with_a_live_agent_are_asked_about_not_doubted(
     assert_eq!(t["state"], "sent", "{t}\n{:?}", events(&app, &key, &id).await);
     assert!(v.lock().expect("lock").status_asks > 0, "the status URL was asked");
     assert_eq!(v.lock().expect("lock").jobs.len(), 1, "the vendor has it: not sent again");
-    assert_eq!(callback(&app, "cloud", &id, "printed").await["result"], "applied");
+    assert_eq!(report(&app, "cloud", &id, "printed").await["result"], "applied");
     assert_eq!(task(&app, &key, &id).await["state"], "printed");
     app.stop().await;
 }
@@ -711,7 +701,7 @@ async fn webhook_deliveries_carry_distinct_keys_and_the_reprint_banner(backend: 
             .await;
         let id = a.body["task_id"].as_str().expect("id").to_owned();
         wait_jobs(&v, ids.len() + 1, Duration::from_secs(5)).await;
-        assert_eq!(callback(&app, "cloud", &id, "printed").await["result"], "applied");
+        assert_eq!(report(&app, "cloud", &id, "printed").await["result"], "applied");
         ids.push(id);
     }
     let r = app
@@ -756,7 +746,7 @@ async fn a_webhook_job_the_receiver_never_got_is_sent_again(backend: Backend) {
     let (header, body) = v.lock().expect("lock").jobs[0].clone();
     assert_eq!(header.get("idempotency-key").and_then(|k| k.to_str().ok()), Some("L1#cloud"));
     assert_eq!(body["attempt"], 1, "the same attempt, sent again");
-    assert_eq!(callback(&app, "cloud", &id, "printed").await["result"], "applied");
+    assert_eq!(report(&app, "cloud", &id, "printed").await["result"], "applied");
     app.stop().await;
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode};
-use common::{sign, Backend, TestApp};
+use common::{callback, Backend, TestApp};
 use onceprint_server::HttpConfig;
 use serde_json::{json, Value};
 
@@ -53,21 +53,6 @@ async fn vendor() -> (String, Arc<Mutex<Vendor>>) {
 
 fn now_s() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
-}
-
-async fn callback(app: &TestApp, printer: &str, body: Value, secret: &str, ts: i64) -> common::Answer {
-    let text = body.to_string();
-    let res = app
-        .http
-        .post(format!("{}/v1/callbacks/{printer}", app.base))
-        .header("content-type", "application/json")
-        .header("x-onceprint-signature", sign(secret, ts, &text))
-        .body(text)
-        .send()
-        .await
-        .expect("callback");
-    let status = res.status();
-    common::Answer { status, body: res.json().await.unwrap_or(Value::Null) }
 }
 
 fn fast() -> HttpConfig {

@@ -253,6 +253,22 @@ pub fn sign(secret: &str, ts: i64, body: &str) -> String {
     format!("t={ts},v1={hex}")
 }
 
+/// A vendor's report on `POST /v1/callbacks/{printer}`, signed with `secret` at `ts`.
+pub async fn callback(app: &TestApp, printer: &str, body: Value, secret: &str, ts: i64) -> Answer {
+    let text = body.to_string();
+    let res = app
+        .http
+        .post(format!("{}/v1/callbacks/{printer}", app.base))
+        .header("content-type", "application/json")
+        .header("x-onceprint-signature", sign(secret, ts, &text))
+        .body(text)
+        .send()
+        .await
+        .expect("callback");
+    let status = res.status();
+    Answer { status, body: res.json().await.unwrap_or(Value::Null) }
+}
+
 /// A typical text submission.
 pub fn order(biz_no: &str, text: &str) -> Value {
     json!({"biz_no": biz_no, "printer_id": "p1", "content": {"type": "text", "text": text}})
