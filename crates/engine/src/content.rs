@@ -101,6 +101,42 @@ pub fn render_for(
     Ok(out)
 }
 
+/// The receipt document of stored content with a reprint's banner line on top, for
+/// transports that print rendered receipts (PNG, text, ePOS XML). Raw ESC/POS has none.
+pub fn document_for(content_type: &str, content: &[u8], banner: Option<&str>) -> Result<Document, String> {
+    let mut doc = document_of(content_type, content)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("content type {content_type:?} cannot be rendered for this printer"))?;
+    if let Some(b) = banner {
+        let head = serde_json::json!({"blocks": [{"type": "text", "text": b, "align": "center", "bold": true}]});
+        let head = parse_document(&head).map_err(|e| e.to_string())?;
+        doc.blocks.splice(0..0, head.blocks);
+    }
+    Ok(doc)
+}
+
+/// The PNG image a rendered-receipt printer prints (CloudPRNT's `image/png`).
+pub fn render_png_for(
+    content_type: &str,
+    content: &[u8],
+    banner: Option<&str>,
+    profile: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    let doc = document_for(content_type, content, banner)?;
+    onceprint_render::to_png(&doc, &profile_for(profile, Some(&doc))).map_err(|e| e.to_string())
+}
+
+/// Plain text of a receipt (CloudPRNT's `text/plain`).
+pub fn render_text_for(
+    content_type: &str,
+    content: &[u8],
+    banner: Option<&str>,
+    profile: Option<&str>,
+) -> Result<String, String> {
+    let doc = document_for(content_type, content, banner)?;
+    Ok(onceprint_render::to_text(&doc, &profile_for(profile, Some(&doc))))
+}
+
 /// A PNG preview of stored content.
 pub fn preview_png(content_type: &str, content: &[u8], profile: Option<&str>) -> Result<Vec<u8>, ContentError> {
     let doc = document_of(content_type, content)?.ok_or_else(|| ContentError::NoPreview(content_type.to_owned()))?;

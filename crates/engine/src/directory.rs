@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use onceprint_store::{AgentIdentity, Printer, Station, Store, StoreResult, TenantKey};
+use onceprint_store::{AgentIdentity, Printer, PrinterCredential, Station, Store, StoreResult, TenantKey};
 
 use crate::transport::TransportConfig;
 
@@ -76,6 +76,7 @@ pub struct Directory {
     agents: Cache<String, AgentIdentity>,
     printers: Cache<(String, String), Arc<PrinterInfo>>,
     stations: Cache<(String, String), Station>,
+    logins: Cache<String, PrinterCredential>,
 }
 
 impl Directory {
@@ -91,7 +92,31 @@ impl Directory {
             agents: Cache::new(),
             printers: Cache::new(),
             stations: Cache::new(),
+            logins: Cache::new(),
         }
+    }
+
+    /// The printer that logs in with `username` and `password` (CloudPRNT, Epson Server
+    /// Direct Print, MQTT): `None` for a wrong pair, an unknown or a replaced login. One
+    /// SHA-256 and, while cached, no database read: printers poll every few seconds.
+    pub async fn printer_by_login(&self, username: &str, password: &str) -> StoreResult<Option<Arc<PrinterInfo>>> {
+        let hash = crate::secrets::hash(password);
+        let login = match self.logins.get(&hash, self.ttl) {
+            Some(l) => Some(l),
+            None => {
+                let found = self.store.printer_by_secret_hash(&hash).await?;
+                if let Some(l) = &found {
+                    self.logins.put(hash.clone(), l.clone());
+                }
+                found
+            }
+        };
+        let Some(login) = login else { return Ok(None) };
+        // The hash alone finds the login; the user name must be its own too.
+        if !crate::secrets::hashes_equal(&login.username, username) {
+            return Ok(None);
+        }
+        self.printer_info(&login.tenant_id, &login.printer_id).await
     }
 
     /// The tenant of an active API key, and which key it is.
@@ -149,6 +174,8 @@ impl Directory {
     /// After a printer changed: the next look reads it again.
     pub fn forget_printer(&self, tenant_id: &str, printer_id: &str) {
         self.printers.forget(&(tenant_id.to_owned(), printer_id.to_owned()));
+        // A rotated login must stop working on this node at once.
+        self.logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
     }
 
     pub fn forget_station(&self, tenant_id: &str, station_id: &str) {
@@ -171,5 +198,6 @@ impl Directory {
         self.agents.forget_where(|_, a| a.tenant_id == tenant_id);
         self.printers.forget_where(|(t, _), _| t == tenant_id);
         self.stations.forget_where(|(t, _), _| t == tenant_id);
+        self.logins.forget_where(|_, l| l.tenant_id == tenant_id);
     }
 }

@@ -158,6 +158,10 @@ impl Intake {
         crate::content::validate(canonical.content_type, &canonical.bytes)
             .map_err(|e| IntakeError::InvalidContent(e.to_string()))?;
         // The target must be the tenant's, and able to take new work.
+        // Content a printer the task may reach cannot print (raw ESC/POS for a printer that
+        // takes rendered receipts) is refused now, for a station's backups too, not found
+        // out at failover.
+        self.check_printable(&req.tenant_id, &target, canonical.content_type).await?;
         let (printer_id, store_id, station_id) = match self.resolve(&req.tenant_id, &target).await? {
             Resolved::To { printer_id, store_id, station_id } => (printer_id, store_id, station_id),
             Resolved::Disabled(why) => {
@@ -260,6 +264,33 @@ impl Intake {
                 )))
             }
         }
+    }
+
+    /// Whether every printer `target` may reach can print `content_type`. Unknown targets
+    /// pass here: `resolve` names them.
+    async fn check_printable(&self, tenant_id: &str, target: &Target, content_type: &str) -> Result<(), IntakeError> {
+        let printers = match target {
+            Target::Printer(p) => vec![p.clone()],
+            Target::Station(s) => match self.directory.station(tenant_id, s).await? {
+                Some(station) => station.printers,
+                None => return Ok(()),
+            },
+        };
+        for p in &printers {
+            let Some(info) = self.directory.printer_info(tenant_id, p).await? else { continue };
+            let Some(transport) = info.transport.as_ref() else { continue };
+            if let Err(why) = transport.encoding().accepts(content_type) {
+                let role = match target {
+                    Target::Printer(_) => format!("printer {p:?}"),
+                    Target::Station(s) => format!("printer {p:?} of station {s:?}"),
+                };
+                return Err(IntakeError::InvalidContent(format!(
+                    "content.type: {role} is a {} printer: {why}",
+                    transport.kind().as_str()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Follows a transferred task's successors to the task that carries its work now

@@ -121,6 +121,9 @@ pub struct ClaimRules {
 pub enum Scope<'a> {
     /// The printers of a store that use this transport kind.
     Store { store_id: &'a str, kind: TransportKind },
+    /// One printer that polls for itself (CloudPRNT, Epson Server Direct Print), when it
+    /// uses this transport kind.
+    Printer { printer_id: &'a str, kind: TransportKind },
 }
 
 /// One ack as received.
@@ -289,8 +292,16 @@ impl LaneEngine {
     ) -> Result<Claimed, DeliveryError> {
         let now = self.now();
         let max = rules.max;
-        let Scope::Store { store_id, kind } = scope;
-        let lanes = self.store.lanes(tenant_id, store_id).await?;
+        let (lanes, kind) = match scope {
+            Scope::Store { store_id, kind } => (self.store.lanes(tenant_id, store_id).await?, kind),
+            Scope::Printer { printer_id, kind } => {
+                let lane = self.store.lane(tenant_id, printer_id).await?;
+                let busy = lane.in_flight.is_some() || lane.waiting.is_some();
+                (if busy { vec![lane] } else { Vec::new() }, kind)
+            }
+        };
+        // The store whose waiting claimants hear of a settled delivery.
+        let mut store_of_lanes: Option<String> = None;
         let mut next_look: Option<Millis> = None;
         let mut look_at = |t: Option<Millis>| {
             if let Some(t) = t {
@@ -304,6 +315,7 @@ impl LaneEngine {
         let mut offers: Vec<((i32, String), Transition, LaneChange)> = Vec::new();
         for Lane { printer_id, in_flight, waiting } in lanes {
             let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
+            store_of_lanes.get_or_insert_with(|| printer.row.store_id.clone());
             if printer.transport.as_ref().map(|t| t.kind()) != Some(kind) {
                 // Another transport's lane. A delivery of it that this claimant holds
                 // (the printer moved to another transport while it was in flight) is
@@ -443,8 +455,8 @@ impl LaneEngine {
                 }
             }
         }
-        if settled {
-            self.signals.notify(tenant_id, store_id);
+        if let (true, Some(store_id)) = (settled, store_of_lanes) {
+            self.signals.notify(tenant_id, &store_id);
         }
         Ok(Claimed { deliveries, next_look })
     }
@@ -535,6 +547,12 @@ impl LaneEngine {
             Encoding::EscPos { profile } => crate::content::render_for(
                 &content.content_type,
                 content.content,
+                banner.as_deref(),
+                profile.as_deref(),
+            ),
+            Encoding::Png { profile } => crate::content::render_png_for(
+                &content.content_type,
+                &content.content,
                 banner.as_deref(),
                 profile.as_deref(),
             ),

@@ -30,8 +30,8 @@ use std::sync::Arc;
 use onceprint_core::{validate_id, CoreError};
 use onceprint_store::{
     AgentToken, ApiKey, KeyRevocation, NewAgentToken, NewApiKey, NewPrinter, NewStation, NewStore, NewTenant, Printer,
-    PrinterEnabled, PrinterUpdate, RevokeAgentToken, RevokeApiKey, SetupAudit, SetupEvent, Station, StationUpdate,
-    Store, StoreError, StoreRow, Tenant,
+    PrinterEnabled, PrinterSecret, PrinterSecretChange, PrinterUpdate, RevokeAgentToken, RevokeApiKey, SetupAudit,
+    SetupEvent, Station, StationUpdate, Store, StoreError, StoreRow, Tenant,
 };
 use serde_json::{json, Value};
 
@@ -87,6 +87,33 @@ pub struct TenantCreated {
     pub tenant: Tenant,
     pub api_key_id: String,
     pub api_key: String,
+}
+
+/// A printer's login, as shown once when it is made: the user name and the password the
+/// printer presents (HTTP Basic auth on `/cloudprnt` and `/epson-sdp`, or on the MQTT
+/// server). Only the password's SHA-256 is kept.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PrinterLogin {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for PrinterLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrinterLogin").field("username", &self.username).field("password", &"***").finish()
+    }
+}
+
+impl PrinterLogin {
+    /// A new login: a random user name (unique across tenants, so that it alone says whose
+    /// printer calls) and a random 256-bit password.
+    pub fn generate() -> PrinterLogin {
+        PrinterLogin { username: secrets::short_id("prn_"), password: secrets::generate("opp_") }
+    }
+
+    fn stored(&self) -> PrinterSecret {
+        PrinterSecret { username: self.username.clone(), secret_hash: secrets::hash(&self.password) }
+    }
 }
 
 /// A printer as the caller wants it registered.
@@ -212,16 +239,23 @@ impl Setup {
             .await?)
     }
 
-    /// A printer bound to one store of the tenant (R29).
-    pub async fn create_printer(&self, caller: Caller<'_>, spec: PrinterSpec) -> Result<Printer, SetupError> {
+    /// A printer bound to one store of the tenant (R29). A printer that calls the broker
+    /// (CloudPRNT, Epson Server Direct Print, MQTT) gets its own login, returned once.
+    pub async fn create_printer(
+        &self,
+        caller: Caller<'_>,
+        spec: PrinterSpec,
+    ) -> Result<(Printer, Option<PrinterLogin>), SetupError> {
         validate_id("id", &spec.id)?;
         validate_id("store_id", &spec.store_id)?;
         let name = spec.name.unwrap_or_else(|| spec.id.clone());
         check_name("name", &name)?;
         let transport = TransportConfig::from_request(spec.transport)?;
+        let login = transport.kind().has_login().then(PrinterLogin::generate);
         let printer = self
             .store
             .create_printer(NewPrinter {
+                credential: login.as_ref().map(PrinterLogin::stored),
                 audit: caller.audit(json!({
                     "store_id": spec.store_id, "name": name, "transport": transport.redacted(),
                 })),
@@ -236,7 +270,40 @@ impl Setup {
         // Nothing was cached under the new id (misses are not cached); forgetting anyway
         // keeps "every change forgets its object" without exceptions.
         self.directory.forget_printer(&printer.tenant_id, &printer.id);
-        Ok(printer)
+        Ok((printer, login))
+    }
+
+    /// Gives a printer a new login (shown once); the old one stops working at once.
+    pub async fn rotate_printer_login(&self, caller: Caller<'_>, printer_id: &str) -> Result<PrinterLogin, SetupError> {
+        let not_found = || SetupError::NotFound(format!("no printer {printer_id:?}"));
+        let printer = self.store.get_printer(caller.tenant_id, printer_id).await?.ok_or_else(not_found)?;
+        let kind = TransportConfig::from_stored(&printer.transport).map(|t| t.kind());
+        if !kind.is_some_and(|k| k.has_login()) {
+            return Err(CoreError::invalid(
+                "transport",
+                format!(
+                    "printer {printer_id:?} does not log in to the broker: only cloudprnt, epson_sdp and mqtt \
+                     printers have a login"
+                ),
+            )
+            .into());
+        }
+        let login = PrinterLogin::generate();
+        let changed = self
+            .store
+            .set_printer_secret(PrinterSecretChange {
+                tenant_id: caller.tenant_id.to_owned(),
+                printer_id: printer_id.to_owned(),
+                secret: login.stored(),
+                now: now_ms(),
+                audit: caller.audit(json!({ "username": login.username })),
+            })
+            .await?;
+        if !changed {
+            return Err(not_found());
+        }
+        self.directory.forget_printer(caller.tenant_id, printer_id);
+        Ok(login)
     }
 
     /// Changes a printer's name and/or transport; the next delivery goes by them.

@@ -136,6 +136,9 @@ impl Watchdog {
         let reachable = match printer.transport.as_ref().map(|t| t.kind()) {
             Some(TransportKind::Agent) => self.lanes.agents().store_has_live_agent(&s.tenant_id, &s.store_id),
             Some(TransportKind::Webhook) => true,
+            // Printers that call in are reachable while they do (their transport keeps
+            // `online` up to date); one that stopped calling is offline, not stalled.
+            Some(TransportKind::Cloudprnt | TransportKind::Mqtt | TransportKind::EpsonSdp) => printer.row.online,
             None => false,
         };
         if !reachable {

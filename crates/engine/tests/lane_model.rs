@@ -230,6 +230,7 @@ impl Sut {
                         store_id: "s".into(),
                         name: p.into(),
                         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9"}"#.into(),
+                        credential: None,
                         now: START,
                         audit: SetupAudit::default(),
                     })

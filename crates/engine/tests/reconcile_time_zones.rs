@@ -50,6 +50,7 @@ async fn berlin_store(s: &dyn Store) {
         store_id: "berlin".into(),
         name: "Kitchen".into(),
         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
+        credential: None,
         now,
         audit: SetupAudit::default(),
     })

@@ -144,6 +144,25 @@ pub struct PrinterOut {
     pub last_seen_at: Option<String>,
     pub last_error: Option<String>,
     pub created_at: String,
+    /// Only in the answer that creates a printer which logs in to the broker itself
+    /// (`cloudprnt`, `epson_sdp`, `mqtt`), and in `POST /v1/printers/{id}/credentials`:
+    /// shown once, never again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<PrinterCredentialsOut>,
+}
+
+/// The login a printer presents: HTTP Basic auth on `/cloudprnt` and `/epson-sdp`, or
+/// the user name and password on the MQTT server.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PrinterCredentialsOut {
+    pub username: String,
+    pub password: String,
+}
+
+impl From<onceprint_engine::setup::PrinterLogin> for PrinterCredentialsOut {
+    fn from(l: onceprint_engine::setup::PrinterLogin) -> Self {
+        PrinterCredentialsOut { username: l.username, password: l.password }
+    }
 }
 
 impl From<Printer> for PrinterOut {
@@ -163,6 +182,7 @@ impl From<Printer> for PrinterOut {
             last_seen_at: opt_time(p.last_seen_at),
             last_error: p.last_error,
             created_at: rfc3339(p.created_at),
+            credentials: None,
         }
     }
 }

@@ -124,6 +124,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/printers/{id}", get(setup::get_printer).patch(setup::update_printer))
         .route("/v1/printers/{id}/disable", post(setup::disable_printer))
         .route("/v1/printers/{id}/enable", post(setup::enable_printer))
+        .route("/v1/printers/{id}/credentials", post(setup::rotate_printer_credentials))
         .route("/v1/stations", post(setup::create_station))
         .route("/v1/stations/{id}", get(setup::get_station).patch(setup::update_station))
         .route("/v1/api-keys", post(setup::create_api_key).get(setup::list_api_keys))

@@ -39,7 +39,7 @@ impl Modify for Security {
     paths(
         setup::create_tenant, setup::create_store, setup::list_stores, setup::get_store,
         setup::create_printer, setup::list_printers, setup::get_printer, setup::update_printer,
-        setup::disable_printer, setup::enable_printer,
+        setup::disable_printer, setup::enable_printer, setup::rotate_printer_credentials,
         setup::create_station, setup::get_station, setup::update_station,
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,

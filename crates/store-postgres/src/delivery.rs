@@ -655,6 +655,7 @@ pub(crate) mod tests {
                 store_id: "s1".into(),
                 name: p.into(),
                 transport: "{}".into(),
+                credential: None,
                 now,
                 audit: SetupAudit::default(),
             };

@@ -295,6 +295,14 @@ impl Store for PostgresStore {
         .collect()
     }
 
+    async fn printer_by_secret_hash(&self, secret_hash: &str) -> StoreResult<Option<PrinterCredential>> {
+        self.setup_printer_by_secret_hash(secret_hash).await
+    }
+
+    async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool> {
+        self.setup_set_printer_secret(change).await
+    }
+
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
         self.query(&format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE id = $1 ORDER BY tenant_id"), &[&printer_id])
             .await?

@@ -28,6 +28,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (7, V7_PLANS),
     (8, V8_LANES),
     (9, V9_SETUP_CHANGES),
+    (10, V10_PRINTER_CREDENTIALS),
 ];
 
 /// The version a fully migrated database reports.
@@ -325,6 +326,20 @@ CREATE TABLE setup_events (
     detail      TEXT NOT NULL
 );
 CREATE INDEX setup_events_by_tenant ON setup_events (tenant_id, id);
+"#;
+
+/// Printers that call the broker (CloudPRNT, Epson Server Direct Print, MQTT) log in with
+/// a user name and a random password; only its SHA-256 is kept, one login per printer.
+const V10_PRINTER_CREDENTIALS: &str = r#"
+CREATE TABLE printer_credentials (
+    tenant_id   TEXT NOT NULL,
+    printer_id  TEXT NOT NULL,
+    username    TEXT NOT NULL CONSTRAINT printer_credentials_username_key UNIQUE,
+    secret_hash TEXT NOT NULL CONSTRAINT printer_credentials_secret_hash_key UNIQUE,
+    created_at  BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, printer_id),
+    FOREIGN KEY (tenant_id, printer_id) REFERENCES printers (tenant_id, id)
+);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -180,9 +180,55 @@ impl PostgresStore {
             .await
             .map_err(|e| create_error(e, |_| format!("printer {}", p.id), |_| format!("store {}", p.store_id)))?;
         let created = rows::printer(&row)?;
+        if let Some(secret) = &p.credential {
+            put_printer_secret(&tx, &p.tenant_id, &p.id, secret, p.now).await?;
+        }
         audit(&tx, &p.tenant_id, p.now, (SetupObject::Printer, &p.id, SetupAction::Create), &p.audit).await?;
         tx.commit().await.map_err(pg_error)?;
         Ok(created)
+    }
+
+    pub(crate) async fn setup_set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let stmt = tx
+            .prepare_cached("SELECT 1 FROM printers WHERE tenant_id = $1 AND id = $2 FOR NO KEY UPDATE")
+            .await
+            .map_err(pg_error)?;
+        if tx.query_opt(&stmt, &[&change.tenant_id, &change.printer_id]).await.map_err(pg_error)?.is_none() {
+            return Ok(false);
+        }
+        put_printer_secret(&tx, &change.tenant_id, &change.printer_id, &change.secret, change.now).await?;
+        audit(
+            &tx,
+            &change.tenant_id,
+            change.now,
+            (SetupObject::Printer, &change.printer_id, SetupAction::Rotate),
+            &change.audit,
+        )
+        .await?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(true)
+    }
+
+    pub(crate) async fn setup_printer_by_secret_hash(
+        &self,
+        secret_hash: &str,
+    ) -> StoreResult<Option<PrinterCredential>> {
+        let row = self
+            .query_opt(
+                "SELECT tenant_id, printer_id, username FROM printer_credentials WHERE secret_hash = $1",
+                &[&secret_hash],
+            )
+            .await?;
+        match row {
+            Some(r) => Ok(Some(PrinterCredential {
+                tenant_id: rows::col(&r, 0)?,
+                printer_id: rows::col(&r, 1)?,
+                username: rows::col(&r, 2)?,
+            })),
+            None => Ok(None),
+        }
     }
 
     pub(crate) async fn setup_update_printer(&self, u: PrinterUpdate) -> StoreResult<Option<Printer>> {
@@ -466,4 +512,27 @@ impl PostgresStore {
             })
             .collect()
     }
+}
+
+/// Writes a printer's login, replacing the one it had.
+async fn put_printer_secret<C: GenericClient>(
+    tx: &C,
+    tenant_id: &str,
+    printer_id: &str,
+    secret: &PrinterSecret,
+    now: Millis,
+) -> StoreResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = EXCLUDED.username,
+             secret_hash = EXCLUDED.secret_hash, created_at = EXCLUDED.created_at",
+        )
+        .await
+        .map_err(pg_error)?;
+    tx.execute(&stmt, &[&tenant_id, &printer_id, &secret.username, &secret.secret_hash, &now])
+        .await
+        .map_err(|e| create_error(e, |_| format!("login {}", secret.username), |_| format!("printer {printer_id}")))?;
+    Ok(())
 }

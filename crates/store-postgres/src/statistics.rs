@@ -155,6 +155,7 @@ mod tests {
             store_id: "s1".into(),
             name: "p".into(),
             transport: "{}".into(),
+            credential: None,
             now: NOW,
             audit: SetupAudit::default(),
         };

@@ -93,6 +93,7 @@ async fn writes_name_what_exists_or_is_missing() {
             store_id: "s9".into(),
             name: "x".into(),
             transport: "{}".into(),
+            credential: None,
             now: NOW,
             audit: SetupAudit::default(),
         })

@@ -387,6 +387,15 @@ impl Store for SqliteStore {
         self.read(move |c| sql::printers_by_transport(c, &k)).await
     }
 
+    async fn printer_by_secret_hash(&self, secret_hash: &str) -> StoreResult<Option<PrinterCredential>> {
+        let h = secret_hash.to_owned();
+        self.read(move |c| setup::printer_by_secret_hash(c, &h)).await
+    }
+
+    async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool> {
+        self.write(move |c| setup::set_printer_secret(c, &change)).await
+    }
+
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
         let id = printer_id.to_owned();
         self.read(move |c| sql::printers_with_id(c, &id)).await

@@ -217,4 +217,18 @@ CREATE TABLE setup_events (
 );
 CREATE INDEX setup_events_by_tenant ON setup_events(tenant_id, id);
 "#,
+    // Printers that call the broker (CloudPRNT, Epson Server Direct Print, MQTT; issue 9)
+    // log in with a user name and a random password; only its SHA-256 is kept. A printer
+    // has at most one login: rotating it replaces the row.
+    r#"
+CREATE TABLE printer_credentials (
+    tenant_id   TEXT NOT NULL,
+    printer_id  TEXT NOT NULL,
+    username    TEXT NOT NULL UNIQUE,
+    secret_hash TEXT NOT NULL UNIQUE,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, printer_id),
+    FOREIGN KEY (tenant_id, printer_id) REFERENCES printers(tenant_id, id)
+);
+"#,
 ];

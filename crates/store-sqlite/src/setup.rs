@@ -228,3 +228,48 @@ pub fn revoke_agent_token(c: &Connection, r: &RevokeAgentToken) -> StoreResult<O
     audit(c, &r.tenant_id, r.now, (SetupObject::AgentToken, &r.id, SetupAction::Revoke), &r.audit)?;
     Ok(Some(Revoked { row: AgentToken { revoked_at: Some(r.now), ..token }, hash }))
 }
+
+/// Writes a printer's login, replacing the one it had.
+pub fn put_printer_secret(
+    c: &Connection,
+    tenant_id: &str,
+    printer_id: &str,
+    secret: &PrinterSecret,
+    now: Millis,
+) -> StoreResult<()> {
+    c.prepare_cached(
+        "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = excluded.username, \
+         secret_hash = excluded.secret_hash, created_at = excluded.created_at",
+    )
+    .and_then(|mut s| s.execute(params![tenant_id, printer_id, secret.username, secret.secret_hash, now]))
+    .map(|_| ())
+    .map_err(|e| constraint_err(e, &format!("login {}", secret.username), &format!("printer {printer_id}")))
+}
+
+pub fn set_printer_secret(c: &Connection, change: &PrinterSecretChange) -> StoreResult<bool> {
+    if get_printer(c, &change.tenant_id, &change.printer_id)?.is_none() {
+        return Ok(false);
+    }
+    put_printer_secret(c, &change.tenant_id, &change.printer_id, &change.secret, change.now)?;
+    audit(
+        c,
+        &change.tenant_id,
+        change.now,
+        (SetupObject::Printer, &change.printer_id, SetupAction::Rotate),
+        &change.audit,
+    )?;
+    Ok(true)
+}
+
+pub fn printer_by_secret_hash(c: &Connection, secret_hash: &str) -> StoreResult<Option<PrinterCredential>> {
+    c.prepare_cached("SELECT tenant_id, printer_id, username FROM printer_credentials WHERE secret_hash = ?1")
+        .and_then(|mut s| {
+            s.query_row([secret_hash], |r| {
+                Ok(PrinterCredential { tenant_id: r.get(0)?, printer_id: r.get(1)?, username: r.get(2)? })
+            })
+            .optional()
+        })
+        .map_err(backend_err)
+}

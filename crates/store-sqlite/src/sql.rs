@@ -153,6 +153,9 @@ pub fn create_printer(c: &Connection, p: NewPrinter) -> StoreResult<Printer> {
         params![p.tenant_id, p.id, p.store_id, p.name, p.transport, p.now],
     )
     .map_err(|e| constraint_err(e, &format!("printer {}", p.id), &format!("store {}", p.store_id)))?;
+    if let Some(secret) = &p.credential {
+        crate::setup::put_printer_secret(c, &p.tenant_id, &p.id, secret, p.now)?;
+    }
     audit(c, &p.tenant_id, p.now, (SetupObject::Printer, &p.id, SetupAction::Create), &p.audit)?;
     Ok(Printer {
         tenant_id: p.tenant_id,

@@ -39,7 +39,7 @@ macro_rules! conformance_tests {
             alerts_go_through_the_outbox_with_the_change,
             api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
-            setup_changes_are_audited_per_tenant_newest_first);
+            setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -63,6 +63,7 @@ async fn second_printer(s: &Arc<dyn Store>) {
         store_id: "s1".into(),
         name: "x".into(),
         transport: "{}".into(),
+        credential: None,
         now: NOW,
         audit: SetupAudit::default(),
     })
@@ -98,6 +99,7 @@ async fn tenant(s: &Arc<dyn Store>, id: &str) {
         store_id: "s1".into(),
         name: "Kitchen".into(),
         transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
+        credential: None,
         now: NOW,
         audit: SetupAudit::default(),
     })
@@ -200,6 +202,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             store_id: "nowhere".into(),
             name: "x".into(),
             transport: "{}".into(),
+            credential: None,
             now: NOW,
             audit: SetupAudit::default(),
         })
@@ -212,6 +215,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             store_id: "s1".into(),
             name: "x".into(),
             transport: "{}".into(),
+            credential: None,
             now: NOW,
             audit: SetupAudit::default(),
         })
@@ -234,6 +238,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
         store_id: "s1".into(),
         name: "Backup".into(),
         transport: "{}".into(),
+        credential: None,
         now: NOW,
         audit: SetupAudit::default(),
     })
@@ -416,6 +421,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         store_id: "s2".into(),
         name: "x".into(),
         transport: "{}".into(),
+        credential: None,
         now: NOW,
         audit: SetupAudit::default(),
     })
@@ -1326,6 +1332,7 @@ pub async fn setup_changes_are_audited_per_tenant_newest_first(s: Arc<dyn Store>
             store_id: "s1".into(),
             name: "x".into(),
             transport: "{}".into(),
+            credential: None,
             now: NOW,
             audit: by("duplicate"),
         })
@@ -1362,4 +1369,47 @@ pub async fn setup_changes_are_audited_per_tenant_newest_first(s: Arc<dyn Store>
     assert_eq!(theirs.len(), 3);
     assert!(theirs.iter().all(|e| e.tenant_id == "other"));
     assert!(s.setup_events("nobody", 500, None).await.unwrap().is_empty());
+}
+
+pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let secret = |u: &str, h: &str| PrinterSecret { username: u.into(), secret_hash: h.into() };
+    let cp = |t: &str, id: &str, login: PrinterSecret| NewPrinter {
+        tenant_id: t.into(),
+        id: id.into(),
+        store_id: "s1".into(),
+        name: "Star".into(),
+        transport: r#"{"kind":"cloudprnt","mac":"00:11:62:aa:bb:cc"}"#.into(),
+        credential: Some(login),
+        now: NOW,
+        audit: SetupAudit::default(),
+    };
+    s.create_printer(cp("acme", "star", secret("u-acme", "h-1"))).await.unwrap();
+    let found = s.printer_by_secret_hash("h-1").await.unwrap();
+    assert_eq!(
+        found,
+        Some(PrinterCredential { tenant_id: "acme".into(), printer_id: "star".into(), username: "u-acme".into() })
+    );
+    assert_eq!(s.printer_by_secret_hash("h-unknown").await.unwrap(), None);
+    // A user name or password hash is unique across tenants, and a refused login leaves
+    // no printer behind (one transaction).
+    let taken = s.create_printer(cp("other", "star", secret("u-acme", "h-2"))).await;
+    assert!(matches!(taken, Err(StoreError::AlreadyExists(_))), "{taken:?}");
+    assert_eq!(s.get_printer("other", "star").await.unwrap(), None);
+    // Rotation: the old password stops working in the same commit, and it is audited.
+    let rotate = |id: &str, h: &str| PrinterSecretChange {
+        tenant_id: "acme".into(),
+        printer_id: id.into(),
+        secret: secret("u-acme-2", h),
+        now: NOW + 5,
+        audit: by("rotate"),
+    };
+    assert!(s.set_printer_secret(rotate("star", "h-3")).await.unwrap());
+    assert_eq!(s.printer_by_secret_hash("h-1").await.unwrap(), None);
+    let found = s.printer_by_secret_hash("h-3").await.unwrap().expect("new login");
+    assert_eq!((found.printer_id.as_str(), found.username.as_str()), ("star", "u-acme-2"));
+    assert!(!s.set_printer_secret(rotate("nope", "h-4")).await.unwrap(), "no such printer");
+    let events = s.setup_events("acme", 10, None).await.unwrap();
+    assert_eq!((events[0].object_id.as_str(), events[0].action.as_str()), ("star", "rotate"));
 }

@@ -95,6 +95,12 @@ pub trait Store: Send + Sync + 'static {
     async fn printers_by_transport(&self, kind: &str) -> StoreResult<Vec<Printer>>;
     /// Printers of every tenant with this id (a vendor callback names only the printer;
     /// its signature tells which tenant's printer it is).
+    /// The printer whose login has this password hash (none for an unknown or replaced one).
+    async fn printer_by_secret_hash(&self, secret_hash: &str) -> StoreResult<Option<PrinterCredential>>;
+
+    /// Replaces a printer's login; `false` when the printer does not exist.
+    async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool>;
+
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>>;
 
     /// Fails with `NotFound` when the store or a printer is not the tenant's; the caller

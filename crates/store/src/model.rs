@@ -112,6 +112,36 @@ pub struct NewPrinter {
     pub name: String,
     /// The transport object as JSON text (`{"kind":"agent","address":…}`).
     pub transport: String,
+    /// The printer's own login, for transports whose printers call the broker (CloudPRNT,
+    /// Epson Server Direct Print, MQTT): kept in the same transaction as the printer.
+    pub credential: Option<PrinterSecret>,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// A printer's login as stored: the user name and the SHA-256 of its random password
+/// (never the password, ARCHITECTURE invariant 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterSecret {
+    /// Unique across every tenant (a printer presents only this and the password).
+    pub username: String,
+    pub secret_hash: String,
+}
+
+/// Whose login a password is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterCredential {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub username: String,
+}
+
+/// A printer's new login (rotation): the old one stops working in the same commit.
+#[derive(Debug, Clone)]
+pub struct PrinterSecretChange {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub secret: PrinterSecret,
     pub now: Millis,
     pub audit: SetupAudit,
 }
@@ -622,6 +652,8 @@ pub enum SetupAction {
     Disable,
     Enable,
     Revoke,
+    /// A printer's login was replaced.
+    Rotate,
 }
 
 impl SetupAction {
@@ -632,6 +664,7 @@ impl SetupAction {
             SetupAction::Disable => "disable",
             SetupAction::Enable => "enable",
             SetupAction::Revoke => "revoke",
+            SetupAction::Rotate => "rotate",
         }
     }
 }

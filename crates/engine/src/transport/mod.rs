@@ -93,12 +93,79 @@ pub struct WebhookConfig {
     pub profile: Option<String>,
 }
 
+/// `cloudprnt`: a Star printer polls the broker's `/cloudprnt` URL over HTTP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudPrntConfig {
+    /// The printer's MAC address, as it sends it in `printerMAC` (kept in lower case).
+    pub mac: String,
+    /// How often the printer is set to poll (its CloudPRNT settings page); it is offline
+    /// after 2 × this + 5 s without a poll. Default 5 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_s: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+/// Which device protocol an MQTT printer speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MqttProtocol {
+    /// Star CloudPRNT Version MQTT (Full MQTT), addressed by MAC.
+    Cloudprnt,
+    /// onceprint's own device protocol (docs/MQTT.md), addressed by device id.
+    Onceprint,
+}
+
+/// `mqtt`: jobs are published to the printer through the MQTT server the broker uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    pub protocol: MqttProtocol,
+    /// For `cloudprnt`: the printer's MAC (kept in lower case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// For `onceprint`: the device id its firmware uses in topics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+impl MqttConfig {
+    /// The device's address in its topics: the MAC or the device id.
+    pub fn device(&self) -> &str {
+        match self.protocol {
+            MqttProtocol::Cloudprnt => self.mac.as_deref().unwrap_or_default(),
+            MqttProtocol::Onceprint => self.device_id.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// `epson_sdp`: an Epson TM printer polls with Server Direct Print.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpsonSdpConfig {
+    /// The device id the printer sends as `ID=` (its Server Direct Print settings); when
+    /// absent, any id is taken from the authenticated printer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printer_id: Option<String>,
+    /// The printer's polling interval (its settings page); offline after 2 × this + 5 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_s: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
 /// How the broker reaches one printer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TransportConfig {
     Agent(AgentConfig),
     Webhook(WebhookConfig),
+    Cloudprnt(CloudPrntConfig),
+    Mqtt(MqttConfig),
+    EpsonSdp(EpsonSdpConfig),
 }
 
 /// The kinds, for routing lanes to the module that serves them.
@@ -106,16 +173,34 @@ pub enum TransportConfig {
 pub enum TransportKind {
     Agent,
     Webhook,
+    Cloudprnt,
+    Mqtt,
+    EpsonSdp,
 }
 
 impl TransportKind {
-    pub const ALL: [TransportKind; 2] = [TransportKind::Agent, TransportKind::Webhook];
+    pub const ALL: [TransportKind; 5] = [
+        TransportKind::Agent,
+        TransportKind::Webhook,
+        TransportKind::Cloudprnt,
+        TransportKind::Mqtt,
+        TransportKind::EpsonSdp,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             TransportKind::Agent => "agent",
             TransportKind::Webhook => "webhook",
+            TransportKind::Cloudprnt => "cloudprnt",
+            TransportKind::Mqtt => "mqtt",
+            TransportKind::EpsonSdp => "epson_sdp",
         }
+    }
+
+    /// Whether the printer logs in to the broker (or to its MQTT server) itself, with a
+    /// login the broker makes when the printer is created.
+    pub fn has_login(self) -> bool {
+        matches!(self, TransportKind::Cloudprnt | TransportKind::Mqtt | TransportKind::EpsonSdp)
     }
 }
 
@@ -124,6 +209,23 @@ impl TransportKind {
 pub enum Encoding {
     /// ESC/POS for a thermal printer, documents rendered with this profile (or the default).
     EscPos { profile: Option<String> },
+    /// A PNG image of the receipt at the profile's paper width (CloudPRNT's `image/png`);
+    /// such printers cannot take raw ESC/POS.
+    Png { profile: Option<String> },
+}
+
+impl Encoding {
+    /// Whether content of this type can be printed in this encoding; the error says why
+    /// not and what to send instead.
+    pub fn accepts(&self, content_type: &str) -> Result<(), String> {
+        match (self, content_type) {
+            (Encoding::EscPos { .. }, _) => Ok(()),
+            (_, "escpos") => Err("raw ESC/POS bytes cannot be printed by this printer (it takes rendered \
+                 receipts, not printer commands); send a receipt document (doc), markup or text"
+                .into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl TransportConfig {
@@ -136,7 +238,7 @@ impl TransportConfig {
             CoreError::invalid("transport", msg)
         })?;
         t.validate()?;
-        Ok(t)
+        Ok(t.normalized())
     }
 
     /// Parses a transport as stored; `None` for a configuration this version cannot read
@@ -168,6 +270,9 @@ impl TransportConfig {
         match self {
             TransportConfig::Agent(_) => TransportKind::Agent,
             TransportConfig::Webhook(_) => TransportKind::Webhook,
+            TransportConfig::Cloudprnt(_) => TransportKind::Cloudprnt,
+            TransportConfig::Mqtt(_) => TransportKind::Mqtt,
+            TransportConfig::EpsonSdp(_) => TransportKind::EpsonSdp,
         }
     }
 
@@ -176,7 +281,26 @@ impl TransportConfig {
         match self {
             TransportConfig::Agent(a) => Encoding::EscPos { profile: a.profile.clone() },
             TransportConfig::Webhook(w) => Encoding::EscPos { profile: w.profile.clone() },
+            TransportConfig::Cloudprnt(c) => Encoding::Png { profile: c.profile.clone() },
+            // A Star printer over MQTT gets the same rendering as over HTTP; an onceprint
+            // device's firmware prints ESC/POS.
+            TransportConfig::Mqtt(m) => match m.protocol {
+                MqttProtocol::Cloudprnt => Encoding::Png { profile: m.profile.clone() },
+                MqttProtocol::Onceprint => Encoding::EscPos { profile: m.profile.clone() },
+            },
+            TransportConfig::EpsonSdp(e) => Encoding::Png { profile: e.profile.clone() },
         }
+    }
+
+    /// The same configuration in its canonical spelling (a MAC in lower case), so that
+    /// what is stored and compared does not depend on how a client wrote it.
+    pub fn normalized(mut self) -> TransportConfig {
+        match &mut self {
+            TransportConfig::Cloudprnt(c) => c.mac = c.mac.to_ascii_lowercase(),
+            TransportConfig::Mqtt(m) => m.mac = m.mac.take().map(|m| m.to_ascii_lowercase()),
+            _ => {}
+        }
+        self
     }
 
     /// Checks what serde cannot: addresses, URLs, secret length, the render profile.
@@ -198,6 +322,41 @@ impl TransportConfig {
                     ));
                 }
                 &w.profile
+            }
+            TransportConfig::Cloudprnt(c) => {
+                check_mac("transport.mac", &c.mac)?;
+                check_poll_interval(c.poll_interval_s)?;
+                &c.profile
+            }
+            TransportConfig::Mqtt(m) => {
+                match m.protocol {
+                    MqttProtocol::Cloudprnt => match (&m.mac, &m.device_id) {
+                        (Some(mac), None) => check_mac("transport.mac", mac)?,
+                        _ => {
+                            return Err(CoreError::invalid(
+                                "transport.mac",
+                                "a CloudPRNT MQTT printer is addressed by its mac (and takes no device_id)",
+                            ))
+                        }
+                    },
+                    MqttProtocol::Onceprint => match (&m.device_id, &m.mac) {
+                        (Some(id), None) => check_device_id("transport.device_id", id)?,
+                        _ => {
+                            return Err(CoreError::invalid(
+                                "transport.device_id",
+                                "an onceprint MQTT device is addressed by its device_id (and takes no mac)",
+                            ))
+                        }
+                    },
+                }
+                &m.profile
+            }
+            TransportConfig::EpsonSdp(e) => {
+                if let Some(id) = &e.printer_id {
+                    check_device_id("transport.printer_id", id)?;
+                }
+                check_poll_interval(e.poll_interval_s)?;
+                &e.profile
             }
         };
         if let Some(p) = profile {
@@ -224,6 +383,37 @@ fn check_tcp_address(address: &str) -> Result<(), CoreError> {
         Ok(())
     } else {
         Err(bad())
+    }
+}
+
+/// `00:11:62:AA:BB:CC` (either case; `-` separators are not what CloudPRNT sends).
+fn check_mac(field: &str, mac: &str) -> Result<(), CoreError> {
+    let parts: Vec<&str> = mac.split(':').collect();
+    if parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit())) {
+        Ok(())
+    } else {
+        Err(CoreError::invalid(field, format!("{mac:?} is not a MAC address like 00:11:62:AA:BB:CC")))
+    }
+}
+
+/// A device id used in MQTT topics and Epson's `ID=`: no topic separators or wildcards.
+fn check_device_id(field: &str, id: &str) -> Result<(), CoreError> {
+    if !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+    {
+        Ok(())
+    } else {
+        Err(CoreError::invalid(field, "1–64 characters of A–Z, a–z, 0–9, '-', '_', '.', ':'"))
+    }
+}
+
+fn check_poll_interval(s: Option<u32>) -> Result<(), CoreError> {
+    match s {
+        Some(s) if !(1..=3600).contains(&s) => {
+            Err(CoreError::invalid("transport.poll_interval_s", "1–3600 seconds, as set on the printer"))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -259,6 +449,14 @@ mod tests {
     }
 
     #[test]
+    fn macs_are_kept_in_one_spelling() {
+        let t = TransportConfig::from_request(json!({"kind": "cloudprnt", "mac": "00:11:62:AA:BB:CC"})).expect("valid");
+        assert_eq!(t.redacted()["mac"], "00:11:62:aa:bb:cc");
+        assert_eq!(t.encoding().accepts("escpos").map_err(|e| e.contains("raw ESC/POS")), Err(true));
+        assert_eq!(t.encoding().accepts("doc"), Ok(()));
+    }
+
+    #[test]
     fn stored_forms_of_earlier_versions_still_read() {
         let agent = TransportConfig::from_stored(r#"{"kind":"agent","address":"tcp://10.0.0.5:9100"}"#);
         assert_eq!(
@@ -272,7 +470,13 @@ mod tests {
     #[test]
     fn bad_transports_name_the_field() {
         for (value, field) in [
-            (json!({"kind": "carrier-pigeon"}), "supported kinds: agent, webhook"),
+            (json!({"kind": "carrier-pigeon"}), "supported kinds: agent, webhook, cloudprnt, mqtt, epson_sdp"),
+            (json!({"kind": "cloudprnt", "mac": "00:11:62"}), "transport.mac"),
+            (json!({"kind": "cloudprnt", "mac": "00:11:62:aa:bb:cc", "poll_interval_s": 0}), "poll_interval_s"),
+            (json!({"kind": "mqtt", "protocol": "cloudprnt", "device_id": "x"}), "transport.mac"),
+            (json!({"kind": "mqtt", "protocol": "onceprint", "device_id": "a/b"}), "transport.device_id"),
+            (json!({"kind": "mqtt", "protocol": "zigbee", "device_id": "a"}), "unknown variant"),
+            (json!({"kind": "epson_sdp", "printer_id": "#"}), "transport.printer_id"),
             (json!({"kind": "agent", "address": "10.0.0.5:9100"}), "transport.address"),
             (json!({"kind": "agent", "address": "tcp://host:0"}), "transport.address"),
             (json!({"kind": "agent", "address": "tcp://h:1", "url": "http://x"}), "unknown field `url`"),

@@ -91,8 +91,25 @@ pub async fn create_printer(
     JsonBody(req): JsonBody<CreatePrinter>,
 ) -> Result<(StatusCode, Json<PrinterOut>), ApiError> {
     let spec = PrinterSpec { id: req.id, store_id: req.store_id, name: req.name, transport: req.transport };
-    let p = st.setup.create_printer(auth.caller(), spec).await?;
-    Ok((StatusCode::CREATED, Json(p.into())))
+    let (p, login) = st.setup.create_printer(auth.caller(), spec).await?;
+    let mut out = PrinterOut::from(p);
+    out.credentials = login.map(Into::into);
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+/// Give a printer that logs in to the broker (`cloudprnt`, `epson_sdp`, `mqtt`) a new
+/// login: the answer shows it once; the old password stops working at once. Also the way
+/// to give a login to a printer whose transport was changed to one of those kinds.
+#[utoipa::path(post, path = "/v1/printers/{id}/credentials", tag = "set-up",
+    security(("tenant" = [])), params(("id" = String, Path)),
+    responses((status = 200, body = PrinterCredentialsOut), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn rotate_printer_credentials(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<PrinterCredentialsOut>, ApiError> {
+    Ok(Json(st.setup.rotate_printer_login(auth.caller(), &id).await?.into()))
 }
 
 /// List the calling tenant's printers, optionally of one store.

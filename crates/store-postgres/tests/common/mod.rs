@@ -53,6 +53,7 @@ pub async fn printer(s: &dyn Store, tenant: &str, id: &str) {
         store_id: "s1".into(),
         name: id.into(),
         transport: "{}".into(),
+        credential: None,
         now: NOW,
         audit: SetupAudit::default(),
     })
