@@ -21,6 +21,7 @@ both_backends!(
     api_keys_are_added_and_revoked_but_never_the_last,
     setup_events_list_every_change_newest_first_without_secrets,
     another_tenants_set_up_is_not_found,
+    printers_that_call_in_get_a_login_shown_once_and_replaced_on_request,
 );
 
 /// Tests that need a broker without the in-process duplicate gate, so that a retry is
@@ -581,4 +582,49 @@ async fn another_tenants_set_up_is_not_found(app: &TestApp) {
         let a = app.call(method, path, None, Some(json!({"name": "x"}))).await;
         assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{method} {path}");
     }
+}
+
+async fn printers_that_call_in_get_a_login_shown_once_and_replaced_on_request(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "star", "store_id": "s1", "transport": {"kind": "cloudprnt", "mac": "00:11:62:AA:BB:CC"}}),
+        )
+        .await;
+    assert_eq!(star.status, StatusCode::CREATED, "{star:?}");
+    let username = star.body["credentials"]["username"].as_str().unwrap_or_default().to_owned();
+    let password = star.body["credentials"]["password"].as_str().unwrap_or_default().to_owned();
+    assert!(username.starts_with("prn_") && password.starts_with("opp_") && password.len() == 68, "{star:?}");
+    assert_eq!(star.body["transport"]["mac"], "00:11:62:aa:bb:cc", "kept in one spelling");
+    // Shown once: never in a read, never in the audit.
+    let read = app.get("/v1/printers/star", &key).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert!(read.body.get("credentials").is_none(), "{read:?}");
+    // A printer the broker reaches has no login of its own.
+    assert!(app.get("/v1/printers/p1", &key).await.body.get("credentials").is_none());
+    let p1 = app.call("POST", "/v1/printers/p1/credentials", Some(&key), None).await;
+    assert_eq!((p1.status, p1.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{p1:?}");
+    assert!(p1.body["error"]["message"].as_str().unwrap_or_default().contains("cloudprnt"), "{p1:?}");
+    let none = app.call("POST", "/v1/printers/nope/credentials", Some(&key), None).await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND, "{none:?}");
+    // Another tenant cannot replace it.
+    let other = app.tenant("other").await;
+    let theirs = app.call("POST", "/v1/printers/star/credentials", Some(&other), None).await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{theirs:?}");
+    let new = app.call("POST", "/v1/printers/star/credentials", Some(&key), None).await;
+    assert_eq!(new.status, StatusCode::OK, "{new:?}");
+    let new_password = new.body["password"].as_str().unwrap_or_default();
+    assert!(new_password.starts_with("opp_") && new_password != password, "{new:?}");
+    let events = app.get("/v1/setup-events?limit=50", &key).await;
+    let text = events.body.to_string();
+    assert!(text.contains("\"rotate\""), "{text}");
+    assert!(!text.contains(&password) && !text.contains(new_password), "no password in the audit: {text}");
+    // Every kind that logs in gets one; an Epson printer and an MQTT device too.
+    let epson = app
+        .post("/v1/printers", &key, json!({"id": "tm", "store_id": "s1", "transport": {"kind": "epson_sdp"}}))
+        .await;
+    assert_eq!(epson.status, StatusCode::CREATED, "{epson:?}");
+    assert!(epson.body["credentials"]["password"].is_string(), "{epson:?}");
 }
