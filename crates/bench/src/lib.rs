@@ -30,6 +30,7 @@ mod load;
 pub mod paper;
 mod pg;
 mod plan;
+pub mod polls;
 mod procs;
 mod report;
 mod setup;
@@ -48,6 +49,7 @@ pub use e2e::{run_e2e, E2eOptions, E2eReport};
 pub use faults::{run_faults, FaultsOptions, FaultsReport};
 use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
+pub use polls::{run_polls, PollsOptions, PollsReport};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
 
 /// The store every bench task goes to.

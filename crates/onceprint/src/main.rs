@@ -118,6 +118,29 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A fleet of Star CloudPRNT printers polling a fresh broker (each with its own
+    /// login and connection): polls/s, poll latency, broker CPU per poll and peak RSS;
+    /// with --tasks, jobs are fetched and confirmed as a printer does.
+    Polls {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        #[arg(long, default_value_t = 1_000)]
+        printers: usize,
+        /// Each printer polls this often.
+        #[arg(long, default_value_t = 2_000)]
+        interval_ms: u64,
+        /// Measured seconds (after one interval of warm-up).
+        #[arg(long, default_value_t = 30.0)]
+        seconds: f64,
+        /// Tasks submitted while the printers poll.
+        #[arg(long, default_value_t = 0)]
+        tasks: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The fault run: broker, store agent and simulated printers as processes under
     /// printer faults (paper out, cover open, offline, crash mid-job, slow), kill -9 of the
     /// agent and the broker, and client retry storms; then faults stop and every lane must
@@ -281,6 +304,19 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Polls { database, printers, interval_ms, seconds, tasks, json } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_polls(onceprint_bench::PollsOptions {
+                broker_exe: exe,
+                database,
+                printers,
+                interval: std::time::Duration::from_millis(interval_ms),
+                seconds,
+                tasks,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
