@@ -3,8 +3,6 @@
 //! `GET /healthz`, `GET /faults`, `PUT /faults`, `GET /jobs`. Errors use the broker's
 //! error body, `{"error": {"code", "message"}}`, so scripts handle both alike.
 
-use std::net::SocketAddr;
-
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -58,13 +56,6 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         Ok(req) => req,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     };
-    let printer = match req.printer.as_deref().map(str::parse::<SocketAddr>) {
-        None => None,
-        Some(Ok(addr)) => Some(addr),
-        Some(Err(_)) => {
-            return error(StatusCode::NOT_FOUND, "not_found", format!("no printer {:?}", req.printer));
-        }
-    };
     let update = FaultUpdate {
         paper_out: req.paper_out,
         cover_open: req.cover_open,
@@ -73,9 +64,9 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         slow_ms: req.slow_ms,
         clone: req.clone,
     };
-    match ctl.faults.update(printer, update) {
+    match ctl.faults.update(req.printer.as_deref(), update) {
         Ok(changed) => {
-            tracing::info!(?printer, ?update, "faults changed");
+            tracing::info!(printer = ?req.printer, ?update, "faults changed");
             Json(json!({"printers": changed})).into_response()
         }
         Err(e) => error(StatusCode::NOT_FOUND, "not_found", e.to_string()),

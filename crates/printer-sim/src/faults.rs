@@ -3,8 +3,10 @@
 //! Each printer's faults live in a `tokio::sync::watch` channel: the printing task of a
 //! blocked printer sleeps on it and wakes the moment paper goes back in, and connection
 //! tasks read the current value to answer real-time status requests.
+//!
+//! Printers are named as in the paper log: a TCP printer by its listening address
+//! (`127.0.0.1:9100`), a pseudo-terminal printer by `pty:N`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use onceprint_escpos::status::PrinterStatus;
@@ -21,10 +23,12 @@ pub struct Faults {
     pub paper_out: bool,
     /// Cover open: blocks like `paper_out`.
     pub cover_open: bool,
-    /// Offline: new connections are reset at once, existing ones read offline status
-    /// and nothing prints until it clears.
+    /// Offline: new TCP connections are reset at once, existing ones (and a
+    /// pseudo-terminal printer's device) read offline status and nothing prints until it
+    /// clears.
     pub offline: bool,
-    /// The next this many jobs print and are logged, then the connection drops before
+    /// The next this many jobs print and are logged, then the connection drops (a
+    /// pseudo-terminal printer's device vanishes and comes back as a new one) before
     /// anything after the cut (such as the `GS ( H` reply) is answered.
     pub crash_mid_job: u32,
     /// Delay before each job is printed (and so before its acknowledgement).
@@ -104,16 +108,17 @@ impl From<Faults> for FaultUpdate {
     }
 }
 
-/// One printer's address and faults, as `GET /faults` lists them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// One printer's name and faults, as `GET /faults` lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrinterFaults {
-    pub printer: SocketAddr,
+    /// The printer's name in the paper log.
+    pub printer: String,
     #[serde(flatten)]
     pub faults: Faults,
 }
 
 struct Cell {
-    addr: SocketAddr,
+    name: String,
     faults: watch::Sender<Faults>,
 }
 
@@ -130,34 +135,34 @@ impl std::fmt::Debug for FaultsHandle {
 }
 
 impl FaultsHandle {
-    pub(crate) fn new(addrs: &[SocketAddr], initial: Faults) -> FaultsHandle {
-        let cells = addrs.iter().map(|&addr| Cell { addr, faults: watch::Sender::new(initial) }).collect();
+    pub(crate) fn new(names: &[String], initial: Faults) -> FaultsHandle {
+        let cells = names.iter().map(|name| Cell { name: name.clone(), faults: watch::Sender::new(initial) }).collect();
         FaultsHandle { cells }
     }
 
-    /// The faults of every printer, in address order of start-up.
+    /// The faults of every printer, in the order of start-up.
     pub fn all(&self) -> Vec<PrinterFaults> {
-        self.cells.iter().map(|c| PrinterFaults { printer: c.addr, faults: *c.faults.borrow() }).collect()
+        self.cells.iter().map(|c| PrinterFaults { printer: c.name.clone(), faults: *c.faults.borrow() }).collect()
     }
 
-    /// The faults of one printer.
-    pub fn get(&self, printer: SocketAddr) -> Option<Faults> {
-        self.cells.iter().find(|c| c.addr == printer).map(|c| *c.faults.borrow())
+    /// The faults of one printer, by its name in the paper log.
+    pub fn get(&self, printer: &str) -> Option<Faults> {
+        self.cells.iter().find(|c| c.name == printer).map(|c| *c.faults.borrow())
     }
 
     /// Changes the faults of one printer, or of all when `printer` is `None`, and returns
     /// the new state of the printers changed. A printer that was blocked starts printing
     /// its buffer as soon as nothing blocks it any more.
-    pub fn update(&self, printer: Option<SocketAddr>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
-        if let Some(addr) = printer {
-            if !self.cells.iter().any(|c| c.addr == addr) {
-                return Err(SimError::UnknownPrinter(addr.to_string()));
+    pub fn update(&self, printer: Option<&str>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
+        if let Some(name) = printer {
+            if !self.cells.iter().any(|c| c.name == name) {
+                return Err(SimError::UnknownPrinter(name.to_owned()));
             }
         }
         let mut changed = Vec::new();
-        for cell in self.cells.iter().filter(|c| printer.is_none_or(|a| a == c.addr)) {
+        for cell in self.cells.iter().filter(|c| printer.is_none_or(|n| n == c.name)) {
             cell.faults.send_modify(|f| update.apply(f));
-            changed.push(PrinterFaults { printer: cell.addr, faults: *cell.faults.borrow() });
+            changed.push(PrinterFaults { printer: cell.name.clone(), faults: *cell.faults.borrow() });
         }
         Ok(changed)
     }

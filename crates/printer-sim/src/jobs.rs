@@ -6,7 +6,6 @@
 //! order. A job counts as printed only once its line is written: the printer task waits
 //! for the write before it answers a `GS ( H` that follows the job.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -38,8 +37,9 @@ pub struct Barcode {
 /// One job as it came out of a printer; also one line of the paper log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrintedJob {
-    /// The printer's listening address.
-    pub printer: SocketAddr,
+    /// The printer's name: its listening address for a TCP printer (`127.0.0.1:9100`),
+    /// `pty:N` for a pseudo-terminal printer.
+    pub printer: String,
     /// 1 for the printer's first job since start-up, then counting up.
     pub seq: u64,
     /// When it was printed, RFC 3339 UTC.
@@ -91,7 +91,7 @@ impl Jobs {
     }
 
     /// The jobs of one printer, in printing order.
-    pub fn of(&self, printer: SocketAddr) -> Vec<PrintedJob> {
+    pub fn of(&self, printer: &str) -> Vec<PrintedJob> {
         let list = self.inner.list.lock().unwrap_or_else(PoisonError::into_inner);
         list.iter().filter(|j| j.printer == printer).cloned().collect()
     }

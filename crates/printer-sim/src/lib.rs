@@ -1,7 +1,8 @@
-//! A simulated ESC/POS network printer (R34), for demos, tests and benchmarks.
+//! A simulated ESC/POS printer (R34), for demos, tests and benchmarks.
 //!
 //! This crate owns `onceprint printer-sim`: one or more printers listening on raw TCP
-//! (port 9100 by default) that parse what they receive with
+//! (port 9100 by default), or with `--pty` on pseudo-terminals that stand in for printers
+//! on a serial port or a USB printer-class device, that parse what they receive with
 //! [`onceprint_escpos::parse::Parser`], answer real-time status (`DLE EOT n`) and the
 //! printed-acknowledgement (`GS ( H`) the way real printers do, and write every printed
 //! job as one JSON line to a paper log — the ground truth a fault-injection test counts
@@ -19,11 +20,20 @@
 //! comes after every job before it was logged. A job is everything up to a cut (`GS V`,
 //! `ESC i`, `ESC m`); printable content left without a cut when a connection ends is
 //! logged too, with `"cut": "none"`.
+//!
+//! A pseudo-terminal printer is the same printer behind a different byte stream: status,
+//! jobs, the paper log and every fault are handled by the same code. Its device stays
+//! open between the agent's opens (so it has no "connections" of its own); a crash makes
+//! the device vanish, and the printer comes back shortly after as a new pty (the current
+//! path: [`Simulator::pty_path`], and a line on standard output from the command). It is
+//! named `pty:N` in the paper log and the control endpoint.
 
 mod control;
 mod faults;
 mod jobs;
 mod printer;
+#[cfg(unix)]
+mod pty;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -50,6 +60,8 @@ pub enum SimError {
     PaperLog { path: PathBuf, source: std::io::Error },
     #[error("no printer {0}")]
     UnknownPrinter(String),
+    #[error("cannot create a pseudo-terminal: {0}")]
+    Pty(std::io::Error),
 }
 
 /// Command-line flags of `onceprint printer-sim`.
@@ -62,6 +74,12 @@ pub struct SimArgs {
     /// gets its own ephemeral port).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub count: usize,
+    /// Serve each printer on a pseudo-terminal instead of TCP, like a printer on a serial
+    /// port or a USB printer device: prints `pty:N PATH` for each on standard output
+    /// (again when one comes back after a crash); point the agent at `serial://PATH` or
+    /// `usb://PATH`.
+    #[arg(long, conflicts_with = "listen")]
+    pub pty: bool,
     /// Append one JSON line per printed job to FILE.
     #[arg(long, value_name = "FILE")]
     pub paper_log: Option<PathBuf>,
@@ -98,6 +116,7 @@ impl SimArgs {
         SimConfig {
             listen: self.listen,
             count: self.count,
+            pty: self.pty,
             paper_log: self.paper_log.clone(),
             control: self.control,
             faults: Faults {
@@ -119,6 +138,8 @@ pub struct SimConfig {
     pub listen: SocketAddr,
     /// Number of printers.
     pub count: usize,
+    /// Printers on pseudo-terminals instead of TCP (`listen` is then not used).
+    pub pty: bool,
     pub paper_log: Option<PathBuf>,
     /// Address of the HTTP control endpoint, if any (port 0 is fine).
     pub control: Option<SocketAddr>,
@@ -133,6 +154,7 @@ impl SimConfig {
         SimConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             count: 1,
+            pty: false,
             paper_log: None,
             control: None,
             faults: Faults::default(),
@@ -143,7 +165,12 @@ impl SimConfig {
 /// A running simulator. Dropping it stops it without waiting; [`Simulator::shutdown`]
 /// stops it and waits until every task has ended.
 pub struct Simulator {
+    /// The TCP printers' addresses; empty for pseudo-terminal printers.
     printers: Vec<SocketAddr>,
+    /// Every printer's name, as in the paper log.
+    names: Vec<String>,
+    /// The current path of each pseudo-terminal printer (`None` while it is away).
+    ptys: Vec<watch::Receiver<Option<PathBuf>>>,
     control: Option<SocketAddr>,
     faults: FaultsHandle,
     jobs: Jobs,
@@ -153,20 +180,15 @@ pub struct Simulator {
 
 impl std::fmt::Debug for Simulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Simulator").field("printers", &self.printers).field("control", &self.control).finish()
+        f.debug_struct("Simulator").field("printers", &self.names).field("control", &self.control).finish()
     }
 }
 
 impl Simulator {
-    /// Binds every printer (and the control endpoint) and starts serving. Must be called
-    /// inside a Tokio runtime.
+    /// Binds every printer (or creates its pseudo-terminal, and the control endpoint) and
+    /// starts serving. Must be called inside a Tokio runtime.
     pub async fn start(config: SimConfig) -> Result<Simulator, SimError> {
-        let listeners = bind_printers(config.listen, config.count).await?;
-        let mut printers = Vec::with_capacity(listeners.len());
-        for listener in &listeners {
-            let addr = listener.local_addr().map_err(|source| SimError::Bind { addr: config.listen, source })?;
-            printers.push(addr);
-        }
+        let printers = if config.pty { Printers::ptys(config.count)? } else { Printers::bind(&config).await? };
         let control = match config.control {
             Some(addr) => {
                 let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
@@ -176,33 +198,73 @@ impl Simulator {
             None => None,
         };
         let recorder = Arc::new(jobs::Recorder::open(config.paper_log.as_deref()).await?);
-        let faults = FaultsHandle::new(&printers, config.faults);
+        let names = printers.names();
+        let faults = FaultsHandle::new(&names, config.faults);
         let jobs = recorder.jobs();
         let (stop, stop_rx) = watch::channel(false);
 
-        let mut tasks = Vec::with_capacity(printers.len() + 1);
-        for (index, (listener, &addr)) in listeners.into_iter().zip(&printers).enumerate() {
-            let ctx = Arc::new(printer::PrinterCtx { index, addr, faults: faults.clone(), recorder: recorder.clone() });
-            tasks.push(tokio::spawn(printer::run(listener, ctx, stop_rx.clone())));
+        let mut tasks = Vec::with_capacity(names.len() + 1);
+        let mut addrs = Vec::new();
+        let mut ptys = Vec::new();
+        let ctx = |index: usize| {
+            Arc::new(printer::PrinterCtx {
+                index,
+                name: names[index].clone(),
+                faults: faults.clone(),
+                recorder: recorder.clone(),
+            })
+        };
+        match printers {
+            Printers::Tcp(listeners) => {
+                for (index, (listener, addr)) in listeners.into_iter().enumerate() {
+                    addrs.push(addr);
+                    tasks.push(tokio::spawn(printer::run(listener, ctx(index), stop_rx.clone())));
+                }
+            }
+            #[cfg(unix)]
+            Printers::Pty(first) => {
+                for (index, pty) in first.into_iter().enumerate() {
+                    let (path_tx, path_rx) = watch::channel(Some(pty.path().to_owned()));
+                    ptys.push(path_rx);
+                    tasks.push(tokio::spawn(printer::run_pty(pty, ctx(index), path_tx, stop_rx.clone())));
+                }
+            }
         }
         let control = control.map(|(listener, local)| {
             tasks.push(tokio::spawn(control::serve(listener, faults.clone(), jobs.clone(), stop_rx.clone())));
             local
         });
         tracing::info!(
-            printers = printers.len(),
-            first = ?printers.first(),
+            printers = ?names,
             control = ?control,
             paper_log = ?config.paper_log,
             faults = ?config.faults,
             "printer simulator started"
         );
-        Ok(Simulator { printers, control, faults, jobs, stop, tasks })
+        Ok(Simulator { printers: addrs, names, ptys, control, faults, jobs, stop, tasks })
     }
 
-    /// The printers' addresses, in port order for a fixed listen port.
+    /// The TCP printers' addresses, in port order for a fixed listen port; empty when the
+    /// printers are pseudo-terminals.
     pub fn printers(&self) -> &[SocketAddr] {
         &self.printers
+    }
+
+    /// Every printer's name, as the paper log and the control endpoint name it: the
+    /// listening address of a TCP printer, `pty:N` for a pseudo-terminal printer.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The path of pseudo-terminal printer `index` now (`/dev/pts/N`); `None` while it is
+    /// away after a crash, or when there is no such printer.
+    pub fn pty_path(&self, index: usize) -> Option<PathBuf> {
+        self.ptys.get(index).and_then(|rx| rx.borrow().clone())
+    }
+
+    /// Follows the path of pseudo-terminal printer `index` as it goes and comes back.
+    pub fn watch_pty(&self, index: usize) -> Option<watch::Receiver<Option<PathBuf>>> {
+        self.ptys.get(index).cloned()
     }
 
     /// The control endpoint's address, when one was asked for.
@@ -236,6 +298,51 @@ impl Drop for Simulator {
     }
 }
 
+/// The printers' byte streams before they are served: TCP listeners with their
+/// addresses, or their first pseudo-terminals.
+enum Printers {
+    Tcp(Vec<(TcpListener, SocketAddr)>),
+    #[cfg(unix)]
+    Pty(Vec<pty::Pty>),
+}
+
+impl Printers {
+    async fn bind(config: &SimConfig) -> Result<Printers, SimError> {
+        let listeners = bind_printers(config.listen, config.count).await?;
+        let mut bound = Vec::with_capacity(listeners.len());
+        for listener in listeners {
+            let addr = listener.local_addr().map_err(|source| SimError::Bind { addr: config.listen, source })?;
+            bound.push((listener, addr));
+        }
+        Ok(Printers::Tcp(bound))
+    }
+
+    #[cfg(unix)]
+    fn ptys(count: usize) -> Result<Printers, SimError> {
+        if count == 0 {
+            return Err(SimError::NoPrinters);
+        }
+        let ptys = (0..count).map(|_| pty::Pty::open()).collect::<Result<Vec<_>, _>>().map_err(SimError::Pty)?;
+        Ok(Printers::Pty(ptys))
+    }
+
+    #[cfg(not(unix))]
+    fn ptys(_count: usize) -> Result<Printers, SimError> {
+        Err(SimError::Pty(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "pseudo-terminal printers need a Unix system",
+        )))
+    }
+
+    fn names(&self) -> Vec<String> {
+        match self {
+            Printers::Tcp(listeners) => listeners.iter().map(|(_, addr)| addr.to_string()).collect(),
+            #[cfg(unix)]
+            Printers::Pty(ptys) => (0..ptys.len()).map(|i| format!("pty:{i}")).collect(),
+        }
+    }
+}
+
 /// Binds `count` printers: consecutive ports from `listen`, or `count` ephemeral ports
 /// when its port is 0.
 async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListener>, SimError> {
@@ -262,6 +369,23 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
     let sim = Simulator::start(args.config()).await?;
+    // Pseudo-terminal paths are chosen by the kernel, so the command says where each
+    // printer is (and where it is again after a crash), one `pty:N PATH` line each, for a
+    // script or a person to give the agent.
+    for (index, name) in sim.names().iter().enumerate() {
+        let Some(mut path) = sim.watch_pty(index) else { continue };
+        let name = name.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Some(p) = path.borrow_and_update().clone() {
+                    println!("{name} {}", p.display());
+                }
+                if path.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
     shutdown.await;
     tracing::info!("printer simulator stopping");
     sim.shutdown().await;
@@ -285,6 +409,7 @@ mod tests {
         let config = cli.args.config();
         assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
         assert_eq!(config.count, 1);
+        assert!(!config.pty);
         assert_eq!(config.faults, Faults::default());
         assert!(config.paper_log.is_none() && config.control.is_none());
     }
@@ -320,6 +445,9 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["sim", "--fast", "--slow-ms", "5"]).is_err(), "--fast contradicts --slow-ms");
         assert_eq!(Cli::try_parse_from(["sim", "--fast"]).unwrap().args.config().faults.slow_ms, 0);
+        let pty = Cli::try_parse_from(["sim", "--pty", "--count", "2", "--paper-out"]).unwrap().args.config();
+        assert!(pty.pty && pty.faults.paper_out && pty.count == 2, "faults apply to pty printers alike");
+        assert!(Cli::try_parse_from(["sim", "--pty", "--listen", "127.0.0.1:9100"]).is_err(), "a pty has no address");
     }
 
     #[tokio::test]

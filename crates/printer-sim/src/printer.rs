@@ -1,8 +1,9 @@
-//! One simulated printer: an accept loop, a task per connection, and one printing task.
+//! One simulated printer: an accept loop (or a pseudo-terminal, see [`run_pty`]), a task
+//! per connection, and one printing task.
 //!
-//! A connection task reads the socket, parses it with the ESC/POS parser and answers
-//! `DLE EOT n` itself, at once, from the current faults — real printers answer real-time
-//! status even while a job prints or paper is out. Every other event goes, in order, into
+//! A connection task reads the socket (or the pty), parses it with the ESC/POS parser and
+//! answers `DLE EOT n` itself, at once, from the current faults — real printers answer
+//! real-time status even while a job prints or paper is out. Every other event goes, in order, into
 //! the printer's queue. The printing task takes events from the queue one by one and
 //! stops taking them while a fault blocks printing; the queue is then the printer's
 //! receive buffer, and it survives the connection that filled it: a job sent to a printer
@@ -11,16 +12,19 @@
 //!
 //! Because the printing task handles events in arrival order, a `GS ( H` reply is sent
 //! only after every job before it was printed and its paper-log line written.
+//!
+//! A TCP connection and a pseudo-terminal are served by the same code ([`serve_stream`]):
+//! only what a crash looks like differs (a reset connection, a device that vanishes).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use onceprint_escpos::ack;
 use onceprint_escpos::parse::{Event, Parser};
 use onceprint_escpos::text::decode_text;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -31,7 +35,8 @@ use crate::jobs::{Barcode, Cut, PrintedJob, Recorder};
 /// What one printer needs to know about the simulator.
 pub(crate) struct PrinterCtx {
     pub(crate) index: usize,
-    pub(crate) addr: SocketAddr,
+    /// The printer's name in the paper log and in `GET /faults`.
+    pub(crate) name: String,
     pub(crate) faults: FaultsHandle,
     pub(crate) recorder: Arc<Recorder>,
 }
@@ -85,16 +90,16 @@ pub(crate) async fn run(listener: TcpListener, ctx: Arc<PrinterCtx>, mut stop: w
                         // peer's first read or write fails, as when nothing listens.
                         let _ = stream.set_zero_linger();
                         drop(stream);
-                        tracing::debug!(printer = %ctx.addr, %peer, "offline: connection reset");
+                        tracing::debug!(printer = %ctx.name, %peer, "offline: connection reset");
                         continue;
                     }
                     next_conn += 1;
-                    tracing::debug!(printer = %ctx.addr, %peer, conn = next_conn, "connection");
+                    tracing::debug!(printer = %ctx.name, %peer, conn = next_conn, "connection");
                     conns.spawn(connection(stream, next_conn, ctx.clone(), work_tx.clone(), stop.clone()));
                 }
                 Err(e) => {
                     // Usually out of file descriptors; accepting again at once would spin.
-                    tracing::warn!(printer = %ctx.addr, error = %e, "accept failed");
+                    tracing::warn!(printer = %ctx.name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -106,8 +111,7 @@ pub(crate) async fn run(listener: TcpListener, ctx: Arc<PrinterCtx>, mut stop: w
     let _ = printing.await;
 }
 
-/// Reads one connection. Real-time status is answered here; everything else is queued for
-/// the printing task, whose replies are written back here.
+/// Serves one TCP connection; a crash resets it.
 async fn connection(
     mut stream: TcpStream,
     conn: u64,
@@ -115,71 +119,153 @@ async fn connection(
     work: mpsc::UnboundedSender<Work>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
-    if work.send(Work::Open { conn, reply: reply_tx }).is_err() {
-        return;
-    }
-    let mut parser = Parser::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut input_open = true;
-    let mut crashed = false;
-    {
-        let (mut rd, mut wr) = stream.split();
-        loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break,
-                read = rd.read(&mut buf), if input_open => match read {
-                    Ok(0) => {
-                        // The peer may have only shut down its sending side and still wait
-                        // for replies, so the connection stays open until `Done`.
-                        input_open = false;
-                        let _ = work.send(Work::End { conn });
-                    }
-                    Ok(n) => {
-                        let mut status = Vec::new();
-                        for (event, len) in parser.push_sized(&buf[..n]) {
-                            match event {
-                                Event::StatusRequest(k @ 1..=4) => {
-                                    status.push(ctx.faults.current(ctx.index).status().encode(k));
-                                }
-                                // Printers do not answer status functions they do not have.
-                                Event::StatusRequest(_) => {}
-                                event => {
-                                    let _ = work.send(Work::Event { conn, event, len });
-                                }
-                            }
-                        }
-                        if !status.is_empty() && wr.write_all(&status).await.is_err() {
-                            break;
-                        }
-                    }
-                    Err(_) => break,
-                },
-                reply = reply_rx.recv() => match reply {
-                    Some(Reply::Bytes(bytes)) => {
-                        if wr.write_all(&bytes).await.is_err() {
-                            break;
-                        }
-                    }
-                    Some(Reply::Crash) => {
-                        crashed = true;
-                        break;
-                    }
-                    Some(Reply::Done) | None => break,
-                },
-            }
-        }
-    }
-    if input_open {
-        let _ = work.send(Work::End { conn });
-    }
+    let end = {
+        let (rd, wr) = stream.split();
+        serve_stream(rd, wr, conn, &ctx, &work, &mut stop).await
+    };
+    let crashed = end == StreamEnd::Crashed;
     if crashed {
         // A reset rather than a clean close: the peer sees the connection lost, the way a
         // printer that reboots or loses power looks from the network.
         let _ = stream.set_zero_linger();
     }
-    tracing::debug!(printer = %ctx.addr, conn, crashed, "connection closed");
+    tracing::debug!(printer = %ctx.name, conn, crashed, "connection closed");
 }
+
+/// Why [`serve_stream`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamEnd {
+    /// The simulator stops.
+    Stopped,
+    /// The printer crashed (the `crash_mid_job` fault, or a paper log it cannot write).
+    Crashed,
+    /// The peer went away, or reading or writing failed.
+    Closed,
+}
+
+/// Reads one stream (a TCP connection, a pseudo-terminal). Real-time status is answered
+/// here; everything else is queued for the printing task, whose replies are written back
+/// here.
+async fn serve_stream<R, W>(
+    mut rd: R,
+    mut wr: W,
+    conn: u64,
+    ctx: &PrinterCtx,
+    work: &mpsc::UnboundedSender<Work>,
+    stop: &mut watch::Receiver<bool>,
+) -> StreamEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
+    if work.send(Work::Open { conn, reply: reply_tx }).is_err() {
+        return StreamEnd::Stopped;
+    }
+    let mut parser = Parser::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut input_open = true;
+    let end = loop {
+        tokio::select! {
+            _ = stopped(stop) => break StreamEnd::Stopped,
+            read = rd.read(&mut buf), if input_open => match read {
+                Ok(0) => {
+                    // The peer may have only shut down its sending side and still wait
+                    // for replies, so the connection stays open until `Done`.
+                    input_open = false;
+                    let _ = work.send(Work::End { conn });
+                }
+                Ok(n) => {
+                    let mut status = Vec::new();
+                    for (event, len) in parser.push_sized(&buf[..n]) {
+                        match event {
+                            Event::StatusRequest(k @ 1..=4) => {
+                                status.push(ctx.faults.current(ctx.index).status().encode(k));
+                            }
+                            // Printers do not answer status functions they do not have.
+                            Event::StatusRequest(_) => {}
+                            event => {
+                                let _ = work.send(Work::Event { conn, event, len });
+                            }
+                        }
+                    }
+                    if !status.is_empty() && wr.write_all(&status).await.is_err() {
+                        break StreamEnd::Closed;
+                    }
+                }
+                Err(_) => break StreamEnd::Closed,
+            },
+            reply = reply_rx.recv() => match reply {
+                Some(Reply::Bytes(bytes)) => {
+                    if wr.write_all(&bytes).await.is_err() {
+                        break StreamEnd::Closed;
+                    }
+                }
+                Some(Reply::Crash) => break StreamEnd::Crashed,
+                Some(Reply::Done) | None => break StreamEnd::Closed,
+            },
+        }
+    };
+    if input_open {
+        let _ = work.send(Work::End { conn });
+    }
+    end
+}
+
+/// Runs one pseudo-terminal printer until the simulator stops. The pty is the printer's
+/// one "connection" for as long as it lives (whoever opens the slave side talks to the
+/// same printer, like a device on a USB or serial port); a crash makes the device vanish,
+/// as when a USB printer reboots, and after [`REBOOT`] the printer comes back as a new
+/// pty, whose path is published on `path`.
+#[cfg(unix)]
+pub(crate) async fn run_pty(
+    first: crate::pty::Pty,
+    ctx: Arc<PrinterCtx>,
+    path: watch::Sender<Option<PathBuf>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (work_tx, work_rx) = mpsc::unbounded_channel();
+    let printing = tokio::spawn(printing(ctx.clone(), work_rx, stop.clone()));
+    let mut pty = Some(first);
+    let mut conn = 0u64;
+    loop {
+        let current = match pty.take() {
+            Some(p) => p,
+            None => match crate::pty::Pty::open() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(printer = %ctx.name, error = %e, "cannot create a pseudo-terminal; trying again");
+                    tokio::select! {
+                        _ = stopped(&mut stop) => break,
+                        _ = tokio::time::sleep(REBOOT) => continue,
+                    }
+                }
+            },
+        };
+        conn += 1;
+        tracing::info!(printer = %ctx.name, path = %current.path().display(), "pseudo-terminal printer ready");
+        path.send_replace(Some(current.path().to_owned()));
+        let end = serve_stream(&current, &current, conn, &ctx, &work_tx, &mut stop).await;
+        path.send_replace(None);
+        // Closing the master side is the device vanishing: whoever holds the slave open
+        // gets an I/O error or end of file from then on, and the path goes away.
+        drop(current);
+        tracing::info!(printer = %ctx.name, ?end, "pseudo-terminal printer gone");
+        if end == StreamEnd::Stopped {
+            break;
+        }
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            _ = tokio::time::sleep(REBOOT) => {}
+        }
+    }
+    drop(work_tx);
+    let _ = printing.await;
+}
+
+/// How long a pseudo-terminal printer stays away after a crash before it comes back.
+#[cfg(unix)]
+const REBOOT: Duration = Duration::from_millis(200);
 
 /// The job being received on one connection.
 #[derive(Default)]
@@ -196,9 +282,9 @@ impl JobBuilder {
         !self.text.is_empty() || !self.qr.is_empty() || !self.barcodes.is_empty() || self.images > 0
     }
 
-    fn finish(self, printer: SocketAddr, seq: u64, cut: Cut) -> PrintedJob {
+    fn finish(self, printer: &str, seq: u64, cut: Cut) -> PrintedJob {
         PrintedJob {
-            printer,
+            printer: printer.to_owned(),
             seq,
             at: now_rfc3339(),
             text: self.text,
@@ -256,9 +342,9 @@ async fn printing(ctx: Arc<PrinterCtx>, mut work_rx: mpsc::UnboundedReceiver<Wor
                 let Some(state) = conns.remove(&conn) else { continue };
                 if !state.crashed && state.job.has_content() {
                     seq += 1;
-                    let job = state.job.finish(ctx.addr, seq, Cut::Uncut);
+                    let job = state.job.finish(&ctx.name, seq, Cut::Uncut);
                     if let Err(e) = ctx.recorder.record(job).await {
-                        tracing::error!(printer = %ctx.addr, error = %e, "cannot write the paper log");
+                        tracing::error!(printer = %ctx.name, error = %e, "cannot write the paper log");
                     }
                 }
                 let _ = state.reply.send(Reply::Done);
@@ -285,12 +371,12 @@ async fn printing(ctx: Arc<PrinterCtx>, mut work_rx: mpsc::UnboundedReceiver<Wor
                         }
                         seq += 1;
                         let cut = if partial { Cut::Partial } else { Cut::Full };
-                        let job = std::mem::take(&mut state.job).finish(ctx.addr, seq, cut);
+                        let job = std::mem::take(&mut state.job).finish(&ctx.name, seq, cut);
                         if let Err(e) = ctx.recorder.record(job).await {
                             // The job has no line, so it must not be acknowledged either:
                             // the connection goes down as in a crash and the sender is left
                             // in doubt, which is the truth.
-                            tracing::error!(printer = %ctx.addr, error = %e, "cannot write the paper log");
+                            tracing::error!(printer = %ctx.name, error = %e, "cannot write the paper log");
                             state.crashed = true;
                             let _ = state.reply.send(Reply::Crash);
                             continue;
@@ -303,7 +389,7 @@ async fn printing(ctx: Arc<PrinterCtx>, mut work_rx: mpsc::UnboundedReceiver<Wor
                             }
                         });
                         if crash {
-                            tracing::info!(printer = %ctx.addr, seq, "crash after printing the job");
+                            tracing::info!(printer = %ctx.name, seq, "crash after printing the job");
                             state.crashed = true;
                             let _ = state.reply.send(Reply::Crash);
                         }

@@ -124,7 +124,7 @@ async fn a_job_is_printed_logged_and_then_acknowledged() {
     let log = f.paper_log();
     assert_eq!(log.len(), 1);
     let line = &log[0];
-    assert_eq!(line.printer, f.printer());
+    assert_eq!(line.printer, f.printer().to_string());
     assert_eq!(line.seq, 1);
     assert_eq!(line.text, "宫保鸡丁 x1\nTable 5\n");
     assert_eq!(line.qr, vec!["https://x".to_string()]);
@@ -233,7 +233,7 @@ async fn a_buffered_job_prints_after_its_sender_gave_up() {
 
     f.sim
         .faults()
-        .update(Some(f.printer()), FaultUpdate { cover_open: Some(false), ..FaultUpdate::default() })
+        .update(Some(&f.printer().to_string()), FaultUpdate { cover_open: Some(false), ..FaultUpdate::default() })
         .unwrap();
     assert!(f.sim.jobs().wait_for(1, WAIT).await, "the buffered job prints when the cover closes");
     assert_eq!(f.paper_log()[0].text, "late ticket");
@@ -252,7 +252,7 @@ async fn crash_mid_job_prints_then_drops_the_connection_before_the_reply() {
     let log = f.paper_log();
     assert_eq!(log.len(), 1, "the job was printed before the crash");
     assert_eq!(log[0].text, "crash me");
-    assert_eq!(f.sim.faults().get(f.printer()).unwrap().crash_mid_job, 0, "one crash used up");
+    assert_eq!(f.sim.faults().get(&f.printer().to_string()).unwrap().crash_mid_job, 0, "one crash used up");
 
     // The next job goes through.
     let mut stream = TcpStream::connect(f.printer()).await.unwrap();
@@ -334,8 +334,8 @@ async fn control_endpoint_lists_and_changes_faults() {
         http(control, "PUT", "/faults", Some(json!({"printer": b.to_string(), "slow_ms": 5, "clone": true}))).await;
     assert_eq!(code, 200);
     assert_eq!(body["printers"].as_array().unwrap().len(), 1);
-    assert_eq!(f.sim.faults().get(b), Some(Faults { slow_ms: 5, clone: true, ..Faults::default() }));
-    assert_eq!(f.sim.faults().get(a), Some(Faults::default()));
+    assert_eq!(f.sim.faults().get(&b.to_string()), Some(Faults { slow_ms: 5, clone: true, ..Faults::default() }));
+    assert_eq!(f.sim.faults().get(&a.to_string()), Some(Faults::default()));
 
     let (code, body) = http(control, "PUT", "/faults", Some(json!({"printer": "127.0.0.1:1", "offline": true}))).await;
     assert_eq!((code, body["error"]["code"].as_str()), (404, Some("not_found")));
@@ -388,7 +388,7 @@ async fn a_hundred_printers_each_print_one_job() {
     let log = f.paper_log();
     assert_eq!(log.len(), 100);
     for (i, addr) in printers.iter().enumerate() {
-        let mine: Vec<_> = log.iter().filter(|j| j.printer == *addr).collect();
+        let mine: Vec<_> = log.iter().filter(|j| j.printer == addr.to_string()).collect();
         assert_eq!(mine.len(), 1, "{addr}");
         assert_eq!(mine[0].text, format!("printer {i} 宫保鸡丁\n"));
         assert_eq!(mine[0].seq, 1);
@@ -423,6 +423,7 @@ async fn run_serves_until_shutdown() {
     let args = SimArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         count: 2,
+        pty: false,
         paper_log: Some(dir.path().join("log.jsonl")),
         control: None,
         paper_out: false,
