@@ -2,26 +2,31 @@
 //!
 //! This crate owns the device side of printing: it long-polls the broker for the
 //! deliveries of its store's printers (outbound HTTP only, so it works behind NAT),
-//! prints each to a raw TCP 9100 ESC/POS printer through one worker per printer (one job
-//! at a time per printer, in arrival order: R23), keeps the durable journal of the last N
-//! task ids in its state directory (R20), and acknowledges every outcome through one
-//! batching ack sender that retries until the broker has taken the ack (R21, R22).
+//! prints each to an ESC/POS printer on raw TCP 9100, a USB printer device or a serial
+//! port ([`address`]) through one worker per printer (one job at a time per printer, in
+//! arrival order: R23), keeps the durable journal of the last N task ids in its state
+//! directory (R20), and acknowledges every outcome through one batching ack sender that
+//! retries until the broker has taken the ack (R21, R22).
 //!
 //! It must never print a task id a second time once it may have printed it. The journal
 //! makes `started` durable before the first byte goes to a printer and `printed` durable
 //! before the ack, so after a crash, power loss or lost ack: a task the journal says was
 //! printed is acknowledged `printed` without printing; one that was started but cannot be
 //! proven finished is acknowledged `in_doubt` and left to a person; and a job whose
-//! connection breaks between sending and the printer's confirmation is `in_doubt`, never
-//! retried by the agent. "Printed" means the printer's own `GS ( H` process-id reply,
-//! never "the TCP write succeeded" (R9).
+//! connection (or device) breaks between sending and the printer's confirmation is
+//! `in_doubt`, never retried by the agent. "Printed" means the printer's own `GS ( H`
+//! process-id reply, never "the write succeeded" (R9). The sequence is one and the same
+//! for every kind of printer link ([`printer`]). A printer that does not answer its status
+//! requests is reported `offline` and never printed to; some USB printers cannot answer
+//! at all, and are refused that way rather than printed to blind.
 //!
-//! Each worker keeps its printer's TCP connection open from one job to the next (a new
-//! connection per job cost the agent and the printer more than the job itself), drops it
-//! on any error, timeout or doubt, and closes it after `--printer-idle-ms` (30 s) without a
-//! job, so that a printer that serves one client at a time is not held by an idle agent;
-//! `--printer-idle-ms 0` restores one connection per job. Under load the poll loop lingers
-//! briefly (`--poll-linger-ms`, 5 ms) so that one poll fetches several deliveries.
+//! Each worker keeps its printer's TCP connection (or device) open from one job to the
+//! next (a new connection per job cost the agent and the printer more than the job
+//! itself), drops it on any error, timeout or doubt, and closes it after
+//! `--printer-idle-ms` (30 s) without a job, so that a printer that serves one client at a
+//! time is not held by an idle agent; `--printer-idle-ms 0` restores one connection per
+//! job. Under load the poll loop lingers briefly (`--poll-linger-ms`, 5 ms) so that one
+//! poll fetches several deliveries.
 //!
 //! Printers that ignore `GS ( H` can be listed with `--no-printed-ack`; they are confirmed
 //! by a real-time status check after the job instead. That is weaker: it shows the printer
@@ -36,9 +41,12 @@
 #![deny(unsafe_code)]
 
 mod acks;
+pub mod address;
 mod agent;
 pub mod backoff;
 pub mod broker;
+#[cfg(unix)]
+mod device;
 mod fsutil;
 pub mod journal;
 pub mod printer;
@@ -99,9 +107,10 @@ pub struct AgentArgs {
     #[arg(long, env = "ONCEPRINT_POLL_LINGER_MS", default_value_t = 5, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub poll_linger_ms: u64,
 
-    /// Close a printer's connection after this long without a job. The connection is kept
-    /// open between jobs to save a TCP handshake per job; a printer that accepts only one
-    /// client at a time is busy for others while it is open. 0 closes it after every job.
+    /// Close a printer's connection (or device) after this long without a job. It is kept
+    /// open between jobs to save a TCP handshake (or device open) per job; a printer that
+    /// accepts only one client at a time, and a USB printer device, is busy for others
+    /// while it is open. 0 closes it after every job.
     #[arg(long, env = "ONCEPRINT_PRINTER_IDLE_MS", default_value_t = 30_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub printer_idle_ms: u64,
 
@@ -109,7 +118,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 15_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub print_timeout_ms: u64,
 
-    /// Timeout for connecting to a printer and for each status answer, in milliseconds.
+    /// Timeout for connecting to a printer (or opening its device) and for each status
+    /// answer, in milliseconds.
     #[arg(long, default_value_t = 3_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub connect_timeout_ms: u64,
 

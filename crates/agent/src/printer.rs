@@ -1,13 +1,23 @@
-//! Printing one job to a raw TCP 9100 ESC/POS printer, with the journal writes that make
-//! it safe to crash at any point.
+//! Printing one job to an ESC/POS printer, with the journal writes that make it safe to
+//! crash at any point.
 //!
-//! The sequence is fixed: connect (or reuse the printer's open connection, see
-//! [`PrinterLink`]); ask `DLE EOT 1, 2, 4` and refuse to send anything to a printer that
-//! reports a blocker; make `started` durable; send the job followed by `GS ( H` with a
-//! process id unique to this attempt; wait for the matching `37 22 id 00`. Only that
-//! reply proves the printer processed the job, so only then is `printed` journaled. Every failure before `started` is a recoverable outcome (nothing
-//! was sent); every failure after it is `in_doubt`, because some or all of the job may be
-//! on paper and sending it again could print a second copy.
+//! A printer is reached through a byte link (`ByteLink`): a raw TCP connection
+//! (`tcp://`), a USB printer-class device or a serial port (`usb://`, `serial://`, see
+//! [`crate::address`]). Whatever carries the bytes, the sequence is this one: connect or
+//! open (or reuse the printer's open link, see [`PrinterLink`]); ask `DLE EOT 1, 2, 4`
+//! and refuse to send anything to a printer that reports a blocker; make `started`
+//! durable; send the job followed by `GS ( H` with a process id unique to this attempt;
+//! wait for the matching `37 22 id 00`. Only that reply proves the printer processed the
+//! job, so only then is `printed` journaled. Every failure before `started` is a
+//! recoverable outcome (nothing was sent); every failure after it is `in_doubt`, because
+//! some or all of the job may be on paper and sending it again could print a second copy.
+//!
+//! A printer that does not answer the status requests within `status_timeout` is
+//! reported `offline` and nothing is sent to it, whatever its link: the agent cannot know
+//! whether it has paper or its cover is shut, and a job sent to a printer without paper
+//! may come out much later, after the task was given up or printed elsewhere. Some USB
+//! printers cannot answer at all (their interface has no way back); they are refused the
+//! same way, on every attempt, rather than printed to blind.
 //!
 //! Printers that ignore `GS ( H` ("clones") are confirmed by a status check after sending
 //! instead ([`Confirmation::StatusOnly`]). That is weaker: a real-time status answer says
@@ -18,9 +28,7 @@ use crate::journal::{Journal, Record, RecordState};
 use crate::protocol::Outcome;
 use onceprint_escpos::{ack, status};
 use status::PrinterStatus;
-use std::fmt;
 use std::io;
-use std::str::FromStr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -32,52 +40,12 @@ pub const STATUS_ONLY_DETAIL: &str = "confirmed by status only (printer does not
 /// The real-time status requests asked before (and, for clones, after) a job.
 const STATUS_REQUESTS: [u8; 3] = [1, 2, 4];
 
-/// `tcp://HOST:PORT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrinterAddress {
-    pub host: String,
-    pub port: u16,
-}
-
-impl FromStr for PrinterAddress {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let rest =
-            s.strip_prefix("tcp://").ok_or_else(|| format!("printer address {s:?} does not start with tcp://"))?;
-        let rest = rest.trim_end_matches('/');
-        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-            let (host, after) = v6.split_once(']').ok_or_else(|| format!("printer address {s:?}: unclosed '['"))?;
-            let port = after.strip_prefix(':').ok_or_else(|| format!("printer address {s:?} has no port"))?;
-            (host, port)
-        } else {
-            rest.rsplit_once(':').ok_or_else(|| format!("printer address {s:?} has no port"))?
-        };
-        if host.is_empty() {
-            return Err(format!("printer address {s:?} has no host"));
-        }
-        let port: u16 = port.parse().map_err(|_| format!("printer address {s:?}: bad port {port:?}"))?;
-        if port == 0 {
-            return Err(format!("printer address {s:?}: port 0"));
-        }
-        Ok(PrinterAddress { host: host.to_owned(), port })
-    }
-}
-
-impl fmt::Display for PrinterAddress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "tcp://[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "tcp://{}:{}", self.host, self.port)
-        }
-    }
-}
+pub use crate::address::{FlowControl, PrinterAddress};
 
 /// Timeouts of one print.
 #[derive(Debug, Clone, Copy)]
 pub struct DriverConfig {
-    /// TCP connect (including name resolution).
+    /// TCP connect (including name resolution), or opening a device.
     pub connect_timeout: Duration,
     /// The answer to one `DLE EOT n`.
     pub status_timeout: Duration,
@@ -134,17 +102,104 @@ pub enum DriverError {
     Connect { address: String, source: io::Error },
     #[error("connecting to {address} timed out after {ms} ms")]
     ConnectTimeout { address: String, ms: u128 },
+    #[error("cannot open {address}: {source}")]
+    Open { address: String, source: io::Error },
+    #[error("opening {address} timed out after {ms} ms")]
+    OpenTimeout { address: String, ms: u128 },
     #[error("{0}")]
     Timeout(String),
-    #[error("the printer closed the connection")]
+    #[error("the printer closed the connection (or its device went away)")]
     Closed,
     #[error("connection to the printer failed: {0}")]
     Io(#[from] io::Error),
 }
 
-/// A connection to a printer with the bytes it sent that were not consumed yet.
+/// The byte link to one printer: whatever carries ESC/POS to it and its answers back.
+/// The print sequence above is written once against this; only opening, reading and
+/// writing differ.
+enum ByteLink {
+    Tcp(TcpStream),
+    /// A USB printer-class device or a serial port.
+    #[cfg(unix)]
+    Device(crate::device::DeviceFile),
+}
+
+impl ByteLink {
+    /// Connects to, or opens, the printer at `address`.
+    async fn open(address: &PrinterAddress, within: Duration) -> Result<ByteLink, DriverError> {
+        match address {
+            PrinterAddress::Tcp { host, port } => {
+                let stream = match timeout(within, TcpStream::connect((host.as_str(), *port))).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(source)) => return Err(DriverError::Connect { address: address.to_string(), source }),
+                    Err(_) => {
+                        return Err(DriverError::ConnectTimeout {
+                            address: address.to_string(),
+                            ms: within.as_millis(),
+                        })
+                    }
+                };
+                // Status requests are three bytes; without this they could wait for Nagle.
+                stream.set_nodelay(true)?;
+                Ok(ByteLink::Tcp(stream))
+            }
+            #[cfg(unix)]
+            PrinterAddress::Usb { .. } | PrinterAddress::Serial { .. } => {
+                Ok(ByteLink::Device(crate::device::DeviceFile::open(address, within).await?))
+            }
+            #[cfg(not(unix))]
+            PrinterAddress::Usb { .. } | PrinterAddress::Serial { .. } => Err(DriverError::Open {
+                address: address.to_string(),
+                source: io::Error::new(io::ErrorKind::Unsupported, "USB and serial printers need a Unix system"),
+            }),
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            ByteLink::Tcp(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
+            #[cfg(unix)]
+            ByteLink::Device(d) => d.write_all(bytes).await,
+        }
+    }
+
+    /// Waits for bytes from the printer; `Ok(0)` when the link was closed or hung up.
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ByteLink::Tcp(s) => s.read(buf).await,
+            #[cfg(unix)]
+            ByteLink::Device(d) => d.read(buf).await,
+        }
+    }
+
+    /// Takes bytes the printer already sent, without waiting (`WouldBlock` when none).
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ByteLink::Tcp(s) => s.try_read(buf),
+            #[cfg(unix)]
+            ByteLink::Device(d) => d.try_read(buf),
+        }
+    }
+
+    /// Ends the link politely; errors do not matter any more at this point.
+    async fn close(self) {
+        match self {
+            ByteLink::Tcp(mut s) => {
+                let _ = s.shutdown().await;
+            }
+            // A device has nothing to say goodbye with; dropping it closes it.
+            #[cfg(unix)]
+            ByteLink::Device(d) => drop(d),
+        }
+    }
+}
+
+/// A link to a printer with the bytes it sent that were not consumed yet.
 pub struct PrinterConnection {
-    stream: TcpStream,
+    stream: ByteLink,
     buf: Vec<u8>,
     /// Reused for each write that joins several pieces (status requests, a job and its
     /// `GS ( H`), so that they leave in one segment without a fresh allocation per job.
@@ -152,23 +207,12 @@ pub struct PrinterConnection {
 }
 
 impl PrinterConnection {
+    /// Connects to (or opens) the printer at `address`.
     pub async fn connect(
         address: &PrinterAddress,
         connect_timeout: Duration,
     ) -> Result<PrinterConnection, DriverError> {
-        let target = (address.host.as_str(), address.port);
-        let stream = match timeout(connect_timeout, TcpStream::connect(target)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(source)) => return Err(DriverError::Connect { address: address.to_string(), source }),
-            Err(_) => {
-                return Err(DriverError::ConnectTimeout {
-                    address: address.to_string(),
-                    ms: connect_timeout.as_millis(),
-                })
-            }
-        };
-        // Status requests are three bytes; without this they could wait for Nagle.
-        stream.set_nodelay(true)?;
+        let stream = ByteLink::open(address, connect_timeout).await?;
         Ok(PrinterConnection { stream, buf: Vec::new(), out: Vec::new() })
     }
 
@@ -242,7 +286,6 @@ impl PrinterConnection {
     /// Sends bytes to the printer.
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), DriverError> {
         self.stream.write_all(bytes).await?;
-        self.stream.flush().await?;
         Ok(())
     }
 
@@ -296,9 +339,9 @@ impl PrinterConnection {
         Ok(())
     }
 
-    /// Closes the sending side politely; errors do not matter any more at this point.
-    pub async fn close(mut self) {
-        let _ = self.stream.shutdown().await;
+    /// Closes the link politely; errors do not matter any more at this point.
+    pub async fn close(self) {
+        self.stream.close().await;
     }
 }
 
@@ -362,8 +405,9 @@ fn reply_at(b: &[u8]) -> ReplyAt {
     }
 }
 
-/// One printer's connection, kept open across jobs by the printer's worker so that a job
-/// costs no TCP handshake and teardown (and the printer no accept).
+/// One printer's connection (for a USB or serial printer: its open device), kept open
+/// across jobs by the printer's worker so that a job costs no TCP handshake and teardown
+/// (and the printer no accept), or no device open and serial port set-up.
 ///
 /// A connection is reused only while every exchange on it went as expected: any IO error,
 /// timeout or doubt drops it, and the next job opens a new one. Before a reused
@@ -376,7 +420,8 @@ fn reply_at(b: &[u8]) -> ReplyAt {
 ///
 /// The printer's worker closes it after `--printer-idle-ms` without a job (see
 /// [`PrinterLink::idle_deadline`]), so that a printer that serves one client at a time is
-/// not held by an idle agent forever.
+/// not held by an idle agent forever (a USB printer device can only be open in one
+/// program at a time, a print spooler's for instance).
 #[derive(Default)]
 pub struct PrinterLink {
     conn: Option<(PrinterAddress, PrinterConnection)>,
@@ -441,7 +486,7 @@ impl PrinterLink {
                 // but silent; a new connection would most likely wait as long again.
                 Err(e @ DriverError::Timeout(_)) => {
                     self.discard();
-                    return Err(format!("status check failed: {e}"));
+                    return Err(status_failed(address, e));
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "the kept printer connection is gone; opening a new one");
@@ -457,8 +502,21 @@ impl PrinterLink {
                 self.last_used = Some(Instant::now());
                 Ok(st)
             }
-            Err(e) => Err(format!("status check failed: {e}")),
+            Err(e) => Err(status_failed(address, e)),
         }
+    }
+}
+
+/// Why a printer cannot take a job when its status check failed; nothing was sent.
+fn status_failed(address: &PrinterAddress, e: DriverError) -> String {
+    match (&e, address.device_path()) {
+        // A silent network printer is most likely busy or wedged; a silent device may be
+        // one that cannot answer at all, which deserves saying, since it will never print.
+        (DriverError::Timeout(_), Some(_)) => format!(
+            "status check failed: {e}; a printer that does not answer DLE EOT is not printed to, since \
+             its paper and cover cannot be checked (some USB printers cannot answer at all)"
+        ),
+        _ => format!("status check failed: {e}"),
     }
 }
 
@@ -554,7 +612,9 @@ async fn send_with_process_id(
     };
     match tokio::time::timeout_at(deadline, work).await {
         Ok(Ok(())) => Ok("confirmed by the printer (GS ( H process id reply)".into()),
-        Ok(Err(DriverError::Closed)) => Err("the printer closed the connection before confirming the job".into()),
+        Ok(Err(DriverError::Closed)) => {
+            Err("the printer closed the connection (or its device went away) before confirming the job".into())
+        }
         Ok(Err(e)) => Err(format!("{e} before the printer confirmed the job")),
         Err(_) => Err(format!(
             "no GS ( H reply within {} ms (if this printer does not support GS ( H, \
@@ -581,7 +641,9 @@ async fn send_with_status_check(
             // and may print it later, so this is doubt, not a failure to retry.
             Some(b) => Err(format!("printer status after sending: {}", b.outcome())),
         },
-        Ok(Err(DriverError::Closed)) => Err("the printer closed the connection after the job was sent".into()),
+        Ok(Err(DriverError::Closed)) => {
+            Err("the printer closed the connection (or its device went away) after the job was sent".into())
+        }
         Ok(Err(e)) => Err(format!("status check after sending failed: {e}")),
         Err(_) => Err(format!("no status answer within {} ms after sending", cfg.print_timeout.as_millis())),
     }
@@ -647,17 +709,6 @@ mod tests {
         assert_eq!(scan_status(&[0x37, 0x22, 0x12]), Scan::Found(2));
         assert_eq!(scan_status(&[0x37, 0x22, b':', b':', b':', b':', 0x12]), Scan::Found(2));
         assert_eq!(scan_status(&[0x01, 0x80]), Scan::NeedMore(2));
-    }
-
-    #[test]
-    fn addresses_parse_and_print_back() {
-        for s in ["tcp://127.0.0.1:9100", "tcp://printer.local:9100", "tcp://[::1]:9100"] {
-            let a: PrinterAddress = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
-            assert_eq!(a.to_string(), s);
-        }
-        for bad in ["127.0.0.1:9100", "tcp://host", "tcp://:9100", "tcp://h:0", "tcp://h:99999", "tcp://[::1"] {
-            assert!(bad.parse::<PrinterAddress>().is_err(), "{bad}");
-        }
     }
 
     #[test]

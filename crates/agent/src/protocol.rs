@@ -32,7 +32,8 @@ pub struct Delivery {
     pub task_id: String,
     pub attempt: u32,
     pub printer_id: String,
-    /// `tcp://HOST:PORT`, as reachable from the agent's machine.
+    /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, as
+    /// reachable from the agent's machine ([`crate::address`]).
     pub printer_address: String,
     /// `biz_no#printer_id` (R16); logged, the journal itself is keyed by task id.
     #[serde(default)]

@@ -2,10 +2,11 @@
 //! time in arrival order (R23), so one slow or dead printer never holds up the others and
 //! no printer is ever sent two jobs at once.
 //!
-//! The worker also owns its printer's TCP connection ([`PrinterLink`]): it stays open from
-//! one job to the next and is closed once the printer has had no job for
-//! `--printer-idle-ms`, so that a printer that serves one client at a time is free again
-//! for others while the agent has nothing for it.
+//! The worker also owns its printer's link ([`PrinterLink`]: a TCP connection, or the open
+//! device of a USB or serial printer): it stays open from one job to the next and is
+//! closed once the printer has had no job for `--printer-idle-ms`, so that a printer that
+//! serves one client at a time is free again for others while the agent has nothing for
+//! it.
 
 use crate::journal::{Journal, Record, RecordState};
 use crate::printer::{print_job_on, Confirmation, DriverConfig, Job, PrinterAddress, PrinterLink, ProcessIds};
@@ -31,8 +32,8 @@ pub const ALREADY_IN_DOUBT: &str = "in doubt since an earlier attempt (journal);
 pub(crate) struct WorkerContext {
     pub journal: Arc<Journal>,
     pub driver: DriverConfig,
-    /// An open printer connection is closed after this long without a job; zero closes it
-    /// after every job.
+    /// An open printer connection (or device) is closed after this long without a job;
+    /// zero closes it after every job.
     pub printer_idle: Duration,
     /// Printers confirmed by status only (they ignore `GS ( H`).
     pub no_printed_ack: HashSet<String>,
