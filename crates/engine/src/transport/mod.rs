@@ -11,7 +11,8 @@
 //!
 //! The kinds:
 //! - `agent` ([`agent`]): pull. The store agent long-polls the broker, which hands out
-//!   lanes by `claim`; the agent prints to a raw TCP 9100 printer and acknowledges.
+//!   lanes by `claim`; the agent prints to a raw TCP 9100, USB or serial printer and
+//!   acknowledges.
 //! - `webhook` ([`webhook`]): push. The broker POSTs each job to an HTTP endpoint (a vendor
 //!   cloud or the merchant's own bridge) through the shared push driver ([`push`]); a
 //!   signed callback or the status URL reports what happened.
@@ -67,11 +68,13 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// `agent`: a store agent prints to a raw TCP 9100 ESC/POS printer.
+/// `agent`: a store agent prints to an ESC/POS printer on raw TCP 9100, USB or a serial
+/// port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// `tcp://HOST:PORT`, as seen from the store agent's machine.
+    /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, as
+    /// seen from the store agent's machine.
     pub address: String,
     /// Render profile for receipt documents (paper width, character encoding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,7 +310,7 @@ impl TransportConfig {
     pub fn validate(&self) -> Result<(), CoreError> {
         let profile = match self {
             TransportConfig::Agent(a) => {
-                check_tcp_address(&a.address)?;
+                check_agent_address(&a.address)?;
                 &a.profile
             }
             TransportConfig::Webhook(w) => {
@@ -370,19 +373,66 @@ fn kinds() -> String {
     TransportKind::ALL.map(TransportKind::as_str).join(", ")
 }
 
-fn check_tcp_address(address: &str) -> Result<(), CoreError> {
-    let bad =
-        || CoreError::invalid("transport.address", format!("{address:?} is not tcp://HOST:PORT with a port 1–65535"));
-    let rest = address.strip_prefix("tcp://").ok_or_else(bad)?;
-    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
-    let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
-    if port_ok && host_ok {
+/// The printer addresses a store agent takes: `tcp://HOST:PORT`, `usb:///ABSOLUTE/PATH`
+/// (a USB printer device) and `serial:///ABSOLUTE/PATH[?baud=N][&flow=rtscts]`. The
+/// agent parses the same forms (`onceprint_agent::address`); the baud rates here must be
+/// its `BAUD_RATES`, so that every printer accepted here can be reached there.
+fn check_agent_address(address: &str) -> Result<(), CoreError> {
+    const FORMS: &str =
+        "tcp://HOST:PORT (port 1–65535), usb:///ABSOLUTE/PATH or serial:///ABSOLUTE/PATH[?baud=N][&flow=rtscts]";
+    const BAUD_RATES: [u32; 11] = [1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200, 230400, 460800, 921600];
+    let bad = |why: &str| {
+        CoreError::invalid("transport.address", format!("{address:?} {why}; a printer address is one of {FORMS}"))
+    };
+    let check_path = |path: &str| {
+        let path_ok = path.starts_with('/')
+            && (2..=1024).contains(&path.len())
+            && !path.chars().any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#');
+        if path_ok {
+            Ok(())
+        } else {
+            Err(bad("has no absolute device path (without spaces, '?' or '#')"))
+        }
+    };
+    if let Some(rest) = address.strip_prefix("tcp://") {
+        let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("has no port"))?;
+        let port_ok = port.parse::<u16>().map(|p| p > 0).unwrap_or(false);
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
+        if port_ok && host_ok {
+            Ok(())
+        } else {
+            Err(bad("is not tcp://HOST:PORT with a port 1–65535"))
+        }
+    } else if let Some(path) = address.strip_prefix("usb://") {
+        check_path(path)
+    } else if let Some(rest) = address.strip_prefix("serial://") {
+        let (path, query) = match rest.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (rest, None),
+        };
+        check_path(path)?;
+        let (mut baud, mut flow) = (false, false);
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("baud", rate)) if !baud => {
+                    baud = true;
+                    if !rate.parse::<u32>().is_ok_and(|r| BAUD_RATES.contains(&r)) {
+                        return Err(bad(&format!("asks for baud {rate:?}, which is not one of {BAUD_RATES:?}")));
+                    }
+                }
+                Some(("flow", "rtscts" | "none")) if !flow => flow = true,
+                _ => {
+                    return Err(bad(&format!(
+                        "has the serial setting {pair:?}; the settings are baud=N and flow=rtscts (or none), each once"
+                    )))
+                }
+            }
+        }
         Ok(())
     } else {
-        Err(bad())
+        Err(bad("is not a printer address the agent takes"))
     }
 }
 
