@@ -74,10 +74,12 @@ pub struct StoreList {
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct TransportIn {
-    /// `agent` (a store agent prints to a raw TCP 9100 printer) or `webhook` (the broker
-    /// pushes jobs to an HTTP endpoint: a vendor cloud or the merchant's own bridge).
+    /// `agent` (a store agent prints to a printer on raw TCP 9100, USB or a serial port)
+    /// or `webhook` (the broker pushes jobs to an HTTP endpoint: a vendor cloud or the
+    /// merchant's own bridge).
     pub kind: String,
-    /// `agent`: `tcp://HOST:PORT`, as seen from the store agent's machine.
+    /// `agent`: `tcp://HOST:PORT`, `usb:///PATH` (a USB printer device) or
+    /// `serial:///PATH[?baud=N][&flow=rtscts]`, as seen from the store agent's machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// `webhook`: where jobs are POSTed.
@@ -493,7 +495,7 @@ pub struct DeliveryOut {
     pub task_id: String,
     pub attempt: i32,
     pub printer_id: String,
-    /// `tcp://HOST:PORT`.
+    /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`.
     pub printer_address: String,
     /// The same on every redelivery of the task, never shared by two tasks of one printer:
     /// `biz_no#printer_id` in the simple case, suffixes `#type=`, `#station=`,

@@ -39,7 +39,8 @@ pub struct AgentDelivery {
     pub task_id: String,
     pub attempt: i32,
     pub printer_id: String,
-    /// `tcp://HOST:PORT` as configured on the printer.
+    /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?…]`, as configured on the
+    /// printer.
     pub printer_address: String,
     pub idempotency_key: String,
     pub content_type: &'static str,
