@@ -244,7 +244,13 @@ pub(crate) async fn run_pty(
         };
         conn += 1;
         tracing::info!(printer = %ctx.name, path = %current.path().display(), "pseudo-terminal printer ready");
-        path.send_replace(Some(current.path().to_owned()));
+        // Published only when it changed: the first pty's path is there from the start.
+        path.send_if_modified(|published| {
+            let now = Some(current.path().to_owned());
+            let changed = *published != now;
+            *published = now;
+            changed
+        });
         let end = serve_stream(&current, &current, conn, &ctx, &work_tx, &mut stop).await;
         path.send_replace(None);
         // Closing the master side is the device vanishing: whoever holds the slave open
