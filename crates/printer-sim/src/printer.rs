@@ -17,7 +17,6 @@
 //! only what a crash looks like differs (a reset connection, a device that vanishes).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -221,7 +220,7 @@ where
 pub(crate) async fn run_pty(
     first: crate::pty::Pty,
     ctx: Arc<PrinterCtx>,
-    path: watch::Sender<Option<PathBuf>>,
+    path: watch::Sender<Option<std::path::PathBuf>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let (work_tx, work_rx) = mpsc::unbounded_channel();
