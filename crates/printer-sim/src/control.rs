@@ -3,8 +3,6 @@
 //! `GET /healthz`, `GET /faults`, `PUT /faults`, `GET /jobs`. Errors use the broker's
 //! error body, `{"error": {"code", "message"}}`, so scripts handle both alike.
 
-use std::net::SocketAddr;
-
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -37,6 +35,8 @@ struct FaultRequest {
     crash_mid_job: Option<u32>,
     slow_ms: Option<u64>,
     clone: Option<bool>,
+    duplicate_confirm: Option<u32>,
+    lost_result: Option<u32>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -58,13 +58,7 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         Ok(req) => req,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     };
-    let printer = match req.printer.as_deref().map(str::parse::<SocketAddr>) {
-        None => None,
-        Some(Ok(addr)) => Some(addr),
-        Some(Err(_)) => {
-            return error(StatusCode::NOT_FOUND, "not_found", format!("no printer {:?}", req.printer));
-        }
-    };
+    let printer = req.printer;
     let update = FaultUpdate {
         paper_out: req.paper_out,
         cover_open: req.cover_open,
@@ -72,8 +66,10 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         crash_mid_job: req.crash_mid_job,
         slow_ms: req.slow_ms,
         clone: req.clone,
+        duplicate_confirm: req.duplicate_confirm,
+        lost_result: req.lost_result,
     };
-    match ctl.faults.update(printer, update) {
+    match ctl.faults.update(printer.as_deref(), update) {
         Ok(changed) => {
             tracing::info!(?printer, ?update, "faults changed");
             Json(json!({"printers": changed})).into_response()

@@ -4,7 +4,7 @@
 //! blocked printer sleeps on it and wakes the moment paper goes back in, and connection
 //! tasks read the current value to answer real-time status requests.
 
-use std::net::SocketAddr;
+use std::fmt::Display;
 use std::sync::Arc;
 
 use onceprint_escpos::status::PrinterStatus;
@@ -31,6 +31,13 @@ pub struct Faults {
     pub slow_ms: u64,
     /// Behave like a clone printer that ignores `GS ( H` (real-time status still works).
     pub clone: bool,
+    /// Printers that poll: the next this many jobs are confirmed twice.
+    #[serde(default)]
+    pub duplicate_confirm: u32,
+    /// Printers that poll: the confirmations of the next this many printed jobs are lost
+    /// on the way and sent again only after the printer's next poll (a late result).
+    #[serde(default)]
+    pub lost_result: u32,
 }
 
 impl Faults {
@@ -65,6 +72,10 @@ pub struct FaultUpdate {
     pub crash_mid_job: Option<u32>,
     pub slow_ms: Option<u64>,
     pub clone: Option<bool>,
+    #[serde(default)]
+    pub duplicate_confirm: Option<u32>,
+    #[serde(default)]
+    pub lost_result: Option<u32>,
 }
 
 impl FaultUpdate {
@@ -88,6 +99,12 @@ impl FaultUpdate {
         if let Some(v) = self.clone {
             faults.clone = v;
         }
+        if let Some(v) = self.duplicate_confirm {
+            faults.duplicate_confirm = v;
+        }
+        if let Some(v) = self.lost_result {
+            faults.lost_result = v;
+        }
     }
 }
 
@@ -100,20 +117,23 @@ impl From<Faults> for FaultUpdate {
             crash_mid_job: Some(f.crash_mid_job),
             slow_ms: Some(f.slow_ms),
             clone: Some(f.clone),
+            duplicate_confirm: Some(f.duplicate_confirm),
+            lost_result: Some(f.lost_result),
         }
     }
 }
 
-/// One printer's address and faults, as `GET /faults` lists them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// One printer's name (its listening address, or `cloudprnt:MAC` / `epson_sdp:ID` for a
+/// printer that polls) and faults, as `GET /faults` lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrinterFaults {
-    pub printer: SocketAddr,
+    pub printer: String,
     #[serde(flatten)]
     pub faults: Faults,
 }
 
 struct Cell {
-    addr: SocketAddr,
+    name: String,
     faults: watch::Sender<Faults>,
 }
 
@@ -130,34 +150,36 @@ impl std::fmt::Debug for FaultsHandle {
 }
 
 impl FaultsHandle {
-    pub(crate) fn new(addrs: &[SocketAddr], initial: Faults) -> FaultsHandle {
-        let cells = addrs.iter().map(|&addr| Cell { addr, faults: watch::Sender::new(initial) }).collect();
+    pub(crate) fn new(names: &[String], initial: Faults) -> FaultsHandle {
+        let cells = names.iter().map(|name| Cell { name: name.clone(), faults: watch::Sender::new(initial) }).collect();
         FaultsHandle { cells }
     }
 
     /// The faults of every printer, in address order of start-up.
     pub fn all(&self) -> Vec<PrinterFaults> {
-        self.cells.iter().map(|c| PrinterFaults { printer: c.addr, faults: *c.faults.borrow() }).collect()
+        self.cells.iter().map(|c| PrinterFaults { printer: c.name.clone(), faults: *c.faults.borrow() }).collect()
     }
 
-    /// The faults of one printer.
-    pub fn get(&self, printer: SocketAddr) -> Option<Faults> {
-        self.cells.iter().find(|c| c.addr == printer).map(|c| *c.faults.borrow())
+    /// The faults of one printer, by its name (a listening address, for instance).
+    pub fn get(&self, printer: impl Display) -> Option<Faults> {
+        let name = printer.to_string();
+        self.cells.iter().find(|c| c.name == name).map(|c| *c.faults.borrow())
     }
 
     /// Changes the faults of one printer, or of all when `printer` is `None`, and returns
     /// the new state of the printers changed. A printer that was blocked starts printing
     /// its buffer as soon as nothing blocks it any more.
-    pub fn update(&self, printer: Option<SocketAddr>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
-        if let Some(addr) = printer {
-            if !self.cells.iter().any(|c| c.addr == addr) {
-                return Err(SimError::UnknownPrinter(addr.to_string()));
+    pub fn update<P: Display>(&self, printer: Option<P>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
+        let printer = printer.map(|p| p.to_string());
+        if let Some(name) = &printer {
+            if !self.cells.iter().any(|c| &c.name == name) {
+                return Err(SimError::UnknownPrinter(name.clone()));
             }
         }
         let mut changed = Vec::new();
-        for cell in self.cells.iter().filter(|c| printer.is_none_or(|a| a == c.addr)) {
+        for cell in self.cells.iter().filter(|c| printer.as_ref().is_none_or(|n| *n == c.name)) {
             cell.faults.send_modify(|f| update.apply(f));
-            changed.push(PrinterFaults { printer: cell.addr, faults: *cell.faults.borrow() });
+            changed.push(PrinterFaults { printer: cell.name.clone(), faults: *cell.faults.borrow() });
         }
         Ok(changed)
     }
@@ -165,7 +187,7 @@ impl FaultsHandle {
     /// Changes every printer's faults.
     pub fn update_all(&self, update: FaultUpdate) -> Vec<PrinterFaults> {
         // No printer is named, so no printer can be unknown.
-        self.update(None, update).unwrap_or_default()
+        self.update(None::<&str>, update).unwrap_or_default()
     }
 
     pub(crate) fn current(&self, index: usize) -> Faults {

@@ -6,7 +6,6 @@
 //! order. A job counts as printed only once its line is written: the printer task waits
 //! for the write before it answers a `GS ( H` that follows the job.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -38,8 +37,9 @@ pub struct Barcode {
 /// One job as it came out of a printer; also one line of the paper log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrintedJob {
-    /// The printer's listening address.
-    pub printer: SocketAddr,
+    /// The printer: its listening address, or `cloudprnt:MAC` / `epson_sdp:ID` for a
+    /// printer that polls a broker.
+    pub printer: String,
     /// 1 for the printer's first job since start-up, then counting up.
     pub seq: u64,
     /// When it was printed, RFC 3339 UTC.
@@ -90,10 +90,12 @@ impl Jobs {
         self.inner.list.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The jobs of one printer, in printing order.
-    pub fn of(&self, printer: SocketAddr) -> Vec<PrintedJob> {
+    /// The jobs of one printer (by its name: a listening address, for instance), in
+    /// printing order.
+    pub fn of(&self, printer: impl std::fmt::Display) -> Vec<PrintedJob> {
+        let name = printer.to_string();
         let list = self.inner.list.lock().unwrap_or_else(PoisonError::into_inner);
-        list.iter().filter(|j| j.printer == printer).cloned().collect()
+        list.iter().filter(|j| j.printer == name).cloned().collect()
     }
 
     /// Waits until at least `n` jobs were printed; `false` if `timeout` passed first.

@@ -196,7 +196,7 @@ impl JobBuilder {
         !self.text.is_empty() || !self.qr.is_empty() || !self.barcodes.is_empty() || self.images > 0
     }
 
-    fn finish(self, printer: SocketAddr, seq: u64, cut: Cut) -> PrintedJob {
+    fn finish(self, printer: String, seq: u64, cut: Cut) -> PrintedJob {
         PrintedJob {
             printer,
             seq,
@@ -211,7 +211,7 @@ impl JobBuilder {
     }
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     // Formatting a current UTC time as RFC 3339 cannot fail (the year is in range); the
     // fallback only keeps this free of panics.
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
@@ -256,7 +256,7 @@ async fn printing(ctx: Arc<PrinterCtx>, mut work_rx: mpsc::UnboundedReceiver<Wor
                 let Some(state) = conns.remove(&conn) else { continue };
                 if !state.crashed && state.job.has_content() {
                     seq += 1;
-                    let job = state.job.finish(ctx.addr, seq, Cut::Uncut);
+                    let job = state.job.finish(ctx.addr.to_string(), seq, Cut::Uncut);
                     if let Err(e) = ctx.recorder.record(job).await {
                         tracing::error!(printer = %ctx.addr, error = %e, "cannot write the paper log");
                     }
@@ -285,7 +285,7 @@ async fn printing(ctx: Arc<PrinterCtx>, mut work_rx: mpsc::UnboundedReceiver<Wor
                         }
                         seq += 1;
                         let cut = if partial { Cut::Partial } else { Cut::Full };
-                        let job = std::mem::take(&mut state.job).finish(ctx.addr, seq, cut);
+                        let job = std::mem::take(&mut state.job).finish(ctx.addr.to_string(), seq, cut);
                         if let Err(e) = ctx.recorder.record(job).await {
                             // The job has no line, so it must not be acknowledged either:
                             // the connection goes down as in a crash and the sender is left

@@ -124,7 +124,7 @@ async fn a_job_is_printed_logged_and_then_acknowledged() {
     let log = f.paper_log();
     assert_eq!(log.len(), 1);
     let line = &log[0];
-    assert_eq!(line.printer, f.printer());
+    assert_eq!(line.printer, f.printer().to_string());
     assert_eq!(line.seq, 1);
     assert_eq!(line.text, "宫保鸡丁 x1\nTable 5\n");
     assert_eq!(line.qr, vec!["https://x".to_string()]);
@@ -327,7 +327,7 @@ async fn control_endpoint_lists_and_changes_faults() {
     assert_eq!(
         body["printers"][0],
         json!({"printer": a.to_string(), "paper_out": false, "cover_open": false, "offline": false,
-               "crash_mid_job": 0, "slow_ms": 0, "clone": false})
+               "crash_mid_job": 0, "slow_ms": 0, "clone": false, "duplicate_confirm": 0, "lost_result": 0})
     );
 
     let (code, body) =
@@ -388,7 +388,7 @@ async fn a_hundred_printers_each_print_one_job() {
     let log = f.paper_log();
     assert_eq!(log.len(), 100);
     for (i, addr) in printers.iter().enumerate() {
-        let mine: Vec<_> = log.iter().filter(|j| j.printer == *addr).collect();
+        let mine: Vec<_> = log.iter().filter(|j| j.printer == addr.to_string()).collect();
         assert_eq!(mine.len(), 1, "{addr}");
         assert_eq!(mine[0].text, format!("printer {i} 宫保鸡丁\n"));
         assert_eq!(mine[0].seq, 1);
@@ -432,6 +432,16 @@ async fn run_serves_until_shutdown() {
         slow_ms: 0,
         clone: false,
         fast: true,
+        cloudprnt: None,
+        epson_sdp: None,
+        username: None,
+        password: None,
+        mac: None,
+        id: None,
+        poll_interval_ms: 1000,
+        media_type: "text/plain".into(),
+        duplicate_confirm: 0,
+        lost_result: 0,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(onceprint_printer_sim::run(args, async move {
