@@ -4,7 +4,8 @@
 //! A claimant is an agent session (a store agent process), a push driver (the broker
 //! itself, pushing to webhook printers), or, with the printer transports that poll the
 //! broker, a printer. A task handed out is recorded with `sent_to` = the claimant
-//! (`agent:ID`, `push:webhook`) and `sent_session`.
+//! (`agent:ID`, `push:webhook`, `printer:cloudprnt`) and `sent_session` (for a printer:
+//! [`OFFERED`] or [`FETCHED`]).
 //!
 //! The [`AgentRegistry`] answers the questions the lane engine asks about agents: is the
 //! session that holds a delivery still working on it, or did its process end (a restart),

@@ -595,6 +595,29 @@ impl LaneEngine {
         Ok(self.store.transition(&change).await?)
     }
 
+    /// Settles `task`, in flight at `claimant`, as in doubt because of what the broker saw
+    /// (`detail`): the printer that fetched it polled again idle, or went silent. Through
+    /// the ack rules like every doubt (so "reprint on doubt" stays bounded by the attempt
+    /// limit), as a compare-and-set on the task as read; it says nothing about the printer
+    /// itself, whose health its own transport records. `false` when the task moved since.
+    pub async fn settle_in_doubt(
+        &self,
+        claimant: &Claimant,
+        task: &Task,
+        detail: String,
+    ) -> Result<bool, DeliveryError> {
+        let now = self.now();
+        let Some(change) = self.doubt(task, claimant.actor(), detail, now) else { return Ok(false) };
+        if !self.store.transition(&change).await? {
+            return Ok(false);
+        }
+        self.gate.set_state(&change.task_id, change.to);
+        tracing::warn!(task_id = %change.task_id, to = %change.to, reason = %change.reason, "delivery settled as in doubt");
+        // The lane is free (or a retry is scheduled): waiting claims may look again.
+        self.signals.notify(&task.tenant_id, &task.store_id);
+        Ok(true)
+    }
+
     /// Settles a delivery that its holder can never answer, through the ack rules (so
     /// "reprint on doubt" is bounded by the attempt limit like any retry).
     fn doubt(&self, task: &Task, actor: String, detail: String, now: Millis) -> Option<Transition> {

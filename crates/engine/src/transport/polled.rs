@@ -282,7 +282,7 @@ impl Polled {
                          its job) without confirming it",
                         token.attempt
                     );
-                    self.ack(printer, &token, Outcome::InDoubt, detail).await?;
+                    self.lanes.settle_in_doubt(&self.claimant, &task, detail).await?;
                 }
                 // Fetched and still being worked on, or the printer does not say.
                 (_, true) => return Ok(None),
@@ -438,8 +438,7 @@ impl Polled {
                 tenant = %printer.row.tenant_id, printer = %printer.row.id, silent_ms = silent_for,
                 transport = self.kind.as_str(), "printer stopped polling: offline"
             );
-            // The job it fetched first: settling it writes what the ack says about the
-            // printer, which the offline mark below then replaces.
+            // The job it fetched may have printed: it goes to a person.
             let lane = self.lanes.store().lane(&printer.row.tenant_id, &printer.row.id).await?;
             if let Some(task) = lane.in_flight {
                 let ours = task.sent_to.as_deref() == Some(self.claimant.sent_to().as_str());
@@ -449,13 +448,7 @@ impl Polled {
                         task.attempts,
                         silent_for / 1000
                     );
-                    let ack = AckIn {
-                        task_id: task.task_id.clone(),
-                        attempt: task.attempts,
-                        outcome: Outcome::InDoubt,
-                        detail,
-                    };
-                    self.lanes.ack(&who(&printer), &self.claimant, vec![ack]).await?;
+                    self.lanes.settle_in_doubt(&self.claimant, &task, detail).await?;
                 }
             }
             let update = PrinterStatusUpdate {
