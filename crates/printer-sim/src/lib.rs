@@ -426,6 +426,38 @@ mod tests {
         assert_eq!(Cli::try_parse_from(["sim", "--fast"]).unwrap().args.config().faults.slow_ms, 0);
     }
 
+    #[test]
+    fn polling_printers_need_their_login() {
+        let cli = Cli::try_parse_from([
+            "sim",
+            "--cloudprnt",
+            "http://b/cloudprnt",
+            "--username",
+            "u",
+            "--password",
+            "p",
+            "--mac",
+            "00:11:62:aa:bb:cc",
+            "--lost-result",
+            "2",
+        ])
+        .unwrap();
+        let p = cli.args.polled().unwrap().unwrap();
+        assert_eq!(p.name(), "cloudprnt:00:11:62:aa:bb:cc");
+        assert_eq!(cli.args.config().faults.lost_result, 2);
+        let no_mac =
+            Cli::try_parse_from(["sim", "--cloudprnt", "http://b/cloudprnt", "--username", "u", "--password", "p"]);
+        assert!(matches!(no_mac.unwrap().args.polled(), Err(SimError::Usage(m)) if m.contains("--mac")));
+        let epson =
+            Cli::try_parse_from(["sim", "--epson-sdp", "http://b/epson-sdp", "--username", "u", "--password", "p"]);
+        assert_eq!(epson.unwrap().args.polled().unwrap().map(|p| p.name()), Some("epson_sdp:u".into()));
+        assert!(
+            Cli::try_parse_from(["sim", "--cloudprnt", "a", "--epson-sdp", "b"]).is_err(),
+            "one protocol at a time"
+        );
+        assert!(Cli::try_parse_from(["sim"]).unwrap().args.polled().unwrap().is_none());
+    }
+
     #[tokio::test]
     async fn port_ranges_are_checked() {
         let too_far = SocketAddr::from(([127, 0, 0, 1], 65_535));
