@@ -4,7 +4,8 @@
 //! A claimant is an agent session (a store agent process), a push driver (the broker
 //! itself, pushing to webhook printers), or, with the printer transports that poll the
 //! broker, a printer. A task handed out is recorded with `sent_to` = the claimant
-//! (`agent:ID`, `push:webhook`) and `sent_session`.
+//! (`agent:ID`, `push:webhook`, `printer:cloudprnt`) and `sent_session` (for a printer:
+//! [`OFFERED`] or [`FETCHED`]).
 //!
 //! The [`AgentRegistry`] answers the questions the lane engine asks about agents: is the
 //! session that holds a delivery still working on it, or did its process end (a restart),
@@ -33,7 +34,18 @@ pub enum ClaimantKind {
     Agent,
     /// The broker's push driver for one transport kind.
     Push,
+    /// A printer that polls the broker for its own lane (CloudPRNT, Epson Server Direct
+    /// Print). Its claims are scoped to that one printer, so the transport kind names it.
+    Printer,
 }
+
+/// The session of a delivery held by a printer that polls: handed out (the printer was
+/// told a job is ready) but not fetched yet. Such a delivery printed nothing and may be
+/// offered again with the same attempt and token.
+pub const OFFERED: &str = "offered";
+/// The session of a delivery whose data the printer has fetched: it may have printed, so it
+/// is never offered again; it ends with the printer's answer or in doubt.
+pub const FETCHED: &str = "fetched";
 
 /// One claimant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,11 +66,18 @@ impl Claimant {
         Claimant { kind: ClaimantKind::Push, id: transport.to_owned(), session: Some("push".into()) }
     }
 
+    /// A printer that polls the broker with this transport kind (`cloudprnt`,
+    /// `epson_sdp`). Its deliveries start [`OFFERED`].
+    pub fn printer(transport: &str) -> Claimant {
+        Claimant { kind: ClaimantKind::Printer, id: transport.to_owned(), session: Some(OFFERED.into()) }
+    }
+
     /// The `sent_to` column of a task handed to this claimant.
     pub fn sent_to(&self) -> String {
         match self.kind {
             ClaimantKind::Agent => format!("agent:{}", self.id),
             ClaimantKind::Push => format!("push:{}", self.id),
+            ClaimantKind::Printer => format!("printer:{}", self.id),
         }
     }
 
@@ -68,6 +87,7 @@ impl Claimant {
         match sent_to.split_once(':') {
             Some(("agent", id)) => (ClaimantKind::Agent, id),
             Some(("push", id)) => (ClaimantKind::Push, id),
+            Some(("printer", id)) => (ClaimantKind::Printer, id),
             _ if sent_to == "webhook" => (ClaimantKind::Push, "webhook"),
             _ => (ClaimantKind::Agent, sent_to),
         }
@@ -78,6 +98,7 @@ impl Claimant {
         match self.kind {
             ClaimantKind::Agent => format!("agent:{}", self.id),
             ClaimantKind::Push => format!("transport:{}", self.id),
+            ClaimantKind::Printer => format!("printer:{}", self.id),
         }
     }
 }

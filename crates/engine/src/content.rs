@@ -137,6 +137,19 @@ pub fn render_text_for(
     Ok(onceprint_render::to_text(&doc, &profile_for(profile, Some(&doc))))
 }
 
+/// Epson ePOS-Print XML of a receipt (Server Direct Print). Plain text made of printable
+/// ASCII goes as `<text>`; documents, markup and other text as a raster image of the slip.
+pub fn render_epos_for(
+    content_type: &str,
+    content: &[u8],
+    banner: Option<&str>,
+    profile: Option<&str>,
+) -> Result<String, String> {
+    let doc = document_for(content_type, content, banner)?;
+    onceprint_render::to_epos_xml(&doc, &profile_for(profile, Some(&doc)), content_type == "text")
+        .map_err(|e| e.to_string())
+}
+
 /// A PNG preview of stored content.
 pub fn preview_png(content_type: &str, content: &[u8], profile: Option<&str>) -> Result<Vec<u8>, ContentError> {
     let doc = document_of(content_type, content)?.ok_or_else(|| ContentError::NoPreview(content_type.to_owned()))?;

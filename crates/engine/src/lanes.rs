@@ -101,6 +101,10 @@ pub struct Claimed {
     /// When a lane that has to wait now may move (a retry time, a deadline, an earlier
     /// session becoming quiet): a long poll looks again then.
     pub next_look: Option<Millis>,
+    /// Deliveries in flight at this claimant that this claim left with it, as read: a
+    /// printer that polls is told again about the job it was offered and has not fetched
+    /// (same attempt, no write), and must not be given another while it holds one.
+    pub held: Vec<Task>,
 }
 
 /// How a claim hands out.
@@ -114,6 +118,11 @@ pub struct ClaimRules {
     /// out is settled as in doubt instead of being offered again (push transports, whose
     /// receivers may never answer; `None` for agents, whose journal always answers).
     pub give_up_after_ms: Option<i64>,
+    /// Handing out is fetching: the answer that hands a job to the claimant carries its
+    /// data (Epson Server Direct Print), so the delivery may have printed from the moment
+    /// it is handed out and is recorded as fetched (`may_have_printed`) in the same
+    /// compare-and-set.
+    pub fetched_on_hand_out: bool,
 }
 
 /// Which printers a claim is for.
@@ -266,9 +275,9 @@ impl LaneEngine {
             ClaimantKind::Agent => {
                 let asker = asker.map(|a| match a.kind {
                     ClaimantKind::Agent => (a.id.as_str(), a.session.as_deref()),
-                    // A push driver asking about an agent's delivery: the printer moved to
-                    // another transport; the agent is "another claimant".
-                    ClaimantKind::Push => ("", None),
+                    // A push driver or a printer asking about an agent's delivery: the
+                    // printer moved to another transport; the agent is "another claimant".
+                    ClaimantKind::Push | ClaimantKind::Printer => ("", None),
                 });
                 self.agents.holder(&task.tenant_id, &task.store_id, id, task.sent_session.as_deref(), asker)
             }
@@ -277,6 +286,13 @@ impl LaneEngine {
                 // The driver answers for itself while the printer still uses its
                 // transport; once the printer moved to another one, nobody will ask about
                 // the delivery again.
+                _ => Holder::Other { gone: printer.transport.as_ref().map(|t| t.kind().as_str()) != Some(id) },
+            },
+            // A printer that polls holds only its own lane's delivery, so the same
+            // transport kind asking is that printer. Once the printer uses another
+            // transport, it will never answer through this one again.
+            ClaimantKind::Printer => match asker {
+                Some(a) if a.kind == ClaimantKind::Printer && a.id == id => Holder::Me,
                 _ => Holder::Other { gone: printer.transport.as_ref().map(|t| t.kind().as_str()) != Some(id) },
             },
         }
@@ -309,6 +325,7 @@ impl LaneEngine {
             }
         };
         let mut changes: Vec<(Transition, LaneChange)> = Vec::new();
+        let mut held: Vec<Task> = Vec::new();
         // What could be handed out, keyed by (priority, id): when there is more than the
         // claimant can take, the most urgent and oldest go first, across printers, so that
         // every lane keeps moving rather than the first printers in id order.
@@ -346,13 +363,31 @@ impl LaneEngine {
                 TaskState::Retrying => Waiting::Retrying { due: t.next_attempt_at },
                 _ => Waiting::Pending,
             });
-            let step = next_step(flight.as_ref(), wait.as_ref(), now);
+            let mut step = next_step(flight.as_ref(), wait.as_ref(), now);
+            if let (ClaimantKind::Printer, Some(f), Some(t)) = (claimant.kind, &flight, &in_flight) {
+                if f.holder == Holder::Me {
+                    // A printer's own delivery is never handed out again by a write. Not
+                    // fetched yet, it is simply named again in the printer's next answer
+                    // (same attempt and token); fetched, it may have printed, so it waits
+                    // for the printer's answer until its deadline and then goes to a
+                    // person (through the ack rules, so reprint-on-doubt still applies).
+                    let fetched = t.sent_session.as_deref() == Some(crate::claimant::FETCHED);
+                    step = match t.next_attempt_at {
+                        Some(d) if fetched && d <= now => Step::Doubt,
+                        d if fetched => Step::Wait { until: d },
+                        _ => Step::Wait { until: None },
+                    };
+                    if step != Step::Doubt {
+                        held.push(t.clone());
+                    }
+                }
+            }
             match step {
                 Step::Claim => {
                     let Some(task) = waiting else { continue };
                     offers.push((
                         (task.priority, task.task_id.clone()),
-                        self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms),
+                        self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms, &rules),
                         LaneChange::HandOut { task: Box::new(task), printer, again: None },
                     ));
                 }
@@ -363,13 +398,20 @@ impl LaneEngine {
                     let attempt = if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
                     offers.push((
                         (task.priority, task.task_id.clone()),
-                        self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms),
+                        self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms, &rules),
                         LaneChange::HandOut { task: Box::new(task), printer, again: Some(why) },
                     ));
                 }
                 Step::Doubt => {
                     let Some(task) = in_flight else { continue };
-                    if let Some(t) = self.doubt(&task, claimant.actor(), now) {
+                    let detail = match flight.map(|f| f.holder) {
+                        Some(Holder::Me) => format!(
+                            "{} fetched it and did not confirm before its deadline",
+                            task.sent_to.as_deref().unwrap_or("the printer")
+                        ),
+                        _ => gone_detail(&task),
+                    };
+                    if let Some(t) = self.doubt(&task, claimant.actor(), detail, now) {
                         changes.push((t, LaneChange::Settle));
                     }
                     // The lane moves on at once.
@@ -395,7 +437,7 @@ impl LaneEngine {
         }
         changes.extend(offers.into_iter().map(|(_, t, c)| (t, c)));
         if changes.is_empty() {
-            return Ok(Claimed { deliveries: Vec::new(), next_look });
+            return Ok(Claimed { deliveries: Vec::new(), next_look, held });
         }
         let transitions: Vec<Transition> = changes.iter().map(|(t, _)| t.clone()).collect();
         let applied = self.store.apply_transitions(&transitions).await?;
@@ -458,7 +500,7 @@ impl LaneEngine {
         if let (true, Some(store_id)) = (settled, store_of_lanes) {
             self.signals.notify(tenant_id, &store_id);
         }
-        Ok(Claimed { deliveries, next_look })
+        Ok(Claimed { deliveries, next_look, held })
     }
 
     /// The transition that hands `task` to `claimant` as `attempt`.
@@ -469,12 +511,14 @@ impl LaneEngine {
         attempt: i32,
         again: Option<Reoffer>,
         deadline: Millis,
+        rules: &ClaimRules,
     ) -> Transition {
         let now = self.now();
         let to = claimant.sent_to();
+        let fetched = if rules.fetched_on_hand_out { " with its data (fetched)" } else { "" };
         let reason = match (task.state, again) {
-            (TaskState::Pending, _) => format!("dispatched to {to}"),
-            (TaskState::Retrying, _) => format!("attempt {attempt} dispatched to {to}"),
+            (TaskState::Pending, _) => format!("dispatched to {to}{fetched}"),
+            (TaskState::Retrying, _) => format!("attempt {attempt} dispatched to {to}{fetched}"),
             (_, Some(Reoffer::Restarted)) => {
                 format!("attempt {attempt}: offered again to {to}: its earlier process stopped before answering")
             }
@@ -495,17 +539,88 @@ impl LaneEngine {
             reason,
             now,
             sent_to: Some(to),
-            sent_session: claimant.session.clone(),
-            may_have_printed: false,
+            sent_session: if rules.fetched_on_hand_out {
+                Some(crate::claimant::FETCHED.into())
+            } else {
+                claimant.session.clone()
+            },
+            may_have_printed: rules.fetched_on_hand_out,
             event: None,
         }
     }
 
+    /// Records durably that the printer `claimant` fetched the data of `task`'s attempt
+    /// `attempt` (CloudPRNT's job GET), before the data is handed over: a job that was
+    /// fetched may have printed, so it is never offered again and ends with the printer's
+    /// answer or, after `answer_within_ms`, in doubt. A compare-and-set `sent → sent` on
+    /// the same attempt with `may_have_printed`, audited with `what` ("image/png").
+    ///
+    /// `true` when the delivery is (now, or already was) fetched by this claimant at this
+    /// attempt; `false` when the task is not in flight at it with that attempt any more.
+    pub async fn mark_fetched(
+        &self,
+        claimant: &Claimant,
+        task: &Task,
+        attempt: i32,
+        what: &str,
+        answer_within_ms: i64,
+    ) -> Result<bool, DeliveryError> {
+        let ours = task.state == TaskState::Sent
+            && task.attempts == attempt
+            && task.sent_to.as_deref() == Some(claimant.sent_to().as_str());
+        if !ours {
+            return Ok(false);
+        }
+        if task.sent_session.as_deref() == Some(crate::claimant::FETCHED) {
+            // A repeated GET: nothing new to remember.
+            return Ok(true);
+        }
+        let now = self.now();
+        let change = Transition {
+            task_id: task.task_id.clone(),
+            from: TaskState::Sent,
+            expected_attempts: attempt,
+            to: TaskState::Sent,
+            attempts: attempt,
+            last_error: task.last_error.clone(),
+            next_attempt_at: Some(now + answer_within_ms),
+            actor: claimant.actor(),
+            reason: format!("attempt {attempt} fetched by the printer as {what}: it may print from now on"),
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: Some(crate::claimant::FETCHED.into()),
+            may_have_printed: true,
+            event: None,
+        };
+        Ok(self.store.transition(&change).await?)
+    }
+
+    /// Settles `task`, in flight at `claimant`, as in doubt because of what the broker saw
+    /// (`detail`): the printer that fetched it polled again idle, or went silent. Through
+    /// the ack rules like every doubt (so "reprint on doubt" stays bounded by the attempt
+    /// limit), as a compare-and-set on the task as read; it says nothing about the printer
+    /// itself, whose health its own transport records. `false` when the task moved since.
+    pub async fn settle_in_doubt(
+        &self,
+        claimant: &Claimant,
+        task: &Task,
+        detail: String,
+    ) -> Result<bool, DeliveryError> {
+        let now = self.now();
+        let Some(change) = self.doubt(task, claimant.actor(), detail, now) else { return Ok(false) };
+        if !self.store.transition(&change).await? {
+            return Ok(false);
+        }
+        self.gate.set_state(&change.task_id, change.to);
+        tracing::warn!(task_id = %change.task_id, to = %change.to, reason = %change.reason, "delivery settled as in doubt");
+        // The lane is free (or a retry is scheduled): waiting claims may look again.
+        self.signals.notify(&task.tenant_id, &task.store_id);
+        Ok(true)
+    }
+
     /// Settles a delivery that its holder can never answer, through the ack rules (so
     /// "reprint on doubt" is bounded by the attempt limit like any retry).
-    fn doubt(&self, task: &Task, actor: String, now: Millis) -> Option<Transition> {
-        let holder = task.sent_to.clone().unwrap_or_else(|| "nobody".into());
-        let detail = format!("{holder} went away without answering and cannot be asked again");
+    fn doubt(&self, task: &Task, actor: String, detail: String, now: Millis) -> Option<Transition> {
         let ack = Ack { attempt: task.attempts, outcome: Outcome::InDoubt, detail };
         let policy = self.policies.policy_for(&task.print_type);
         match decide(task.state, task.attempts, &ack, &policy, now, Self::jitter()) {
@@ -533,17 +648,23 @@ impl LaneEngine {
         }
     }
 
-    /// The bytes of `task` for `printer`. A reprint carries a visible banner line at the
-    /// top, whatever the transport.
+    /// The bytes of `task` for `printer`, in its transport's encoding.
     fn render(&self, task: &Task, content: TaskContent, printer: &PrinterInfo) -> Result<Vec<u8>, String> {
+        let encoding = printer.transport.as_ref().map(|t| t.encoding()).unwrap_or(Encoding::EscPos { profile: None });
+        self.render_as(task, content, &encoding)
+    }
+
+    /// The bytes of `task` in `encoding` (a printer that asks for one of several media
+    /// types, such as CloudPRNT's `text/plain`). A reprint carries a visible banner line at
+    /// the top, whatever the transport.
+    pub fn render_as(&self, task: &Task, content: TaskContent, encoding: &Encoding) -> Result<Vec<u8>, String> {
         let banner = match (task.origin_kind, task.reprint_no) {
             (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
                 Some(self.config.reprint_banner.replace("{n}", &n.to_string()))
             }
             _ => None,
         };
-        let encoding = printer.transport.as_ref().map(|t| t.encoding()).unwrap_or(Encoding::EscPos { profile: None });
-        match encoding {
+        match encoding.clone() {
             Encoding::EscPos { profile } => crate::content::render_for(
                 &content.content_type,
                 content.content,
@@ -556,6 +677,20 @@ impl LaneEngine {
                 banner.as_deref(),
                 profile.as_deref(),
             ),
+            Encoding::Text { profile } => crate::content::render_text_for(
+                &content.content_type,
+                &content.content,
+                banner.as_deref(),
+                profile.as_deref(),
+            )
+            .map(String::into_bytes),
+            Encoding::EposXml { profile } => crate::content::render_epos_for(
+                &content.content_type,
+                &content.content,
+                banner.as_deref(),
+                profile.as_deref(),
+            )
+            .map(String::into_bytes),
         }
     }
 
@@ -837,7 +972,7 @@ impl LaneEngine {
             if self.holder(&task, &printer, None) != (Holder::Other { gone: true }) {
                 continue;
             }
-            if let Some(t) = self.doubt(&task, "sweeper".into(), now) {
+            if let Some(t) = self.doubt(&task, "sweeper".into(), gone_detail(&task), now) {
                 changes.push(t);
             }
         }
@@ -875,6 +1010,12 @@ impl LaneEngine {
             }
         })
     }
+}
+
+/// Why a delivery whose holder went away is in doubt.
+fn gone_detail(task: &Task) -> String {
+    let holder = task.sent_to.as_deref().unwrap_or("nobody");
+    format!("{holder} went away without answering and cannot be asked again")
 }
 
 /// What an applied ack says about the printer itself.

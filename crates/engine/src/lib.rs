@@ -8,7 +8,8 @@
 //! delivery: the one lane engine (`lanes`: claim, ack, sweep)
 //! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
 //! transports on top of it (`transport`: the agent's long poll, the push driver and the
-//! webhook transport). It also owns the manual channel, alerts, reconciliation and store
+//! webhook transport, and the polled mechanism of printers that call in with CloudPRNT
+//! and Epson Server Direct Print as its two protocol adapters). It also owns the manual channel, alerts, reconciliation and store
 //! time zones.
 //!
 //! It must never write SQL (that belongs to the store backends) and never decide HTTP

@@ -69,6 +69,9 @@ pub struct FileConfig {
     /// A pushed (webhook) delivery without an answer this long goes to a person (default
     /// 300000).
     pub push_doubt_after_ms: Option<i64>,
+    /// A job a CloudPRNT or Epson printer fetched and did not confirm this long goes to
+    /// `in_doubt`.
+    pub polled_answer_within_ms: Option<i64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
 }
@@ -129,6 +132,13 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 charge: file.charge_per_task.unwrap_or(1),
             },
             alerts: Default::default(),
+            polled: {
+                let p = onceprint_engine::transport::polled::PolledConfig::default();
+                onceprint_engine::transport::polled::PolledConfig {
+                    answer_within_ms: file.polled_answer_within_ms.unwrap_or(p.answer_within_ms).max(1_000),
+                    ..p
+                }
+            },
             push: {
                 let p = onceprint_engine::PushConfig::default();
                 onceprint_engine::PushConfig {

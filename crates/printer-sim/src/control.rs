@@ -35,6 +35,8 @@ struct FaultRequest {
     crash_mid_job: Option<u32>,
     slow_ms: Option<u64>,
     clone: Option<bool>,
+    duplicate_confirm: Option<u32>,
+    lost_result: Option<u32>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -63,6 +65,8 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         crash_mid_job: req.crash_mid_job,
         slow_ms: req.slow_ms,
         clone: req.clone,
+        duplicate_confirm: req.duplicate_confirm,
+        lost_result: req.lost_result,
     };
     match ctl.faults.update(req.printer.as_deref(), update) {
         Ok(changed) => {

@@ -7,6 +7,7 @@
 //! Printers are named as in the paper log: a TCP printer by its listening address
 //! (`127.0.0.1:9100`), a pseudo-terminal printer by `pty:N`.
 
+use std::fmt::Display;
 use std::sync::Arc;
 
 use onceprint_escpos::status::PrinterStatus;
@@ -35,6 +36,13 @@ pub struct Faults {
     pub slow_ms: u64,
     /// Behave like a clone printer that ignores `GS ( H` (real-time status still works).
     pub clone: bool,
+    /// Printers that poll: the next this many jobs are confirmed twice.
+    #[serde(default)]
+    pub duplicate_confirm: u32,
+    /// Printers that poll: the confirmations of the next this many printed jobs are lost
+    /// on the way and sent again only after the printer's next poll (a late result).
+    #[serde(default)]
+    pub lost_result: u32,
 }
 
 impl Faults {
@@ -69,6 +77,10 @@ pub struct FaultUpdate {
     pub crash_mid_job: Option<u32>,
     pub slow_ms: Option<u64>,
     pub clone: Option<bool>,
+    #[serde(default)]
+    pub duplicate_confirm: Option<u32>,
+    #[serde(default)]
+    pub lost_result: Option<u32>,
 }
 
 impl FaultUpdate {
@@ -92,6 +104,12 @@ impl FaultUpdate {
         if let Some(v) = self.clone {
             faults.clone = v;
         }
+        if let Some(v) = self.duplicate_confirm {
+            faults.duplicate_confirm = v;
+        }
+        if let Some(v) = self.lost_result {
+            faults.lost_result = v;
+        }
     }
 }
 
@@ -104,14 +122,16 @@ impl From<Faults> for FaultUpdate {
             crash_mid_job: Some(f.crash_mid_job),
             slow_ms: Some(f.slow_ms),
             clone: Some(f.clone),
+            duplicate_confirm: Some(f.duplicate_confirm),
+            lost_result: Some(f.lost_result),
         }
     }
 }
 
-/// One printer's name and faults, as `GET /faults` lists them.
+/// One printer's name (its listening address, or `cloudprnt:MAC` / `epson_sdp:ID` for a
+/// printer that polls) and faults, as `GET /faults` lists them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrinterFaults {
-    /// The printer's name in the paper log.
     pub printer: String,
     #[serde(flatten)]
     pub faults: Faults,
@@ -145,22 +165,24 @@ impl FaultsHandle {
         self.cells.iter().map(|c| PrinterFaults { printer: c.name.clone(), faults: *c.faults.borrow() }).collect()
     }
 
-    /// The faults of one printer, by its name in the paper log.
-    pub fn get(&self, printer: &str) -> Option<Faults> {
-        self.cells.iter().find(|c| c.name == printer).map(|c| *c.faults.borrow())
+    /// The faults of one printer, by its name (a listening address, for instance).
+    pub fn get(&self, printer: impl Display) -> Option<Faults> {
+        let name = printer.to_string();
+        self.cells.iter().find(|c| c.name == name).map(|c| *c.faults.borrow())
     }
 
     /// Changes the faults of one printer, or of all when `printer` is `None`, and returns
     /// the new state of the printers changed. A printer that was blocked starts printing
     /// its buffer as soon as nothing blocks it any more.
-    pub fn update(&self, printer: Option<&str>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
-        if let Some(name) = printer {
-            if !self.cells.iter().any(|c| c.name == name) {
-                return Err(SimError::UnknownPrinter(name.to_owned()));
+    pub fn update<P: Display>(&self, printer: Option<P>, update: FaultUpdate) -> Result<Vec<PrinterFaults>, SimError> {
+        let printer = printer.map(|p| p.to_string());
+        if let Some(name) = &printer {
+            if !self.cells.iter().any(|c| &c.name == name) {
+                return Err(SimError::UnknownPrinter(name.clone()));
             }
         }
         let mut changed = Vec::new();
-        for cell in self.cells.iter().filter(|c| printer.is_none_or(|n| n == c.name)) {
+        for cell in self.cells.iter().filter(|c| printer.as_ref().is_none_or(|n| *n == c.name)) {
             cell.faults.send_modify(|f| update.apply(f));
             changed.push(PrinterFaults { printer: cell.name.clone(), faults: *cell.faults.borrow() });
         }
@@ -170,7 +192,7 @@ impl FaultsHandle {
     /// Changes every printer's faults.
     pub fn update_all(&self, update: FaultUpdate) -> Vec<PrinterFaults> {
         // No printer is named, so no printer can be unknown.
-        self.update(None, update).unwrap_or_default()
+        self.update(None::<&str>, update).unwrap_or_default()
     }
 
     pub(crate) fn current(&self, index: usize) -> Faults {

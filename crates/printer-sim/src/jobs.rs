@@ -37,8 +37,8 @@ pub struct Barcode {
 /// One job as it came out of a printer; also one line of the paper log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrintedJob {
-    /// The printer's name: its listening address for a TCP printer (`127.0.0.1:9100`),
-    /// `pty:N` for a pseudo-terminal printer.
+    /// The printer: its listening address, or `cloudprnt:MAC` / `epson_sdp:ID` for a
+    /// printer that polls a broker.
     pub printer: String,
     /// 1 for the printer's first job since start-up, then counting up.
     pub seq: u64,
@@ -90,10 +90,12 @@ impl Jobs {
         self.inner.list.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The jobs of one printer, in printing order.
-    pub fn of(&self, printer: &str) -> Vec<PrintedJob> {
+    /// The jobs of one printer (by its name: a listening address, for instance), in
+    /// printing order.
+    pub fn of(&self, printer: impl std::fmt::Display) -> Vec<PrintedJob> {
+        let name = printer.to_string();
         let list = self.inner.list.lock().unwrap_or_else(PoisonError::into_inner);
-        list.iter().filter(|j| j.printer == printer).cloned().collect()
+        list.iter().filter(|j| j.printer == name).cloned().collect()
     }
 
     /// Waits until at least `n` jobs were printed; `false` if `timeout` passed first.

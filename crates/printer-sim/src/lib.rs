@@ -11,8 +11,13 @@
 //! open (input is buffered and printed when the fault clears, as real printers do),
 //! offline, crash after a job, slow printing, and clone printers that ignore `GS ( H`.
 //!
-//! It must never talk to the broker or know about tasks: it is a printer, and only sees
-//! bytes. It must never acknowledge a job whose paper-log line was not written: an
+//! It can also be a printer that polls a broker over HTTP (`--cloudprnt URL`, Star
+//! CloudPRNT, or `--epson-sdp URL`, Epson Server Direct Print; [`PolledPrinter`]), as such
+//! printers do: it speaks only the printer's side of those protocols, with the same paper
+//! log and faults (see the `polled` module).
+//!
+//! It must never know about tasks: it is a printer, and only sees bytes, images and job
+//! tokens. It must never acknowledge a job whose paper-log line was not written: an
 //! acknowledgement that the log does not back would hide exactly the losses it exists to
 //! reveal.
 //!
@@ -31,6 +36,7 @@
 mod control;
 mod faults;
 mod jobs;
+mod polled;
 mod printer;
 #[cfg(unix)]
 mod pty;
@@ -46,6 +52,7 @@ use tokio::task::JoinHandle;
 
 pub use faults::{FaultUpdate, Faults, FaultsHandle, PrinterFaults};
 pub use jobs::{Barcode, Cut, Jobs, PrintedJob};
+pub use polled::{PolledPrinter, Protocol};
 
 /// Why the simulator could not start.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +69,8 @@ pub enum SimError {
     UnknownPrinter(String),
     #[error("cannot create a pseudo-terminal: {0}")]
     Pty(std::io::Error),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Command-line flags of `onceprint printer-sim`.
@@ -108,6 +117,38 @@ pub struct SimArgs {
     /// --slow-ms is given); the flag exists so scripts can say so explicitly.
     #[arg(long)]
     pub fast: bool,
+    /// Be a Star CloudPRNT printer polling this URL (`https://broker/cloudprnt`) instead
+    /// of listening on TCP; needs --username, --password and --mac.
+    #[arg(long, value_name = "URL", conflicts_with = "epson_sdp")]
+    pub cloudprnt: Option<String>,
+    /// Be an Epson Server Direct Print printer polling this URL (`https://broker/epson-sdp`);
+    /// needs --username and --password, and --id when the printer is configured with one.
+    #[arg(long, value_name = "URL")]
+    pub epson_sdp: Option<String>,
+    /// The printer's login (from the broker's answer when the printer was created).
+    #[arg(long, value_name = "USER")]
+    pub username: Option<String>,
+    #[arg(long, value_name = "PASSWORD", env = "ONCEPRINT_PRINTER_PASSWORD")]
+    pub password: Option<String>,
+    /// The CloudPRNT printer's MAC address.
+    #[arg(long, value_name = "MAC")]
+    pub mac: Option<String>,
+    /// The Server Direct Print ID.
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// How often a polling printer polls.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub poll_interval_ms: u64,
+    /// The media type a CloudPRNT printer asks for (text/plain shows the text in the
+    /// paper log; image/png as most Star printers do).
+    #[arg(long, value_name = "TYPE", default_value = "text/plain")]
+    pub media_type: String,
+    /// A polling printer confirms the next N jobs twice.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub duplicate_confirm: u32,
+    /// A polling printer's confirmations of the next N jobs are lost and sent again late.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lost_result: u32,
 }
 
 impl SimArgs {
@@ -126,8 +167,33 @@ impl SimArgs {
                 crash_mid_job: self.crash_mid_job,
                 slow_ms: if self.fast { 0 } else { self.slow_ms },
                 clone: self.clone,
+                duplicate_confirm: self.duplicate_confirm,
+                lost_result: self.lost_result,
             },
         }
+    }
+
+    /// The polling printer these flags describe, when they ask for one.
+    pub fn polled(&self) -> Result<Option<PolledPrinter>, SimError> {
+        let need = |v: &Option<String>, flag: &str| {
+            v.clone().ok_or_else(|| SimError::Usage(format!("{flag} is needed for a printer that polls")))
+        };
+        let (url, protocol) = match (&self.cloudprnt, &self.epson_sdp) {
+            (Some(url), _) => {
+                let protocol =
+                    Protocol::CloudPrnt { mac: need(&self.mac, "--mac")?, media_type: self.media_type.clone() };
+                (url.clone(), protocol)
+            }
+            (None, Some(url)) => (url.clone(), Protocol::EpsonSdp { id: self.id.clone() }),
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(PolledPrinter {
+            url,
+            username: need(&self.username, "--username")?,
+            password: need(&self.password, "--password")?,
+            protocol,
+            poll_interval: std::time::Duration::from_millis(self.poll_interval_ms.max(10)),
+        }))
     }
 }
 
@@ -282,6 +348,33 @@ impl Simulator {
         self.jobs.clone()
     }
 
+    /// Starts one printer that polls a broker (CloudPRNT or Epson Server Direct Print),
+    /// with the paper log, initial faults and control endpoint of `config` (its listen
+    /// address and count are not used). Its name in the paper log and the fault list is
+    /// [`PolledPrinter::name`].
+    pub async fn start_polled(printer: PolledPrinter, config: SimConfig) -> Result<Simulator, SimError> {
+        let control = match config.control {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
+                let local = listener.local_addr().map_err(|source| SimError::Bind { addr, source })?;
+                Some((listener, local))
+            }
+            None => None,
+        };
+        let recorder = Arc::new(jobs::Recorder::open(config.paper_log.as_deref()).await?);
+        let names = vec![printer.name()];
+        let faults = FaultsHandle::new(&names, config.faults);
+        let jobs = recorder.jobs();
+        let (stop, stop_rx) = watch::channel(false);
+        tracing::info!(printer = %printer.name(), url = %printer.url, faults = ?config.faults, "polling printer started");
+        let mut tasks = vec![tokio::spawn(polled::run(printer, faults.clone(), recorder, stop_rx.clone()))];
+        let control = control.map(|(listener, local)| {
+            tasks.push(tokio::spawn(control::serve(listener, faults.clone(), jobs.clone(), stop_rx.clone())));
+            local
+        });
+        Ok(Simulator { printers: Vec::new(), names, ptys: Vec::new(), control, faults, jobs, stop, tasks })
+    }
+
     /// Stops accepting, drops every connection and waits for all tasks. Input still
     /// buffered in a blocked printer is lost, as when a printer is switched off.
     pub async fn shutdown(mut self) {
@@ -368,7 +461,10 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
-    let sim = Simulator::start(args.config()).await?;
+    let sim = match args.polled()? {
+        Some(printer) => Simulator::start_polled(printer, args.config()).await?,
+        None => Simulator::start(args.config()).await?,
+    };
     // Pseudo-terminal paths are chosen by the kernel, so the command says where each
     // printer is (and where it is again after a crash), one `pty:N PATH` line each, for a
     // script or a person to give the agent.
@@ -441,13 +537,53 @@ mod tests {
         assert_eq!(config.paper_log, Some(PathBuf::from("paper.jsonl")));
         assert_eq!(
             config.faults,
-            Faults { paper_out: true, cover_open: true, offline: true, crash_mid_job: 2, slow_ms: 40, clone: true }
+            Faults {
+                paper_out: true,
+                cover_open: true,
+                offline: true,
+                crash_mid_job: 2,
+                slow_ms: 40,
+                clone: true,
+                ..Faults::default()
+            }
         );
         assert!(Cli::try_parse_from(["sim", "--fast", "--slow-ms", "5"]).is_err(), "--fast contradicts --slow-ms");
         assert_eq!(Cli::try_parse_from(["sim", "--fast"]).unwrap().args.config().faults.slow_ms, 0);
         let pty = Cli::try_parse_from(["sim", "--pty", "--count", "2", "--paper-out"]).unwrap().args.config();
         assert!(pty.pty && pty.faults.paper_out && pty.count == 2, "faults apply to pty printers alike");
         assert!(Cli::try_parse_from(["sim", "--pty", "--listen", "127.0.0.1:9100"]).is_err(), "a pty has no address");
+    }
+
+    #[test]
+    fn polling_printers_need_their_login() {
+        let cli = Cli::try_parse_from([
+            "sim",
+            "--cloudprnt",
+            "http://b/cloudprnt",
+            "--username",
+            "u",
+            "--password",
+            "p",
+            "--mac",
+            "00:11:62:aa:bb:cc",
+            "--lost-result",
+            "2",
+        ])
+        .unwrap();
+        let p = cli.args.polled().unwrap().unwrap();
+        assert_eq!(p.name(), "cloudprnt:00:11:62:aa:bb:cc");
+        assert_eq!(cli.args.config().faults.lost_result, 2);
+        let no_mac =
+            Cli::try_parse_from(["sim", "--cloudprnt", "http://b/cloudprnt", "--username", "u", "--password", "p"]);
+        assert!(matches!(no_mac.unwrap().args.polled(), Err(SimError::Usage(m)) if m.contains("--mac")));
+        let epson =
+            Cli::try_parse_from(["sim", "--epson-sdp", "http://b/epson-sdp", "--username", "u", "--password", "p"]);
+        assert_eq!(epson.unwrap().args.polled().unwrap().map(|p| p.name()), Some("epson_sdp:u".into()));
+        assert!(
+            Cli::try_parse_from(["sim", "--cloudprnt", "a", "--epson-sdp", "b"]).is_err(),
+            "one protocol at a time"
+        );
+        assert!(Cli::try_parse_from(["sim"]).unwrap().args.polled().unwrap().is_none());
     }
 
     #[tokio::test]

@@ -302,7 +302,7 @@ impl JobBuilder {
     }
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     // Formatting a current UTC time as RFC 3339 cannot fail (the year is in range); the
     // fallback only keeps this free of panics.
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()

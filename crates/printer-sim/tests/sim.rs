@@ -327,7 +327,7 @@ async fn control_endpoint_lists_and_changes_faults() {
     assert_eq!(
         body["printers"][0],
         json!({"printer": a.to_string(), "paper_out": false, "cover_open": false, "offline": false,
-               "crash_mid_job": 0, "slow_ms": 0, "clone": false})
+               "crash_mid_job": 0, "slow_ms": 0, "clone": false, "duplicate_confirm": 0, "lost_result": 0})
     );
 
     let (code, body) =
@@ -433,6 +433,16 @@ async fn run_serves_until_shutdown() {
         slow_ms: 0,
         clone: false,
         fast: true,
+        cloudprnt: None,
+        epson_sdp: None,
+        username: None,
+        password: None,
+        mac: None,
+        id: None,
+        poll_interval_ms: 1000,
+        media_type: "text/plain".into(),
+        duplicate_confirm: 0,
+        lost_result: 0,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(onceprint_printer_sim::run(args, async move {

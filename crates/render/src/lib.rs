@@ -38,6 +38,7 @@
 mod barcode;
 pub mod bench;
 mod doc;
+mod epos;
 mod error;
 mod escpos;
 mod font;
@@ -55,6 +56,7 @@ pub use doc::{
     parse_document, Align, Barcode, BarcodeKind, Block, Column, Cut, Dither, Document, Drawer, EcLevel, Feed, Hri,
     Image, Logo, Paper, Qr, Row, Rule, Span, Style, Text,
 };
+pub use epos::{to_epos_xml, EPOS_PRINT_NS};
 pub use error::{RenderError, Warning, WarningKind};
 pub use escpos::{to_escpos, Rendered};
 pub use markup::parse_markup;

@@ -56,6 +56,30 @@ pub fn to_png(doc: &Document, profile: &Profile) -> Result<Vec<u8>, RenderError>
     write_png(&canvas, y, &cuts)
 }
 
+/// The slip as a 1-bit raster of the print area only (no paper margin, no cut gaps): what
+/// a printer that takes images prints, such as Epson's ePOS-Print `<image>`.
+pub(crate) struct Raster {
+    /// Dots per row, a multiple of 8.
+    pub width: usize,
+    pub height: usize,
+    /// Rows of `width / 8` bytes, most significant bit leftmost, 1 = ink.
+    pub bits: Vec<u8>,
+}
+
+/// Renders `doc` as the raster [`to_png`] draws its slip from.
+pub(crate) fn to_raster(doc: &Document, profile: &Profile) -> Result<Raster, RenderError> {
+    let layout = layout(doc, profile, Target::Png)?;
+    let cell_w = usize::from(layout.dots / layout.columns).clamp(6, 12);
+    let width = usize::from(layout.dots).max(usize::from(layout.columns) * cell_w).next_multiple_of(8);
+    let mut p = Painter { canvas: Canvas::new(width), cell_w, y: 0, cuts: Vec::new(), layout: &layout };
+    p.paint()?;
+    let Painter { mut canvas, y, .. } = p;
+    canvas.grow(y);
+    let stride = canvas.stride;
+    canvas.bits.truncate(y * stride);
+    Ok(Raster { width: canvas.width, height: y, bits: canvas.bits })
+}
+
 /// A 1-bit drawing surface that grows downwards: rows of bytes, most significant bit
 /// leftmost, 1 = ink — the layout of a printer's raster.
 struct Canvas {

@@ -5,6 +5,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use onceprint_core::CoreError;
+use onceprint_engine::transport::cloudprnt::CloudPrntError;
+use onceprint_engine::transport::epson_sdp::EpsonSdpError;
 use onceprint_engine::tz::ZoneError;
 use onceprint_engine::{IntakeError, SetupError};
 use onceprint_store::StoreError;
@@ -30,8 +32,8 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
     /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
-    /// `printer_disabled`, `last_api_key`, `agent_superseded`, `method_not_allowed`, `unavailable`,
-    /// `internal`.
+    /// `printer_disabled`, `last_api_key`, `agent_superseded`, `method_not_allowed`,
+    /// `unsupported_media_type`, `unavailable`, `internal`.
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
     pub message: String,
@@ -166,5 +168,55 @@ impl From<SetupError> for ApiError {
             SetupError::Conflict(m) => ApiError::conflict(m),
             SetupError::Store(s) => s.into(),
         }
+    }
+}
+
+impl From<CloudPrntError> for ApiError {
+    fn from(e: CloudPrntError) -> Self {
+        match e {
+            CloudPrntError::Unauthorized(m) => ApiError::unauthorized(m),
+            CloudPrntError::NoSuchJob(m) => ApiError::not_found(m),
+            CloudPrntError::UnsupportedMedia(m) => {
+                ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", m)
+            }
+            CloudPrntError::Invalid(m) => ApiError::invalid(m),
+            CloudPrntError::Delivery(d) => d.into(),
+        }
+    }
+}
+
+impl From<EpsonSdpError> for ApiError {
+    fn from(e: EpsonSdpError) -> Self {
+        match e {
+            EpsonSdpError::Unauthorized(m) => ApiError::unauthorized(m),
+            EpsonSdpError::Invalid(m) => ApiError::invalid(m),
+            EpsonSdpError::Delivery(d) => d.into(),
+        }
+    }
+}
+
+/// An error answer to a printer that logs in with HTTP Basic: the same body, and on a 401
+/// the `WWW-Authenticate: Basic` challenge, since embedded HTTP clients often send their
+/// credentials only after being challenged.
+#[derive(Debug)]
+pub struct PrinterError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for PrinterError {
+    fn from(e: E) -> Self {
+        PrinterError(e.into())
+    }
+}
+
+impl IntoResponse for PrinterError {
+    fn into_response(self) -> Response {
+        let challenge = self.0.status == StatusCode::UNAUTHORIZED;
+        let mut res = self.0.into_response();
+        if challenge {
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Basic realm=\"onceprint printers\", charset=\"UTF-8\""),
+            );
+        }
+        res
     }
 }

@@ -1,5 +1,6 @@
-//! Request extractors: JSON bodies with our error body, and the three kinds of bearer
-//! authentication (admin token, tenant API key, store agent token).
+//! Request extractors: JSON bodies with our error body, the three kinds of bearer
+//! authentication (admin token, tenant API key, store agent token), and the HTTP Basic
+//! login of printers that poll the broker.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -130,6 +131,29 @@ impl FromRequestParts<AppState> for AgentAuth {
         match state.directory.agent_by_token_hash(&secrets::hash(token)).await? {
             Some(a) => Ok(AgentAuth(a)),
             None => Err(ApiError::unauthorized("unknown agent token")),
+        }
+    }
+}
+
+/// A printer that logs in with HTTP Basic (CloudPRNT, Epson Server Direct Print): the
+/// login made when the printer was created. Missing or wrong → 401 with a challenge.
+pub struct PrinterAuth(pub std::sync::Arc<onceprint_engine::directory::PrinterInfo>);
+
+impl FromRequestParts<AppState> for PrinterAuth {
+    type Rejection = crate::error::PrinterError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        use base64::Engine as _;
+        let refused = || ApiError::unauthorized("this endpoint needs the printer's login (HTTP Basic)");
+        let value =
+            parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(refused)?;
+        let encoded = value.strip_prefix("Basic ").or_else(|| value.strip_prefix("basic ")).ok_or_else(refused)?;
+        let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| refused())?;
+        let text = String::from_utf8(decoded).map_err(|_| refused())?;
+        let (user, password) = text.split_once(':').ok_or_else(refused)?;
+        match state.directory.printer_by_login(user, password).await? {
+            Some(p) => Ok(PrinterAuth(p)),
+            None => Err(ApiError::unauthorized("unknown printer login").into()),
         }
     }
 }

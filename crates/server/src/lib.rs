@@ -22,6 +22,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use onceprint_engine::clock::{Clock, SystemClock};
+use onceprint_engine::transport::cloudprnt::CloudPrnt;
+use onceprint_engine::transport::epson_sdp::EpsonSdp;
+use onceprint_engine::transport::polled::{Polled, PolledConfig};
+use onceprint_engine::transport::TransportKind;
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
     OperationsConfig, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
@@ -39,6 +43,8 @@ pub struct HttpConfig {
     pub delivery: DeliveryConfig,
     pub alerts: onceprint_engine::alerts::AlertConfig,
     pub push: onceprint_engine::PushConfig,
+    /// Printers that poll the broker (CloudPRNT, Epson Server Direct Print).
+    pub polled: PolledConfig,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +55,7 @@ impl Default for HttpConfig {
             delivery: DeliveryConfig::default(),
             alerts: Default::default(),
             push: Default::default(),
+            polled: Default::default(),
         }
     }
 }
@@ -60,6 +67,8 @@ pub struct AppState {
     pub(crate) intake: Arc<Intake>,
     pub(crate) lanes: Arc<LaneEngine>,
     pub(crate) agents: Arc<AgentTransport>,
+    pub(crate) cloudprnt: Arc<CloudPrnt>,
+    pub(crate) epson_sdp: Arc<EpsonSdp>,
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
     pub(crate) setup: Arc<Setup>,
@@ -113,7 +122,7 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, callbacks, manual, meta, reconcile, render, setup, tasks, webhooks};
+    use routes::{agent, callbacks, cloudprnt, epson_sdp, manual, meta, reconcile, render, setup, tasks, webhooks};
     Router::new()
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
@@ -146,6 +155,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
+        .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
+        .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
@@ -201,10 +212,14 @@ pub async fn bind(
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
     let setup = Arc::new(Setup::new(store.clone(), directory.clone()));
+    let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
+    let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
     let state = AppState {
         store,
         intake,
         agents: Arc::new(AgentTransport::new(lanes.clone())),
+        cloudprnt: Arc::new(CloudPrnt::new(cloudprnt)),
+        epson_sdp: Arc::new(EpsonSdp::new(epson_sdp)),
         watchdog: Watchdog::new(lanes.clone()),
         lanes,
         operations,
@@ -245,6 +260,8 @@ impl Bound {
             }
         };
 
+        // Each node looks for printers that stopped polling (whichever node they polled).
+        let silent = [self.state.cloudprnt.polled().spawn(), self.state.epson_sdp.polled().spawn()];
         let deliverer = onceprint_engine::alerts::spawn_deliverer(
             self.state.store.clone(),
             lanes.signals().clone(),
@@ -264,6 +281,9 @@ impl Bound {
             let _ = p.await;
         }
         let _ = deliverer.await;
+        for s in silent {
+            let _ = s.await;
+        }
         Ok(())
     }
 }

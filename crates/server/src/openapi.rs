@@ -3,7 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, callbacks, manual, meta, reconcile, render, setup, tasks, webhooks};
+use crate::routes::{agent, callbacks, cloudprnt, epson_sdp, manual, meta, reconcile, render, setup, tasks, webhooks};
 
 struct Security;
 
@@ -27,6 +27,18 @@ impl Modify for Security {
                 SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(what)).build()),
             );
         }
+        components.add_security_scheme(
+            "printer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Basic)
+                    .description(Some(
+                        "A printer's login (the credentials in the answer to POST /v1/printers, or a new one from \
+                         POST /v1/printers/{id}/credentials).",
+                    ))
+                    .build(),
+            ),
+        );
     }
 }
 
@@ -49,6 +61,7 @@ impl Modify for Security {
         reconcile::get_day, reconcile::post_day,
         webhooks::create, webhooks::list, webhooks::deliveries,
         callbacks::callback,
+        cloudprnt::poll, cloudprnt::get, cloudprnt::delete, epson_sdp::request,
         render::preview, render::task_preview,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),

@@ -96,8 +96,12 @@ impl AgentTransport {
             signals.notify(&who.tenant_id, &who.store_id);
         }
         let claimant = Claimant::agent(agent_id, session);
-        let rules =
-            ClaimRules { max, answer_within_ms: self.lanes.config().redeliver_after_ms, give_up_after_ms: None };
+        let rules = ClaimRules {
+            max,
+            answer_within_ms: self.lanes.config().redeliver_after_ms,
+            give_up_after_ms: None,
+            fetched_on_hand_out: false,
+        };
         let start = tokio::time::Instant::now();
         let deadline = start + wait;
         let notify = signals.get(&who.tenant_id, &who.store_id);

@@ -16,11 +16,18 @@
 //! - `webhook` ([`webhook`]): push. The broker POSTs each job to an HTTP endpoint (a vendor
 //!   cloud or the merchant's own bridge) through the shared push driver ([`push`]); a
 //!   signed callback or the status URL reports what happened.
+//! - `cloudprnt` ([`cloudprnt`]) and `epson_sdp` ([`epson_sdp`]): the printer polls the
+//!   broker over HTTP with its own login. Both are thin protocol adapters on the shared
+//!   polling mechanism ([`polled`]: the printer's status, its one lane, "fetched",
+//!   confirmation by job token, offline detection).
 //!
 //! Adding a transport is one module here: its config variant, its encoding, its driver or
 //! routes, and its tests. The lanes, the state machine and the ack rules stay the same.
 
 pub mod agent;
+pub mod cloudprnt;
+pub mod epson_sdp;
+pub mod polled;
 pub mod push;
 pub mod webhook;
 
@@ -215,6 +222,11 @@ pub enum Encoding {
     /// A PNG image of the receipt at the profile's paper width (CloudPRNT's `image/png`);
     /// such printers cannot take raw ESC/POS.
     Png { profile: Option<String> },
+    /// The receipt as plain text laid out for the profile (CloudPRNT's `text/plain`).
+    Text { profile: Option<String> },
+    /// Epson ePOS-Print XML (`<epos-print>`: text, or a raster image of the receipt, then
+    /// a cut), the print data of Server Direct Print.
+    EposXml { profile: Option<String> },
 }
 
 impl Encoding {
@@ -291,7 +303,7 @@ impl TransportConfig {
                 MqttProtocol::Cloudprnt => Encoding::Png { profile: m.profile.clone() },
                 MqttProtocol::Onceprint => Encoding::EscPos { profile: m.profile.clone() },
             },
-            TransportConfig::EpsonSdp(e) => Encoding::Png { profile: e.profile.clone() },
+            TransportConfig::EpsonSdp(e) => Encoding::EposXml { profile: e.profile.clone() },
         }
     }
 
@@ -504,6 +516,9 @@ mod tests {
         assert_eq!(t.redacted()["mac"], "00:11:62:aa:bb:cc");
         assert_eq!(t.encoding().accepts("escpos").map_err(|e| e.contains("raw ESC/POS")), Err(true));
         assert_eq!(t.encoding().accepts("doc"), Ok(()));
+        let e = TransportConfig::from_request(json!({"kind": "epson_sdp"})).expect("valid");
+        assert_eq!(e.encoding(), Encoding::EposXml { profile: None });
+        assert!(e.encoding().accepts("escpos").is_err(), "an Epson SDP printer takes no raw ESC/POS either");
     }
 
     #[test]

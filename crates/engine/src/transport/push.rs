@@ -117,6 +117,7 @@ impl PushDriver {
             max: 256,
             answer_within_ms: self.config.recheck_after_ms,
             give_up_after_ms: Some(self.config.doubt_after_ms),
+            fetched_on_hand_out: false,
         };
         for (tenant, store) in stores {
             let claimed =

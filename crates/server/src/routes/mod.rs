@@ -2,6 +2,8 @@
 
 pub mod agent;
 pub mod callbacks;
+pub mod cloudprnt;
+pub mod epson_sdp;
 pub mod manual;
 pub mod meta;
 pub mod reconcile;

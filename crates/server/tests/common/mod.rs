@@ -364,3 +364,49 @@ macro_rules! both_backends {
         }
     };
 }
+
+/// Creates printer `id` in store s1 with `transport` (a kind that logs in) and returns its
+/// login from the creation answer.
+pub async fn printer_with_login(app: &TestApp, key: &str, id: &str, transport: Value) -> (String, String) {
+    let a = app
+        .post(
+            "/v1/printers",
+            key,
+            json!({"id": id, "store_id": "s1", "name": format!("Printer {id}"), "transport": transport}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let c = &a.body["credentials"];
+    (c["username"].as_str().expect("username").to_owned(), c["password"].as_str().expect("password").to_owned())
+}
+
+/// The audit trail of a task as (from, to, reason).
+pub async fn events_of(app: &TestApp, key: &str, id: &str) -> Vec<(String, String, String)> {
+    let e = app.get(&format!("/v1/print-tasks/{id}/events"), key).await.body;
+    e["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_str().unwrap_or("").to_owned(),
+                e["to"].as_str().unwrap_or("").to_owned(),
+                e["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until task `id` is in `state`; panics with its audit trail otherwise.
+pub async fn wait_state(app: &TestApp, key: &str, id: &str, state: &str, within: Duration) -> Value {
+    let start = Instant::now();
+    loop {
+        let t = app.get(&format!("/v1/print-tasks/{id}"), key).await.body;
+        if t["state"] == state {
+            return t;
+        }
+        assert!(start.elapsed() < within, "never {state}: {t}\n{:#?}", events_of(app, key, id).await);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}

@@ -1,0 +1,287 @@
+//! The `cloudprnt` transport: Star CloudPRNT (Version HTTP) as a thin adapter on the
+//! polled mechanism ([`super::polled`]). It owns the protocol's words: the printer's
+//! status codes, the media types the broker offers, the job token on the wire, and what
+//! a confirmation's `code` means. Everything about lanes, "fetched" and doubt is the
+//! polled mechanism's, and through it the lane engine's.
+//!
+//! One URL for every printer: `POST /cloudprnt` polls, `GET /cloudprnt?mac=&type=&token=`
+//! fetches the job (no side effect the printer can see, repeatable; the broker remembers
+//! the fetch), `DELETE /cloudprnt?mac=&code=&token=` (or `GET …&delete`) confirms. A
+//! printer authenticates with HTTP Basic (its login from the printer's creation) and
+//! must send its own MAC; anything else is refused and changes nothing.
+
+use std::sync::Arc;
+
+use onceprint_core::Outcome;
+
+use super::polled::{Fetched, Health, JobToken, PollReport, Polled};
+use crate::directory::PrinterInfo;
+use crate::lanes::{AckResult, DeliveryError};
+use crate::transport::{Encoding, TransportConfig};
+
+/// The media types the broker offers, in its order of preference.
+pub const MEDIA_TYPES: [&str; 2] = ["image/png", "text/plain"];
+
+/// Why a CloudPRNT request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudPrntError {
+    /// Wrong MAC for this login (or a login of a printer that is not a CloudPRNT printer).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// No such job or token for this printer.
+    #[error("{0}")]
+    NoSuchJob(String),
+    /// A media type the broker does not offer, or cannot render this job in.
+    #[error("{0}")]
+    UnsupportedMedia(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
+}
+
+/// A poll as the printer sent it (the JSON body of `POST /cloudprnt`).
+#[derive(Debug, Clone, Default)]
+pub struct PollIn {
+    /// `statusCode`, URL-encoded as the printer sends it (`200%20OK`).
+    pub status_code: String,
+    pub mac: Option<String>,
+    pub job_token: Option<String>,
+    pub printing_in_progress: Option<bool>,
+}
+
+/// The answer to a poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollOut {
+    pub job_ready: bool,
+    pub media_types: Vec<&'static str>,
+    pub job_token: Option<String>,
+}
+
+/// A fetched job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobData {
+    pub content_type: &'static str,
+    pub bytes: Vec<u8>,
+    pub idempotency_key: String,
+}
+
+/// `%XX` escapes decoded (`200%20OK` → `200 OK`); a malformed escape is kept as it is.
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The three-digit code at the start of a status (`410 Out of Paper` → 410).
+fn code_number(status: &str) -> Option<u16> {
+    let digits: String = status.trim().chars().take_while(char::is_ascii_digit).collect();
+    if digits.len() >= 3 {
+        digits[..3].parse().ok()
+    } else {
+        None
+    }
+}
+
+/// What a poll's `statusCode` says about the printer: 2xx ready; 410–419 paper (411 jam),
+/// 42x cover open; other codes are faults that hold its lane.
+pub fn health_of(status: &str) -> Health {
+    let status = percent_decode(status).trim().to_owned();
+    let detail = format!("the printer reports {status}");
+    match code_number(&status) {
+        Some(200..=299) => Health::Ready,
+        Some(411) => Health::Blocked { outcome: Outcome::PaperJam, detail },
+        Some(410..=419) => Health::Blocked { outcome: Outcome::NoPaper, detail },
+        Some(420..=429) => Health::Blocked { outcome: Outcome::CoverOpen, detail },
+        Some(_) => Health::Fault(status),
+        None => Health::Fault(format!("unreadable status {status:?}")),
+    }
+}
+
+/// What a confirmation's `code` means: `OK`, `200 OK` or any 2xx printed; 410/411/420 the
+/// printer could not print for that reason; media and download errors (5xx) and
+/// anything else are errors, retried or failed by the print type's policy.
+pub fn outcome_of_code(code: &str) -> (Outcome, String) {
+    let code = percent_decode(code).trim().to_owned();
+    if code.eq_ignore_ascii_case("ok") {
+        return (Outcome::Printed, "the printer confirmed OK".into());
+    }
+    let detail = format!("the printer confirmed with {code}");
+    let outcome = match code_number(&code) {
+        Some(200..=299) => Outcome::Printed,
+        Some(411) => Outcome::PaperJam,
+        Some(410..=419) => Outcome::NoPaper,
+        Some(420..=429) => Outcome::CoverOpen,
+        _ => Outcome::Error,
+    };
+    (outcome, detail)
+}
+
+/// The CloudPRNT transport.
+pub struct CloudPrnt {
+    polled: Arc<Polled>,
+}
+
+impl CloudPrnt {
+    pub fn new(polled: Arc<Polled>) -> CloudPrnt {
+        CloudPrnt { polled }
+    }
+
+    pub fn polled(&self) -> &Arc<Polled> {
+        &self.polled
+    }
+
+    /// The printer may speak for `mac`: it is a CloudPRNT printer with that MAC. The poll
+    /// may leave its MAC out (`required` false); a fetch or confirmation may not.
+    pub fn check(&self, printer: &PrinterInfo, mac: Option<&str>, required: bool) -> Result<(), CloudPrntError> {
+        let Some(TransportConfig::Cloudprnt(c)) = &printer.transport else {
+            return Err(CloudPrntError::Unauthorized("this login is not a CloudPRNT printer's".into()));
+        };
+        match mac {
+            Some(m) if percent_decode(m).trim().eq_ignore_ascii_case(&c.mac) => Ok(()),
+            Some(_) => Err(CloudPrntError::Unauthorized("the MAC is not this printer's".into())),
+            None if required => Err(CloudPrntError::Unauthorized("mac is required".into())),
+            None => Ok(()),
+        }
+    }
+
+    fn profile(printer: &PrinterInfo) -> Option<String> {
+        match &printer.transport {
+            Some(TransportConfig::Cloudprnt(c)) => c.profile.clone(),
+            _ => None,
+        }
+    }
+
+    /// `POST /cloudprnt`.
+    pub async fn poll(&self, printer: &PrinterInfo, poll: &PollIn) -> Result<PollOut, CloudPrntError> {
+        self.check(printer, poll.mac.as_deref(), false)?;
+        let report = PollReport {
+            health: health_of(&poll.status_code),
+            token: poll.job_token.clone().filter(|t| !t.is_empty()),
+            printing: poll.printing_in_progress,
+        };
+        let job = self.polled.poll(printer, &report, false).await?;
+        Ok(match job {
+            Some(j) => {
+                PollOut { job_ready: true, media_types: MEDIA_TYPES.to_vec(), job_token: Some(j.token.to_string()) }
+            }
+            None => PollOut { job_ready: false, media_types: Vec::new(), job_token: None },
+        })
+    }
+
+    /// `GET /cloudprnt?mac=&type=&token=`: the job in the media type asked for (the
+    /// broker's first choice when none is named).
+    pub async fn fetch(
+        &self,
+        printer: &PrinterInfo,
+        mac: Option<&str>,
+        media: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<JobData, CloudPrntError> {
+        self.check(printer, mac, true)?;
+        let media = media.map(percent_decode).unwrap_or_else(|| MEDIA_TYPES[0].to_owned());
+        let profile = Self::profile(printer);
+        let (content_type, encoding) = match media.trim() {
+            "image/png" => ("image/png", Encoding::Png { profile }),
+            "text/plain" => ("text/plain; charset=utf-8", Encoding::Text { profile }),
+            other => {
+                return Err(CloudPrntError::UnsupportedMedia(format!(
+                    "media type {other:?} is not offered; one of {}",
+                    MEDIA_TYPES.join(", ")
+                )))
+            }
+        };
+        let token = Self::token(token)?;
+        let what = content_type.split(';').next().unwrap_or(content_type);
+        match self.polled.fetch(printer, &token, &encoding, what).await? {
+            Fetched::Data { bytes, idempotency_key } => Ok(JobData { content_type, bytes, idempotency_key }),
+            Fetched::NoSuchJob => Err(CloudPrntError::NoSuchJob(format!("no job {token} for this printer"))),
+            Fetched::Unrenderable(why) => {
+                Err(CloudPrntError::UnsupportedMedia(format!("the job cannot be rendered as {what}: {why}")))
+            }
+        }
+    }
+
+    /// `DELETE /cloudprnt?mac=&code=&token=`: the printer's result for the job.
+    pub async fn confirm(
+        &self,
+        printer: &PrinterInfo,
+        mac: Option<&str>,
+        code: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<AckResult, CloudPrntError> {
+        self.check(printer, mac, true)?;
+        let token = Self::token(token)?;
+        let code = code.ok_or_else(|| CloudPrntError::Invalid("code is required".into()))?;
+        let (outcome, detail) = outcome_of_code(code);
+        self.polled
+            .confirm(printer, &token, outcome, detail)
+            .await?
+            .ok_or_else(|| CloudPrntError::NoSuchJob(format!("no job {token} for this printer")))
+    }
+
+    fn token(token: Option<&str>) -> Result<JobToken, CloudPrntError> {
+        let raw = token.map(percent_decode).unwrap_or_default();
+        JobToken::parse(&raw).ok_or_else(|| {
+            CloudPrntError::NoSuchJob(format!(
+                "no job for token {raw:?}: every job of this broker is named by the jobToken of the poll answer \
+                 (CloudPRNT firmware that sends no token is not supported)"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_follow_stars_table() {
+        assert_eq!(health_of("200%20OK"), Health::Ready);
+        assert_eq!(health_of("211 Paper low"), Health::Ready);
+        let outcome = |s: &str| match health_of(s) {
+            Health::Blocked { outcome, .. } => Some(outcome),
+            _ => None,
+        };
+        assert_eq!(outcome("410%20Out%20of%20Paper"), Some(Outcome::NoPaper));
+        assert_eq!(outcome("411 Paper Jam"), Some(Outcome::PaperJam));
+        assert_eq!(outcome("420 Cover Open"), Some(Outcome::CoverOpen));
+        assert!(matches!(health_of("430 Something"), Health::Fault(_)));
+        assert!(matches!(health_of("nonsense"), Health::Fault(_)));
+    }
+
+    #[test]
+    fn confirmation_codes() {
+        for ok in ["OK", "ok", "200%20OK", "200 OK", "201", "211 Paper low"] {
+            assert_eq!(outcome_of_code(ok).0, Outcome::Printed, "{ok}");
+        }
+        assert_eq!(outcome_of_code("410 Out of Paper").0, Outcome::NoPaper);
+        assert_eq!(outcome_of_code("411").0, Outcome::PaperJam);
+        assert_eq!(outcome_of_code("420%20Cover%20Open").0, Outcome::CoverOpen);
+        for err in ["510", "511", "512 Unsupported media version", "520", "521", "xyz", ""] {
+            assert_eq!(outcome_of_code(err).0, Outcome::Error, "{err}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding_keeps_what_it_cannot_read() {
+        assert_eq!(percent_decode("200%20OK"), "200 OK");
+        assert_eq!(percent_decode("00%3A11"), "00:11");
+        assert_eq!(percent_decode("50%"), "50%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,521 @@
+//! The one mechanism behind every printer that polls the broker over HTTP with its own
+//! login (Star CloudPRNT, Epson Server Direct Print). It owns what such printers have in
+//! common, on the lane engine:
+//!
+//! - the printer's health from its polls: `online`, `last_seen_at` and `last_error` on
+//!   the printer row (written when something changes, and at most once per poll interval
+//!   otherwise), and the lane's reaction to it: a printer that reports it cannot print
+//!   (no paper, cover open, paper jam) gets no job; the attempt it holds unfetched, or a
+//!   job that is due, ends at once with that outcome, as an agent's does when its status
+//!   check says so, so retries, attempt limits and failover work as for every printer;
+//! - its one lane (`Scope::Printer` claims): a job handed out and not fetched yet is named
+//!   again on every poll with the same attempt and token (nothing printed, nothing
+//!   written); a job fetched is remembered durably before its data leaves
+//!   ([`LaneEngine::mark_fetched`]) and never offered again: it ends with the printer's
+//!   confirmation, or in doubt when the printer polls again idle, goes silent, or does not
+//!   confirm before its deadline;
+//! - confirmation by job token ([`JobToken`]: task and attempt, checked against the
+//!   authenticated printer), applied with [`LaneEngine::ack`], so a token of an older
+//!   attempt is stale and changes nothing, and a late result is credited to its own job;
+//! - offline detection: a printer silent for 2 × its poll interval + a grace is offline
+//!   (`printer.offline`), and the job it had fetched goes to a person.
+//!
+//! The protocol adapters (`cloudprnt`, `epson_sdp`) only translate their wire formats to
+//! [`PollReport`]s and outcomes. Requests of one printer are handled one at a time on a
+//! node (a lock per printer), so that what a poll reads and what it writes cannot
+//! interleave with that printer's fetch or confirmation; a printer sends its requests one
+//! after the other, so on several nodes they do not overlap either, and every change is a
+//! compare-and-set on (state, attempt) in any case.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use onceprint_core::{delivery_key, Millis, Outcome};
+use onceprint_store::{AgentIdentity, PrinterStatusUpdate, StoreError, Task};
+
+use crate::claimant::{Claimant, FETCHED};
+use crate::directory::PrinterInfo;
+use crate::lanes::{AckIn, AckResult, ClaimRules, DeliveryError, LaneEngine, Scope};
+use crate::transport::{Encoding, TransportConfig, TransportKind};
+
+/// Tuning of the polled transports.
+#[derive(Debug, Clone)]
+pub struct PolledConfig {
+    /// The poll interval of a printer whose configuration names none (seconds).
+    pub default_poll_interval_s: u32,
+    /// A printer is offline after 2 × its poll interval + this without a poll.
+    pub offline_grace_ms: i64,
+    /// A job handed out and fetched must be confirmed within this long, or it goes to a
+    /// person (or is reprinted, where the print type says so).
+    pub answer_within_ms: i64,
+    /// How often each node looks for printers that went silent.
+    pub check_interval_ms: u64,
+}
+
+impl Default for PolledConfig {
+    fn default() -> Self {
+        PolledConfig {
+            default_poll_interval_s: 5,
+            offline_grace_ms: 5_000,
+            answer_within_ms: 300_000,
+            check_interval_ms: 1_000,
+        }
+    }
+}
+
+/// What a printer says about itself when it polls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// It can print.
+    Ready,
+    /// It cannot print: `outcome` is `no_paper`, `cover_open` or `paper_jam`.
+    Blocked { outcome: Outcome, detail: String },
+    /// It reports another error; it gets no job until it reports itself ready again.
+    Fault(String),
+    /// It says nothing about its state (Epson's GetRequest): it is online, and its last
+    /// error stays what its last result said.
+    Unknown,
+}
+
+/// One poll, as the protocol adapter understood it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollReport {
+    pub health: Health,
+    /// The job token the printer says it works on (CloudPRNT's `jobToken`), if it says.
+    pub token: Option<String>,
+    /// Whether it says it is printing (CloudPRNT's `printingInProgress`), if it says.
+    pub printing: Option<bool>,
+}
+
+impl PollReport {
+    /// The printer says it is not working on `token`. A printer that says neither whether
+    /// it prints nor which job it has (firmware without these fields) says nothing: its
+    /// fetched job waits for its confirmation or its deadline.
+    fn idle_for(&self, token: &str) -> bool {
+        if self.printing == Some(true) || self.token.as_deref() == Some(token) {
+            return false;
+        }
+        self.printing == Some(false) || self.token.is_some()
+    }
+}
+
+/// A job's name on the wire: the task and the attempt, `TASKID.ATTEMPT` (at most 30
+/// characters of `0-9A-Z.`, so it also fits Epson's `printjobid`). It is only ever
+/// honoured for the printer whose task it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobToken {
+    pub task_id: String,
+    pub attempt: i32,
+}
+
+impl JobToken {
+    pub fn of(task: &Task) -> JobToken {
+        JobToken { task_id: task.task_id.clone(), attempt: task.attempts }
+    }
+
+    /// `None` for anything that is not a token this broker made.
+    pub fn parse(s: &str) -> Option<JobToken> {
+        let (task, attempt) = s.trim().rsplit_once('.')?;
+        let task = onceprint_core::TaskId::parse(task)?;
+        let attempt: i32 = attempt.parse().ok().filter(|a| *a > 0)?;
+        Some(JobToken { task_id: task.as_str().to_owned(), attempt })
+    }
+}
+
+impl std::fmt::Display for JobToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.task_id, self.attempt)
+    }
+}
+
+/// A job the printer is told about.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub token: JobToken,
+    pub idempotency_key: String,
+    /// The job's data in the transport's encoding, when this poll handed it out (a
+    /// printer that fetches separately asks for it by token).
+    pub data: Option<Vec<u8>>,
+}
+
+/// What a fetch found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    /// The data, now remembered as fetched.
+    Data { bytes: Vec<u8>, idempotency_key: String },
+    /// The token names no job of this printer that is in flight at this attempt.
+    NoSuchJob,
+    /// The job cannot be rendered in the encoding asked for.
+    Unrenderable(String),
+}
+
+/// What the broker last wrote about a printer's health, on this node.
+#[derive(Debug, Clone)]
+struct Written {
+    at: Millis,
+    online: bool,
+    last_error: Option<String>,
+}
+
+type PrinterKey = (String, String);
+
+/// The polled mechanism for one transport kind. Share it behind an `Arc`.
+pub struct Polled {
+    lanes: Arc<LaneEngine>,
+    kind: TransportKind,
+    config: PolledConfig,
+    claimant: Claimant,
+    locks: Mutex<HashMap<PrinterKey, Arc<tokio::sync::Mutex<()>>>>,
+    written: Mutex<HashMap<PrinterKey, Written>>,
+}
+
+fn key(p: &PrinterInfo) -> PrinterKey {
+    (p.row.tenant_id.clone(), p.row.id.clone())
+}
+
+fn who(p: &PrinterInfo) -> AgentIdentity {
+    AgentIdentity { tenant_id: p.row.tenant_id.clone(), store_id: p.row.store_id.clone() }
+}
+
+impl Polled {
+    pub fn new(lanes: Arc<LaneEngine>, kind: TransportKind, config: PolledConfig) -> Arc<Polled> {
+        let claimant = Claimant::printer(kind.as_str());
+        Arc::new(Polled { lanes, kind, config, claimant, locks: Mutex::default(), written: Mutex::default() })
+    }
+
+    pub fn kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    pub fn lanes(&self) -> &Arc<LaneEngine> {
+        &self.lanes
+    }
+
+    pub fn config(&self) -> &PolledConfig {
+        &self.config
+    }
+
+    /// Whether `printer` is served by this transport (a login of a printer that was moved
+    /// to another transport logs in to nothing here).
+    pub fn serves(&self, printer: &PrinterInfo) -> bool {
+        printer.transport.as_ref().map(TransportConfig::kind) == Some(self.kind)
+    }
+
+    /// The printer's configured poll interval, in milliseconds.
+    fn interval_ms(&self, printer: &PrinterInfo) -> i64 {
+        let s = match &printer.transport {
+            Some(TransportConfig::Cloudprnt(c)) => c.poll_interval_s,
+            Some(TransportConfig::EpsonSdp(e)) => e.poll_interval_s,
+            _ => None,
+        };
+        i64::from(s.unwrap_or(self.config.default_poll_interval_s)) * 1000
+    }
+
+    async fn lock(&self, printer: &PrinterInfo) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = self.locks.lock().unwrap_or_else(PoisonError::into_inner).entry(key(printer)).or_default().clone();
+        m.lock_owned().await
+    }
+
+    /// One poll of `printer`: records its health and says which job, if any, it should
+    /// print now. With `fetched_on_hand_out` (Epson) a job handed out is fetched at once,
+    /// since the answer carries its data.
+    pub async fn poll(
+        &self,
+        printer: &PrinterInfo,
+        report: &PollReport,
+        fetched_on_hand_out: bool,
+    ) -> Result<Option<Job>, DeliveryError> {
+        let _turn = self.lock(printer).await;
+        self.record_health(printer, &report.health).await?;
+        if matches!(report.health, Health::Fault(_)) {
+            return Ok(None);
+        }
+        let rules = ClaimRules {
+            max: 1,
+            answer_within_ms: self.config.answer_within_ms,
+            give_up_after_ms: None,
+            fetched_on_hand_out,
+        };
+        let blocked = match &report.health {
+            Health::Blocked { outcome, detail } => Some((*outcome, detail.clone())),
+            _ => None,
+        };
+        let scope = Scope::Printer { printer_id: &printer.row.id, kind: self.kind };
+        // A job settled in this poll (in doubt after an idle poll) frees the lane, so the
+        // next one may go in the same answer; a few rounds at most.
+        for _round in 0..3 {
+            let claimed = self.lanes.claim(&self.claimant, &printer.row.tenant_id, scope, rules).await?;
+            if let Some(d) = claimed.deliveries.into_iter().next() {
+                let token = JobToken { task_id: d.task.task_id.clone(), attempt: d.attempt };
+                if let Some((outcome, detail)) = blocked {
+                    // Nothing can print now: the attempt ends before anything was sent.
+                    self.ack(printer, &token, outcome, detail).await?;
+                    return Ok(None);
+                }
+                return Ok(Some(Job { token, idempotency_key: d.idempotency_key, data: Some(d.data) }));
+            }
+            let Some(task) = claimed.held.into_iter().next() else { return Ok(None) };
+            let token = JobToken::of(&task);
+            let text = token.to_string();
+            let fetched = task.sent_session.as_deref() == Some(FETCHED);
+            let names_it = report.token.as_deref() == Some(text.as_str());
+            match (&blocked, fetched) {
+                // Offered and not fetched: nothing printed; the printer cannot take it now.
+                (Some((outcome, detail)), false) => {
+                    self.ack(printer, &token, *outcome, detail.clone()).await?;
+                    return Ok(None);
+                }
+                // The printer reports an error on the job it fetched: printing it did not
+                // succeed (Star's "POST with an error code"); it may have printed part.
+                (Some((outcome, detail)), true) if names_it => {
+                    self.ack(printer, &token, *outcome, format!("{detail}, while printing the job it fetched")).await?;
+                    return Ok(None);
+                }
+                (None, false) => {
+                    let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);
+                    return Ok(Some(Job { token, idempotency_key, data: None }));
+                }
+                (_, true) if report.idle_for(&text) => {
+                    let detail = format!(
+                        "the printer fetched attempt {} and then polled again idle (not printing, not naming \
+                         its job) without confirming it",
+                        token.attempt
+                    );
+                    self.lanes.settle_in_doubt(&self.claimant, &task, detail).await?;
+                }
+                // Fetched and still being worked on, or the printer does not say.
+                (_, true) => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The data of the job `token` names, in `encoding`, for the printer that holds it;
+    /// remembered durably as fetched (`what` names the media type in the audit) before it
+    /// is returned. Fetching again is allowed and changes nothing more.
+    pub async fn fetch(
+        &self,
+        printer: &PrinterInfo,
+        token: &JobToken,
+        encoding: &Encoding,
+        what: &str,
+    ) -> Result<Fetched, DeliveryError> {
+        let _turn = self.lock(printer).await;
+        let store = self.lanes.store();
+        let Some(task) = store.get_task(&printer.row.tenant_id, &token.task_id).await? else {
+            return Ok(Fetched::NoSuchJob);
+        };
+        let ours = task.printer_id == printer.row.id
+            && task.state == onceprint_core::TaskState::Sent
+            && task.attempts == token.attempt
+            && task.sent_to.as_deref() == Some(self.claimant.sent_to().as_str());
+        if !ours {
+            return Ok(Fetched::NoSuchJob);
+        }
+        let Some(content) = store.task_content(&task.task_id).await? else { return Ok(Fetched::NoSuchJob) };
+        // Rendered before it is marked fetched: a job whose data never left cannot have
+        // printed.
+        let bytes = match self.lanes.render_as(&task, content, encoding) {
+            Ok(b) => b,
+            Err(why) => return Ok(Fetched::Unrenderable(why)),
+        };
+        if !self.lanes.mark_fetched(&self.claimant, &task, token.attempt, what, self.config.answer_within_ms).await? {
+            return Ok(Fetched::NoSuchJob);
+        }
+        let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);
+        Ok(Fetched::Data { bytes, idempotency_key })
+    }
+
+    /// The printer's result for the job `token` names. `None` when the token names no task
+    /// of this printer (another printer's job is refused, never credited).
+    pub async fn confirm(
+        &self,
+        printer: &PrinterInfo,
+        token: &JobToken,
+        outcome: Outcome,
+        detail: String,
+    ) -> Result<Option<AckResult>, DeliveryError> {
+        let _turn = self.lock(printer).await;
+        let task = self.lanes.store().get_task(&printer.row.tenant_id, &token.task_id).await?;
+        if task.is_none_or(|t| t.printer_id != printer.row.id) {
+            return Ok(None);
+        }
+        let result = self.ack(printer, token, outcome, detail).await?;
+        Ok(Some(result))
+    }
+
+    async fn ack(
+        &self,
+        printer: &PrinterInfo,
+        token: &JobToken,
+        outcome: Outcome,
+        detail: String,
+    ) -> Result<AckResult, DeliveryError> {
+        let ack = AckIn { task_id: token.task_id.clone(), attempt: token.attempt, outcome, detail };
+        let results = self.lanes.ack(&who(printer), &self.claimant, vec![ack]).await?;
+        // An applied ack wrote what it says about the printer; the next poll writes its
+        // own health again rather than trusting what this node wrote before.
+        self.written.lock().unwrap_or_else(PoisonError::into_inner).remove(&key(printer));
+        Ok(results.into_iter().next().unwrap_or(AckResult::Stale))
+    }
+
+    /// Writes the printer's health when it changed, when the printer was offline, or once
+    /// per poll interval (so that `last_seen_at` shows it is alive on every node).
+    async fn record_health(&self, printer: &PrinterInfo, health: &Health) -> Result<(), StoreError> {
+        let now = self.lanes.now();
+        let k = key(printer);
+        let reported: Option<Option<String>> = match health {
+            Health::Ready => Some(None),
+            Health::Blocked { outcome, .. } => Some(Some(outcome.as_str().to_owned())),
+            Health::Fault(d) => Some(Some(format!("error: {d}"))),
+            Health::Unknown => None,
+        };
+        let before = self.written.lock().unwrap_or_else(PoisonError::into_inner).get(&k).cloned();
+        let due = match &before {
+            None => true,
+            Some(w) => {
+                !w.online
+                    || now - w.at >= self.interval_ms(printer)
+                    || reported.as_ref().is_some_and(|e| *e != w.last_error)
+            }
+        };
+        if !due {
+            return Ok(());
+        }
+        let last_error = match reported {
+            Some(e) => e,
+            // Keep what the row says now (an ack of this or another node may have set it).
+            None => self
+                .lanes
+                .store()
+                .get_printer(&printer.row.tenant_id, &printer.row.id)
+                .await?
+                .and_then(|p| p.last_error)
+                .filter(|e| e != "offline"),
+        };
+        let update = PrinterStatusUpdate {
+            tenant_id: printer.row.tenant_id.clone(),
+            printer_id: printer.row.id.clone(),
+            online: true,
+            last_error: last_error.clone(),
+            now,
+            event_id: crate::alerts::new_event_id(now),
+        };
+        self.lanes.store().update_printer_status(&[update]).await?;
+        self.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(k, Written { at: now, online: true, last_error });
+        Ok(())
+    }
+
+    /// One look for printers of this transport that went silent: each is marked offline
+    /// (a `printer.offline` alert, `last_seen_at` kept at its last poll), and a job it had
+    /// fetched without confirming goes to a person. Returns how many went offline.
+    pub async fn check_offline_once(&self) -> Result<usize, DeliveryError> {
+        let now = self.lanes.now();
+        let printers = self.lanes.store().printers_by_transport(self.kind.as_str()).await?;
+        let mut offline = 0;
+        for row in printers {
+            let Some(seen) = row.last_seen_at else { continue };
+            if !row.online {
+                continue;
+            }
+            let printer = PrinterInfo::new(row);
+            let silent_for = now - seen;
+            if silent_for <= 2 * self.interval_ms(&printer) + self.config.offline_grace_ms {
+                continue;
+            }
+            let _turn = self.lock(&printer).await;
+            // A poll may have come in since the list was read.
+            let fresh = self.lanes.store().get_printer(&printer.row.tenant_id, &printer.row.id).await?;
+            if fresh.is_none_or(|p| !p.online || p.last_seen_at != Some(seen)) {
+                continue;
+            }
+            offline += 1;
+            tracing::warn!(
+                tenant = %printer.row.tenant_id, printer = %printer.row.id, silent_ms = silent_for,
+                transport = self.kind.as_str(), "printer stopped polling: offline"
+            );
+            // The job it fetched may have printed: it goes to a person.
+            let lane = self.lanes.store().lane(&printer.row.tenant_id, &printer.row.id).await?;
+            if let Some(task) = lane.in_flight {
+                let ours = task.sent_to.as_deref() == Some(self.claimant.sent_to().as_str());
+                if ours && task.sent_session.as_deref() == Some(FETCHED) {
+                    let detail = format!(
+                        "the printer fetched attempt {} and then went silent for {} s without confirming it",
+                        task.attempts,
+                        silent_for / 1000
+                    );
+                    self.lanes.settle_in_doubt(&self.claimant, &task, detail).await?;
+                }
+            }
+            let update = PrinterStatusUpdate {
+                tenant_id: printer.row.tenant_id.clone(),
+                printer_id: printer.row.id.clone(),
+                online: false,
+                last_error: Some("offline".into()),
+                // The printer was last seen when it last polled, not now.
+                now: seen,
+                event_id: crate::alerts::new_event_id(now),
+            };
+            self.lanes.store().update_printer_status(&[update]).await?;
+            self.written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key(&printer), Written { at: now, online: false, last_error: Some("offline".into()) });
+        }
+        Ok(offline)
+    }
+
+    /// Looks for silent printers until shutdown.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let signals = this.lanes.signals().clone();
+            let mut tick = tokio::time::interval(Duration::from_millis(this.config.check_interval_ms.max(50)));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = this.check_offline_once().await {
+                            tracing::warn!(error = %e, transport = this.kind.as_str(), "offline check failed");
+                        }
+                    }
+                    _ = signals.shutdown() => return,
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_name_task_and_attempt_and_fit_epson_job_ids() {
+        let id = onceprint_core::TaskId::from_parts(1_700_000_000_000, [7; 10]);
+        let t = JobToken { task_id: id.as_str().to_owned(), attempt: 12 };
+        let text = t.to_string();
+        assert!(text.len() <= 30, "{text}");
+        assert_eq!(JobToken::parse(&text), Some(t));
+        for bad in ["", "x.1", &format!("{}.0", id.as_str()), &format!("{}.-1", id.as_str()), id.as_str()] {
+            assert_eq!(JobToken::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_poll_is_idle_only_when_the_printer_says_so() {
+        let r = |token: Option<&str>, printing: Option<bool>| PollReport {
+            health: Health::Ready,
+            token: token.map(str::to_owned),
+            printing,
+        };
+        assert!(r(None, Some(false)).idle_for("T"));
+        assert!(r(Some("OLD"), None).idle_for("T"));
+        assert!(!r(Some("T"), Some(false)).idle_for("T"), "it names the job");
+        assert!(!r(None, Some(true)).idle_for("T"), "it is printing");
+        assert!(!r(None, None).idle_for("T"), "firmware that says nothing");
+    }
+}

@@ -1,0 +1,369 @@
+//! A simulated printer that polls a broker over HTTP, as Star CloudPRNT and Epson Server
+//! Direct Print printers do, writing what it prints to the same paper log as the TCP
+//! printers.
+//!
+//! One loop per printer: poll (reporting its state: `410 Out of Paper`, `420 Cover Open`
+//! or `200 OK`; Epson's GetRequest says nothing), fetch the job it is told about, print
+//! it (a paper-log line) and confirm by job token. The faults are the TCP printer's,
+//! read the moment they matter:
+//! - `paper_out` / `cover_open`: polls report it, and a job fetched while it holds is
+//!   confirmed with that error instead of printing;
+//! - `offline`: the printer stops polling (the broker must notice it went silent);
+//! - `crash_mid_job`: the next N jobs print and then the printer forgets them before
+//!   confirming (a reboot), and polls again idle;
+//! - `slow_ms`: printing takes this long (CloudPRNT polls meanwhile say so);
+//! - `duplicate_confirm`: the next N confirmations are sent twice;
+//! - `lost_result`: the next N confirmations are lost and sent again only after the
+//!   next poll (a late result);
+//! - `clone` has no meaning here.
+//!
+//! The simulator never confirms a job whose paper-log line was not written.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use quick_xml::events::Event;
+use tokio::sync::watch;
+
+use crate::faults::{Faults, FaultsHandle};
+use crate::jobs::{Cut, PrintedJob, Recorder};
+
+/// Which protocol the printer speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protocol {
+    /// Star CloudPRNT (HTTP): `mac` is sent in every request; `media_type` is asked for
+    /// in the job GET (`text/plain` lets the paper log show the text).
+    CloudPrnt { mac: String, media_type: String },
+    /// Epson Server Direct Print: `id` is the `ID` form field.
+    EpsonSdp { id: Option<String> },
+}
+
+/// One printer that polls.
+#[derive(Debug, Clone)]
+pub struct PolledPrinter {
+    /// The broker's URL for the protocol (`https://broker/cloudprnt`, `…/epson-sdp`).
+    pub url: String,
+    pub username: String,
+    pub password: String,
+    pub protocol: Protocol,
+    pub poll_interval: Duration,
+}
+
+impl PolledPrinter {
+    /// The printer's name in the paper log and the fault list.
+    pub fn name(&self) -> String {
+        match &self.protocol {
+            Protocol::CloudPrnt { mac, .. } => format!("cloudprnt:{mac}"),
+            Protocol::EpsonSdp { id } => format!("epson_sdp:{}", id.as_deref().unwrap_or(&self.username)),
+        }
+    }
+}
+
+/// What one fetched job printed, as the paper log records it.
+struct Printout {
+    text: String,
+    bytes: usize,
+    images: usize,
+}
+
+struct Ctx {
+    printer: PolledPrinter,
+    name: String,
+    faults: FaultsHandle,
+    recorder: Arc<Recorder>,
+    http: reqwest::Client,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+/// A confirmation that still has to go out.
+enum Confirmation {
+    CloudPrnt { token: String, code: String },
+    Epson { jobid: String, success: bool, code: String },
+}
+
+/// Runs one polling printer until `stop`.
+pub(crate) async fn run(
+    printer: PolledPrinter,
+    faults: FaultsHandle,
+    recorder: Arc<Recorder>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let http = match reqwest::Client::builder().timeout(Duration::from_secs(10)).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client of the polling printer");
+            return;
+        }
+    };
+    let name = printer.name();
+    let ctx = Ctx { printer, name, faults, recorder, http, seq: std::sync::atomic::AtomicU64::new(0) };
+    let mut late: Vec<Confirmation> = Vec::new();
+    loop {
+        let sleep = tokio::time::sleep(ctx.printer.poll_interval);
+        let f = ctx.faults.current(0);
+        if !f.offline {
+            if let Err(e) = ctx.round(f, &mut late).await {
+                tracing::warn!(printer = %ctx.name, error = %e, "poll round failed");
+            }
+        }
+        tokio::select! {
+            _ = stop.wait_for(|&s| s) => return,
+            _ = sleep => {}
+        }
+    }
+}
+
+fn blocking_code(f: &Faults) -> Option<(&'static str, &'static str)> {
+    if f.paper_out {
+        Some(("410 Out of Paper", "EPTR_REC_EMPTY"))
+    } else if f.cover_open {
+        Some(("420 Cover Open", "EPTR_COVER_OPEN"))
+    } else {
+        None
+    }
+}
+
+impl Ctx {
+    async fn round(&self, f: Faults, late: &mut Vec<Confirmation>) -> Result<(), String> {
+        let held: Vec<Confirmation> = std::mem::take(late);
+        let fetched = match &self.printer.protocol {
+            Protocol::CloudPrnt { mac, media_type } => self.cloudprnt_fetch(&f, mac, media_type).await?,
+            Protocol::EpsonSdp { id } => self.epson_fetch(id.as_deref()).await?,
+        };
+        // Confirmations lost last round go out now, after this poll: late.
+        for c in held {
+            self.confirm(&c).await?;
+        }
+        let Some((jobid, printout)) = fetched else { return Ok(()) };
+        let take = |field: fn(&mut Faults) -> &mut u32| {
+            let mut hit = false;
+            self.faults.modify(0, |f| {
+                let n = field(f);
+                if *n > 0 {
+                    *n -= 1;
+                    hit = true;
+                }
+            });
+            hit
+        };
+        if f.slow_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(f.slow_ms)).await;
+        }
+        let now = self.faults.current(0);
+        let confirmation = if let Some((star, epson)) = blocking_code(&now) {
+            // Out of paper (or the cover open) before anything printed.
+            self.result(&jobid, false, star, epson)
+        } else {
+            self.record(printout).await.map_err(|e| format!("cannot write the paper log: {e}"))?;
+            if take(|f| &mut f.crash_mid_job) {
+                tracing::info!(printer = %self.name, job = %jobid, "crash after printing, before confirming");
+                return Ok(());
+            }
+            self.result(&jobid, true, "200 OK", "")
+        };
+        if take(|f| &mut f.lost_result) {
+            tracing::info!(printer = %self.name, job = %jobid, "the confirmation is lost; sent again later");
+            late.push(confirmation);
+            return Ok(());
+        }
+        self.confirm(&confirmation).await?;
+        if take(|f| &mut f.duplicate_confirm) {
+            self.confirm(&confirmation).await?;
+        }
+        Ok(())
+    }
+
+    fn result(&self, jobid: &str, success: bool, star: &str, epson: &str) -> Confirmation {
+        match self.printer.protocol {
+            Protocol::CloudPrnt { .. } => Confirmation::CloudPrnt { token: jobid.to_owned(), code: star.to_owned() },
+            Protocol::EpsonSdp { .. } => {
+                Confirmation::Epson { jobid: jobid.to_owned(), success, code: epson.to_owned() }
+            }
+        }
+    }
+
+    async fn record(&self, p: Printout) -> std::io::Result<()> {
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let job = PrintedJob {
+            printer: self.name.clone(),
+            seq,
+            at: crate::printer::now_rfc3339(),
+            text: p.text,
+            bytes: p.bytes,
+            qr: Vec::new(),
+            barcodes: Vec::new(),
+            images: p.images,
+            cut: Cut::Full,
+        };
+        self.recorder.record(job).await
+    }
+
+    /// CloudPRNT: one poll and, when a job is ready, its GET.
+    async fn cloudprnt_fetch(&self, f: &Faults, mac: &str, media: &str) -> Result<Option<(String, Printout)>, String> {
+        let status = blocking_code(f).map_or("200 OK", |(s, _)| s);
+        let body = serde_json::json!({
+            "statusCode": status.replace(' ', "%20"),
+            "printerMAC": mac,
+            "printingInProgress": false,
+        });
+        let res = self
+            .http
+            .post(&self.printer.url)
+            .basic_auth(&self.printer.username, Some(&self.printer.password))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("poll: {e}"))?;
+        if !res.status().is_success() {
+            return Err(format!("poll answered {}", res.status()));
+        }
+        let answer: serde_json::Value = res.json().await.map_err(|e| format!("poll answer: {e}"))?;
+        if answer["jobReady"] != true || blocking_code(f).is_some() {
+            return Ok(None);
+        }
+        let token = answer["jobToken"].as_str().unwrap_or_default().to_owned();
+        let res = self
+            .http
+            .get(&self.printer.url)
+            .basic_auth(&self.printer.username, Some(&self.printer.password))
+            .query(&[("mac", mac), ("type", media), ("token", token.as_str())])
+            .send()
+            .await
+            .map_err(|e| format!("job GET: {e}"))?;
+        if !res.status().is_success() {
+            return Err(format!("job GET answered {}", res.status()));
+        }
+        let bytes = res.bytes().await.map_err(|e| format!("job GET body: {e}"))?;
+        let printout = if media.starts_with("text/") {
+            Printout { text: String::from_utf8_lossy(&bytes).into_owned(), bytes: bytes.len(), images: 0 }
+        } else {
+            Printout { text: String::new(), bytes: bytes.len(), images: 1 }
+        };
+        Ok(Some((token, printout)))
+    }
+
+    /// Epson: one GetRequest, and the job it carries, if any.
+    async fn epson_fetch(&self, id: Option<&str>) -> Result<Option<(String, Printout)>, String> {
+        let mut form = vec![("ConnectionType", "GetRequest")];
+        if let Some(id) = id {
+            form.push(("ID", id));
+        }
+        let res = self
+            .http
+            .post(&self.printer.url)
+            .basic_auth(&self.printer.username, Some(&self.printer.password))
+            .form(&form)
+            .send()
+            .await
+            .map_err(|e| format!("GetRequest: {e}"))?;
+        if !res.status().is_success() {
+            return Err(format!("GetRequest answered {}", res.status()));
+        }
+        let xml = res.text().await.map_err(|e| format!("GetRequest answer: {e}"))?;
+        if xml.trim().is_empty() {
+            return Ok(None);
+        }
+        let (jobid, printout) = parse_print_request(&xml)?;
+        Ok(Some((jobid, printout)))
+    }
+
+    async fn confirm(&self, c: &Confirmation) -> Result<(), String> {
+        let req = match c {
+            Confirmation::CloudPrnt { token, code } => {
+                let mac = match &self.printer.protocol {
+                    Protocol::CloudPrnt { mac, .. } => mac.as_str(),
+                    Protocol::EpsonSdp { .. } => "",
+                };
+                self.http.delete(&self.printer.url).query(&[("mac", mac), ("code", code), ("token", token)])
+            }
+            Confirmation::Epson { jobid, success, code } => {
+                let file = format!(
+                    "<?xml version=\"1.0\" encoding=\"utf-8\"?><PrintResponseInfo Version=\"2.00\"><ePOSPrint>\
+                     <Parameter><devid>local_printer</devid><printjobid>{jobid}</printjobid></Parameter><PrintResponse>\
+                     <response xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\" success=\"{success}\" \
+                     code=\"{code}\" status=\"251658262\" battery=\"0\"/></PrintResponse></ePOSPrint></PrintResponseInfo>"
+                );
+                let mut form = vec![("ConnectionType", "SetResponse".to_owned()), ("ResponseFile", file)];
+                if let Protocol::EpsonSdp { id: Some(id) } = &self.printer.protocol {
+                    form.push(("ID", id.clone()));
+                }
+                self.http.post(&self.printer.url).form(&form)
+            }
+        };
+        let res = req
+            .basic_auth(&self.printer.username, Some(&self.printer.password))
+            .send()
+            .await
+            .map_err(|e| format!("confirmation: {e}"))?;
+        if !res.status().is_success() {
+            return Err(format!("confirmation answered {}", res.status()));
+        }
+        Ok(())
+    }
+}
+
+/// The job id and what prints of the first `ePOSPrint` of a `PrintRequestInfo`: the text
+/// of its `<text>` elements, and its `<image>` rasters.
+fn parse_print_request(xml: &str) -> Result<(String, Printout), String> {
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut jobid = None;
+    let mut text = String::new();
+    let mut images = 0;
+    let mut bytes = 0;
+    let mut inside: Option<&'static str> = None;
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) => match e.local_name().as_ref() {
+                b"printjobid" => inside = Some("printjobid"),
+                b"text" => inside = Some("text"),
+                b"image" => {
+                    images += 1;
+                    inside = Some("image");
+                }
+                _ => {}
+            },
+            Ok(Event::Text(t)) => {
+                let s = t.unescape().map_err(|e| format!("print data: {e}"))?;
+                match inside {
+                    Some("printjobid") => jobid = Some(s.trim().to_owned()),
+                    Some("text") => text.push_str(&s),
+                    Some("image") => {
+                        bytes += base64::engine::general_purpose::STANDARD.decode(s.trim()).map_or(0, |b| b.len())
+                    }
+                    _ => {}
+                }
+            }
+            Ok(Event::End(e)) => {
+                if e.local_name().as_ref() == b"ePOSPrint" {
+                    break;
+                }
+                inside = None;
+            }
+            Ok(Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => return Err(format!("PrintRequestInfo is not readable XML: {e}")),
+        }
+    }
+    let jobid = jobid.ok_or("a print request without printjobid")?;
+    bytes += text.len();
+    Ok((jobid, Printout { text, bytes, images }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn print_requests_are_read_like_a_tm_printer() {
+        let xml =
+            "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<PrintRequestInfo Version=\"2.00\"><ePOSPrint><Parameter>\
+                   <devid>local_printer</devid><timeout>60000</timeout><printjobid>T.1</printjobid></Parameter>\
+                   <PrintData><epos-print xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\">\
+                   <text>Table 5&#10;1 x Noodles &amp; rice&#10;</text><feed line=\"3\"/><cut type=\"feed\"/>\
+                   </epos-print></PrintData></ePOSPrint></PrintRequestInfo>";
+        let (id, p) = parse_print_request(xml).expect("parses");
+        assert_eq!((id.as_str(), p.text.as_str(), p.images), ("T.1", "Table 5\n1 x Noodles & rice\n", 0));
+        assert!(parse_print_request("<PrintRequestInfo><ePOSPrint></ePOSPrint></PrintRequestInfo>").is_err());
+    }
+}

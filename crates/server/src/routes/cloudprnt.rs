@@ -1,0 +1,164 @@
+//! Star CloudPRNT (Version HTTP) at `/cloudprnt`: one URL for every printer, HTTP Basic
+//! with the printer's login. Handlers parse Star's wire format and call
+//! `onceprint_engine::transport::cloudprnt`.
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use onceprint_engine::transport::cloudprnt::PollIn;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ErrorBody, PrinterError};
+use crate::extract::{parse_json, Body, PrinterAuth};
+use crate::AppState;
+
+/// Header naming the job's idempotency key (the same on every attempt of a task).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "x-onceprint-idempotency-key";
+
+/// A CloudPRNT poll. Fields this broker does not use (`uniqueID`, `clientAction`,
+/// `status`, peripherals) are accepted and ignored.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CloudPrntPoll {
+    /// The printer's status, URL-encoded: `200%20OK`, `410%20Out%20of%20Paper`,
+    /// `411 Paper Jam`, `420 Cover Open`, …
+    #[serde(rename = "statusCode")]
+    pub status_code: String,
+    /// Must be the printer's MAC when present.
+    #[serde(rename = "printerMAC")]
+    pub printer_mac: Option<String>,
+    /// The job the printer works on, if it says.
+    #[serde(rename = "jobToken")]
+    pub job_token: Option<String>,
+    #[serde(rename = "printingInProgress")]
+    pub printing_in_progress: Option<bool>,
+}
+
+/// The answer to a poll.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CloudPrntPollAnswer {
+    #[serde(rename = "jobReady")]
+    pub job_ready: bool,
+    /// Offered for the job: `image/png` (at the printer's paper width) and `text/plain`.
+    #[serde(rename = "mediaTypes", skip_serializing_if = "Vec::is_empty")]
+    pub media_types: Vec<String>,
+    /// Names the job (task and attempt) in the GET and the confirmation.
+    #[serde(rename = "jobToken", skip_serializing_if = "Option::is_none")]
+    pub job_token: Option<String>,
+    /// Always `DELETE`.
+    #[serde(rename = "deleteMethod", skip_serializing_if = "Option::is_none")]
+    pub delete_method: Option<String>,
+}
+
+/// The query of the job GET and of the confirmation.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CloudPrntQuery {
+    /// The printer's MAC (required).
+    pub mac: Option<String>,
+    /// The media type asked for (`image/png` when left out).
+    #[serde(rename = "type")]
+    pub media_type: Option<String>,
+    /// The `jobToken` of the poll answer.
+    pub token: Option<String>,
+    /// The result, in a confirmation: `OK`, `200 OK` or any 2xx printed; `410`, `411`,
+    /// `420` not printed for that reason; `510`–`512`, `520`, `521` and others errors.
+    pub code: Option<String>,
+    /// Present (`&delete`): this GET is a confirmation (`deleteMethod` GET).
+    pub delete: Option<String>,
+    /// A server-assigned id (`uniqueID`); this broker assigns none and ignores it.
+    #[allow(dead_code)]
+    pub uid: Option<String>,
+}
+
+/// The answer to a confirmation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CloudPrntConfirmed {
+    /// `applied`, `duplicate` or `stale` (an older attempt's token changes nothing).
+    pub result: String,
+}
+
+/// CloudPRNT poll. Updates the printer's `online`, `last_seen_at` and `last_error` (410 no
+/// paper, 411 paper jam, 420 cover open) and says whether a job is ready for it. A printer
+/// reporting an error gets no job; the attempt it holds unfetched ends with that reason.
+/// A job it fetched and no longer names (not printing, no matching `jobToken`) is in
+/// doubt: it is never offered again. Wrong login or another printer's MAC: 401, nothing
+/// changes.
+#[utoipa::path(post, path = "/cloudprnt", tag = "printers that poll", request_body = CloudPrntPoll,
+    security(("printer" = [])),
+    responses((status = 200, body = CloudPrntPollAnswer), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody)))]
+pub async fn poll(
+    State(st): State<AppState>,
+    PrinterAuth(printer): PrinterAuth,
+    Body(body): Body,
+) -> Result<Json<CloudPrntPollAnswer>, PrinterError> {
+    let req: CloudPrntPoll = parse_json(&body)?;
+    let poll = PollIn {
+        status_code: req.status_code,
+        mac: req.printer_mac,
+        job_token: req.job_token,
+        printing_in_progress: req.printing_in_progress,
+    };
+    let out = st.cloudprnt.poll(&printer, &poll).await?;
+    Ok(Json(CloudPrntPollAnswer {
+        job_ready: out.job_ready,
+        media_types: out.media_types.iter().map(|m| (*m).to_owned()).collect(),
+        delete_method: out.job_ready.then(|| "DELETE".to_owned()),
+        job_token: out.job_token,
+    }))
+}
+
+/// CloudPRNT job GET: the job the token names, as `image/png` or `text/plain`. No side
+/// effect the printer can see (it may GET again), but the broker records durably that
+/// the job was fetched, since a fetched job may print. 404: no such job or token for this
+/// printer; 415: a media type not offered. With `&delete` it is the confirmation instead
+/// (as `DELETE`).
+#[utoipa::path(get, path = "/cloudprnt", tag = "printers that poll", params(CloudPrntQuery),
+    security(("printer" = [])),
+    responses((status = 200, description = "The job, in the media type asked for",
+               content_type = "image/png", headers(("x-onceprint-idempotency-key" = String))),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 415, body = ErrorBody)))]
+pub async fn get(
+    State(st): State<AppState>,
+    PrinterAuth(printer): PrinterAuth,
+    Query(q): Query<CloudPrntQuery>,
+) -> Result<Response, PrinterError> {
+    if q.delete.is_some() {
+        return confirm(&st, &printer, &q).await;
+    }
+    let job = st.cloudprnt.fetch(&printer, q.mac.as_deref(), q.media_type.as_deref(), q.token.as_deref()).await?;
+    let mut res = job.bytes.into_response();
+    let headers = res.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(job.content_type));
+    if let Ok(v) = HeaderValue::from_str(&job.idempotency_key) {
+        headers.insert(IDEMPOTENCY_KEY_HEADER, v);
+    }
+    Ok(res)
+}
+
+/// CloudPRNT job confirmation: `code` is the printer's result for the job the token
+/// names. A token of an older attempt changes nothing (`stale`); another printer's job is
+/// 404.
+#[utoipa::path(delete, path = "/cloudprnt", tag = "printers that poll", params(CloudPrntQuery),
+    security(("printer" = [])),
+    responses((status = 200, body = CloudPrntConfirmed), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn delete(
+    State(st): State<AppState>,
+    PrinterAuth(printer): PrinterAuth,
+    Query(q): Query<CloudPrntQuery>,
+) -> Result<Response, PrinterError> {
+    confirm(&st, &printer, &q).await
+}
+
+async fn confirm(
+    st: &AppState,
+    printer: &onceprint_engine::directory::PrinterInfo,
+    q: &CloudPrntQuery,
+) -> Result<Response, PrinterError> {
+    let result = st.cloudprnt.confirm(printer, q.mac.as_deref(), q.code.as_deref(), q.token.as_deref()).await?;
+    Ok(Json(CloudPrntConfirmed { result: result.as_str().to_owned() }).into_response())
+}

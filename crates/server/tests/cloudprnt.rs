@@ -1,0 +1,476 @@
+//! Star CloudPRNT through the public interface, on SQLite and PostgreSQL: the real server,
+//! a printer played over HTTP step by step (or the printer simulator in its CloudPRNT
+//! mode), the task's state and audit trail read back through the API.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{events_of, printer_with_login, wait_state, TestApp};
+use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
+use onceprint_server::HttpConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const MAC: &str = "00:11:62:AA:BB:CC";
+
+/// Short timings: retries due at once, a printer polling every second is offline after
+/// 2.3 s of silence.
+fn fast() -> HttpConfig {
+    let mut c = HttpConfig::default();
+    c.polled.default_poll_interval_s = 1;
+    c.polled.offline_grace_ms = 300;
+    c.polled.check_interval_ms = 50;
+    for p in c.intake.policies.types.values_mut() {
+        p.backoff.initial_ms = 50;
+        p.backoff.cap_ms = 200;
+        p.backoff.jitter = 0.0;
+    }
+    c
+}
+
+macro_rules! cloudprnt_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Sqlite, crate::fast()).await
+                    else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Postgres, crate::fast()).await
+                    else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+    };
+}
+
+cloudprnt_tests!(
+    wrong_logins_and_macs_are_refused_and_move_nothing,
+    a_job_is_polled_fetched_as_png_and_confirmed_once,
+    paper_out_retries_with_the_reason_and_prints_once_paper_is_back,
+    a_printer_that_polls_idle_after_fetching_leaves_the_task_in_doubt,
+    a_stale_or_foreign_token_changes_nothing,
+    raw_escpos_is_refused_for_cloudprnt_printers_and_stations_that_reach_one,
+    a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person,
+    the_simulated_printer_prints_every_task_once_through_its_faults,
+);
+
+/// A CloudPRNT printer played over HTTP.
+struct Star {
+    url: String,
+    user: String,
+    pass: String,
+    mac: String,
+    http: reqwest::Client,
+}
+
+impl Star {
+    async fn new(app: &TestApp, key: &str, id: &str, mac: &str) -> Star {
+        let (user, pass) = printer_with_login(app, key, id, json!({"kind": "cloudprnt", "mac": mac})).await;
+        Star { url: format!("{}/cloudprnt", app.base), user, pass, mac: mac.to_owned(), http: reqwest::Client::new() }
+    }
+
+    async fn poll_with(&self, user: &str, pass: &str, body: Value) -> (StatusCode, Value, Option<String>) {
+        let res = self.http.post(&self.url).basic_auth(user, Some(pass)).json(&body).send().await.expect("poll");
+        let status = res.status();
+        let challenge = res.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        (status, res.json().await.unwrap_or(Value::Null), challenge)
+    }
+
+    /// A poll with `statusCode`; `token` and `printing` as the printer would send them.
+    async fn poll(&self, status: &str, token: Option<&str>, printing: Option<bool>) -> Value {
+        let mut body = json!({"statusCode": status.replace(' ', "%20"), "printerMAC": self.mac});
+        if let Some(t) = token {
+            body["jobToken"] = json!(t);
+        }
+        if let Some(p) = printing {
+            body["printingInProgress"] = json!(p);
+        }
+        let (s, v, _) = self.poll_with(&self.user, &self.pass, body).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v
+    }
+
+    /// Polls (ready, idle) until a job is ready; returns its token.
+    async fn next_job(&self) -> String {
+        let start = Instant::now();
+        loop {
+            let v = self.poll("200 OK", None, None).await;
+            if v["jobReady"] == true {
+                return v["jobToken"].as_str().expect("jobToken").to_owned();
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "no job ready: {v}");
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    async fn get(&self, media: &str, token: &str) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+        let res = self
+            .http
+            .get(&self.url)
+            .basic_auth(&self.user, Some(&self.pass))
+            .query(&[("mac", self.mac.as_str()), ("type", media), ("token", token)])
+            .send()
+            .await
+            .expect("job GET");
+        let (status, headers) = (res.status(), res.headers().clone());
+        (status, headers, res.bytes().await.expect("body").to_vec())
+    }
+
+    async fn delete(&self, code: &str, token: &str) -> (StatusCode, Value) {
+        let res = self
+            .http
+            .delete(&self.url)
+            .basic_auth(&self.user, Some(&self.pass))
+            .query(&[("mac", self.mac.as_str()), ("code", code), ("token", token)])
+            .send()
+            .await
+            .expect("DELETE");
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+}
+
+async fn submit(app: &TestApp, key: &str, printer: &str, biz_no: &str) -> String {
+    let a = app
+        .submit(key, json!({"biz_no": biz_no, "printer_id": printer, "content": {"type": "text", "text": format!("order {biz_no}\n")}}))
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    a.body["task_id"].as_str().expect("task_id").to_owned()
+}
+
+async fn task(app: &TestApp, key: &str, id: &str) -> Value {
+    app.get(&format!("/v1/print-tasks/{id}"), key).await.body
+}
+
+async fn printer(app: &TestApp, key: &str, id: &str) -> Value {
+    app.get(&format!("/v1/printers/{id}"), key).await.body
+}
+
+async fn wrong_logins_and_macs_are_refused_and_move_nothing(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let id = submit(app, &key, "star", "A1").await;
+    let poll = json!({"statusCode": "200%20OK", "printerMAC": MAC});
+    let (s, v, challenge) = star.poll_with(&star.user, "wrong-password", poll.clone()).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")), "{v}");
+    assert!(challenge.is_some_and(|c| c.starts_with("Basic")), "printers are challenged for Basic auth");
+    let (s, _, _) = star.poll_with("prn_nobody", &star.pass, poll).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let other_mac = json!({"statusCode": "200%20OK", "printerMAC": "00:11:62:00:00:01"});
+    let (s, v, _) = star.poll_with(&star.user, &star.pass, other_mac).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    // The MAC is compared in one spelling: upper or lower case is the same printer.
+    let (s, ok, _) =
+        star.poll_with(&star.user, &star.pass, json!({"statusCode": "200 OK", "printerMAC": MAC.to_lowercase()})).await;
+    assert_eq!((s, &ok["jobReady"]), (StatusCode::OK, &json!(true)), "{ok}");
+    let token = ok["jobToken"].as_str().expect("token").to_owned();
+    // A job GET or a confirmation with another MAC, or without one, is refused too.
+    for mac in ["00:11:62:00:00:01", ""] {
+        let res = star
+            .http
+            .get(&star.url)
+            .basic_auth(&star.user, Some(&star.pass))
+            .query(&[("mac", mac), ("type", "image/png"), ("token", token.as_str())])
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        let res = star
+            .http
+            .delete(&star.url)
+            .basic_auth(&star.user, Some(&star.pass))
+            .query(&[("mac", mac), ("code", "200 OK"), ("token", token.as_str())])
+            .send()
+            .await
+            .expect("DELETE");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("sent"), Some(1)), "{t}");
+    let events = events_of(app, &key, &id).await;
+    assert!(!events.iter().any(|e| e.2.contains("fetched")), "a refused GET fetched nothing: {events:?}");
+    // An agent token or an API key is no printer login.
+    let res =
+        star.http.post(&star.url).bearer_auth(&key).json(&json!({"statusCode": "200"})).send().await.expect("poll");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+async fn a_job_is_polled_fetched_as_png_and_confirmed_once(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let idle = star.poll("200 OK", None, Some(false)).await;
+    assert_eq!(idle, json!({"jobReady": false}));
+    let p = printer(app, &key, "star").await;
+    assert_eq!((p["online"].as_bool(), p["last_error"].is_null()), (Some(true), true), "{p}");
+    assert!(p["last_seen_at"].is_string(), "{p}");
+
+    let id = submit(app, &key, "star", "A1").await;
+    let v = star.poll("200 OK", None, Some(false)).await;
+    assert_eq!(v["jobReady"], true, "{v}");
+    assert_eq!(v["mediaTypes"], json!(["image/png", "text/plain"]));
+    assert_eq!(v["deleteMethod"], "DELETE");
+    let token = v["jobToken"].as_str().expect("token").to_owned();
+    // Offered, not fetched: the next poll names the same job again, nothing is written.
+    let again = star.poll("200 OK", None, Some(false)).await;
+    assert_eq!(again["jobToken"].as_str(), Some(token.as_str()));
+    assert_eq!(task(app, &key, &id).await["attempts"], 1);
+
+    let (s, headers, png) = star.get("image/png", &token).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("image/png"));
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(headers.get("x-onceprint-idempotency-key").and_then(|v| v.to_str().ok()), Some("A1#star"));
+    let fetched: Vec<_> = events_of(app, &key, &id)
+        .await
+        .into_iter()
+        .filter(|e| e.2.contains("fetched by the printer as image/png"))
+        .collect();
+    assert_eq!(fetched.len(), 1, "the fetch is remembered: {fetched:?}");
+    assert_eq!((fetched[0].0.as_str(), fetched[0].1.as_str()), ("sent", "sent"));
+    // GET again (and as text) is the same job and remembers nothing new.
+    let (s, _, png2) = star.get("image/png", &token).await;
+    assert_eq!((s, png2 == png), (StatusCode::OK, true));
+    let (s, headers, text) = star.get("text/plain", &token).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/plain")));
+    assert!(String::from_utf8_lossy(&text).contains("order A1"), "{}", String::from_utf8_lossy(&text));
+    let n = events_of(app, &key, &id).await.iter().filter(|e| e.2.contains("fetched")).count();
+    assert_eq!(n, 1);
+    let (s, _, _) = star.get("application/vnd.star.starprnt", &token).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // While it prints, polls name its job: nothing else is offered.
+    let busy = star.poll("200 OK", Some(&token), Some(true)).await;
+    assert_eq!(busy["jobReady"], false);
+
+    let (s, v) = star.delete("200 OK", &token).await;
+    assert_eq!((s, v["result"].as_str()), (StatusCode::OK, Some("applied")), "{v}");
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("printed"), Some(1)), "{t}");
+    let (_, v) = star.delete("OK", &token).await;
+    assert_eq!(v["result"], "duplicate", "a repeated confirmation changes nothing");
+    assert_eq!(star.poll("200 OK", Some(&token), Some(false)).await["jobReady"], false);
+    let (s, _, _) = star.get("image/png", &token).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "a finished job is no job");
+    let printed = events_of(app, &key, &id).await.iter().filter(|e| e.1 == "printed").count();
+    assert_eq!(printed, 1);
+}
+
+async fn paper_out_retries_with_the_reason_and_prints_once_paper_is_back(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let id = submit(app, &key, "star", "A1").await;
+    // The printer reports no paper: it gets no job, and the attempt ends with the reason.
+    let v = star.poll("410 Out of Paper", None, Some(false)).await;
+    assert_eq!(v["jobReady"], false);
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("no_paper")), "{t}");
+    assert_eq!(printer(app, &key, "star").await["last_error"], "no_paper");
+    // Paper back: the job goes; it fetches, finds the paper out again and says so.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let token = star.next_job().await;
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    let (s, v) = star.delete("410 Out of Paper", &token).await;
+    assert_eq!((s, v["result"].as_str()), (StatusCode::OK, Some("applied")));
+    let t = task(app, &key, &id).await;
+    assert_eq!(
+        (t["state"].as_str(), t["last_error"].as_str(), t["attempts"].as_i64()),
+        (Some("retrying"), Some("no_paper"), Some(2))
+    );
+    // Cover open, then all well: printed once, on the fourth attempt.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    star.poll("420 Cover Open", None, Some(false)).await;
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("cover_open")), "{t}");
+    assert_eq!(printer(app, &key, "star").await["last_error"], "cover_open");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let token = star.next_job().await;
+    assert!(token.ends_with(".4"), "{token}");
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    assert_eq!(star.delete("OK", &token).await.1["result"], "applied");
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("printed"), Some(4)), "{t}");
+    assert!(printer(app, &key, "star").await["last_error"].is_null());
+}
+
+async fn a_printer_that_polls_idle_after_fetching_leaves_the_task_in_doubt(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let first = submit(app, &key, "star", "A1").await;
+    let second = submit(app, &key, "star", "A2").await;
+    let token = star.next_job().await;
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    // The printer rebooted: it polls idle, not naming the job it fetched.
+    let v = star.poll("200 OK", None, Some(false)).await;
+    let t = task(app, &key, &first).await;
+    assert_eq!(t["state"], "in_doubt", "{t}");
+    let events = events_of(app, &key, &first).await;
+    assert!(events.last().is_some_and(|e| e.2.contains("polled again idle")), "{events:?}");
+    // The lane moves on to the next task; the first is never offered again.
+    let next = v["jobToken"].as_str().unwrap_or_default().to_owned();
+    assert!(next.starts_with(&second), "{v}");
+    for _ in 0..3 {
+        let v = star.poll("200 OK", None, Some(false)).await;
+        assert!(!v["jobToken"].as_str().unwrap_or_default().starts_with(&first), "{v}");
+    }
+    let (s, _, _) = star.get("image/png", &token).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "a job in doubt is fetched no more");
+    assert_eq!(task(app, &key, &first).await["attempts"], 1);
+    // Its late confirmation is still the truth: paper did come out.
+    assert_eq!(star.delete("200 OK", &token).await.1["result"], "applied");
+    assert_eq!(task(app, &key, &first).await["state"], "printed");
+}
+
+async fn a_stale_or_foreign_token_changes_nothing(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let other = Star::new(app, &key, "star2", "00:11:62:00:00:02").await;
+    let id = submit(app, &key, "star", "A1").await;
+    let old = star.next_job().await;
+    star.poll("410 Out of Paper", Some(&old), Some(false)).await;
+    assert_eq!(task(app, &key, &id).await["state"], "retrying");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let current = star.next_job().await;
+    assert_ne!(current, old);
+    assert_eq!(star.get("image/png", &current).await.0, StatusCode::OK);
+    // The older attempt's token: stale, nothing changes.
+    let (s, v) = star.delete("420 Cover Open", &old).await;
+    assert_eq!((s, v["result"].as_str()), (StatusCode::OK, Some("stale")), "{v}");
+    assert_eq!(star.get("image/png", &old).await.0, StatusCode::NOT_FOUND);
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("sent"), Some(2)), "{t}");
+    // Another printer's login cannot fetch or confirm this printer's job.
+    assert_eq!(other.get("image/png", &current).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(other.delete("200 OK", &current).await.0, StatusCode::NOT_FOUND);
+    let (s, _) = star.delete("200 OK", "not-a-token").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(task(app, &key, &id).await["state"], "sent");
+    assert_eq!(star.delete("200 OK", &current).await.1["result"], "applied");
+    assert_eq!(task(app, &key, &id).await["state"], "printed");
+}
+
+async fn raw_escpos_is_refused_for_cloudprnt_printers_and_stations_that_reach_one(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    Star::new(app, &key, "star", MAC).await;
+    let escpos = json!({"type": "escpos", "data": "G0AKSGkKHVYA"});
+    let a = app.submit(&key, json!({"biz_no": "E1", "printer_id": "star", "content": escpos})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_content"), "{a:?}");
+    let message = a.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("raw ESC/POS") && message.contains("star"), "{message}");
+    // An agent printer takes it; a station whose backup is the CloudPRNT printer does not,
+    // since a failover would take the task there.
+    assert_eq!(
+        app.submit(&key, json!({"biz_no": "E2", "printer_id": "p1", "content": escpos})).await.status,
+        StatusCode::CREATED
+    );
+    let s = app.post("/v1/stations", &key, json!({"id": "bar", "store_id": "s1", "printers": ["p1", "star"]})).await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let a = app.submit(&key, json!({"biz_no": "E3", "station_id": "bar", "content": escpos})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_content"), "{a:?}");
+    let a = app
+        .submit(&key, json!({"biz_no": "E4", "station_id": "bar", "content": {"type": "text", "text": "fine\n"}}))
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+}
+
+async fn a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let (url, got) = common::receiver(0).await;
+    let w = app
+        .post("/v1/webhooks", &key, json!({"id": "ops", "url": url, "secret": "a-long-enough-secret", "events": ["printer.offline", "printer.online", "task.in_doubt"]}))
+        .await;
+    assert_eq!(w.status, StatusCode::CREATED, "{w:?}");
+    let star = Star::new(app, &key, "star", MAC).await;
+    let waiting = submit(app, &key, "star", "A1").await;
+    let token = star.next_job().await;
+    assert_eq!(star.get("text/plain", &token).await.0, StatusCode::OK);
+    // Silent: after 2 × 1 s + 0.3 s the printer is offline and the job it fetched in doubt.
+    let t = wait_state(app, &key, &waiting, "in_doubt", Duration::from_secs(8)).await;
+    assert!(t["last_error"] == "in_doubt", "{t}");
+    let events = events_of(app, &key, &waiting).await;
+    assert!(events.last().is_some_and(|e| e.2.contains("went silent")), "{events:?}");
+    let p = printer(app, &key, "star").await;
+    assert_eq!((p["online"].as_bool(), p["last_error"].as_str()), (Some(false), Some("offline")), "{p}");
+    let start = Instant::now();
+    loop {
+        let kinds: Vec<String> = got
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter_map(|(_, b)| serde_json::from_str::<Value>(b).ok())
+            .filter_map(|v| v["type"].as_str().map(str::to_owned))
+            .collect();
+        if kinds.iter().any(|k| k == "printer.offline") && kinds.iter().any(|k| k == "task.in_doubt") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "alerts: {kinds:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // An offered job that was never fetched stays offered while the printer is away.
+    let offered = submit(app, &key, "star", "A2").await;
+    let v = star.poll("200 OK", None, Some(false)).await;
+    assert!(v["jobToken"].as_str().is_some_and(|t| t.starts_with(&offered)), "{v}");
+    assert_eq!(printer(app, &key, "star").await["online"], true, "a poll brings it back");
+    let start = Instant::now();
+    while printer(app, &key, "star").await["online"] != false {
+        assert!(start.elapsed() < Duration::from_secs(8), "never offline again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(task(app, &key, &offered).await["state"], "sent", "nothing was fetched: nothing to doubt");
+    let v = star.poll("200 OK", None, Some(false)).await;
+    assert!(v["jobToken"].as_str().is_some_and(|t| t.starts_with(&offered)), "offered again, same attempt: {v}");
+    assert_eq!(task(app, &key, &offered).await["attempts"], 1);
+}
+
+/// The printer simulator in its CloudPRNT mode, with its faults: every task prints once,
+/// and the paper log agrees with the broker.
+async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let (user, pass) =
+        printer_with_login(app, &key, "star", json!({"kind": "cloudprnt", "mac": MAC, "poll_interval_s": 1})).await;
+    let printer = PolledPrinter {
+        url: format!("{}/cloudprnt", app.base),
+        username: user,
+        password: pass,
+        protocol: Protocol::CloudPrnt { mac: MAC.to_lowercase(), media_type: "text/plain".into() },
+        // Slow enough that the test puts paper in before the attempts run out.
+        poll_interval: Duration::from_millis(200),
+    };
+    let faults = Faults { paper_out: true, duplicate_confirm: 1, ..Faults::default() };
+    let sim = Simulator::start_polled(printer, SimConfig { faults, ..SimConfig::ephemeral() }).await.expect("sim");
+    let a1 = submit(app, &key, "star", "A1").await;
+    wait_state(app, &key, &a1, "retrying", Duration::from_secs(5)).await;
+    assert_eq!(sim.jobs().count(), 0, "no paper, nothing printed");
+    // Paper in: A1 prints (confirmed twice: the second is a duplicate).
+    sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
+    wait_state(app, &key, &a1, "printed", Duration::from_secs(5)).await;
+    // The next job prints, then the printer crashes before confirming: in doubt.
+    sim.faults().update_all(FaultUpdate { crash_mid_job: Some(1), ..FaultUpdate::default() });
+    let a2 = submit(app, &key, "star", "A2").await;
+    wait_state(app, &key, &a2, "in_doubt", Duration::from_secs(5)).await;
+    // A lost confirmation arrives late, after the next poll: still credited to its job.
+    sim.faults().update_all(FaultUpdate { lost_result: Some(1), ..FaultUpdate::default() });
+    let a3 = submit(app, &key, "star", "A3").await;
+    wait_state(app, &key, &a3, "printed", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let jobs = sim.jobs().all();
+    for biz in ["A1", "A2", "A3"] {
+        let n = jobs.iter().filter(|j| j.text.contains(&format!("order {biz}\n"))).count();
+        assert_eq!(n, 1, "{biz} on paper once: {jobs:?}");
+    }
+    assert!(jobs.iter().all(|j| j.printer == format!("cloudprnt:{}", MAC.to_lowercase())));
+    assert_eq!(task(app, &key, &a2).await["state"], "in_doubt", "never printed twice, never offered again");
+    sim.shutdown().await;
+}

@@ -1,0 +1,283 @@
+//! Epson Server Direct Print through the public interface, on SQLite and PostgreSQL: the
+//! real server, a TM printer played over HTTP (form posts, as the printer sends them) or
+//! the printer simulator in its Epson mode.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{events_of, printer_with_login, wait_state, TestApp};
+use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
+use onceprint_server::HttpConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+fn fast() -> HttpConfig {
+    let mut c = HttpConfig::default();
+    c.polled.default_poll_interval_s = 1;
+    c.polled.offline_grace_ms = 300;
+    c.polled.check_interval_ms = 50;
+    for p in c.intake.policies.types.values_mut() {
+        p.backoff.initial_ms = 50;
+        p.backoff.cap_ms = 200;
+        p.backoff.jitter = 0.0;
+    }
+    c
+}
+
+macro_rules! epson_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Sqlite, crate::fast()).await
+                    else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Postgres, crate::fast()).await
+                    else { return };
+                    super::$name(&app).await;
+                    app.stop().await;
+                }
+            )*
+        }
+    };
+}
+
+epson_tests!(
+    a_get_request_hands_out_epos_xml_with_a_job_id_and_its_result_prints_it,
+    paper_end_retries_and_a_late_result_for_an_older_job_id_is_stale,
+    a_get_request_while_a_job_is_unconfirmed_puts_it_in_doubt,
+    wrong_logins_and_ids_are_refused_and_raw_escpos_is_refused,
+    the_simulated_tm_printer_prints_every_task_once,
+);
+
+/// A TM printer played over HTTP.
+struct Tm {
+    url: String,
+    user: String,
+    pass: String,
+    id: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Tm {
+    async fn new(app: &TestApp, key: &str, printer: &str, id: Option<&str>) -> Tm {
+        let mut transport = json!({"kind": "epson_sdp"});
+        if let Some(id) = id {
+            transport["printer_id"] = json!(id);
+        }
+        let (user, pass) = printer_with_login(app, key, printer, transport).await;
+        Tm {
+            url: format!("{}/epson-sdp", app.base),
+            user,
+            pass,
+            id: id.map(str::to_owned),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn post(&self, form: &[(&str, &str)]) -> (StatusCode, reqwest::header::HeaderMap, String) {
+        let mut form: Vec<(&str, &str)> = form.to_vec();
+        if let Some(id) = &self.id {
+            form.push(("ID", id));
+        }
+        let res =
+            self.http.post(&self.url).basic_auth(&self.user, Some(&self.pass)).form(&form).send().await.expect("post");
+        let (s, h) = (res.status(), res.headers().clone());
+        (s, h, res.text().await.expect("body"))
+    }
+
+    /// A GetRequest; the PrintRequestInfo (empty when there is nothing to print).
+    async fn get_request(&self) -> String {
+        let (s, h, body) = self.post(&[("ConnectionType", "GetRequest")]).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert!(h.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/xml")));
+        body
+    }
+
+    /// Results as a TM printer reports them: (printjobid, success, code).
+    async fn set_response(&self, results: &[(&str, bool, &str)]) -> String {
+        let mut file = String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<PrintResponseInfo Version=\"2.00\">");
+        for (id, ok, code) in results {
+            file.push_str(&format!(
+                "<ePOSPrint><Parameter><devid>local_printer</devid><printjobid>{id}</printjobid></Parameter>\
+                 <PrintResponse><response xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\" \
+                 success=\"{ok}\" code=\"{code}\" status=\"251658262\" battery=\"0\"/></PrintResponse></ePOSPrint>"
+            ));
+        }
+        file.push_str("</PrintResponseInfo>");
+        let (s, h, body) = self.post(&[("ConnectionType", "SetResponse"), ("ResponseFile", &file)]).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        h.get("x-onceprint-results").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+    }
+}
+
+/// The `printjobid` of a PrintRequestInfo.
+fn job_id(xml: &str) -> String {
+    let start = xml.find("<printjobid>").map(|i| i + "<printjobid>".len());
+    let end = xml.find("</printjobid>");
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e => xml[s..e].to_owned(),
+        _ => panic!("no printjobid in {xml}"),
+    }
+}
+
+async fn submit(app: &TestApp, key: &str, printer: &str, biz_no: &str) -> String {
+    let a = app
+        .submit(key, json!({"biz_no": biz_no, "printer_id": printer, "content": {"type": "text", "text": format!("order {biz_no}\n")}}))
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    a.body["task_id"].as_str().expect("task_id").to_owned()
+}
+
+async fn task(app: &TestApp, key: &str, id: &str) -> Value {
+    app.get(&format!("/v1/print-tasks/{id}"), key).await.body
+}
+
+async fn a_get_request_hands_out_epos_xml_with_a_job_id_and_its_result_prints_it(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let tm = Tm::new(app, &key, "tm", Some("TM-1")).await;
+    assert_eq!(tm.get_request().await, "", "nothing to print: an empty answer");
+    let id = submit(app, &key, "tm", "A1").await;
+    let xml = tm.get_request().await;
+    assert!(xml.starts_with("<?xml"), "{xml}");
+    assert!(!xml.contains("Envelope"), "no SOAP envelope: {xml}");
+    assert!(
+        xml.contains("<PrintRequestInfo Version=\"2.00\"><ePOSPrint><Parameter><devid>local_printer</devid>"),
+        "{xml}"
+    );
+    assert!(xml.contains("<timeout>"), "{xml}");
+    assert_eq!(xml.matches("<ePOSPrint>").count(), 1);
+    assert!(xml.contains("<epos-print xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\">"), "{xml}");
+    assert!(xml.contains("<text>order A1&#10;") && xml.contains("<cut type=\"feed\"/>"), "{xml}");
+    let jobid = job_id(&xml);
+    assert!(jobid.starts_with(&id) && jobid.len() <= 30, "{jobid}");
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("sent"), Some(1)));
+    let events = events_of(app, &key, &id).await;
+    assert!(events.iter().any(|e| e.2.contains("with its data (fetched)")), "{events:?}");
+    let results = tm.set_response(&[(&jobid, true, "")]).await;
+    assert_eq!(results, format!("{jobid}=applied"));
+    let t = task(app, &key, &id).await;
+    assert_eq!(t["state"], "printed", "{t}");
+    assert_eq!(tm.set_response(&[(&jobid, true, "")]).await, format!("{jobid}=duplicate"));
+    assert_eq!(tm.get_request().await, "");
+    let p = app.get("/v1/printers/tm", &key).await.body;
+    assert_eq!((p["online"].as_bool(), p["last_error"].is_null()), (Some(true), true), "{p}");
+}
+
+async fn paper_end_retries_and_a_late_result_for_an_older_job_id_is_stale(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let tm = Tm::new(app, &key, "tm", None).await;
+    let id = submit(app, &key, "tm", "A1").await;
+    let first = job_id(&tm.get_request().await);
+    assert_eq!(tm.set_response(&[(&first, false, "EPTR_REC_EMPTY")]).await, format!("{first}=applied"));
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("no_paper")), "{t}");
+    assert_eq!(app.get("/v1/printers/tm", &key).await.body["last_error"], "no_paper");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let second = job_id(&tm.get_request().await);
+    assert_ne!(second, first);
+    // The first job's result again, late (the printer resent it): stale, credited to it.
+    assert_eq!(tm.set_response(&[(&first, false, "EPTR_COVER_OPEN")]).await, format!("{first}=stale"));
+    let t = task(app, &key, &id).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("sent"), Some(2)), "{t}");
+    assert_eq!(tm.set_response(&[(&second, true, "")]).await, format!("{second}=applied"));
+    assert_eq!(task(app, &key, &id).await["state"], "printed");
+    // A job id that names nothing of this printer is credited to nothing.
+    assert_eq!(tm.set_response(&[("GARBAGE", true, "")]).await, "GARBAGE=unknown");
+}
+
+async fn a_get_request_while_a_job_is_unconfirmed_puts_it_in_doubt(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let tm = Tm::new(app, &key, "tm", None).await;
+    let first = submit(app, &key, "tm", "A1").await;
+    let second = submit(app, &key, "tm", "A2").await;
+    let job1 = job_id(&tm.get_request().await);
+    assert!(job1.starts_with(&first));
+    // The printer asks again without a result for the first job: it may have printed.
+    let xml = tm.get_request().await;
+    let t = task(app, &key, &first).await;
+    assert_eq!(t["state"], "in_doubt", "{t}");
+    let job2 = job_id(&xml);
+    assert!(job2.starts_with(&second), "the lane moves on: {xml}");
+    // The first job's late success is credited to it, never to the second.
+    assert_eq!(tm.set_response(&[(&job1, true, "")]).await, format!("{job1}=applied"));
+    assert_eq!(task(app, &key, &first).await["state"], "printed");
+    let t = task(app, &key, &second).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("sent"), Some(1)), "{t}");
+    assert_eq!(tm.set_response(&[(&job2, true, "")]).await, format!("{job2}=applied"));
+    assert_eq!(task(app, &key, &second).await["state"], "printed");
+}
+
+async fn wrong_logins_and_ids_are_refused_and_raw_escpos_is_refused(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let tm = Tm::new(app, &key, "tm", Some("TM-1")).await;
+    let id = submit(app, &key, "tm", "A1").await;
+    let form = [("ConnectionType", "GetRequest"), ("ID", "TM-2")];
+    let res = tm.http.post(&tm.url).basic_auth(&tm.user, Some(&tm.pass)).form(&form).send().await.expect("post");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "another ID");
+    let form = [("ConnectionType", "GetRequest"), ("ID", "TM-1")];
+    let res = tm.http.post(&tm.url).basic_auth(&tm.user, Some("wrong")).form(&form).send().await.expect("post");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "wrong password");
+    assert!(res.headers().get("www-authenticate").is_some());
+    let res = tm.http.post(&tm.url).form(&form).send().await.expect("post");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "no login");
+    assert_eq!(task(app, &key, &id).await["state"], "pending", "nothing moved");
+    // A CloudPRNT printer's login is not an Epson printer's.
+    let (user, pass) =
+        printer_with_login(app, &key, "star", json!({"kind": "cloudprnt", "mac": "00:11:62:aa:bb:cc"})).await;
+    let res = tm.http.post(&tm.url).basic_auth(&user, Some(&pass)).form(&form).send().await.expect("post");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let (s, _, body) = tm.post(&[("ConnectionType", "Subscribe")]).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(task(app, &key, &id).await["state"], "pending", "nothing moved");
+    let a = app
+        .submit(
+            &key,
+            json!({"biz_no": "E1", "printer_id": "tm", "content": {"type": "escpos", "data": "G0AKSGkKHVYA"}}),
+        )
+        .await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_content"), "{a:?}");
+    assert!(a.body["error"]["message"].as_str().is_some_and(|m| m.contains("epson_sdp")), "{a:?}");
+}
+
+async fn the_simulated_tm_printer_prints_every_task_once(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let (user, pass) = printer_with_login(app, &key, "tm", json!({"kind": "epson_sdp", "printer_id": "TM-1"})).await;
+    let printer = PolledPrinter {
+        url: format!("{}/epson-sdp", app.base),
+        username: user,
+        password: pass,
+        protocol: Protocol::EpsonSdp { id: Some("TM-1".into()) },
+        poll_interval: Duration::from_millis(200),
+    };
+    let faults = Faults { paper_out: true, ..Faults::default() };
+    let sim = Simulator::start_polled(printer, SimConfig { faults, ..SimConfig::ephemeral() }).await.expect("sim");
+    let a1 = submit(app, &key, "tm", "A1").await;
+    wait_state(app, &key, &a1, "retrying", Duration::from_secs(5)).await;
+    sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
+    wait_state(app, &key, &a1, "printed", Duration::from_secs(5)).await;
+    // A result lost on the way comes late: after the next GetRequest put the job in doubt,
+    // it still closes its own job.
+    sim.faults().update_all(FaultUpdate { lost_result: Some(1), ..FaultUpdate::default() });
+    let a2 = submit(app, &key, "tm", "A2").await;
+    wait_state(app, &key, &a2, "printed", Duration::from_secs(5)).await;
+    let events = events_of(app, &key, &a2).await;
+    assert!(events.iter().any(|e| e.1 == "in_doubt"), "{events:?}");
+    let jobs = sim.jobs().all();
+    for biz in ["A1", "A2"] {
+        assert_eq!(jobs.iter().filter(|j| j.text.contains(&format!("order {biz}\n"))).count(), 1, "{jobs:?}");
+    }
+    assert!(jobs.iter().all(|j| j.printer == "epson_sdp:TM-1"));
+    sim.shutdown().await;
+}
