@@ -77,7 +77,7 @@ fn no_auth() -> HeaderValue {
     HeaderValue::from_static("Bearer none")
 }
 
-async fn healthy(control: SocketAddr) -> bool {
+pub(crate) async fn healthy(control: SocketAddr) -> bool {
     let Ok(mut conn) = Conn::connect(control).await else { return false };
     matches!(conn.request(Method::GET, "/healthz", &no_auth(), None).await, Ok((s, _)) if s.is_success())
 }

@@ -157,6 +157,15 @@ enum BenchCommand {
         /// Simulated printers; tasks are spread over them at random (seeded).
         #[arg(long, default_value_t = 8)]
         printers: usize,
+        /// Also this many Star CloudPRNT printers polling the broker (one simulator each).
+        #[arg(long, default_value_t = 0)]
+        cloudprnt: usize,
+        /// Also this many Epson Server Direct Print printers polling the broker.
+        #[arg(long, default_value_t = 0)]
+        epson: usize,
+        /// Also this many MQTT devices (onceprint protocol) on a Mosquitto the run starts.
+        #[arg(long, default_value_t = 0)]
+        mqtt: usize,
         /// Submission connections (keep-alive; each request retried until answered).
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
@@ -325,6 +334,9 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             database,
             tasks,
             printers,
+            cloudprnt,
+            epson,
+            mqtt,
             concurrency,
             seed,
             duplicates,
@@ -344,6 +356,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 database,
                 tasks,
                 printers,
+                fleet: onceprint_bench::faults::fleet::Fleet { cloudprnt, epson, mqtt },
                 concurrency,
                 seed,
                 repeat_share: duplicates,

@@ -5,7 +5,7 @@
 //! `&mut Option<…>` of the run, so whatever is running when the bench fails is still
 //! stopped by the run's clean-up, and killed on drop if that fails too).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -42,23 +42,24 @@ pub struct Outage {
     pub to_us: u64,
 }
 
-/// Applies the printer fault events at their moments. `printer_addr` names printer `i`
-/// as the simulator knows it. Returns the faults injected per kind.
+/// Applies the printer fault events at their moments. `target` names printer `i`: the
+/// control endpoint of the simulator that plays it, and its name there. Returns the faults
+/// injected per kind.
 pub async fn printer_faults(
-    control: SocketAddr,
-    printer_addr: impl Fn(usize) -> SocketAddr,
+    target: impl Fn(usize) -> (SocketAddr, String),
     events: &[FaultEvent],
     t0: Instant,
 ) -> Result<BTreeMap<String, usize>, BenchError> {
     let mut injected = BTreeMap::new();
-    let mut conn: Option<Conn> = None;
+    let mut conns: HashMap<SocketAddr, Option<Conn>> = HashMap::new();
     for e in events {
         tokio::time::sleep_until((t0 + Duration::from_millis(e.at_ms)).into()).await;
+        let (control, name) = target(e.printer);
         let mut body = e.kind.fields(e.on);
         if let Value::Object(map) = &mut body {
-            map.insert("printer".into(), Value::String(printer_addr(e.printer).to_string()));
+            map.insert("printer".into(), Value::String(name));
         }
-        put(&mut conn, control, &body).await?;
+        put(conns.entry(control).or_default(), control, &body).await?;
         if e.on {
             *injected.entry(e.kind.name().to_string()).or_default() += 1;
         }

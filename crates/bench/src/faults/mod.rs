@@ -31,6 +31,7 @@
 
 pub mod chaos;
 pub mod check;
+pub mod fleet;
 mod report;
 pub mod schedule;
 pub mod submit;
@@ -84,7 +85,10 @@ pub struct FaultsOptions {
     /// `None`: a fresh SQLite file. `postgres://…`: a fresh schema there, dropped after.
     pub database: Option<String>,
     pub tasks: usize,
+    /// The store agent's printers (raw TCP, simulated by one `printer-sim`).
     pub printers: usize,
+    /// Printers that call the broker (CloudPRNT, Epson, MQTT), beside the agent's.
+    pub fleet: fleet::Fleet,
     /// Submission connections.
     pub concurrency: usize,
     /// Seed of the submission plan and of the chaos.
@@ -117,6 +121,7 @@ impl FaultsOptions {
             database: None,
             tasks: 10_000,
             printers: 8,
+            fleet: fleet::Fleet::default(),
             concurrency: 16,
             seed: 1,
             repeat_share: 0.30,
@@ -139,6 +144,9 @@ fn validate(opts: &FaultsOptions) -> Result<(), BenchError> {
     }
     if opts.printers == 0 || opts.printers > MAX_PRINTERS {
         return bad(format!("printers must be 1–{MAX_PRINTERS}"));
+    }
+    if opts.fleet.total() > 200 {
+        return bad("at most 200 calling-in printers (one process each)".into());
     }
     if opts.concurrency == 0 || opts.concurrency > 1_000 {
         return bad("concurrency must be 1–1000".into());
@@ -205,20 +213,30 @@ struct Running {
     broker: Option<Broker>,
     agent: Option<Proc>,
     sim: Option<Sim>,
+    /// One simulator per calling-in printer.
+    callers: Vec<Proc>,
+    mosquitto: Option<Proc>,
 }
 
 /// Starts the processes, drives the run, and always stops everything.
 async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<FaultsReport, BenchError> {
     let started = Instant::now();
     let sim = start_sim(&opts.exe, opts.printers, dir).await?;
+    let (mosquitto, mqtt_port) = if opts.fleet.mqtt > 0 {
+        let (m, port) = fleet::start_mosquitto(dir).await?;
+        (Some(m), Some(port))
+    } else {
+        (None, None)
+    };
     let config = dir.join("broker.toml");
-    std::fs::write(&config, schedule::broker_config())
+    std::fs::write(&config, format!("{}{}", fleet::broker_config(mqtt_port), schedule::broker_config()))
         .map_err(|e| BenchError::io(format!("writing {}", config.display()), e))?;
     let admin_token = random_hex(24)?;
     let (broker, launch) = start_broker(opts, database_url, &admin_token, dir, &config).await?;
-    let mut running = Running { broker: Some(broker), agent: None, sim: Some(sim) };
+    let mut running = Running { broker: Some(broker), agent: None, sim: Some(sim), callers: Vec::new(), mosquitto };
+    let mqtt_port = mqtt_port.unwrap_or(0);
 
-    let result = drive(opts, &mut running, &launch, dir, &admin_token, started).await;
+    let result = drive(opts, &mut running, &launch, dir, &admin_token, started, mqtt_port).await;
 
     let tails = result.is_err().then(|| {
         let tail = |p: Option<&Proc>| p.map_or("(not running)".to_string(), Proc::log_tail);
@@ -238,8 +256,15 @@ async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<
     if let Some(sim) = running.sim.take() {
         note_stop("printer-sim", sim.proc.stop().await, &mut stop_problems);
     }
+    for caller in running.callers.drain(..) {
+        note_stop("printer-sim (calling in)", caller.stop().await, &mut stop_problems);
+    }
     if let Some(broker) = running.broker.take() {
         note_stop("broker", broker.stop().await, &mut stop_problems);
+    }
+    if let Some(m) = running.mosquitto.take() {
+        // Its exit status after SIGTERM is not under test.
+        let _ = m.stop().await;
     }
     let mut report = result.map_err(|e| e.with_logs(tails))?;
     report.problems.extend(stop_problems);
@@ -284,6 +309,7 @@ async fn drive(
     dir: &Path,
     admin_token: &str,
     started: Instant,
+    mqtt_port: u16,
 ) -> Result<FaultsReport, BenchError> {
     let addr = launch.listen;
     let (control, first_port, paper_log) = match &running.sim {
@@ -294,7 +320,20 @@ async fn drive(
     let mut conn = connect(addr, "set-up").await?;
     let addresses: Vec<String> = (0..opts.printers).map(|p| format!("tcp://{}", printer_addr(p))).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
+    let mqtt = (mqtt_port > 0).then_some(mqtt_port);
+    let callers =
+        fleet::start(&mut conn, &auth, opts.fleet, opts.printers, &opts.exe, addr, mqtt, &paper_log, dir).await?;
+    let mut targets = Vec::with_capacity(callers.len());
+    for (proc, control, name) in callers {
+        running.callers.push(proc);
+        targets.push((control, name));
+    }
     drop(conn);
+    let all_printers = opts.printers + opts.fleet.total();
+    let target = |i: usize| match i.checked_sub(opts.printers) {
+        Some(j) => targets[j].clone(),
+        None => (control, printer_addr(i).to_string()),
+    };
 
     let watcher =
         PaperWatcher::start(paper_log, opts.tasks).map_err(|e| BenchError::io("starting the paper-log reader", e))?;
@@ -313,9 +352,9 @@ async fn drive(
     }
 
     let window_ms = opts.fault_window.as_millis() as u64;
-    let subs = Arc::new(schedule::submissions(opts.tasks, opts.printers, opts.repeat_share, window_ms, opts.seed));
+    let subs = Arc::new(schedule::submissions(opts.tasks, all_printers, opts.repeat_share, window_ms, opts.seed));
     let plan = schedule::chaos(
-        opts.printers,
+        all_printers,
         window_ms,
         opts.fault_every.as_millis() as u64,
         opts.agent_kills,
@@ -337,7 +376,7 @@ async fn drive(
                     submit::submit_all(addr, auth.clone(), subs.clone(), opts.concurrency, t0, deadline).await,
                 )
             },
-            chaos::printer_faults(control, printer_addr, &plan.printer_events, t0),
+            chaos::printer_faults(&target, &plan.printer_events, t0),
             chaos::agent_kills(&mut running.agent, &agent_ctx, &plan.agent_kills, t0, &mut agent_notes),
             chaos::broker_kills(&mut running.broker, launch, &plan.broker_kills, t0, &mut broker_notes),
         )
@@ -356,6 +395,9 @@ async fn drive(
 
     // Faults stop: every printer healthy, every process up.
     chaos::put(&mut None, control, &schedule::clear_all_fields()).await?;
+    for (caller_control, _) in &targets {
+        chaos::put(&mut None, *caller_control, &schedule::clear_all_fields()).await?;
+    }
     ensure_up(running, launch, &agent_ctx, &mut problems).await?;
     let drain_start = Instant::now();
     let mut conn = connect(addr, "draining").await?;
@@ -415,7 +457,8 @@ async fn drive(
         machine: machine_line(),
         seed: opts.seed,
         tasks: opts.tasks,
-        printers: opts.printers,
+        printers: all_printers,
+        fleet: fleet::describe(opts.printers, opts.fleet),
         concurrency: opts.concurrency,
         fault_window_seconds: opts.fault_window.as_secs_f64(),
         repeat_share: opts.repeat_share,
@@ -462,6 +505,12 @@ async fn ensure_up(
     agent: &AgentCtx<'_>,
     problems: &mut Vec<String>,
 ) -> Result<(), BenchError> {
+    if let Some(status) = running.callers.iter_mut().find_map(Proc::exited) {
+        return Err(BenchError::Protocol {
+            context: "ending the fault phase".into(),
+            detail: format!("a calling-in printer-sim exited with {status}"),
+        });
+    }
     if let Some(status) = running.sim.as_mut().and_then(|s| s.proc.exited()) {
         return Err(BenchError::Protocol {
             context: "ending the fault phase".into(),

@@ -52,6 +52,8 @@ pub struct FaultsReport {
     pub seed: u64,
     pub tasks: usize,
     pub printers: usize,
+    /// The printers by transport (`8 agent, 2 cloudprnt, …`).
+    pub fleet: String,
     pub concurrency: usize,
     /// Length of the fault phase as planned; submissions are spread over it.
     pub fault_window_seconds: f64,
@@ -109,8 +111,8 @@ impl FaultsReport {
         let _ = writeln!(s, "machine:      {}", self.machine);
         let _ = writeln!(
             s,
-            "load:         {} tasks over {} printers, {} submit connections, spread over {:.0} s",
-            self.tasks, self.printers, self.concurrency, self.fault_window_seconds
+            "load:         {} tasks over {} printers ({}), {} submit connections, spread over {:.0} s",
+            self.tasks, self.printers, self.fleet, self.concurrency, self.fault_window_seconds
         );
         let _ = writeln!(
             s,

@@ -1,0 +1,231 @@
+//! The mixed fleet of a fault run (issue 9): besides the store agent's TCP printers, printers
+//! that call the broker — Star CloudPRNT and Epson Server Direct Print printers polling over
+//! HTTP, and devices of onceprint's MQTT protocol on a Mosquitto the run starts itself. Each
+//! is one `printer-sim` process in its mode, with its own login and control endpoint, all
+//! writing the one paper log, so the verdict judges every printer alike by what came out.
+//!
+//! Printers are numbered as in the rest of the run: the agent's first (`p0…`), then the
+//! CloudPRNT, Epson and MQTT printers, in that order. A printer fault of the plan goes to
+//! the control endpoint of the process that simulates that printer.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hyper::header::HeaderValue;
+use serde_json::json;
+
+use crate::http::Conn;
+use crate::procs::Proc;
+use crate::setup::setup_call;
+use crate::sim::free_port_run;
+use crate::{BenchError, STORE_ID};
+
+/// How often a simulated polling printer polls: short, so a few of them carry a fair share
+/// of a run's tasks (a real printer polls every few seconds).
+const POLL_INTERVAL_MS: u64 = 100;
+
+/// Printers of each calling-in kind, beside the agent's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fleet {
+    pub cloudprnt: usize,
+    pub epson: usize,
+    pub mqtt: usize,
+}
+
+impl Fleet {
+    pub fn total(&self) -> usize {
+        self.cloudprnt + self.epson + self.mqtt
+    }
+}
+
+/// What simulates one calling-in printer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Cloudprnt,
+    Epson,
+    Mqtt,
+}
+
+/// One calling-in printer as registered.
+struct Caller {
+    printer_id: String,
+    /// MAC, Epson ID or MQTT device id.
+    device: String,
+    username: String,
+    password: String,
+}
+
+/// The TOML lines the broker needs for the fleet (its MQTT server).
+pub fn broker_config(mqtt: Option<u16>) -> String {
+    match mqtt {
+        Some(port) => format!("mqtt_url = \"mqtt://127.0.0.1:{port}\"\n"),
+        None => String::new(),
+    }
+}
+
+/// Starts a Mosquitto of the run's own on a free port (anonymous, no persistence: the
+/// devices' logins are checked by onceprint's ACL files in production; here only the
+/// delivery guarantees are under test).
+pub async fn start_mosquitto(dir: &Path) -> Result<(Proc, u16), BenchError> {
+    let exe =
+        ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"].into_iter().map(PathBuf::from).find(|p| p.exists()).ok_or_else(
+            || BenchError::InvalidOptions("--mqtt printers need mosquitto (apt-get install mosquitto)".into()),
+        )?;
+    let port = free_port_run(1)?;
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"))
+        .map_err(|e| BenchError::io(format!("writing {}", conf.display()), e))?;
+    let args = vec!["-c".to_string(), conf.display().to_string()];
+    let proc = Proc::spawn("mosquitto", &exe, &args, &dir.join("mosquitto.log"))?;
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(BenchError::Protocol {
+                context: "starting mosquitto".into(),
+                detail: format!("it did not listen on {port} within 10 s\n{}", proc.log_tail()),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((proc, port))
+}
+
+/// Registers the fleet's printers (numbered from `first`) and starts one simulator each.
+pub async fn start(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    fleet: Fleet,
+    first: usize,
+    exe: &Path,
+    broker: SocketAddr,
+    mqtt_port: Option<u16>,
+    paper_log: &Path,
+    dir: &Path,
+) -> Result<Vec<(Proc, SocketAddr, String)>, BenchError> {
+    let kinds = std::iter::repeat_n(Kind::Cloudprnt, fleet.cloudprnt)
+        .chain(std::iter::repeat_n(Kind::Epson, fleet.epson))
+        .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt));
+    let mut out = Vec::with_capacity(fleet.total());
+    for (j, kind) in kinds.enumerate() {
+        let index = first + j;
+        let caller = register(conn, auth, kind, index).await?;
+        let control = SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?));
+        let mut args: Vec<String> = vec!["printer-sim".into()];
+        let name = match kind {
+            Kind::Cloudprnt => {
+                args.extend([
+                    "--cloudprnt".into(),
+                    format!("http://{broker}/cloudprnt"),
+                    "--mac".into(),
+                    caller.device.clone(),
+                    "--media-type".into(),
+                    "text/plain".into(),
+                ]);
+                format!("cloudprnt:{}", caller.device)
+            }
+            Kind::Epson => {
+                args.extend([
+                    "--epson-sdp".into(),
+                    format!("http://{broker}/epson-sdp"),
+                    "--id".into(),
+                    caller.device.clone(),
+                ]);
+                format!("epson_sdp:{}", caller.device)
+            }
+            Kind::Mqtt => {
+                let port =
+                    mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
+                args.extend([
+                    "--mqtt".into(),
+                    format!("mqtt://127.0.0.1:{port}"),
+                    "--protocol".into(),
+                    "onceprint".into(),
+                    "--device".into(),
+                    caller.device.clone(),
+                ]);
+                format!("mqtt:{}", caller.device)
+            }
+        };
+        if kind != Kind::Mqtt {
+            args.extend(["--poll-interval-ms".into(), POLL_INTERVAL_MS.to_string()]);
+        }
+        args.extend([
+            "--username".into(),
+            caller.username.clone(),
+            "--password".into(),
+            caller.password.clone(),
+            "--paper-log".into(),
+            paper_log.display().to_string(),
+            "--control".into(),
+            control.to_string(),
+        ]);
+        let log = dir.join(format!("sim-{}.log", caller.printer_id));
+        let proc = Proc::spawn("printer-sim", exe, &args, &log)?;
+        out.push((proc, control, name));
+    }
+    // Every simulator must answer on its control endpoint before faults are sent to it.
+    for (proc, control, _) in out.iter_mut() {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = proc.exited() {
+                return Err(BenchError::Protocol {
+                    context: "starting a calling-in printer-sim".into(),
+                    detail: format!("it exited with {status}:\n{}", proc.log_tail()),
+                });
+            }
+            if crate::sim::healthy(*control).await {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(15) {
+                return Err(BenchError::Protocol {
+                    context: "starting a calling-in printer-sim".into(),
+                    detail: format!("its control endpoint {control} did not answer within 15 s\n{}", proc.log_tail()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(out)
+}
+
+/// `POST /v1/printers` for printer `p{index}` of `kind`; its login from the answer.
+async fn register(conn: &mut Conn, auth: &HeaderValue, kind: Kind, index: usize) -> Result<Caller, BenchError> {
+    let printer_id = format!("p{index}");
+    let (device, transport) = match kind {
+        Kind::Cloudprnt => {
+            let mac = format!("00:11:62:00:{:02x}:{:02x}", (index >> 8) & 0xff, index & 0xff);
+            (mac.clone(), json!({"kind": "cloudprnt", "mac": mac, "poll_interval_s": 1}))
+        }
+        Kind::Epson => {
+            let id = format!("tm{index}");
+            (id.clone(), json!({"kind": "epson_sdp", "printer_id": id, "poll_interval_s": 1}))
+        }
+        Kind::Mqtt => {
+            let id = format!("dev{index}");
+            (id.clone(), json!({"kind": "mqtt", "protocol": "onceprint", "device_id": id}))
+        }
+    };
+    let body =
+        json!({"id": printer_id, "store_id": STORE_ID, "name": format!("Bench {printer_id}"), "transport": transport});
+    let answer = setup_call(conn, auth, "/v1/printers", body).await?;
+    let field = |k: &str| answer["credentials"][k].as_str().map(str::to_owned);
+    match (field("username"), field("password")) {
+        (Some(username), Some(password)) => Ok(Caller { printer_id, device, username, password }),
+        _ => Err(BenchError::Protocol {
+            context: format!("registering {printer_id}"),
+            detail: format!("no credentials in {}", crate::http::snippet(answer.to_string().as_bytes(), 300)),
+        }),
+    }
+}
+
+/// A short description for the report: `8 agent, 2 cloudprnt, 2 epson_sdp, 2 mqtt`.
+pub fn describe(agent: usize, fleet: Fleet) -> String {
+    let mut parts = vec![format!("{agent} agent")];
+    for (n, k) in [(fleet.cloudprnt, "cloudprnt"), (fleet.epson, "epson_sdp"), (fleet.mqtt, "mqtt")] {
+        if n > 0 {
+            parts.push(format!("{n} {k}"));
+        }
+    }
+    parts.join(", ")
+}
