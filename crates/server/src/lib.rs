@@ -39,6 +39,9 @@ pub struct HttpConfig {
     pub delivery: DeliveryConfig,
     pub alerts: onceprint_engine::alerts::AlertConfig,
     pub push: onceprint_engine::PushConfig,
+    /// The MQTT server that `mqtt` printers use (`serve --mqtt-url`); without it, `mqtt`
+    /// printers are refused at set-up.
+    pub mqtt: Option<onceprint_mqtt::MqttSettings>,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +52,7 @@ impl Default for HttpConfig {
             delivery: DeliveryConfig::default(),
             alerts: Default::default(),
             push: Default::default(),
+            mqtt: None,
         }
     }
 }
@@ -78,6 +82,8 @@ pub enum ServerError {
     Serve(std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Mqtt(#[from] onceprint_mqtt::MqttError),
 }
 
 /// The settings key under which the admin token's hash is kept.
@@ -200,7 +206,7 @@ pub async fn bind(
     };
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
-    let setup = Arc::new(Setup::new(store.clone(), directory.clone()));
+    let setup = Arc::new(Setup::new(store.clone(), directory.clone()).with_mqtt(config.mqtt.is_some()));
     let state = AppState {
         store,
         intake,
@@ -244,6 +250,10 @@ impl Bound {
                 None
             }
         };
+        let mqtt = match &self.state.config.mqtt {
+            Some(settings) => Some(onceprint_mqtt::start(lanes.clone(), settings, self.state.config.push.clone())?),
+            None => None,
+        };
 
         let deliverer = onceprint_engine::alerts::spawn_deliverer(
             self.state.store.clone(),
@@ -262,6 +272,9 @@ impl Bound {
         let _ = watchdog.await;
         if let Some(p) = pusher {
             let _ = p.await;
+        }
+        if let Some(m) = mqtt {
+            m.join().await;
         }
         let _ = deliverer.await;
         Ok(())
