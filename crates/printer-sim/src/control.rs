@@ -37,6 +37,10 @@ struct FaultRequest {
     crash_mid_job: Option<u32>,
     slow_ms: Option<u64>,
     clone: Option<bool>,
+    lose_result: Option<u32>,
+    duplicate_result: Option<u32>,
+    disconnect_mid_job: Option<u32>,
+    receive_twice: Option<u32>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -72,6 +76,10 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         crash_mid_job: req.crash_mid_job,
         slow_ms: req.slow_ms,
         clone: req.clone,
+        lose_result: req.lose_result,
+        duplicate_result: req.duplicate_result,
+        disconnect_mid_job: req.disconnect_mid_job,
+        receive_twice: req.receive_twice,
     };
     match ctl.faults.update(printer, update) {
         Ok(changed) => {

@@ -23,6 +23,7 @@
 mod control;
 mod faults;
 mod jobs;
+pub mod mqtt;
 mod printer;
 
 use std::future::Future;
@@ -50,6 +51,10 @@ pub enum SimError {
     PaperLog { path: PathBuf, source: std::io::Error },
     #[error("no printer {0}")]
     UnknownPrinter(String),
+    #[error("--mqtt {0:?} is not mqtt://HOST:PORT")]
+    MqttUrl(String),
+    #[error("--mqtt needs --device (the device id, or the MAC for cloudprnt)")]
+    NoDevice,
 }
 
 /// Command-line flags of `onceprint printer-sim`.
@@ -86,6 +91,34 @@ pub struct SimArgs {
     /// Ignore GS ( H, like many clone printers; real-time status still answers.
     #[arg(long)]
     pub clone: bool,
+    /// MQTT devices: the next N jobs print, but their result is never published.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lose_result: u32,
+    /// MQTT devices: the next N results are published twice.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub duplicate_result: u32,
+    /// MQTT devices: the next N jobs are received, then the connection drops before they
+    /// print or are acknowledged.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub disconnect_mid_job: u32,
+    /// MQTT devices: the next N jobs arrive twice, as a QoS 1 redelivery would.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub receive_twice: u32,
+    /// Be an MQTT printer on this MQTT server (mqtt://HOST:PORT) instead of a TCP one:
+    /// --crash-mid-job then means "print, then drop the connection before the result".
+    #[arg(long, value_name = "URL")]
+    pub mqtt: Option<String>,
+    /// MQTT: the device protocol, cloudprnt (Star CloudPRNT Version MQTT) or onceprint.
+    #[arg(long, value_parser = ["cloudprnt", "onceprint"], default_value = "onceprint", requires = "mqtt")]
+    pub protocol: String,
+    /// MQTT: the device id (onceprint) or MAC (cloudprnt) in the topics; also the client id.
+    #[arg(long, value_name = "ID", requires = "mqtt")]
+    pub device: Option<String>,
+    /// MQTT: the printer's login (the credentials of its creation answer).
+    #[arg(long, requires = "mqtt")]
+    pub username: Option<String>,
+    #[arg(long, requires = "mqtt", hide_env_values = true)]
+    pub password: Option<String>,
     /// No artificial delays. This is already the default (there are none unless
     /// --slow-ms is given); the flag exists so scripts can say so explicitly.
     #[arg(long)]
@@ -107,6 +140,10 @@ impl SimArgs {
                 crash_mid_job: self.crash_mid_job,
                 slow_ms: if self.fast { 0 } else { self.slow_ms },
                 clone: self.clone,
+                lose_result: self.lose_result,
+                duplicate_result: self.duplicate_result,
+                disconnect_mid_job: self.disconnect_mid_job,
+                receive_twice: self.receive_twice,
             },
         }
     }
@@ -261,6 +298,39 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
+    if let Some(url) = &args.mqtt {
+        let (host, port) = mqtt::parse_url(url).ok_or_else(|| SimError::MqttUrl(url.clone()))?;
+        let device = args.device.clone().ok_or(SimError::NoDevice)?;
+        let config = args.config();
+        let printer = mqtt::MqttPrinter::start(mqtt::MqttSimConfig {
+            host,
+            port,
+            protocol: if args.protocol == "cloudprnt" { mqtt::Protocol::Cloudprnt } else { mqtt::Protocol::Onceprint },
+            device,
+            username: args.username.clone(),
+            password: args.password.clone(),
+            paper_log: config.paper_log.clone(),
+            faults: config.faults,
+        })
+        .await?;
+        let (stop, stop_rx) = watch::channel(false);
+        let control = match config.control {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
+                tracing::info!(control = ?listener.local_addr().ok(), "control endpoint");
+                Some(tokio::spawn(control::serve(listener, printer.faults(), printer.jobs(), stop_rx)))
+            }
+            None => None,
+        };
+        tracing::info!(mqtt = %url, "MQTT printer simulator started");
+        shutdown.await;
+        stop.send_replace(true);
+        if let Some(c) = control {
+            let _ = c.await;
+        }
+        printer.shutdown().await;
+        return Ok(());
+    }
     let sim = Simulator::start(args.config()).await?;
     shutdown.await;
     tracing::info!("printer simulator stopping");
@@ -316,7 +386,15 @@ mod tests {
         assert_eq!(config.paper_log, Some(PathBuf::from("paper.jsonl")));
         assert_eq!(
             config.faults,
-            Faults { paper_out: true, cover_open: true, offline: true, crash_mid_job: 2, slow_ms: 40, clone: true }
+            Faults {
+                paper_out: true,
+                cover_open: true,
+                offline: true,
+                crash_mid_job: 2,
+                slow_ms: 40,
+                clone: true,
+                ..Faults::default()
+            }
         );
         assert!(Cli::try_parse_from(["sim", "--fast", "--slow-ms", "5"]).is_err(), "--fast contradicts --slow-ms");
         assert_eq!(Cli::try_parse_from(["sim", "--fast"]).unwrap().args.config().faults.slow_ms, 0);

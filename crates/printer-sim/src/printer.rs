@@ -207,6 +207,8 @@ impl JobBuilder {
             barcodes: self.barcodes,
             images: self.images,
             cut,
+            device: None,
+            job: None,
         }
     }
 }

@@ -431,6 +431,15 @@ async fn run_serves_until_shutdown() {
         crash_mid_job: 0,
         slow_ms: 0,
         clone: false,
+        lose_result: 0,
+        duplicate_result: 0,
+        disconnect_mid_job: 0,
+        receive_twice: 0,
+        mqtt: None,
+        protocol: "onceprint".into(),
+        device: None,
+        username: None,
+        password: None,
         fast: true,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
