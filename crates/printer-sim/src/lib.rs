@@ -10,8 +10,12 @@
 //! open (input is buffered and printed when the fault clears, as real printers do),
 //! offline, crash after a job, slow printing, and clone printers that ignore `GS ( H`.
 //!
-//! It must never talk to the broker or know about tasks: it is a printer, and only sees
-//! bytes. It must never acknowledge a job whose paper-log line was not written: an
+//! With `--mqtt` it is an MQTT printer instead ([`mqtt`]): a Star printer in CloudPRNT
+//! Version MQTT mode or a device of onceprint's device protocol, on the same paper log and
+//! faults. Such a device sees job tokens or idempotency keys, as real ones do.
+//!
+//! It must never talk to the broker's API or know about tasks beyond what its protocol
+//! carries: it is a printer, and only sees bytes and its own topics. It must never acknowledge a job whose paper-log line was not written: an
 //! acknowledgement that the log does not back would hide exactly the losses it exists to
 //! reveal.
 //!
