@@ -8,7 +8,9 @@
 //! writes every `to-device` one. Mosquitto reads both files again on SIGHUP.
 //!
 //! The files are written whole to a temporary file and renamed into place, so Mosquitto
-//! never reads half of one; the password file is readable by its owner only.
+//! never reads half of one. The password file is readable by its owner and group only:
+//! give the directory Mosquitto's group with the set-group-id bit (`chgrp mosquitto DIR;
+//! chmod 2750 DIR`) so that Mosquitto can read what onceprint writes.
 
 use std::path::{Path, PathBuf};
 
@@ -90,7 +92,7 @@ fn valid_username(u: &str) -> bool {
 pub fn write(dir: &Path, files: &AclFiles) -> std::io::Result<bool> {
     std::fs::create_dir_all(dir)?;
     let mut changed = false;
-    for (name, content, mode) in [(PASSWORD_FILE, &files.passwords, 0o600), (ACL_FILE, &files.acl, 0o644)] {
+    for (name, content, mode) in [(PASSWORD_FILE, &files.passwords, 0o640), (ACL_FILE, &files.acl, 0o644)] {
         let path = dir.join(name);
         if std::fs::read_to_string(&path).is_ok_and(|c| c == *content) {
             continue;

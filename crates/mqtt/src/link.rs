@@ -241,7 +241,7 @@ async fn run(
                     _ = &mut shutdown => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     }
