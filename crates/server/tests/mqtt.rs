@@ -256,6 +256,7 @@ mqtt_tests!(
     the_mqtt_server_killed_mid_stream_loses_nothing_and_prints_nothing_twice,
     the_broker_restarted_mid_stream_prints_nothing_twice,
     devices_are_isolated_and_a_result_for_another_printer_is_refused,
+    a_result_is_acknowledged_only_once_it_is_durable,
 );
 
 async fn an_mqtt_printer_needs_an_mqtt_server(backend: Backend) {
@@ -521,5 +522,34 @@ async fn devices_are_isolated_and_a_result_for_another_printer_is_refused(backen
     let heard = overheard.lock().expect("lock").clone();
     assert!(heard.is_empty(), "the ACL keeps dev-1's jobs from dev-2: {heard:?}");
     listener.abort();
+    w.app.stop().await;
+}
+
+async fn a_result_is_acknowledged_only_once_it_is_durable(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:00:00:01";
+    let login = printer(&w, "star", star(mac)).await;
+    // A Star printer, so that a result lost by the broker cannot be made good: sent the
+    // token again, the printer would only answer "duplicate", and the task would end in
+    // doubt instead of printed.
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, Faults { slow_ms: 1_500, ..Faults::default() }).await;
+    let id = submit(&w, "star", "R1").await;
+    wait_state(&w, &id, "sent", Duration::from_secs(20)).await;
+    // The database refuses every change of a task while the result arrives…
+    w.app.sql("ALTER TABLE task_events RENAME TO task_events_away").await;
+    wait_until(Duration::from_secs(20), "the printer printed", || async { sim.jobs().count() == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // …and the broker stops before it could apply it. Unacknowledged, the result stays with
+    // the MQTT server for the broker's next process.
+    let World { app, mosquitto, key, _dir } = w;
+    let config = fast(mosquitto.port, _dir.path());
+    let app = app.restart(config).await;
+    let w = World { app, mosquitto, key, _dir };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    w.app.sql("ALTER TABLE task_events_away RENAME TO task_events").await;
+    let t = wait_state(&w, &id, "printed", Duration::from_secs(20)).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    assert_eq!(sim.jobs().count(), 1);
+    sim.shutdown().await;
     w.app.stop().await;
 }
