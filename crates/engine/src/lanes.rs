@@ -126,10 +126,15 @@ pub struct ClaimRules {
 }
 
 /// Which printers a claim is for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub enum Scope<'a> {
     /// The printers of a store that use this transport kind.
     Store { store_id: &'a str, kind: TransportKind },
+    /// The printers of a store that use this transport kind and that the claimant can
+    /// reach now (a push driver whose receivers come and go: an MQTT printer that is
+    /// switched off takes no new work, and its delivery in flight is neither given up nor
+    /// sent again until it is back). The lanes of the others are not looked at.
+    Reachable { store_id: &'a str, kind: TransportKind, reachable: &'a (dyn Fn(&PrinterInfo) -> bool + Sync) },
     /// One printer that polls for itself (CloudPRNT, Epson Server Direct Print), when it
     /// uses this transport kind.
     Printer { printer_id: &'a str, kind: TransportKind },
@@ -308,8 +313,13 @@ impl LaneEngine {
     ) -> Result<Claimed, DeliveryError> {
         let now = self.now();
         let max = rules.max;
+        let mut reachable: Option<&(dyn Fn(&PrinterInfo) -> bool + Sync)> = None;
         let (lanes, kind) = match scope {
             Scope::Store { store_id, kind } => (self.store.lanes(tenant_id, store_id).await?, kind),
+            Scope::Reachable { store_id, kind, reachable: r } => {
+                reachable = Some(r);
+                (self.store.lanes(tenant_id, store_id).await?, kind)
+            }
             Scope::Printer { printer_id, kind } => {
                 let lane = self.store.lane(tenant_id, printer_id).await?;
                 let busy = lane.in_flight.is_some() || lane.waiting.is_some();
@@ -337,6 +347,10 @@ impl LaneEngine {
                 // Another transport's lane. A delivery of it that this claimant holds
                 // (the printer moved to another transport while it was in flight) is
                 // still answered through `ack`.
+                continue;
+            }
+            if reachable.is_some_and(|r| !r(&printer)) {
+                // Out of the claimant's reach now: the lane waits as it is.
                 continue;
             }
             if !printer.row.enabled {
@@ -1018,8 +1032,9 @@ fn gone_detail(task: &Task) -> String {
     format!("{holder} went away without answering and cannot be asked again")
 }
 
-/// What an applied ack says about the printer itself.
-fn printer_status(
+/// What an applied ack says about the printer itself, in the spellings `last_error` has
+/// everywhere (transports that hear a printer's status report it through this too).
+pub fn printer_status(
     tenant_id: &str,
     printer_id: &str,
     outcome: Outcome,

@@ -36,6 +36,46 @@ pub fn hash(secret: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The password line Mosquitto's password file keeps for `password` (`$7$`: PBKDF2 with
+/// HMAC-SHA512, 101 iterations, a 12-byte random salt, standard base64), exactly what
+/// `mosquitto_passwd` writes. The MQTT server checks a printer's password against it, so
+/// the broker keeps this next to its own SHA-256 and can write the password file again
+/// from the database at any time without ever storing the password.
+pub fn mosquitto_hash(password: &str) -> String {
+    let mut salt = [0u8; 12];
+    rand::rngs::OsRng.fill_bytes(&mut salt);
+    mosquitto_hash_with_salt(password, &salt)
+}
+
+/// [`mosquitto_hash`] with a given salt (for tests against `mosquitto_passwd`).
+pub fn mosquitto_hash_with_salt(password: &str, salt: &[u8]) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    const ITERATIONS: u32 = 101;
+    // One PBKDF2 block is enough: SHA-512's output is the 64 bytes Mosquitto keeps.
+    let prf = |data: &[&[u8]]| -> [u8; 64] {
+        // HMAC takes a key of any length, so this cannot fail.
+        let mut mac = match hmac::Hmac::<sha2::Sha512>::new_from_slice(password.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return [0u8; 64],
+        };
+        for d in data {
+            mac.update(d);
+        }
+        mac.finalize().into_bytes().into()
+    };
+    let mut u = prf(&[salt, &1u32.to_be_bytes()]);
+    let mut out = u;
+    for _ in 1..ITERATIONS {
+        u = prf(&[&u]);
+        for (o, x) in out.iter_mut().zip(u.iter()) {
+            *o ^= x;
+        }
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    format!("$7${ITERATIONS}${}${}", b64.encode(salt), b64.encode(out))
+}
+
 /// Compares two hashes in constant time, so response timing reveals nothing about how
 /// much of a guessed token matched.
 pub fn hashes_equal(a: &str, b: &str) -> bool {
@@ -55,5 +95,17 @@ mod tests {
         assert_eq!(hash(&a), hash(&a));
         assert!(hashes_equal(&hash(&a), &hash(&a)));
         assert!(!hashes_equal(&hash(&a), &hash(&b)));
+    }
+
+    #[test]
+    fn mosquitto_hashes_are_what_mosquitto_passwd_writes() {
+        use base64::Engine as _;
+        // A line `mosquitto_passwd -b FILE alice s3cret` wrote (Mosquitto 2.0.11).
+        let line = "$7$101$cPzKkzLEwu+Qfb+I$VD8SYExUPl84eSSR73PQ5358vYinBc6AH75gY7lJ6Cw1idIOwVLuDR9U6xw9APcVWBM/76p5n7D5q5ZdTouorg==";
+        let salt = base64::engine::general_purpose::STANDARD.decode("cPzKkzLEwu+Qfb+I").unwrap_or_default();
+        assert_eq!(mosquitto_hash_with_salt("s3cret", &salt), line);
+        assert_ne!(mosquitto_hash_with_salt("s3creT", &salt), line);
+        let fresh = mosquitto_hash("s3cret");
+        assert!(fresh.starts_with("$7$101$") && fresh != mosquitto_hash("s3cret"), "salted: {fresh}");
     }
 }

@@ -36,7 +36,7 @@ use onceprint_store::{
 use serde_json::{json, Value};
 
 use crate::clock::now_ms;
-use crate::transport::TransportConfig;
+use crate::transport::{TransportConfig, TransportKind};
 use crate::tz::{self, ZoneError};
 use crate::{secrets, Directory};
 
@@ -111,8 +111,14 @@ impl PrinterLogin {
         PrinterLogin { username: secrets::short_id("prn_"), password: secrets::generate("opp_") }
     }
 
-    fn stored(&self) -> PrinterSecret {
-        PrinterSecret { username: self.username.clone(), secret_hash: secrets::hash(&self.password) }
+    /// The login as kept: the SHA-256 the broker checks, and for a printer that logs in to
+    /// the MQTT server the hash that server checks (written to its password file).
+    fn stored(&self, kind: TransportKind) -> PrinterSecret {
+        PrinterSecret {
+            username: self.username.clone(),
+            secret_hash: secrets::hash(&self.password),
+            mqtt_hash: (kind == TransportKind::Mqtt).then(|| secrets::mosquitto_hash(&self.password)),
+        }
     }
 }
 
@@ -156,6 +162,9 @@ pub struct SetupPage {
 pub struct Setup {
     store: Arc<dyn Store>,
     directory: Arc<Directory>,
+    /// Whether this broker is connected to an MQTT server (`serve --mqtt-url`): without
+    /// one, an `mqtt` printer could never be reached, so it is refused at set-up.
+    mqtt: bool,
 }
 
 fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
@@ -190,7 +199,53 @@ fn check_printer_list(printers: &[String]) -> Result<(), CoreError> {
 
 impl Setup {
     pub fn new(store: Arc<dyn Store>, directory: Arc<Directory>) -> Setup {
-        Setup { store, directory }
+        Setup { store, directory, mqtt: false }
+    }
+
+    /// Says whether the broker has an MQTT server to reach `mqtt` printers through.
+    pub fn with_mqtt(mut self, enabled: bool) -> Setup {
+        self.mqtt = enabled;
+        self
+    }
+
+    /// What a transport needs beyond its own fields: an `mqtt` printer needs the broker's
+    /// MQTT server, and its device address (MAC or device id) must be no other printer's,
+    /// of any tenant, since the MQTT server's topics are shared by everyone on it and a
+    /// device's results must name exactly one printer.
+    async fn check_transport_here(
+        &self,
+        tenant_id: &str,
+        printer_id: &str,
+        transport: &TransportConfig,
+    ) -> Result<(), SetupError> {
+        let TransportConfig::Mqtt(m) = transport else { return Ok(()) };
+        if !self.mqtt {
+            return Err(CoreError::invalid(
+                "transport.kind",
+                "mqtt printers need the broker to be connected to an MQTT server: start `onceprint serve` with \
+                 --mqtt-url mqtt://HOST:PORT (or ONCEPRINT_MQTT_URL, or mqtt_url in the configuration file)",
+            )
+            .into());
+        }
+        for other in self.store.printers_by_transport(TransportKind::Mqtt.as_str()).await? {
+            if other.tenant_id == tenant_id && other.id == printer_id {
+                continue;
+            }
+            if let Some(TransportConfig::Mqtt(o)) = TransportConfig::from_stored(&other.transport) {
+                if o.protocol == m.protocol && o.device() == m.device() {
+                    let field = match m.protocol {
+                        crate::transport::MqttProtocol::Cloudprnt => "transport.mac",
+                        crate::transport::MqttProtocol::Onceprint => "transport.device_id",
+                    };
+                    return Err(CoreError::invalid(
+                        field,
+                        format!("{:?} is already registered as another printer on this broker", m.device()),
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A tenant and its first API key (admin).
@@ -251,11 +306,13 @@ impl Setup {
         let name = spec.name.unwrap_or_else(|| spec.id.clone());
         check_name("name", &name)?;
         let transport = TransportConfig::from_request(spec.transport)?;
-        let login = transport.kind().has_login().then(PrinterLogin::generate);
+        self.check_transport_here(caller.tenant_id, &spec.id, &transport).await?;
+        let kind = transport.kind();
+        let login = kind.has_login().then(PrinterLogin::generate);
         let printer = self
             .store
             .create_printer(NewPrinter {
-                credential: login.as_ref().map(PrinterLogin::stored),
+                credential: login.as_ref().map(|l| l.stored(kind)),
                 audit: caller.audit(json!({
                     "store_id": spec.store_id, "name": name, "transport": transport.redacted(),
                 })),
@@ -278,7 +335,7 @@ impl Setup {
         let not_found = || SetupError::NotFound(format!("no printer {printer_id:?}"));
         let printer = self.store.get_printer(caller.tenant_id, printer_id).await?.ok_or_else(not_found)?;
         let kind = TransportConfig::from_stored(&printer.transport).map(|t| t.kind());
-        if !kind.is_some_and(|k| k.has_login()) {
+        let Some(kind) = kind.filter(|k| k.has_login()) else {
             return Err(CoreError::invalid(
                 "transport",
                 format!(
@@ -287,14 +344,14 @@ impl Setup {
                 ),
             )
             .into());
-        }
+        };
         let login = PrinterLogin::generate();
         let changed = self
             .store
             .set_printer_secret(PrinterSecretChange {
                 tenant_id: caller.tenant_id.to_owned(),
                 printer_id: printer_id.to_owned(),
-                secret: login.stored(),
+                secret: login.stored(kind),
                 now: now_ms(),
                 audit: caller.audit(json!({ "username": login.username })),
             })
@@ -320,6 +377,9 @@ impl Setup {
             check_name("name", name)?;
         }
         let transport = change.transport.map(TransportConfig::from_request).transpose()?;
+        if let Some(t) = &transport {
+            self.check_transport_here(caller.tenant_id, printer_id, t).await?;
+        }
         for _ in 0..EDIT_ATTEMPTS {
             let current = self.printer_of(caller, printer_id).await?;
             if let Some(store_id) = change.store_id.as_deref().filter(|s| *s != current.store_id) {

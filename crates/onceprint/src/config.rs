@@ -29,6 +29,28 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes (default 1048576).
     #[arg(long, env = "ONCEPRINT_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// The MQTT server that mqtt printers use: mqtt://[USER:PASSWORD@]HOST:PORT. Without
+    /// it, mqtt printers are refused.
+    #[arg(long, env = "ONCEPRINT_MQTT_URL", hide_env_values = true)]
+    pub mqtt_url: Option<String>,
+    /// The broker's user name on the MQTT server (instead of the one in --mqtt-url).
+    #[arg(long, env = "ONCEPRINT_MQTT_USERNAME")]
+    pub mqtt_username: Option<String>,
+    /// The broker's password on the MQTT server (instead of the one in --mqtt-url).
+    #[arg(long, env = "ONCEPRINT_MQTT_PASSWORD", hide_env_values = true)]
+    pub mqtt_password: Option<String>,
+    /// The broker's MQTT client id; keep it stable, the MQTT server keeps the broker's
+    /// session under it (default onceprint-broker).
+    #[arg(long, env = "ONCEPRINT_MQTT_CLIENT_ID")]
+    pub mqtt_client_id: Option<String>,
+    /// Keep the MQTT server's password file (DIR/passwd) and ACL file (DIR/acl) in step
+    /// with the printers in the database.
+    #[arg(long, env = "ONCEPRINT_MQTT_ACL_DIR", value_name = "DIR")]
+    pub mqtt_acl_dir: Option<PathBuf>,
+    /// After the MQTT files change, send SIGHUP to the process whose pid this file holds
+    /// (Mosquitto's pid_file), so that it reads them again.
+    #[arg(long, env = "ONCEPRINT_MQTT_RELOAD_PID_FILE", value_name = "FILE")]
+    pub mqtt_reload_pid_file: Option<PathBuf>,
 }
 
 /// The TOML file. Every key is optional.
@@ -74,6 +96,16 @@ pub struct FileConfig {
     pub polled_answer_within_ms: Option<i64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
+    /// The MQTT server of mqtt printers (see `--mqtt-url` and its neighbours).
+    pub mqtt_url: Option<String>,
+    pub mqtt_username: Option<String>,
+    pub mqtt_password: Option<String>,
+    pub mqtt_client_id: Option<String>,
+    pub mqtt_acl_dir: Option<PathBuf>,
+    pub mqtt_reload_pid_file: Option<PathBuf>,
+    /// An onceprint MQTT device that has not answered a job this long is sent it again
+    /// with the same key (default 30000).
+    pub mqtt_resend_after_ms: Option<i64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -113,6 +145,33 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
     if let Some(n) = file.max_content_bytes {
         content_limits.max_bytes = n;
     }
+    let mqtt = match args.mqtt_url.or(file.mqtt_url) {
+        None => {
+            if args.mqtt_acl_dir.is_some() || file.mqtt_acl_dir.is_some() {
+                anyhow::bail!("--mqtt-acl-dir needs --mqtt-url");
+            }
+            None
+        }
+        Some(url) => {
+            let mut m = onceprint_mqtt::MqttSettings::from_url(
+                &url,
+                args.mqtt_username.or(file.mqtt_username),
+                args.mqtt_password.or(file.mqtt_password),
+            )?;
+            if let Some(id) = args.mqtt_client_id.or(file.mqtt_client_id) {
+                m.client_id = id;
+            }
+            m.acl_dir = args.mqtt_acl_dir.or(file.mqtt_acl_dir);
+            m.reload_pid_file = args.mqtt_reload_pid_file.or(file.mqtt_reload_pid_file);
+            if let Some(ms) = file.mqtt_resend_after_ms {
+                m.resend_after_ms = ms.max(1_000);
+            }
+            if m.acl_dir.is_some() && m.username.is_none() {
+                return Err(onceprint_mqtt::MqttError::NoBrokerLogin.into());
+            }
+            Some(m)
+        }
+    };
     let group_commit = GroupCommitConfig {
         max_batch: file.group_commit_max_batch.unwrap_or(512).max(1),
         max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 2 }).max(1),
@@ -139,6 +198,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     ..p
                 }
             },
+            mqtt,
             push: {
                 let p = onceprint_engine::PushConfig::default();
                 onceprint_engine::PushConfig {

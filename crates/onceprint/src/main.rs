@@ -32,8 +32,19 @@ enum Command {
     Serve(config::ServeArgs),
     /// The store agent: pulls deliveries for its store's printers, prints, acknowledges.
     Agent(onceprint_agent::AgentArgs),
-    /// A simulated ESC/POS network printer (or several) with a paper log and faults.
+    /// A simulated ESC/POS network printer (or several) with a paper log and faults; with
+    /// --mqtt, a simulated MQTT printer (Star CloudPRNT or onceprint device protocol).
     PrinterSim(onceprint_printer_sim::SimArgs),
+    /// Write the MQTT server's password file (DIR/passwd) and ACL file (DIR/acl) from the
+    /// printers in the database, for Mosquitto's password_file and acl_file; reload it
+    /// with SIGHUP afterwards. Takes the same settings as serve (database, MQTT login).
+    MqttAcl {
+        #[command(flatten)]
+        serve: config::ServeArgs,
+        /// The directory to write the files into.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
     /// Render a receipt document (JSON) or cloud markup to ESC/POS, text or a PNG preview.
     Render {
         /// escpos, text or png.
@@ -276,6 +287,27 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn mqtt_acl(args: config::ServeArgs, out: PathBuf) -> anyhow::Result<()> {
+    let cfg = config::resolve(args)?;
+    let Some(mqtt) = cfg.http.mqtt else {
+        anyhow::bail!("mqtt-acl needs --mqtt-url (the broker's login is written too)")
+    };
+    let Some(username) = mqtt.username.clone() else { return Err(onceprint_mqtt::MqttError::NoBrokerLogin.into()) };
+    let store = open_store(&cfg.database, 2).await?;
+    let broker = onceprint_mqtt::acl::BrokerLogin {
+        username,
+        hash: onceprint_engine::secrets::mosquitto_hash(mqtt.password.as_deref().unwrap_or_default()),
+    };
+    let files = onceprint_mqtt::acl::render(store.as_ref(), &broker).await?;
+    onceprint_mqtt::acl::write(&out, &files).with_context(|| format!("cannot write into {}", out.display()))?;
+    println!(
+        "wrote {} and {}",
+        out.join(onceprint_mqtt::acl::PASSWORD_FILE).display(),
+        out.join(onceprint_mqtt::acl::ACL_FILE).display()
+    );
+    Ok(())
+}
+
 async fn bench(which: BenchCommand) -> anyhow::Result<()> {
     match which {
         BenchCommand::Render { seconds } => {
@@ -423,6 +455,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::MqttAcl { serve, out } => mqtt_acl(serve, out).await,
             Command::Render { to, profile, markup, out, file } => render(&to, profile.as_deref(), markup, out, &file),
             Command::Reconcile(args) => {
                 if reconcile::run(args).await? {

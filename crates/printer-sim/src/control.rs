@@ -37,6 +37,10 @@ struct FaultRequest {
     clone: Option<bool>,
     duplicate_confirm: Option<u32>,
     lost_result: Option<u32>,
+    lose_result: Option<u32>,
+    duplicate_result: Option<u32>,
+    disconnect_mid_job: Option<u32>,
+    receive_twice: Option<u32>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -67,6 +71,10 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         clone: req.clone,
         duplicate_confirm: req.duplicate_confirm,
         lost_result: req.lost_result,
+        lose_result: req.lose_result,
+        duplicate_result: req.duplicate_result,
+        disconnect_mid_job: req.disconnect_mid_job,
+        receive_twice: req.receive_twice,
     };
     match ctl.faults.update(req.printer.as_deref(), update) {
         Ok(changed) => {

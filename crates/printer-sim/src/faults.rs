@@ -43,6 +43,20 @@ pub struct Faults {
     /// on the way and sent again only after the printer's next poll (a late result).
     #[serde(default)]
     pub lost_result: u32,
+    /// MQTT devices: the next this many jobs print, but their result is never published
+    /// (lost on the way).
+    #[serde(default)]
+    pub lose_result: u32,
+    /// MQTT devices: the next this many results are published twice.
+    #[serde(default)]
+    pub duplicate_result: u32,
+    /// MQTT devices: the next this many jobs are received, then the connection drops
+    /// before anything is printed or acknowledged (the MQTT server delivers it again).
+    #[serde(default)]
+    pub disconnect_mid_job: u32,
+    /// MQTT devices: the next this many jobs arrive twice (as a QoS 1 redelivery would).
+    #[serde(default)]
+    pub receive_twice: u32,
 }
 
 impl Faults {
@@ -81,6 +95,13 @@ pub struct FaultUpdate {
     pub duplicate_confirm: Option<u32>,
     #[serde(default)]
     pub lost_result: Option<u32>,
+    pub lose_result: Option<u32>,
+    #[serde(default)]
+    pub duplicate_result: Option<u32>,
+    #[serde(default)]
+    pub disconnect_mid_job: Option<u32>,
+    #[serde(default)]
+    pub receive_twice: Option<u32>,
 }
 
 impl FaultUpdate {
@@ -110,6 +131,18 @@ impl FaultUpdate {
         if let Some(v) = self.lost_result {
             faults.lost_result = v;
         }
+        if let Some(v) = self.lose_result {
+            faults.lose_result = v;
+        }
+        if let Some(v) = self.duplicate_result {
+            faults.duplicate_result = v;
+        }
+        if let Some(v) = self.disconnect_mid_job {
+            faults.disconnect_mid_job = v;
+        }
+        if let Some(v) = self.receive_twice {
+            faults.receive_twice = v;
+        }
     }
 }
 
@@ -124,6 +157,10 @@ impl From<Faults> for FaultUpdate {
             clone: Some(f.clone),
             duplicate_confirm: Some(f.duplicate_confirm),
             lost_result: Some(f.lost_result),
+            lose_result: Some(f.lose_result),
+            duplicate_result: Some(f.duplicate_result),
+            disconnect_mid_job: Some(f.disconnect_mid_job),
+            receive_twice: Some(f.receive_twice),
         }
     }
 }
@@ -201,6 +238,16 @@ impl FaultsHandle {
 
     pub(crate) fn subscribe(&self, index: usize) -> Option<watch::Receiver<Faults>> {
         self.cells.get(index).map(|c| c.faults.subscribe())
+    }
+
+    /// Changes one printer's faults and returns what `f` returned (the MQTT device counts
+    /// its faults down with it).
+    pub(crate) fn take(&self, index: usize, f: impl FnOnce(&mut Faults) -> bool) -> bool {
+        let mut out = false;
+        if let Some(cell) = self.cells.get(index) {
+            cell.faults.send_modify(|x| out = f(x));
+        }
+        out
     }
 
     pub(crate) fn modify(&self, index: usize, f: impl FnOnce(&mut Faults)) {

@@ -55,6 +55,13 @@ pub struct PrintedJob {
     /// Raster images (`GS v 0`).
     pub images: usize,
     pub cut: Cut,
+    /// MQTT devices: the device id or MAC (`printer` is then the MQTT server's address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// MQTT devices: the job token (CloudPRNT) or idempotency key (onceprint devices)
+    /// the job came with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
 }
 
 struct Inner {

@@ -14,10 +14,14 @@
 //! It can also be a printer that polls a broker over HTTP (`--cloudprnt URL`, Star
 //! CloudPRNT, or `--epson-sdp URL`, Epson Server Direct Print; [`PolledPrinter`]), as such
 //! printers do: it speaks only the printer's side of those protocols, with the same paper
-//! log and faults (see the `polled` module).
+//! log and faults (see the `polled` module). With `--mqtt` it is an MQTT printer instead
+//! ([`mqtt`]): a Star printer in CloudPRNT Version MQTT mode or a device of onceprint's
+//! device protocol, on the same paper log and faults. Such printers see job tokens or
+//! idempotency keys, as real ones do.
 //!
-//! It must never know about tasks: it is a printer, and only sees bytes, images and job
-//! tokens. It must never acknowledge a job whose paper-log line was not written: an
+//! It must never know about tasks beyond what its protocol carries: it is a printer, and
+//! only sees bytes, images, job tokens and its own topics. It must never acknowledge a job
+//! whose paper-log line was not written: an
 //! acknowledgement that the log does not back would hide exactly the losses it exists to
 //! reveal.
 //!
@@ -36,6 +40,7 @@
 mod control;
 mod faults;
 mod jobs;
+pub mod mqtt;
 mod polled;
 mod printer;
 #[cfg(unix)]
@@ -71,6 +76,10 @@ pub enum SimError {
     Pty(std::io::Error),
     #[error("{0}")]
     Usage(String),
+    #[error("--mqtt {0:?} is not mqtt://HOST:PORT")]
+    MqttUrl(String),
+    #[error("--mqtt needs --device (the device id, or the MAC for cloudprnt)")]
+    NoDevice,
 }
 
 /// Command-line flags of `onceprint printer-sim`.
@@ -113,6 +122,29 @@ pub struct SimArgs {
     /// Ignore GS ( H, like many clone printers; real-time status still answers.
     #[arg(long)]
     pub clone: bool,
+    /// MQTT devices: the next N jobs print, but their result is never published.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lose_result: u32,
+    /// MQTT devices: the next N results are published twice.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub duplicate_result: u32,
+    /// MQTT devices: the next N jobs are received, then the connection drops before they
+    /// print or are acknowledged.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub disconnect_mid_job: u32,
+    /// MQTT devices: the next N jobs arrive twice, as a QoS 1 redelivery would.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub receive_twice: u32,
+    /// Be an MQTT printer on this MQTT server (mqtt://HOST:PORT) instead of a TCP one:
+    /// --crash-mid-job then means "print, then drop the connection before the result".
+    #[arg(long, value_name = "URL")]
+    pub mqtt: Option<String>,
+    /// MQTT: the device protocol, cloudprnt (Star CloudPRNT Version MQTT) or onceprint.
+    #[arg(long, value_parser = ["cloudprnt", "onceprint"], default_value = "onceprint", requires = "mqtt")]
+    pub protocol: String,
+    /// MQTT: the device id (onceprint) or MAC (cloudprnt) in the topics; also the client id.
+    #[arg(long, value_name = "ID", requires = "mqtt")]
+    pub device: Option<String>,
     /// No artificial delays. This is already the default (there are none unless
     /// --slow-ms is given); the flag exists so scripts can say so explicitly.
     #[arg(long)]
@@ -125,10 +157,11 @@ pub struct SimArgs {
     /// needs --username and --password, and --id when the printer is configured with one.
     #[arg(long, value_name = "URL")]
     pub epson_sdp: Option<String>,
-    /// The printer's login (from the broker's answer when the printer was created).
+    /// The printer's login (from the broker's answer when the printer was created), for
+    /// --cloudprnt, --epson-sdp and --mqtt.
     #[arg(long, value_name = "USER")]
     pub username: Option<String>,
-    #[arg(long, value_name = "PASSWORD", env = "ONCEPRINT_PRINTER_PASSWORD")]
+    #[arg(long, value_name = "PASSWORD", env = "ONCEPRINT_PRINTER_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
     /// The CloudPRNT printer's MAC address.
     #[arg(long, value_name = "MAC")]
@@ -169,6 +202,10 @@ impl SimArgs {
                 clone: self.clone,
                 duplicate_confirm: self.duplicate_confirm,
                 lost_result: self.lost_result,
+                lose_result: self.lose_result,
+                duplicate_result: self.duplicate_result,
+                disconnect_mid_job: self.disconnect_mid_job,
+                receive_twice: self.receive_twice,
             },
         }
     }
@@ -461,6 +498,39 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
+    if let Some(url) = &args.mqtt {
+        let (host, port) = mqtt::parse_url(url).ok_or_else(|| SimError::MqttUrl(url.clone()))?;
+        let device = args.device.clone().ok_or(SimError::NoDevice)?;
+        let config = args.config();
+        let printer = mqtt::MqttPrinter::start(mqtt::MqttSimConfig {
+            host,
+            port,
+            protocol: if args.protocol == "cloudprnt" { mqtt::Protocol::Cloudprnt } else { mqtt::Protocol::Onceprint },
+            device,
+            username: args.username.clone(),
+            password: args.password.clone(),
+            paper_log: config.paper_log.clone(),
+            faults: config.faults,
+        })
+        .await?;
+        let (stop, stop_rx) = watch::channel(false);
+        let control = match config.control {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
+                tracing::info!(control = ?listener.local_addr().ok(), "control endpoint");
+                Some(tokio::spawn(control::serve(listener, printer.faults(), printer.jobs(), stop_rx)))
+            }
+            None => None,
+        };
+        tracing::info!(mqtt = %url, "MQTT printer simulator started");
+        shutdown.await;
+        stop.send_replace(true);
+        if let Some(c) = control {
+            let _ = c.await;
+        }
+        printer.shutdown().await;
+        return Ok(());
+    }
     let sim = match args.polled()? {
         Some(printer) => Simulator::start_polled(printer, args.config()).await?,
         None => Simulator::start(args.config()).await?,

@@ -195,6 +195,8 @@ impl Ctx {
             barcodes: Vec::new(),
             images: p.images,
             cut: Cut::Full,
+            device: None,
+            job: None,
         };
         self.recorder.record(job).await
     }

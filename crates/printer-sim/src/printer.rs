@@ -298,6 +298,8 @@ impl JobBuilder {
             barcodes: self.barcodes,
             images: self.images,
             cut,
+            device: None,
+            job: None,
         }
     }
 }

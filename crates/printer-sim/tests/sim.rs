@@ -327,7 +327,8 @@ async fn control_endpoint_lists_and_changes_faults() {
     assert_eq!(
         body["printers"][0],
         json!({"printer": a.to_string(), "paper_out": false, "cover_open": false, "offline": false,
-               "crash_mid_job": 0, "slow_ms": 0, "clone": false, "duplicate_confirm": 0, "lost_result": 0})
+               "crash_mid_job": 0, "slow_ms": 0, "clone": false, "duplicate_confirm": 0, "lost_result": 0, "lose_result": 0, "duplicate_result": 0,
+               "disconnect_mid_job": 0, "receive_twice": 0})
     );
 
     let (code, body) =
@@ -432,6 +433,13 @@ async fn run_serves_until_shutdown() {
         crash_mid_job: 0,
         slow_ms: 0,
         clone: false,
+        lose_result: 0,
+        duplicate_result: 0,
+        disconnect_mid_job: 0,
+        receive_twice: 0,
+        mqtt: None,
+        protocol: "onceprint".into(),
+        device: None,
         fast: true,
         cloudprnt: None,
         epson_sdp: None,

@@ -45,6 +45,9 @@ pub struct HttpConfig {
     pub push: onceprint_engine::PushConfig,
     /// Printers that poll the broker (CloudPRNT, Epson Server Direct Print).
     pub polled: PolledConfig,
+    /// The MQTT server that `mqtt` printers use (`serve --mqtt-url`); without it, `mqtt`
+    /// printers are refused at set-up.
+    pub mqtt: Option<onceprint_mqtt::MqttSettings>,
 }
 
 impl Default for HttpConfig {
@@ -56,6 +59,7 @@ impl Default for HttpConfig {
             alerts: Default::default(),
             push: Default::default(),
             polled: Default::default(),
+            mqtt: None,
         }
     }
 }
@@ -87,6 +91,8 @@ pub enum ServerError {
     Serve(std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Mqtt(#[from] onceprint_mqtt::MqttError),
 }
 
 /// The settings key under which the admin token's hash is kept.
@@ -211,7 +217,7 @@ pub async fn bind(
     };
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
-    let setup = Arc::new(Setup::new(store.clone(), directory.clone()));
+    let setup = Arc::new(Setup::new(store.clone(), directory.clone()).with_mqtt(config.mqtt.is_some()));
     let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
     let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
     let state = AppState {
@@ -259,6 +265,10 @@ impl Bound {
                 None
             }
         };
+        let mqtt = match &self.state.config.mqtt {
+            Some(settings) => Some(onceprint_mqtt::start(lanes.clone(), settings, self.state.config.push.clone())?),
+            None => None,
+        };
 
         // Each node looks for printers that stopped polling (whichever node they polled).
         let silent = [self.state.cloudprnt.polled().spawn(), self.state.epson_sdp.polled().spawn()];
@@ -279,6 +289,9 @@ impl Bound {
         let _ = watchdog.await;
         if let Some(p) = pusher {
             let _ = p.await;
+        }
+        if let Some(m) = mqtt {
+            m.join().await;
         }
         let _ = deliverer.await;
         for s in silent {

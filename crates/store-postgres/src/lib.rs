@@ -303,6 +303,10 @@ impl Store for PostgresStore {
         self.setup_set_printer_secret(change).await
     }
 
+    async fn mqtt_logins(&self) -> StoreResult<Vec<MqttLogin>> {
+        self.setup_mqtt_logins().await
+    }
+
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
         self.query(&format!("SELECT {PRINTER_COLUMNS} FROM printers WHERE id = $1 ORDER BY tenant_id"), &[&printer_id])
             .await?

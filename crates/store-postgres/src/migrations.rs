@@ -29,6 +29,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (8, V8_LANES),
     (9, V9_SETUP_CHANGES),
     (10, V10_PRINTER_CREDENTIALS),
+    (11, V11_MQTT_LOGINS),
 ];
 
 /// The version a fully migrated database reports.
@@ -340,6 +341,14 @@ CREATE TABLE printer_credentials (
     PRIMARY KEY (tenant_id, printer_id),
     FOREIGN KEY (tenant_id, printer_id) REFERENCES printers (tenant_id, id)
 );
+"#;
+
+/// A printer that logs in to the MQTT server also keeps its password hashed the way the
+/// MQTT server checks it (Mosquitto's PBKDF2-SHA512 line), so that the server's password
+/// file can be written from the database. (Version 11 is taken by the operators of the
+/// staff console, developed beside this one.)
+const V11_MQTT_LOGINS: &str = r#"
+ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -211,6 +211,25 @@ impl PostgresStore {
         Ok(true)
     }
 
+    pub(crate) async fn setup_mqtt_logins(&self) -> StoreResult<Vec<MqttLogin>> {
+        self.query(
+            "SELECT tenant_id, printer_id, username, mqtt_hash FROM printer_credentials
+             WHERE mqtt_hash IS NOT NULL ORDER BY username",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(MqttLogin {
+                tenant_id: rows::col(r, 0)?,
+                printer_id: rows::col(r, 1)?,
+                username: rows::col(r, 2)?,
+                mqtt_hash: rows::col(r, 3)?,
+            })
+        })
+        .collect()
+    }
+
     pub(crate) async fn setup_printer_by_secret_hash(
         &self,
         secret_hash: &str,
@@ -524,14 +543,14 @@ async fn put_printer_secret<C: GenericClient>(
 ) -> StoreResult<()> {
     let stmt = tx
         .prepare_cached(
-            "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at)
-             VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash)
+             VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = EXCLUDED.username,
-             secret_hash = EXCLUDED.secret_hash, created_at = EXCLUDED.created_at",
+             secret_hash = EXCLUDED.secret_hash, created_at = EXCLUDED.created_at, mqtt_hash = EXCLUDED.mqtt_hash",
         )
         .await
         .map_err(pg_error)?;
-    tx.execute(&stmt, &[&tenant_id, &printer_id, &secret.username, &secret.secret_hash, &now])
+    tx.execute(&stmt, &[&tenant_id, &printer_id, &secret.username, &secret.secret_hash, &now, &secret.mqtt_hash])
         .await
         .map_err(|e| create_error(e, |_| format!("login {}", secret.username), |_| format!("printer {printer_id}")))?;
     Ok(())

@@ -396,6 +396,10 @@ impl Store for SqliteStore {
         self.write(move |c| setup::set_printer_secret(c, &change)).await
     }
 
+    async fn mqtt_logins(&self) -> StoreResult<Vec<MqttLogin>> {
+        self.read(setup::mqtt_logins).await
+    }
+
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>> {
         let id = printer_id.to_owned();
         self.read(move |c| sql::printers_with_id(c, &id)).await

@@ -231,4 +231,10 @@ CREATE TABLE printer_credentials (
     FOREIGN KEY (tenant_id, printer_id) REFERENCES printers(tenant_id, id)
 );
 "#,
+    // A printer that logs in to the MQTT server also keeps its password hashed the way the
+    // MQTT server checks it (Mosquitto's PBKDF2-SHA512 line), so that the server's password
+    // file can be written from the database (issue 9).
+    r#"
+ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
+"#,
 ];

@@ -238,12 +238,14 @@ pub fn put_printer_secret(
     now: Millis,
 ) -> StoreResult<()> {
     c.prepare_cached(
-        "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5) \
+        "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
          ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = excluded.username, \
-         secret_hash = excluded.secret_hash, created_at = excluded.created_at",
+         secret_hash = excluded.secret_hash, created_at = excluded.created_at, mqtt_hash = excluded.mqtt_hash",
     )
-    .and_then(|mut s| s.execute(params![tenant_id, printer_id, secret.username, secret.secret_hash, now]))
+    .and_then(|mut s| {
+        s.execute(params![tenant_id, printer_id, secret.username, secret.secret_hash, now, secret.mqtt_hash])
+    })
     .map(|_| ())
     .map_err(|e| constraint_err(e, &format!("login {}", secret.username), &format!("printer {printer_id}")))
 }
@@ -272,4 +274,18 @@ pub fn printer_by_secret_hash(c: &Connection, secret_hash: &str) -> StoreResult<
             .optional()
         })
         .map_err(backend_err)
+}
+
+pub fn mqtt_logins(c: &Connection) -> StoreResult<Vec<MqttLogin>> {
+    c.prepare_cached(
+        "SELECT tenant_id, printer_id, username, mqtt_hash FROM printer_credentials \
+         WHERE mqtt_hash IS NOT NULL ORDER BY username",
+    )
+    .and_then(|mut s| {
+        s.query_map([], |r| {
+            Ok(MqttLogin { tenant_id: r.get(0)?, printer_id: r.get(1)?, username: r.get(2)?, mqtt_hash: r.get(3)? })
+        })?
+        .collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(backend_err)
 }

@@ -1374,7 +1374,7 @@ pub async fn setup_changes_are_audited_per_tenant_newest_first(s: Arc<dyn Store>
 pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     tenant(&s, "other").await;
-    let secret = |u: &str, h: &str| PrinterSecret { username: u.into(), secret_hash: h.into() };
+    let secret = |u: &str, h: &str| PrinterSecret { username: u.into(), secret_hash: h.into(), mqtt_hash: None };
     let cp = |t: &str, id: &str, login: PrinterSecret| NewPrinter {
         tenant_id: t.into(),
         id: id.into(),
@@ -1412,4 +1412,34 @@ pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
     assert!(!s.set_printer_secret(rotate("nope", "h-4")).await.unwrap(), "no such printer");
     let events = s.setup_events("acme", 10, None).await.unwrap();
     assert_eq!((events[0].object_id.as_str(), events[0].action.as_str()), ("star", "rotate"));
+    // An MQTT printer's login carries the MQTT server's hash too; only those are listed
+    // for the MQTT server's password file, and a rotation replaces it.
+    assert!(s.mqtt_logins().await.unwrap().is_empty(), "the CloudPRNT login has no MQTT hash");
+    let mqtt = |u: &str, h: &str, m: &str| PrinterSecret { mqtt_hash: Some(m.into()), ..secret(u, h) };
+    let mut p = cp("other", "dev", mqtt("u-dev", "h-5", "$7$101$a$b"));
+    p.transport = r#"{"kind":"mqtt","protocol":"onceprint","device_id":"d1"}"#.into();
+    s.create_printer(p).await.unwrap();
+    let logins = s.mqtt_logins().await.unwrap();
+    assert_eq!(
+        logins,
+        vec![MqttLogin {
+            tenant_id: "other".into(),
+            printer_id: "dev".into(),
+            username: "u-dev".into(),
+            mqtt_hash: "$7$101$a$b".into()
+        }]
+    );
+    let again = PrinterSecretChange {
+        tenant_id: "other".into(),
+        printer_id: "dev".into(),
+        secret: mqtt("u-dev-2", "h-6", "$7$101$c$d"),
+        now: NOW + 6,
+        audit: by("rotate"),
+    };
+    assert!(s.set_printer_secret(again).await.unwrap());
+    let logins = s.mqtt_logins().await.unwrap();
+    assert_eq!(
+        logins.iter().map(|l| (l.username.as_str(), l.mqtt_hash.as_str())).collect::<Vec<_>>(),
+        vec![("u-dev-2", "$7$101$c$d")]
+    );
 }

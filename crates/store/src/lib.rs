@@ -103,6 +103,10 @@ pub trait Store: Send + Sync + 'static {
 
     async fn printers_with_id(&self, printer_id: &str) -> StoreResult<Vec<Printer>>;
 
+    /// Every login of every tenant that has an MQTT password hash, by user name: what the
+    /// MQTT server's password file is written from.
+    async fn mqtt_logins(&self) -> StoreResult<Vec<MqttLogin>>;
+
     /// Fails with `NotFound` when the store or a printer is not the tenant's; the caller
     /// checks beforehand that all printers belong to the station's store.
     async fn create_station(&self, station: NewStation) -> StoreResult<Station>;

@@ -126,6 +126,21 @@ pub struct PrinterSecret {
     /// Unique across every tenant (a printer presents only this and the password).
     pub username: String,
     pub secret_hash: String,
+    /// For a printer that logs in to the MQTT server: the same password hashed the way the
+    /// MQTT server checks it (Mosquitto's `$7$` PBKDF2-SHA512 line), so that its password
+    /// file can be written again from the database at any time. A salted slow hash of a
+    /// 256-bit random password, never the password.
+    pub mqtt_hash: Option<String>,
+}
+
+/// A printer's login to the MQTT server, as its password file needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttLogin {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub username: String,
+    /// [`PrinterSecret::mqtt_hash`].
+    pub mqtt_hash: String,
 }
 
 /// Whose login a password is.

@@ -144,7 +144,9 @@ pub async fn start(
                     "--device".into(),
                     caller.device.clone(),
                 ]);
-                format!("mqtt:{}", caller.device)
+                // An MQTT device is named by its MQTT server's address in the paper log
+                // and in its simulator's fault list.
+                format!("127.0.0.1:{port}")
             }
         };
         if kind != Kind::Mqtt {

@@ -118,7 +118,7 @@ pub struct CloudPrntConfig {
 }
 
 /// Which device protocol an MQTT printer speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MqttProtocol {
     /// Star CloudPRNT Version MQTT (Full MQTT), addressed by MAC.

@@ -1,5 +1,5 @@
 //! The push driver: one loop for every transport whose printers the broker sends jobs to
-//! (`webhook` today). A push transport says how to [`PushTransport::send`] a delivery and
+//! (`webhook`, and `mqtt` in the `onceprint-mqtt` crate). A push transport says how to [`PushTransport::send`] a delivery and
 //! how to [`PushTransport::query`] what became of one; the driver claims the lanes of its
 //! printers on the lane engine, sends, and turns what the transport learns into acks, so
 //! the same rules, alerts and failover apply as for agents.
@@ -19,6 +19,7 @@ use onceprint_core::Outcome;
 use onceprint_store::{AgentIdentity, StoreError};
 
 use crate::claimant::Claimant;
+use crate::directory::PrinterInfo;
 use crate::lanes::{AckIn, ClaimRules, Delivery, LaneEngine, Scope};
 use crate::transport::TransportKind;
 
@@ -29,6 +30,11 @@ pub enum Sent {
     Accepted,
     /// It did not get there, or was refused: this ack outcome, with what happened.
     Failed { outcome: Outcome, detail: String },
+    /// Whether it got there cannot be known now (the way to the receiver broke while it
+    /// was being handed over, and the message may still arrive). Nothing is reported:
+    /// the delivery stays as it is, is asked about again at its next deadline, and goes to
+    /// a person if nobody ever answers.
+    NotNow { detail: String },
 }
 
 /// What the receiver says about a delivery sent earlier.
@@ -49,6 +55,13 @@ pub trait PushTransport: Send + Sync + 'static {
     fn kind(&self) -> TransportKind;
     async fn send(&self, delivery: &Delivery) -> Sent;
     async fn query(&self, delivery: &Delivery) -> Asked;
+    /// Whether the receiver of this printer can be reached now. A printer that cannot is
+    /// left alone by the driver: no new work, and its delivery in flight is neither sent
+    /// again nor given up until it can (an MQTT printer that is switched off, or all of
+    /// them while the MQTT server is down). Webhook endpoints are always tried.
+    fn reachable(&self, _printer: &PrinterInfo) -> bool {
+        true
+    }
 }
 
 /// Tuning of the push driver.
@@ -119,12 +132,13 @@ impl PushDriver {
             give_up_after_ms: Some(self.config.doubt_after_ms),
             fetched_on_hand_out: false,
         };
+        let reachable = |p: &PrinterInfo| self.transport.reachable(p);
         for (tenant, store) in stores {
-            let claimed =
-                match self.lanes.claim(&self.claimant, &tenant, Scope::Store { store_id: &store, kind }, rules).await {
-                    Ok(c) => c,
-                    Err(crate::DeliveryError::Store(e)) => return Err(e),
-                };
+            let scope = Scope::Reachable { store_id: &store, kind, reachable: &reachable };
+            let claimed = match self.lanes.claim(&self.claimant, &tenant, scope, rules).await {
+                Ok(c) => c,
+                Err(crate::DeliveryError::Store(e)) => return Err(e),
+            };
             for d in claimed.deliveries {
                 self.deliver(&d).await?;
             }
@@ -149,6 +163,10 @@ impl PushDriver {
                 Ok(())
             }
             Sent::Failed { outcome, detail } => self.report(d, outcome, detail).await,
+            Sent::NotNow { detail } => {
+                tracing::warn!(task_id = %d.task.task_id, attempt = d.attempt, %detail, "not known whether the receiver got it; asked again later");
+                Ok(())
+            }
         }
     }
 

@@ -1,0 +1,145 @@
+//! onceprint's MQTT transport (R33: IoT printers over MQTT).
+//!
+//! This crate owns the broker's connection to an existing MQTT server (`serve
+//! --mqtt-url`; [`link`]), the one MQTT driver on the lane engine — the `mqtt`
+//! [`transport::MqttTransport`] on the shared push driver, and the [`inbox`] that applies
+//! what devices publish — serving two device protocols ([`protocol`]: Star CloudPRNT
+//! Version MQTT and onceprint's own, docs/MQTT.md), and the MQTT server's password and ACL
+//! files written from the database ([`acl`]).
+//!
+//! It must never decide what an answer does to a task (that is `LaneEngine::ack` and
+//! `onceprint_core::ack`), never acknowledge an incoming message before its effect is
+//! durable, never send a job again under a new token or key of its own making (a re-send
+//! is the same attempt, which the device prints once), and never take a device's word
+//! about a task that is not its own printer's.
+//!
+//! It is a crate of its own so that the MQTT client and its dependencies stay out of the
+//! engine, which every other transport and the agent build on.
+
+pub mod acl;
+pub mod devices;
+pub mod inbox;
+pub mod link;
+pub mod protocol;
+pub mod settings;
+pub mod transport;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceprint_engine::{Claimant, LaneEngine, PushConfig, PushDriver};
+
+pub use settings::MqttSettings;
+
+/// Why the MQTT transport cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error("--mqtt-url {0}")]
+    Url(String),
+    #[error("the MQTT password and ACL files need the broker's own MQTT login: give --mqtt-username and --mqtt-password (or user:password in --mqtt-url)")]
+    NoBrokerLogin,
+}
+
+/// The running MQTT transport.
+pub struct Running {
+    pub transport: Arc<transport::MqttTransport>,
+    pub link: Arc<link::Link>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Waits for every task to end (after the lane engine's shutdown signal).
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts the MQTT transport on `lanes` until the lane engine's shutdown signal: the link,
+/// the push driver for `mqtt` printers, the inbox, a refresher that learns of new MQTT
+/// printers, and the ACL writer when `settings.acl_dir` is set.
+pub fn start(lanes: Arc<LaneEngine>, settings: &MqttSettings, push: PushConfig) -> Result<Running, MqttError> {
+    let broker_login = match (&settings.acl_dir, &settings.username) {
+        (None, _) => None,
+        (Some(_), None) => return Err(MqttError::NoBrokerLogin),
+        (Some(_), Some(u)) => Some(acl::BrokerLogin {
+            username: u.clone(),
+            hash: onceprint_engine::secrets::mosquitto_hash(settings.password.as_deref().unwrap_or_default()),
+        }),
+    };
+    let shutdown = {
+        let signals = lanes.signals().clone();
+        move || {
+            let signals = signals.clone();
+            async move { signals.shutdown().await }
+        }
+    };
+    let (link, incoming, link_task) = link::Link::start(settings, protocol::subscriptions(), shutdown());
+    let devices = Arc::new(devices::Devices::default());
+    let transport = Arc::new(transport::MqttTransport::new(
+        link.clone(),
+        devices.clone(),
+        Duration::from_millis(settings.resend_after_ms.max(100) as u64),
+    ));
+    let inbox = Arc::new(inbox::Inbox {
+        lanes: lanes.clone(),
+        link: link.clone(),
+        devices: devices.clone(),
+        transport: transport.clone(),
+        claimant: Claimant::push(onceprint_engine::transport::TransportKind::Mqtt.as_str()),
+    });
+    let mut tasks = vec![link_task, tokio::spawn(inbox.run(incoming))];
+    tasks.push(PushDriver::new(lanes.clone(), transport.clone(), push).spawn());
+    tasks.push(spawn_refresher(
+        lanes.clone(),
+        link.clone(),
+        devices,
+        Duration::from_millis(settings.acl_interval_ms),
+        shutdown(),
+    ));
+    if let (Some(dir), Some(login)) = (&settings.acl_dir, broker_login) {
+        tasks.push(acl::spawn_writer(
+            lanes.store().clone(),
+            login,
+            dir.clone(),
+            settings.reload_pid_file.clone(),
+            Duration::from_millis(settings.acl_interval_ms),
+            shutdown(),
+        ));
+    }
+    Ok(Running { transport, link, tasks })
+}
+
+/// Reads the MQTT printers every `interval` and asks a device that was not known before
+/// for its status (it may have connected before its printer was created).
+fn spawn_refresher(
+    lanes: Arc<LaneEngine>,
+    link: Arc<link::Link>,
+    devices: Arc<devices::Devices>,
+    interval: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(interval);
+        let mut first = true;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tick.tick() => {}
+            }
+            match devices.refresh(lanes.store().as_ref()).await {
+                // At start every device is new; the inbox asks them all once connected.
+                Ok(_) if first => first = false,
+                Ok(new) => {
+                    for addr in new {
+                        let (topic, payload) = addr.status_request();
+                        let _ = link.publish(&topic, payload).await;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the MQTT printers"),
+            }
+        }
+    })
+}

@@ -1,0 +1,139 @@
+//! The `mqtt` push transport on the shared push driver: sending is publishing the job with
+//! QoS 1 and waiting for the MQTT server's PUBACK ("accepted", never "printed"); what
+//! happened arrives later as a result message (`crate::inbox`).
+//!
+//! There is no way to ask a device about a job, so [`PushTransport::query`] answers from
+//! what the broker knows: a job sent to a device that has not gone away since, over a
+//! session the MQTT server kept, is `Pending`; otherwise it is `Unknown` and the driver
+//! sends it again with the same attempt and the same token or key, which the device does
+//! not print twice. An onceprint device is also sent a job again when it has not answered
+//! for `resend_after_ms` (it answers a key it has from its journal, and ignores one it is
+//! printing); a Star printer is not, since it answers a repeated token only with
+//! "duplicate, not printed", which would put a job that is merely slow in doubt.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use onceprint_core::Outcome;
+use onceprint_engine::directory::PrinterInfo;
+use onceprint_engine::transport::push::{Asked, PushTransport, Sent};
+use onceprint_engine::transport::{MqttProtocol, TransportConfig, TransportKind};
+use onceprint_engine::Delivery;
+
+use crate::devices::Devices;
+use crate::link::{Link, Published};
+use crate::protocol::{job_payload, DeviceAddr, Job};
+
+#[derive(Debug, Clone, Copy)]
+struct SentRecord {
+    device_epoch: u64,
+    lost_sessions: u64,
+    at: Instant,
+}
+
+/// The MQTT transport. Share it behind an `Arc`.
+pub struct MqttTransport {
+    link: Arc<Link>,
+    devices: Arc<Devices>,
+    /// (task, attempt) → when and in which epochs it was last handed to the MQTT server.
+    sent: Mutex<HashMap<(String, i32), SentRecord>>,
+    resend_after: Duration,
+}
+
+/// The device a delivery goes to.
+pub fn device_of(printer: &PrinterInfo) -> Option<DeviceAddr> {
+    match &printer.transport {
+        Some(TransportConfig::Mqtt(m)) => Some(DeviceAddr::new(m.protocol, m.device())),
+        _ => None,
+    }
+}
+
+impl MqttTransport {
+    pub fn new(link: Arc<Link>, devices: Arc<Devices>, resend_after: Duration) -> MqttTransport {
+        MqttTransport { link, devices, sent: Mutex::default(), resend_after }
+    }
+
+    /// A result for this attempt arrived: nothing more to send.
+    pub fn answered(&self, task_id: &str, attempt: i32) {
+        let mut sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
+        sent.remove(&(task_id.to_owned(), attempt));
+        // Records of deliveries that ended some other way (a person settled them) are
+        // dropped once they are old, so that the map stays the size of what is in flight.
+        if sent.len() > 10_000 {
+            sent.retain(|_, r| r.at.elapsed() < Duration::from_secs(3600));
+        }
+    }
+}
+
+#[async_trait]
+impl PushTransport for MqttTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Mqtt
+    }
+
+    async fn send(&self, d: &Delivery) -> Sent {
+        let Some(addr) = device_of(&d.printer) else {
+            return Sent::Failed {
+                outcome: Outcome::Offline,
+                detail: "the printer is no longer an MQTT printer".into(),
+            };
+        };
+        let job = Job {
+            task_id: &d.task.task_id,
+            attempt: d.attempt,
+            key: &d.idempotency_key,
+            reprint: d.reprint,
+            data: &d.data,
+        };
+        let payload = job_payload(addr.protocol, &job);
+        let record = SentRecord {
+            device_epoch: self.devices.epoch(&addr),
+            lost_sessions: self.link.lost_sessions(),
+            at: Instant::now(),
+        };
+        match self.link.publish(&addr.job_topic(), payload).await {
+            Published::Acked => {
+                self.sent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert((d.task.task_id.clone(), d.attempt), record);
+                Sent::Accepted
+            }
+            // The first send of an attempt that never left the broker cannot have printed.
+            Published::NotSent if d.again.is_none() => {
+                Sent::Failed { outcome: Outcome::Offline, detail: "the MQTT server cannot be reached".into() }
+            }
+            // A copy sent earlier may be on its way: nothing is known now.
+            Published::NotSent => Sent::NotNow { detail: "the MQTT server cannot be reached".into() },
+            Published::Unknown => {
+                Sent::NotNow { detail: "handed to the MQTT link, but the MQTT server did not confirm it".into() }
+            }
+        }
+    }
+
+    async fn query(&self, d: &Delivery) -> Asked {
+        let Some(addr) = device_of(&d.printer) else { return Asked::Unknown };
+        if !self.link.is_connected() {
+            return Asked::Pending;
+        }
+        let record =
+            self.sent.lock().unwrap_or_else(PoisonError::into_inner).get(&(d.task.task_id.clone(), d.attempt)).copied();
+        match record {
+            // Sent by an earlier process, or never confirmed by the MQTT server.
+            None => Asked::Unknown,
+            Some(r) if r.device_epoch != self.devices.epoch(&addr) => Asked::Unknown,
+            Some(r) if r.lost_sessions != self.link.lost_sessions() => Asked::Unknown,
+            Some(r) if addr.protocol == MqttProtocol::Onceprint && r.at.elapsed() >= self.resend_after => {
+                Asked::Unknown
+            }
+            Some(_) => Asked::Pending,
+        }
+    }
+
+    fn reachable(&self, printer: &PrinterInfo) -> bool {
+        self.link.is_connected()
+            && device_of(printer).is_some_and(|addr| self.devices.online(&addr, printer.row.online))
+    }
+}

@@ -1,0 +1,555 @@
+//! MQTT printers end to end (issue 9), on SQLite and PostgreSQL: the real broker
+//! (`TestApp`), a real Mosquitto that each test starts on a free port with the password
+//! and ACL files the broker writes, and simulated printers (`printer-sim`'s MQTT mode)
+//! connecting with the credentials of their creation answer. Judged by the paper log and
+//! the tasks' states: printed once, never twice, nothing lost.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Backend, TestApp};
+use onceprint_printer_sim::mqtt::{MqttPrinter, MqttSimConfig, Protocol};
+use onceprint_printer_sim::{FaultUpdate, Faults};
+use onceprint_server::HttpConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const BROKER_USER: &str = "onceprint-test-broker";
+const BROKER_PASSWORD: &str = "broker-secret-for-tests";
+
+/// A Mosquitto of the test's own, on a free loopback port, reading the files the broker
+/// writes into `dir`.
+struct Mosquitto {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn mosquitto_exe() -> Option<PathBuf> {
+    ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+impl Mosquitto {
+    fn new(dir: &Path) -> Mosquitto {
+        Mosquitto { port: free_port(), dir: dir.to_owned(), child: None }
+    }
+
+    /// Starts it once the broker has written its files.
+    async fn start(&mut self) {
+        let exe = mosquitto_exe().expect("mosquitto is installed (.ci/run installs it)");
+        wait_until(Duration::from_secs(10), "the broker wrote the MQTT files", || async {
+            self.dir.join("passwd").exists() && self.dir.join("acl").exists()
+        })
+        .await;
+        let conf = self.dir.join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                // `user root`: when started as root Mosquitto would switch to its own user,
+                // which cannot read the test's private temporary directory.
+                "user root\nlistener {port} 127.0.0.1\nallow_anonymous false\npassword_file {dir}/passwd\nacl_file {dir}/acl\n\
+                 persistence false\nmax_queued_messages 10000\nlog_dest stderr\nlog_type error\nlog_type warning\n",
+                port = self.port,
+                dir = self.dir.display()
+            ),
+        )
+        .expect("mosquitto.conf");
+        let child = Command::new(exe)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start mosquitto");
+        std::fs::write(self.dir.join("mosquitto.pid"), child.id().to_string()).expect("pid file");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(Duration::from_secs(10), "mosquitto listens", || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+        })
+        .await;
+    }
+
+    /// `kill -9`: whatever it held in memory is gone (persistence is off).
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_until<F, Fut>(within: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < within, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Short timings so that every deadline passes within a test.
+fn fast(port: u16, dir: &Path) -> HttpConfig {
+    let mut c = HttpConfig::default();
+    c.delivery.sweep_interval_ms = 50;
+    c.delivery.recheck_ms = 50;
+    c.push.interval_ms = 50;
+    c.push.recheck_after_ms = 300;
+    c.push.doubt_after_ms = 60_000;
+    for p in c.intake.policies.types.values_mut() {
+        p.backoff.initial_ms = 100;
+        p.backoff.cap_ms = 300;
+        p.backoff.jitter = 0.0;
+        p.max_attempts = 50;
+    }
+    let mut m = onceprint_mqtt::MqttSettings::from_url(
+        &format!("mqtt://127.0.0.1:{port}"),
+        Some(BROKER_USER.into()),
+        Some(BROKER_PASSWORD.into()),
+    )
+    .expect("url");
+    m.acl_dir = Some(dir.to_owned());
+    m.reload_pid_file = Some(dir.join("mosquitto.pid"));
+    m.acl_interval_ms = 100;
+    m.resend_after_ms = 1_000;
+    c.mqtt = Some(m);
+    c
+}
+
+/// A broker, its Mosquitto, and a tenant with store s1.
+struct World {
+    app: TestApp,
+    mosquitto: Mosquitto,
+    key: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn world(backend: Backend) -> Option<World> {
+    mosquitto_exe().expect("mosquitto is installed (.ci/run installs it)");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut mosquitto = Mosquitto::new(dir.path());
+    let app = TestApp::spawn_with(backend, fast(mosquitto.port, dir.path())).await?;
+    mosquitto.start().await;
+    let a = app.post("/v1/tenants", common::ADMIN, json!({"id": "t1", "name": "Tenant"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let key = a.body["api_key"].as_str().expect("api_key").to_owned();
+    let a = app.post("/v1/stores", &key, json!({"id": "s1", "name": "Main street"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    Some(World { app, mosquitto, key, _dir: dir })
+}
+
+/// Registers an MQTT printer; returns its login.
+async fn printer(w: &World, id: &str, transport: Value) -> (String, String) {
+    let a = w.app.post("/v1/printers", &w.key, json!({"id": id, "store_id": "s1", "transport": transport})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let c = &a.body["credentials"];
+    (c["username"].as_str().expect("username").into(), c["password"].as_str().expect("password").into())
+}
+
+fn device(id: &str) -> Value {
+    json!({"kind": "mqtt", "protocol": "onceprint", "device_id": id})
+}
+
+fn star(mac: &str) -> Value {
+    json!({"kind": "mqtt", "protocol": "cloudprnt", "mac": mac})
+}
+
+async fn sim(w: &World, protocol: Protocol, device: &str, login: (String, String), faults: Faults) -> MqttPrinter {
+    MqttPrinter::start(MqttSimConfig {
+        host: "127.0.0.1".into(),
+        port: w.mosquitto.port,
+        protocol,
+        device: device.into(),
+        username: Some(login.0),
+        password: Some(login.1),
+        paper_log: None,
+        faults,
+    })
+    .await
+    .expect("simulated printer")
+}
+
+/// Submits a text task to `printer`; returns its id.
+async fn submit(w: &World, printer: &str, biz_no: &str) -> String {
+    let a = w
+        .app
+        .submit(
+            &w.key,
+            json!({"biz_no": biz_no, "printer_id": printer, "content": {"type": "text", "text": format!("order {biz_no}\n")}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    a.body["task_id"].as_str().expect("task_id").to_owned()
+}
+
+async fn task(w: &World, id: &str) -> Value {
+    let a = w.app.get(&format!("/v1/print-tasks/{id}"), &w.key).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    a.body
+}
+
+async fn wait_state(w: &World, id: &str, state: &str, within: Duration) -> Value {
+    let start = Instant::now();
+    loop {
+        let t = task(w, id).await;
+        if t["state"] == state {
+            return t;
+        }
+        assert!(start.elapsed() < within, "task {id} did not reach {state}: {t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How often each text was printed.
+fn copies(p: &MqttPrinter, text: &str) -> usize {
+    p.jobs().all().iter().filter(|j| j.text.contains(text)).count()
+}
+
+macro_rules! mqtt_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+mqtt_tests!(
+    an_mqtt_printer_needs_an_mqtt_server,
+    a_device_prints_each_task_once_and_reports_its_status,
+    a_star_printer_prints_once_and_a_repeated_token_goes_to_a_person,
+    paper_out_retries_with_the_reason_and_prints_once_after_refill,
+    a_crash_after_receiving_is_in_doubt_and_never_printed_twice,
+    jobs_and_results_delivered_twice_print_once,
+    a_lost_result_is_answered_from_the_journal,
+    the_mqtt_server_killed_mid_stream_loses_nothing_and_prints_nothing_twice,
+    the_broker_restarted_mid_stream_prints_nothing_twice,
+    devices_are_isolated_and_a_result_for_another_printer_is_refused,
+    a_result_is_acknowledged_only_once_it_is_durable,
+);
+
+async fn an_mqtt_printer_needs_an_mqtt_server(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let key = app.tenant("t1").await;
+    let a = app.post("/v1/printers", &key, json!({"id": "m1", "store_id": "s1", "transport": device("dev-1")})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+    let message = a.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--mqtt-url"), "{message}");
+    // Editing a printer to MQTT is refused the same way, and changes nothing.
+    let a =
+        app.call("PATCH", "/v1/printers/p1", Some(&key), Some(json!({"transport": star("00:11:62:aa:bb:cc")}))).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+    let p = app.get("/v1/printers/p1", &key).await;
+    assert_eq!(p.body["transport"]["kind"], "agent", "{p:?}");
+    app.stop().await;
+}
+
+async fn a_device_prints_each_task_once_and_reports_its_status(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    // Another tenant cannot take the same device.
+    let other = w.app.post("/v1/tenants", common::ADMIN, json!({"id": "t2", "name": "Other"})).await;
+    let other_key = other.body["api_key"].as_str().unwrap_or_default().to_owned();
+    w.app.post("/v1/stores", &other_key, json!({"id": "s1", "name": "x"})).await;
+    let taken = w
+        .app
+        .post("/v1/printers", &other_key, json!({"id": "m9", "store_id": "s1", "transport": device("dev-1")}))
+        .await;
+    assert_eq!(taken.status, StatusCode::BAD_REQUEST, "{taken:?}");
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults::default()).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(submit(&w, "m1", &format!("A{i}")).await);
+    }
+    for id in &ids {
+        let t = wait_state(&w, id, "printed", Duration::from_secs(20)).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
+    for i in 0..5 {
+        assert_eq!(copies(&sim, &format!("order A{i}")), 1, "{:?}", sim.jobs().all());
+    }
+    let p = w.app.get("/v1/printers/m1", &w.key).await;
+    assert_eq!((p.body["online"].as_bool(), p.body["last_error"].is_null()), (Some(true), true), "{p:?}");
+    assert!(p.body["last_seen_at"].is_string(), "{p:?}");
+    // The last will marks it offline.
+    sim.shutdown().await;
+    wait_until(Duration::from_secs(20), "the will marks the printer offline", || async {
+        let p = w.app.get("/v1/printers/m1", &w.key).await;
+        p.body["online"] == false && p.body["last_error"] == "offline"
+    })
+    .await;
+    w.app.stop().await;
+}
+
+async fn a_star_printer_prints_once_and_a_repeated_token_goes_to_a_person(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:aa:bb:cc";
+    let login = printer(&w, "star", star("00:11:62:AA:BB:CC")).await;
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, Faults::default()).await;
+    let first = submit(&w, "star", "S1").await;
+    wait_state(&w, &first, "printed", Duration::from_secs(20)).await;
+    assert_eq!(sim.jobs().count(), 1);
+    // It prints the next one and drops off before its result: back online, it is sent the
+    // same token again and answers "duplicate, not printed". Nothing was recorded for that
+    // token, so nobody knows whether paper came out: a person decides.
+    sim.faults().update_all(FaultUpdate { crash_mid_job: Some(1), ..FaultUpdate::default() });
+    let second = submit(&w, "star", "S2").await;
+    let t = wait_state(&w, &second, "in_doubt", Duration::from_secs(30)).await;
+    assert_eq!(t["attempts"], 1, "the same attempt (one token) was sent again: {t}");
+    let events = w.app.get(&format!("/v1/print-tasks/{second}/events"), &w.key).await;
+    assert!(events.body.to_string().contains("repeated token"), "{}", events.body);
+    assert_eq!(sim.jobs().count(), 2, "printed once: {:?}", sim.jobs().all());
+    let tokens: Vec<_> = sim.jobs().all().iter().filter_map(|j| j.job.clone()).collect();
+    assert_eq!(tokens, vec![format!("{first}.1"), format!("{second}.1")]);
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn paper_out_retries_with_the_reason_and_prints_once_after_refill(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults { paper_out: true, ..Faults::default() }).await;
+    let id = submit(&w, "m1", "P1").await;
+    let t = wait_state(&w, &id, "retrying", Duration::from_secs(20)).await;
+    assert_eq!(t["last_error"], "no_paper", "{t}");
+    let p = w.app.get("/v1/printers/m1", &w.key).await;
+    assert_eq!(p.body["last_error"], "no_paper", "{p:?}");
+    assert_eq!(sim.jobs().count(), 0);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
+    let t = wait_state(&w, &id, "printed", Duration::from_secs(20)).await;
+    assert!(t["attempts"].as_i64().unwrap_or(0) >= 2, "{t}");
+    assert_eq!(copies(&sim, "order P1"), 1);
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn a_crash_after_receiving_is_in_doubt_and_never_printed_twice(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults { crash_mid_job: 1, ..Faults::default() }).await;
+    let id = submit(&w, "m1", "C1").await;
+    let t = wait_state(&w, &id, "in_doubt", Duration::from_secs(30)).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    // The device is asked again and again while the task waits for a person: never twice.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(copies(&sim, "order C1"), 1, "{:?}", sim.jobs().all());
+    // The lane moved on.
+    let next = submit(&w, "m1", "C2").await;
+    wait_state(&w, &next, "printed", Duration::from_secs(20)).await;
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn jobs_and_results_delivered_twice_print_once(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let faults = Faults { receive_twice: 2, duplicate_result: 2, disconnect_mid_job: 1, ..Faults::default() };
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, faults).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(submit(&w, "m1", &format!("D{i}")).await);
+    }
+    for id in &ids {
+        wait_state(&w, id, "printed", Duration::from_secs(30)).await;
+    }
+    for i in 0..4 {
+        assert_eq!(copies(&sim, &format!("order D{i}")), 1, "{:?}", sim.jobs().all());
+    }
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn a_lost_result_is_answered_from_the_journal(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults { lose_result: 1, ..Faults::default() }).await;
+    let id = submit(&w, "m1", "L1").await;
+    // No result comes; the broker sends the job again with the same key after
+    // resend_after_ms, and the device answers from its journal that it printed it.
+    let t = wait_state(&w, &id, "printed", Duration::from_secs(20)).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    assert_eq!(copies(&sim, "order L1"), 1);
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn the_mqtt_server_killed_mid_stream_loses_nothing_and_prints_nothing_twice(backend: Backend) {
+    let Some(mut w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults { slow_ms: 30, ..Faults::default() }).await;
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        ids.push(submit(&w, "m1", &format!("K{i}")).await);
+    }
+    wait_until(Duration::from_secs(30), "a few printed", || async { sim.jobs().count() >= 5 }).await;
+    w.mosquitto.kill();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    w.mosquitto.start().await;
+    for id in &ids {
+        wait_state(&w, id, "printed", Duration::from_secs(60)).await;
+    }
+    for i in 0..30 {
+        assert_eq!(copies(&sim, &format!("order K{i}\n")), 1, "K{i}: {:?}", sim.jobs().all());
+    }
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn the_broker_restarted_mid_stream_prints_nothing_twice(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults { slow_ms: 30, ..Faults::default() }).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(submit(&w, "m1", &format!("B{i}")).await);
+    }
+    wait_until(Duration::from_secs(30), "a few printed", || async { sim.jobs().count() >= 4 }).await;
+    let World { app, mosquitto, key, _dir } = w;
+    // A new broker process on the same database, knowing only what the database holds.
+    let config = fast(mosquitto.port, _dir.path());
+    let app = app.restart(config).await;
+    let w = World { app, mosquitto, key, _dir };
+    for id in &ids {
+        wait_state(&w, id, "printed", Duration::from_secs(60)).await;
+    }
+    for i in 0..20 {
+        assert_eq!(copies(&sim, &format!("order B{i}\n")), 1, "B{i}: {:?}", sim.jobs().all());
+    }
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+async fn devices_are_isolated_and_a_result_for_another_printer_is_refused(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let a = w
+        .app
+        .post(
+            "/v1/webhooks",
+            &w.key,
+            json!({"id": "sec", "url": "http://127.0.0.1:9/alerts", "events": ["printer.refused_message"]}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let victim_login = printer(&w, "m1", device("dev-1")).await;
+    let (user2, pass2) = printer(&w, "m2", device("dev-2")).await;
+
+    // dev-2, with its own valid login, listens on the victim's topics and everyone's.
+    let mut options = rumqttc::MqttOptions::new("dev-2", "127.0.0.1", w.mosquitto.port);
+    options.set_credentials(user2, pass2);
+    let (spy, mut eventloop) = rumqttc::AsyncClient::new(options, 16);
+    spy.subscribe("onceprint/v1/to-device/dev-1/#", rumqttc::QoS::AtLeastOnce).await.expect("subscribe");
+    spy.subscribe("onceprint/v1/to-device/#", rumqttc::QoS::AtLeastOnce).await.expect("subscribe");
+    let overheard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (heard, puback) = (overheard.clone(), acked.clone());
+    let listener = tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    heard.lock().expect("lock").push(p.topic.clone());
+                }
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => {
+                    puback.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+
+    // The victim prints a job whose result is lost, then is switched off: its task stays in
+    // flight.
+    let victim =
+        sim(&w, Protocol::Onceprint, "dev-1", victim_login, Faults { lose_result: 1, ..Faults::default() }).await;
+    let id = submit(&w, "m1", "V1").await;
+    wait_until(Duration::from_secs(20), "the victim printed", || async { victim.jobs().count() == 1 }).await;
+    victim.shutdown().await;
+    wait_state(&w, &id, "sent", Duration::from_secs(5)).await;
+
+    let forged = json!({"v": 1, "task_id": id, "attempt": 1, "key": "V1#m1", "result": "printed"}).to_string();
+    // On the victim's topic: the MQTT server drops it (dev-2 may not publish there).
+    spy.publish("onceprint/v1/to-server/dev-1/result", rumqttc::QoS::AtLeastOnce, false, forged.clone())
+        .await
+        .expect("publish");
+    // On its own topic the server lets it through; onceprint refuses it.
+    spy.publish("onceprint/v1/to-server/dev-2/result", rumqttc::QoS::AtLeastOnce, false, forged)
+        .await
+        .expect("publish");
+    wait_until(Duration::from_secs(10), "both forged results reached the MQTT server", || async {
+        acked.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "the refusal is audited", || async {
+        let d = w.app.get("/v1/webhooks/sec/deliveries", &w.key).await;
+        d.body.to_string().contains("printer.refused_message")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = task(&w, &id).await;
+    assert_eq!(t["state"], "sent", "neither forged result moved the task: {t}");
+    let heard = overheard.lock().expect("lock").clone();
+    assert!(heard.is_empty(), "the ACL keeps dev-1's jobs from dev-2: {heard:?}");
+    listener.abort();
+    w.app.stop().await;
+}
+
+async fn a_result_is_acknowledged_only_once_it_is_durable(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:00:00:01";
+    let login = printer(&w, "star", star(mac)).await;
+    // A Star printer, so that a result lost by the broker cannot be made good: sent the
+    // token again, the printer would only answer "duplicate", and the task would end in
+    // doubt instead of printed.
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, Faults { slow_ms: 1_500, ..Faults::default() }).await;
+    let id = submit(&w, "star", "R1").await;
+    wait_state(&w, &id, "sent", Duration::from_secs(20)).await;
+    // The database refuses every change of a task while the result arrives…
+    w.app.sql("ALTER TABLE task_events RENAME TO task_events_away").await;
+    wait_until(Duration::from_secs(20), "the printer printed", || async { sim.jobs().count() == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // …and the broker stops before it could apply it. Unacknowledged, the result stays with
+    // the MQTT server for the broker's next process.
+    let World { app, mosquitto, key, _dir } = w;
+    let config = fast(mosquitto.port, _dir.path());
+    let app = app.restart(config).await;
+    let w = World { app, mosquitto, key, _dir };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    w.app.sql("ALTER TABLE task_events_away RENAME TO task_events").await;
+    let t = wait_state(&w, &id, "printed", Duration::from_secs(20)).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    assert_eq!(sim.jobs().count(), 1);
+    sim.shutdown().await;
+    w.app.stop().await;
+}
