@@ -622,9 +622,8 @@ async fn printers_that_call_in_get_a_login_shown_once_and_replaced_on_request(ap
     assert!(text.contains("\"rotate\""), "{text}");
     assert!(!text.contains(&password) && !text.contains(new_password), "no password in the audit: {text}");
     // Every kind that logs in gets one; an Epson printer and an MQTT device too.
-    let epson = app
-        .post("/v1/printers", &key, json!({"id": "tm", "store_id": "s1", "transport": {"kind": "epson_sdp"}}))
-        .await;
+    let epson =
+        app.post("/v1/printers", &key, json!({"id": "tm", "store_id": "s1", "transport": {"kind": "epson_sdp"}})).await;
     assert_eq!(epson.status, StatusCode::CREATED, "{epson:?}");
     assert!(epson.body["credentials"]["password"].is_string(), "{epson:?}");
 }

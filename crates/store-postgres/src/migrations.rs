@@ -29,6 +29,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (8, V8_LANES),
     (9, V9_SETUP_CHANGES),
     (10, V10_PRINTER_CREDENTIALS),
+    (11, V11_OPERATORS),
 ];
 
 /// The version a fully migrated database reports.
@@ -340,6 +341,35 @@ CREATE TABLE printer_credentials (
     PRIMARY KEY (tenant_id, printer_id),
     FOREIGN KEY (tenant_id, printer_id) REFERENCES printers (tenant_id, id)
 );
+"#;
+
+/// Operators (issue 10): people who log in to the console, per tenant, with an argon2id
+/// password hash; `stores` is the JSON array of a staff member's stores. Sessions keep only
+/// the SHA-256 of the secret the browser (cookie) or API client (operator token) holds.
+const V11_OPERATORS: &str = r#"
+CREATE TABLE operators (
+    tenant_id     TEXT NOT NULL REFERENCES tenants (id),
+    id            TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    role          TEXT NOT NULL,
+    stores        TEXT NOT NULL,
+    password_hash TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+CREATE TABLE operator_sessions (
+    token_hash  TEXT PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    tenant_id   TEXT NOT NULL,
+    operator_id TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    csrf_token  TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL,
+    revoked_at  BIGINT,
+    FOREIGN KEY (tenant_id, operator_id) REFERENCES operators (tenant_id, id)
+);
+CREATE INDEX operator_sessions_by_operator ON operator_sessions (tenant_id, operator_id);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.
