@@ -24,8 +24,15 @@ pub const EVENT_ID_HEADER: &str = "x-onceprint-event-id";
 pub const EVENT_TYPE_HEADER: &str = "x-onceprint-event-type";
 
 /// Event kinds an endpoint can subscribe to.
-pub const EVENT_KINDS: [&str; 6] =
-    ["task.failed", "task.in_doubt", "task.printed", "printer.offline", "printer.online", "printer.stalled"];
+pub const EVENT_KINDS: [&str; 7] = [
+    "task.failed",
+    "task.in_doubt",
+    "task.printed",
+    "printer.offline",
+    "printer.online",
+    "printer.stalled",
+    "agent.offline",
+];
 
 /// A fresh, unique event id.
 pub fn new_event_id(now: Millis) -> String {
