@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes (default 1048576).
     #[arg(long, env = "ONCEPRINT_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Mark the console's cookies Secure on every answer (use when the broker is reached
+    /// only over HTTPS; without it they are Secure when X-Forwarded-Proto says https).
+    #[arg(long, env = "ONCEPRINT_CONSOLE_SECURE_COOKIES")]
+    pub console_secure_cookies: bool,
 }
 
 /// The TOML file. Every key is optional.
@@ -69,6 +73,17 @@ pub struct FileConfig {
     /// A pushed (webhook) delivery without an answer this long goes to a person (default
     /// 300000).
     pub push_doubt_after_ms: Option<i64>,
+    /// See `serve --console-secure-cookies`.
+    pub console_secure_cookies: Option<bool>,
+    /// How long a console login lasts, in seconds (default 43200, 12 hours).
+    pub console_session_ttl_s: Option<i64>,
+    /// How long an operator token for the API lasts, in seconds (default 2592000, 30 days).
+    pub operator_token_ttl_s: Option<i64>,
+    /// Failed logins of one operator within `login_window_s` after which every attempt is
+    /// refused until the window has passed (default 5).
+    pub login_max_failures: Option<u32>,
+    /// Default 900 (15 minutes).
+    pub login_window_s: Option<i64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
 }
@@ -129,6 +144,19 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 charge: file.charge_per_task.unwrap_or(1),
             },
             alerts: Default::default(),
+            operators: {
+                let o = onceprint_engine::OperatorsConfig::default();
+                onceprint_engine::OperatorsConfig {
+                    session_ttl_ms: file.console_session_ttl_s.map_or(o.session_ttl_ms, |s| s.max(1) * 1000),
+                    token_ttl_ms: file.operator_token_ttl_s.map_or(o.token_ttl_ms, |s| s.max(1) * 1000),
+                    login_max_failures: file.login_max_failures.unwrap_or(o.login_max_failures).max(1),
+                    login_window_ms: file.login_window_s.map_or(o.login_window_ms, |s| s.max(1) * 1000),
+                }
+            },
+            console: onceprint_server::console::ConsoleConfig {
+                secure_cookies: args.console_secure_cookies || file.console_secure_cookies.unwrap_or(false),
+                ..Default::default()
+            },
             push: {
                 let p = onceprint_engine::PushConfig::default();
                 onceprint_engine::PushConfig {

@@ -7,6 +7,7 @@
 //! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
 
+pub mod console;
 mod dto;
 mod error;
 mod extract;
@@ -24,7 +25,7 @@ use axum::Router;
 use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
+    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -39,6 +40,10 @@ pub struct HttpConfig {
     pub delivery: DeliveryConfig,
     pub alerts: onceprint_engine::alerts::AlertConfig,
     pub push: onceprint_engine::PushConfig,
+    /// Operator sessions and the login throttle (issue 10).
+    pub operators: onceprint_engine::OperatorsConfig,
+    /// The staff console at `/console/`.
+    pub console: console::ConsoleConfig,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +54,8 @@ impl Default for HttpConfig {
             delivery: DeliveryConfig::default(),
             alerts: Default::default(),
             push: Default::default(),
+            operators: Default::default(),
+            console: Default::default(),
         }
     }
 }
@@ -63,6 +70,8 @@ pub struct AppState {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
     pub(crate) setup: Arc<Setup>,
+    pub(crate) operators: Arc<Operators>,
+    pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -113,8 +122,16 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, callbacks, manual, meta, reconcile, render, setup, tasks, webhooks};
+    use routes::{agent, callbacks, manual, meta, operators, reconcile, render, setup, tasks, webhooks};
     Router::new()
+        .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
+        .route("/v1/operators/{id}/sessions", delete(operators::revoke_operator_sessions))
+        .route(
+            "/v1/operator-sessions",
+            post(operators::create_operator_session).delete(operators::delete_operator_session),
+        )
+        .route("/v1/agent/status", post(agent::status))
+        .merge(console::router())
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
         .route("/v1/stores/{id}", get(setup::get_store))
@@ -199,8 +216,10 @@ pub async fn bind(
         policies: config.intake.policies.clone(),
     };
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
+    let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
     let setup = Arc::new(Setup::new(store.clone(), directory.clone()));
+    let operators = Arc::new(Operators::new(store.clone(), config.operators.clone()));
     let state = AppState {
         store,
         intake,
@@ -209,6 +228,8 @@ pub async fn bind(
         lanes,
         operations,
         setup,
+        operators,
+        watch,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
@@ -250,6 +271,9 @@ impl Bound {
             lanes.signals().clone(),
             self.state.config.alerts.clone(),
         );
+        let agent_watch = self.state.watch.spawn(std::time::Duration::from_millis(
+            (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
+        ));
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -264,6 +288,7 @@ impl Bound {
             let _ = p.await;
         }
         let _ = deliverer.await;
+        let _ = agent_watch.await;
         Ok(())
     }
 }

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod callbacks;
 pub mod manual;
 pub mod meta;
+pub mod operators;
 pub mod reconcile;
 pub mod render;
 pub mod setup;
