@@ -5,9 +5,9 @@
 //! "out of paper" shows up when the next ticket fails. Agents therefore ask each idle
 //! printer for its real-time status every few seconds and report it (and at once when it
 //! changes); this module turns the reports into the printer rows the console and the API
-//! show (`online`, `last_seen_at`, `last_error`), writing only changes and, for a printer
-//! that stays the same, a refresh of `last_seen_at` now and then, so a store full of idle
-//! printers costs the database little.
+//! show (`online`, `last_seen_at`, `last_error`), writing only what differs from the
+//! printer's row and, for a printer that stays the same, a refresh of `last_seen_at` every
+//! ten seconds, so a store full of idle printers costs the database one read per report.
 //!
 //! A store whose agents all fell silent (none polled, acked or reported within the agent
 //! registry's `gone_after_ms`) has its agent printers shown `offline` with `last_error`
@@ -31,7 +31,7 @@ use crate::StoreSignals;
 /// `last_error` of the printers of a store whose agents fell silent.
 pub const AGENT_OFFLINE: &str = "agent offline";
 /// An unchanged status is written again after this long, to keep `last_seen_at` fresh.
-const REFRESH_MS: Millis = 30_000;
+const REFRESH_MS: Millis = 10_000;
 /// Most printer reports in one request.
 pub const MAX_REPORTS: usize = 256;
 
@@ -79,13 +79,6 @@ pub struct Watched {
     pub address: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Written {
-    online: bool,
-    last_error: Option<String>,
-    at: Millis,
-}
-
 type StoreKey = (String, String);
 
 /// The watch. Share it behind an `Arc`.
@@ -93,8 +86,6 @@ pub struct PrinterWatch {
     store: Arc<dyn Store>,
     registry: Arc<AgentRegistry>,
     signals: Arc<StoreSignals>,
-    /// What was last written per (tenant, printer).
-    written: Mutex<HashMap<(String, String), Written>>,
     /// Stores an agent reached, with when it was last heard and whether it is marked
     /// offline now.
     stores: Mutex<HashMap<StoreKey, (Millis, bool)>>,
@@ -102,23 +93,23 @@ pub struct PrinterWatch {
 
 impl PrinterWatch {
     pub fn new(store: Arc<dyn Store>, registry: Arc<AgentRegistry>, signals: Arc<StoreSignals>) -> Arc<PrinterWatch> {
-        Arc::new(PrinterWatch {
-            store,
-            registry,
-            signals,
-            written: Mutex::new(HashMap::new()),
-            stores: Mutex::new(HashMap::new()),
-        })
+        Arc::new(PrinterWatch { store, registry, signals, stores: Mutex::new(HashMap::new()) })
     }
 
     /// The enabled agent printers of `who`'s store: what an agent watches.
     pub async fn watched(&self, who: &AgentIdentity) -> Result<Vec<Watched>, StoreError> {
+        Ok(self.agent_printers(who).await?.into_iter().map(|(w, _)| w).collect())
+    }
+
+    async fn agent_printers(&self, who: &AgentIdentity) -> Result<Vec<(Watched, Printer)>, StoreError> {
         let printers = self.store.list_printers(&who.tenant_id, Some(&who.store_id)).await?;
-        Ok(printers.iter().filter(|p| p.enabled).filter_map(agent_address).collect())
+        Ok(printers.into_iter().filter(|p| p.enabled).filter_map(|p| agent_address(&p).map(|w| (w, p))).collect())
     }
 
     /// Applies an agent's report on its store's printers (others' are ignored) and
-    /// answers which printers it should watch.
+    /// answers which printers it should watch. A status is written when it differs from
+    /// the printer's row (which acks change too, so the row, not a memory of this
+    /// module, is what a report is compared with), or to refresh an old `last_seen_at`.
     pub async fn report(
         &self,
         who: &AgentIdentity,
@@ -128,47 +119,32 @@ impl PrinterWatch {
     ) -> Result<Vec<Watched>, StoreError> {
         let now = now_ms();
         self.registry.heard(&who.tenant_id, &who.store_id, agent_id, session);
-        let came_back = {
-            let mut stores = self.stores.lock().map_err(|_| StoreError::Backend("watch lock".into()))?;
-            let entry = stores.entry((who.tenant_id.clone(), who.store_id.clone())).or_insert((now, false));
-            let was_offline = entry.1;
-            *entry = (now, false);
-            was_offline
-        };
-        let watched = self.watched(who).await?;
+        if let Ok(mut stores) = self.stores.lock() {
+            stores.insert((who.tenant_id.clone(), who.store_id.clone()), (now, false));
+        }
+        let printers = self.agent_printers(who).await?;
         let mut updates = Vec::new();
-        {
-            let mut written = self.written.lock().map_err(|_| StoreError::Backend("watch lock".into()))?;
-            for (printer_id, status) in reports {
-                if !watched.iter().any(|w| &w.printer_id == printer_id) {
-                    continue;
-                }
-                let (online, last_error) = status.as_row();
-                let row = Written { online, last_error: last_error.map(str::to_owned), at: now };
-                let key = (who.tenant_id.clone(), printer_id.clone());
-                let same = written.get(&key).is_some_and(|w| {
-                    w.online == row.online && w.last_error == row.last_error && now - w.at < REFRESH_MS
-                });
-                // After the agent was marked offline every printer is written again, since
-                // the rows say "agent offline" whatever this map remembers.
-                if same && !came_back {
-                    continue;
-                }
-                updates.push(PrinterStatusUpdate {
-                    tenant_id: who.tenant_id.clone(),
-                    printer_id: printer_id.clone(),
-                    online,
-                    last_error: row.last_error.clone(),
-                    now,
-                    event_id: crate::alerts::new_event_id(now),
-                });
-                written.insert(key, row);
+        for (printer_id, status) in reports {
+            let Some((_, row)) = printers.iter().find(|(w, _)| &w.printer_id == printer_id) else { continue };
+            let (online, last_error) = status.as_row();
+            let last_error = last_error.map(str::to_owned);
+            let fresh = row.last_seen_at.is_some_and(|t| now - t < REFRESH_MS);
+            if row.online == online && row.last_error == last_error && fresh {
+                continue;
             }
+            updates.push(PrinterStatusUpdate {
+                tenant_id: who.tenant_id.clone(),
+                printer_id: printer_id.clone(),
+                online,
+                last_error,
+                now,
+                event_id: crate::alerts::new_event_id(now),
+            });
         }
         if !updates.is_empty() {
             self.store.update_printer_status(&updates).await?;
         }
-        Ok(watched)
+        Ok(printers.into_iter().map(|(w, _)| w).collect())
     }
 
     /// One look at every store an agent reached: those whose agents all fell silent have
@@ -231,9 +207,6 @@ impl PrinterWatch {
                         e.1 = true;
                     }
                 }
-            }
-            if let Ok(mut written) = self.written.lock() {
-                written.retain(|(t, p), _| !(t == tenant_id && updates.iter().any(|u| &u.printer_id == p)));
             }
         }
         Ok(silent.len())
