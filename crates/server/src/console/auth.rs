@@ -70,6 +70,9 @@ fn set_cookie(name: &str, value: &str, max_age_s: Option<i64>, http_only: bool, 
 pub struct ConsoleUser {
     pub session: OperatorSession,
     pub lang: Lang,
+    /// The cookie's secret, for looking the session up again (the live view does, so that
+    /// a revoked or expired session ends an open page too).
+    pub(crate) secret: String,
 }
 
 impl ConsoleUser {
@@ -114,7 +117,7 @@ impl FromRequestParts<AppState> for ConsoleUser {
             return Err(to_login(parts, false));
         };
         match st.operators.authenticate(&secret).await.map_err(|e| ConsoleError::Api(e.into()))? {
-            Some(session) if session.kind == SessionKind::Console => Ok(ConsoleUser { session, lang }),
+            Some(session) if session.kind == SessionKind::Console => Ok(ConsoleUser { session, lang, secret }),
             _ => Err(to_login(parts, true)),
         }
     }

@@ -84,6 +84,14 @@ impl Lang {
         }
     }
 
+    /// "3 min ago" / "3 min前".
+    pub fn ago(self, age: &str) -> String {
+        match self {
+            Lang::En => format!("{age} ago"),
+            Lang::Zh => format!("{age}前"),
+        }
+    }
+
     /// A task state in words.
     pub fn state(self, state: &str) -> &'static str {
         match state {
@@ -213,6 +221,9 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("recon.counts", "Tickets", "小票"),
     ("recon.ledger", "Charges and refunds", "计费与退款"),
     ("recon.differences", "Differences", "差异"),
+    ("recon.submitted", "submitted", "提交"),
+    ("recon.charges", "charges (amount)", "计费（金额）"),
+    ("recon.refunds", "refunds (amount)", "退款（金额）"),
     ("recon.no_differences", "No differences.", "没有差异。"),
     ("recon.twice", "Printed more than once", "重复打印"),
     ("recon.expected_not_printed", "Expected but not printed", "应打未打"),

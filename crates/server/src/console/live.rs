@@ -24,6 +24,16 @@ use super::ConsoleError;
 use crate::error::ApiError;
 use crate::AppState;
 
+/// One open live view.
+struct Live {
+    st: AppState,
+    tenant: String,
+    store: String,
+    secret: String,
+    last: u64,
+    hello: bool,
+}
+
 /// What the live pages show of a store, hashed.
 async fn digest(st: &AppState, tenant_id: &str, store_id: &str) -> Result<u64, ConsoleError> {
     let mut h = DefaultHasher::new();
@@ -53,33 +63,34 @@ pub async fn events(
     }
     let every = Duration::from_millis(st.config.console.live_interval_ms.max(100));
     let first = digest(&st, &tenant_id, &store_id).await?;
-    let session_expires = user.session.expires_at;
-    // The stream ends when the session expires, so a page left open does not outlive
-    // its login: the script then reloads and lands on the login page.
-    let s =
-        stream::unfold((st, tenant_id, store_id, first, true), move |(st, tenant, store, last, hello)| async move {
-            if hello {
-                let ev = Event::default().event("hello").data(last.to_string());
-                return Some((Ok::<Event, Infallible>(ev), (st, tenant, store, last, false)));
+    // The stream says `expired` once the session expired or was revoked, so a page left
+    // open does not outlive its login: the script then reloads and lands on the login page.
+    let seed = Live { st, tenant: tenant_id, store: store_id, secret: user.secret.clone(), last: first, hello: true };
+    let s = stream::unfold(seed, move |mut l| async move {
+        if l.hello {
+            l.hello = false;
+            let ev = Event::default().event("hello").data(l.last.to_string());
+            return Some((Ok::<Event, Infallible>(ev), l));
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = l.st.lanes.signals().shutdown() => return None,
             }
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = st.lanes.signals().shutdown() => return None,
-                }
-                if onceprint_engine::clock::now_ms() >= session_expires {
-                    let ev = Event::default().event("expired").data("login");
-                    return Some((Ok(ev), (st, tenant, store, last, false)));
-                }
-                match digest(&st, &tenant, &store).await {
-                    Ok(d) if d != last => {
-                        let ev = Event::default().event("change").data(d.to_string());
-                        return Some((Ok(ev), (st, tenant, store, d, false)));
-                    }
-                    Ok(_) => {}
-                    Err(_) => tracing::warn!(store_id = %store, "live view: cannot read the store"),
-                }
+            if !matches!(l.st.operators.authenticate(&l.secret).await, Ok(Some(_))) {
+                let ev = Event::default().event("expired").data("login");
+                return Some((Ok(ev), l));
             }
-        });
+            match digest(&l.st, &l.tenant, &l.store).await {
+                Ok(d) if d != l.last => {
+                    l.last = d;
+                    let ev = Event::default().event("change").data(d.to_string());
+                    return Some((Ok(ev), l));
+                }
+                Ok(_) => {}
+                Err(_) => tracing::warn!(store_id = %l.store, "live view: cannot read the store"),
+            }
+        }
+    });
     Ok(Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
 }

@@ -195,7 +195,7 @@ pub async fn overview(
             ("bad", lang.t("printer.offline"))
         };
         let seen = match p.last_seen_at {
-            Some(t) => format!("{} ({} {})", shop.zone.local_time(t), age(now - t), esc(lang.t("attention.age"))),
+            Some(t) => format!("{} ({})", shop.zone.local_time(t), lang.ago(&age(now - t))),
             None => lang.t("printer.never").to_owned(),
         };
         let lane = match lanes.get(&p.id) {
@@ -316,7 +316,10 @@ pub async fn attention(
     let path = format!("{}/attention", store_base(&shop));
     let mut body = String::new();
     if tasks.is_empty() {
-        body.push_str(&format!("<p class=\"empty ok\" id=\"attention-empty\">{}</p>", esc(lang.t("attention.empty"))));
+        body.push_str(&format!(
+            "<p class=\"empty fine\" id=\"attention-empty\">{}</p>",
+            esc(lang.t("attention.empty"))
+        ));
     }
     body.push_str("<ul class=\"tickets\" id=\"attention\">");
     for t in &tasks {
@@ -723,23 +726,26 @@ pub async fn reconciliation(
         body.push_str(&format!("<dt>{}</dt><dd data-count=\"{state}\">{n}</dd>", esc(lang.state(state))));
     }
     body.push_str(&format!(
-        "<dt>{}</dt><dd data-count=\"reprinted\">{}</dd><dt>Σ</dt><dd data-count=\"submitted\">{}</dd></dl></section>",
+        "<dt>{}</dt><dd data-count=\"reprinted\">{}</dd><dt>{}</dt><dd data-count=\"submitted\">{}</dd></dl></section>",
         esc(lang.t("chain.reprint")),
         c.reprinted,
+        esc(lang.t("recon.submitted")),
         c.submitted
     ));
     let l = &r.ledger;
     body.push_str(&format!(
-        "<section class=\"card\"><h2>{}</h2><dl class=\"grid\"><dt>+</dt><dd>{} ({})</dd><dt>−</dt><dd>{} ({})</dd></dl></section>",
+        "<section class=\"card\"><h2>{}</h2><dl class=\"grid\"><dt>{}</dt><dd>{} ({})</dd><dt>{}</dt><dd>{} ({})</dd></dl></section>",
         esc(lang.t("recon.ledger")),
+        esc(lang.t("recon.charges")),
         l.charges,
         l.charged_amount,
+        esc(lang.t("recon.refunds")),
         l.refunds,
         l.refunded_amount
     ));
     body.push_str(&format!("<section class=\"card\" id=\"differences\"><h2>{}</h2>", esc(lang.t("recon.differences"))));
     if !r.has_differences() {
-        body.push_str(&format!("<p class=\"ok\">{}</p>", esc(lang.t("recon.no_differences"))));
+        body.push_str(&format!("<p class=\"fine\">{}</p>", esc(lang.t("recon.no_differences"))));
     }
     for (key, list) in [
         ("recon.twice", &r.printed_more_than_once),
