@@ -580,7 +580,7 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     act(c, &format!("li[data-task=\"{dead}\"]"), "reprint", "front printer is dead", Some("p0")).await;
     wait_for(c, "#attention li[data-task]", "B9", true).await;
     let start = Instant::now();
-    while w.paper("B9").len() < 1 {
+    while w.paper("B9").is_empty() {
         assert!(start.elapsed() < WAIT, "the reprint of B9 on p0 did not print");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
