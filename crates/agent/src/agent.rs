@@ -81,7 +81,16 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         printer_idle: Duration::from_millis(args.printer_idle_ms),
         no_printed_ack: args.no_printed_ack.iter().cloned().collect(),
         acks: ack_tx,
-        stopping: stopping_rx,
+        stopping: stopping_rx.clone(),
+    });
+
+    let reporter = (args.status_interval_ms > 0).then(|| {
+        tokio::spawn(crate::watch::run_status_reporter(
+            client.clone(),
+            dispatcher.prober(),
+            Duration::from_millis(args.status_interval_ms),
+            stopping_rx.clone(),
+        ))
     });
 
     let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
@@ -100,6 +109,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     // printing now runs to its end, which its timeouts bound.
     tracing::info!("shutting down: no new deliveries; letting prints in flight finish");
     let _ = stopping_tx.send(true);
+    if let Some(r) = reporter {
+        let _ = r.await;
+    }
     dispatcher.finish().await;
 
     // Every worker is gone, so the ack queue is closed and the sender stops once it is

@@ -2,7 +2,10 @@
 //! works from behind NAT and store firewalls.
 
 use crate::backoff::Backoff;
-use crate::protocol::{Ack, AckResult, AcksRequest, AcksResponse, Delivery, PollRequest, PollResponse};
+use crate::protocol::{
+    Ack, AckResult, AcksRequest, AcksResponse, Delivery, PollRequest, PollResponse, PrinterStatusReport, StatusRequest,
+    StatusResponse, WatchedPrinter,
+};
 use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
 use std::error::Error as _;
@@ -73,6 +76,7 @@ pub struct BrokerClient {
     http: reqwest::Client,
     poll_url: Url,
     acks_url: Url,
+    status_url: Url,
     token: String,
     /// Who this process is, sent with the acks.
     agent_id: Option<String>,
@@ -93,6 +97,7 @@ impl BrokerClient {
         let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| e.to_string());
         let poll_url = parse("/v1/agent/poll")?;
         let acks_url = parse("/v1/agent/acks")?;
+        let status_url = parse("/v1/agent/status")?;
         match poll_url.scheme() {
             "http" => {}
             "https" => {
@@ -111,7 +116,15 @@ impl BrokerClient {
             .user_agent(concat!("onceprint-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(BrokerClient { http, poll_url, acks_url, token: token.to_owned(), agent_id: None, session: None })
+        Ok(BrokerClient {
+            http,
+            poll_url,
+            acks_url,
+            status_url,
+            token: token.to_owned(),
+            agent_id: None,
+            session: None,
+        })
     }
 
     /// The same client, acknowledging as `agent_id` in `session`.
@@ -137,6 +150,28 @@ impl BrokerClient {
         let resp = check(resp).await?;
         let body: PollResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(body.deliveries)
+    }
+
+    /// Reports idle printers' status (`POST /v1/agent/status`); answers the printers the
+    /// broker wants watched.
+    pub async fn send_status(&self, printers: &[PrinterStatusReport]) -> Result<Vec<WatchedPrinter>, BrokerError> {
+        let body = StatusRequest {
+            agent_id: self.agent_id.clone().unwrap_or_default(),
+            session: self.session.clone(),
+            printers: printers.to_vec(),
+        };
+        let resp = self
+            .http
+            .post(self.status_url.clone())
+            .bearer_auth(&self.token)
+            .timeout(ACK_TIMEOUT)
+            .json(&body)
+            .send()
+            .await
+            .map_err(transport)?;
+        let resp = check(resp).await?;
+        let answer: StatusResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
+        Ok(answer.printers)
     }
 
     /// Sends acknowledgements; `Ok` means the broker has taken them (200).

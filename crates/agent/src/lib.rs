@@ -28,6 +28,11 @@
 //! job. Under load the poll loop lingers briefly (`--poll-linger-ms`, 5 ms) so that one
 //! poll fetches several deliveries.
 //!
+//! Between jobs the agent watches its store's printers (`--status-interval-ms`, 3 s): it
+//! asks each idle printer for its real-time status and reports it to the broker, which
+//! learns "out of paper" before the next ticket fails and tells the agent which printers
+//! to watch (see `watch`).
+//!
 //! Printers that ignore `GS ( H` can be listed with `--no-printed-ack`; they are confirmed
 //! by a real-time status check after the job instead. That is weaker: it shows the printer
 //! is online and has no blocker after the job reached it, not that this job came out of
@@ -52,6 +57,7 @@ pub mod journal;
 pub mod printer;
 pub mod protocol;
 mod state_dir;
+mod watch;
 mod worker;
 
 pub use agent::run;
@@ -122,6 +128,12 @@ pub struct AgentArgs {
     /// answer, in milliseconds.
     #[arg(long, default_value_t = 3_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub connect_timeout_ms: u64,
+
+    /// Ask idle printers for their status (DLE EOT) this often and report it to the broker,
+    /// so that "out of paper" shows before the next ticket fails; a printer that printed
+    /// within this time is not asked (its job's answer told). 0 turns it off.
+    #[arg(long, env = "ONCEPRINT_STATUS_INTERVAL_MS", default_value_t = 3_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub status_interval_ms: u64,
 
     /// A printer that does not answer GS ( H (many clones): confirm its jobs by a status
     /// check after sending instead. Weaker; repeat for several printers.

@@ -129,3 +129,32 @@ mod tests {
         assert_eq!(parsed.map(|p| p.deliveries.len()), Ok(1));
     }
 }
+
+/// `POST /v1/agent/status` body (extension, issue 10): idle printers' status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRequest {
+    pub agent_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    pub printers: Vec<PrinterStatusReport>,
+}
+
+/// One idle printer's status: `ready`, `no_paper`, `cover_open`, `paper_jam` or `offline`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrinterStatusReport {
+    pub printer_id: String,
+    pub status: String,
+}
+
+/// `POST /v1/agent/status` answer: the printers to watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    #[serde(default)]
+    pub printers: Vec<WatchedPrinter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchedPrinter {
+    pub printer_id: String,
+    pub printer_address: String,
+}

@@ -9,13 +9,15 @@
 //! it.
 
 use crate::journal::{Journal, Record, RecordState};
-use crate::printer::{print_job_on, Confirmation, DriverConfig, Job, PrinterAddress, PrinterLink, ProcessIds};
+use crate::printer::{
+    print_job_on, Confirmation, DriverConfig, Job, PrinterAddress, PrinterConnection, PrinterLink, ProcessIds,
+};
 use crate::protocol::{Ack, Delivery, Outcome};
 use base64::Engine as _;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
@@ -50,54 +52,61 @@ struct Item {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
+/// What a worker is asked to do: print a delivery, or look at its idle printer.
+enum Work {
+    Deliver(Item),
+    /// Ask the printer for its status, unless it printed within `quiet_for` (then the
+    /// job's own answer said how it is, and a probe would only cost a reconnection).
+    Probe {
+        address: PrinterAddress,
+        quiet_for: Duration,
+        reply: oneshot::Sender<Option<IdleStatus>>,
+    },
+}
+
+type Workers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Work>>>>;
+
 /// Routes deliveries to per-printer workers, starting a worker on a printer's first
-/// delivery.
+/// delivery (or its first status probe).
 pub(crate) struct Dispatcher {
     ctx: Arc<WorkerContext>,
-    workers: HashMap<String, mpsc::UnboundedSender<Item>>,
-    handles: Vec<JoinHandle<()>>,
+    workers: Workers,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Dispatcher {
     pub(crate) fn new(ctx: WorkerContext) -> Dispatcher {
-        Dispatcher { ctx: Arc::new(ctx), workers: HashMap::new(), handles: Vec::new() }
+        Dispatcher { ctx: Arc::new(ctx), workers: Arc::default(), handles: Arc::default() }
+    }
+
+    /// A handle for asking idle printers about their status (the status reporter).
+    pub(crate) fn prober(&self) -> Prober {
+        Prober { ctx: self.ctx.clone(), workers: self.workers.clone(), handles: self.handles.clone() }
     }
 
     pub(crate) fn dispatch(&mut self, delivery: Delivery, permit: Option<OwnedSemaphorePermit>) {
-        let mut item = Item { delivery, _permit: permit };
-        // A worker only stops by panicking (or at shutdown, which is not now); its queue is
-        // then closed and a fresh worker takes the printer over.
-        for _ in 0..2 {
-            let tx = match self.workers.get(&item.delivery.printer_id) {
-                Some(tx) => tx.clone(),
-                None => self.spawn(item.delivery.printer_id.clone()),
-            };
-            match tx.send(item) {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(back)) => {
-                    self.workers.remove(&back.delivery.printer_id);
-                    item = back;
-                }
-            }
+        let printer_id = delivery.printer_id.clone();
+        let task_id = delivery.task_id.clone();
+        if !send_work(
+            &self.ctx,
+            &self.workers,
+            &self.handles,
+            &printer_id,
+            Work::Deliver(Item { delivery, _permit: permit }),
+        ) {
+            tracing::error!(task_id = %task_id, "no worker could take the delivery; the broker will redeliver it");
         }
-        tracing::error!(task_id = %item.delivery.task_id, "no worker could take the delivery; the broker will redeliver it");
-    }
-
-    fn spawn(&mut self, printer_id: String) -> mpsc::UnboundedSender<Item> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let ctx = self.ctx.clone();
-        let span = tracing::info_span!("printer", printer_id = %printer_id);
-        self.handles.push(tokio::spawn(run_worker(ctx, rx).instrument(span)));
-        self.workers.insert(printer_id, tx.clone());
-        tx
     }
 
     /// Closes every queue and waits for the workers: each finishes the delivery it is
     /// printing and leaves the queued ones (see [`WorkerContext::stopping`]).
     pub(crate) async fn finish(self) {
         let Dispatcher { ctx, workers, handles } = self;
-        drop(workers);
+        if let Ok(mut w) = workers.lock() {
+            w.clear();
+        }
         drop(ctx);
+        let handles = handles.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default();
         for h in handles {
             if let Err(e) = h.await {
                 tracing::error!(error = %e, "a printer worker ended abnormally");
@@ -106,7 +115,124 @@ impl Dispatcher {
     }
 }
 
-async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Item>) {
+/// Sends `work` to `printer_id`'s worker, starting one when there is none. A worker only
+/// stops by panicking (or at shutdown); its queue is then closed and a fresh worker takes
+/// the printer over. `false` when no worker could take it.
+fn send_work(
+    ctx: &Arc<WorkerContext>,
+    workers: &Workers,
+    handles: &Arc<Mutex<Vec<JoinHandle<()>>>>,
+    printer_id: &str,
+    mut work: Work,
+) -> bool {
+    for _ in 0..2 {
+        let tx = {
+            let Ok(mut map) = workers.lock() else { return false };
+            match map.get(printer_id) {
+                Some(tx) => tx.clone(),
+                None => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let span = tracing::info_span!("printer", printer_id = %printer_id);
+                    let handle = tokio::spawn(run_worker(ctx.clone(), rx).instrument(span));
+                    if let Ok(mut h) = handles.lock() {
+                        h.push(handle);
+                    }
+                    map.insert(printer_id.to_owned(), tx.clone());
+                    tx
+                }
+            }
+        };
+        match tx.send(work) {
+            Ok(()) => return true,
+            Err(mpsc::error::SendError(back)) => {
+                if let Ok(mut map) = workers.lock() {
+                    map.remove(printer_id);
+                }
+                work = back;
+            }
+        }
+    }
+    false
+}
+
+/// Asks printers' workers about their idle printers (see [`crate::watch`]).
+#[derive(Clone)]
+pub(crate) struct Prober {
+    ctx: Arc<WorkerContext>,
+    workers: Workers,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Prober {
+    /// The status of `printer_id` at `address`, asked by its worker between jobs; `None`
+    /// when it printed within `quiet_for`, is busy past the probe's patience, or the agent
+    /// is stopping.
+    pub(crate) async fn probe(
+        &self,
+        printer_id: &str,
+        address: PrinterAddress,
+        quiet_for: Duration,
+    ) -> Option<IdleStatus> {
+        if *self.ctx.stopping.borrow() {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        if !send_work(&self.ctx, &self.workers, &self.handles, printer_id, Work::Probe { address, quiet_for, reply }) {
+            return None;
+        }
+        // A worker in the middle of a slow job answers after it; a probe that has waited
+        // this long is of no use, the job's ack will tell.
+        let patience = self.ctx.driver.connect_timeout + self.ctx.driver.status_timeout * 2 + Duration::from_secs(1);
+        tokio::time::timeout(patience, answer).await.ok().and_then(Result::ok).flatten()
+    }
+}
+
+/// What an idle printer says about itself, in the words of the status report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdleStatus {
+    Ready,
+    Blocked(onceprint_escpos::status::Blocker),
+    Offline,
+}
+
+impl IdleStatus {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            IdleStatus::Ready => "ready",
+            IdleStatus::Blocked(b) => b.outcome(),
+            IdleStatus::Offline => "offline",
+        }
+    }
+}
+
+/// Asks the printer on a connection of its own, closed afterwards. The worker's kept
+/// connection is closed first: a printer that serves one client at a time would not
+/// answer a second one.
+async fn probe_printer(ctx: &WorkerContext, link: &mut PrinterLink, address: &PrinterAddress) -> IdleStatus {
+    link.close().await;
+    let mut conn = match PrinterConnection::connect(address, ctx.driver.connect_timeout).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "status probe: cannot connect");
+            return IdleStatus::Offline;
+        }
+    };
+    let status = conn.status(&[1, 2, 4], ctx.driver.status_timeout).await;
+    conn.close().await;
+    match status {
+        Ok(st) => match st.blocker() {
+            Some(onceprint_escpos::status::Blocker::Offline) => IdleStatus::Offline,
+            Some(b) => IdleStatus::Blocked(b),
+            None => IdleStatus::Ready,
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, "status probe: no answer");
+            IdleStatus::Offline
+        }
+    }
+}
+
+async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Work>) {
     let mut ids = ProcessIds::default();
     let mut link = PrinterLink::new();
     loop {
@@ -124,7 +250,20 @@ async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Ite
                 None => rx.recv().await,
             },
         };
-        let Some(item) = item else { break };
+        let Some(work) = item else { break };
+        let item = match work {
+            Work::Deliver(item) => item,
+            Work::Probe { address, quiet_for, reply } => {
+                let recent = link.idle_deadline(Duration::ZERO).is_some_and(|used| used.elapsed() < quiet_for);
+                let status = if recent || *ctx.stopping.borrow() {
+                    None
+                } else {
+                    Some(probe_printer(&ctx, &mut link, &address).await)
+                };
+                let _ = reply.send(status);
+                continue;
+            }
+        };
         let d = item.delivery;
         if *ctx.stopping.borrow() {
             tracing::info!(task_id = %d.task_id, attempt = d.attempt, "shutting down: not started; the broker will redeliver it");

@@ -26,7 +26,7 @@ pub const EVENT_TYPE_HEADER: &str = "x-onceprint-event-type";
 /// Event kinds an endpoint can subscribe to.
 /// `printer.refused_message`: a printer's device (MQTT) sent an answer about a task that
 /// is not its printer's; it was refused.
-pub const EVENT_KINDS: [&str; 7] = [
+pub const EVENT_KINDS: [&str; 8] = [
     "task.failed",
     "task.in_doubt",
     "task.printed",
@@ -34,6 +34,7 @@ pub const EVENT_KINDS: [&str; 7] = [
     "printer.online",
     "printer.stalled",
     "printer.refused_message",
+    "agent.offline",
 ];
 
 /// A fresh, unique event id.

@@ -9,8 +9,9 @@
 //! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
 //! transports on top of it (`transport`: the agent's long poll, the push driver and the
 //! webhook transport, and the polled mechanism of printers that call in with CloudPRNT
-//! and Epson Server Direct Print as its two protocol adapters). It also owns the manual channel, alerts, reconciliation and store
-//! time zones.
+//! and Epson Server Direct Print as its two protocol adapters). It also owns the manual
+//! channel, operators and their sessions (`operators`), idle printers' status and silent
+//! agents (`printer_watch`), alerts, reconciliation and store time zones.
 //!
 //! It must never write SQL (that belongs to the store backends) and never decide HTTP
 //! answers of the broker's own API (status codes and JSON bodies belong to
@@ -27,6 +28,8 @@ pub mod ids;
 pub mod intake;
 pub mod lanes;
 pub mod operations;
+pub mod operators;
+pub mod printer_watch;
 pub mod reconcile;
 pub mod secrets;
 pub mod setup;
@@ -51,7 +54,9 @@ pub use directory::Directory;
 pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
 pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, DeliveryError, LaneEngine, SweepReport};
-pub use operations::{ActionError, ActionOutcome, ActionRequest, Operations, OperationsConfig};
+pub use operations::{ActionError, ActionOutcome, ActionRequest, Actor, Operations, OperationsConfig};
+pub use operators::{Creator, OperatorError, Operators, OperatorsConfig};
+pub use printer_watch::PrinterWatch;
 pub use setup::{Caller, Setup, SetupError};
 pub use signals::StoreSignals;
 pub use transport::agent::{AgentDelivery, AgentTransport, PollError};

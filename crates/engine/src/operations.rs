@@ -32,14 +32,38 @@ pub enum ActionError {
     Store(#[from] StoreError),
 }
 
+/// Who takes a manual action (R30). The audit trail names an authenticated identity:
+/// the operator who logged in, or the tenant API key that was used, never only a name the
+/// caller typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// An operator (console session or operator token): recorded as `operator:ID`.
+    Operator(String),
+    /// A tenant API key: recorded as `api_key:ID`, with the free-text name the caller gave
+    /// beside it in the reason (who at the merchant's end pressed the button).
+    ApiKey { key_id: String, name: String },
+}
+
+impl Actor {
+    /// The audit trail's actor.
+    pub fn audit_name(&self) -> String {
+        match self {
+            Actor::Operator(id) => format!("operator:{id}"),
+            Actor::ApiKey { key_id, .. } => format!("api_key:{key_id}"),
+        }
+    }
+}
+
 /// An operator's request.
 #[derive(Debug, Clone)]
 pub struct ActionRequest {
     pub tenant_id: String,
     pub task_id: String,
-    pub operator: String,
+    pub actor: Actor,
     pub reason: String,
-    /// The target printer of a transfer.
+    /// The target printer of a transfer; for a reprint, another printer of the store to
+    /// print the copy on (the original's printer when absent), e.g. when the original's
+    /// printer is dead and the ticket is in doubt.
     pub printer_id: Option<String>,
 }
 
@@ -150,6 +174,33 @@ impl Operations {
         Ok(current.task_id)
     }
 
+    /// Checks that `printer_id` is an enabled printer of `task`'s store (a copy or a
+    /// transfer can never go to another store's printer, R29) and returns its id.
+    async fn printer_in_store(&self, tenant_id: &str, task: &Task, printer_id: &str) -> Result<String, ActionError> {
+        onceprint_core::validate_id("printer_id", printer_id)?;
+        let printer = self
+            .directory
+            .printer(tenant_id, printer_id)
+            .await?
+            .ok_or_else(|| CoreError::invalid("printer_id", format!("no printer {printer_id:?}")))?;
+        if printer.store_id != task.store_id {
+            return Err(CoreError::invalid(
+                "printer_id",
+                format!("printer {printer_id:?} is in store {:?}, the task in {:?}", printer.store_id, task.store_id),
+            )
+            .into());
+        }
+        if !printer.enabled {
+            // The task would only wait there: a disabled printer's lane goes to nobody.
+            return Err(CoreError::invalid(
+                "printer_id",
+                format!("printer {printer_id:?} is disabled; enable it or choose another printer"),
+            )
+            .into());
+        }
+        Ok(printer.id)
+    }
+
     pub fn new(shared: Shared, config: OperationsConfig) -> Operations {
         let Shared { store, directory, gate, signals, policies } = shared;
         Operations { store, directory, gate, signals, policies, config }
@@ -157,7 +208,9 @@ impl Operations {
 
     /// Carries out one operator action.
     pub async fn act(&self, action: ManualAction, req: ActionRequest) -> Result<ActionOutcome, ActionError> {
-        check_text("operator", &req.operator, 100)?;
+        if let Actor::ApiKey { name, .. } = &req.actor {
+            check_text("operator", name, 100)?;
+        }
         check_text("reason", &req.reason, 500)?;
         let task = self
             .store
@@ -165,7 +218,12 @@ impl Operations {
             .await?
             .ok_or_else(|| ActionError::NotFound(req.task_id.clone()))?;
         let to = original_goes_to(action, task.state)?;
-        let actor = format!("operator:{}", req.operator);
+        let actor = req.actor.audit_name();
+        // With a tenant key, the name the caller gave stands beside the key in the reason.
+        let reason = match &req.actor {
+            Actor::Operator(_) => req.reason.clone(),
+            Actor::ApiKey { name, .. } => format!("{} (by {name:?})", req.reason),
+        };
         let now = now_ms();
         let transition = to.map(|to| Transition {
             task_id: task.task_id.clone(),
@@ -176,7 +234,7 @@ impl Operations {
             last_error: task.last_error.clone(),
             next_attempt_at: None,
             actor: actor.clone(),
-            reason: format!("{}: {}", action.as_str(), req.reason),
+            reason: format!("{}: {reason}", action.as_str()),
             now,
             sent_to: task.sent_to.clone(),
             sent_session: task.sent_session.clone(),
@@ -189,12 +247,17 @@ impl Operations {
                 // Reprints of old orders queue behind live tickets (R24) when a `reprint`
                 // print type is configured; otherwise they keep the original's priority.
                 let priority = self.policies.types.get("reprint").map_or(task.priority, |p| p.priority);
+                let printer_id = match req.printer_id.as_deref().filter(|p| *p != task.printer_id) {
+                    Some(p) => self.printer_in_store(&req.tenant_id, &task, p).await?,
+                    None => task.printer_id.clone(),
+                };
+                let on = if printer_id == task.printer_id { String::new() } else { format!(" on {printer_id}") };
                 let spec = SuccessorSpec {
                     kind: OriginKind::Reprint,
-                    printer_id: &task.printer_id,
+                    printer_id: &printer_id,
                     reprint_no: Some(n),
                     actor: actor.clone(),
-                    reason: format!("reprint {n} of {} by {actor}: {}", task.task_id, req.reason),
+                    reason: format!("reprint {n} of {}{on} by {actor}: {reason}", task.task_id),
                     priority,
                     charge: self.config.charge,
                 };
@@ -205,42 +268,16 @@ impl Operations {
                     .printer_id
                     .as_deref()
                     .ok_or_else(|| CoreError::invalid("printer_id", "is required: the printer to transfer to"))?;
-                onceprint_core::validate_id("printer_id", printer_id)?;
-                let printer = self
-                    .directory
-                    .printer(&req.tenant_id, printer_id)
-                    .await?
-                    .ok_or_else(|| CoreError::invalid("printer_id", format!("no printer {printer_id:?}")))?;
-                if printer.store_id != task.store_id {
-                    return Err(CoreError::invalid(
-                        "printer_id",
-                        format!(
-                            "printer {printer_id:?} is in store {:?}, the task in {:?}",
-                            printer.store_id, task.store_id
-                        ),
-                    )
-                    .into());
-                }
-                if printer.id == task.printer_id {
+                if printer_id == task.printer_id {
                     return Err(CoreError::invalid("printer_id", "is the task's own printer").into());
                 }
-                if !printer.enabled {
-                    // The task would only wait there: a disabled printer's lane goes to nobody.
-                    return Err(CoreError::invalid(
-                        "printer_id",
-                        format!("printer {printer_id:?} is disabled; enable it or choose another printer"),
-                    )
-                    .into());
-                }
+                let printer_id = self.printer_in_store(&req.tenant_id, &task, printer_id).await?;
                 let spec = SuccessorSpec {
                     kind: OriginKind::Transfer,
-                    printer_id: &printer.id,
+                    printer_id: &printer_id,
                     reprint_no: None,
                     actor: actor.clone(),
-                    reason: format!(
-                        "transferred from {} ({}) by {actor}: {}",
-                        task.task_id, task.printer_id, req.reason
-                    ),
+                    reason: format!("transferred from {} ({}) by {actor}: {}", task.task_id, task.printer_id, reason),
                     priority: task.priority,
                     // The order was charged once, on the original.
                     charge: 0,
@@ -270,7 +307,7 @@ impl Operations {
         if successor.is_some() {
             self.signals.notify(&task.tenant_id, &task.store_id);
         }
-        tracing::info!(task_id = %task.task_id, action = action.as_str(), operator = %req.operator, "manual action");
+        tracing::info!(task_id = %task.task_id, action = action.as_str(), actor = %actor, "manual action");
         let after = self.store.get_task(&req.tenant_id, &task.task_id).await?.unwrap_or(task);
         let created = match successor {
             Some(s) => self.store.get_task(&req.tenant_id, &s.task_id).await?,

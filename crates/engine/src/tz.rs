@@ -36,6 +36,23 @@ impl Zone {
     pub(crate) fn rules(&self) -> &TimeZone {
         &self.tz
     }
+
+    /// An instant as the store's clocks show it, `YYYY-MM-DD HH:MM:SS` (the console shows
+    /// times in the store's zone, not the viewer's or the server's).
+    pub fn local_time(&self, ms: onceprint_core::Millis) -> String {
+        match jiff::Timestamp::from_millisecond(ms) {
+            Ok(t) => t.to_zoned(self.tz.clone()).strftime("%Y-%m-%d %H:%M:%S").to_string(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The store's local date of an instant, `YYYY-MM-DD` (its business day).
+    pub fn local_date(&self, ms: onceprint_core::Millis) -> String {
+        match jiff::Timestamp::from_millisecond(ms) {
+            Ok(t) => t.to_zoned(self.tz.clone()).strftime("%Y-%m-%d").to_string(),
+            Err(_) => String::new(),
+        }
+    }
 }
 
 impl PartialEq for Zone {

@@ -348,7 +348,7 @@ impl Sut {
                 let req = ActionRequest {
                     tenant_id: "t".into(),
                     task_id: t.task_id.clone(),
-                    operator: "op".into(),
+                    actor: onceprint_engine::Actor::Operator("op".into()),
                     reason: "model".into(),
                     printer_id: None,
                 };

@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// (Mosquitto's pid_file), so that it reads them again.
     #[arg(long, env = "ONCEPRINT_MQTT_RELOAD_PID_FILE", value_name = "FILE")]
     pub mqtt_reload_pid_file: Option<PathBuf>,
+    /// Mark the console's cookies Secure on every answer (use when the broker is reached
+    /// only over HTTPS; without it they are Secure when X-Forwarded-Proto says https).
+    #[arg(long, env = "ONCEPRINT_CONSOLE_SECURE_COOKIES")]
+    pub console_secure_cookies: bool,
 }
 
 /// The TOML file. Every key is optional.
@@ -94,6 +98,17 @@ pub struct FileConfig {
     /// A job a CloudPRNT or Epson printer fetched and did not confirm this long goes to
     /// `in_doubt`.
     pub polled_answer_within_ms: Option<i64>,
+    /// See `serve --console-secure-cookies`.
+    pub console_secure_cookies: Option<bool>,
+    /// How long a console login lasts, in seconds (default 43200, 12 hours).
+    pub console_session_ttl_s: Option<i64>,
+    /// How long an operator token for the API lasts, in seconds (default 2592000, 30 days).
+    pub operator_token_ttl_s: Option<i64>,
+    /// Failed logins of one operator within `login_window_s` after which every attempt is
+    /// refused until the window has passed (default 5).
+    pub login_max_failures: Option<u32>,
+    /// Default 900 (15 minutes).
+    pub login_window_s: Option<i64>,
     /// Print types: replaces the built-in table when present.
     pub print_types: Option<BTreeMap<String, PrintTypePolicy>>,
     /// The MQTT server of mqtt printers (see `--mqtt-url` and its neighbours).
@@ -199,6 +214,19 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             mqtt,
+            operators: {
+                let o = onceprint_engine::OperatorsConfig::default();
+                onceprint_engine::OperatorsConfig {
+                    session_ttl_ms: file.console_session_ttl_s.map_or(o.session_ttl_ms, |s| s.max(1) * 1000),
+                    token_ttl_ms: file.operator_token_ttl_s.map_or(o.token_ttl_ms, |s| s.max(1) * 1000),
+                    login_max_failures: file.login_max_failures.unwrap_or(o.login_max_failures).max(1),
+                    login_window_ms: file.login_window_s.map_or(o.login_window_ms, |s| s.max(1) * 1000),
+                }
+            },
+            console: onceprint_server::console::ConsoleConfig {
+                secure_cookies: args.console_secure_cookies || file.console_secure_cookies.unwrap_or(false),
+                ..Default::default()
+            },
             push: {
                 let p = onceprint_engine::PushConfig::default();
                 onceprint_engine::PushConfig {

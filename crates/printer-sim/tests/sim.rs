@@ -252,7 +252,7 @@ async fn crash_mid_job_prints_then_drops_the_connection_before_the_reply() {
     let log = f.paper_log();
     assert_eq!(log.len(), 1, "the job was printed before the crash");
     assert_eq!(log[0].text, "crash me");
-    assert_eq!(f.sim.faults().get(&f.printer().to_string()).unwrap().crash_mid_job, 0, "one crash used up");
+    assert_eq!(f.sim.faults().get(f.printer()).unwrap().crash_mid_job, 0, "one crash used up");
 
     // The next job goes through.
     let mut stream = TcpStream::connect(f.printer()).await.unwrap();
@@ -335,8 +335,8 @@ async fn control_endpoint_lists_and_changes_faults() {
         http(control, "PUT", "/faults", Some(json!({"printer": b.to_string(), "slow_ms": 5, "clone": true}))).await;
     assert_eq!(code, 200);
     assert_eq!(body["printers"].as_array().unwrap().len(), 1);
-    assert_eq!(f.sim.faults().get(&b.to_string()), Some(Faults { slow_ms: 5, clone: true, ..Faults::default() }));
-    assert_eq!(f.sim.faults().get(&a.to_string()), Some(Faults::default()));
+    assert_eq!(f.sim.faults().get(b), Some(Faults { slow_ms: 5, clone: true, ..Faults::default() }));
+    assert_eq!(f.sim.faults().get(a), Some(Faults::default()));
 
     let (code, body) = http(control, "PUT", "/faults", Some(json!({"printer": "127.0.0.1:1", "offline": true}))).await;
     assert_eq!((code, body["error"]["code"].as_str()), (404, Some("not_found")));

@@ -571,11 +571,14 @@ pub struct AckResults {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionIn {
-    /// Who acts (recorded in the audit trail as `operator:NAME`).
-    pub operator: String,
+    /// Who acts. Required with a tenant API key (the audit records `api_key:ID` and this
+    /// name beside it); with an operator token it may be left out, and if given must be
+    /// the token's own operator id (the audit records `operator:ID`).
+    pub operator: Option<String>,
     /// Why (recorded in the audit trail).
     pub reason: String,
-    /// For `transfer`: the printer of the same store to print on instead.
+    /// For `transfer`: the printer of the same store to print on instead. For `reprint`
+    /// (optional): another printer of the same store to print the copy on.
     pub printer_id: Option<String>,
 }
 
@@ -637,4 +640,102 @@ pub struct WebhookDeliveryOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDeliveryList {
     pub deliveries: Vec<WebhookDeliveryOut>,
+}
+
+/// A new operator account.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOperator {
+    /// The login name, 1–64 characters of `A-Za-z0-9._:-`, unique in the tenant.
+    pub id: String,
+    /// The name people see (defaults to the id).
+    pub name: Option<String>,
+    /// `staff` (sees and acts on only `stores`) or `manager` (every store of the tenant;
+    /// creates operators in the console).
+    pub role: String,
+    /// A staff member's stores (at least one); left out for a manager.
+    pub stores: Option<Vec<String>>,
+    /// At least 10 characters. Kept only as an argon2id hash.
+    pub password: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperatorOut {
+    pub id: String,
+    pub name: String,
+    /// `staff` or `manager`.
+    pub role: String,
+    pub stores: Vec<String>,
+    pub created_at: String,
+}
+
+impl From<onceprint_store::Operator> for OperatorOut {
+    fn from(o: onceprint_store::Operator) -> Self {
+        OperatorOut {
+            id: o.id,
+            name: o.name,
+            role: o.role.as_str().to_owned(),
+            stores: o.store_ids,
+            created_at: rfc3339(o.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperatorList {
+    pub operators: Vec<OperatorOut>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionsRevoked {
+    /// How many active sessions (console logins and operator tokens) were ended.
+    pub revoked: u64,
+}
+
+/// An operator's own credentials.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorLogin {
+    pub tenant_id: String,
+    pub operator_id: String,
+    pub password: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperatorTokenOut {
+    /// `opo_…`: send as `Authorization: Bearer`. Shown only in this answer.
+    pub token: String,
+    pub expires_at: String,
+    pub operator: OperatorOut,
+}
+
+/// An agent's report on its idle printers.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusIn {
+    pub agent_id: String,
+    pub session: Option<String>,
+    /// May be empty (the answer still lists the printers to watch).
+    pub printers: Vec<PrinterStatusIn>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrinterStatusIn {
+    pub printer_id: String,
+    /// `ready`, `no_paper`, `cover_open`, `paper_jam` or `offline`.
+    pub status: String,
+}
+
+/// The printers an agent should watch: its store's enabled agent printers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WatchList {
+    pub printers: Vec<WatchedOut>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WatchedOut {
+    pub printer_id: String,
+    /// `tcp://HOST:PORT`.
+    pub printer_address: String,
 }

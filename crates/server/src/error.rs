@@ -20,6 +20,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds to send as `Retry-After` (429 answers).
+    pub retry_after: Option<u64>,
 }
 
 /// The JSON error body.
@@ -33,7 +35,8 @@ pub struct ErrorDetail {
     /// Stable, snake_case: `unauthorized`, `not_found`, `missing_biz_no`, `invalid_request`,
     /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
     /// `printer_disabled`, `last_api_key`, `agent_superseded`, `method_not_allowed`,
-    /// `unsupported_media_type`, `unavailable`, `internal`.
+    /// `unsupported_media_type`, `unavailable`, `internal`, `forbidden` (403),
+    /// `too_many_requests` (429, with `Retry-After`), `csrf` (403).
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
     pub message: String,
@@ -41,7 +44,7 @@ pub struct ErrorDetail {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), retry_after: None }
     }
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
@@ -54,6 +57,9 @@ impl ApiError {
     }
     pub fn conflict(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
     pub fn too_large(limit: usize) -> ApiError {
         ApiError::new(
@@ -72,6 +78,9 @@ impl IntoResponse for ApiError {
             // request and the server closes it. Saying so in the answer keeps clients from reusing
             // it for their next request, which would then fail half-way ("incomplete message").
             return (self.status, [(header::CONNECTION, "close")], Json(body)).into_response();
+        }
+        if let Some(seconds) = self.retry_after {
+            return (self.status, [(header::RETRY_AFTER, seconds.to_string())], Json(body)).into_response();
         }
         (self.status, Json(body)).into_response()
     }
@@ -185,6 +194,23 @@ impl From<CloudPrntError> for ApiError {
     }
 }
 
+impl From<onceprint_engine::OperatorError> for ApiError {
+    fn from(e: onceprint_engine::OperatorError) -> Self {
+        use onceprint_engine::OperatorError;
+        match e {
+            OperatorError::Invalid(c) => c.into(),
+            OperatorError::BadLogin => ApiError::unauthorized(e.to_string()),
+            OperatorError::Throttled { retry_after_s } => ApiError {
+                retry_after: Some(retry_after_s),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", e.to_string())
+            },
+            OperatorError::Forbidden(m) => ApiError::forbidden(m),
+            OperatorError::NotFound(m) => ApiError::not_found(m),
+            OperatorError::Store(s) => s.into(),
+        }
+    }
+}
+
 impl From<EpsonSdpError> for ApiError {
     fn from(e: EpsonSdpError) -> Self {
         match e {
@@ -218,5 +244,18 @@ impl IntoResponse for PrinterError {
             );
         }
         res
+    }
+}
+
+impl From<onceprint_engine::ActionError> for ApiError {
+    fn from(e: onceprint_engine::ActionError) -> Self {
+        use onceprint_engine::ActionError;
+        match e {
+            ActionError::NotFound(id) => ApiError::not_found(format!("no task {id:?}")),
+            ActionError::NotAllowed(n) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", n.to_string()),
+            ActionError::Raced(_) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", e.to_string()),
+            ActionError::Invalid(c) => c.into(),
+            ActionError::Store(s) => s.into(),
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! Request extractors: JSON bodies with our error body, the three kinds of bearer
-//! authentication (admin token, tenant API key, store agent token), and the HTTP Basic
-//! login of printers that poll the broker.
+//! Request extractors: JSON bodies with our error body, the kinds of bearer
+//! authentication (admin token, tenant API key, store agent token, and — for the calls an
+//! operator may make — an operator token, see [`Principal`]), and the HTTP Basic login of
+//! printers that poll the broker.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -154,6 +155,64 @@ impl FromRequestParts<AppState> for PrinterAuth {
         match state.directory.printer_by_login(user, password).await? {
             Some(p) => Ok(PrinterAuth(p)),
             None => Err(ApiError::unauthorized("unknown printer login").into()),
+        }
+    }
+}
+
+/// Prefix of operator tokens (`POST /v1/operator-sessions`), which tells them apart from
+/// tenant API keys without a database look-up.
+pub const OPERATOR_TOKEN_PREFIX: &str = "opo_";
+
+/// Who calls an endpoint that both a tenant and its operators may use: the tenant's API
+/// key (everything of the tenant) or an operator token (what that operator may see: a
+/// staff member only their stores, where another store's objects are `not_found`).
+pub enum Principal {
+    Tenant(TenantAuth),
+    Operator(onceprint_store::OperatorSession),
+}
+
+impl Principal {
+    pub fn tenant_id(&self) -> &str {
+        match self {
+            Principal::Tenant(t) => &t.tenant_id,
+            Principal::Operator(s) => &s.operator.tenant_id,
+        }
+    }
+
+    /// Whether the caller may see `store_id`.
+    pub fn may_see_store(&self, store_id: &str) -> bool {
+        match self {
+            Principal::Tenant(_) => true,
+            Principal::Operator(s) => s.operator.may_see_store(store_id),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts)?;
+        if token.starts_with(OPERATOR_TOKEN_PREFIX) {
+            return match state.operators.authenticate(token).await? {
+                Some(s) if s.kind == onceprint_store::SessionKind::Token => Ok(Principal::Operator(s)),
+                _ => Err(ApiError::unauthorized("unknown, expired or revoked operator token")),
+            };
+        }
+        TenantAuth::from_request_parts(parts, state).await.map(Principal::Tenant)
+    }
+}
+
+/// The caller presented an operator token.
+pub struct OperatorAuth;
+
+impl FromRequestParts<AppState> for OperatorAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match Principal::from_request_parts(parts, state).await? {
+            Principal::Operator(_) => Ok(OperatorAuth),
+            Principal::Tenant(_) => Err(ApiError::unauthorized("this endpoint needs an operator token")),
         }
     }
 }

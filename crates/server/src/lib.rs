@@ -7,6 +7,7 @@
 //! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
 
+pub mod console;
 mod dto;
 mod error;
 mod extract;
@@ -28,7 +29,7 @@ use onceprint_engine::transport::polled::{Polled, PolledConfig};
 use onceprint_engine::transport::TransportKind;
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
+    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -48,6 +49,10 @@ pub struct HttpConfig {
     /// The MQTT server that `mqtt` printers use (`serve --mqtt-url`); without it, `mqtt`
     /// printers are refused at set-up.
     pub mqtt: Option<onceprint_mqtt::MqttSettings>,
+    /// Operator sessions and the login throttle (issue 10).
+    pub operators: onceprint_engine::OperatorsConfig,
+    /// The staff console at `/console/`.
+    pub console: console::ConsoleConfig,
 }
 
 impl Default for HttpConfig {
@@ -60,6 +65,8 @@ impl Default for HttpConfig {
             push: Default::default(),
             polled: Default::default(),
             mqtt: None,
+            operators: Default::default(),
+            console: Default::default(),
         }
     }
 }
@@ -76,6 +83,8 @@ pub struct AppState {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
     pub(crate) setup: Arc<Setup>,
+    pub(crate) operators: Arc<Operators>,
+    pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -128,8 +137,18 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
-    use routes::{agent, callbacks, cloudprnt, epson_sdp, manual, meta, reconcile, render, setup, tasks, webhooks};
+    use routes::{
+        agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+    };
     Router::new()
+        .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
+        .route("/v1/operators/{id}/sessions", delete(operators::revoke_operator_sessions))
+        .route(
+            "/v1/operator-sessions",
+            post(operators::create_operator_session).delete(operators::delete_operator_session),
+        )
+        .route("/v1/agent/status", post(agent::status))
+        .merge(console::router())
         .route("/v1/tenants", post(setup::create_tenant))
         .route("/v1/stores", post(setup::create_store).get(setup::list_stores))
         .route("/v1/stores/{id}", get(setup::get_store))
@@ -216,10 +235,12 @@ pub async fn bind(
         policies: config.intake.policies.clone(),
     };
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
+    let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
     let setup = Arc::new(Setup::new(store.clone(), directory.clone()).with_mqtt(config.mqtt.is_some()));
     let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
     let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
+    let operators = Arc::new(Operators::new(store.clone(), config.operators.clone()));
     let state = AppState {
         store,
         intake,
@@ -230,6 +251,8 @@ pub async fn bind(
         lanes,
         operations,
         setup,
+        operators,
+        watch,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
@@ -277,6 +300,9 @@ impl Bound {
             lanes.signals().clone(),
             self.state.config.alerts.clone(),
         );
+        let agent_watch = self.state.watch.spawn(std::time::Duration::from_millis(
+            (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
+        ));
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -297,6 +323,7 @@ impl Bound {
         for s in silent {
             let _ = s.await;
         }
+        let _ = agent_watch.await;
         Ok(())
     }
 }

@@ -3,7 +3,9 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{agent, callbacks, cloudprnt, epson_sdp, manual, meta, reconcile, render, setup, tasks, webhooks};
+use crate::routes::{
+    agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+};
 
 struct Security;
 
@@ -21,6 +23,7 @@ impl Modify for Security {
             ("admin", "The admin token (set with --admin-token or generated and printed at first start)."),
             ("tenant", "A tenant API key (from POST /v1/tenants)."),
             ("agent", "A store agent token (from POST /v1/stores/{id}/agent-tokens)."),
+            ("operator", "An operator token (`opo_…`, from POST /v1/operator-sessions with the operator's password)."),
         ] {
             components.add_security_scheme(
                 name,
@@ -56,7 +59,9 @@ impl Modify for Security {
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
-        agent::poll, agent::acks,
+        agent::poll, agent::acks, agent::status,
+        operators::create_operator, operators::list_operators, operators::revoke_operator_sessions,
+        operators::create_operator_session, operators::delete_operator_session,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
         reconcile::get_day, reconcile::post_day,
         webhooks::create, webhooks::list, webhooks::deliveries,

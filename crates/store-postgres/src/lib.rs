@@ -21,6 +21,7 @@ mod delivery;
 mod error;
 pub mod migrations;
 mod operations;
+mod operators;
 mod reconcile;
 mod rows;
 mod setup;
@@ -357,6 +358,34 @@ impl Store for PostgresStore {
 
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
         self.setup_revoke_agent_token(change).await
+    }
+
+    async fn create_operator(&self, operator: NewOperator) -> StoreResult<Operator> {
+        self.ops_create_operator(operator).await
+    }
+
+    async fn list_operators(&self, tenant_id: &str) -> StoreResult<Vec<Operator>> {
+        self.ops_list_operators(tenant_id).await
+    }
+
+    async fn operator_login(&self, tenant_id: &str, operator_id: &str) -> StoreResult<Option<(Operator, String)>> {
+        self.ops_operator_login(tenant_id, operator_id).await
+    }
+
+    async fn create_operator_session(&self, session: NewOperatorSession) -> StoreResult<()> {
+        self.ops_create_session(session).await
+    }
+
+    async fn operator_session(&self, token_hash: &str) -> StoreResult<Option<OperatorSession>> {
+        self.ops_session(token_hash).await
+    }
+
+    async fn revoke_operator_session(&self, token_hash: &str, now: onceprint_core::Millis) -> StoreResult<bool> {
+        self.ops_revoke_session(token_hash, now).await
+    }
+
+    async fn revoke_operator_sessions(&self, change: RevokeOperatorSessions) -> StoreResult<Option<u64>> {
+        self.ops_revoke_sessions(change).await
     }
 
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {

@@ -30,6 +30,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (9, V9_SETUP_CHANGES),
     (10, V10_PRINTER_CREDENTIALS),
     (11, V11_MQTT_LOGINS),
+    (12, V12_OPERATORS),
 ];
 
 /// The version a fully migrated database reports.
@@ -345,10 +346,38 @@ CREATE TABLE printer_credentials (
 
 /// A printer that logs in to the MQTT server also keeps its password hashed the way the
 /// MQTT server checks it (Mosquitto's PBKDF2-SHA512 line), so that the server's password
-/// file can be written from the database. (Version 11 is taken by the operators of the
-/// staff console, developed beside this one.)
+/// file can be written from the database.
 const V11_MQTT_LOGINS: &str = r#"
 ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
+"#;
+
+/// Operators (issue 10): people who log in to the console, per tenant, with an argon2id
+/// password hash; `stores` is the JSON array of a staff member's stores. Sessions keep only
+/// the SHA-256 of the secret the browser (cookie) or API client (operator token) holds.
+const V12_OPERATORS: &str = r#"
+CREATE TABLE operators (
+    tenant_id     TEXT NOT NULL REFERENCES tenants (id),
+    id            TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    role          TEXT NOT NULL,
+    stores        TEXT NOT NULL,
+    password_hash TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+CREATE TABLE operator_sessions (
+    token_hash  TEXT PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    tenant_id   TEXT NOT NULL,
+    operator_id TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    csrf_token  TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL,
+    revoked_at  BIGINT,
+    FOREIGN KEY (tenant_id, operator_id) REFERENCES operators (tenant_id, id)
+);
+CREATE INDEX operator_sessions_by_operator ON operator_sessions (tenant_id, operator_id);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

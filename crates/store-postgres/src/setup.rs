@@ -22,7 +22,7 @@ const API_KEY_COLUMNS: &str = "tenant_id, id, created_at, revoked_at, key_hash";
 const AGENT_TOKEN_COLUMNS: &str = "tenant_id, store_id, id, created_at, revoked_at, token_hash";
 
 /// Writes one row of the set-up audit: `what` is the object kind, its id and the action.
-async fn audit<C: GenericClient>(
+pub(crate) async fn audit<C: GenericClient>(
     c: &C,
     tenant_id: &str,
     now: Millis,

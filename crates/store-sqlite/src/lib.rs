@@ -14,6 +14,7 @@
 //! constraint, legality of transitions by `onceprint-core`) and must never answer a
 //! caller before the commit that carries its write.
 
+mod operators;
 mod schema;
 mod setup;
 mod sql;
@@ -434,6 +435,38 @@ impl Store for SqliteStore {
 
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
         self.write(move |c| setup::revoke_agent_token(c, &change)).await
+    }
+
+    async fn create_operator(&self, operator: NewOperator) -> StoreResult<Operator> {
+        self.write(move |c| operators::create_operator(c, &operator)).await
+    }
+
+    async fn list_operators(&self, tenant_id: &str) -> StoreResult<Vec<Operator>> {
+        let t = tenant_id.to_owned();
+        self.read(move |c| operators::list_operators(c, &t)).await
+    }
+
+    async fn operator_login(&self, tenant_id: &str, operator_id: &str) -> StoreResult<Option<(Operator, String)>> {
+        let (t, o) = (tenant_id.to_owned(), operator_id.to_owned());
+        self.read(move |c| operators::operator_login(c, &t, &o)).await
+    }
+
+    async fn create_operator_session(&self, session: NewOperatorSession) -> StoreResult<()> {
+        self.write(move |c| operators::create_session(c, &session)).await
+    }
+
+    async fn operator_session(&self, token_hash: &str) -> StoreResult<Option<OperatorSession>> {
+        let h = token_hash.to_owned();
+        self.read(move |c| operators::session(c, &h)).await
+    }
+
+    async fn revoke_operator_session(&self, token_hash: &str, now: onceprint_core::Millis) -> StoreResult<bool> {
+        let h = token_hash.to_owned();
+        self.write(move |c| operators::revoke_session(c, &h, now)).await
+    }
+
+    async fn revoke_operator_sessions(&self, change: RevokeOperatorSessions) -> StoreResult<Option<u64>> {
+        self.write(move |c| operators::revoke_sessions(c, &change)).await
     }
 
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {

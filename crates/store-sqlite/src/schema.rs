@@ -237,4 +237,33 @@ CREATE TABLE printer_credentials (
     r#"
 ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
 "#,
+    // Operators (issue 10): people who log in to the console, per tenant, with an argon2id
+    // password hash; `stores` is the JSON array of a staff member's stores. Sessions keep
+    // only the SHA-256 of the secret the browser (cookie) or API client (operator token)
+    // holds; revocation is a timestamp so that the audit keeps what existed.
+    r#"
+CREATE TABLE operators (
+    tenant_id     TEXT NOT NULL REFERENCES tenants(id),
+    id            TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    role          TEXT NOT NULL,
+    stores        TEXT NOT NULL, -- JSON array of store ids
+    password_hash TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);
+CREATE TABLE operator_sessions (
+    token_hash  TEXT PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    tenant_id   TEXT NOT NULL,
+    operator_id TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    csrf_token  TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    revoked_at  INTEGER,
+    FOREIGN KEY (tenant_id, operator_id) REFERENCES operators(tenant_id, id)
+);
+CREATE INDEX operator_sessions_by_operator ON operator_sessions(tenant_id, operator_id);
+"#,
 ];

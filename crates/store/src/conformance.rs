@@ -39,7 +39,8 @@ macro_rules! conformance_tests {
             alerts_go_through_the_outbox_with_the_change,
             api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
-            setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated);
+            setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
+            operators_log_in_with_sessions_that_can_be_revoked);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -1442,4 +1443,77 @@ pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
         logins.iter().map(|l| (l.username.as_str(), l.mqtt_hash.as_str())).collect::<Vec<_>>(),
         vec![("u-dev-2", "$7$101$c$d")]
     );
+}
+
+pub async fn operators_log_in_with_sessions_that_can_be_revoked(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let op = |t: &str, id: &str, role: OperatorRole, stores: &[&str]| NewOperator {
+        tenant_id: t.into(),
+        id: id.into(),
+        name: format!("Name of {id}"),
+        role,
+        store_ids: stores.iter().map(|s| s.to_string()).collect(),
+        password_hash: format!("$argon2id$hash-of-{id}"),
+        now: NOW,
+        audit: by("operator"),
+    };
+    let amy = s.create_operator(op("acme", "amy", OperatorRole::Staff, &["s1"])).await.unwrap();
+    assert_eq!((amy.role, amy.store_ids.clone()), (OperatorRole::Staff, vec!["s1".to_string()]));
+    assert!(amy.may_see_store("s1") && !amy.may_see_store("s2"));
+    s.create_operator(op("acme", "max", OperatorRole::Manager, &[])).await.unwrap();
+    // Ids are per tenant; a taken id or a store of nobody writes nothing.
+    s.create_operator(op("other", "amy", OperatorRole::Staff, &["s1"])).await.unwrap();
+    let taken = s.create_operator(op("acme", "amy", OperatorRole::Manager, &[])).await;
+    assert!(matches!(taken, Err(StoreError::AlreadyExists(_))), "{taken:?}");
+    let nowhere = s.create_operator(op("acme", "zed", OperatorRole::Staff, &["s1", "s9"])).await;
+    assert!(matches!(nowhere, Err(StoreError::NotFound(_))), "{nowhere:?}");
+    let ids: Vec<String> = s.list_operators("acme").await.unwrap().into_iter().map(|o| o.id).collect();
+    assert_eq!(ids, ["amy", "max"]);
+    let (found, hash) = s.operator_login("acme", "amy").await.unwrap().expect("amy");
+    assert_eq!((found, hash.as_str()), (amy.clone(), "$argon2id$hash-of-amy"));
+    assert_eq!(s.operator_login("acme", "zed").await.unwrap(), None);
+    assert_eq!(audit_steps(&s, "acme").await[..2], ["operator", "operator"]);
+
+    let session = |hash: &str, id: &str, operator: &str, kind: SessionKind| NewOperatorSession {
+        id: id.into(),
+        token_hash: hash.into(),
+        tenant_id: "acme".into(),
+        operator_id: operator.into(),
+        kind,
+        csrf_token: format!("csrf-{id}"),
+        created_at: NOW,
+        expires_at: NOW + 1000,
+    };
+    s.create_operator_session(session("h1", "ses1", "amy", SessionKind::Console)).await.unwrap();
+    s.create_operator_session(session("h2", "ses2", "amy", SessionKind::Token)).await.unwrap();
+    s.create_operator_session(session("h3", "ses3", "max", SessionKind::Console)).await.unwrap();
+    let nobody = s.create_operator_session(session("h4", "ses4", "zed", SessionKind::Console)).await;
+    assert!(matches!(nobody, Err(StoreError::NotFound(_))), "{nobody:?}");
+    let got = s.operator_session("h1").await.unwrap().expect("session");
+    assert_eq!(
+        (got.id.as_str(), got.kind, got.csrf_token.as_str(), got.expires_at, got.operator.id.as_str()),
+        ("ses1", SessionKind::Console, "csrf-ses1", NOW + 1000, "amy")
+    );
+    assert_eq!(s.operator_session("h-unknown").await.unwrap(), None);
+    // Logout revokes one session, once.
+    assert!(s.revoke_operator_session("h1", NOW + 1).await.unwrap());
+    assert!(!s.revoke_operator_session("h1", NOW + 2).await.unwrap());
+    assert_eq!(s.operator_session("h1").await.unwrap(), None);
+    assert!(s.operator_session("h2").await.unwrap().is_some());
+    // Revoking an operator's sessions ends all of theirs (audited), no one else's.
+    let revoke = |t: &str, id: &str| RevokeOperatorSessions {
+        tenant_id: t.into(),
+        operator_id: id.into(),
+        now: NOW + 3,
+        audit: by("revoke sessions"),
+    };
+    assert_eq!(s.revoke_operator_sessions(revoke("acme", "amy")).await.unwrap(), Some(1));
+    assert_eq!(s.operator_session("h2").await.unwrap(), None);
+    assert!(s.operator_session("h3").await.unwrap().is_some());
+    assert_eq!(s.revoke_operator_sessions(revoke("acme", "zed")).await.unwrap(), None);
+    assert_eq!(s.revoke_operator_sessions(revoke("other", "max")).await.unwrap(), None, "tenant-scoped");
+    let events = s.setup_events("acme", 1, None).await.unwrap();
+    assert_eq!((events[0].object_kind.as_str(), events[0].object_id.as_str()), ("operator", "amy"));
+    assert_eq!(events[0].action, "revoke");
 }

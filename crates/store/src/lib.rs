@@ -126,6 +126,24 @@ pub trait Store: Send + Sync + 'static {
     /// Revoking a revoked token changes nothing.
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>>;
 
+    /// Creates an operator (audited). `AlreadyExists` when the id is taken in the tenant,
+    /// `NotFound("store …")` when a store is not the tenant's; nothing is written then.
+    async fn create_operator(&self, operator: NewOperator) -> StoreResult<Operator>;
+    /// The tenant's operators, by id.
+    async fn list_operators(&self, tenant_id: &str) -> StoreResult<Vec<Operator>>;
+    /// An operator and its password hash, for checking a login.
+    async fn operator_login(&self, tenant_id: &str, operator_id: &str) -> StoreResult<Option<(Operator, String)>>;
+    /// Starts a session; `NotFound("operator …")` when the operator does not exist.
+    async fn create_operator_session(&self, session: NewOperatorSession) -> StoreResult<()>;
+    /// The session whose secret has this hash, unless it was revoked (expired sessions
+    /// are returned; the caller compares `expires_at` with its clock).
+    async fn operator_session(&self, token_hash: &str) -> StoreResult<Option<OperatorSession>>;
+    /// Revokes one session (logout); `false` when there was no active one.
+    async fn revoke_operator_session(&self, token_hash: &str, now: onceprint_core::Millis) -> StoreResult<bool>;
+    /// Revokes every active session of an operator, audited; how many were revoked, or
+    /// `None` when the tenant has no such operator.
+    async fn revoke_operator_sessions(&self, change: RevokeOperatorSessions) -> StoreResult<Option<u64>>;
+
     /// The tenant's set-up audit, newest first: at most `limit` rows with an id below
     /// `before` (the last id of the previous page).
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>>;

@@ -644,6 +644,8 @@ pub enum SetupObject {
     Station,
     AgentToken,
     ApiKey,
+    /// A person's console login (issue 10).
+    Operator,
 }
 
 impl SetupObject {
@@ -655,6 +657,7 @@ impl SetupObject {
             SetupObject::Station => "station",
             SetupObject::AgentToken => "agent_token",
             SetupObject::ApiKey => "api_key",
+            SetupObject::Operator => "operator",
         }
     }
 }
@@ -698,4 +701,125 @@ pub struct SetupEvent {
     /// A [`SetupAction`] spelling.
     pub action: String,
     pub detail: serde_json::Value,
+}
+
+/// What an operator may see and do (R30, R40): `staff` only in the stores they are bound
+/// to, `manager` in every store of the tenant, and managers also create operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorRole {
+    Staff,
+    Manager,
+}
+
+impl OperatorRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorRole::Staff => "staff",
+            OperatorRole::Manager => "manager",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OperatorRole> {
+        match s {
+            "staff" => Some(OperatorRole::Staff),
+            "manager" => Some(OperatorRole::Manager),
+            _ => None,
+        }
+    }
+}
+
+/// A person who logs in to the console or takes manual actions with an operator token.
+/// Ids are per tenant, like every other id; the password is kept only as its argon2id
+/// hash (a PHC string), never returned by the row type that the API shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator {
+    pub tenant_id: String,
+    pub id: String,
+    pub name: String,
+    pub role: OperatorRole,
+    /// The stores a `staff` operator works in (empty for a manager, who has them all).
+    pub store_ids: Vec<String>,
+    pub created_at: Millis,
+}
+
+impl Operator {
+    /// Whether this operator may see and act on `store_id`'s printers and tickets.
+    pub fn may_see_store(&self, store_id: &str) -> bool {
+        self.role == OperatorRole::Manager || self.store_ids.iter().any(|s| s == store_id)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NewOperator {
+    pub tenant_id: String,
+    pub id: String,
+    pub name: String,
+    pub role: OperatorRole,
+    /// Each must be a store of the tenant (else `NotFound("store …")`, nothing written).
+    pub store_ids: Vec<String>,
+    /// The argon2id PHC string of the password.
+    pub password_hash: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// Where an operator session came from: a console login (cookie, with a CSRF token) or
+/// an operator token for the API (`Authorization: Bearer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionKind {
+    Console,
+    Token,
+}
+
+impl SessionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Console => "console",
+            SessionKind::Token => "token",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SessionKind> {
+        match s {
+            "console" => Some(SessionKind::Console),
+            "token" => Some(SessionKind::Token),
+            _ => None,
+        }
+    }
+}
+
+/// A new login session. The secret the client holds is never stored: only its SHA-256.
+#[derive(Debug, Clone)]
+pub struct NewOperatorSession {
+    pub id: String,
+    pub token_hash: String,
+    pub tenant_id: String,
+    pub operator_id: String,
+    pub kind: SessionKind,
+    /// Sent back with every console form; a request without it changes nothing.
+    pub csrf_token: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+}
+
+/// An active (not revoked) session with its operator. Expiry is the caller's to check
+/// against its clock, so that the store never reads a clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorSession {
+    pub id: String,
+    pub kind: SessionKind,
+    pub csrf_token: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+    pub operator: Operator,
+}
+
+/// Revocation of every session of an operator (audited as a set-up change).
+#[derive(Debug, Clone)]
+pub struct RevokeOperatorSessions {
+    pub tenant_id: String,
+    pub operator_id: String,
+    pub now: Millis,
+    pub audit: SetupAudit,
 }

@@ -413,6 +413,8 @@ pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
         printer_idle_ms: 30_000,
         print_timeout_ms: 1000,
         connect_timeout_ms: 500,
+        // The fake broker has no status endpoint; idle watching is tested with the real one.
+        status_interval_ms: 0,
         no_printed_ack: Vec::new(),
     }
 }

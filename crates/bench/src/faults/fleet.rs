@@ -91,18 +91,26 @@ pub async fn start_mosquitto(dir: &Path) -> Result<(Proc, u16), BenchError> {
     Ok((proc, port))
 }
 
+/// Where the fleet's simulators run and write.
+pub struct Place<'a> {
+    /// The `onceprint` executable.
+    pub exe: &'a Path,
+    pub broker: SocketAddr,
+    pub mqtt_port: Option<u16>,
+    pub paper_log: &'a Path,
+    /// The run's directory (one log per simulator).
+    pub dir: &'a Path,
+}
+
 /// Registers the fleet's printers (numbered from `first`) and starts one simulator each.
 pub async fn start(
     conn: &mut Conn,
     auth: &HeaderValue,
     fleet: Fleet,
     first: usize,
-    exe: &Path,
-    broker: SocketAddr,
-    mqtt_port: Option<u16>,
-    paper_log: &Path,
-    dir: &Path,
+    place: Place<'_>,
 ) -> Result<Vec<(Proc, SocketAddr, String)>, BenchError> {
+    let Place { exe, broker, mqtt_port, paper_log, dir } = place;
     let kinds = std::iter::repeat_n(Kind::Cloudprnt, fleet.cloudprnt)
         .chain(std::iter::repeat_n(Kind::Epson, fleet.epson))
         .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt));

@@ -321,8 +321,8 @@ async fn drive(
     let addresses: Vec<String> = (0..opts.printers).map(|p| format!("tcp://{}", printer_addr(p))).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
     let mqtt = (mqtt_port > 0).then_some(mqtt_port);
-    let callers =
-        fleet::start(&mut conn, &auth, opts.fleet, opts.printers, &opts.exe, addr, mqtt, &paper_log, dir).await?;
+    let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port: mqtt, paper_log: &paper_log, dir };
+    let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
     let mut targets = Vec::with_capacity(callers.len());
     for (proc, control, name) in callers {
         running.callers.push(proc);

@@ -5,9 +5,12 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::Json;
 use onceprint_core::{validate_id, Outcome};
+use onceprint_engine::printer_watch::{IdleStatus, MAX_REPORTS};
 use onceprint_engine::AckIn;
 
-use crate::dto::{AckResultOut, AckResults, AcksIn, DeliveryList, DeliveryOut, PollIn};
+use crate::dto::{
+    AckResultOut, AckResults, AcksIn, DeliveryList, DeliveryOut, PollIn, StatusIn, WatchList, WatchedOut,
+};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{AgentAuth, JsonBody};
 use crate::AppState;
@@ -82,6 +85,47 @@ pub async fn acks(
             .into_iter()
             .zip(results)
             .map(|(task_id, r)| AckResultOut { task_id, result: r.as_str().to_owned() })
+            .collect(),
+    }))
+}
+
+/// Extension (issue 10): the status of the store's idle printers, as the agent read it with
+/// `DLE EOT` between jobs, every few seconds and at once when it changes. Each
+/// printer's `online`, `last_seen_at` and `last_error` follow (`ready` clears the error);
+/// reports on printers that are not the store's enabled agent printers are ignored. The
+/// answer lists the printers the agent should watch, so an agent learns them without
+/// waiting for a job. A store whose agents all fall silent has its agent printers shown
+/// `offline` with `last_error` `"agent offline"` and an `agent.offline` alert.
+#[utoipa::path(post, path = "/v1/agent/status", tag = "store agent", request_body = StatusIn,
+    security(("agent" = [])),
+    responses((status = 200, body = WatchList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn status(
+    State(st): State<AppState>,
+    AgentAuth(who): AgentAuth,
+    JsonBody(req): JsonBody<StatusIn>,
+) -> Result<Json<WatchList>, ApiError> {
+    validate_id("agent_id", &req.agent_id)?;
+    if let Some(s) = &req.session {
+        validate_id("session", s)?;
+    }
+    if req.printers.len() > MAX_REPORTS {
+        return Err(ApiError::invalid(format!("printers: at most {MAX_REPORTS} per request")));
+    }
+    let mut reports = Vec::with_capacity(req.printers.len());
+    for (i, p) in req.printers.into_iter().enumerate() {
+        let status = IdleStatus::parse(&p.status).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "printers[{i}].status: {:?} is not one of ready, no_paper, cover_open, paper_jam, offline",
+                p.status
+            ))
+        })?;
+        reports.push((p.printer_id, status));
+    }
+    let watched = st.watch.report(&who, &req.agent_id, req.session.as_deref(), &reports).await?;
+    Ok(Json(WatchList {
+        printers: watched
+            .into_iter()
+            .map(|w| WatchedOut { printer_id: w.printer_id, printer_address: w.address })
             .collect(),
     }))
 }

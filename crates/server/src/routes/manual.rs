@@ -4,54 +4,91 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::manual::ManualAction;
-use onceprint_engine::{ActionError, ActionRequest};
+use onceprint_core::TaskId;
+use onceprint_engine::{ActionRequest, Actor};
+use onceprint_store::Task;
 
 use crate::dto::{ActionIn, ActionOut, TaskList, TaskOut};
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{JsonBody, TenantAuth};
+use crate::extract::{JsonBody, Principal};
 use crate::AppState;
+
+/// Who acts, from the authentication and the body: an operator token acts as its
+/// operator (a body naming anyone else is refused); a tenant key needs the name of the
+/// person acting, recorded beside the key.
+pub(crate) fn actor_of(principal: &Principal, named: Option<String>) -> Result<Actor, ApiError> {
+    match principal {
+        Principal::Operator(s) => match named.filter(|n| !n.is_empty()) {
+            Some(n) if n != s.operator.id => Err(ApiError::forbidden(format!(
+                "this operator token is {:?}'s; it cannot act as {n:?} (leave operator out)",
+                s.operator.id
+            ))),
+            _ => Ok(Actor::Operator(s.operator.id.clone())),
+        },
+        Principal::Tenant(t) => Ok(Actor::ApiKey {
+            key_id: t.key_id.clone(),
+            name: named.ok_or_else(|| {
+                ApiError::invalid("operator: is required with an API key: say who acts (or use an operator token)")
+            })?,
+        }),
+    }
+}
+
+/// The task `task_id` as `principal` may see it: another store's task is `not_found`
+/// for a staff member, as another tenant's is for everyone.
+pub(crate) async fn visible_task(st: &AppState, principal: &Principal, task_id: &str) -> Result<Task, ApiError> {
+    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
+    let id = TaskId::parse(task_id).ok_or_else(not_found)?;
+    match st.store.get_task(principal.tenant_id(), id.as_str()).await? {
+        Some(t) if principal.may_see_store(&t.store_id) => Ok(t),
+        _ => Err(not_found()),
+    }
+}
 
 async fn act(
     st: AppState,
-    auth: TenantAuth,
+    principal: Principal,
     task_id: String,
     action: ManualAction,
     req: ActionIn,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
+    let actor = actor_of(&principal, req.operator)?;
+    visible_task(&st, &principal, &task_id).await?;
     let outcome = st
         .operations
         .act(
             action,
             ActionRequest {
-                tenant_id: auth.tenant_id,
+                tenant_id: principal.tenant_id().to_owned(),
                 task_id,
-                operator: req.operator,
+                actor,
                 reason: req.reason,
                 printer_id: req.printer_id,
             },
         )
-        .await
-        .map_err(|e| match e {
-            ActionError::NotFound(id) => ApiError::not_found(format!("no task {id:?}")),
-            ActionError::NotAllowed(n) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", n.to_string()),
-            ActionError::Raced(_) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", e.to_string()),
-            ActionError::Invalid(c) => c.into(),
-            ActionError::Store(s) => s.into(),
-        })?;
+        .await?;
     let status = if outcome.created.is_some() { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(ActionOut { task: outcome.task.into(), created: outcome.created.map(TaskOut::from) })))
 }
 
 /// Print the task again as a numbered reprint attached to it (from `printed`, `closed`,
 /// `failed`, `in_doubt`; a failed or in-doubt original is closed by it). The slip carries a
-/// visible "REPRINT n" line.
+/// visible "REPRINT n" line. `printer_id` (optional) prints the copy on another enabled
+/// printer of the same store, e.g. when the original's printer is dead.
+///
+/// Every manual action is audited with the authenticated actor: `operator:ID` with an
+/// operator token (a body whose `operator` names someone else is refused with 403
+/// `forbidden`), `api_key:ID` with a tenant key, the body's `operator` then standing beside
+/// it in the reason. A staff member's token reaches only their stores' tasks (others are
+/// `not_found`).
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/reprint", tag = "manual channel", request_body = ActionIn,
-    security(("tenant" = [])), params(("task_id" = String, Path)),
+    security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
 pub async fn reprint(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
     JsonBody(req): JsonBody<ActionIn>,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
@@ -60,12 +97,13 @@ pub async fn reprint(
 
 /// Close a `failed` or `in_doubt` task without printing: the paper is known to exist.
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/mark-printed", tag = "manual channel", request_body = ActionIn,
-    security(("tenant" = [])), params(("task_id" = String, Path)),
+    security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
 pub async fn mark_printed(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
     JsonBody(req): JsonBody<ActionIn>,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
@@ -75,12 +113,13 @@ pub async fn mark_printed(
 /// Cancel a task that has not printed (`pending`, `retrying`, `failed`, `in_doubt`) and
 /// refund its charge, exactly once.
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/cancel", tag = "manual channel", request_body = ActionIn,
-    security(("tenant" = [])), params(("task_id" = String, Path)),
+    security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
 pub async fn cancel(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
     JsonBody(req): JsonBody<ActionIn>,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
@@ -90,12 +129,13 @@ pub async fn cancel(
 /// Move a task that has not printed (`pending`, `retrying`, `failed`) to another printer of
 /// the same store; the original becomes `transferred` and links to the new task.
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/transfer", tag = "manual channel", request_body = ActionIn,
-    security(("tenant" = [])), params(("task_id" = String, Path)),
+    security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
 pub async fn transfer(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
     JsonBody(req): JsonBody<ActionIn>,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
@@ -103,17 +143,17 @@ pub async fn transfer(
 }
 
 /// Failed and in-doubt tasks of a store, with their reasons, oldest first.
-#[utoipa::path(get, path = "/v1/stores/{id}/attention", tag = "manual channel", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/stores/{id}/attention", tag = "manual channel", security(("tenant" = []), ("operator" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = TaskList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn attention(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(store_id): Path<String>,
 ) -> Result<Json<TaskList>, ApiError> {
-    if st.store.get_store(&auth.tenant_id, &store_id).await?.is_none() {
+    if !auth.may_see_store(&store_id) || st.store.get_store(auth.tenant_id(), &store_id).await?.is_none() {
         return Err(ApiError::not_found(format!("no store {store_id:?}")));
     }
-    let tasks = st.store.attention(&auth.tenant_id, &store_id, 1000).await?;
+    let tasks = st.store.attention(auth.tenant_id(), &store_id, 1000).await?;
     Ok(Json(TaskList { tasks: tasks.into_iter().map(Into::into).collect(), next_cursor: None }))
 }

@@ -8,7 +8,7 @@ use onceprint_engine::reconcile::{reconcile, ReconcileError, Report};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, Body, TenantAuth};
+use crate::extract::{parse_json, Body, Principal};
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -85,7 +85,7 @@ fn answer(report: Report, headers: &HeaderMap) -> Response {
     }
 }
 
-fn map_err(e: ReconcileError) -> ApiError {
+pub(crate) fn map_err(e: ReconcileError) -> ApiError {
     match e {
         ReconcileError::NoStore(s) => ApiError::not_found(format!("no store {s:?}")),
         ReconcileError::BadDate(_) => ApiError::invalid(e.to_string()),
@@ -101,18 +101,21 @@ fn map_err(e: ReconcileError) -> ApiError {
 
 /// The store's day: counts, charges and refunds, and any business number printed more
 /// than once (which must never happen).
-#[utoipa::path(get, path = "/v1/stores/{id}/reconciliation", tag = "reconciliation", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/stores/{id}/reconciliation", tag = "reconciliation", security(("tenant" = []), ("operator" = [])),
     params(("id" = String, Path), DateParam),
     responses((status = 200, body = Report, description = "JSON, or CSV with `Accept: text/csv`"),
               (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get_day(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(store_id): Path<String>,
     Query(q): Query<DateParam>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let report = reconcile(st.store.as_ref(), &auth.tenant_id, &store_id, &q.date, None).await.map_err(map_err)?;
+    if !auth.may_see_store(&store_id) {
+        return Err(ApiError::not_found(format!("no store {store_id:?}")));
+    }
+    let report = reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &q.date, None).await.map_err(map_err)?;
     Ok(answer(report, &headers))
 }
 
@@ -152,21 +155,24 @@ fn parse_expected(headers: &HeaderMap, body: &[u8]) -> Result<Vec<String>, ApiEr
 
 /// The same, against the business numbers the merchant expected: lists of expected but not
 /// printed, printed but not expected, and printed more than once.
-#[utoipa::path(post, path = "/v1/stores/{id}/reconciliation", tag = "reconciliation", security(("tenant" = [])),
+#[utoipa::path(post, path = "/v1/stores/{id}/reconciliation", tag = "reconciliation", security(("tenant" = []), ("operator" = [])),
     params(("id" = String, Path), DateParam),
     request_body(content = Vec<String>, description = "JSON array of biz_no, or text/csv with one biz_no per line"),
     responses((status = 200, body = Report, description = "JSON, or CSV with `Accept: text/csv`"),
               (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn post_day(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(store_id): Path<String>,
     Query(q): Query<DateParam>,
     headers: HeaderMap,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
+    if !auth.may_see_store(&store_id) {
+        return Err(ApiError::not_found(format!("no store {store_id:?}")));
+    }
     let expected = parse_expected(&headers, &body)?;
     let report =
-        reconcile(st.store.as_ref(), &auth.tenant_id, &store_id, &q.date, Some(&expected)).await.map_err(map_err)?;
+        reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &q.date, Some(&expected)).await.map_err(map_err)?;
     Ok(answer(report, &headers))
 }

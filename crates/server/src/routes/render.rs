@@ -4,12 +4,11 @@
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use onceprint_core::TaskId;
 use onceprint_engine::content::{document_of, preview_png, render_document, ContentError};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{Body, TenantAuth};
+use crate::extract::{Body, Principal, TenantAuth};
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -67,18 +66,23 @@ pub async fn preview(
 }
 
 /// A PNG of how a task prints on its printer (text, document and markup tasks).
-#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/preview.png", tag = "receipt documents", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/preview.png", tag = "receipt documents", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, content_type = "image/png"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 404, body = ErrorBody)))]
 pub async fn task_preview(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
-    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
-    let task = st.store.get_task(&auth.tenant_id, id.as_str()).await?.ok_or_else(not_found)?;
+    let task = crate::routes::manual::visible_task(&st, &auth, &task_id).await?;
+    let png = task_png(&st, &task).await?;
+    Ok(([(header::CONTENT_TYPE, "image/png")], png).into_response())
+}
+
+/// The PNG preview of a task as its printer prints it (also the console's ticket image).
+pub(crate) async fn task_png(st: &AppState, task: &onceprint_store::Task) -> Result<Vec<u8>, ApiError> {
+    let not_found = || ApiError::not_found(format!("no task {:?}", task.task_id));
     let content = st.store.task_content(&task.task_id).await?.ok_or_else(not_found)?;
     let profile = st
         .directory
@@ -91,5 +95,5 @@ pub async fn task_preview(
             .await
             .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("render task: {e}")))?
             .map_err(content_error)?;
-    Ok(([(header::CONTENT_TYPE, "image/png")], png).into_response())
+    Ok(png)
 }

@@ -9,7 +9,7 @@ use onceprint_store::TaskQuery;
 
 use crate::dto::*;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, Body, TenantAuth};
+use crate::extract::{parse_json, Body, Principal, TenantAuth};
 use crate::metrics::SubmitOutcomeLabel;
 use crate::AppState;
 
@@ -114,31 +114,37 @@ async fn submit_inner(
 }
 
 /// One task of the calling tenant.
-#[utoipa::path(get, path = "/v1/print-tasks/{task_id}", tag = "print tasks", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, body = TaskOut), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get_task(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
 ) -> Result<Json<TaskOut>, ApiError> {
-    let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
-    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
-    match st.store.get_task(&auth.tenant_id, id.as_str()).await? {
-        Some(t) => Ok(Json(t.into())),
-        None => Err(not_found()),
-    }
+    Ok(Json(crate::routes::manual::visible_task(&st, &auth, &task_id).await?.into()))
 }
 
 /// List tasks, newest first, with cursor pagination.
-#[utoipa::path(get, path = "/v1/print-tasks", tag = "print tasks", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/print-tasks", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
     params(TaskListParams),
     responses((status = 200, body = TaskList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn list_tasks(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Query(q): Query<TaskListParams>,
 ) -> Result<Json<TaskList>, ApiError> {
+    // A staff member lists one of their stores: the one they have, or the one named.
+    let store_id = match (&auth, q.store_id.filter(|s| !s.is_empty())) {
+        (_, Some(s)) if !auth.may_see_store(&s) => return Err(ApiError::not_found(format!("no store {s:?}"))),
+        (Principal::Operator(o), None) if o.operator.role == onceprint_store::OperatorRole::Staff => {
+            match o.operator.store_ids.as_slice() {
+                [one] => Some(one.clone()),
+                _ => return Err(ApiError::invalid("store_id: is required for an operator of several stores")),
+            }
+        }
+        (_, s) => s,
+    };
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::invalid("limit: must be 1–500"));
@@ -161,8 +167,8 @@ pub async fn list_tasks(
     let tasks = st
         .store
         .list_tasks(&TaskQuery {
-            tenant_id: auth.tenant_id,
-            store_id: q.store_id.filter(|s| !s.is_empty()),
+            tenant_id: auth.tenant_id().to_owned(),
+            store_id,
             state,
             biz_no: q.biz_no.filter(|s| !s.is_empty()),
             limit,
@@ -174,17 +180,17 @@ pub async fn list_tasks(
 }
 
 /// The audit trail of a task, oldest first.
-#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/events", tag = "print tasks", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/print-tasks/{task_id}/events", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, body = EventList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn task_events(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    auth: Principal,
     Path(task_id): Path<String>,
 ) -> Result<Json<EventList>, ApiError> {
     let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
-    let id = TaskId::parse(&task_id).ok_or_else(not_found)?;
-    match st.store.task_events(&auth.tenant_id, id.as_str()).await? {
+    let task = crate::routes::manual::visible_task(&st, &auth, &task_id).await?;
+    match st.store.task_events(auth.tenant_id(), &task.task_id).await? {
         Some(events) => Ok(Json(EventList { events: events.into_iter().map(Into::into).collect() })),
         None => Err(not_found()),
     }

@@ -1,0 +1,396 @@
+//! Operators (R30, R40): the people who solve the one per cent in the console, each with an
+//! identity of their own, per tenant.
+//!
+//! This module owns the rules of operator accounts and their sessions: who may create an
+//! operator (a tenant API key, or a manager of the tenant), what a valid account is (an id,
+//! a name, a role, a staff member's stores, a password of at least
+//! [`MIN_PASSWORD_CHARS`] characters), how a password is kept (argon2id, a PHC string with
+//! its own random salt: a slow hash, because people choose guessable passwords, unlike the
+//! 256-bit random API keys that a fast hash protects well enough), logging in with the
+//! throttle that makes guessing slow, and sessions: console sessions and operator tokens
+//! are both random 256-bit secrets of which only the SHA-256 is stored; each expires, and
+//! each can be revoked (logout, or a manager or API key revoking all of an operator's).
+//!
+//! What an operator may then see is decided by [`Operator::may_see_store`]; the HTTP layer
+//! asks it before showing or touching anything of a store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use onceprint_core::{validate_id, CoreError, Millis};
+use onceprint_store::{
+    NewOperator, NewOperatorSession, Operator, OperatorRole, OperatorSession, RevokeOperatorSessions, SessionKind,
+    SetupAudit, Store, StoreError,
+};
+use serde_json::json;
+
+use crate::clock::now_ms;
+use crate::secrets;
+
+/// Shortest accepted password. Length is what makes a password hard to guess; no other
+/// composition rule is imposed (NIST SP 800-63B).
+pub const MIN_PASSWORD_CHARS: usize = 10;
+/// Longest accepted password: argon2 hashes any length, but a megabyte "password" would only
+/// cost the broker time.
+const MAX_PASSWORD_BYTES: usize = 256;
+/// Most stores a staff member is bound to.
+const MAX_STORES: usize = 64;
+
+/// Settings of operator sessions and the login throttle.
+#[derive(Debug, Clone)]
+pub struct OperatorsConfig {
+    /// How long a console login lasts (default 12 hours: a shift and some).
+    pub session_ttl_ms: i64,
+    /// How long an operator token for the API lasts (default 30 days).
+    pub token_ttl_ms: i64,
+    /// Failed logins of one account within `login_window_ms` after which further attempts,
+    /// right or wrong, are refused until the window has passed (default 5).
+    pub login_max_failures: u32,
+    /// Default 15 minutes.
+    pub login_window_ms: i64,
+}
+
+impl Default for OperatorsConfig {
+    fn default() -> Self {
+        OperatorsConfig {
+            session_ttl_ms: 12 * 3600 * 1000,
+            token_ttl_ms: 30 * 24 * 3600 * 1000,
+            login_max_failures: 5,
+            login_window_ms: 15 * 60 * 1000,
+        }
+    }
+}
+
+/// Why an operator call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    /// Unknown tenant, unknown operator or wrong password: deliberately one answer, so a
+    /// caller cannot find out which operator ids exist.
+    #[error("wrong tenant, operator or password")]
+    BadLogin,
+    /// Too many failed logins of this account lately.
+    #[error("too many failed logins for this operator; try again in {retry_after_s} s")]
+    Throttled { retry_after_s: u64 },
+    /// The caller may not do this (a staff member creating operators, for instance).
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Who creates an operator or revokes sessions: a tenant API key or a manager.
+#[derive(Debug, Clone, Copy)]
+pub enum Creator<'a> {
+    ApiKey { tenant_id: &'a str, key_id: &'a str },
+    Manager(&'a Operator),
+}
+
+impl Creator<'_> {
+    fn tenant_id(&self) -> &str {
+        match self {
+            Creator::ApiKey { tenant_id, .. } => tenant_id,
+            Creator::Manager(o) => &o.tenant_id,
+        }
+    }
+
+    fn actor(&self) -> Result<String, OperatorError> {
+        match self {
+            Creator::ApiKey { key_id, .. } => Ok(format!("api_key:{key_id}")),
+            Creator::Manager(o) if o.role == OperatorRole::Manager => Ok(format!("operator:{}", o.id)),
+            Creator::Manager(o) => Err(OperatorError::Forbidden(format!(
+                "operator {:?} is staff; only a manager (or the tenant's API key) manages operators",
+                o.id
+            ))),
+        }
+    }
+}
+
+/// An account as the caller wants it.
+#[derive(Debug, Clone)]
+pub struct OperatorSpec {
+    pub id: String,
+    pub name: Option<String>,
+    /// `staff` or `manager`.
+    pub role: String,
+    /// A staff member's stores (at least one); must be empty or absent for a manager.
+    pub stores: Vec<String>,
+    pub password: String,
+}
+
+/// A session just started: the secret to hand to the client (once) and the session.
+#[derive(Clone)]
+pub struct Login {
+    pub secret: String,
+    pub session: OperatorSession,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login").field("secret", &"***").field("session", &self.session.id).finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    first_at: Millis,
+}
+
+/// The operator service. Share it behind an `Arc`.
+pub struct Operators {
+    store: Arc<dyn Store>,
+    config: OperatorsConfig,
+    /// Failed logins per (tenant, operator id), in this process. A cluster of nodes
+    /// multiplies the attempts an attacker gets by the number of nodes, which the slow hash
+    /// still keeps far from a useful guessing rate.
+    failures: Mutex<HashMap<(String, String), Failures>>,
+}
+
+fn hasher() -> Argon2<'static> {
+    // The crate's defaults are the parameters OWASP recommends for argon2id (19 MiB,
+    // two passes, one lane): tens of milliseconds per login on a small server.
+    Argon2::default()
+}
+
+/// The argon2id PHC string of `password` with a fresh random salt.
+pub fn hash_password(password: &str) -> Result<String, OperatorError> {
+    let salt_bytes: [u8; 16] = rand::random();
+    let salt = SaltString::encode_b64(&salt_bytes)
+        .map_err(|e| OperatorError::Store(StoreError::Backend(format!("salt: {e}"))))?;
+    hasher()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| OperatorError::Store(StoreError::Backend(format!("argon2: {e}"))))
+}
+
+/// Whether `password` matches the stored PHC string. A malformed stored hash matches
+/// nothing.
+pub fn verify_password(password: &str, phc: &str) -> bool {
+    match PasswordHash::new(phc) {
+        Ok(parsed) => hasher().verify_password(password.as_bytes(), &parsed).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// A PHC string of no one's password, verified against when the operator does not exist,
+/// so that an unknown id takes as long to refuse as a wrong password.
+fn decoy_hash() -> &'static str {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DECOY.get_or_init(|| hash_password(&secrets::generate("decoy_")).unwrap_or_default())
+}
+
+fn check_name(name: &str) -> Result<(), CoreError> {
+    if name.trim().is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+        return Err(CoreError::invalid("name", "must be 1–200 bytes without control characters"));
+    }
+    Ok(())
+}
+
+fn check_password(password: &str) -> Result<(), CoreError> {
+    if password.chars().count() < MIN_PASSWORD_CHARS || password.len() > MAX_PASSWORD_BYTES {
+        return Err(CoreError::invalid(
+            "password",
+            format!("must be {MIN_PASSWORD_CHARS}–{MAX_PASSWORD_BYTES} characters; a phrase of several words is best"),
+        ));
+    }
+    Ok(())
+}
+
+impl Operators {
+    pub fn new(store: Arc<dyn Store>, config: OperatorsConfig) -> Operators {
+        Operators { store, config, failures: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn config(&self) -> &OperatorsConfig {
+        &self.config
+    }
+
+    /// Creates an operator account (audited as a set-up change by `creator`).
+    pub async fn create(&self, creator: Creator<'_>, spec: OperatorSpec) -> Result<Operator, OperatorError> {
+        let actor = creator.actor()?;
+        validate_id("id", &spec.id)?;
+        let name = spec.name.clone().unwrap_or_else(|| spec.id.clone());
+        check_name(&name)?;
+        let role = OperatorRole::parse(&spec.role)
+            .ok_or_else(|| CoreError::invalid("role", "must be \"staff\" (bound to stores) or \"manager\""))?;
+        match role {
+            OperatorRole::Staff if spec.stores.is_empty() => {
+                return Err(CoreError::invalid("stores", "a staff member needs at least one store").into())
+            }
+            OperatorRole::Manager if !spec.stores.is_empty() => {
+                return Err(CoreError::invalid("stores", "a manager sees every store; leave stores out").into())
+            }
+            _ => {}
+        }
+        if spec.stores.len() > MAX_STORES {
+            return Err(CoreError::invalid("stores", format!("at most {MAX_STORES} stores")).into());
+        }
+        for (i, s) in spec.stores.iter().enumerate() {
+            validate_id(&format!("stores[{i}]"), s)?;
+        }
+        check_password(&spec.password)?;
+        let password = spec.password;
+        let password_hash = tokio::task::spawn_blocking(move || hash_password(&password))
+            .await
+            .map_err(|e| StoreError::Backend(format!("hashing task: {e}")))??;
+        let mut stores = spec.stores;
+        stores.sort();
+        stores.dedup();
+        let operator = self
+            .store
+            .create_operator(NewOperator {
+                audit: SetupAudit { actor, detail: json!({ "name": name, "role": role.as_str(), "stores": stores }) },
+                tenant_id: creator.tenant_id().to_owned(),
+                id: spec.id,
+                name,
+                role,
+                store_ids: stores,
+                password_hash,
+                now: now_ms(),
+            })
+            .await?;
+        Ok(operator)
+    }
+
+    pub async fn list(&self, tenant_id: &str) -> Result<Vec<Operator>, OperatorError> {
+        Ok(self.store.list_operators(tenant_id).await?)
+    }
+
+    /// Checks a login and starts a new session of `kind`. Every login makes a new random
+    /// secret: a session id the client brought along is never adopted (no fixation).
+    pub async fn login(
+        &self,
+        tenant_id: &str,
+        operator_id: &str,
+        password: &str,
+        kind: SessionKind,
+    ) -> Result<Login, OperatorError> {
+        let key = (tenant_id.to_owned(), operator_id.to_ascii_lowercase());
+        let now = now_ms();
+        self.check_throttle(&key, now)?;
+        let found = if validate_id("tenant_id", tenant_id).is_ok() && validate_id("operator_id", operator_id).is_ok() {
+            self.store.operator_login(tenant_id, operator_id).await?
+        } else {
+            None
+        };
+        let (operator, phc) = match found {
+            Some((o, h)) => (Some(o), h),
+            None => (None, decoy_hash().to_owned()),
+        };
+        let given = password.to_owned();
+        let matches = tokio::task::spawn_blocking(move || verify_password(&given, &phc))
+            .await
+            .map_err(|e| StoreError::Backend(format!("hashing task: {e}")))?;
+        let Some(operator) = operator.filter(|_| matches) else {
+            self.record_failure(key, now_ms());
+            tracing::warn!(tenant_id, operator_id, "operator login refused");
+            return Err(OperatorError::BadLogin);
+        };
+        if let Ok(mut f) = self.failures.lock() {
+            f.remove(&key);
+        }
+        let ttl = match kind {
+            SessionKind::Console => self.config.session_ttl_ms,
+            SessionKind::Token => self.config.token_ttl_ms,
+        };
+        let secret = match kind {
+            SessionKind::Console => secrets::generate("ops_"),
+            SessionKind::Token => secrets::generate("opo_"),
+        };
+        let now = now_ms();
+        let new = NewOperatorSession {
+            id: secrets::short_id("ses_"),
+            token_hash: secrets::hash(&secret),
+            tenant_id: operator.tenant_id.clone(),
+            operator_id: operator.id.clone(),
+            kind,
+            csrf_token: secrets::generate("csrf_"),
+            created_at: now,
+            expires_at: now.saturating_add(ttl),
+        };
+        self.store.create_operator_session(new.clone()).await?;
+        tracing::info!(tenant_id, operator_id, session = %new.id, kind = kind.as_str(), "operator logged in");
+        Ok(Login {
+            secret,
+            session: OperatorSession {
+                id: new.id,
+                kind,
+                csrf_token: new.csrf_token,
+                created_at: new.created_at,
+                expires_at: new.expires_at,
+                operator,
+            },
+        })
+    }
+
+    /// The live session of a secret: `None` when unknown, revoked or expired.
+    pub async fn authenticate(&self, secret: &str) -> Result<Option<OperatorSession>, OperatorError> {
+        let Some(session) = self.store.operator_session(&secrets::hash(secret)).await? else { return Ok(None) };
+        if session.expires_at <= now_ms() {
+            return Ok(None);
+        }
+        Ok(Some(session))
+    }
+
+    /// Ends the session of a secret (logout); `false` when it was not active.
+    pub async fn logout(&self, secret: &str) -> Result<bool, OperatorError> {
+        Ok(self.store.revoke_operator_session(&secrets::hash(secret), now_ms()).await?)
+    }
+
+    /// Ends every session of an operator; how many were active.
+    pub async fn revoke_sessions(&self, creator: Creator<'_>, operator_id: &str) -> Result<u64, OperatorError> {
+        let actor = creator.actor()?;
+        self.store
+            .revoke_operator_sessions(RevokeOperatorSessions {
+                tenant_id: creator.tenant_id().to_owned(),
+                operator_id: operator_id.to_owned(),
+                now: now_ms(),
+                audit: SetupAudit { actor, detail: json!({ "sessions": "revoked" }) },
+            })
+            .await?
+            .ok_or_else(|| OperatorError::NotFound(format!("no operator {operator_id:?}")))
+    }
+
+    fn check_throttle(&self, key: &(String, String), now: Millis) -> Result<(), OperatorError> {
+        let Ok(mut failures) = self.failures.lock() else { return Ok(()) };
+        let window = self.config.login_window_ms;
+        // Forgetting old entries here keeps the map as small as the recent failures.
+        failures.retain(|_, f| now - f.first_at < window);
+        match failures.get(key) {
+            Some(f) if f.count >= self.config.login_max_failures => {
+                let left_ms = (f.first_at + window - now).max(1000);
+                Err(OperatorError::Throttled { retry_after_s: (left_ms as u64).div_ceil(1000) })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn record_failure(&self, key: (String, String), now: Millis) {
+        if let Ok(mut failures) = self.failures.lock() {
+            let f = failures.entry(key).or_insert(Failures { count: 0, first_at: now });
+            f.count += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_hash_with_argon2id_and_a_salt_of_their_own() {
+        let a = hash_password("correct horse battery").unwrap();
+        let b = hash_password("correct horse battery").unwrap();
+        assert!(a.starts_with("$argon2id$"), "{a}");
+        assert_ne!(a, b, "every hash has its own salt");
+        assert!(verify_password("correct horse battery", &a));
+        assert!(!verify_password("correct horse batter", &a));
+        assert!(!verify_password("anything", "not a phc string"));
+    }
+}

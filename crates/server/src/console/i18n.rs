@@ -1,0 +1,287 @@
+//! The console's two languages, English and Chinese: which one a request gets (the
+//! `op_lang` cookie set by the switch, else the first of `Accept-Language` that the
+//! console speaks, else English) and every text the pages show.
+
+use axum::http::HeaderMap;
+
+use super::auth::cookie;
+
+/// A language of the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    En,
+    Zh,
+}
+
+/// The cookie that remembers the language a person chose with the switch.
+pub const LANG_COOKIE: &str = "op_lang";
+
+impl Lang {
+    pub fn code(self) -> &'static str {
+        match self {
+            Lang::En => "en",
+            Lang::Zh => "zh",
+        }
+    }
+
+    /// The `lang` attribute of the page.
+    pub fn html_lang(self) -> &'static str {
+        match self {
+            Lang::En => "en",
+            Lang::Zh => "zh-CN",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lang> {
+        match s {
+            "en" => Some(Lang::En),
+            "zh" => Some(Lang::Zh),
+            _ => None,
+        }
+    }
+
+    pub fn other(self) -> Lang {
+        match self {
+            Lang::En => Lang::Zh,
+            Lang::Zh => Lang::En,
+        }
+    }
+
+    /// The language of a request.
+    pub fn of(headers: &HeaderMap) -> Lang {
+        if let Some(l) = cookie(headers, LANG_COOKIE).and_then(|v| Lang::parse(&v)) {
+            return l;
+        }
+        let accept = headers.get(axum::http::header::ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        // The highest-weighted tag that is English or Chinese wins; ties keep their order.
+        let mut best: Option<(f32, Lang)> = None;
+        for part in accept.split(',') {
+            let mut pieces = part.trim().split(';');
+            let tag = pieces.next().unwrap_or("").trim().to_ascii_lowercase();
+            let q = pieces.find_map(|p| p.trim().strip_prefix("q=").and_then(|q| q.parse::<f32>().ok())).unwrap_or(1.0);
+            let lang = if tag == "zh" || tag.starts_with("zh-") {
+                Lang::Zh
+            } else if tag == "en" || tag.starts_with("en-") {
+                Lang::En
+            } else {
+                continue;
+            };
+            if best.is_none_or(|(bq, _)| q > bq) {
+                best = Some((q, lang));
+            }
+        }
+        best.map_or(Lang::En, |(_, l)| l)
+    }
+
+    /// The text under `key`; the key itself when there is none (a gap shows, not a panic).
+    pub fn t(self, key: &'static str) -> &'static str {
+        match TEXTS.iter().find(|(k, _, _)| *k == key) {
+            Some((_, en, zh)) => match self {
+                Lang::En => en,
+                Lang::Zh => zh,
+            },
+            None => key,
+        }
+    }
+
+    /// "3 min ago" / "3 min前".
+    pub fn ago(self, age: &str) -> String {
+        match self {
+            Lang::En => format!("{age} ago"),
+            Lang::Zh => format!("{age}前"),
+        }
+    }
+
+    /// A task state in words.
+    pub fn state(self, state: &str) -> &'static str {
+        match state {
+            "pending" => self.t("state.pending"),
+            "sent" => self.t("state.sent"),
+            "retrying" => self.t("state.retrying"),
+            "printed" => self.t("state.printed"),
+            "failed" => self.t("state.failed"),
+            "in_doubt" => self.t("state.in_doubt"),
+            "transferred" => self.t("state.transferred"),
+            "cancelled" => self.t("state.cancelled"),
+            "closed" => self.t("state.closed"),
+            _ => self.t("state.unknown"),
+        }
+    }
+
+    /// A printer's (or a ticket's) last error as a person reads it: what is wrong and
+    /// what to do about it.
+    pub fn reason(self, last_error: &str) -> String {
+        let key = match last_error.split(':').next().unwrap_or("").trim() {
+            "no_paper" => "why.no_paper",
+            "cover_open" => "why.cover_open",
+            "paper_jam" => "why.paper_jam",
+            "offline" => "why.offline",
+            "agent offline" => "why.agent_offline",
+            "in_doubt" => "why.in_doubt",
+            "unrenderable" => "why.unrenderable",
+            _ => return format!("{}: {last_error}", self.t("why.error")),
+        };
+        self.t(key).to_owned()
+    }
+}
+
+/// (key, English, Chinese).
+const TEXTS: &[(&str, &str, &str)] = &[
+    ("app", "onceprint console", "onceprint 控制台"),
+    ("skip", "Skip to content", "跳到正文"),
+    ("login.title", "Log in", "登录"),
+    ("login.tenant", "Tenant", "租户"),
+    ("login.operator", "Operator", "操作员"),
+    ("login.password", "Password", "密码"),
+    ("login.submit", "Log in", "登录"),
+    ("login.bad", "Wrong tenant, operator or password.", "租户、操作员或密码错误。"),
+    ("login.throttled", "Too many failed logins. Wait and try again in", "登录失败次数过多。请稍后再试，等待"),
+    ("login.expired", "Your session ended. Please log in again.", "会话已结束，请重新登录。"),
+    ("seconds", "seconds", "秒"),
+    ("logout", "Log out", "退出"),
+    ("lang.switch", "中文", "English"),
+    ("nav.overview", "Printers", "打印机"),
+    ("nav.attention", "Needs attention", "待处理"),
+    ("nav.tickets", "Tickets", "小票"),
+    ("nav.reconciliation", "Day's reconciliation", "日对账"),
+    ("nav.operators", "Operators", "操作员"),
+    ("nav.stores", "Stores", "门店"),
+    ("stores.title", "Your stores", "您的门店"),
+    ("overview.title", "Printers", "打印机"),
+    ("printer", "Printer", "打印机"),
+    ("printer.online", "online", "在线"),
+    ("printer.offline", "offline", "离线"),
+    ("printer.disabled", "disabled", "已停用"),
+    ("printer.ready", "Ready", "就绪"),
+    ("printer.last_seen", "Last seen", "最后在线"),
+    ("printer.never", "never", "从未"),
+    ("printer.lane", "Waiting", "排队"),
+    ("printer.oldest", "oldest", "最早"),
+    ("printer.in_flight", "printing now", "正在打印"),
+    ("printer.none", "No printers in this store yet.", "此门店还没有打印机。"),
+    ("why.no_paper", "Out of paper — refill, then it prints by itself", "缺纸 — 装纸后会自动继续打印"),
+    ("why.cover_open", "Cover open — close it, then it prints by itself", "盖子打开 — 合上后会自动继续打印"),
+    ("why.paper_jam", "Paper jam — clear the jam and close the cover", "卡纸 — 清除卡纸并合上盖子"),
+    ("why.offline", "Offline — check the power and the network cable", "离线 — 检查电源和网线"),
+    (
+        "why.agent_offline",
+        "Agent offline — check the shop computer that runs the onceprint agent",
+        "代理离线 — 检查店里运行 onceprint 代理的电脑",
+    ),
+    (
+        "why.in_doubt",
+        "Not confirmed — look whether the ticket came out, then decide",
+        "未确认 — 请查看小票是否已打出，再做处理",
+    ),
+    ("why.unrenderable", "The content cannot be printed on this printer", "此内容无法在该打印机上打印"),
+    ("why.error", "Error", "错误"),
+    ("attention.title", "Needs attention", "待处理"),
+    ("attention.empty", "Nothing needs attention. Every ticket is fine.", "没有待处理的小票，一切正常。"),
+    ("attention.age", "for", "已持续"),
+    ("attention.new_doubt", "New ticket in doubt — look at it now", "有新的存疑小票 — 请立即查看"),
+    ("ticket", "Ticket", "小票"),
+    ("ticket.biz_no", "Order number", "单号"),
+    ("ticket.state", "State", "状态"),
+    ("ticket.printer", "Printer", "打印机"),
+    ("ticket.type", "Print type", "打印类型"),
+    ("ticket.attempts", "Attempts", "尝试次数"),
+    ("ticket.created", "Created", "创建时间"),
+    ("ticket.updated", "Changed", "更新时间"),
+    ("ticket.printed_at", "Printed", "打印时间"),
+    ("ticket.reason", "Reason", "原因"),
+    ("ticket.timeline", "What happened", "处理记录"),
+    ("ticket.chain", "Attempts, reprints and transfers", "重打与转移"),
+    ("ticket.preview", "How it prints", "打印预览"),
+    ("ticket.preview_alt", "Preview of the ticket as printed", "小票打印效果预览"),
+    ("ticket.actions", "What you can do", "可执行的操作"),
+    ("ticket.no_actions", "No action is possible in this state.", "此状态下不能执行任何操作。"),
+    ("chain.original", "original", "原始"),
+    ("chain.reprint", "reprint", "重打"),
+    ("chain.transfer", "transfer", "转移"),
+    ("chain.failover", "failover", "自动切换"),
+    ("chain.this", "this ticket", "当前小票"),
+    ("action.mark_printed", "Mark printed", "标记为已打印"),
+    ("action.reprint", "Reprint", "重新打印"),
+    ("action.cancel", "Cancel and refund", "取消并退款"),
+    ("action.transfer", "Move to another printer", "转到其他打印机"),
+    ("action.reason", "Reason (required)", "原因（必填）"),
+    ("action.on_printer", "On printer", "打印机"),
+    ("action.same_printer", "its own printer", "原打印机"),
+    ("action.confirm", "Confirm", "确认"),
+    ("action.done", "Done.", "已完成。"),
+    ("tickets.title", "Tickets", "小票"),
+    ("tickets.search", "Search", "搜索"),
+    ("tickets.any", "any", "全部"),
+    ("tickets.day", "Day", "日期"),
+    ("tickets.none", "No ticket matches.", "没有符合条件的小票。"),
+    ("tickets.open", "Open", "查看"),
+    ("recon.title", "Day's reconciliation", "日对账"),
+    ("recon.show", "Show", "查看"),
+    ("recon.csv", "Download CSV", "下载 CSV"),
+    ("recon.counts", "Tickets", "小票"),
+    ("recon.ledger", "Charges and refunds", "计费与退款"),
+    ("recon.differences", "Differences", "差异"),
+    ("recon.submitted", "submitted", "提交"),
+    ("recon.charges", "charges (amount)", "计费（金额）"),
+    ("recon.refunds", "refunds (amount)", "退款（金额）"),
+    ("recon.no_differences", "No differences.", "没有差异。"),
+    ("recon.twice", "Printed more than once", "重复打印"),
+    ("recon.expected_not_printed", "Expected but not printed", "应打未打"),
+    ("recon.printed_not_expected", "Printed but not expected", "多打"),
+    ("recon.timezone", "Time zone", "时区"),
+    ("operators.title", "Operators", "操作员"),
+    ("operators.create", "New operator", "新建操作员"),
+    ("operators.id", "Login name", "登录名"),
+    ("operators.name", "Name", "姓名"),
+    ("operators.role", "Role", "角色"),
+    ("operators.stores", "Stores", "门店"),
+    ("operators.password", "Password (at least 10 characters)", "密码（至少 10 个字符）"),
+    ("operators.created", "Operator created.", "操作员已创建。"),
+    ("role.staff", "staff", "店员"),
+    ("role.manager", "manager", "经理"),
+    ("error.title", "Something is wrong", "出错了"),
+    ("error.back", "Back", "返回"),
+    ("state.pending", "waiting", "等待中"),
+    ("state.sent", "printing", "打印中"),
+    ("state.retrying", "will retry", "等待重试"),
+    ("state.printed", "printed", "已打印"),
+    ("state.failed", "failed", "失败"),
+    ("state.in_doubt", "in doubt", "存疑"),
+    ("state.transferred", "moved", "已转移"),
+    ("state.cancelled", "cancelled", "已取消"),
+    ("state.closed", "closed", "已关闭"),
+    ("state.unknown", "unknown", "未知"),
+    ("live.on", "Live", "实时"),
+    ("live.off", "Reconnecting…", "正在重连…"),
+    ("time.store", "store time", "门店时间"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_accept(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::ACCEPT_LANGUAGE, v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn accept_language_picks_the_best_spoken_language() {
+        assert_eq!(Lang::of(&with_accept("zh-CN,zh;q=0.9,en;q=0.8")), Lang::Zh);
+        assert_eq!(Lang::of(&with_accept("de-DE,en;q=0.5,zh;q=0.4")), Lang::En);
+        assert_eq!(Lang::of(&with_accept("fr")), Lang::En);
+        assert_eq!(Lang::of(&HeaderMap::new()), Lang::En);
+        let mut h = with_accept("en");
+        h.insert(axum::http::header::COOKIE, "op_lang=zh".parse().unwrap());
+        assert_eq!(Lang::of(&h), Lang::Zh, "the switch wins");
+    }
+
+    #[test]
+    fn every_key_has_both_languages() {
+        for (k, en, zh) in TEXTS {
+            assert!(!en.is_empty() && !zh.is_empty(), "{k}");
+        }
+        assert_eq!(Lang::Zh.reason("no_paper"), "缺纸 — 装纸后会自动继续打印");
+    }
+}

@@ -1,0 +1,170 @@
+//! The staff console at `/console/` (R40, issue 10): the pages where the people who solve
+//! the one per cent see what is wrong and fix it, on a phone or the shop's tablet.
+//!
+//! This module owns the console's routes, its login sessions in cookies with CSRF tokens
+//! (`auth`), its two languages (`i18n`), the HTML it renders on the server (`html`,
+//! `pages`), the server-sent events that keep the printers and the attention list live
+//! (`live`), and its static assets (`assets/`: one stylesheet and one small script,
+//! compiled into the binary with `include_str!`, so nothing is fetched from a CDN, nothing
+//! is built with Node.js and nothing is downloaded at run time).
+//!
+//! It must never hold business rules: what an operator may see is
+//! `Operator::may_see_store`, which actions a state allows is `core::manual`, the actions
+//! themselves are `engine::Operations`, the day is `engine::reconcile`. Failures become
+//! answers through the one mapping of `crate::error` (to [`ApiError`]); this module only
+//! renders an `ApiError` as a page instead of JSON.
+//!
+//! Every route but the login page, the language switch and the assets needs a live console
+//! session; without one a browser is sent to the login page. Every form that changes
+//! something carries the session's CSRF token.
+
+mod auth;
+mod html;
+mod i18n;
+mod live;
+mod pages;
+
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+pub use auth::SESSION_COOKIE;
+pub use i18n::Lang;
+
+/// Settings of the console.
+#[derive(Debug, Clone)]
+pub struct ConsoleConfig {
+    /// Mark cookies `Secure` on every answer. Without it they are `Secure` whenever a
+    /// TLS-terminating proxy says the request came over HTTPS (`X-Forwarded-Proto`).
+    pub secure_cookies: bool,
+    /// How often the live view looks for changes (default 1000 ms).
+    pub live_interval_ms: u64,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig { secure_cookies: false, live_interval_ms: 1000 }
+    }
+}
+
+/// Why a console request did not get its page.
+#[derive(Debug)]
+pub enum ConsoleError {
+    /// To the login page (or wherever the path says).
+    Redirect(String),
+    /// A failure, shown as a page with the status and message of the one error mapping.
+    Api(ApiError),
+}
+
+macro_rules! through_api_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for ConsoleError {
+            fn from(e: $t) -> Self {
+                ConsoleError::Api(e.into())
+            }
+        }
+    )*};
+}
+
+through_api_error!(
+    ApiError,
+    onceprint_store::StoreError,
+    onceprint_engine::OperatorError,
+    onceprint_engine::ActionError,
+    onceprint_core::CoreError
+);
+
+impl IntoResponse for ConsoleError {
+    fn into_response(self) -> Response {
+        match self {
+            ConsoleError::Redirect(to) => {
+                (StatusCode::SEE_OTHER, [(header::LOCATION, to), (header::CACHE_CONTROL, "no-store".into())])
+                    .into_response()
+            }
+            ConsoleError::Api(e) => {
+                // Error pages are English and Chinese at once: the request's language is
+                // not known here, and the message comes from the one error mapping.
+                let body = format!(
+                    "<section class=\"card\"><h1>{} / {}</h1><p class=\"alert\" role=\"alert\" data-code=\"{}\">{}</p>\
+                     <p><a href=\"/console/\">{} / {}</a></p></section>",
+                    html::esc(Lang::En.t("error.title")),
+                    html::esc(Lang::Zh.t("error.title")),
+                    html::esc(e.code),
+                    html::esc(&e.message),
+                    html::esc(Lang::En.t("error.back")),
+                    html::esc(Lang::Zh.t("error.back")),
+                );
+                let mut res =
+                    (e.status, Html(html::bare_page(Lang::En, Lang::En.t("error.title"), "/console/", &body)))
+                        .into_response();
+                if let Some(s) = e.retry_after.and_then(|s| header::HeaderValue::from_str(&s.to_string()).ok()) {
+                    res.headers_mut().insert(header::RETRY_AFTER, s);
+                }
+                res
+            }
+        }
+    }
+}
+
+const CSS: &str = include_str!("assets/console.css");
+const JS: &str = include_str!("assets/console.js");
+
+async fn asset_css() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], CSS).into_response()
+}
+
+async fn asset_js() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], JS)
+        .into_response()
+}
+
+/// The console's routes, merged into the broker's router by `crate::router`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(|| async { ConsoleError::Redirect("/console/".into()) }))
+        .route("/console/", get(pages::home))
+        .route("/console/login", get(auth::login_form).post(auth::login))
+        .route("/console/logout", post(auth::logout))
+        .route("/console/lang", get(auth::switch_lang))
+        .route("/console/assets/console.css", get(asset_css))
+        .route("/console/assets/console.js", get(asset_js))
+        .route("/console/operators", get(pages::operators).post(pages::create_operator))
+        .route("/console/stores/{store}/", get(pages::overview))
+        .route("/console/stores/{store}", get(pages::overview))
+        .route("/console/stores/{store}/attention", get(pages::attention))
+        .route("/console/stores/{store}/tickets", get(pages::tickets))
+        .route("/console/stores/{store}/tickets/{task}", get(pages::ticket))
+        .route("/console/stores/{store}/tickets/{task}/preview.png", get(pages::preview))
+        .route("/console/stores/{store}/tickets/{task}/{action}", post(pages::act))
+        .route("/console/stores/{store}/reconciliation", get(pages::reconciliation))
+        .route("/console/stores/{store}/reconciliation.csv", get(pages::reconciliation_csv))
+        .route("/console/stores/{store}/live", get(live::events))
+        .route("/console/{*rest}", get(pages::not_found).post(pages::not_found))
+}
+
+/// Every route of the console with an example path and its method, for the test that
+/// checks that each one except the public ones needs a login.
+pub const ROUTES: &[(&str, &str, bool)] = &[
+    ("GET", "/console/", false),
+    ("GET", "/console/login", true),
+    ("POST", "/console/logout", false),
+    ("GET", "/console/lang?to=zh", true),
+    ("GET", "/console/assets/console.css", true),
+    ("GET", "/console/assets/console.js", true),
+    ("GET", "/console/operators", false),
+    ("POST", "/console/operators", false),
+    ("GET", "/console/stores/s1/", false),
+    ("GET", "/console/stores/s1/attention", false),
+    ("GET", "/console/stores/s1/tickets", false),
+    ("GET", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV", false),
+    ("GET", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV/preview.png", false),
+    ("POST", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV/mark-printed", false),
+    ("GET", "/console/stores/s1/reconciliation", false),
+    ("GET", "/console/stores/s1/reconciliation.csv", false),
+    ("GET", "/console/stores/s1/live", false),
+    ("GET", "/console/anything/else", false),
+];

@@ -1,0 +1,986 @@
+//! The console's pages: stores, a store's printers, the attention list with its actions,
+//! ticket search, a ticket with its timeline, chain and preview, the day's reconciliation,
+//! and operators (managers).
+//!
+//! Each store page first checks that the operator may see the store (a staff member of
+//! store A gets "not found" for store B, exactly as for an unknown store), renders its
+//! content, and answers either the whole page or, for the live view's refresh
+//! (`X-Console-Fragment: 1`), only what is inside `<main>`.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::Form;
+use onceprint_core::manual::{original_goes_to, ManualAction};
+use onceprint_core::{TaskId, TaskState};
+use onceprint_engine::operators::OperatorSpec;
+use onceprint_engine::reconcile::reconcile;
+use onceprint_engine::tz::{self, Zone};
+use onceprint_engine::{ActionRequest, Actor, Creator};
+use onceprint_store::{OperatorRole, OriginKind, Printer, StoreRow, Task, TaskQuery};
+use serde::Deserialize;
+
+use super::auth::ConsoleUser;
+use super::html::{self, age, esc, url_encode, Frame};
+use super::i18n::Lang;
+use super::ConsoleError;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// The actions the console offers, in the order it shows them.
+const ACTIONS: [ManualAction; 4] =
+    [ManualAction::MarkPrinted, ManualAction::Reprint, ManualAction::Cancel, ManualAction::Transfer];
+
+fn now_ms() -> i64 {
+    onceprint_engine::clock::now_ms()
+}
+
+fn action_key(a: ManualAction) -> &'static str {
+    match a {
+        ManualAction::MarkPrinted => "action.mark_printed",
+        ManualAction::Reprint => "action.reprint",
+        ManualAction::Cancel => "action.cancel",
+        ManualAction::Transfer => "action.transfer",
+    }
+}
+
+/// A store the operator may see, with its zone.
+struct Shop {
+    row: StoreRow,
+    zone: Zone,
+}
+
+async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> Result<Shop, ConsoleError> {
+    let not_found = || ConsoleError::Api(ApiError::not_found(format!("no store {store_id:?}")));
+    if !user.operator().may_see_store(store_id) {
+        return Err(not_found());
+    }
+    let row = st.store.get_store(&user.operator().tenant_id, store_id).await?.ok_or_else(not_found)?;
+    let zone = tz::parse(&row.timezone).unwrap_or_else(|_| Zone::utc());
+    Ok(Shop { row, zone })
+}
+
+/// A task of the store, or "not found" (another store's task, another tenant's, no task).
+async fn task_of(st: &AppState, user: &ConsoleUser, shop: &Shop, task_id: &str) -> Result<Task, ConsoleError> {
+    let not_found = || ConsoleError::Api(ApiError::not_found(format!("no task {task_id:?}")));
+    let id = TaskId::parse(task_id).ok_or_else(not_found)?;
+    match st.store.get_task(&user.operator().tenant_id, id.as_str()).await? {
+        Some(t) if t.store_id == shop.row.id => Ok(t),
+        _ => Err(not_found()),
+    }
+}
+
+fn wants_fragment(headers: &HeaderMap) -> bool {
+    headers.get("x-console-fragment").is_some_and(|v| v == "1")
+}
+
+fn here(headers: &HeaderMap, path: &str) -> String {
+    // The path as the browser asked for it (with its query), for the language switch.
+    headers.get("x-console-here").and_then(|v| v.to_str().ok()).map(str::to_owned).unwrap_or_else(|| path.to_owned())
+}
+
+struct Render<'a> {
+    user: &'a ConsoleUser,
+    shop: Option<&'a Shop>,
+    title: &'a str,
+    current: &'a str,
+    here: String,
+    live: bool,
+}
+
+fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response {
+    let no_store = [(header::CACHE_CONTROL, "no-store")];
+    if wants_fragment(headers) {
+        return (no_store, Html(html::fragment(r.title, body))).into_response();
+    }
+    let frame = Frame {
+        lang: r.user.lang,
+        title: r.title,
+        here: &r.here,
+        csrf: &r.user.session.csrf_token,
+        operator_name: &r.user.operator().name,
+        store: r.shop.map(|s| (s.row.id.as_str(), s.row.name.as_str())),
+        current: r.current,
+        is_manager: r.user.operator().role == OperatorRole::Manager,
+        live: r.shop.filter(|_| r.live).map(|s| format!("/console/stores/{}/live", url_encode(&s.row.id))),
+    };
+    (no_store, Html(html::page(&frame, body))).into_response()
+}
+
+fn store_base(shop: &Shop) -> String {
+    format!("/console/stores/{}", url_encode(&shop.row.id))
+}
+
+fn state_badge(lang: Lang, state: TaskState) -> String {
+    format!("<span class=\"badge s-{}\">{}</span>", state.as_str(), esc(lang.state(state.as_str())))
+}
+
+/// `/console/`: the stores the operator may see (straight to the store when there is one).
+pub async fn home(State(st): State<AppState>, user: ConsoleUser, headers: HeaderMap) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let stores: Vec<StoreRow> = st
+        .store
+        .list_stores(&user.operator().tenant_id)
+        .await?
+        .into_iter()
+        .filter(|s| user.operator().may_see_store(&s.id))
+        .collect();
+    if let [only] = stores.as_slice() {
+        return Err(ConsoleError::Redirect(format!("/console/stores/{}/", url_encode(&only.id))));
+    }
+    let mut body = String::from("<ul class=\"cards\">");
+    for s in &stores {
+        body.push_str(&format!(
+            "<li class=\"card\"><a href=\"/console/stores/{}/\">{}</a> <span class=\"muted\">{}</span></li>",
+            url_encode(&s.id),
+            esc(&s.name),
+            esc(&s.id)
+        ));
+    }
+    body.push_str("</ul>");
+    let r = Render {
+        user: &user,
+        shop: None,
+        title: lang.t("stores.title"),
+        current: "stores",
+        here: here(&headers, "/console/"),
+        live: false,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+fn printer_reason(lang: Lang, p: &Printer) -> String {
+    match (&p.last_error, p.online) {
+        (Some(e), _) => lang.reason(e),
+        (None, false) if p.last_seen_at.is_some() => lang.reason("offline"),
+        (None, _) => lang.t("printer.ready").to_owned(),
+    }
+}
+
+/// A store's printers: online or not, last seen, what is wrong and what to do, the lane.
+pub async fn overview(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    Path(store_id): Path<String>,
+) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let shop = shop(&st, &user, &store_id).await?;
+    let tenant = &user.operator().tenant_id;
+    let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
+    let lanes: HashMap<String, onceprint_store::LaneStats> = st
+        .store
+        .lane_stats()
+        .await?
+        .into_iter()
+        .filter(|l| &l.tenant_id == tenant && l.store_id == shop.row.id)
+        .map(|l| (l.printer_id.clone(), l))
+        .collect();
+    let now = now_ms();
+    let mut body = String::new();
+    if printers.is_empty() {
+        body.push_str(&format!("<p class=\"empty\">{}</p>", esc(lang.t("printer.none"))));
+    }
+    body.push_str("<ul class=\"printers\">");
+    for p in &printers {
+        let (class, word) = if !p.enabled {
+            ("disabled", lang.t("printer.disabled"))
+        } else if p.online && p.last_error.is_none() {
+            ("ok", lang.t("printer.online"))
+        } else if p.online {
+            ("warn", lang.t("printer.online"))
+        } else {
+            ("bad", lang.t("printer.offline"))
+        };
+        let seen = match p.last_seen_at {
+            Some(t) => format!("{} ({})", shop.zone.local_time(t), lang.ago(&age(now - t))),
+            None => lang.t("printer.never").to_owned(),
+        };
+        let lane = match lanes.get(&p.id) {
+            Some(l) => {
+                let oldest = l
+                    .oldest_waiting_at
+                    .map(|t| format!(", {} {}", esc(lang.t("printer.oldest")), age(now - t)))
+                    .unwrap_or_default();
+                let flying = if l.in_flight_since.is_some() {
+                    format!(", {}", esc(lang.t("printer.in_flight")))
+                } else {
+                    String::new()
+                };
+                format!("{}{oldest}{flying}", l.waiting)
+            }
+            None => "0".to_owned(),
+        };
+        body.push_str(&format!(
+            "<li class=\"card printer {class}\" data-printer=\"{id}\">\
+             <div class=\"row\"><strong>{name}</strong> <span class=\"dot\" aria-hidden=\"true\"></span>\
+             <span class=\"status\" data-status>{word}</span></div>\
+             <p class=\"reason\" data-reason>{reason}</p>\
+             <dl><dt>{seen_l}</dt><dd>{seen}</dd><dt>{lane_l}</dt><dd data-lane>{lane}</dd></dl></li>",
+            id = esc(&p.id),
+            name = esc(&p.name),
+            word = esc(word),
+            reason = esc(&printer_reason(lang, p)),
+            seen_l = esc(lang.t("printer.last_seen")),
+            seen = esc(&seen),
+            lane_l = esc(lang.t("printer.lane")),
+        ));
+    }
+    body.push_str("</ul>");
+    let path = format!("{}/", store_base(&shop));
+    let r = Render {
+        user: &user,
+        shop: Some(&shop),
+        title: lang.t("overview.title"),
+        current: "overview",
+        here: here(&headers, &path),
+        live: true,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+/// The forms of the actions `task`'s state allows (and no others), each asking for a
+/// reason; a reprint may go to another printer of the store, a transfer must.
+fn action_forms(lang: Lang, csrf: &str, shop: &Shop, task: &Task, printers: &[Printer], back: &str) -> String {
+    let allowed: Vec<ManualAction> =
+        ACTIONS.iter().copied().filter(|a| original_goes_to(*a, task.state).is_ok()).collect();
+    if allowed.is_empty() {
+        return format!("<p class=\"muted\">{}</p>", esc(lang.t("ticket.no_actions")));
+    }
+    let others: Vec<&Printer> = printers.iter().filter(|p| p.id != task.printer_id && p.enabled).collect();
+    let mut out = String::from("<div class=\"actions\">");
+    for a in allowed {
+        let printer_field = match a {
+            ManualAction::Reprint if !others.is_empty() => {
+                let mut sel = format!(
+                    "<label>{}<select name=\"printer_id\"><option value=\"\">{} ({})</option>",
+                    esc(lang.t("action.on_printer")),
+                    esc(lang.t("action.same_printer")),
+                    esc(&task.printer_id)
+                );
+                for p in &others {
+                    sel.push_str(&format!("<option value=\"{}\">{}</option>", esc(&p.id), esc(&p.name)));
+                }
+                sel.push_str("</select></label>");
+                sel
+            }
+            ManualAction::Transfer => {
+                if others.is_empty() {
+                    continue;
+                }
+                let mut sel =
+                    format!("<label>{}<select name=\"printer_id\" required>", esc(lang.t("action.on_printer")));
+                for p in &others {
+                    sel.push_str(&format!("<option value=\"{}\">{}</option>", esc(&p.id), esc(&p.name)));
+                }
+                sel.push_str("</select></label>");
+                sel
+            }
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "<details class=\"action\" data-action=\"{name}\"><summary>{label}</summary>\
+             <form method=\"post\" action=\"{base}/tickets/{task}/{name}\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"back\" value=\"{back}\">\
+             <label>{reason_l}<input name=\"reason\" required maxlength=\"500\" autocomplete=\"off\"></label>{printer_field}\
+             <button type=\"submit\">{confirm}</button></form></details>",
+            name = a.as_str(),
+            label = esc(lang.t(action_key(a))),
+            base = store_base(shop),
+            task = esc(&task.task_id),
+            csrf = esc(csrf),
+            back = esc(back),
+            reason_l = esc(lang.t("action.reason")),
+            confirm = esc(lang.t("action.confirm")),
+        ));
+    }
+    out.push_str("</div>");
+    out
+}
+
+/// Failed and in-doubt tickets, oldest first, with their reasons, ages and actions.
+pub async fn attention(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    Path(store_id): Path<String>,
+) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let shop = shop(&st, &user, &store_id).await?;
+    let tenant = &user.operator().tenant_id;
+    let tasks = st.store.attention(tenant, &shop.row.id, 200).await?;
+    let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
+    let now = now_ms();
+    let path = format!("{}/attention", store_base(&shop));
+    let mut body = String::new();
+    if tasks.is_empty() {
+        body.push_str(&format!(
+            "<p class=\"empty fine\" id=\"attention-empty\">{}</p>",
+            esc(lang.t("attention.empty"))
+        ));
+    }
+    body.push_str("<ul class=\"tickets\" id=\"attention\">");
+    for t in &tasks {
+        let reason = t.last_error.as_deref().map(|e| lang.reason(e)).unwrap_or_default();
+        body.push_str(&format!(
+            "<li class=\"card ticket\" data-task=\"{id}\" data-state=\"{state}\">\
+             <div class=\"row\"><a href=\"{base}/tickets/{id}\"><strong>{biz}</strong></a> {badge}\
+             <span class=\"muted\">{printer} · {for_l} {age}</span></div><p class=\"reason\">{reason}</p>{forms}</li>",
+            id = esc(&t.task_id),
+            state = t.state.as_str(),
+            base = store_base(&shop),
+            biz = esc(&t.biz_no),
+            badge = state_badge(lang, t.state),
+            printer = esc(&t.printer_id),
+            for_l = esc(lang.t("attention.age")),
+            age = age(now - t.updated_at),
+            reason = esc(&reason),
+            forms = action_forms(lang, &user.session.csrf_token, &shop, t, &printers, &path),
+        ));
+    }
+    body.push_str("</ul>");
+    let r = Render {
+        user: &user,
+        shop: Some(&shop),
+        title: lang.t("attention.title"),
+        current: "attention",
+        here: here(&headers, &path),
+        live: true,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct TicketSearch {
+    pub q: Option<String>,
+    pub state: Option<String>,
+    pub printer: Option<String>,
+    pub day: Option<String>,
+}
+
+/// Ticket search by business number, state, printer and day.
+pub async fn tickets(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    Path(store_id): Path<String>,
+    Query(q): Query<TicketSearch>,
+) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let shop = shop(&st, &user, &store_id).await?;
+    let tenant = &user.operator().tenant_id;
+    let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
+    let text = q.q.clone().unwrap_or_default().trim().to_owned();
+    let state = q.state.as_deref().filter(|s| !s.is_empty()).and_then(TaskState::parse);
+    let printer = q.printer.clone().filter(|p| !p.is_empty());
+    let day = q.day.clone().filter(|d| !d.is_empty());
+    let mut tasks: Vec<Task> = match &day {
+        Some(d) => {
+            let window = onceprint_engine::reconcile::day_window(d, &shop.zone)
+                .ok_or_else(|| ApiError::invalid(format!("day: {d:?} is not a date YYYY-MM-DD")))?;
+            let from = TaskId::from_parts(window.from, [0; 10]).into_string();
+            let to = TaskId::from_parts(window.to, [0; 10]).into_string();
+            let mut day_tasks = st.store.tasks_created_between(tenant, &shop.row.id, &from, &to).await?;
+            day_tasks.reverse();
+            day_tasks
+        }
+        None => {
+            st.store
+                .list_tasks(&TaskQuery {
+                    tenant_id: tenant.clone(),
+                    store_id: Some(shop.row.id.clone()),
+                    state,
+                    biz_no: (!text.is_empty()).then(|| text.clone()),
+                    limit: 100,
+                    cursor: None,
+                })
+                .await?
+        }
+    };
+    tasks.retain(|t| {
+        state.is_none_or(|s| t.state == s)
+            && printer.as_ref().is_none_or(|p| &t.printer_id == p)
+            && (text.is_empty() || t.biz_no.contains(&text))
+    });
+    tasks.truncate(100);
+    let mut body = format!(
+        "<form class=\"search card\" method=\"get\" role=\"search\">\
+         <label>{biz_l}<input name=\"q\" id=\"q\" value=\"{text}\" inputmode=\"search\"></label>\
+         <label>{state_l}<select name=\"state\" id=\"state\"><option value=\"\">{any}</option>",
+        biz_l = esc(lang.t("ticket.biz_no")),
+        text = esc(&text),
+        state_l = esc(lang.t("ticket.state")),
+        any = esc(lang.t("tickets.any")),
+    );
+    for s in TaskState::ALL {
+        let sel = if state == Some(s) { " selected" } else { "" };
+        body.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", s.as_str(), esc(lang.state(s.as_str()))));
+    }
+    body.push_str(&format!(
+        "</select></label><label>{}<select name=\"printer\" id=\"printer\"><option value=\"\">{}</option>",
+        esc(lang.t("ticket.printer")),
+        esc(lang.t("tickets.any"))
+    ));
+    for p in &printers {
+        let sel = if printer.as_deref() == Some(p.id.as_str()) { " selected" } else { "" };
+        body.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(&p.id), esc(&p.name)));
+    }
+    body.push_str(&format!(
+        "</select></label><label>{day_l}<input type=\"date\" name=\"day\" id=\"day\" value=\"{day}\"></label>\
+         <button type=\"submit\" id=\"search\">{search}</button></form>",
+        day_l = esc(lang.t("tickets.day")),
+        day = esc(day.as_deref().unwrap_or("")),
+        search = esc(lang.t("tickets.search")),
+    ));
+    if tasks.is_empty() {
+        body.push_str(&format!("<p class=\"empty\">{}</p>", esc(lang.t("tickets.none"))));
+    }
+    body.push_str("<ul class=\"tickets\" id=\"results\">");
+    for t in &tasks {
+        body.push_str(&format!(
+            "<li class=\"card ticket\" data-task=\"{id}\" data-state=\"{state}\"><div class=\"row\">\
+             <a href=\"{base}/tickets/{id}\"><strong>{biz}</strong></a> {badge}\
+             <span class=\"muted\">{printer} · {created}</span></div></li>",
+            id = esc(&t.task_id),
+            state = t.state.as_str(),
+            base = store_base(&shop),
+            biz = esc(&t.biz_no),
+            badge = state_badge(lang, t.state),
+            printer = esc(&t.printer_id),
+            created = esc(&shop.zone.local_time(t.created_at)),
+        ));
+    }
+    body.push_str("</ul>");
+    let path = format!("{}/tickets", store_base(&shop));
+    let r = Render {
+        user: &user,
+        shop: Some(&shop),
+        title: lang.t("tickets.title"),
+        current: "tickets",
+        here: here(&headers, &path),
+        live: false,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+/// The chain a ticket belongs to: the original and every reprint, transfer and failover
+/// hanging on it (they share the business number), in creation order.
+async fn chain_of(st: &AppState, task: &Task) -> Result<Vec<Task>, ConsoleError> {
+    let same = st
+        .store
+        .list_tasks(&TaskQuery {
+            tenant_id: task.tenant_id.clone(),
+            store_id: Some(task.store_id.clone()),
+            state: None,
+            biz_no: Some(task.biz_no.clone()),
+            limit: 200,
+            cursor: None,
+        })
+        .await?;
+    let by_id: HashMap<&str, &Task> = same.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    let root_of = |t: &Task| -> String {
+        let mut cur = t;
+        // Chains are as long as the moves made; the bound guards against a cycle only.
+        for _ in 0..64 {
+            match cur.origin_task_id.as_deref().and_then(|o| by_id.get(o)) {
+                Some(parent) => cur = parent,
+                None => break,
+            }
+        }
+        cur.task_id.clone()
+    };
+    let root = root_of(task);
+    let mut chain: Vec<Task> = same.iter().filter(|t| root_of(t) == root).cloned().collect();
+    chain.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    Ok(chain)
+}
+
+/// One ticket: its facts, the audit trail as a timeline, its chain, its preview, and the
+/// actions its state allows.
+pub async fn ticket(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    Path((store_id, task_id)): Path<(String, String)>,
+) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let shop = shop(&st, &user, &store_id).await?;
+    let task = task_of(&st, &user, &shop, &task_id).await?;
+    let tenant = &user.operator().tenant_id;
+    let events = st.store.task_events(tenant, &task.task_id).await?.unwrap_or_default();
+    let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
+    let chain = chain_of(&st, &task).await?;
+    let base = store_base(&shop);
+    let path = format!("{base}/tickets/{}", url_encode(&task.task_id));
+    let z = &shop.zone;
+    let mut body = format!(
+        "<section class=\"card facts\"><dl>\
+         <dt>{biz_l}</dt><dd id=\"biz\">{biz}</dd><dt>{state_l}</dt><dd id=\"ticket-state\" data-state=\"{state}\">{badge}</dd>\
+         <dt>{printer_l}</dt><dd>{printer}</dd><dt>{type_l}</dt><dd>{ptype}</dd>\
+         <dt>{att_l}</dt><dd>{attempts}</dd><dt>{created_l}</dt><dd>{created}</dd><dt>{updated_l}</dt><dd>{updated}</dd>",
+        biz_l = esc(lang.t("ticket.biz_no")),
+        biz = esc(&task.biz_no),
+        state_l = esc(lang.t("ticket.state")),
+        state = task.state.as_str(),
+        badge = state_badge(lang, task.state),
+        printer_l = esc(lang.t("ticket.printer")),
+        printer = esc(&task.printer_id),
+        type_l = esc(lang.t("ticket.type")),
+        ptype = esc(&task.print_type),
+        att_l = esc(lang.t("ticket.attempts")),
+        attempts = task.attempts,
+        created_l = esc(lang.t("ticket.created")),
+        created = esc(&z.local_time(task.created_at)),
+        updated_l = esc(lang.t("ticket.updated")),
+        updated = esc(&z.local_time(task.updated_at)),
+    );
+    if let Some(p) = task.printed_at {
+        body.push_str(&format!("<dt>{}</dt><dd>{}</dd>", esc(lang.t("ticket.printed_at")), esc(&z.local_time(p))));
+    }
+    if let Some(e) = &task.last_error {
+        body.push_str(&format!("<dt>{}</dt><dd>{}</dd>", esc(lang.t("ticket.reason")), esc(&lang.reason(e))));
+    }
+    body.push_str(&format!("</dl><p class=\"muted\">{} {}</p></section>", esc(lang.t("time.store")), esc(z.name())));
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2>{}</section>",
+        esc(lang.t("ticket.actions")),
+        action_forms(lang, &user.session.csrf_token, &shop, &task, &printers, &path)
+    ));
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2><ol class=\"chain\" id=\"chain\">",
+        esc(lang.t("ticket.chain"))
+    ));
+    for t in &chain {
+        let kind = match (t.origin_kind, t.reprint_no) {
+            (Some(OriginKind::Reprint), Some(n)) => format!("{} {n}", lang.t("chain.reprint")),
+            (Some(OriginKind::Reprint), None) => lang.t("chain.reprint").to_owned(),
+            (Some(OriginKind::Transfer), _) => lang.t("chain.transfer").to_owned(),
+            (Some(OriginKind::Failover), _) => lang.t("chain.failover").to_owned(),
+            (None, _) => lang.t("chain.original").to_owned(),
+        };
+        let this = if t.task_id == task.task_id {
+            format!(" <em>({})</em>", esc(lang.t("chain.this")))
+        } else {
+            String::new()
+        };
+        body.push_str(&format!(
+            "<li data-task=\"{id}\" data-kind=\"{kind_attr}\"><a href=\"{base}/tickets/{id}\">{kind}</a> {badge} \
+             <span class=\"muted\">{printer} · {at}</span>{this}</li>",
+            id = esc(&t.task_id),
+            kind_attr = t.origin_kind.map_or("original", |k| k.as_str()),
+            kind = esc(&kind),
+            badge = state_badge(lang, t.state),
+            printer = esc(&t.printer_id),
+            at = esc(&z.local_time(t.created_at)),
+        ));
+    }
+    body.push_str("</ol></section>");
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2><ol class=\"timeline\" id=\"timeline\">",
+        esc(lang.t("ticket.timeline"))
+    ));
+    for e in &events {
+        let from = e.from.map(|f| format!("{} → ", lang.state(f.as_str()))).unwrap_or_default();
+        body.push_str(&format!(
+            "<li><time>{at}</time> <strong>{from}{to}</strong> <span class=\"actor\">{actor}</span>\
+             <p>{reason}</p></li>",
+            at = esc(&z.local_time(e.at)),
+            from = esc(&from),
+            to = esc(lang.state(e.to.as_str())),
+            actor = esc(&e.actor),
+            reason = esc(&e.reason),
+        ));
+    }
+    body.push_str("</ol></section>");
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2><img class=\"preview\" id=\"preview\" src=\"{path}/preview.png\" alt=\"{}\" \
+         loading=\"lazy\" width=\"288\"></section>",
+        esc(lang.t("ticket.preview")),
+        esc(lang.t("ticket.preview_alt")),
+    ));
+    let title = format!("{} {}", lang.t("ticket"), task.biz_no);
+    let r = Render {
+        user: &user,
+        shop: Some(&shop),
+        title: &title,
+        current: "tickets",
+        here: here(&headers, &path),
+        live: false,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+/// The ticket's preview image.
+pub async fn preview(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    Path((store_id, task_id)): Path<(String, String)>,
+) -> Result<Response, ConsoleError> {
+    let shop = shop(&st, &user, &store_id).await?;
+    let task = task_of(&st, &user, &shop, &task_id).await?;
+    let png = crate::routes::render::task_png(&st, &task).await?;
+    Ok(([(header::CONTENT_TYPE, "image/png"), (header::CACHE_CONTROL, "private, max-age=60")], png).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ActForm {
+    #[serde(default)]
+    pub csrf: String,
+    #[serde(default)]
+    pub reason: String,
+    pub printer_id: Option<String>,
+    pub back: Option<String>,
+}
+
+/// A manual action from a console form, recorded as the logged-in operator.
+pub async fn act(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    Path((store_id, task_id, action)): Path<(String, String, String)>,
+    Form(f): Form<ActForm>,
+) -> Result<Response, ConsoleError> {
+    user.check_csrf(&f.csrf)?;
+    let shop = shop(&st, &user, &store_id).await?;
+    let task = task_of(&st, &user, &shop, &task_id).await?;
+    let action = ACTIONS
+        .into_iter()
+        .find(|a| a.as_str() == action)
+        .ok_or_else(|| ApiError::not_found(format!("no action {action:?}")))?;
+    st.operations
+        .act(
+            action,
+            ActionRequest {
+                tenant_id: user.operator().tenant_id.clone(),
+                task_id: task.task_id.clone(),
+                actor: Actor::Operator(user.operator().id.clone()),
+                reason: f.reason,
+                printer_id: f.printer_id.filter(|p| !p.is_empty()),
+            },
+        )
+        .await?;
+    let base = store_base(&shop);
+    let back = f
+        .back
+        .filter(|b| b.starts_with(&format!("{base}/")) && !b.contains("//"))
+        .unwrap_or_else(|| format!("{base}/tickets/{}", url_encode(&task.task_id)));
+    Err(ConsoleError::Redirect(back))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DayQuery {
+    pub date: Option<String>,
+}
+
+async fn day_report(
+    st: &AppState,
+    user: &ConsoleUser,
+    shop: &Shop,
+    date: &str,
+) -> Result<onceprint_engine::reconcile::Report, ConsoleError> {
+    reconcile(st.store.as_ref(), &user.operator().tenant_id, &shop.row.id, date, None)
+        .await
+        .map_err(|e| ConsoleError::Api(crate::routes::reconcile::map_err(e)))
+}
+
+/// The store's day: counts, charges and refunds, differences, and the CSV download.
+pub async fn reconciliation(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    Path(store_id): Path<String>,
+    Query(q): Query<DayQuery>,
+) -> Result<Response, ConsoleError> {
+    let lang = user.lang;
+    let shop = shop(&st, &user, &store_id).await?;
+    let date = q.date.filter(|d| !d.is_empty()).unwrap_or_else(|| shop.zone.local_date(now_ms()));
+    let r = day_report(&st, &user, &shop, &date).await?;
+    let base = store_base(&shop);
+    let mut body = format!(
+        "<form class=\"search card\" method=\"get\"><label>{day_l}<input type=\"date\" name=\"date\" id=\"date\" \
+         value=\"{date}\" required></label><button type=\"submit\">{show}</button>\
+         <a class=\"button\" id=\"csv\" href=\"{base}/reconciliation.csv?date={date_q}\" download>{csv}</a></form>\
+         <p class=\"muted\">{tz_l}: {tz}</p>",
+        day_l = esc(lang.t("tickets.day")),
+        date = esc(&date),
+        show = esc(lang.t("recon.show")),
+        date_q = url_encode(&date),
+        csv = esc(lang.t("recon.csv")),
+        tz_l = esc(lang.t("recon.timezone")),
+        tz = esc(&r.timezone),
+    );
+    let c = &r.counts;
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2><dl class=\"grid\" id=\"counts\">",
+        esc(lang.t("recon.counts"))
+    ));
+    for (state, n) in [
+        ("printed", c.printed),
+        ("failed", c.failed),
+        ("in_doubt", c.in_doubt),
+        ("transferred", c.transferred),
+        ("cancelled", c.cancelled),
+        ("closed", c.closed),
+    ] {
+        body.push_str(&format!("<dt>{}</dt><dd data-count=\"{state}\">{n}</dd>", esc(lang.state(state))));
+    }
+    body.push_str(&format!(
+        "<dt>{}</dt><dd data-count=\"reprinted\">{}</dd><dt>{}</dt><dd data-count=\"submitted\">{}</dd></dl></section>",
+        esc(lang.t("chain.reprint")),
+        c.reprinted,
+        esc(lang.t("recon.submitted")),
+        c.submitted
+    ));
+    let l = &r.ledger;
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{}</h2><dl class=\"grid\"><dt>{}</dt><dd>{} ({})</dd><dt>{}</dt><dd>{} ({})</dd></dl></section>",
+        esc(lang.t("recon.ledger")),
+        esc(lang.t("recon.charges")),
+        l.charges,
+        l.charged_amount,
+        esc(lang.t("recon.refunds")),
+        l.refunds,
+        l.refunded_amount
+    ));
+    body.push_str(&format!("<section class=\"card\" id=\"differences\"><h2>{}</h2>", esc(lang.t("recon.differences"))));
+    if !r.has_differences() {
+        body.push_str(&format!("<p class=\"fine\">{}</p>", esc(lang.t("recon.no_differences"))));
+    }
+    for (key, list) in [
+        ("recon.twice", &r.printed_more_than_once),
+        ("recon.expected_not_printed", &r.expected_not_printed),
+        ("recon.printed_not_expected", &r.printed_not_expected),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        body.push_str(&format!("<h3>{}</h3><ul>", esc(lang.t(key))));
+        for b in list {
+            body.push_str(&format!("<li>{}</li>", esc(b)));
+        }
+        body.push_str("</ul>");
+    }
+    body.push_str("</section>");
+    let path = format!("{base}/reconciliation?date={}", url_encode(&date));
+    let rr = Render {
+        user: &user,
+        shop: Some(&shop),
+        title: lang.t("recon.title"),
+        current: "reconciliation",
+        here: here(&headers, &path),
+        live: false,
+    };
+    Ok(render(rr, &headers, &body))
+}
+
+/// The day as CSV (the API's format), as a download.
+pub async fn reconciliation_csv(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    Path(store_id): Path<String>,
+    Query(q): Query<DayQuery>,
+) -> Result<Response, ConsoleError> {
+    let shop = shop(&st, &user, &store_id).await?;
+    let date = q.date.filter(|d| !d.is_empty()).unwrap_or_else(|| shop.zone.local_date(now_ms()));
+    let r = day_report(&st, &user, &shop, &date).await?;
+    let name = format!("attachment; filename=\"reconciliation-{}-{}.csv\"", shop.row.id, r.date);
+    Ok((
+        [(header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()), (header::CONTENT_DISPOSITION, name)],
+        crate::routes::reconcile::report_csv(&r),
+    )
+        .into_response())
+}
+
+fn operators_body(
+    lang: Lang,
+    csrf: &str,
+    list: &[onceprint_store::Operator],
+    stores: &[StoreRow],
+    note: Option<&str>,
+) -> String {
+    let mut body = String::new();
+    if let Some(n) = note {
+        body.push_str(&format!("<p class=\"alert\" role=\"status\">{}</p>", esc(n)));
+    }
+    body.push_str("<ul class=\"cards\" id=\"operators\">");
+    for o in list {
+        let role = if o.role == OperatorRole::Manager { lang.t("role.manager") } else { lang.t("role.staff") };
+        body.push_str(&format!(
+            "<li class=\"card\" data-operator=\"{id}\"><strong>{name}</strong> <span class=\"muted\">{id} · {role} {stores}</span></li>",
+            id = esc(&o.id),
+            name = esc(&o.name),
+            role = esc(role),
+            stores = esc(&o.store_ids.join(", ")),
+        ));
+    }
+    body.push_str("</ul>");
+    body.push_str(&format!(
+        "<section class=\"card\"><h2>{title}</h2><form method=\"post\" action=\"/console/operators\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <label>{id_l}<input name=\"id\" required maxlength=\"64\" autocomplete=\"off\"></label>\
+         <label>{name_l}<input name=\"name\" maxlength=\"200\"></label>\
+         <label>{role_l}<select name=\"role\"><option value=\"staff\">{staff}</option><option value=\"manager\">{manager}</option></select></label>\
+         <fieldset><legend>{stores_l}</legend>",
+        title = esc(lang.t("operators.create")),
+        csrf = esc(csrf),
+        id_l = esc(lang.t("operators.id")),
+        name_l = esc(lang.t("operators.name")),
+        role_l = esc(lang.t("operators.role")),
+        staff = esc(lang.t("role.staff")),
+        manager = esc(lang.t("role.manager")),
+        stores_l = esc(lang.t("operators.stores")),
+    ));
+    for s in stores {
+        body.push_str(&format!(
+            "<label class=\"check\"><input type=\"checkbox\" name=\"store\" value=\"{}\"> {}</label>",
+            esc(&s.id),
+            esc(&s.name)
+        ));
+    }
+    body.push_str(&format!(
+        "</fieldset><label>{pw}<input name=\"password\" type=\"password\" required minlength=\"10\" autocomplete=\"new-password\"></label>\
+         <button type=\"submit\">{create}</button></form></section>",
+        pw = esc(lang.t("operators.password")),
+        create = esc(lang.t("operators.create")),
+    ));
+    body
+}
+
+fn manager_only(user: &ConsoleUser) -> Result<(), ConsoleError> {
+    if user.operator().role == OperatorRole::Manager {
+        Ok(())
+    } else {
+        Err(ConsoleError::Api(ApiError::forbidden("only a manager manages operators")))
+    }
+}
+
+/// The tenant's operators (managers only).
+pub async fn operators(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+) -> Result<Response, ConsoleError> {
+    manager_only(&user)?;
+    let lang = user.lang;
+    let tenant = &user.operator().tenant_id;
+    let list = st.operators.list(tenant).await?;
+    let stores = st.store.list_stores(tenant).await?;
+    let body = operators_body(lang, &user.session.csrf_token, &list, &stores, None);
+    let r = Render {
+        user: &user,
+        shop: None,
+        title: lang.t("operators.title"),
+        current: "operators",
+        here: here(&headers, "/console/operators"),
+        live: false,
+    };
+    Ok(render(r, &headers, &body))
+}
+
+/// Creates an operator from the console's form (a manager).
+pub async fn create_operator(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ConsoleError> {
+    // Several `store` fields (checkboxes) are read by hand: a struct cannot collect them.
+    let mut fields: HashMap<String, String> = HashMap::new();
+    let mut stores: Vec<String> = Vec::new();
+    for (k, v) in form_pairs(&body) {
+        if k == "store" {
+            stores.push(v);
+        } else {
+            fields.insert(k, v);
+        }
+    }
+    user.check_csrf(fields.get("csrf").map_or("", String::as_str))?;
+    manager_only(&user)?;
+    let role = fields.get("role").cloned().unwrap_or_default();
+    let spec = OperatorSpec {
+        id: fields.get("id").cloned().unwrap_or_default(),
+        name: fields.get("name").cloned().filter(|n| !n.trim().is_empty()),
+        stores: if role == "manager" { Vec::new() } else { stores },
+        role,
+        password: fields.get("password").cloned().unwrap_or_default(),
+    };
+    st.operators.create(Creator::Manager(user.operator()), spec).await?;
+    let lang = user.lang;
+    let tenant = &user.operator().tenant_id;
+    let list = st.operators.list(tenant).await?;
+    let all = st.store.list_stores(tenant).await?;
+    let page = operators_body(lang, &user.session.csrf_token, &list, &all, Some(lang.t("operators.created")));
+    let r = Render {
+        user: &user,
+        shop: None,
+        title: lang.t("operators.title"),
+        current: "operators",
+        here: "/console/operators".into(),
+        live: false,
+    };
+    let mut res = render(r, &headers, &page);
+    *res.status_mut() = StatusCode::CREATED;
+    Ok(res)
+}
+
+/// `application/x-www-form-urlencoded` pairs, decoded.
+fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
+    let decode = |s: &str| -> String {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => {
+                    match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                        Ok(b) => {
+                            out.push(b);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    std::str::from_utf8(body)
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// Any other console path: "not found", after the login check like every page.
+pub async fn not_found(_user: ConsoleUser) -> ConsoleError {
+    ConsoleError::Api(ApiError::not_found("no such console page"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_bodies_decode_repeated_fields_and_escapes() {
+        let pairs = form_pairs(b"id=amy&store=s1&store=s%202&name=A+B%E4%B8%AD&bad=%zz&end=%4");
+        assert_eq!(
+            pairs,
+            vec![
+                ("id".into(), "amy".into()),
+                ("store".into(), "s1".into()),
+                ("store".into(), "s 2".into()),
+                ("name".into(), "A B中".into()),
+                ("bad".into(), "%zz".into()),
+                ("end".into(), "%4".into()),
+            ]
+        );
+    }
+}

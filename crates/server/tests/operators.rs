@@ -1,0 +1,473 @@
+//! Operators over HTTP (issue 10), on SQLite and PostgreSQL: accounts made with the tenant
+//! key, operator tokens by password (throttled), manual actions audited as the operator,
+//! a staff member confined to their stores, and the console's security: every page behind
+//! the login, cookie flags, a new session id at login, CSRF refused, expired sessions.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{order, Agent, TestApp};
+use onceprint_server::HttpConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+both_backends!(
+    operator_tokens_act_as_their_operator_and_only_in_their_stores,
+    wrong_passwords_are_throttled_even_before_the_right_one,
+    every_console_page_needs_a_login_except_login_and_assets,
+    console_login_sets_strict_cookies_and_a_new_session_every_time,
+    console_actions_need_the_csrf_token_and_an_allowed_state,
+    staff_of_one_store_cannot_open_another_stores_tickets,
+);
+
+const PASSWORD: &str = "a long enough passphrase";
+
+/// Tenant `acme` with stores s1 (printers p1, p2) and s2 (printer q1), staff `amy` of s1
+/// and manager `max`; returns the API key.
+async fn setup(app: &TestApp) -> String {
+    let key = app.tenant("acme").await;
+    let a = app.post("/v1/stores", &key, json!({"id": "s2", "name": "Harbour", "timezone": "Asia/Shanghai"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://192.0.2.20:9100"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let amy = json!({"id": "amy", "name": "Amy", "role": "staff", "stores": ["s1"], "password": PASSWORD});
+    let a = app.post("/v1/operators", &key, amy).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    assert_eq!((a.body["role"].as_str(), a.body["stores"][0].as_str()), (Some("staff"), Some("s1")));
+    assert!(a.body.get("password").is_none() && a.body.get("password_hash").is_none(), "{a:?}");
+    let a = app.post("/v1/operators", &key, json!({"id": "max", "role": "manager", "password": PASSWORD})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    key
+}
+
+async fn operator_token(app: &TestApp, operator: &str, password: &str) -> common::Answer {
+    app.call(
+        "POST",
+        "/v1/operator-sessions",
+        None,
+        Some(json!({"tenant_id": "acme", "operator_id": operator, "password": password})),
+    )
+    .await
+}
+
+/// A task of store `store` put in doubt by an agent of that store.
+async fn in_doubt(app: &TestApp, key: &str, store: &str, printer: &str, biz: &str) -> String {
+    let a = app.call("POST", &format!("/v1/stores/{store}/agent-tokens"), Some(key), None).await;
+    let agent =
+        Agent { token: a.body["token"].as_str().expect("token").into(), id: format!("a-{store}"), session: "s".into() };
+    let body = json!({"biz_no": biz, "printer_id": printer, "content": {"type": "text", "text": "ticket\n"}});
+    let id = app.submit(key, body).await.body["task_id"].as_str().expect("id").to_owned();
+    let d = agent.poll_until(app, Duration::from_secs(5)).await;
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(agent.ack(app, &id, 1, "in_doubt").await, "applied");
+    id
+}
+
+async fn operator_tokens_act_as_their_operator_and_only_in_their_stores(app: &TestApp) {
+    let key = setup(app).await;
+    let t = operator_token(app, "amy", PASSWORD).await;
+    assert_eq!(t.status, StatusCode::CREATED, "{t:?}");
+    let amy = t.body["token"].as_str().expect("token").to_owned();
+    assert!(amy.starts_with("opo_"), "{amy}");
+    assert_eq!(t.body["operator"]["id"], "amy");
+    let mine = in_doubt(app, &key, "s1", "p1", "D1").await;
+    let theirs = in_doubt(app, &key, "s2", "q1", "D2").await;
+
+    // A body naming someone else is refused; naming nobody acts as the token's operator.
+    let a = app
+        .post(&format!("/v1/print-tasks/{mine}/mark-printed"), &amy, json!({"operator": "bob", "reason": "x"}))
+        .await;
+    assert_eq!((a.status, a.code()), (StatusCode::FORBIDDEN, "forbidden"), "{a:?}");
+    let a = app.post(&format!("/v1/print-tasks/{mine}/mark-printed"), &amy, json!({"reason": "on the pass"})).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let ev = app.get(&format!("/v1/print-tasks/{mine}/events"), &amy).await;
+    let last = ev.body["events"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
+    assert_eq!((last["actor"].as_str(), last["to"].as_str()), (Some("operator:amy"), Some("closed")), "{ev:?}");
+
+    // Store s2 does not exist for amy: its task, its attention list, its day.
+    for path in [
+        format!("/v1/print-tasks/{theirs}"),
+        format!("/v1/print-tasks/{theirs}/events"),
+        format!("/v1/print-tasks/{theirs}/preview.png"),
+        "/v1/stores/s2/attention".to_owned(),
+        "/v1/stores/s2/reconciliation?date=2026-01-01".to_owned(),
+        "/v1/print-tasks?store_id=s2".to_owned(),
+    ] {
+        assert_eq!(app.get(&path, &amy).await.status, StatusCode::NOT_FOUND, "{path}");
+    }
+    let a = app.post(&format!("/v1/print-tasks/{theirs}/reprint"), &amy, json!({"reason": "x"})).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+    // Her own store's list needs no store_id; she has one store.
+    let list = app.get("/v1/print-tasks", &amy).await;
+    assert!(list.body["tasks"].as_array().is_some_and(|t| t.iter().all(|t| t["store_id"] == "s1")), "{list:?}");
+    // Operators cannot do set-up, nor manage operators.
+    assert_eq!(app.get("/v1/operators", &amy).await.status, StatusCode::UNAUTHORIZED);
+
+    // The manager sees both stores.
+    let max = operator_token(app, "max", PASSWORD).await.body["token"].as_str().expect("token").to_owned();
+    assert_eq!(app.get(&format!("/v1/print-tasks/{theirs}"), &max).await.status, StatusCode::OK);
+
+    // Revoking amy's sessions ends her token at once (audited).
+    let r = app.call("DELETE", "/v1/operators/amy/sessions", Some(&key), None).await;
+    assert_eq!((r.status, r.body["revoked"].as_u64()), (StatusCode::OK, Some(1)), "{r:?}");
+    assert_eq!(app.get(&format!("/v1/print-tasks/{mine}"), &amy).await.status, StatusCode::UNAUTHORIZED);
+    let audit = app.get("/v1/setup-events?limit=1", &key).await;
+    assert_eq!(
+        (audit.body["events"][0]["object_kind"].as_str(), audit.body["events"][0]["action"].as_str()),
+        (Some("operator"), Some("revoke")),
+        "{audit:?}"
+    );
+    // Logout of a token.
+    let a = app.call("DELETE", "/v1/operator-sessions", Some(&max), None).await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.get(&format!("/v1/print-tasks/{theirs}"), &max).await.status, StatusCode::UNAUTHORIZED);
+
+    // Bad accounts are refused with the field named; ids are per tenant.
+    let bad = app.post("/v1/operators", &key, json!({"id": "zed", "role": "staff", "password": PASSWORD})).await;
+    assert!(bad.body["error"]["message"].as_str().unwrap_or("").contains("stores"), "{bad:?}");
+    let bad = app
+        .post("/v1/operators", &key, json!({"id": "zed", "role": "staff", "stores": ["s1"], "password": "short"}))
+        .await;
+    assert!(bad.body["error"]["message"].as_str().unwrap_or("").contains("password"), "{bad:?}");
+    let bad = app
+        .post("/v1/operators", &key, json!({"id": "zed", "role": "staff", "stores": ["s9"], "password": PASSWORD}))
+        .await;
+    assert_eq!(bad.code(), "invalid_request", "{bad:?}");
+    let dup = app.post("/v1/operators", &key, json!({"id": "amy", "role": "manager", "password": PASSWORD})).await;
+    assert_eq!(dup.code(), "conflict");
+}
+
+async fn wrong_passwords_are_throttled_even_before_the_right_one(app: &TestApp) {
+    setup(app).await;
+    for i in 0..5 {
+        let a = operator_token(app, "amy", "wrong password!").await;
+        assert_eq!((a.status, a.code()), (StatusCode::UNAUTHORIZED, "unauthorized"), "attempt {i}: {a:?}");
+    }
+    // The same answer for an operator who does not exist: ids cannot be probed.
+    let a = operator_token(app, "nobody", PASSWORD).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    let res = app
+        .http
+        .post(format!("{}/v1/operator-sessions", app.base))
+        .json(&json!({"tenant_id": "acme", "operator_id": "amy", "password": PASSWORD}))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 =
+        res.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!((1..=900).contains(&retry), "Retry-After {retry}");
+    // Another operator is not locked out by amy's attacker.
+    assert_eq!(operator_token(app, "max", PASSWORD).await.status, StatusCode::CREATED);
+}
+
+/// A browser without cookies handling of its own: cookies are kept by hand, redirects not
+/// followed.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookies: Vec<(String, String)>,
+}
+
+struct Page {
+    status: StatusCode,
+    location: String,
+    set_cookies: Vec<String>,
+    body: String,
+}
+
+impl Browser {
+    fn new(app: &TestApp) -> Browser {
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+        Browser { http, base: app.base.clone(), cookies: Vec::new() }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ")
+    }
+
+    fn cookie(&self, name: &str) -> Option<String> {
+        self.cookies.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    async fn send(&mut self, req: reqwest::RequestBuilder) -> Page {
+        let res = req.header("cookie", self.cookie_header()).send().await.expect("request");
+        let status = res.status();
+        let location = res.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let set_cookies: Vec<String> =
+            res.headers().get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).map(str::to_owned).collect();
+        for c in &set_cookies {
+            let first = c.split(';').next().unwrap_or("");
+            if let Some((k, v)) = first.split_once('=') {
+                self.cookies.retain(|(n, _)| n != k);
+                if !v.is_empty() && !c.contains("Max-Age=0") {
+                    self.cookies.push((k.to_owned(), v.to_owned()));
+                }
+            }
+        }
+        Page { status, location, set_cookies, body: res.text().await.unwrap_or_default() }
+    }
+
+    async fn get(&mut self, path: &str) -> Page {
+        let req = self.http.get(format!("{}{path}", self.base));
+        self.send(req).await
+    }
+
+    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Page {
+        let req = self.http.post(format!("{}{path}", self.base)).form(form);
+        self.send(req).await
+    }
+
+    /// Logs in through the form, as a person does.
+    async fn login(&mut self, operator: &str, password: &str) -> Page {
+        let page = self.get("/console/login").await;
+        let csrf = hidden(&page.body, "csrf");
+        self.post(
+            "/console/login",
+            &[
+                ("csrf", &csrf),
+                ("next", "/console/"),
+                ("tenant", "acme"),
+                ("operator", operator),
+                ("password", password),
+            ],
+        )
+        .await
+    }
+}
+
+/// The value of the hidden input `name` in a page.
+fn hidden(body: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\" value=\"");
+    body.find(&needle)
+        .map(|i| &body[i + needle.len()..])
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("")
+        .to_owned()
+}
+
+async fn every_console_page_needs_a_login_except_login_and_assets(app: &TestApp) {
+    setup(app).await;
+    let mut b = Browser::new(app);
+    for (method, path, public) in onceprint_server::console::ROUTES {
+        let page = match *method {
+            "GET" => b.get(path).await,
+            _ => b.post(path, &[("csrf", "x")]).await,
+        };
+        if *public {
+            assert!(
+                page.status.is_success() || page.status == StatusCode::SEE_OTHER,
+                "{method} {path}: {}",
+                page.status
+            );
+            assert!(!page.location.starts_with("/console/login?next"), "{method} {path} is public");
+        } else {
+            assert_eq!(page.status, StatusCode::SEE_OTHER, "{method} {path} without a login");
+            assert!(page.location.starts_with("/console/login?next="), "{method} {path} -> {}", page.location);
+        }
+    }
+    // A made-up session cookie is no login either.
+    b.cookies.push(("op_session".into(), "ops_forged".into()));
+    let page = b.get("/console/stores/s1/").await;
+    assert!(page.location.starts_with("/console/login"), "{}", page.location);
+    // The assets are what the binary carries: no CDN, no other origin.
+    let css = b.get("/console/assets/console.css").await;
+    let js = b.get("/console/assets/console.js").await;
+    let login = b.get("/console/login").await;
+    for text in [&css.body, &js.body, &login.body] {
+        assert!(!text.contains("http://") && !text.contains("https://"), "no external references");
+    }
+}
+
+async fn console_login_sets_strict_cookies_and_a_new_session_every_time(app: &TestApp) {
+    setup(app).await;
+    let mut b = Browser::new(app);
+    // A login form sent without its token (another site's form) is refused.
+    let page = b.post("/console/login", &[("tenant", "acme"), ("operator", "amy"), ("password", PASSWORD)]).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    assert!(b.cookie("op_session").is_none());
+
+    // A session id planted before the login is not adopted.
+    b.cookies.push(("op_session".into(), "ops_planted_by_an_attacker".into()));
+    let page = b.login("amy", PASSWORD).await;
+    assert_eq!((page.status, page.location.as_str()), (StatusCode::SEE_OTHER, "/console/"));
+    let set = page.set_cookies.iter().find(|c| c.starts_with("op_session=")).cloned().expect("session cookie");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(set.contains(flag), "{flag} in {set}");
+    }
+    assert!(!set.contains("Secure"), "plain HTTP: no Secure flag ({set})");
+    let first = b.cookie("op_session").expect("session");
+    assert_ne!(first, "ops_planted_by_an_attacker");
+    assert!(b.get("/console/stores/s1/").await.status.is_success());
+
+    // Logging in again (same browser) gives a new session and ends the old one.
+    let again = b.login("amy", PASSWORD).await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER);
+    let second = b.cookie("op_session").expect("session");
+    assert_ne!(first, second, "a new session id at every login");
+    let mut stale = Browser::new(app);
+    stale.cookies.push(("op_session".into(), first));
+    assert_eq!(stale.get("/console/stores/s1/").await.status, StatusCode::SEE_OTHER, "the old session is over");
+
+    // Behind a TLS proxy the cookie is Secure.
+    let mut tls = Browser::new(app);
+    let form = tls.get("/console/login").await;
+    let csrf = hidden(&form.body, "csrf");
+    let req = tls.http.post(format!("{}/console/login", tls.base)).header("x-forwarded-proto", "https").form(&[
+        ("csrf", csrf.as_str()),
+        ("next", "/console/"),
+        ("tenant", "acme"),
+        ("operator", "amy"),
+        ("password", PASSWORD),
+    ]);
+    let page = tls.send(req).await;
+    let set = page.set_cookies.iter().find(|c| c.starts_with("op_session=")).cloned().expect("session cookie");
+    assert!(set.contains("Secure"), "{set}");
+
+    // Logout ends the session.
+    let csrf = hidden(&b.get("/console/stores/s1/").await.body, "csrf");
+    let out = b.post("/console/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(out.location, "/console/login");
+    assert_eq!(b.get("/console/stores/s1/").await.status, StatusCode::SEE_OTHER);
+
+    // Wrong passwords in the console are throttled like the API's.
+    let mut guesser = Browser::new(app);
+    for _ in 0..5 {
+        assert_eq!(guesser.login("max", "not the password").await.status, StatusCode::UNAUTHORIZED);
+    }
+    let page = guesser.login("max", PASSWORD).await;
+    assert_eq!(page.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(guesser.cookie("op_session").is_none());
+}
+
+async fn console_actions_need_the_csrf_token_and_an_allowed_state(app: &TestApp) {
+    let key = setup(app).await;
+    let id = in_doubt(app, &key, "s1", "p1", "C1").await;
+    let pending = app.submit(&key, order("P1", "waiting\n")).await.body["task_id"].as_str().expect("id").to_owned();
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let page = b.get(&format!("/console/stores/s1/tickets/{id}")).await;
+    assert!(page.status.is_success());
+    let csrf = hidden(&page.body, "csrf");
+    assert!(!csrf.is_empty());
+    let path = format!("/console/stores/s1/tickets/{id}/mark-printed");
+    // Without the token, or with another session's, nothing happens.
+    let refused = b.post(&path, &[("reason", "seen it")]).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.body.contains("csrf"));
+    let refused = b.post(&path, &[("reason", "seen it"), ("csrf", "csrf_from_somewhere_else")]).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "in_doubt");
+    // An in-doubt ticket offers mark printed, reprint and cancel, never transfer.
+    for offered in ["mark-printed", "reprint", "cancel"] {
+        assert!(page.body.contains(&format!("data-action=\"{offered}\"")), "{offered} offered");
+    }
+    assert!(!page.body.contains("data-action=\"transfer\""), "transfer is not offered in doubt");
+    // A transfer forced anyway is refused by the server.
+    let forced = b
+        .post(
+            &format!("/console/stores/s1/tickets/{id}/transfer"),
+            &[("csrf", &csrf), ("reason", "x"), ("printer_id", "p2")],
+        )
+        .await;
+    assert_eq!(forced.status, StatusCode::CONFLICT, "{}", forced.body);
+    assert!(forced.body.contains("invalid_transition"));
+    // A pending ticket offers no mark printed, and forcing it is refused.
+    let p = b.get(&format!("/console/stores/s1/tickets/{pending}")).await;
+    assert!(!p.body.contains("data-action=\"mark-printed\""));
+    let forced = b
+        .post(&format!("/console/stores/s1/tickets/{pending}/mark-printed"), &[("csrf", &csrf), ("reason", "x")])
+        .await;
+    assert_eq!(forced.status, StatusCode::CONFLICT);
+    // A reason is required.
+    let no_reason = b.post(&path, &[("csrf", &csrf), ("reason", " ")]).await;
+    assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
+    // With the token and a reason: done, and audited as the operator who is logged in.
+    let done = b
+        .post(&path, &[("csrf", &csrf), ("reason", "seen it on the pass"), ("back", "/console/stores/s1/attention")])
+        .await;
+    assert_eq!((done.status, done.location.as_str()), (StatusCode::SEE_OTHER, "/console/stores/s1/attention"));
+    let ev = app.get(&format!("/v1/print-tasks/{id}/events"), &key).await;
+    let last = ev.body["events"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
+    assert_eq!(last["actor"], "operator:amy");
+    assert!(last["reason"].as_str().unwrap_or("").contains("seen it on the pass"));
+    let att = b.get("/console/stores/s1/attention").await;
+    assert!(!att.body.contains(&format!("data-task=\"{id}\"")), "it left the attention list");
+}
+
+async fn staff_of_one_store_cannot_open_another_stores_tickets(app: &TestApp) {
+    let key = setup(app).await;
+    let theirs = in_doubt(app, &key, "s2", "q1", "H1").await;
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    for path in [
+        "/console/stores/s2/".to_owned(),
+        "/console/stores/s2/attention".to_owned(),
+        format!("/console/stores/s2/tickets/{theirs}"),
+        format!("/console/stores/s2/tickets/{theirs}/preview.png"),
+        format!("/console/stores/s1/tickets/{theirs}"),
+        "/console/stores/s2/reconciliation".to_owned(),
+        "/console/stores/s2/live".to_owned(),
+        "/console/operators".to_owned(),
+    ] {
+        let page = b.get(&path).await;
+        let expected = if path.ends_with("operators") { StatusCode::FORBIDDEN } else { StatusCode::NOT_FOUND };
+        assert_eq!(page.status, expected, "{path}");
+    }
+    let csrf = hidden(&b.get("/console/stores/s1/").await.body, "csrf");
+    let forced =
+        b.post(&format!("/console/stores/s2/tickets/{theirs}/cancel"), &[("csrf", &csrf), ("reason", "x")]).await;
+    assert_eq!(forced.status, StatusCode::NOT_FOUND);
+    assert_eq!(app.get(&format!("/v1/print-tasks/{theirs}"), &key).await.body["state"], "in_doubt");
+    // One store only: the console opens it straight away.
+    assert_eq!(b.get("/console/").await.location, "/console/stores/s1/");
+    // The manager sees both, and can create staff in the console.
+    let mut m = Browser::new(app);
+    m.login("max", PASSWORD).await;
+    assert!(m.get(&format!("/console/stores/s2/tickets/{theirs}")).await.status.is_success());
+    let page = m.get("/console/operators").await;
+    let csrf = hidden(&page.body, "csrf");
+    let made = m
+        .post(
+            "/console/operators",
+            &[("csrf", &csrf), ("id", "sue"), ("role", "staff"), ("store", "s2"), ("password", PASSWORD)],
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let list = app.get("/v1/operators", &key).await;
+    let sue = list.body["operators"].as_array().and_then(|l| l.iter().find(|o| o["id"] == "sue")).cloned();
+    assert_eq!(sue.map(|s| s["stores"].clone()), Some(json!(["s2"])));
+    // A staff member cannot, even with a forged form.
+    let csrf = hidden(&b.get("/console/stores/s1/").await.body, "csrf");
+    let refused = b
+        .post("/console/operators", &[("csrf", &csrf), ("id", "eve"), ("role", "manager"), ("password", PASSWORD)])
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+}
+
+/// A console session that expired sends the browser back to the login page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_console_session_goes_back_to_login() {
+    let mut config = HttpConfig::default();
+    config.operators.session_ttl_ms = 1_500;
+    let Some(app) = TestApp::spawn_with(common::Backend::Sqlite, config).await else { return };
+    setup(&app).await;
+    let mut b = Browser::new(&app);
+    b.login("amy", PASSWORD).await;
+    assert!(b.get("/console/stores/s1/").await.status.is_success());
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let page = b.get("/console/stores/s1/attention").await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER);
+    assert!(page.location.starts_with("/console/login?next=%2Fconsole%2Fstores%2Fs1%2Fattention"), "{}", page.location);
+    assert!(page.location.ends_with("&expired=1"));
+    let login = b.get(&page.location).await;
+    assert!(login.body.contains("session ended"), "the login page says why");
+    app.stop().await;
+}
