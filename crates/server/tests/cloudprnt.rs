@@ -8,55 +8,13 @@ use std::time::{Duration, Instant};
 
 use common::{events_of, printer_with_login, wait_state, TestApp};
 use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
-use onceprint_server::HttpConfig;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 const MAC: &str = "00:11:62:AA:BB:CC";
 
-/// Short timings: retries due at once, a printer polling every second is offline after
-/// 2.3 s of silence.
-fn fast() -> HttpConfig {
-    let mut c = HttpConfig::default();
-    c.polled.default_poll_interval_s = 1;
-    c.polled.offline_grace_ms = 300;
-    c.polled.check_interval_ms = 50;
-    for p in c.intake.policies.types.values_mut() {
-        p.backoff.initial_ms = 50;
-        p.backoff.cap_ms = 200;
-        p.backoff.jitter = 0.0;
-    }
-    c
-}
-
-macro_rules! cloudprnt_tests {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Sqlite, crate::fast()).await
-                    else { return };
-                    super::$name(&app).await;
-                    app.stop().await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Postgres, crate::fast()).await
-                    else { return };
-                    super::$name(&app).await;
-                    app.stop().await;
-                }
-            )*
-        }
-    };
-}
-
-cloudprnt_tests!(
+both_backends!(
+    config = crate::common::fast_polled;
     wrong_logins_and_macs_are_refused_and_move_nothing,
     a_job_is_polled_fetched_as_png_and_confirmed_once,
     paper_out_retries_with_the_reason_and_prints_once_paper_is_back,

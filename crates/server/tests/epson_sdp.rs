@@ -8,51 +8,11 @@ use std::time::Duration;
 
 use common::{events_of, printer_with_login, wait_state, TestApp};
 use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
-use onceprint_server::HttpConfig;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-fn fast() -> HttpConfig {
-    let mut c = HttpConfig::default();
-    c.polled.default_poll_interval_s = 1;
-    c.polled.offline_grace_ms = 300;
-    c.polled.check_interval_ms = 50;
-    for p in c.intake.policies.types.values_mut() {
-        p.backoff.initial_ms = 50;
-        p.backoff.cap_ms = 200;
-        p.backoff.jitter = 0.0;
-    }
-    c
-}
-
-macro_rules! epson_tests {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Sqlite, crate::fast()).await
-                    else { return };
-                    super::$name(&app).await;
-                    app.stop().await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(app) = crate::TestApp::spawn_with(crate::common::Backend::Postgres, crate::fast()).await
-                    else { return };
-                    super::$name(&app).await;
-                    app.stop().await;
-                }
-            )*
-        }
-    };
-}
-
-epson_tests!(
+both_backends!(
+    config = crate::common::fast_polled;
     a_get_request_hands_out_epos_xml_with_a_job_id_and_its_result_prints_it,
     paper_end_retries_and_a_late_result_for_an_older_job_id_is_stale,
     a_get_request_while_a_job_is_unconfirmed_puts_it_in_doubt,

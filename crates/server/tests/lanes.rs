@@ -88,23 +88,6 @@ async fn task(app: &TestApp, key: &str, id: &str) -> Value {
     app.get(&format!("/v1/print-tasks/{id}"), key).await.body
 }
 
-async fn events(app: &TestApp, key: &str, id: &str) -> Vec<(String, String, String)> {
-    let e = app.get(&format!("/v1/print-tasks/{id}/events"), key).await.body;
-    e["events"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|e| {
-            (
-                e["from"].as_str().unwrap_or("").to_owned(),
-                e["to"].as_str().unwrap_or("").to_owned(),
-                e["reason"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect()
-}
-
 async fn wait_state(app: &TestApp, key: &str, id: &str, state: &str, within: Duration) -> Value {
     let start = Instant::now();
     loop {
@@ -112,7 +95,7 @@ async fn wait_state(app: &TestApp, key: &str, id: &str, state: &str, within: Dur
         if t["state"] == state {
             return t;
         }
-        assert!(start.elapsed() < within, "never {state}: {t}\n{:?}", events(app, key, id).await);
+        assert!(start.elapsed() < within, "never {state}: {t}\n{:?}", common::events_of(app, key, id).await);
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
 }
@@ -307,7 +290,7 @@ async fn a_failover_commits_whole_or_not_at_all(backend: Backend) {
     let next = t["successor_task_id"].as_str().expect("successor").to_owned();
     let n = task(&app, &key, &next).await;
     assert_eq!((n["printer_id"].as_str(), n["state"].as_str()), (Some("p2"), Some("pending")));
-    let trail: Vec<String> = events(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
+    let trail: Vec<String> = common::events_of(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
     assert_eq!(trail, vec!["pending", "sent", "failed", "transferred"]);
     app.stop().await;
 }
@@ -415,7 +398,7 @@ async fn agents_not_seen_since_a_broker_restart_are_not_gone(backend: Backend) {
     assert!(b.poll(&app, 600).await.is_empty());
     assert_eq!(task(&app, &key, &id).await["state"], "sent");
     assert_eq!(a.ack(&app, &id, 1, "printed").await, "applied");
-    let trail: Vec<String> = events(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
+    let trail: Vec<String> = common::events_of(&app, &key, &id).await.into_iter().map(|e| e.1).collect();
     assert_eq!(trail, vec!["pending", "sent", "printed"]);
     app.stop().await;
 }
@@ -675,7 +658,7 @@ async fn webhook_tasks_in_a_store_with_a_live_agent_are_asked_about_not_doubted(
         assert!(agent.poll(&app, 200).await.is_empty(), "agents never get a webhook printer's lane");
     }
     let t = task(&app, &key, &id).await;
-    assert_eq!(t["state"], "sent", "{t}\n{:?}", events(&app, &key, &id).await);
+    assert_eq!(t["state"], "sent", "{t}\n{:?}", common::events_of(&app, &key, &id).await);
     assert!(v.lock().expect("lock").status_asks > 0, "the status URL was asked");
     assert_eq!(v.lock().expect("lock").jobs.len(), 1, "the vendor has it: not sent again");
     assert_eq!(report(&app, "cloud", &id, "printed").await["result"], "applied");

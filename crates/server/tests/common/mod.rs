@@ -342,11 +342,17 @@ pub fn task_of(d: &Value) -> (String, i64) {
 #[macro_export]
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
+        $crate::both_backends!(config = $crate::common::default_config; $($name),*);
+    };
+    // With `config = f`: each broker starts with `f()` (an `HttpConfig`).
+    (config = $config:path; $($name:ident),* $(,)?) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(app) = $crate::common::TestApp::spawn($crate::common::Backend::Sqlite).await else { return };
+                    let Some(app) =
+                        $crate::common::TestApp::spawn_with($crate::common::Backend::Sqlite, $config()).await
+                    else { return };
                     super::$name(&app).await;
                     app.stop().await;
                 }
@@ -356,13 +362,36 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(app) = $crate::common::TestApp::spawn($crate::common::Backend::Postgres).await else { return };
+                    let Some(app) =
+                        $crate::common::TestApp::spawn_with($crate::common::Backend::Postgres, $config()).await
+                    else { return };
                     super::$name(&app).await;
                     app.stop().await;
                 }
             )*
         }
     };
+}
+
+/// The broker configuration of most tests.
+pub fn default_config() -> HttpConfig {
+    HttpConfig::default()
+}
+
+/// Short timings for printers that poll: retries due at once, a printer polling every
+/// second is offline after 2.3 s of silence.
+#[allow(dead_code)]
+pub fn fast_polled() -> HttpConfig {
+    let mut c = HttpConfig::default();
+    c.polled.default_poll_interval_s = 1;
+    c.polled.offline_grace_ms = 300;
+    c.polled.check_interval_ms = 50;
+    for p in c.intake.policies.types.values_mut() {
+        p.backoff.initial_ms = 50;
+        p.backoff.cap_ms = 200;
+        p.backoff.jitter = 0.0;
+    }
+    c
 }
 
 /// Creates printer `id` in store s1 with `transport` (a kind that logs in) and returns its
