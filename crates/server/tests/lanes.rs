@@ -34,28 +34,7 @@ fn fast() -> HttpConfig {
     c
 }
 
-macro_rules! lane_tests {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-lane_tests!(
+per_backend!(
     a_task_in_flight_is_offered_to_the_restarted_agent_whatever_waits_behind_it,
     a_task_in_flight_is_offered_again_after_its_deadline_whatever_waits_behind_it,
     a_lost_poll_answer_is_offered_again_after_the_deadline,

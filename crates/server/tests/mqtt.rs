@@ -224,28 +224,7 @@ fn copies(p: &MqttPrinter, text: &str) -> usize {
     p.jobs().all().iter().filter(|j| j.text.contains(text)).count()
 }
 
-macro_rules! mqtt_tests {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-mqtt_tests!(
+per_backend!(
     an_mqtt_printer_needs_an_mqtt_server,
     a_device_prints_each_task_once_and_reports_its_status,
     a_star_printer_prints_once_and_a_repeated_token_goes_to_a_person,

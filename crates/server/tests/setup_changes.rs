@@ -26,24 +26,10 @@ both_backends!(
 
 /// Tests that need a broker without the in-process duplicate gate, so that a retry is
 /// judged by the database, as on another node or after a restart.
-macro_rules! without_gate {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name(crate::common::Backend::Sqlite).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name(crate::common::Backend::Postgres).await;
-                }
-            }
-        )*
-    };
+mod without_gate {
+    use super::*;
+    per_backend!(duplicates_to_a_disabled_printer_are_answered_and_new_work_is_refused);
 }
-
-without_gate!(duplicates_to_a_disabled_printer_are_answered_and_new_work_is_refused);
 
 /// The bodies of disable and enable.
 fn disable() -> Value {

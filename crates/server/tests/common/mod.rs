@@ -373,6 +373,30 @@ macro_rules! both_backends {
     };
 }
 
+/// One `#[tokio::test]` per backend for each `async fn name(backend: Backend)`: for tests
+/// that start (and restart) brokers themselves.
+#[macro_export]
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
 /// The broker configuration of most tests.
 pub fn default_config() -> HttpConfig {
     HttpConfig::default()
