@@ -11,7 +11,10 @@
 //! Besides the browser test, one test needs no browser: an idle printer's paper-out shows
 //! without any job, and a silent agent's printers show "agent offline" with an alert.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::wait_line;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -274,22 +277,6 @@ impl World {
             .filter_map(|j| j["text"].as_str().map(str::to_owned))
             .filter(|t| t.contains(&needle))
             .collect()
-    }
-}
-
-fn wait_line(child: &mut Child, prefix: &str) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    std::thread::spawn(move || for _ in lines {});
-                    return rest.trim().to_owned();
-                }
-            }
-            _ => panic!("process exited before printing {prefix:?}"),
-        }
     }
 }
 

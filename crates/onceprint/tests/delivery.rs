@@ -2,8 +2,11 @@
 //! `onceprint printer-sim` as separate processes on real sockets, the broker on SQLite or
 //! PostgreSQL. "Printed" is judged by the simulator's paper log, never by the broker alone.
 
+mod common;
+
+use common::wait_line;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,23 +59,6 @@ fn spawn(args: &[String], log: &Path) -> Child {
         .stderr(log)
         .spawn()
         .expect("spawn onceprint")
-}
-
-/// Waits for a stdout line starting with `prefix`; returns the rest of it.
-fn wait_line(child: &mut Child, prefix: &str) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    std::thread::spawn(move || for _ in lines {});
-                    return rest.trim().to_owned();
-                }
-            }
-            _ => panic!("process exited before printing {prefix:?}"),
-        }
-    }
 }
 
 struct World {

@@ -4,7 +4,10 @@
 //! a stream of tasks (on SQLite and PostgreSQL). Judged by the device's paper log: every
 //! task printed, none twice.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::wait_line;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,22 +24,6 @@ fn free_port() -> u16 {
 fn spawn(args: &[String], log: &Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
     Command::new(BIN).args(args).env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(log).spawn().expect("spawn")
-}
-
-fn wait_line(child: &mut Child, prefix: &str) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    std::thread::spawn(move || for _ in lines {});
-                    return rest.trim().to_owned();
-                }
-            }
-            _ => panic!("process exited before printing {prefix:?}"),
-        }
-    }
 }
 
 struct Procs(Vec<Child>);
