@@ -160,33 +160,29 @@ impl BrokerClient {
             session: self.session.clone(),
             printers: printers.to_vec(),
         };
+        let resp = self.post(&self.status_url, &body).await?;
+        let answer: StatusResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
+        Ok(answer.printers)
+    }
+
+    /// POSTs `body` as JSON with the agent's token; a non-2xx answer is an error.
+    async fn post(&self, url: &reqwest::Url, body: &impl serde::Serialize) -> Result<reqwest::Response, BrokerError> {
         let resp = self
             .http
-            .post(self.status_url.clone())
+            .post(url.clone())
             .bearer_auth(&self.token)
             .timeout(ACK_TIMEOUT)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(transport)?;
-        let resp = check(resp).await?;
-        let answer: StatusResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
-        Ok(answer.printers)
+        check(resp).await
     }
 
     /// Sends acknowledgements; `Ok` means the broker has taken them (200).
     pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
         let body = AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone() };
-        let resp = self
-            .http
-            .post(self.acks_url.clone())
-            .bearer_auth(&self.token)
-            .timeout(ACK_TIMEOUT)
-            .json(&body)
-            .send()
-            .await
-            .map_err(transport)?;
-        let resp = check(resp).await?;
+        let resp = self.post(&self.acks_url, &body).await?;
         // The acks are applied once the broker answered 200; an unreadable body only
         // costs the per-ack verdicts in the log, so it is not a reason to send again.
         match resp.json::<AcksResponse>().await {
