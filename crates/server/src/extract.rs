@@ -69,6 +69,42 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     }
 }
 
+/// A query string, with a rejection through the one error mapping (400
+/// `invalid_request` naming the parameter) instead of the framework's plain text.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(e) => Err(ApiError::invalid(framework_message(&e.body_text(), "query string"))),
+        }
+    }
+}
+
+/// Path parameters, rejected like [`Query`].
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(e) => Err(ApiError::invalid(framework_message(&e.body_text(), "path"))),
+        }
+    }
+}
+
+/// The framework's rejection text without its "Failed to deserialize …:" preamble, which
+/// names the parser rather than what the caller got wrong.
+fn framework_message(text: &str, what: &str) -> String {
+    let detail = text.split_once(": ").map_or(text, |(_, rest)| rest);
+    format!("{what}: {detail}")
+}
+
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     let value = parts
         .headers

@@ -18,6 +18,7 @@ both_backends!(
     tasks_list_pages_and_events_show_the_audit_trail,
     authentication_is_required,
     meta_endpoints_answer,
+    bad_query_strings_and_paths_get_the_json_error_body,
 );
 
 async fn first_submission_creates_and_retries_are_duplicates(app: &TestApp) {
@@ -334,4 +335,22 @@ async fn meta_endpoints_answer(app: &TestApp) {
     assert_eq!((wrong_method.status, wrong_method.code()), (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"));
     let doc = app.call("GET", "/openapi.json", None, None).await;
     assert!(doc.body["paths"]["/v1/print-tasks"]["post"]["responses"]["201"].is_object());
+}
+
+async fn bad_query_strings_and_paths_get_the_json_error_body(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    for path in [
+        "/v1/print-tasks?limit=abc",
+        "/v1/print-tasks?limit=-5",
+        "/v1/stores/s1/reconciliation",
+        "/v1/stores/s1/reconciliation?date=2026-13-40&format=nope",
+    ] {
+        let a = app.get(path, &key).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}: {a:?}");
+        assert_eq!(a.code(), "invalid_request", "{path}: the JSON error body, not the framework's text: {a:?}");
+        let message = a.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(!message.contains("Failed to deserialize"), "{path}: {message}");
+    }
+    let a = app.get("/v1/print-tasks?limit=abc", &key).await;
+    assert!(a.body["error"]["message"].as_str().unwrap_or_default().contains("limit"), "names the parameter: {a:?}");
 }

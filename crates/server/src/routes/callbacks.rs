@@ -1,6 +1,8 @@
 //! Vendor callbacks for webhook printers (R17, R18): signed printed/failed reports.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
 use onceprint_engine::transport::webhook::{outcome_of, signed_by};

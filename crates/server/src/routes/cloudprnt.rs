@@ -2,7 +2,9 @@
 //! with the printer's login. Handlers parse Star's wire format and call
 //! `onceprint_engine::transport::cloudprnt`.
 
-use axum::extract::{Query, State};
+use axum::extract::State;
+
+use crate::extract::Query;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -1,6 +1,8 @@
 //! The manual channel (R26) and the per-store attention list (R27).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::manual::ManualAction;

@@ -1,7 +1,9 @@
 //! Operators and their API sessions (R30, issue 10): accounts created with the tenant's API
 //! key, operator tokens obtained with an operator's own password, and revocation.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_engine::operators::OperatorSpec;

@@ -1,6 +1,8 @@
 //! Daily reconciliation per store (R28): JSON, or CSV with `Accept: text/csv`.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use crate::extract::{Path, Query};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -1,7 +1,9 @@
 //! Receipt previews (R32): a document in, a PNG (or text, or ESC/POS) out; and the
 //! preview of a stored task as its printer would print it.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use crate::extract::{Path, Query};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use onceprint_engine::content::{document_of, preview_png, render_document, ContentError};

@@ -3,7 +3,9 @@
 //! which checks the input, writes the change with its audit row and makes the directory
 //! forget the object; these handlers only parse, call and shape the answer.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use crate::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_engine::setup::{PrinterChange, PrinterSpec, Reason};

@@ -1,6 +1,8 @@
 //! Print task endpoints: submit (the idempotent heart of onceprint), read, list, audit.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use crate::extract::{Path, Query};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::Json;
 use onceprint_core::{CoreError, TaskId, TaskState};

@@ -1,6 +1,8 @@
 //! Webhook endpoints for alerts (R27) and their delivery attempts.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::validate_id;
