@@ -26,6 +26,41 @@ pub fn to_text(doc: &Document, profile: &Profile) -> String {
     }
 }
 
+/// A run printed at double (or larger) width: its characters stay together, so the words
+/// of a ticket's header can be searched for in the text, and the columns the printer
+/// spends beyond what the text shows follow the run as spaces, so what is to its right
+/// stays aligned. Where those extra columns leave room, the run is marked `*like this*`,
+/// since spacing no longer says that it is printed large.
+fn wide_run(out: &mut String, enc: crate::profile::Encoding, text: &str, factor: usize) {
+    let mut shown_text = String::with_capacity(text.len());
+    let (mut printed, mut shown) = (0usize, 0usize);
+    for c in text.chars() {
+        let w = usize::from(char_width(enc, c)) * factor;
+        if w == 0 {
+            continue;
+        }
+        let c = if c == '\t' { ' ' } else { c };
+        shown_text.push(c);
+        printed += w;
+        shown += display_width(c.encode_utf8(&mut [0; 4]));
+    }
+    let extra = printed.saturating_sub(shown);
+    if extra >= 2 && !shown_text.trim().is_empty() {
+        // Marks go around the words, not around the blanks beside them.
+        let lead = shown_text.len() - shown_text.trim_start().len();
+        let body = shown_text.trim();
+        let tail = shown_text.len() - lead - body.len();
+        out.extend(std::iter::repeat_n(' ', lead));
+        out.push('*');
+        out.push_str(body);
+        out.push('*');
+        out.extend(std::iter::repeat_n(' ', tail + extra - 2));
+    } else {
+        out.push_str(&shown_text);
+        out.extend(std::iter::repeat_n(' ', extra));
+    }
+}
+
 fn render(layout: &Layout<'_>) -> String {
     let columns = usize::from(layout.columns);
     let enc = layout.encoding;
@@ -58,8 +93,12 @@ fn render(layout: &Layout<'_>) -> String {
                 for run in &layout.runs[runs.clone()] {
                     out.extend(std::iter::repeat_n(' ', usize::from(run.pad)));
                     let factor = usize::from(run.style.width_factor());
+                    if factor > 1 {
+                        wide_run(&mut out, enc, &run.text, factor);
+                        continue;
+                    }
                     for c in run.text.chars() {
-                        let printed = usize::from(char_width(enc, c)) * factor;
+                        let printed = usize::from(char_width(enc, c));
                         if printed == 0 {
                             continue;
                         }

@@ -165,3 +165,16 @@ fn unencodable_characters_become_question_marks_with_warnings() {
         .collect();
     assert_eq!(missing, ['😀']);
 }
+
+#[test]
+fn double_width_words_stay_whole_in_the_text_output() {
+    // The markup ticket's header is printed double width (`<CB>`); its text must still
+    // contain the restaurant's name as one word, so the text of a ticket can be searched.
+    let doc = onceprint_render::parse_markup(&fixture("markup-ticket.txt")).expect("markup");
+    let text = onceprint_render::to_text(&doc, &profile("escpos-58-gb18030"));
+    assert!(text.contains("*老王川菜馆*"), "{text}");
+    // Columns still line up: no line is wider than the paper.
+    for line in text.lines() {
+        assert!(onceprint_render::display_width(line) <= 32, "{line:?} in\n{text}");
+    }
+}
