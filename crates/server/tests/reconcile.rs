@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 both_backends!(
     a_day_with_missing_unexpected_and_reprinted_orders,
     bad_reconciliation_requests,
+    a_missing_date_means_today_in_the_stores_zone,
     stores_take_iana_time_zones_and_fixed_offsets,
     unknown_time_zones_are_refused_naming_the_field
 );
@@ -32,8 +33,13 @@ async fn deliver_and_ack(app: &TestApp, token: &str, outcome: &str) -> String {
 
 fn today() -> String {
     // The store below is on UTC, so the business day is the UTC date.
+    today_at_offset(0)
+}
+
+/// Today's date at a fixed offset from UTC, in seconds.
+fn today_at_offset(offset_secs: i64) -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let days = (secs / 86_400) as i64;
+    let days = (secs as i64 + offset_secs).div_euclid(86_400);
     // civil_from_days (Howard Hinnant)
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -131,6 +137,26 @@ async fn bad_reconciliation_requests(app: &TestApp) {
     assert_eq!(bad.code(), "invalid_request");
     let a = app.post("/v1/stores/s1/reconciliation?date=2026-11-29", &key, json!({"nope": 1})).await;
     assert_eq!(a.code(), "invalid_request");
+}
+
+async fn a_missing_date_means_today_in_the_stores_zone(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    app.submit(&key, order("T1", "T1")).await;
+    let plain = app.get("/v1/stores/s1/reconciliation", &key).await;
+    assert_eq!(plain.status, StatusCode::OK, "{plain:?}");
+    assert_eq!(plain.body["date"], today());
+    assert_eq!(plain.body["counts"]["submitted"], 1, "{plain:?}");
+    // Two stores 25 hours apart are never on the same date: each gets its own today.
+    for (id, zone, offset) in [("east", "+14:00", 14 * 3600), ("west", "-11:00", -11 * 3600)] {
+        let made = app.post("/v1/stores", &key, json!({"id": id, "name": id, "timezone": zone})).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{made:?}");
+        let day = app.get(&format!("/v1/stores/{id}/reconciliation"), &key).await;
+        assert_eq!(day.status, StatusCode::OK, "{day:?}");
+        assert_eq!(day.body["date"], today_at_offset(offset), "{zone}");
+        let posted = app.post(&format!("/v1/stores/{id}/reconciliation"), &key, json!(["T1"])).await;
+        assert_eq!(posted.body["date"], today_at_offset(offset), "{posted:?}");
+    }
+    assert_eq!(app.get("/v1/stores/nope/reconciliation", &key).await.code(), "not_found");
 }
 
 async fn stores_take_iana_time_zones_and_fixed_offsets(app: &TestApp) {

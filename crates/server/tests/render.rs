@@ -7,7 +7,7 @@ use common::TestApp;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-both_backends!(documents_preview_validate_and_print);
+both_backends!(documents_preview_validate_and_print, the_preview_takes_a_tasks_content_as_it_is);
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/../render/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -101,4 +101,50 @@ async fn documents_preview_validate_and_print(app: &TestApp) {
         api.body["components"]["schemas"]["ReceiptDocument"].is_object(),
         "the document schema is in the OpenAPI document"
     );
+}
+
+/// The text preview of a JSON body.
+async fn text_preview(app: &TestApp, key: &str, body: Value) -> (StatusCode, String) {
+    let (status, _, out) = post_raw(
+        app,
+        "/v1/render/preview?format=text&profile=escpos-58-gb18030",
+        key,
+        "application/json",
+        body.to_string(),
+    )
+    .await;
+    (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+async fn the_preview_takes_a_tasks_content_as_it_is(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let doc: Value = serde_json::from_str(&fixture("kitchen-ticket.json")).expect("doc");
+    let markup = fixture("markup-ticket.txt");
+    // Each kind of `content` a task takes, sent as it is.
+    let (status, text) = text_preview(app, &key, json!({"type": "text", "text": "Table 5\n1 x Noodles\n"})).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("1 x Noodles"), "{text}");
+    let (status, text) = text_preview(app, &key, json!({"type": "markup", "markup": markup})).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("老王川菜馆"), "{text}");
+    let (status, from_content) = text_preview(app, &key, json!({"type": "doc", "doc": doc})).await;
+    assert_eq!(status, StatusCode::OK, "{from_content}");
+    let (_, from_doc) = text_preview(app, &key, doc.clone()).await;
+    assert_eq!(from_content, from_doc, "a doc content previews as the bare document does");
+    // A whole task body previews as its content.
+    let task = json!({"biz_no": "A1", "printer_id": "p1", "content": {"type": "doc", "doc": doc}});
+    let (status, from_task) = text_preview(app, &key, task).await;
+    assert_eq!((status, from_task.as_str()), (StatusCode::OK, from_doc.as_str()));
+    // Content a task could not take is refused as intake refuses it; raw bytes have no preview.
+    let (status, body) = text_preview(app, &key, json!({"type": "text", "text": ""})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = text_preview(app, &key, json!({"type": "picture", "url": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("invalid_content"), "{body}");
+    let (status, body) = text_preview(app, &key, json!({"type": "escpos", "data": "G0A="})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("no preview"), "{body}");
+    let (status, body) = text_preview(app, &key, json!({"type": "doc", "doc": {"blocks": [{"type": "bogus"}]}})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("invalid_content"), "{body}");
 }

@@ -18,8 +18,23 @@ use crate::AppState;
 pub struct DateParam {
     /// The business day, `YYYY-MM-DD`, in the store's time zone: from the start of that
     /// local date to the start of the next, which is 23 or 25 hours on the days daylight
-    /// saving time begins or ends.
-    pub date: String,
+    /// saving time begins or ends. Without it: today in the store's time zone.
+    pub date: Option<String>,
+}
+
+/// The day asked for, or today in the store's time zone when the query names none.
+async fn day_of(st: &AppState, tenant_id: &str, store_id: &str, q: DateParam) -> Result<String, ApiError> {
+    if let Some(date) = q.date {
+        return Ok(date);
+    }
+    let shop = st
+        .store
+        .get_store(tenant_id, store_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no store {store_id:?}")))?;
+    let zone = onceprint_engine::tz::parse(&shop.timezone)
+        .map_err(|error| map_err(ReconcileError::StoreZone { store_id: store_id.to_owned(), error }))?;
+    Ok(zone.local_date(onceprint_engine::clock::now_ms()))
 }
 
 /// Most expected business numbers in one request.
@@ -117,7 +132,8 @@ pub async fn get_day(
     if !auth.may_see_store(&store_id) {
         return Err(ApiError::not_found(format!("no store {store_id:?}")));
     }
-    let report = reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &q.date, None).await.map_err(map_err)?;
+    let date = day_of(&st, auth.tenant_id(), &store_id, q).await?;
+    let report = reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &date, None).await.map_err(map_err)?;
     Ok(answer(report, &headers))
 }
 
@@ -174,7 +190,8 @@ pub async fn post_day(
         return Err(ApiError::not_found(format!("no store {store_id:?}")));
     }
     let expected = parse_expected(&headers, &body)?;
+    let date = day_of(&st, auth.tenant_id(), &store_id, q).await?;
     let report =
-        reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &q.date, Some(&expected)).await.map_err(map_err)?;
+        reconcile(st.store.as_ref(), auth.tenant_id(), &store_id, &date, Some(&expected)).await.map_err(map_err)?;
     Ok(answer(report, &headers))
 }

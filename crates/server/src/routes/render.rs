@@ -35,14 +35,16 @@ fn content_error(e: ContentError) -> ApiError {
 }
 
 /// Render a receipt document (JSON; or cloud markup with `Content-Type: text/plain`) to a
-/// PNG preview, plain text or ESC/POS bytes. Invalid documents are 400 `invalid_content`
-/// naming the field.
+/// PNG preview, plain text or ESC/POS bytes. The body may also be exactly the `content`
+/// object a task takes (`{"type":"text"|"markup"|"doc",…}`), or a whole task body with its
+/// `content`, so what a task would print is previewed without reshaping it. Invalid
+/// documents are 400 `invalid_content` naming the field.
 #[utoipa::path(post, path = "/v1/render/preview", tag = "receipt documents", security(("tenant" = [])),
     params(PreviewParams),
     request_body(content = Object, description = "a receipt document (see the ReceiptDocument schema), or markup as text/plain"),
     responses((status = 200, content_type = "image/png"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn preview(
-    State(_st): State<AppState>,
+    State(st): State<AppState>,
     _auth: TenantAuth,
     Query(q): Query<PreviewParams>,
     headers: HeaderMap,
@@ -53,18 +55,38 @@ pub async fn preview(
     }
     let is_markup =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/plain"));
-    let kind = if is_markup { "markup" } else { "doc" };
+    let (kind, body) = if is_markup { ("markup", body.to_vec()) } else { preview_input(&body, &st)? };
     // Rendering a large document takes CPU time: off the async workers.
     let format = q.format.unwrap_or_else(|| "png".into());
     let profile = q.profile.clone();
     let (bytes, mime) = tokio::task::spawn_blocking(move || {
-        let doc = document_of(kind, &body)?.ok_or_else(|| ContentError::Invalid("no document".into()))?;
+        let doc = document_of(kind, &body)?.ok_or_else(|| {
+            ContentError::NoPreview("raw ESC/POS content has no preview; send a text, markup or doc content".into())
+        })?;
         render_document(&doc, profile.as_deref(), &format)
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("render task: {e}")))?
     .map_err(content_error)?;
     Ok(([(header::CONTENT_TYPE, mime)], bytes).into_response())
+}
+
+/// What a JSON preview body holds: a task's `content` object (recognised by its `type`),
+/// a whole task body (recognised by its `content` object), or else a receipt document. A
+/// content object goes through the same validation as at intake, so a preview is refused
+/// exactly when the task would be.
+fn preview_input(body: &[u8], st: &AppState) -> Result<(&'static str, Vec<u8>), ApiError> {
+    let value: serde_json::Value = crate::extract::parse_json(body)?;
+    let content = match &value {
+        serde_json::Value::Object(m) if m.get("type").is_some_and(|t| t.is_string()) => Some(value.clone()),
+        serde_json::Value::Object(m) if m.get("content").is_some_and(|c| c.is_object()) => m.get("content").cloned(),
+        _ => None,
+    };
+    let Some(content) = content else { return Ok(("doc", body.to_vec())) };
+    let content: onceprint_core::content::Content = serde_json::from_value(content)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_content", format!("content: {e}")))?;
+    let canonical = content.canonicalize(st.config.intake.content_limits)?;
+    Ok((canonical.content_type, canonical.bytes))
 }
 
 /// A PNG of how a task prints on its printer (text, document and markup tasks).
