@@ -31,7 +31,7 @@ const MIN_EMPTY_POLL: Duration = Duration::from_millis(250);
 /// unreachable is never an error, the agent keeps trying.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AgentError> {
     let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
-    let client = BrokerClient::new(&args.server, args.token.as_str(), connect_timeout)
+    let client = BrokerClient::new(&args.server, args.token.as_str(), connect_timeout, args.ca_cert.as_deref())
         .map_err(|reason| AgentError::Server { url: args.server.clone(), reason })?;
 
     // Opening the state directory and reading the journal is blocking file IO.

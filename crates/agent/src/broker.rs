@@ -90,32 +90,44 @@ impl std::fmt::Debug for BrokerClient {
 }
 
 impl BrokerClient {
-    /// `server` is the broker's base URL (`http://HOST:PORT`, optionally with a path prefix).
-    /// Returns a human-readable reason when it is unusable.
-    pub fn new(server: &str, token: &str, connect_timeout: Duration) -> Result<BrokerClient, String> {
+    /// `server` is the broker's base URL (`http://HOST:PORT` or `https://HOST:PORT`,
+    /// optionally with a path prefix). `ca_cert` is a PEM file of certificate authorities
+    /// to trust for an https broker besides the public ones built in (a broker with a
+    /// private or self-signed certificate). Returns a human-readable reason when it is
+    /// unusable.
+    pub fn new(
+        server: &str,
+        token: &str,
+        connect_timeout: Duration,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<BrokerClient, String> {
         let base = server.trim_end_matches('/');
         let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| e.to_string());
         let poll_url = parse("/v1/agent/poll")?;
         let acks_url = parse("/v1/agent/acks")?;
         let status_url = parse("/v1/agent/status")?;
         match poll_url.scheme() {
-            "http" => {}
-            "https" => {
-                return Err("https is not built into this agent (it is compiled without TLS); \
-                            put it next to the broker or behind a local TLS-terminating proxy \
-                            and use http://"
-                    .into())
-            }
-            other => return Err(format!("unsupported scheme {other:?}; use http://HOST:PORT")),
+            "http" | "https" => {}
+            other => return Err(format!("unsupported scheme {other:?}; use http://HOST:PORT or https://HOST:PORT")),
         }
         if token.is_empty() {
             return Err("the agent token is empty".into());
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
-            .user_agent(concat!("onceprint-agent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| e.to_string())?;
+            .user_agent(concat!("onceprint-agent/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = ca_cert {
+            let pem = std::fs::read(path).map_err(|e| format!("cannot read --ca-cert {}: {e}", path.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("--ca-cert {}: not a PEM certificate: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!("--ca-cert {}: no certificate in it", path.display()));
+            }
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder.build().map_err(|e| e.to_string())?;
         Ok(BrokerClient {
             http,
             poll_url,
@@ -255,10 +267,13 @@ mod tests {
     #[test]
     fn only_plain_http_urls_are_accepted() {
         let t = Duration::from_secs(1);
-        assert!(BrokerClient::new("http://127.0.0.1:8080", "tok", t).is_ok());
-        assert!(BrokerClient::new("http://broker.local/onceprint/", "tok", t).is_ok());
-        assert!(BrokerClient::new("https://broker.example", "tok", t).is_err_and(|e| e.contains("TLS")));
-        assert!(BrokerClient::new("broker:8080", "tok", t).is_err());
-        assert!(BrokerClient::new("http://127.0.0.1:8080", "", t).is_err());
+        assert!(BrokerClient::new("http://127.0.0.1:8080", "tok", t, None).is_ok());
+        assert!(BrokerClient::new("http://broker.local/onceprint/", "tok", t, None).is_ok());
+        assert!(BrokerClient::new("https://broker.example", "tok", t, None).is_ok());
+        assert!(BrokerClient::new("ftp://broker.example", "tok", t, None).is_err());
+        assert!(BrokerClient::new("broker:8080", "tok", t, None).is_err());
+        assert!(BrokerClient::new("http://127.0.0.1:8080", "", t, None).is_err());
+        let missing = std::path::Path::new("/nonexistent/ca.pem");
+        assert!(BrokerClient::new("https://b.example", "tok", t, Some(missing)).is_err_and(|e| e.contains("ca-cert")));
     }
 }

@@ -72,14 +72,19 @@ use std::str::FromStr;
 /// `onceprint agent` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {
-    /// The broker's base URL (plain HTTP: scheme, host, port, optional path prefix).
+    /// The broker's base URL (scheme http or https, host, port, optional path prefix).
     #[arg(
         long,
         env = "ONCEPRINT_SERVER",
         value_name = "URL",
-        help = "The broker's base URL, e.g. http://broker.example:8080"
+        help = "The broker's base URL, e.g. http://broker.example:8080 or https://broker.example"
     )]
     pub server: String,
+
+    /// Certificate authorities (PEM) to trust for an https broker, besides the public ones
+    /// built in: for a broker with a private or self-signed certificate.
+    #[arg(long, env = "ONCEPRINT_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 
     /// The store's agent token (from POST /v1/stores/{id}/agent-tokens).
     #[arg(long, env = "ONCEPRINT_AGENT_TOKEN", value_name = "AGENT_TOKEN", hide_env_values = true)]

@@ -31,6 +31,8 @@ pub struct Launch {
     pub listen: SocketAddr,
     /// A TOML file for `--config`.
     pub config: Option<PathBuf>,
+    /// More `serve` flags (they win over the environment and the TOML file).
+    pub extra_args: Vec<String>,
 }
 
 pub struct Broker {
@@ -52,6 +54,7 @@ impl Broker {
             log_path: log_path.to_path_buf(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             config: None,
+            extra_args: Vec::new(),
         })
         .await
     }
@@ -71,7 +74,12 @@ impl Broker {
         if let Some(config) = &launch.config {
             command.arg("--config").arg(config);
         }
+        command.args(&launch.extra_args);
         command
+            // Benchmarks measure what the broker can do, so its rate limits are off unless
+            // a bench sets them with `extra_args` (the fairness bench does).
+            .env("ONCEPRINT_TENANT_RATE_LIMIT", "0")
+            .env("ONCEPRINT_AGENT_RATE_LIMIT", "0")
             // Keep the broker's log quiet: logging every request would measure the logger.
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

@@ -24,6 +24,7 @@
 
 mod broker;
 pub mod e2e;
+pub mod fairness;
 pub mod faults;
 mod http;
 mod load;
@@ -46,6 +47,7 @@ use hyper::body::Bytes;
 
 use broker::Broker;
 pub use e2e::{run_e2e, E2eOptions, E2eReport};
+pub use fairness::{run_fairness, FairnessOptions, FairnessReport};
 pub use faults::{run_faults, FaultsOptions, FaultsReport};
 use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};

@@ -25,6 +25,9 @@ pub struct IntakeConfig {
     pub group_commit: GroupCommitConfig,
     /// Ledger amount per accepted task.
     pub charge: i64,
+    /// Requests per tenant (submissions and every other call with the tenant's API key);
+    /// `None`: unlimited. Duplicates answered by the first gate are never refused.
+    pub tenant_rate: Option<crate::limits::RateLimit>,
 }
 
 impl Default for IntakeConfig {
@@ -35,6 +38,7 @@ impl Default for IntakeConfig {
             gate_capacity: 200_000,
             group_commit: GroupCommitConfig::default(),
             charge: 1,
+            tenant_rate: None,
         }
     }
 }
@@ -85,6 +89,9 @@ pub enum IntakeError {
     /// Same key, different content (R4).
     #[error("task {task_id} already exists for this biz_no, printer and print type with different content")]
     Mismatch { task_id: String },
+    /// The tenant is over its rate limit; a request may succeed after this many seconds.
+    #[error("too many requests for this tenant; retry after {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -103,6 +110,7 @@ pub struct Intake {
     committer: GroupCommitter,
     signals: Arc<StoreSignals>,
     config: IntakeConfig,
+    limiter: Option<Arc<crate::limits::RateLimiter>>,
 }
 
 impl Intake {
@@ -114,7 +122,22 @@ impl Intake {
         config: IntakeConfig,
     ) -> Intake {
         let committer = GroupCommitter::start(store.clone(), config.group_commit);
-        Intake { gate: Arc::new(RecentTasks::new(config.gate_capacity)), store, directory, committer, signals, config }
+        let limiter = config.tenant_rate.map(|l| Arc::new(crate::limits::RateLimiter::new(l)));
+        Intake {
+            gate: Arc::new(RecentTasks::new(config.gate_capacity)),
+            store,
+            directory,
+            committer,
+            signals,
+            config,
+            limiter,
+        }
+    }
+
+    /// The tenants' rate limiter, shared with the HTTP layer so that a tenant's
+    /// submissions and its other calls draw from one bucket.
+    pub fn tenant_limiter(&self) -> Option<&Arc<crate::limits::RateLimiter>> {
+        self.limiter.as_ref()
     }
 
     /// The first gate, shared with whoever changes task states in this process.
@@ -151,6 +174,15 @@ impl Intake {
             } else {
                 Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
             };
+        }
+
+        // Fairness: past the first gate, so a retry storm of known tasks is answered, not
+        // refused (R4); before validation and the database, so a storm of new work costs
+        // other tenants nothing but this check.
+        if let Some(limiter) = &self.limiter {
+            limiter
+                .check(&req.tenant_id, now_ms())
+                .map_err(|l| IntakeError::RateLimited { retry_after_secs: l.retry_after_secs })?;
         }
 
         // Validation (after the gates, R3). Documents and markup are checked now: a task

@@ -27,6 +27,7 @@ pub mod gate;
 pub mod ids;
 pub mod intake;
 pub mod lanes;
+pub mod limits;
 pub mod operations;
 pub mod operators;
 pub mod printer_watch;

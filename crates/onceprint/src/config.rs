@@ -55,6 +55,47 @@ pub struct ServeArgs {
     /// only over HTTPS; without it they are Secure when X-Forwarded-Proto says https).
     #[arg(long, env = "ONCEPRINT_CONSOLE_SECURE_COOKIES")]
     pub console_secure_cookies: bool,
+    /// Serve HTTPS: the certificate chain, PEM, leaf first (with --tls-key).
+    #[arg(long, env = "ONCEPRINT_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "ONCEPRINT_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Requests per second one tenant may make with its API keys, sustained (default 500;
+    /// 0: unlimited). Over it: 429 with Retry-After. Retries of tasks already accepted are
+    /// always answered.
+    #[arg(long, env = "ONCEPRINT_TENANT_RATE_LIMIT", value_name = "PER_SECOND")]
+    pub tenant_rate_limit: Option<f64>,
+    /// Requests one tenant may make at once above the sustained rate (default 2 × the rate).
+    #[arg(long, env = "ONCEPRINT_TENANT_RATE_BURST", value_name = "REQUESTS")]
+    pub tenant_rate_burst: Option<f64>,
+    /// Requests per second one store's agent token may make (default 100; 0: unlimited).
+    #[arg(long, env = "ONCEPRINT_AGENT_RATE_LIMIT", value_name = "PER_SECOND")]
+    pub agent_rate_limit: Option<f64>,
+    /// Requests one agent may make at once above its rate (default 2 × the rate).
+    #[arg(long, env = "ONCEPRINT_AGENT_RATE_BURST", value_name = "REQUESTS")]
+    pub agent_rate_burst: Option<f64>,
+}
+
+/// A rate limit from its settings: `None` when the rate is 0 (unlimited).
+fn rate_limit(
+    what: &str,
+    rate: Option<f64>,
+    burst: Option<f64>,
+    default_rate: f64,
+) -> anyhow::Result<Option<onceprint_engine::limits::RateLimit>> {
+    let rate = rate.unwrap_or(default_rate);
+    if !rate.is_finite() || rate < 0.0 {
+        anyhow::bail!("{what}_rate_limit: must be a number of requests per second, 0 or more (0: unlimited)");
+    }
+    if rate == 0.0 {
+        return Ok(None);
+    }
+    let burst = burst.unwrap_or(rate * 2.0);
+    if !burst.is_finite() || burst < 1.0 {
+        anyhow::bail!("{what}_rate_burst: must be at least 1 request");
+    }
+    Ok(Some(onceprint_engine::limits::RateLimit::new(rate, burst)))
 }
 
 /// The TOML file. Every key is optional.
@@ -121,6 +162,14 @@ pub struct FileConfig {
     /// An onceprint MQTT device that has not answered a job this long is sent it again
     /// with the same key (default 30000).
     pub mqtt_resend_after_ms: Option<i64>,
+    /// See `serve --tls-cert` and `--tls-key`.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// See `serve --tenant-rate-limit` and its neighbours.
+    pub tenant_rate_limit: Option<f64>,
+    pub tenant_rate_burst: Option<f64>,
+    pub agent_rate_limit: Option<f64>,
+    pub agent_rate_burst: Option<f64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -187,6 +236,12 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             Some(m)
         }
     };
+    let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+        (Some(cert), Some(key)) => Some(onceprint_server::tls::Tls::from_pem_files(&cert, &key)?),
+        (None, None) => None,
+        _ => anyhow::bail!("TLS needs both a certificate (--tls-cert) and its key (--tls-key)"),
+    };
+    let tls_on = tls.is_some();
     let group_commit = GroupCommitConfig {
         max_batch: file.group_commit_max_batch.unwrap_or(512).max(1),
         max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 2 }).max(1),
@@ -204,7 +259,20 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 gate_capacity: file.gate_capacity.unwrap_or(200_000),
                 group_commit,
                 charge: file.charge_per_task.unwrap_or(1),
+                tenant_rate: rate_limit(
+                    "tenant",
+                    args.tenant_rate_limit.or(file.tenant_rate_limit),
+                    args.tenant_rate_burst.or(file.tenant_rate_burst),
+                    500.0,
+                )?,
             },
+            tls,
+            agent_rate: rate_limit(
+                "agent",
+                args.agent_rate_limit.or(file.agent_rate_limit),
+                args.agent_rate_burst.or(file.agent_rate_burst),
+                100.0,
+            )?,
             alerts: Default::default(),
             polled: {
                 let p = onceprint_engine::transport::polled::PolledConfig::default();
@@ -224,7 +292,8 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             console: onceprint_server::console::ConsoleConfig {
-                secure_cookies: args.console_secure_cookies || file.console_secure_cookies.unwrap_or(false),
+                // Behind native TLS every answer goes over HTTPS.
+                secure_cookies: args.console_secure_cookies || file.console_secure_cookies.unwrap_or(false) || tls_on,
                 ..Default::default()
             },
             push: {

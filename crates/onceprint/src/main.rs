@@ -21,8 +21,18 @@ use onceprint_store::Store;
 #[derive(Parser)]
 #[command(name = "onceprint", version, about = "Self-hosted print-task broker: print exactly once, lose nothing.")]
 struct Cli {
+    /// Log lines as text (default) or as JSON, one object per line with the request's
+    /// span (request_id, method, path, task_id) for log collectors.
+    #[arg(long, global = true, env = "ONCEPRINT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -132,6 +142,31 @@ enum BenchCommand {
     /// A fleet of Star CloudPRNT printers polling a fresh broker (each with its own
     /// login and connection): polls/s, poll latency, broker CPU per poll and peak RSS;
     /// with --tasks, jobs are fetched and confirmed as a printer does.
+    /// Fairness under a retry storm: one tenant's submission latency alone and while
+    /// another tenant sends at many times its rate limit (issue 11).
+    Fairness {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://….
+        #[arg(long)]
+        database: Option<String>,
+        /// The tenants' rate limit, requests per second (burst the same).
+        #[arg(long, default_value_t = 100.0)]
+        limit: f64,
+        /// The storm sends this many times the limit.
+        #[arg(long, default_value_t = 20.0)]
+        storm_factor: f64,
+        /// The quiet tenant's submissions per second (below the limit).
+        #[arg(long, default_value_t = 50.0)]
+        quiet_rate: f64,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// Connections of the storm.
+        #[arg(long, default_value_t = 16)]
+        storm_connections: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     Polls {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
         /// fresh schema is created there and dropped afterwards).
@@ -217,9 +252,21 @@ enum BenchCommand {
     },
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if format == LogFormat::Json {
+        // One JSON object per line; the request's span (with its request_id and task_id)
+        // is in "span", the chain of spans in "spans".
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+        return;
+    }
     // Colours only for a person at a terminal; log files and CI get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
@@ -267,6 +314,7 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
     let cfg = config::resolve(args)?;
     let store = open_store(&cfg.database, cfg.postgres_pool_size).await?;
     let (hash, how) = onceprint_server::settle_admin_token(store.as_ref(), cfg.admin_token.as_deref()).await?;
+    let scheme = if cfg.http.tls.is_some() { "https" } else { "http" };
     let bound = onceprint_server::bind(store.clone(), hash, &cfg.listen, cfg.http).await?;
     let addr = bound.local_addr()?;
     {
@@ -275,7 +323,7 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
             writeln!(out, "admin token (shown once, keep it safe): {token}")?;
         }
         // Scripts and the benchmark wait for this exact line.
-        writeln!(out, "listening on http://{addr}")?;
+        writeln!(out, "listening on {scheme}://{addr}")?;
         out.flush()?;
     }
     if how == AdminToken::Stored {
@@ -345,6 +393,20 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Fairness { database, limit, storm_factor, quiet_rate, seconds, storm_connections, json } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_fairness(onceprint_bench::FairnessOptions {
+                broker_exe: exe,
+                database,
+                limit,
+                storm_factor,
+                quiet_rate,
+                seconds,
+                storm_connections,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
@@ -450,7 +512,7 @@ fn print_report(json: bool, report: &impl serde::Serialize, text: String, proble
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {

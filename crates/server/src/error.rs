@@ -61,6 +61,13 @@ impl ApiError {
     pub fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
+    /// 429 `too_many_requests` with `Retry-After: seconds`.
+    pub fn rate_limited(seconds: u64, message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(seconds),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", message)
+        }
+    }
     pub fn too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -153,6 +160,11 @@ impl From<IntakeError> for ApiError {
                     "task {task_id} already exists for this biz_no, target and print_type with different content; \
                      use a new biz_no for different content"
                 ),
+            ),
+            IntakeError::RateLimited { retry_after_secs } => ApiError::rate_limited(
+                retry_after_secs,
+                "too many requests for this tenant: over its rate limit. Retries of tasks already \
+                 accepted are still answered; new work may be sent again after Retry-After",
             ),
             IntakeError::Store(s) => s.into(),
         }

@@ -149,9 +149,28 @@ impl FromRequestParts<AppState> for TenantAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let TenantAuthForIntake(auth) = TenantAuthForIntake::from_request_parts(parts, state).await?;
+        if let Some(limiter) = state.intake.tenant_limiter() {
+            limiter.check(&auth.tenant_id, onceprint_engine::clock::now_ms()).map_err(|l| {
+                ApiError::rate_limited(l.retry_after_secs, "too many requests for this tenant: over its rate limit")
+            })?;
+        }
+        Ok(auth)
+    }
+}
+
+/// A tenant's API key, not yet counted against the tenant's rate limit: for task
+/// submission, where intake counts the request only once the first gate has not answered
+/// it, so a retry of a known task is never refused (R4).
+pub struct TenantAuthForIntake(pub TenantAuth);
+
+impl FromRequestParts<AppState> for TenantAuthForIntake {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?;
         match state.directory.tenant_by_key_hash(&secrets::hash(token)).await? {
-            Some(k) => Ok(TenantAuth { tenant_id: k.tenant.id, key_id: k.key_id }),
+            Some(k) => Ok(TenantAuthForIntake(TenantAuth { tenant_id: k.tenant.id, key_id: k.key_id })),
             None => Err(ApiError::unauthorized("unknown API key")),
         }
     }
@@ -165,10 +184,19 @@ impl FromRequestParts<AppState> for AgentAuth {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?;
-        match state.directory.agent_by_token_hash(&secrets::hash(token)).await? {
-            Some(a) => Ok(AgentAuth(a)),
-            None => Err(ApiError::unauthorized("unknown agent token")),
+        let Some(agent) = state.directory.agent_by_token_hash(&secrets::hash(token)).await? else {
+            return Err(ApiError::unauthorized("unknown agent token"));
+        };
+        if let Some(limiter) = &state.agent_limiter {
+            let key = format!("{}/{}", agent.tenant_id, agent.store_id);
+            limiter.check(&key, onceprint_engine::clock::now_ms()).map_err(|l| {
+                ApiError::rate_limited(
+                    l.retry_after_secs,
+                    "too many requests from this store's agent: over its rate limit",
+                )
+            })?;
         }
+        Ok(AgentAuth(agent))
     }
 }
 

@@ -13,7 +13,9 @@ mod error;
 mod extract;
 mod metrics;
 pub mod openapi;
+pub mod request_id;
 mod routes;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,6 +55,11 @@ pub struct HttpConfig {
     pub operators: onceprint_engine::OperatorsConfig,
     /// The staff console at `/console/`.
     pub console: console::ConsoleConfig,
+    /// Serve HTTPS with this certificate and key (`serve --tls-cert/--tls-key`).
+    pub tls: Option<tls::Tls>,
+    /// Requests per store agent token (polls, acks, status reports); `None`: unlimited.
+    /// The tenants' limit is `intake.tenant_rate`.
+    pub agent_rate: Option<onceprint_engine::limits::RateLimit>,
 }
 
 impl Default for HttpConfig {
@@ -67,6 +74,8 @@ impl Default for HttpConfig {
             mqtt: None,
             operators: Default::default(),
             console: Default::default(),
+            agent_rate: None,
+            tls: None,
         }
     }
 }
@@ -89,6 +98,7 @@ pub struct AppState {
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
     pub(crate) config: Arc<HttpConfig>,
+    pub(crate) agent_limiter: Option<Arc<onceprint_engine::limits::RateLimiter>>,
 }
 
 /// Failures while starting the server.
@@ -195,6 +205,7 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(axum::middleware::from_fn(request_id::tag))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
@@ -256,6 +267,7 @@ pub async fn bind(
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
+        agent_limiter: config.agent_rate.map(|l| Arc::new(onceprint_engine::limits::RateLimiter::new(l))),
         config: Arc::new(config),
     };
     let listener = tokio::net::TcpListener::bind(listen)
@@ -310,7 +322,15 @@ impl Bound {
             shutdown.await;
             signals.begin_shutdown();
         };
-        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
+        match self.state.config.tls.clone() {
+            Some(tls) => {
+                let listener = tls::TlsListener::new(self.listener, &tls).map_err(ServerError::Serve)?;
+                axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
+            }
+            None => {
+                axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?
+            }
+        }
         let _ = sweeper.await;
         let _ = watchdog.await;
         if let Some(p) = pusher {

@@ -25,6 +25,8 @@ pub enum SubmitOutcomeLabel {
     /// Duplicate answered from the in-process first gate.
     DuplicateGate,
     Mismatch,
+    /// Refused with 429: the tenant is over its rate limit.
+    RateLimited,
     Rejected,
     Error,
 }
@@ -36,6 +38,7 @@ impl SubmitOutcomeLabel {
             SubmitOutcomeLabel::Duplicate => "duplicate",
             SubmitOutcomeLabel::DuplicateGate => "duplicate_gate",
             SubmitOutcomeLabel::Mismatch => "mismatch",
+            SubmitOutcomeLabel::RateLimited => "rate_limited",
             SubmitOutcomeLabel::Rejected => "rejected",
             SubmitOutcomeLabel::Error => "error",
         }

@@ -403,6 +403,7 @@ pub fn delivery(task_id: &str, attempt: u32, printer_id: &str, address: &str, da
 pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
     AgentArgs {
         server: server.into(),
+        ca_cert: None,
         token: TOKEN.into(),
         state_dir: state_dir.to_owned(),
         agent_id: None,

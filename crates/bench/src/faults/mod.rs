@@ -292,6 +292,7 @@ async fn start_broker(
             log_path: dir.join("broker.log"),
             listen: SocketAddr::from(([127, 0, 0, 1], port)),
             config: Some(config.to_path_buf()),
+            extra_args: Vec::new(),
         };
         match Broker::launch(&launch).await {
             Ok(b) => return Ok((b, launch)),

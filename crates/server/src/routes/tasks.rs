@@ -43,7 +43,7 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
         (status = 422, description = "`idempotency_mismatch`: same key, different content", body = ErrorBody)))]
 pub async fn submit(
     State(st): State<AppState>,
-    auth: TenantAuth,
+    crate::extract::TenantAuthForIntake(auth): crate::extract::TenantAuthForIntake,
     Body(bytes): Body,
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
     let result = submit_inner(&st, auth, &bytes).await;
@@ -52,6 +52,7 @@ pub async fn submit(
         Ok((_, headers, _)) if headers.contains_key("x-onceprint-gate") => SubmitOutcomeLabel::DuplicateGate,
         Ok(_) => SubmitOutcomeLabel::Duplicate,
         Err(e) if e.code == "idempotency_mismatch" => SubmitOutcomeLabel::Mismatch,
+        Err(e) if e.code == "too_many_requests" => SubmitOutcomeLabel::RateLimited,
         Err(e) if e.status.is_server_error() => SubmitOutcomeLabel::Error,
         Err(_) => SubmitOutcomeLabel::Rejected,
     };
@@ -80,6 +81,7 @@ async fn submit_inner(
             content: req.content,
         })
         .await?;
+    crate::request_id::record_task(&answer.task_id);
     let print_type = req.print_type.unwrap_or_else(|| onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned());
     let mut headers = HeaderMap::new();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/print-tasks/{}", answer.task_id)) {

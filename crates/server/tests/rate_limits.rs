@@ -1,0 +1,108 @@
+//! Fairness under retry storms (issue 11): a tenant over its rate limit is answered 429
+//! with `Retry-After` and the JSON error body, while its retries of accepted tasks are
+//! still answered (R4) and other tenants are not affected; a store's agent has a limit of
+//! its own. On SQLite and PostgreSQL.
+
+mod common;
+
+use common::{order, Agent, TestApp};
+use onceprint_engine::limits::RateLimit;
+use onceprint_server::HttpConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// Buckets that refill so slowly (one token in 100 s) that a test's few seconds never
+/// earn a token back: every count below is exact.
+fn limited() -> HttpConfig {
+    let mut c = HttpConfig::default();
+    c.intake.tenant_rate = Some(RateLimit::new(0.01, 10.0));
+    c.agent_rate = Some(RateLimit::new(0.01, 3.0));
+    c
+}
+
+both_backends!(config = crate::limited;
+    a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered,
+    a_store_agent_has_a_limit_of_its_own
+);
+
+/// The status, `Retry-After` and JSON body of a submission.
+async fn submit_raw(app: &TestApp, key: &str, body: Value) -> (StatusCode, Option<String>, Value) {
+    let res = app
+        .http
+        .post(format!("{}/v1/print-tasks", app.base))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = res.status();
+    let retry = res.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let ct = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let text = res.text().await.expect("body");
+    if !status.is_success() {
+        assert!(ct.starts_with("application/json"), "{status} answered as {ct:?}: {text}");
+    }
+    (status, retry, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered(app: &TestApp) {
+    // `tenant` makes a store and two printers: 3 of the 10 tokens.
+    let key = app.tenant("acme").await;
+    let other = app.tenant("bistro").await;
+    let (status, _, first) = submit_raw(app, &key, order("A0", "soup")).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    // Retries of a known task take no token, however many there are.
+    for _ in 0..50 {
+        let (status, _, dup) = submit_raw(app, &key, order("A0", "soup")).await;
+        assert_eq!(status, StatusCode::OK, "{dup}");
+        assert_eq!(dup["duplicate"], true);
+    }
+    // Six tokens left: six new tasks, then 429.
+    for i in 1..=6 {
+        let (status, _, body) = submit_raw(app, &key, order(&format!("A{i}"), "noodles")).await;
+        assert_eq!(status, StatusCode::CREATED, "A{i}: {body}");
+    }
+    let (status, retry, body) = submit_raw(app, &key, order("A7", "rice")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_requests", "{body}");
+    let seconds: u64 = retry.as_deref().and_then(|r| r.parse().ok()).expect("Retry-After in whole seconds");
+    assert!((1..=100).contains(&seconds), "Retry-After: {seconds}");
+    // Over the limit, a retry of an accepted task still gets its task and state (R4) …
+    let (status, _, dup) = submit_raw(app, &key, order("A3", "noodles")).await;
+    assert_eq!(status, StatusCode::OK, "{dup}");
+    assert_eq!(dup["duplicate"], true);
+    assert_eq!(dup["state"], "pending");
+    // … and a changed retry is still told it conflicts, not to slow down.
+    let (status, _, mismatch) = submit_raw(app, &key, order("A3", "other content")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{mismatch}");
+    // The tenant's other calls draw from the same bucket.
+    let list = app.get("/v1/print-tasks", &key).await;
+    assert_eq!(list.status, StatusCode::TOO_MANY_REQUESTS, "{list:?}");
+    assert_eq!(list.code(), "too_many_requests");
+    // Nothing was created for the refused submission.
+    let a7 =
+        onceprint_core::IdempotencyKey::new("acme", &onceprint_core::Target::Printer("p1".into()), "A7", "receipt");
+    assert!(app.store.find_task(&a7).await.expect("find").is_none(), "a refused submission left a task");
+    // Another tenant is not affected.
+    let (status, _, theirs) = submit_raw(app, &other, order("B1", "tea")).await;
+    assert_eq!(status, StatusCode::CREATED, "{theirs}");
+    // A missing biz_no is still refused first (R1), before the limit is looked at.
+    let (status, _, body) =
+        submit_raw(app, &key, json!({"printer_id": "p1", "content": {"type": "text", "text": "x"}})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("missing_biz_no")));
+}
+
+async fn a_store_agent_has_a_limit_of_its_own(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    for _ in 0..3 {
+        let a = agent.poll_answer(app, 0).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let a = agent.poll_answer(app, 0).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{a:?}");
+    assert_eq!(a.code(), "too_many_requests");
+    // The tenant's own calls are not the agent's: intake goes on.
+    let (status, _, body) = submit_raw(app, &key, order("A1", "soup")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
