@@ -48,7 +48,74 @@ pub fn complete(doc: &mut Value, print_types: &[String], mqtt: bool) {
             complete_operation(path, op);
         }
     }
+    add_media_types(doc);
     add_links(doc);
+}
+
+/// The answers and bodies that are not (only) JSON: `(operation id, where, media type,
+/// schema)`, `where` being an answer's status or `body` for the request body.
+fn media_types() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    let bytes = json!({"type": "string", "format": "binary"});
+    let text = json!({"type": "string"});
+    vec![
+        (
+            "get_day",
+            "200",
+            "text/csv",
+            json!({"type": "string", "description": "With `Accept: text/csv`: one `section,item,value` row per fact."}),
+        ),
+        (
+            "post_day",
+            "200",
+            "text/csv",
+            json!({"type": "string", "description": "With `Accept: text/csv`: one `section,item,value` row per fact."}),
+        ),
+        (
+            "post_day",
+            "body",
+            "text/csv",
+            json!({"type": "string", "description": "One biz_no per line (the first column), an optional `biz_no` header line."}),
+        ),
+        ("post_day", "body", "text/plain", text.clone()),
+        ("preview", "200", "image/png", bytes.clone()),
+        ("preview", "200", "text/plain", json!({"type": "string", "description": "`format=text`"})),
+        (
+            "preview",
+            "200",
+            "application/octet-stream",
+            json!({"type": "string", "format": "binary", "description": "`format=escpos`: the ESC/POS bytes"}),
+        ),
+        (
+            "preview",
+            "body",
+            "text/plain",
+            json!({"type": "string", "description": "Cloud markup (`<CB>`, `<BR>`, `<QR>` …)."}),
+        ),
+        ("task_preview", "200", "image/png", bytes.clone()),
+        ("cloudprnt_get_job", "200", "image/png", bytes),
+        ("cloudprnt_get_job", "200", "text/plain", text),
+    ]
+}
+
+fn add_media_types(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    for (id, at, media, schema) in media_types() {
+        let Some(op) = paths
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .flat_map(|item| item.values_mut())
+            .find(|op| op.get("operationId").and_then(Value::as_str) == Some(id))
+        else {
+            continue;
+        };
+        let slot =
+            if at == "body" { op.pointer_mut("/requestBody") } else { op.pointer_mut(&format!("/responses/{at}")) };
+        let Some(slot) = slot.and_then(Value::as_object_mut) else { continue };
+        let content = slot.entry("content").or_insert_with(|| json!({}));
+        if let Some(content) = content.as_object_mut() {
+            content.insert(media.into(), json!({"schema": schema}));
+        }
+    }
 }
 
 /// Writes [`rules`] into the request schemas and query parameters. A rule for a property

@@ -303,8 +303,9 @@ pub fn query_parameters() -> Vec<(&'static str, &'static str, Value)> {
             "/v1/stores/{id}/reconciliation",
             "date",
             json!({"type": "string", "format": "date",
-            "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
-            "description": "The business day, `YYYY-MM-DD`, in the store's time zone: from the start of that local \
+            // Days before 1970 hold no tasks: the broker refuses them.
+            "pattern": "^(?:19[7-9][0-9]|[2-9][0-9]{3})-[0-9]{2}-[0-9]{2}$",
+            "description": "The business day, `YYYY-MM-DD` (1970 or later), in the store's time zone: from the start of that local \
                 date to the start of the next (23 or 25 hours on the days daylight saving time begins or ends)."}),
         ),
         (
