@@ -120,6 +120,19 @@ pub fn parse(input: &str) -> Result<Zone, ZoneError> {
     Ok(Zone { name, tz })
 }
 
+/// Every zone name [`parse`] takes, as the bundled database spells them (for the API
+/// description; [`parse`] also takes them in any case).
+pub fn names() -> Vec<String> {
+    let db = TimeZoneDatabase::bundled();
+    let mut names: Vec<String> = db
+        .available()
+        .map(|name| name.as_str().to_owned())
+        .filter(|name| db.get(name).is_ok_and(|tz| !tz.is_unknown()))
+        .collect();
+    names.sort_unstable();
+    names
+}
+
 /// `±H:MM` or `±HH:MM`, at most 14 hours.
 fn parse_offset(text: &str) -> Result<Zone, ZoneError> {
     let unknown = || ZoneError::Unknown(quoted(text));

@@ -8,6 +8,50 @@ use utoipa::ToSchema;
 
 pub use onceprint_engine::clock::rfc3339;
 
+/// JSON Schema counts `3.0` as an integer, and so does the document: integer fields take a
+/// number with a zero fraction as that integer (serde alone would refuse it).
+pub mod integral {
+    use serde::{de::Error, Deserialize, Deserializer};
+
+    fn exact<T: TryFrom<i128>>(n: &serde_json::Number) -> Option<T> {
+        let wide: i128 = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => i128::from(i),
+            (_, Some(u), _) => i128::from(u),
+            // Within ±2^63 every f64 with a zero fraction is an exact integer.
+            (_, _, Some(f)) if f.fract() == 0.0 && f.abs() < 9.2e18 => f as i128,
+            _ => return None,
+        };
+        T::try_from(wide).ok()
+    }
+
+    pub fn required<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<T, D::Error> {
+        let n = serde_json::Number::deserialize(d)?;
+        exact(&n).ok_or_else(|| D::Error::custom(format!("{n} is not an integer in range")))
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<Option<T>, D::Error> {
+        match Option::<serde_json::Number>::deserialize(d)? {
+            None => Ok(None),
+            Some(n) => exact(&n).map(Some).ok_or_else(|| D::Error::custom(format!("{n} is not an integer in range"))),
+        }
+    }
+
+    /// The same for the integers inside a free-form object (a printer's transport): each
+    /// number with a zero fraction becomes that integer.
+    pub fn normalize(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                if let Some(i) = exact::<i64>(n) {
+                    *v = serde_json::Value::from(i);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(normalize),
+            serde_json::Value::Object(map) => map.values_mut().for_each(normalize),
+            _ => {}
+        }
+    }
+}
+
 fn opt_time(ms: Option<Millis>) -> Option<String> {
     ms.map(rfc3339)
 }
@@ -482,8 +526,10 @@ pub struct PollIn {
     /// The agent's stable id (kept in its state directory).
     pub agent_id: String,
     /// Long-poll wait, at most 60000 (default 25000).
+    #[serde(default, deserialize_with = "integral::optional")]
     pub wait_ms: Option<u64>,
     /// Most deliveries in one answer, 1–256 (default 16).
+    #[serde(default, deserialize_with = "integral::optional")]
     pub max: Option<u32>,
     /// Extension: an id of this agent process. A new session tells the broker the agent
     /// restarted, so its unconfirmed deliveries are offered again at once.
@@ -537,6 +583,7 @@ pub struct DeliveryList {
 #[serde(deny_unknown_fields)]
 pub struct AckIn {
     pub task_id: String,
+    #[serde(deserialize_with = "integral::required")]
     pub attempt: i32,
     /// `printed`, `no_paper`, `cover_open`, `offline`, `paper_jam`, `in_doubt` or `error`.
     pub outcome: String,

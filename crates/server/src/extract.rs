@@ -57,6 +57,52 @@ impl FromRequest<AppState> for Body {
     }
 }
 
+/// Whether a `Content-Type` value names JSON: `application/json` or a `+json` type such
+/// as `application/merge-patch+json`, parameters (`; charset=utf-8`) ignored.
+pub fn is_json_media_type(value: &str) -> bool {
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The request's `Content-Type`, if it sent one (`Some("")` for a value that is not text).
+pub fn content_type(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get(axum::http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or_default())
+}
+
+/// 415 `unsupported_media_type` for a body sent as something other than JSON. A request
+/// without `Content-Type` is read as JSON: the API takes nothing else, and simple clients
+/// leave the header out.
+pub fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    match content_type(headers) {
+        None => Ok(()),
+        Some(v) if is_json_media_type(v) => Ok(()),
+        Some(v) => Err(unsupported_media_type(v, "application/json")),
+    }
+}
+
+/// The answer to a body of a media type an endpoint does not take.
+pub fn unsupported_media_type(got: &str, takes: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!("Content-Type {got:?} is not accepted here; send {takes}"),
+    )
+}
+
+/// The raw bytes of a body that must be JSON (checked by media type, parsed by the
+/// handler), for handlers that look at the bytes before parsing them.
+pub struct JsonBytes(pub Bytes);
+
+impl FromRequest<AppState> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        require_json(req.headers())?;
+        let Body(bytes) = Body::from_request(req, state).await?;
+        Ok(JsonBytes(bytes))
+    }
+}
+
 /// A JSON body of type `T`.
 pub struct JsonBody<T>(pub T);
 
@@ -64,7 +110,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let Body(bytes) = Body::from_request(req, state).await?;
+        let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
         parse_json(&bytes).map(JsonBody)
     }
 }

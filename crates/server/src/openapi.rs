@@ -3,6 +3,9 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+mod complete;
+mod rules;
+
 use crate::routes::{
     agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
 };
@@ -74,7 +77,31 @@ impl Modify for Security {
 )]
 pub struct ApiDoc;
 
-/// The document as pretty JSON.
+/// The whole API as pretty JSON (the default print types, MQTT printers included): what
+/// the handlers' annotations say, completed by [`complete::complete`] with the input rules,
+/// the answers every operation shares and the links between operations. Built once.
 pub fn document_json() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DOCUMENT.get_or_init(|| build(&onceprint_core::policy::PolicyTable::default(), true)).clone()
+}
+
+/// The document a broker serves: its configured print types, and MQTT printers only when
+/// it has an MQTT server, so that what the document calls valid is what this broker takes.
+pub fn document_json_for(config: &crate::HttpConfig) -> String {
+    let mqtt = config.mqtt.is_some();
+    if mqtt && config.intake.policies == onceprint_core::policy::PolicyTable::default() {
+        document_json()
+    } else {
+        build(&config.intake.policies, mqtt)
+    }
+}
+
+fn build(policies: &onceprint_core::policy::PolicyTable, mqtt: bool) -> String {
+    let mut doc = match serde_json::to_value(ApiDoc::openapi()) {
+        Ok(doc) => doc,
+        Err(e) => return format!("{{\"error\":\"{e}\"}}"),
+    };
+    let print_types: Vec<String> = policies.types.keys().cloned().collect();
+    complete::complete(&mut doc, &print_types, mqtt);
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

@@ -24,7 +24,7 @@ const MAX_WAIT_MS: u64 = 60_000;
 /// process is quiet) or missed the deadline. A session older than the newest one of its
 /// agent id is answered 409 `agent_superseded`: another process with the same agent id
 /// took over, and this one must stop.
-#[utoipa::path(post, path = "/v1/agent/poll", tag = "store agent", request_body = PollIn,
+#[utoipa::path(post, path = "/v1/agent/poll", operation_id = "agent_poll", tag = "store agent", request_body = PollIn,
     security(("agent" = [])),
     responses((status = 200, body = DeliveryList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
@@ -46,7 +46,7 @@ pub async fn poll(
 
 /// Acknowledge delivery outcomes. Idempotent: an ack for an older attempt or a finished
 /// task changes nothing (`stale`); a repeated ack is `duplicate`.
-#[utoipa::path(post, path = "/v1/agent/acks", tag = "store agent", request_body = AcksIn,
+#[utoipa::path(post, path = "/v1/agent/acks", operation_id = "agent_acks", tag = "store agent", request_body = AcksIn,
     security(("agent" = [])),
     responses((status = 200, body = AckResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn acks(
@@ -96,7 +96,7 @@ pub async fn acks(
 /// answer lists the printers the agent should watch, so an agent learns them without
 /// waiting for a job. A store whose agents all fall silent has its agent printers shown
 /// `offline` with `last_error` `"agent offline"` and an `agent.offline` alert.
-#[utoipa::path(post, path = "/v1/agent/status", tag = "store agent", request_body = StatusIn,
+#[utoipa::path(post, path = "/v1/agent/status", operation_id = "agent_status", tag = "store agent", request_body = StatusIn,
     security(("agent" = [])),
     responses((status = 200, body = WatchList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn status(

@@ -12,13 +12,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, Body};
+use crate::extract::{parse_json, JsonBytes};
 use crate::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CallbackIn {
     pub task_id: String,
     /// Defaults to the task's current attempt.
+    #[serde(default, deserialize_with = "crate::dto::integral::optional")]
     pub attempt: Option<i32>,
     /// `printed`, `failed`, or an ack outcome (`no_paper`, `cover_open`, `offline`,
     /// `paper_jam`, `in_doubt`, `error`).
@@ -45,7 +46,7 @@ pub async fn callback(
     State(st): State<AppState>,
     Path(printer_id): Path<String>,
     headers: HeaderMap,
-    Body(body): Body,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<CallbackOut>, ApiError> {
     let text = std::str::from_utf8(&body).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
     let sig = headers

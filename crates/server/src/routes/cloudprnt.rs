@@ -87,7 +87,7 @@ pub struct CloudPrntConfirmed {
 /// A job it fetched and no longer names (not printing, no matching `jobToken`) is in
 /// doubt: it is never offered again. Wrong login or another printer's MAC: 401, nothing
 /// changes.
-#[utoipa::path(post, path = "/cloudprnt", tag = "printers that poll", request_body = CloudPrntPoll,
+#[utoipa::path(post, path = "/cloudprnt", operation_id = "cloudprnt_poll", tag = "printers that poll", request_body = CloudPrntPoll,
     security(("printer" = [])),
     responses((status = 200, body = CloudPrntPollAnswer), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody)))]
@@ -117,7 +117,7 @@ pub async fn poll(
 /// the job was fetched, since a fetched job may print. 404: no such job or token for this
 /// printer; 415: a media type not offered. With `&delete` it is the confirmation instead
 /// (as `DELETE`).
-#[utoipa::path(get, path = "/cloudprnt", tag = "printers that poll", params(CloudPrntQuery),
+#[utoipa::path(get, path = "/cloudprnt", operation_id = "cloudprnt_get_job", tag = "printers that poll", params(CloudPrntQuery),
     security(("printer" = [])),
     responses((status = 200, description = "The job, in the media type asked for",
                content_type = "image/png", headers(("x-onceprint-idempotency-key" = String))),
@@ -144,7 +144,7 @@ pub async fn get(
 /// CloudPRNT job confirmation: `code` is the printer's result for the job the token
 /// names. A token of an older attempt changes nothing (`stale`); another printer's job is
 /// 404.
-#[utoipa::path(delete, path = "/cloudprnt", tag = "printers that poll", params(CloudPrntQuery),
+#[utoipa::path(delete, path = "/cloudprnt", operation_id = "cloudprnt_confirm", tag = "printers that poll", params(CloudPrntQuery),
     security(("printer" = [])),
     responses((status = 200, body = CloudPrntConfirmed), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]

@@ -48,7 +48,7 @@ fn xml(body: String) -> Response {
 /// `ResponseFile` to the job its `printjobid` names: success printed, `EPTR_REC_EMPTY` no
 /// paper, `EPTR_COVER_OPEN` cover open, others error; a late result for an older job id
 /// is stale and changes nothing else. Wrong login or ID: 401, nothing changes.
-#[utoipa::path(post, path = "/epson-sdp", tag = "printers that poll",
+#[utoipa::path(post, path = "/epson-sdp", operation_id = "epson_sdp_request", tag = "printers that poll",
     request_body(content = EpsonSdpRequest, content_type = "application/x-www-form-urlencoded"),
     security(("printer" = [])),
     responses((status = 200, description = "PrintRequestInfo XML (GetRequest; empty when there is nothing to print), \

@@ -28,8 +28,9 @@ pub async fn readyz(State(st): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Prometheus text format.
-#[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, content_type = "text/plain")))]
+/// The metrics in the OpenMetrics text format (which Prometheus scrapes).
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     let body = st.metrics.render(&st).await;
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
@@ -37,6 +38,6 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
 
 /// This API's OpenAPI 3.1 description.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta", responses((status = 200, content_type = "application/json")))]
-pub async fn openapi() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], crate::openapi::document_json())
+pub async fn openapi(State(st): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], crate::openapi::document_json_for(&st.config))
 }

@@ -10,7 +10,7 @@ use onceprint_engine::reconcile::{reconcile, ReconcileError, Report};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, Body, Principal};
+use crate::extract::{content_type, parse_json, unsupported_media_type, Body, Principal};
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -145,6 +145,11 @@ fn parse_expected(headers: &HeaderMap, body: &[u8]) -> Result<Vec<String>, ApiEr
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/csv") || v.starts_with("text/plain"));
+    if !is_csv {
+        crate::extract::require_json(headers).map_err(|_| {
+            unsupported_media_type(content_type(headers).unwrap_or_default(), "application/json or text/csv")
+        })?;
+    }
     let list: Vec<String> = if is_csv {
         let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("the CSV body is not UTF-8"))?;
         text.lines()

@@ -55,6 +55,9 @@ pub async fn preview(
     }
     let is_markup =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/plain"));
+    if !is_markup {
+        crate::extract::require_json(&headers)?;
+    }
     let (kind, body) = if is_markup { ("markup", body.to_vec()) } else { preview_input(&body, &st)? };
     // Rendering a large document takes CPU time: off the async workers.
     let format = q.format.unwrap_or_else(|| "png".into());

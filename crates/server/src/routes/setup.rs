@@ -92,7 +92,9 @@ pub async fn create_printer(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreatePrinter>,
 ) -> Result<(StatusCode, Json<PrinterOut>), ApiError> {
-    let spec = PrinterSpec { id: req.id, store_id: req.store_id, name: req.name, transport: req.transport };
+    let mut transport = req.transport;
+    integral::normalize(&mut transport);
+    let spec = PrinterSpec { id: req.id, store_id: req.store_id, name: req.name, transport };
     let (p, login) = st.setup.create_printer(auth.caller(), spec).await?;
     let mut out = PrinterOut::from(p);
     out.credentials = login.map(Into::into);
@@ -156,7 +158,9 @@ pub async fn update_printer(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<UpdatePrinter>,
 ) -> Result<Json<PrinterOut>, ApiError> {
-    let change = PrinterChange { name: req.name, transport: req.transport, store_id: req.store_id };
+    let mut transport = req.transport;
+    transport.iter_mut().for_each(integral::normalize);
+    let change = PrinterChange { name: req.name, transport, store_id: req.store_id };
     Ok(Json(st.setup.update_printer(auth.caller(), &id, change).await?.into()))
 }
 

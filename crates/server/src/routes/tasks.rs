@@ -11,7 +11,7 @@ use onceprint_store::TaskQuery;
 
 use crate::dto::*;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, Body, Principal, TenantAuth};
+use crate::extract::{parse_json, JsonBytes, Principal, TenantAuth};
 use crate::metrics::SubmitOutcomeLabel;
 use crate::AppState;
 
@@ -44,7 +44,7 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
 pub async fn submit(
     State(st): State<AppState>,
     crate::extract::TenantAuthForIntake(auth): crate::extract::TenantAuthForIntake,
-    Body(bytes): Body,
+    JsonBytes(bytes): JsonBytes,
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
     let result = submit_inner(&st, auth, &bytes).await;
     let label = match &result {

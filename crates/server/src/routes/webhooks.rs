@@ -19,7 +19,7 @@ use crate::AppState;
 
 /// Register an endpoint. Events are POSTed as JSON with `x-onceprint-event-id` and
 /// `x-onceprint-signature: t=UNIX_SECONDS,v1=HEX(HMAC-SHA256(secret, "t.body"))`.
-#[utoipa::path(post, path = "/v1/webhooks", tag = "alerts", request_body = CreateWebhook, security(("tenant" = [])),
+#[utoipa::path(post, path = "/v1/webhooks", operation_id = "create_webhook", tag = "alerts", request_body = CreateWebhook, security(("tenant" = [])),
     responses((status = 201, body = WebhookCreated), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create(
@@ -66,7 +66,7 @@ pub async fn create(
 }
 
 /// The calling tenant's endpoints.
-#[utoipa::path(get, path = "/v1/webhooks", tag = "alerts", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/webhooks", operation_id = "list_webhooks", tag = "alerts", security(("tenant" = [])),
     responses((status = 200, body = WebhookList), (status = 401, body = ErrorBody)))]
 pub async fn list(State(st): State<AppState>, auth: TenantAuth) -> Result<Json<WebhookList>, ApiError> {
     let hooks = st.store.list_webhooks(&auth.tenant_id).await?;
@@ -79,7 +79,7 @@ pub async fn list(State(st): State<AppState>, auth: TenantAuth) -> Result<Json<W
 }
 
 /// Delivery attempts of one endpoint, newest event first.
-#[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "alerts", security(("tenant" = [])),
+#[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", operation_id = "webhook_deliveries", tag = "alerts", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = WebhookDeliveryList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn deliveries(

@@ -1,0 +1,336 @@
+//! The rules the broker checks on its input, written into the document's request schemas:
+//! id alphabets and lengths, non-empty names, enums, integer bounds, which of a transport's
+//! or a content's fields go together. The DTOs carry plain `String`s and `Value`s (the
+//! engine and the renderer own the checks and their messages); this table says in JSON
+//! Schema what those checks accept, so that a request valid by the document is one the
+//! broker takes.
+//!
+//! What JSON Schema cannot say is in the descriptions and in the 4xx the operations list:
+//! byte lengths (`maxLength` counts characters, the broker counts UTF-8 bytes, so a string
+//! within `maxLength` may still be refused), references to objects that must exist (a
+//! `store_id` of the tenant), the receipt document's layout, and a content the target
+//! printer cannot print.
+
+use serde_json::{json, Value};
+
+/// Caller-chosen ids (CONTRACT.md): 1–64 characters of `A-Za-z0-9._:-`.
+pub fn id() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9._:-]+$"})
+}
+
+/// An id in a path: `.` and `..` are ids, but as path segments they are taken apart by
+/// every HTTP client (RFC 3986 dot segments), so they cannot be addressed there.
+pub fn path_id() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^(?!\\.{1,2}$)[A-Za-z0-9._:-]+$"})
+}
+
+/// A task id: 26 characters of Crockford's base32.
+pub fn task_id() -> Value {
+    json!({"type": "string", "pattern": "^[0-9A-HJKMNP-TV-Z]{26}$"})
+}
+
+/// Text that must say something: not blank, no control characters, at most `max` bytes.
+/// `maxLength` is the same number in characters, which every string over the byte limit
+/// also exceeds unless it holds non-ASCII characters.
+fn text(max: usize) -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": max,
+        // Python's and ECMAScript's `\s` are (nearly) Rust's `char::is_whitespace`; the
+        // ranges are Rust's `char::is_control` (C0, DEL, C1).
+        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$",
+    })
+}
+
+fn with_description(mut schema: Value, description: &str) -> Value {
+    schema["description"] = json!(description);
+    schema
+}
+
+fn nullable(mut schema: Value) -> Value {
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        schema["type"] = json!([t, "null"]);
+    }
+    schema
+}
+
+fn name() -> Value {
+    with_description(text(200), "1–200 bytes (UTF-8) without control characters, not blank.")
+}
+
+fn profile() -> Value {
+    let mut names: Vec<Value> = onceprint_render::Profile::builtin_names().into_iter().map(Value::from).collect();
+    names.push(Value::Null);
+    json!({
+        "type": ["string", "null"],
+        "enum": names,
+        "description": "A built-in render profile: paper width (58 or 80 mm) and character encoding.",
+    })
+}
+
+/// Base64 (standard alphabet, padded, canonical: the unused bits of the last character are
+/// zero), of at least one byte.
+fn base64() -> Value {
+    json!({
+        "type": "string",
+        "minLength": 4,
+        "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)$",
+    })
+}
+
+/// A print task's content, one object per `type`.
+pub fn content() -> Value {
+    let object = |kind: &str, field: &str, schema: Value| {
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["type", field],
+            "properties": {"type": {"type": "string", "enum": [kind]}, field: schema},
+        })
+    };
+    json!({
+        "description": "What to print. Its decoded size is at most 256 KiB (`content_max_bytes`): larger content is \
+            400 `invalid_request`. A document that breaks a rule of the receipt document beyond its JSON Schema, \
+            or content the target printer cannot print (raw `escpos` to a printer that takes rendered receipts), \
+            is 400 `invalid_content`.",
+        "oneOf": [
+            object("text", "text", json!({"type": "string", "minLength": 1})),
+            object("escpos", "data", base64()),
+            object("doc", "doc", json!({"$ref": "#/components/schemas/ReceiptDocument"})),
+            object("markup", "markup", json!({"type": "string", "pattern": "\\S"})),
+        ],
+    })
+}
+
+fn tcp_port() -> &'static str {
+    "(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+}
+
+/// A printer's transport, one object per `kind`; the `mqtt` kinds only where the broker
+/// has an MQTT server (`serve --mqtt-url`): elsewhere they are refused with 400.
+pub fn transport(mqtt: bool) -> Value {
+    let device_path = "/[^\\s\\u0000-\\u001f\\u007f-\\u009f?#]+";
+    let bauds = "(?:1200|2400|4800|9600|19200|38400|57600|115200|230400|460800|921600)";
+    let address = format!(
+        "^(?:tcp://[A-Za-z0-9._\\[\\]:-]{{1,253}}:{port}|usb://{device_path}|serial://{device_path}(?:\\?baud={bauds}(?:&flow=rtscts)?|\\?flow=rtscts)?)$",
+        port = tcp_port(),
+    );
+    let url = json!({"type": "string", "maxLength": 2000, "pattern": "^https?://\\S*$"});
+    let mac = json!({"type": "string", "pattern": "^[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}$"});
+    let device_id = json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9._:-]+$"});
+    let poll = json!({"type": ["integer", "null"], "minimum": 1, "maximum": 3600,
+        "description": "Seconds between the printer's polls, as set on the printer (default 5)."});
+    let kind = |k: &str| json!({"type": "string", "enum": [k]});
+    let mut kinds = vec![
+        json!({
+            "title": "agent",
+            "description": "A store agent prints to the printer: raw TCP 9100, a USB printer device or a serial port.",
+            "type": "object", "additionalProperties": false, "required": ["kind", "address"],
+            "properties": {
+                "kind": kind("agent"),
+                "address": {"type": "string", "maxLength": 1100, "pattern": address,
+                    "description": "`tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, \
+                        as seen from the store agent's machine (paths of 2–1024 bytes)."},
+                "profile": profile(),
+            },
+        }),
+        json!({
+            "title": "webhook",
+            "description": "The broker pushes jobs to an HTTP endpoint.",
+            "type": "object", "additionalProperties": false, "required": ["kind", "url", "secret"],
+            "properties": {
+                "kind": kind("webhook"),
+                "url": url.clone(),
+                "secret": {"type": "string", "minLength": 16, "maxLength": 500,
+                    "description": "Signs jobs and callbacks: 16–500 bytes."},
+                "status_url": nullable(url.clone()),
+                "profile": profile(),
+            },
+        }),
+        json!({
+            "title": "cloudprnt",
+            "description": "A Star CloudPRNT printer polling `/cloudprnt`.",
+            "type": "object", "additionalProperties": false, "required": ["kind", "mac"],
+            "properties": {"kind": kind("cloudprnt"), "mac": mac.clone(), "poll_interval_s": poll.clone(), "profile": profile()},
+        }),
+        json!({
+            "title": "epson_sdp",
+            "description": "An Epson printer using Server Direct Print at `/epson-sdp`.",
+            "type": "object", "additionalProperties": false, "required": ["kind"],
+            "properties": {"kind": kind("epson_sdp"), "printer_id": nullable(device_id.clone()), "poll_interval_s": poll,
+                "profile": profile()},
+        }),
+    ];
+    if mqtt {
+        kinds.extend([
+            json!({
+                "title": "mqtt (Star CloudPRNT)",
+                "description": "A Star CloudPRNT Version MQTT printer. Needs `serve --mqtt-url` (else 400), and a MAC \
+                    no other printer of the broker has (else 400).",
+                "type": "object", "additionalProperties": false, "required": ["kind", "protocol", "mac"],
+                "properties": {"kind": kind("mqtt"), "protocol": {"type": "string", "enum": ["cloudprnt"]},
+                    "mac": mac, "profile": profile()},
+            }),
+            json!({
+                "title": "mqtt (onceprint)",
+                "description": "A device speaking onceprint's MQTT protocol. Needs `serve --mqtt-url` (else 400), and \
+                    a device id no other printer of the broker has (else 400).",
+                "type": "object", "additionalProperties": false, "required": ["kind", "protocol", "device_id"],
+                "properties": {"kind": kind("mqtt"), "protocol": {"type": "string", "enum": ["onceprint"]},
+                    "device_id": device_id, "profile": profile()},
+            }),
+        ]);
+    }
+    json!({"description": "How the broker reaches the printer.", "oneOf": kinds})
+}
+
+/// A store's time zone: a name of the bundled IANA database, a fixed offset of at most 14
+/// hours, or UTC.
+fn timezone() -> Value {
+    let mut names = onceprint_engine::tz::names();
+    names.extend(["".into(), "Z".into(), "UTC".into()]);
+    json!({
+        "description": "An IANA name of the broker's bundled time zone database (`Asia/Shanghai`), a fixed \
+            offset `±HH:MM` of at most 14 hours (`+08:00`), or UTC (`UTC`, `Z`, empty, or no field). Names are \
+            matched without regard to case.",
+        "anyOf": [
+            {"type": "string", "enum": names},
+            {"type": "string", "pattern": "^[+-](?:(?:0?[0-9]|1[0-3]):[0-5][0-9]|14:00)$"},
+            {"type": "null"},
+        ],
+    })
+}
+
+/// `(component schema, property, schema)`: each property's schema is replaced by this one
+/// (its description kept where this one has none).
+pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'static str, Value)> {
+    let print_type = || {
+        json!({"type": ["string", "null"], "enum": print_types.iter().map(|t| json!(t)).chain([Value::Null]).collect::<Vec<_>>(),
+            "description": "One of the broker's configured print types (default `receipt`); joins the idempotency \
+                key and selects the retry policy and priority."})
+    };
+    let ids = || json!({"type": "array", "items": id(), "minItems": 1, "maxItems": 16, "uniqueItems": true});
+    let agent_id = || with_description(id(), "The agent's stable id (1–64 characters of `A-Za-z0-9._:-`).");
+    let session = || nullable(id());
+    vec![
+        ("CreateTenant", "id", id()),
+        ("CreateTenant", "name", name()),
+        ("CreateStore", "id", id()),
+        ("CreateStore", "name", name()),
+        ("CreateStore", "timezone", timezone()),
+        ("CreatePrinter", "id", id()),
+        ("CreatePrinter", "store_id", with_description(id(), "A store of the tenant (else 400 `invalid_request`).")),
+        ("CreatePrinter", "name", nullable(name())),
+        ("CreatePrinter", "transport", transport(mqtt)),
+        ("UpdatePrinter", "name", nullable(name())),
+        ("UpdatePrinter", "transport", json!({"anyOf": [transport(mqtt), {"type": "null"}]})),
+        ("UpdatePrinter", "store_id", with_description(nullable(id()), "Only the printer's own store (else 400).")),
+        ("SwitchIn", "operator", with_description(text(200), "Who: 1–200 bytes, not blank.")),
+        ("SwitchIn", "reason", with_description(text(2000), "Why: 1–2000 bytes, not blank.")),
+        ("CreateStation", "id", id()),
+        ("CreateStation", "store_id", id()),
+        ("CreateStation", "printers", ids()),
+        ("UpdateStation", "printers", ids()),
+        ("SubmitTask", "biz_no", with_description(
+            json!({"type": "string", "minLength": 1, "maxLength": 128,
+                "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"}),
+            "The business number (order number, serial…): required, not blank (else 400 `missing_biz_no`, before \
+             anything else is checked), at most 128 bytes, no control characters.",
+        )),
+        ("SubmitTask", "printer_id", nullable(id())),
+        ("SubmitTask", "station_id", nullable(id())),
+        ("SubmitTask", "print_type", print_type()),
+        ("SubmitTask", "content", content()),
+        ("ActionIn", "operator", with_description(nullable(text(200)), "Who acts: 1–200 bytes, not blank. Required \
+            with a tenant API key; with an operator token only the token's own operator id.")),
+        ("ActionIn", "reason", with_description(text(2000), "Why: 1–2000 bytes, not blank.")),
+        ("ActionIn", "printer_id", nullable(id())),
+        ("PollIn", "agent_id", agent_id()),
+        ("PollIn", "session", session()),
+        ("PollIn", "wait_ms", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX,
+            "description": "Long-poll wait in milliseconds (default 25000); longer waits are cut to 60000."})),
+        ("PollIn", "max", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX,
+            "description": "Most deliveries in one answer (default 16); taken as 1–256."})),
+        ("AcksIn", "acks", json!({"type": "array", "maxItems": 1000, "items": {"$ref": "#/components/schemas/AckIn"}})),
+        ("AcksIn", "agent_id", nullable(id())),
+        ("AcksIn", "session", session()),
+        ("AckIn", "outcome", json!({"type": "string", "enum": onceprint_core::Outcome::ALL.map(onceprint_core::Outcome::as_str)})),
+        ("StatusIn", "agent_id", agent_id()),
+        ("StatusIn", "session", session()),
+        ("StatusIn", "printers", json!({"type": "array", "maxItems": onceprint_engine::printer_watch::MAX_REPORTS,
+            "items": {"$ref": "#/components/schemas/PrinterStatusIn"}})),
+        ("PrinterStatusIn", "status", json!({"type": "string", "enum": ["ready", "no_paper", "cover_open", "paper_jam", "offline"]})),
+        ("CreateWebhook", "id", id()),
+        ("CreateWebhook", "url", json!({"type": "string", "maxLength": 2000, "pattern": "^https?://\\S*$"})),
+        ("CreateWebhook", "events", json!({"type": "array", "minItems": 1,
+            "items": {"type": "string", "enum": onceprint_engine::alerts::EVENT_KINDS}})),
+        ("CreateWebhook", "secret", json!({"type": ["string", "null"], "minLength": 16,
+            "description": "The signing secret (at least 16 bytes); generated when absent."})),
+        ("EpsonSdpRequest", "ConnectionType", json!({"type": "string", "enum": ["GetRequest", "SetResponse"]})),
+        ("EpsonSdpRequest", "ID", with_description(nullable(id()),
+            "The ID set in the printer's Web Config: the printer's `printer_id` where one is configured (else 401).")),
+        ("CreateOperator", "id", id()),
+        ("CreateOperator", "name", nullable(name())),
+        ("CreateOperator", "role", json!({"type": "string", "enum": ["staff", "manager"]})),
+        ("CreateOperator", "stores", json!({"type": ["array", "null"], "items": id(), "maxItems": 64,
+            "description": "A staff member's stores (1–64, each a store of the tenant); left out (or empty) for a \
+                manager. A staff member without stores, or a manager with stores, is 400."})),
+        ("CreateOperator", "password", json!({"type": "string", "minLength": 10, "maxLength": 256,
+            "description": "10–256 characters (at most 256 bytes). Kept only as an argon2id hash."})),
+    ]
+}
+
+/// Query parameters: `(path, name, schema)`.
+pub fn query_parameters() -> Vec<(&'static str, &'static str, Value)> {
+    let limit = json!({"type": "integer", "minimum": 1, "maximum": 500, "default": 50});
+    let states = onceprint_core::TaskState::ALL.map(onceprint_core::TaskState::as_str);
+    vec![
+        ("/v1/print-tasks", "limit", limit.clone()),
+        (
+            "/v1/print-tasks",
+            "state",
+            json!({"type": "string", "enum": states.iter().copied().chain([""]).collect::<Vec<_>>()}),
+        ),
+        (
+            "/v1/print-tasks",
+            "cursor",
+            json!({"type": "string", "pattern": "^(?:[0-9A-HJKMNP-TV-Z]{26})?$",
+            "description": "The `next_cursor` of the previous page."}),
+        ),
+        ("/v1/setup-events", "limit", limit),
+        (
+            "/v1/stores/{id}/reconciliation",
+            "date",
+            json!({"type": "string", "format": "date",
+            // Days before 1970 hold no tasks: the broker refuses them.
+            "pattern": "^(?:19[7-9][0-9]|[2-9][0-9]{3})-[0-9]{2}-[0-9]{2}$",
+            "description": "The business day, `YYYY-MM-DD` (1970 or later), in the store's time zone: from the start of that local \
+                date to the start of the next (23 or 25 hours on the days daylight saving time begins or ends). Without it: today in the \
+                store's time zone."}),
+        ),
+        (
+            "/v1/setup-events",
+            "cursor",
+            json!({"type": "string", "pattern": "^(?:[1-9][0-9]{0,17})?$",
+            "description": "The `next_cursor` of the previous page."}),
+        ),
+    ]
+}
+
+/// Rules on whole request schemas: `(component schema, keyword, value)`.
+pub fn objects() -> Vec<(&'static str, &'static str, Value)> {
+    let string = json!({"type": "string"});
+    vec![
+        // `biz_no` first (400 `missing_biz_no`), then a target and the content.
+        ("SubmitTask", "required", json!(["biz_no", "content"])),
+        (
+            "SubmitTask",
+            "oneOf",
+            json!([
+                {"title": "to a printer", "required": ["printer_id"], "properties": {"printer_id": string}},
+                {"title": "to a station", "required": ["station_id"], "properties": {"station_id": string}},
+            ]),
+        ),
+    ]
+}
