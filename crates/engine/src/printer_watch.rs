@@ -123,8 +123,22 @@ impl PrinterWatch {
             stores.insert((who.tenant_id.clone(), who.store_id.clone()), (now, false));
         }
         let printers = self.agent_printers(who).await?;
-        let mut updates = Vec::new();
+        // A printer named twice in one report counts once, with its last status: a report
+        // is a snapshot, and one change per printer keeps the batch free of rows that
+        // would conflict with each other in one statement.
+        let mut latest: Vec<(&String, &IdleStatus)> = Vec::with_capacity(reports.len());
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (printer_id, status) in reports {
+            match seen.get(printer_id.as_str()) {
+                Some(&i) => latest[i].1 = status,
+                None => {
+                    seen.insert(printer_id, latest.len());
+                    latest.push((printer_id, status));
+                }
+            }
+        }
+        let mut updates = Vec::new();
+        for (printer_id, status) in latest {
             let Some((_, row)) = printers.iter().find(|(w, _)| &w.printer_id == printer_id) else { continue };
             let (online, last_error) = status.as_row();
             let last_error = last_error.map(str::to_owned);

@@ -8,6 +8,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 both_backends!(
+    an_agent_status_report_naming_a_printer_twice_counts_its_last_status,
+    a_webhook_naming_an_event_twice_gets_it_once,
     first_submission_creates_and_retries_are_duplicates,
     same_key_with_other_content_is_a_mismatch,
     missing_biz_no_is_refused_before_anything_else,
@@ -352,4 +354,45 @@ async fn bad_query_strings_and_paths_get_the_json_error_body(app: &TestApp) {
     }
     let a = app.get("/v1/print-tasks?limit=abc", &key).await;
     assert!(a.body["error"]["message"].as_str().unwrap_or_default().contains("limit"), "names the parameter: {a:?}");
+}
+
+/// A report naming one printer several times counts its last status, as one change.
+async fn an_agent_status_report_naming_a_printer_twice_counts_its_last_status(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = common::Agent::new(app, &key, "a1", "s1").await;
+    let report = json!({"agent_id": "a1", "printers": [
+        {"printer_id": "p1", "status": "no_paper"},
+        {"printer_id": "p2", "status": "ready"},
+        {"printer_id": "p1", "status": "cover_open"},
+        {"printer_id": "p1", "status": "no_paper"},
+        {"printer_id": "p1", "status": "cover_open"}
+    ]});
+    let a = app.post("/v1/agent/status", &agent.token, report).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let p1 = app.get("/v1/printers/p1", &key).await;
+    assert_eq!(p1.body["last_error"], "cover_open", "the last status counts: {p1:?}");
+}
+
+/// Found by schemathesis: a webhook whose `events` named a kind twice made every such
+/// event a 500 on SQLite (two deliveries of one event to one webhook).
+async fn a_webhook_naming_an_event_twice_gets_it_once(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let w = app
+        .post(
+            "/v1/webhooks",
+            &key,
+            json!({"id": "ops", "url": "http://127.0.0.1:9/hook", "secret": "a-long-enough-secret",
+                   "events": ["printer.offline", "printer.offline"]}),
+        )
+        .await;
+    assert_eq!(w.status, StatusCode::CREATED, "{w:?}");
+    let agent = common::Agent::new(app, &key, "a1", "s1").await;
+    // A printer never seen is not online yet: seen ready, then offline, is one event.
+    for status in ["ready", "offline"] {
+        let report = json!({"agent_id": "a1", "printers": [{"printer_id": "p1", "status": status}]});
+        let a = app.post("/v1/agent/status", &agent.token, report).await;
+        assert_eq!(a.status, StatusCode::OK, "{status}: {a:?}");
+    }
+    let d = app.get("/v1/webhooks/ops/deliveries", &key).await;
+    assert_eq!(d.body["deliveries"].as_array().map(Vec::len), Some(1), "{d:?}");
 }

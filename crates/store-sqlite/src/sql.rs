@@ -478,7 +478,7 @@ fn insert_event(c: &Connection, e: &OutboxEvent) -> StoreResult<()> {
         .map_err(backend_err)?;
     c.prepare_cached(
         "INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at) \
-         SELECT ?1, w.id, w.tenant_id, ?4, ?4 FROM webhooks w, json_each(w.events) k \
+         SELECT DISTINCT ?1, w.id, w.tenant_id, ?4, ?4 FROM webhooks w, json_each(w.events) k \
          WHERE w.tenant_id = ?2 AND k.value = ?3",
     )
     .and_then(|mut s| s.execute(params![e.event_id, e.tenant_id, e.kind, e.now]))
