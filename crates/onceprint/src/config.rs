@@ -55,6 +55,15 @@ pub struct ServeArgs {
     /// only over HTTPS; without it they are Secure when X-Forwarded-Proto says https).
     #[arg(long, env = "ONCEPRINT_CONSOLE_SECURE_COOKIES")]
     pub console_secure_cookies: bool,
+    /// Finished tasks (printed, transferred, cancelled, closed) whose last change is more
+    /// than this many days old are pruned: content and audit trail deleted, a tombstone
+    /// and the ledger kept (default 90; 0 keeps every task for ever).
+    #[arg(long, env = "ONCEPRINT_RETENTION_DAYS", value_name = "DAYS")]
+    pub retention_days: Option<u32>,
+    /// Tests of the real binary only: the retention job's clock runs this many
+    /// milliseconds ahead of the wall clock.
+    #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
+    pub test_retention_clock_offset_ms: Option<i64>,
 }
 
 /// The TOML file. Every key is optional.
@@ -121,6 +130,11 @@ pub struct FileConfig {
     /// An onceprint MQTT device that has not answered a job this long is sent it again
     /// with the same key (default 30000).
     pub mqtt_resend_after_ms: Option<i64>,
+    /// See `serve --retention-days`.
+    pub retention_days: Option<u32>,
+    /// Seconds between two retention runs (default 3600; the first run starts after at
+    /// most a minute).
+    pub retention_interval_s: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -234,6 +248,17 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     ..p
                 }
             },
+            retention: {
+                let r = onceprint_engine::RetentionConfig::default();
+                onceprint_engine::RetentionConfig {
+                    days: args.retention_days.or(file.retention_days).unwrap_or(r.days),
+                    interval: file
+                        .retention_interval_s
+                        .map_or(r.interval, |s| std::time::Duration::from_secs(s.max(1))),
+                    ..r
+                }
+            },
+            retention_clock_offset_ms: args.test_retention_clock_offset_ms.unwrap_or(0),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

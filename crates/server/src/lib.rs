@@ -29,7 +29,7 @@ use onceprint_engine::transport::polled::{Polled, PolledConfig};
 use onceprint_engine::transport::TransportKind;
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
+    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Retention, Setup, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -53,6 +53,11 @@ pub struct HttpConfig {
     pub operators: onceprint_engine::OperatorsConfig,
     /// The staff console at `/console/`.
     pub console: console::ConsoleConfig,
+    /// Retention of finished tasks (R39).
+    pub retention: onceprint_engine::RetentionConfig,
+    /// Tests of the real binary only: the retention job's clock runs this far ahead of the
+    /// wall clock (0 in production).
+    pub retention_clock_offset_ms: i64,
 }
 
 impl Default for HttpConfig {
@@ -67,6 +72,8 @@ impl Default for HttpConfig {
             mqtt: None,
             operators: Default::default(),
             console: Default::default(),
+            retention: Default::default(),
+            retention_clock_offset_ms: 0,
         }
     }
 }
@@ -85,6 +92,7 @@ pub struct AppState {
     pub(crate) setup: Arc<Setup>,
     pub(crate) operators: Arc<Operators>,
     pub(crate) watch: Arc<PrinterWatch>,
+    pub(crate) retention: Arc<Retention>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -234,6 +242,11 @@ pub async fn bind(
         signals,
         policies: config.intake.policies.clone(),
     };
+    let retention_clock: Arc<dyn Clock> = match config.retention_clock_offset_ms {
+        0 => clock.clone(),
+        offset_ms => Arc::new(onceprint_engine::clock::OffsetClock { offset_ms }),
+    };
+    let retention = Retention::new(store.clone(), shared.gate.clone(), retention_clock, config.retention.clone());
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
@@ -253,6 +266,7 @@ pub async fn bind(
         setup,
         operators,
         watch,
+        retention,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
@@ -303,6 +317,7 @@ impl Bound {
         let agent_watch = self.state.watch.spawn(std::time::Duration::from_millis(
             (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
         ));
+        let retention = self.state.retention.spawn(lanes.signals().clone());
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -324,6 +339,9 @@ impl Bound {
             let _ = s.await;
         }
         let _ = agent_watch.await;
+        if let Some(r) = retention {
+            let _ = r.await;
+        }
         Ok(())
     }
 }
