@@ -18,7 +18,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEPRINT_LISTEN")]
     pub listen: Option<String>,
     /// Database: sqlite://PATH (default sqlite://onceprint.db) or postgres://USER@HOST/DB.
-    #[arg(long, env = "ONCEPRINT_DATABASE_URL")]
+    #[arg(long, visible_alias = "db", env = "ONCEPRINT_DATABASE_URL")]
     pub database: Option<String>,
     /// Admin token; without one, a token is generated at first start and printed once.
     #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]

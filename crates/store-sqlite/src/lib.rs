@@ -10,10 +10,13 @@
 //! spoil its neighbours) and commits them together: one flush for many callers. Readers
 //! never block the writer (WAL), and the writer never waits for a lock.
 //!
+//! `backup` copies a database online with SQLite's backup API (`onceprint backup`).
+//!
 //! This crate must never decide domain rules (duplicates are decided by the unique
 //! constraint, legality of transitions by `onceprint-core`) and must never answer a
 //! caller before the commit that carries its write.
 
+pub mod backup;
 mod operators;
 mod retention;
 mod schema;
