@@ -351,3 +351,53 @@ async fn insert_error<C: GenericClient>(
         None => pg_error(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 20 000 tombstones of one tenant, with fresh statistics: the plans are the ones a
+    /// database that has pruned for a while gets.
+    const POPULATE: &str = "
+INSERT INTO task_tombstones (task_id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority,
+                             content_type, fingerprint, state, attempts, created_at, updated_at, may_have_printed,
+                             business_day, pruned_at)
+    SELECT lpad(i::text, 20, '0'), 't', 's', 'p', 'printer:p', 'b' || i, 'receipt', 0, 'text', 'f', 'printed', 1,
+           i, i, false, '2025-01-01', i
+    FROM generate_series(1, 20000) i;
+ANALYZE task_tombstones;
+SET plan_cache_mode = force_generic_plan;";
+
+    /// Intake probes the tombstones of each submitted key through their unique key, in the
+    /// plan every batch runs with (a generic one: the statement is prepared once per
+    /// connection), never by reading the table, which grows with every pruned task.
+    #[tokio::test]
+    async fn the_tombstone_checks_of_intake_use_the_key_index() {
+        let Some(h) = crate::testing::fresh_store().await else {
+            return;
+        };
+        let (client, connection) = tokio_postgres::connect(&h.url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute(POPULATE).await.unwrap();
+        for (name, sql, args) in [
+            (
+                "ins",
+                INSERT_TASKS.to_owned(),
+                "'{i}', '{t}', '{s}', '{p}', '{NULL}', '{printer:p}', '{b1}', '{receipt}', '{0}', '{text}', \
+                 '{\"\\\\x00\"}', '{f}', '{1}', '{tenant:t}', '{1}', '{NULL}', '{NULL}', '{NULL}', '{submitted}'",
+            ),
+            (
+                "tomb",
+                SELECT_TOMBSTONES.replace("{cols}", TOMBSTONE_COLUMNS_B),
+                "'{t}', '{printer:p}', '{b1}', '{receipt}'",
+            ),
+        ] {
+            client.batch_execute(&format!("PREPARE {name} AS {sql}")).await.unwrap();
+            let lines = client.query(&format!("EXPLAIN EXECUTE {name}({args})"), &[]).await.unwrap();
+            let plan = lines.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n");
+            assert!(plan.contains("task_tombstones_idempotency_key"), "{name}:\n{plan}");
+            assert!(!plan.contains("Seq Scan on task_tombstones"), "{name}:\n{plan}");
+        }
+        drop(h);
+    }
+}
