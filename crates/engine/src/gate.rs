@@ -141,6 +141,9 @@ impl RecentTasks {
     /// Records that retention pruned a task, if the gate knows it. Called once the prune
     /// committed; the entry stays (its key, task and final state are still true), so that
     /// a retry storm for an old task is still answered from memory, now with `pruned`.
+    /// (A duplicate read from the database just before the prune and remembered just
+    /// after this call keeps `pruned` false until it is evicted; its task id and final
+    /// state are true all the same.)
     pub fn mark_pruned(&self, task_id: &str) {
         if let Ok(t) = self.by_task[self.shard_of(task_id)].lock() {
             if let Some(e) = t.get(task_id) {
