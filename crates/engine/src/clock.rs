@@ -57,3 +57,18 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// The system's wall clock moved by a fixed amount. The broker gives it to the retention
+/// job when a test of the real binary asks for it (`serve` with the hidden setting
+/// `ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS`), so that tasks just submitted look as old
+/// to the job as that test needs; nothing else in the broker sees the moved time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OffsetClock {
+    pub offset_ms: Millis,
+}
+
+impl Clock for OffsetClock {
+    fn now_ms(&self) -> Millis {
+        now_ms().saturating_add(self.offset_ms)
+    }
+}

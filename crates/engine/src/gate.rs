@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use onceprint_core::{IdempotencyKey, TaskState};
@@ -24,11 +24,19 @@ pub struct GateEntry {
     pub task_id: String,
     pub fingerprint: String,
     state: AtomicU8,
+    /// Retention pruned the task: only its tombstone is left (R39).
+    pruned: AtomicBool,
 }
 
 impl GateEntry {
     pub fn state(&self) -> TaskState {
         TaskState::ALL[self.state.load(Ordering::Acquire) as usize % TaskState::ALL.len()]
+    }
+
+    /// Whether the task was pruned since it was remembered: a duplicate answered from the
+    /// gate then says so, as one answered from the database does.
+    pub fn pruned(&self) -> bool {
+        self.pruned.load(Ordering::Acquire)
     }
 }
 
@@ -100,6 +108,7 @@ impl RecentTasks {
             task_id: task_id.to_owned(),
             fingerprint: fingerprint.to_owned(),
             state: AtomicU8::new(state_index(state)),
+            pruned: AtomicBool::new(false),
         });
         let Ok(mut shard) = self.shards[self.shard_of(&k)].lock() else { return };
         if shard.by_key.contains_key(&k) {
@@ -125,6 +134,20 @@ impl RecentTasks {
         if let Ok(t) = self.by_task[self.shard_of(task_id)].lock() {
             if let Some(e) = t.get(task_id) {
                 e.state.store(state_index(state), Ordering::Release);
+            }
+        }
+    }
+
+    /// Records that retention pruned a task, if the gate knows it. Called once the prune
+    /// committed; the entry stays (its key, task and final state are still true), so that
+    /// a retry storm for an old task is still answered from memory, now with `pruned`.
+    /// (A duplicate read from the database just before the prune and remembered just
+    /// after this call keeps `pruned` false until it is evicted; its task id and final
+    /// state are true all the same.)
+    pub fn mark_pruned(&self, task_id: &str) {
+        if let Ok(t) = self.by_task[self.shard_of(task_id)].lock() {
+            if let Some(e) = t.get(task_id) {
+                e.pruned.store(true, Ordering::Release);
             }
         }
     }
@@ -162,6 +185,18 @@ mod tests {
         assert!(g.get(&key(0)).is_none(), "the oldest key was evicted");
         assert!(g.get(&key(999)).is_some(), "the newest key is kept");
         assert!(g.by_task.iter().map(|s| s.lock().unwrap().len()).sum::<usize>() <= 32);
+    }
+
+    #[test]
+    fn a_pruned_task_is_remembered_as_pruned() {
+        let g = RecentTasks::new(32);
+        g.insert(&key(0), "T0", "f0", TaskState::Printed);
+        assert_eq!(g.get(&key(0)).map(|e| e.pruned()), Some(false));
+        g.mark_pruned("T0");
+        g.mark_pruned("unknown");
+        let hit = g.get(&key(0)).expect("still remembered");
+        assert!(hit.pruned());
+        assert_eq!((hit.task_id.as_str(), hit.state()), ("T0", TaskState::Printed));
     }
 
     #[test]

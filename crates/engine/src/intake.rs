@@ -69,6 +69,8 @@ pub struct SubmitAnswer {
     pub state: TaskState,
     /// Whether the answer came from the in-process gate (for metrics).
     pub from_gate: bool,
+    /// The task named was pruned by retention: only its final state is left (R39).
+    pub pruned: bool,
 }
 
 /// Why a submission was refused.
@@ -94,6 +96,26 @@ pub enum IntakeError {
     RateLimited { retry_after_secs: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A task as found under a key: kept, or what the tombstone of a pruned one keeps.
+enum Found {
+    Kept(Task),
+    Pruned(Task),
+}
+
+impl Found {
+    fn task(&self) -> &Task {
+        match self {
+            Found::Kept(t) | Found::Pruned(t) => t,
+        }
+    }
+
+    fn into_task(self) -> Task {
+        match self {
+            Found::Kept(t) | Found::Pruned(t) => t,
+        }
+    }
 }
 
 /// Where a new task goes, or why it cannot go anywhere.
@@ -170,6 +192,7 @@ impl Intake {
                     task_id: hit.task_id.clone(),
                     state: hit.state(),
                     from_gate: true,
+                    pruned: hit.pruned(),
                 })
             } else {
                 Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
@@ -199,8 +222,11 @@ impl Intake {
             Resolved::Disabled(why) => {
                 // Dedup still comes first (R3): a retry of a task made before the printer
                 // was disabled is answered as before; only new work is refused.
-                return match self.store.find_task(&key).await? {
-                    Some(task) => self.answer(SubmitKind::Duplicate, task, &key, &fingerprint.0).await,
+                if let Some(task) = self.store.find_task(&key).await? {
+                    return self.answer(SubmitKind::Duplicate, Found::Kept(task), &key, &fingerprint.0).await;
+                }
+                return match self.store.find_tombstone(&key).await? {
+                    Some(b) => self.answer(SubmitKind::Duplicate, Found::Pruned(b.task), &key, &fingerprint.0).await,
                     None => Err(IntakeError::PrinterDisabled(why)),
                 };
             }
@@ -225,33 +251,43 @@ impl Intake {
             now,
             origin: None,
         };
-        let (kind, task) = match self.committer.submit(new).await? {
-            SubmitOutcome::Created(t) => (SubmitKind::Created, t),
-            SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, t),
+        let (kind, found) = match self.committer.submit(new).await? {
+            SubmitOutcome::Created(t) => (SubmitKind::Created, Found::Kept(t)),
+            SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, Found::Kept(t)),
+            // A late replay of a pruned task: its tombstone answers, nothing was created.
+            SubmitOutcome::Pruned(b) => (SubmitKind::Duplicate, Found::Pruned(b.task)),
         };
         // The printer's lane has work: wake the store's waiting agent polls (R7: printing
         // never blocks intake).
         if kind == SubmitKind::Created {
+            let task = found.task();
             self.signals.notify(&task.tenant_id, &task.store_id);
         }
-        self.answer(kind, task, &key, &fingerprint.0).await
+        self.answer(kind, found, &key, &fingerprint.0).await
     }
 
-    /// The answer about a durable task: remembered by the gate, refused as a mismatch when
-    /// its content differs, and for a transferred task the live task of its chain.
+    /// The answer about a durable task (or the tombstone of a pruned one): remembered by
+    /// the gate, refused as a mismatch when its content differs, and for a transferred
+    /// task the live task of its chain.
     async fn answer(
         &self,
         kind: SubmitKind,
-        task: Task,
+        found: Found,
         key: &IdempotencyKey,
         fingerprint: &str,
     ) -> Result<SubmitAnswer, IntakeError> {
+        let task = found.task();
         self.gate.insert(key, &task.task_id, &task.fingerprint, task.state);
-        if task.fingerprint != fingerprint {
-            return Err(IntakeError::Mismatch { task_id: task.task_id });
+        if let Found::Pruned(_) = found {
+            self.gate.mark_pruned(&task.task_id);
         }
-        let task = if task.state == TaskState::Transferred { self.live_task(task).await? } else { task };
-        Ok(SubmitAnswer { kind, task_id: task.task_id, state: task.state, from_gate: false })
+        if task.fingerprint != fingerprint {
+            return Err(IntakeError::Mismatch { task_id: task.task_id.clone() });
+        }
+        let found = if task.state == TaskState::Transferred { self.live_task(found).await? } else { found };
+        let pruned = matches!(found, Found::Pruned(_));
+        let task = found.into_task();
+        Ok(SubmitAnswer { kind, task_id: task.task_id, state: task.state, from_gate: false, pruned })
     }
 
     /// The printer a new task for `target` goes to: the printer itself, or the first
@@ -326,18 +362,22 @@ impl Intake {
     }
 
     /// Follows a transferred task's successors to the task that carries its work now
-    /// (R25: a resubmission answers with the live task of the chain).
-    async fn live_task(&self, mut task: Task) -> Result<Task, IntakeError> {
+    /// (R25: a resubmission answers with the live task of the chain), kept or pruned.
+    async fn live_task(&self, mut found: Found) -> Result<Found, IntakeError> {
         // Chains are short (one hop per backup printer); the bound only guards against a
         // damaged link pointing in a circle.
         for _ in 0..32 {
+            let task = found.task();
             let Some(next) = task.successor_task_id.clone() else { break };
-            match self.store.get_task(&task.tenant_id, &next).await? {
-                Some(t) => task = t,
-                None => break,
+            if let Some(t) = self.store.get_task(&task.tenant_id, &next).await? {
+                found = Found::Kept(t);
+            } else if let Some(b) = self.store.get_tombstone(&task.tenant_id, &next).await? {
+                found = Found::Pruned(b.task);
+            } else {
+                break;
             }
         }
-        Ok(task)
+        Ok(found)
     }
 
     /// The store behind intake (for read paths of the HTTP layer).

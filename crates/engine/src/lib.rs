@@ -11,7 +11,8 @@
 //! webhook transport, and the polled mechanism of printers that call in with CloudPRNT
 //! and Epson Server Direct Print as its two protocol adapters). It also owns the manual
 //! channel, operators and their sessions (`operators`), idle printers' status and silent
-//! agents (`printer_watch`), alerts, reconciliation and store time zones.
+//! agents (`printer_watch`), alerts, reconciliation, retention of finished tasks
+//! (`retention`) and store time zones.
 //!
 //! It must never write SQL (that belongs to the store backends) and never decide HTTP
 //! answers of the broker's own API (status codes and JSON bodies belong to
@@ -32,6 +33,7 @@ pub mod operations;
 pub mod operators;
 pub mod printer_watch;
 pub mod reconcile;
+pub mod retention;
 pub mod secrets;
 pub mod setup;
 pub mod signals;
@@ -58,6 +60,7 @@ pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, Delivery
 pub use operations::{ActionError, ActionOutcome, ActionRequest, Actor, Operations, OperationsConfig};
 pub use operators::{Creator, OperatorError, Operators, OperatorsConfig};
 pub use printer_watch::PrinterWatch;
+pub use retention::{Retention, RetentionConfig};
 pub use setup::{Caller, Setup, SetupError};
 pub use signals::StoreSignals;
 pub use transport::agent::{AgentDelivery, AgentTransport, PollError};

@@ -166,9 +166,14 @@ impl Operations {
         for _ in 0..64 {
             let moved = matches!(current.origin_kind, Some(OriginKind::Transfer | OriginKind::Failover));
             let Some(origin) = current.origin_task_id.clone().filter(|_| moved) else { break };
+            // The original may have been pruned (it ended as transferred long ago): its
+            // tombstone keeps the links, and its ledger entries are never pruned.
             match self.store.get_task(&current.tenant_id, &origin).await? {
                 Some(t) => current = t,
-                None => break,
+                None => match self.store.get_tombstone(&current.tenant_id, &origin).await? {
+                    Some(b) => current = b.task,
+                    None => break,
+                },
             }
         }
         Ok(current.task_id)

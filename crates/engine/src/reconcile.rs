@@ -234,7 +234,11 @@ pub async fn reconcile(
     // Task ids begin with their creation time, so the day is an id range.
     let from_id = TaskId::from_parts(window.from, [0; 10]).into_string();
     let to_id = TaskId::from_parts(window.to, [0; 10]).into_string();
-    let tasks = store.tasks_created_between(tenant_id, store_id, &from_id, &to_id).await?;
+    // Pruned tasks count from their tombstones, which keep every field the report reads:
+    // a day's report is the same before and after retention (R39). One read, so that a
+    // prune running meanwhile cannot count a task twice or not at all.
+    let (mut tasks, pruned) = store.tasks_and_tombstones_created_between(tenant_id, store_id, &from_id, &to_id).await?;
+    tasks.extend(pruned.into_iter().map(|b| b.task));
     let ledger = store.ledger_between(tenant_id, store_id, window.from, window.to).await?;
     Ok(compute(store_id, date, zone.name(), &tasks, &ledger, expected))
 }

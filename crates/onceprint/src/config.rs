@@ -18,7 +18,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEPRINT_LISTEN")]
     pub listen: Option<String>,
     /// Database: sqlite://PATH (default sqlite://onceprint.db) or postgres://USER@HOST/DB.
-    #[arg(long, env = "ONCEPRINT_DATABASE_URL")]
+    #[arg(long, visible_alias = "db", env = "ONCEPRINT_DATABASE_URL")]
     pub database: Option<String>,
     /// Admin token; without one, a token is generated at first start and printed once.
     #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]
@@ -75,6 +75,15 @@ pub struct ServeArgs {
     /// Requests one agent may make at once above its rate (default 2 × the rate).
     #[arg(long, env = "ONCEPRINT_AGENT_RATE_BURST", value_name = "REQUESTS")]
     pub agent_rate_burst: Option<f64>,
+    /// Finished tasks (printed, transferred, cancelled, closed) whose last change is more
+    /// than this many days old are pruned: content and audit trail deleted, a tombstone
+    /// and the ledger kept (default 90; 0 keeps every task for ever).
+    #[arg(long, env = "ONCEPRINT_RETENTION_DAYS", value_name = "DAYS")]
+    pub retention_days: Option<u32>,
+    /// Tests of the real binary only: the retention job's clock runs this many
+    /// milliseconds ahead of the wall clock.
+    #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
+    pub test_retention_clock_offset_ms: Option<i64>,
 }
 
 /// A rate limit from its settings: `None` when the rate is 0 (unlimited).
@@ -170,6 +179,11 @@ pub struct FileConfig {
     pub tenant_rate_burst: Option<f64>,
     pub agent_rate_limit: Option<f64>,
     pub agent_rate_burst: Option<f64>,
+    /// See `serve --retention-days`.
+    pub retention_days: Option<u32>,
+    /// Seconds between two retention runs (default 3600; the first run starts after at
+    /// most a minute).
+    pub retention_interval_s: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -303,6 +317,17 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     ..p
                 }
             },
+            retention: {
+                let r = onceprint_engine::RetentionConfig::default();
+                onceprint_engine::RetentionConfig {
+                    days: args.retention_days.or(file.retention_days).unwrap_or(r.days),
+                    interval: file
+                        .retention_interval_s
+                        .map_or(r.interval, |s| std::time::Duration::from_secs(s.max(1))),
+                    ..r
+                }
+            },
+            retention_clock_offset_ms: args.test_retention_clock_offset_ms.unwrap_or(0),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

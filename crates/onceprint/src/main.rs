@@ -1,6 +1,7 @@
 //! The `onceprint` binary: parses the command line and wires the crates together. It holds
 //! no logic of its own beyond choosing the database backend from the URL.
 
+mod backup;
 mod config;
 mod reconcile;
 
@@ -76,6 +77,9 @@ enum Command {
     },
     /// A store's daily reconciliation; exits 1 when the day has differences (for cron).
     Reconcile(reconcile::ReconcileArgs),
+    /// A consistent copy of the broker's SQLite database, taken while it runs (SQLite's
+    /// online backup API). For PostgreSQL use pg_dump.
+    Backup(backup::BackupArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -526,6 +530,7 @@ fn main() -> anyhow::Result<()> {
                     std::process::exit(1)
                 }
             }
+            Command::Backup(args) => backup::run(args),
             Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
             Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,

@@ -404,6 +404,10 @@ pub struct SubmitOut {
     pub message: String,
     pub biz_no: String,
     pub print_type: String,
+    /// Present (`true`) only on a duplicate of a task that retention pruned
+    /// (`retention_days`): `state` is its final state; its content and audit trail are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pruned: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -433,6 +437,16 @@ pub struct TaskOut {
     pub reprint_no: Option<i32>,
     /// For a transferred task: the task carrying on its work.
     pub successor_task_id: Option<String>,
+    /// Present (`true`) only for a task that retention pruned (`retention_days`): what is
+    /// shown is its tombstone (its final state); its content and audit trail are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pruned: bool,
+}
+
+impl From<onceprint_store::Tombstone> for TaskOut {
+    fn from(b: onceprint_store::Tombstone) -> Self {
+        TaskOut { pruned: true, ..b.task.into() }
+    }
 }
 
 impl From<Task> for TaskOut {
@@ -457,6 +471,7 @@ impl From<Task> for TaskOut {
             origin_kind: t.origin_kind.map(|k| k.as_str().to_owned()),
             reprint_no: t.reprint_no,
             successor_task_id: t.successor_task_id,
+            pruned: false,
         }
     }
 }
@@ -496,6 +511,10 @@ impl From<TaskEvent> for EventOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventList {
     pub events: Vec<EventOut>,
+    /// Present (`true`) only for a task that retention pruned: its audit trail was deleted
+    /// with it, so `events` is empty.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pruned: bool,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

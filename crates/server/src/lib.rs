@@ -31,7 +31,7 @@ use onceprint_engine::transport::polled::{Polled, PolledConfig};
 use onceprint_engine::transport::TransportKind;
 use onceprint_engine::{
     secrets, AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, Operations,
-    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Setup, Shared, StoreSignals, Watchdog,
+    OperationsConfig, Operators, PrinterWatch, RegistryConfig, Retention, Setup, Shared, StoreSignals, Watchdog,
 };
 use onceprint_store::{Store, StoreError};
 
@@ -60,6 +60,11 @@ pub struct HttpConfig {
     /// Requests per store agent token (polls, acks, status reports); `None`: unlimited.
     /// The tenants' limit is `intake.tenant_rate`.
     pub agent_rate: Option<onceprint_engine::limits::RateLimit>,
+    /// Retention of finished tasks (R39).
+    pub retention: onceprint_engine::RetentionConfig,
+    /// Tests of the real binary only: the retention job's clock runs this far ahead of the
+    /// wall clock (0 in production).
+    pub retention_clock_offset_ms: i64,
 }
 
 impl Default for HttpConfig {
@@ -76,6 +81,8 @@ impl Default for HttpConfig {
             console: Default::default(),
             agent_rate: None,
             tls: None,
+            retention: Default::default(),
+            retention_clock_offset_ms: 0,
         }
     }
 }
@@ -94,6 +101,7 @@ pub struct AppState {
     pub(crate) setup: Arc<Setup>,
     pub(crate) operators: Arc<Operators>,
     pub(crate) watch: Arc<PrinterWatch>,
+    pub(crate) retention: Arc<Retention>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
@@ -245,6 +253,11 @@ pub async fn bind(
         signals,
         policies: config.intake.policies.clone(),
     };
+    let retention_clock: Arc<dyn Clock> = match config.retention_clock_offset_ms {
+        0 => clock.clone(),
+        offset_ms => Arc::new(onceprint_engine::clock::OffsetClock { offset_ms }),
+    };
+    let retention = Retention::new(store.clone(), shared.gate.clone(), retention_clock, config.retention.clone());
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
@@ -264,6 +277,7 @@ pub async fn bind(
         setup,
         operators,
         watch,
+        retention,
         directory,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
@@ -315,6 +329,7 @@ impl Bound {
         let agent_watch = self.state.watch.spawn(std::time::Duration::from_millis(
             (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
         ));
+        let retention = self.state.retention.spawn(lanes.signals().clone());
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -344,6 +359,9 @@ impl Bound {
             let _ = s.await;
         }
         let _ = agent_watch.await;
+        if let Some(r) = retention {
+            let _ = r.await;
+        }
         Ok(())
     }
 }

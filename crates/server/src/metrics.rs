@@ -57,6 +57,11 @@ pub struct Metrics {
     lane_oldest: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     lane_in_flight: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     lane_stalled: Family<Labels, Gauge>,
+    /// Rows retention pruned since the process started, by kind (`task`, `event`).
+    pruned: Family<Labels, Counter>,
+    retention_runs: Counter,
+    /// Two scrapes at once must not both add the same catch-up.
+    retention_sync: std::sync::Mutex<()>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -82,6 +87,14 @@ impl Metrics {
         let lane_oldest = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let lane_in_flight = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let lane_stalled = Family::<Labels, Gauge>::default();
+        let pruned = Family::<Labels, Counter>::default();
+        let retention_runs = Counter::default();
+        registry.register(
+            "onceprint_retention_pruned",
+            "Rows pruned by retention since start: finished tasks (their tombstones kept) and their audit events",
+            pruned.clone(),
+        );
+        registry.register("onceprint_retention_runs", "Retention runs since start", retention_runs.clone());
         registry.register("onceprint_lane_waiting_tasks", "Tasks waiting in a printer's lane", lane_waiting.clone());
         registry.register(
             "onceprint_lane_oldest_waiting_seconds",
@@ -107,6 +120,9 @@ impl Metrics {
             lane_oldest,
             lane_in_flight,
             lane_stalled,
+            pruned,
+            retention_runs,
+            retention_sync: std::sync::Mutex::new(()),
         })
     }
 
@@ -142,6 +158,16 @@ impl Metrics {
                 self.lane_in_flight.get_or_create(&labels).set(ms as f64 / 1000.0);
             }
             self.lane_stalled.get_or_create(&labels).set(i64::from(a.stalled));
+        }
+        // The retention job counts for itself; the counters catch up with its totals.
+        {
+            let _one_at_a_time = self.retention_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let totals = state.retention.totals();
+            for (kind, total) in [("task", totals.tasks), ("event", totals.events)] {
+                let c = self.pruned.get_or_create(&vec![("kind", kind.to_owned())]);
+                c.inc_by(total.saturating_sub(c.get()));
+            }
+            self.retention_runs.inc_by(totals.runs.saturating_sub(self.retention_runs.get()));
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {

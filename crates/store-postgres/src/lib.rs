@@ -23,6 +23,7 @@ pub mod migrations;
 mod operations;
 mod operators;
 mod reconcile;
+mod retention;
 mod rows;
 mod setup;
 mod statistics;
@@ -397,7 +398,7 @@ impl Store for PostgresStore {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
-        submit::submit_batch(&client, batch).await
+        submit::submit_batch(&client, batch, false).await
     }
 
     async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>> {
@@ -604,6 +605,44 @@ impl Store for PostgresStore {
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {
         let client = self.client().await?;
         operations::reprint_count(&client, task_id).await
+    }
+
+    async fn prunable_tasks(
+        &self,
+        states: &[TaskState],
+        before_id: &str,
+        changed_before: onceprint_core::Millis,
+        after_id: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<Task>> {
+        let client = self.client().await?;
+        retention::prunable_tasks(&client, states, before_id, changed_before, after_id, limit).await
+    }
+
+    async fn prune_tasks(&self, tasks: &[PruneTask], now: onceprint_core::Millis) -> StoreResult<Pruned> {
+        let mut client = self.client().await?;
+        retention::prune_tasks(&mut client, tasks, now).await
+    }
+
+    async fn get_tombstone(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Tombstone>> {
+        let client = self.client().await?;
+        retention::get_tombstone(&client, tenant_id, task_id).await
+    }
+
+    async fn find_tombstone(&self, key: &IdempotencyKey) -> StoreResult<Option<Tombstone>> {
+        let client = self.client().await?;
+        retention::find_tombstone(&client, key).await
+    }
+
+    async fn tasks_and_tombstones_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)> {
+        let mut client = self.client().await?;
+        retention::tasks_and_tombstones_created_between(&mut client, tenant_id, store_id, from_id, to_id).await
     }
 
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {

@@ -31,6 +31,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (10, V10_PRINTER_CREDENTIALS),
     (11, V11_MQTT_LOGINS),
     (12, V12_OPERATORS),
+    (13, V13_RETENTION),
 ];
 
 /// The version a fully migrated database reports.
@@ -378,6 +379,72 @@ CREATE TABLE operator_sessions (
     FOREIGN KEY (tenant_id, operator_id) REFERENCES operators (tenant_id, id)
 );
 CREATE INDEX operator_sessions_by_operator ON operator_sessions (tenant_id, operator_id);
+"#;
+
+/// Retention (issue 11, R39): finished tasks older than `retention_days` are pruned. A
+/// pruned task's row moves to `task_tombstones` without its content (its audit events are
+/// deleted), keeping its idempotency key unique there, so that a late replay finds it and
+/// is answered with its final state, and its day's reconciliation still counts it. The
+/// ledger is never pruned; its entries may now name a task that lives on only as a
+/// tombstone, so the ledger's foreign key to `tasks` goes.
+///
+/// Intake inserts a batch with one statement that skips tombstoned keys (`NOT EXISTS`),
+/// but that check reads the statement's snapshot: a prune that deletes a task while the
+/// statement waits for that task's key could let the insert through unseen. The statement
+/// therefore ends by calling `onceprint_refuse_pruned_keys` on the keys it inserted; being
+/// a volatile PL/pgSQL function, it reads with a fresh snapshot, which shows every prune
+/// the insert waited for, and raises `OP001` if one of the keys has a tombstone. The whole
+/// statement (task, event and charge) is then rolled back and the batch tried again, when
+/// its snapshot shows the tombstone. `SET search_path FROM CURRENT` binds the function to
+/// the schema it was created in.
+const V13_RETENTION: &str = r#"
+ALTER TABLE ledger DROP CONSTRAINT IF EXISTS ledger_task_id_fkey;
+
+CREATE TABLE task_tombstones (
+    task_id           TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id         TEXT NOT NULL,
+    store_id          TEXT NOT NULL,
+    printer_id        TEXT NOT NULL,
+    station_id        TEXT,
+    target            TEXT NOT NULL,
+    biz_no            TEXT NOT NULL,
+    print_type        TEXT NOT NULL,
+    priority          INT NOT NULL,
+    content_type      TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    state             TEXT NOT NULL,
+    attempts          INT NOT NULL,
+    last_error        TEXT,
+    created_at        BIGINT NOT NULL,
+    updated_at        BIGINT NOT NULL,
+    printed_at        BIGINT,
+    origin_task_id    TEXT COLLATE "C",
+    origin_kind       TEXT,
+    reprint_no        INT,
+    successor_task_id TEXT COLLATE "C",
+    may_have_printed  BOOLEAN NOT NULL,
+    business_day      TEXT NOT NULL,
+    pruned_at         BIGINT NOT NULL,
+    CONSTRAINT task_tombstones_idempotency_key UNIQUE (tenant_id, target, biz_no, print_type)
+);
+CREATE INDEX task_tombstones_by_store ON task_tombstones (tenant_id, store_id, task_id);
+CREATE INDEX task_tombstones_by_origin ON task_tombstones (origin_task_id) WHERE origin_task_id IS NOT NULL;
+
+CREATE FUNCTION onceprint_refuse_pruned_keys(tenants TEXT[], targets TEXT[], biz_nos TEXT[], print_types TEXT[])
+RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF EXISTS (
+        SELECT 1
+        FROM unnest(tenants, targets, biz_nos, print_types) AS k(tenant_id, target, biz_no, print_type)
+        JOIN task_tombstones b ON b.tenant_id = k.tenant_id AND b.target = k.target
+                              AND b.biz_no = k.biz_no AND b.print_type = k.print_type
+    ) THEN
+        RAISE EXCEPTION 'a task key was pruned while a submission for it was being inserted'
+            USING ERRCODE = 'OP001';
+    END IF;
+    RETURN true;
+END
+$$;
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

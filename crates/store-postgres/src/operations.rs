@@ -32,9 +32,11 @@ WHERE tenant_id = $1 AND store_id = $2 AND state IN ('failed', 'in_doubt')
 ORDER BY updated_at, id
 LIMIT $3";
 
-/// Through `tasks_by_origin`.
-pub(crate) const REPRINT_COUNT: &str =
-    "SELECT count(*) FROM tasks WHERE origin_task_id = $1 AND origin_kind = 'reprint'";
+/// Through `tasks_by_origin` and `task_tombstones_by_origin`: pruned reprints count, so
+/// that a new reprint never takes the number (and key) of a pruned one.
+pub(crate) const REPRINT_COUNT: &str = "
+SELECT (SELECT count(*) FROM tasks WHERE origin_task_id = $1 AND origin_kind = 'reprint')
+     + (SELECT count(*) FROM task_tombstones WHERE origin_task_id = $1 AND origin_kind = 'reprint')";
 
 pub(crate) async fn apply_manual(client: &mut deadpool_postgres::Client, change: &ManualChange) -> StoreResult<bool> {
     // Dropping the transaction on an early return (an error) rolls all of it back.
@@ -50,7 +52,7 @@ pub(crate) async fn apply_manual(client: &mut deadpool_postgres::Client, change:
         tx.execute(&stmt, &[charged, &change.now]).await.map_err(pg_error)?;
     }
     if let Some(succ) = &change.successor {
-        let out = submit::submit_batch(&tx, vec![succ.clone()]).await?;
+        let out = submit::submit_batch(&tx, vec![succ.clone()], true).await?;
         if !matches!(out.first(), Some(SubmitOutcome::Created(_))) {
             return Err(StoreError::AlreadyExists(format!("a task for key {} {}", succ.target, succ.biz_no)));
         }

@@ -21,12 +21,18 @@ ORDER BY id";
 
 /// Through `ledger_by_time`. A ledger entry's tenant is its task's, so `t.tenant_id = $1`
 /// changes no result; it only lets the planner also reach the store's tasks through
-/// `tasks_tenant_store_id_idx` when that is the cheaper side of the join.
+/// `tasks_tenant_store_id_idx` when that is the cheaper side of the join. The entries of
+/// pruned tasks find their store through the tombstone; a task is kept or a tombstone,
+/// never both, and one statement reads one snapshot, so no entry is counted twice.
 pub(crate) const LEDGER_BETWEEN: &str = "
 SELECT l.task_id, l.tenant_id, l.kind, l.amount, l.at
 FROM ledger l JOIN tasks t ON t.id = l.task_id
 WHERE l.tenant_id = $1 AND l.at >= $3::int8 AND l.at < $4::int8 AND t.tenant_id = $1 AND t.store_id = $2
-ORDER BY l.at, l.task_id, l.kind";
+UNION ALL
+SELECT l.task_id, l.tenant_id, l.kind, l.amount, l.at
+FROM ledger l JOIN task_tombstones b ON b.task_id = l.task_id
+WHERE l.tenant_id = $1 AND l.at >= $3::int8 AND l.at < $4::int8 AND b.tenant_id = $1 AND b.store_id = $2
+ORDER BY 5, 1, 3";
 
 pub(crate) async fn tasks_created_between(
     client: &deadpool_postgres::Client,

@@ -6,7 +6,7 @@
 
 use onceprint_core::TaskState;
 use onceprint_store::{
-    LedgerEntry, OriginKind, Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant,
+    LedgerEntry, OriginKind, Printer, Station, StoreError, StoreResult, StoreRow, Task, TaskEvent, Tenant, Tombstone,
 };
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
@@ -23,6 +23,15 @@ pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printe
      t.biz_no, t.print_type, t.priority, t.content_type, t.fingerprint, t.state, t.attempts, t.last_error, \
      t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session, t.origin_task_id, \
      t.origin_kind, t.reprint_no, t.successor_task_id, t.sent_at, t.may_have_printed";
+
+/// A tombstone's columns qualified with the alias `b`, in the order [`tombstone`] reads
+/// them: the task columns of [`task`] first (typed NULLs for the delivery bookkeeping a
+/// tombstone does not keep), then its own.
+pub(crate) const TOMBSTONE_COLUMNS_B: &str = "b.task_id, b.tenant_id, b.store_id, b.printer_id, b.station_id, \
+     b.target, b.biz_no, b.print_type, b.priority, b.content_type, b.fingerprint, b.state, b.attempts, \
+     b.last_error, NULL::int8, b.created_at, b.updated_at, b.printed_at, NULL::text, NULL::text, \
+     b.origin_task_id, b.origin_kind, b.reprint_no, b.successor_task_id, NULL::int8, b.may_have_printed, \
+     b.business_day, b.pruned_at";
 
 /// The store columns in the order [`store`] reads them.
 pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, timezone, created_at";
@@ -44,6 +53,10 @@ pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T
 /// Parses a stored state spelling.
 pub(crate) fn state(s: &str) -> StoreResult<TaskState> {
     TaskState::parse(s).ok_or_else(|| StoreError::Backend(format!("unknown task state {s:?} in the database")))
+}
+
+pub(crate) fn tombstone(row: &Row) -> StoreResult<Tombstone> {
+    Ok(Tombstone { task: task(row)?, business_day: col(row, 26)?, pruned_at: col(row, 27)? })
 }
 
 pub(crate) fn task(row: &Row) -> StoreResult<Task> {

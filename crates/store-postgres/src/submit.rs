@@ -12,15 +12,21 @@
 //! 2. Only if some keys were skipped, one read fetches their rows. It runs as a separate
 //!    statement on purpose: it needs a snapshot taken after the insert waited for any
 //!    concurrent transaction that held the same key, or it could miss that row.
+//!
+//! Keys whose task was pruned are skipped by the insert (their tombstone keeps them) and
+//! answered with the tombstone, read after the tasks. The insert's tombstone check reads
+//! the statement's snapshot, which can miss a prune that committed while the insert
+//! waited for that very key; the statement's guard (migration 13) sees it and aborts the
+//! statement, and the batch is tried again (see [`submit_batch`]).
 
 use std::collections::{HashMap, HashSet};
 
-use onceprint_store::{NewTask, StoreError, StoreResult, SubmitOutcome, Task};
+use onceprint_store::{NewTask, StoreError, StoreResult, SubmitOutcome, Task, Tombstone};
 
 use deadpool_postgres::GenericClient;
 
 use crate::error::{pg_error, violation, Violation};
-use crate::rows::{self, TASK_COLUMNS_T};
+use crate::rows::{self, TASK_COLUMNS_T, TOMBSTONE_COLUMNS_B};
 
 const INSERT_TASKS: &str = "
 WITH ins AS (
@@ -36,9 +42,17 @@ WITH ins AS (
          WITH ORDINALITY AS u(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
                               priority, content_type, content, fingerprint, now_ms,
                               origin_task_id, origin_kind, reprint_no, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM task_tombstones b
+                      WHERE b.tenant_id = u.tenant_id AND b.target = u.target
+                        AND b.biz_no = u.biz_no AND b.print_type = u.print_type)
     ORDER BY u.ord
     ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING
-    RETURNING id
+    RETURNING id, tenant_id, target, biz_no, print_type
+),
+guard AS (
+    SELECT onceprint_refuse_pruned_keys(array_agg(tenant_id), array_agg(target), array_agg(biz_no),
+                                        array_agg(print_type)) AS ok
+    FROM ins
 ),
 meta AS (
     SELECT * FROM unnest($1::text[], $2::text[], $13::int8[], $14::text[], $15::int8[], $19::text[])
@@ -55,13 +69,27 @@ charge AS (
     FROM ins JOIN meta USING (id)
     WHERE meta.charge <> 0
 )
-SELECT id FROM ins";
+SELECT id FROM ins WHERE (SELECT ok FROM guard)";
 
 const SELECT_EXISTING: &str = "
 SELECT {cols}
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(tenant_id, target, biz_no, print_type)
 JOIN tasks t ON t.tenant_id = k.tenant_id AND t.target = k.target
             AND t.biz_no = k.biz_no AND t.print_type = k.print_type";
+
+/// The tombstones of keys not found among the tasks.
+const SELECT_TOMBSTONES: &str = "
+SELECT {cols}
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(tenant_id, target, biz_no, print_type)
+JOIN task_tombstones b ON b.tenant_id = k.tenant_id AND b.target = k.target
+                      AND b.biz_no = k.biz_no AND b.print_type = k.print_type";
+
+/// The SQLSTATE the insert's guard raises (migration 13).
+const PRUNED_MEANWHILE: &str = "OP001";
+
+/// How often a batch is tried again after a prune raced it. One retry is enough (its
+/// snapshot shows the prune), a few more only guard against a burst of prunes.
+const ATTEMPTS: usize = 3;
 
 const FIRST_MISSING_PRINTER: &str = "
 SELECT p.printer_id
@@ -76,14 +104,49 @@ fn key_of(t: &NewTask) -> Key<'_> {
     (&t.tenant_id, &t.target, &t.biz_no, &t.print_type)
 }
 
+/// Why one try of a batch did not give its outcomes.
+enum Failed {
+    /// A key was pruned while the batch inserted it; nothing of the statement was kept.
+    PrunedMeanwhile,
+    Store(StoreError),
+}
+
+impl From<StoreError> for Failed {
+    fn from(e: StoreError) -> Self {
+        Failed::Store(e)
+    }
+}
+
 /// Runs on a pooled connection (each statement its own transaction, see the module
-/// documentation) or inside a transaction of the caller's (an operator's action that
-/// creates a successor task).
-pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
+/// documentation) or, with `in_transaction`, inside a transaction of the caller's (an
+/// operator's action that creates a successor task). A batch that raced a prune is tried
+/// again on a pooled connection; inside a transaction, which the failed statement has
+/// aborted, the caller gets an error and writes nothing.
+pub(crate) async fn submit_batch<C: GenericClient>(
+    client: &C,
+    batch: Vec<NewTask>,
+    in_transaction: bool,
+) -> StoreResult<Vec<SubmitOutcome>> {
     if batch.is_empty() {
         return Ok(Vec::new());
     }
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match try_batch(client, &batch).await {
+            Ok(out) => return Ok(out),
+            Err(Failed::Store(e)) => return Err(e),
+            Err(Failed::PrunedMeanwhile) if in_transaction || tries >= ATTEMPTS => {
+                return Err(StoreError::Backend("a submitted key was pruned while it was being inserted".into()))
+            }
+            Err(Failed::PrunedMeanwhile) => {
+                tracing::debug!(tasks = batch.len(), "a submitted key was pruned during its insert; trying again")
+            }
+        }
+    }
+}
 
+async fn try_batch<C: GenericClient>(client: &C, batch: &[NewTask]) -> Result<Vec<SubmitOutcome>, Failed> {
     // Collapse repeats of a key inside the batch: the first occurrence is the one that may
     // be created, later ones answer with whatever the first one turns into.
     let mut first_of: HashMap<Key<'_>, usize> = HashMap::with_capacity(batch.len());
@@ -151,7 +214,8 @@ pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTas
         .await;
     let inserted = match inserted {
         Ok(rows) => rows,
-        Err(e) => return Err(insert_error(client, e, &tenants, &printers).await),
+        Err(e) if e.code().is_some_and(|c| c.code() == PRUNED_MEANWHILE) => return Err(Failed::PrunedMeanwhile),
+        Err(e) => return Err(insert_error(client, e, &tenants, &printers).await.into()),
     };
     // The returned ids borrow from the result rows, which live until the end of this call.
     let mut created: HashSet<&str> = HashSet::with_capacity(inserted.len());
@@ -186,6 +250,40 @@ pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTas
             );
         }
     }
+    // Keys with neither a new nor a kept task: pruned ones. Read after the tasks, so that a
+    // task pruned since the insert looked is found here (its tombstone and its deletion
+    // committed together).
+    let pruned_keys: Vec<usize> = skipped
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let t = &batch[i];
+            !existing.contains_key(&(t.tenant_id.clone(), t.target.clone(), t.biz_no.clone(), t.print_type.clone()))
+        })
+        .collect();
+    let mut tombstones: HashMap<(String, String, String, String), Tombstone> = HashMap::new();
+    if !pruned_keys.is_empty() {
+        let column = |f: fn(&NewTask) -> &str| pruned_keys.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+        let stmt =
+            client.prepare_cached(&SELECT_TOMBSTONES.replace("{cols}", TOMBSTONE_COLUMNS_B)).await.map_err(pg_error)?;
+        let found = client
+            .query(
+                &stmt,
+                &[
+                    &column(|t| &t.tenant_id),
+                    &column(|t| &t.target),
+                    &column(|t| &t.biz_no),
+                    &column(|t| &t.print_type),
+                ],
+            )
+            .await
+            .map_err(pg_error)?;
+        for row in &found {
+            let b = rows::tombstone(row)?;
+            let t = &b.task;
+            tombstones.insert((t.tenant_id.clone(), t.target.clone(), t.biz_no.clone(), t.print_type.clone()), b);
+        }
+    }
 
     let mut outcomes: Vec<Option<SubmitOutcome>> = vec![None; batch.len()];
     for (i, t) in batch.iter().enumerate() {
@@ -193,20 +291,22 @@ pub(crate) async fn submit_batch<C: GenericClient>(client: &C, batch: Vec<NewTas
         let outcome = if first != i {
             // A repeat inside the batch: the first occurrence's task answers, as stored.
             match &outcomes[first] {
-                Some(o) => SubmitOutcome::Existing(o.task().clone()),
-                None => return Err(StoreError::Backend("intake lost track of a repeated key".into())),
+                Some(o) => o.repeat(),
+                None => return Err(StoreError::Backend("intake lost track of a repeated key".into()).into()),
             }
         } else if created.contains(t.task_id.as_str()) {
             SubmitOutcome::Created(t.created_task())
         } else {
             let k = (t.tenant_id.clone(), t.target.clone(), t.biz_no.clone(), t.print_type.clone());
-            match existing.remove(&k) {
-                Some(task) => SubmitOutcome::Existing(task),
-                None => {
+            match (existing.remove(&k), tombstones.remove(&k)) {
+                (Some(task), _) => SubmitOutcome::Existing(task),
+                (None, Some(tombstone)) => SubmitOutcome::Pruned(tombstone),
+                (None, None) => {
                     return Err(StoreError::Backend(format!(
                         "task {} was neither inserted nor found under its key",
                         t.task_id
-                    )))
+                    ))
+                    .into())
                 }
             }
         };
@@ -249,5 +349,55 @@ async fn insert_error<C: GenericClient>(
             StoreError::AlreadyExists("a task with one of these ids".into())
         }
         None => pg_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 20 000 tombstones of one tenant, with fresh statistics: the plans are the ones a
+    /// database that has pruned for a while gets.
+    const POPULATE: &str = "
+INSERT INTO task_tombstones (task_id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority,
+                             content_type, fingerprint, state, attempts, created_at, updated_at, may_have_printed,
+                             business_day, pruned_at)
+    SELECT lpad(i::text, 20, '0'), 't', 's', 'p', 'printer:p', 'b' || i, 'receipt', 0, 'text', 'f', 'printed', 1,
+           i, i, false, '2025-01-01', i
+    FROM generate_series(1, 20000) i;
+ANALYZE task_tombstones;
+SET plan_cache_mode = force_generic_plan;";
+
+    /// Intake probes the tombstones of each submitted key through their unique key, in the
+    /// plan every batch runs with (a generic one: the statement is prepared once per
+    /// connection), never by reading the table, which grows with every pruned task.
+    #[tokio::test]
+    async fn the_tombstone_checks_of_intake_use_the_key_index() {
+        let Some(h) = crate::testing::fresh_store().await else {
+            return;
+        };
+        let (client, connection) = tokio_postgres::connect(&h.url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute(POPULATE).await.unwrap();
+        for (name, sql, args) in [
+            (
+                "ins",
+                INSERT_TASKS.to_owned(),
+                "'{i}', '{t}', '{s}', '{p}', '{NULL}', '{printer:p}', '{b1}', '{receipt}', '{0}', '{text}', \
+                 '{\"\\\\x00\"}', '{f}', '{1}', '{tenant:t}', '{1}', '{NULL}', '{NULL}', '{NULL}', '{submitted}'",
+            ),
+            (
+                "tomb",
+                SELECT_TOMBSTONES.replace("{cols}", TOMBSTONE_COLUMNS_B),
+                "'{t}', '{printer:p}', '{b1}', '{receipt}'",
+            ),
+        ] {
+            client.batch_execute(&format!("PREPARE {name} AS {sql}")).await.unwrap();
+            let lines = client.query(&format!("EXPLAIN EXECUTE {name}({args})"), &[]).await.unwrap();
+            let plan = lines.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n");
+            assert!(plan.contains("task_tombstones_idempotency_key"), "{name}:\n{plan}");
+            assert!(!plan.contains("Seq Scan on task_tombstones"), "{name}:\n{plan}");
+        }
+        drop(h);
     }
 }

@@ -10,11 +10,15 @@
 //! spoil its neighbours) and commits them together: one flush for many callers. Readers
 //! never block the writer (WAL), and the writer never waits for a lock.
 //!
+//! `backup` copies a database online with SQLite's backup API (`onceprint backup`).
+//!
 //! This crate must never decide domain rules (duplicates are decided by the unique
 //! constraint, legality of transitions by `onceprint-core`) and must never answer a
 //! caller before the commit that carries its write.
 
+pub mod backup;
 mod operators;
+mod retention;
 mod schema;
 mod setup;
 mod sql;
@@ -596,6 +600,45 @@ impl Store for SqliteStore {
         self.read(move |c| sql::reprint_count(c, &id)).await
     }
 
+    async fn prunable_tasks(
+        &self,
+        states: &[TaskState],
+        before_id: &str,
+        changed_before: onceprint_core::Millis,
+        after_id: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<Task>> {
+        let (states, before, after) = (states.to_vec(), before_id.to_owned(), after_id.map(str::to_owned));
+        self.read(move |c| retention::prunable_tasks(c, &states, &before, changed_before, after.as_deref(), limit))
+            .await
+    }
+
+    async fn prune_tasks(&self, tasks: &[PruneTask], now: onceprint_core::Millis) -> StoreResult<Pruned> {
+        let tasks = tasks.to_vec();
+        self.write(move |c| retention::prune_tasks(c, &tasks, now)).await
+    }
+
+    async fn get_tombstone(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Tombstone>> {
+        let (t, id) = (tenant_id.to_owned(), task_id.to_owned());
+        self.read(move |c| retention::get_tombstone(c, &t, &id)).await
+    }
+
+    async fn find_tombstone(&self, key: &IdempotencyKey) -> StoreResult<Option<Tombstone>> {
+        let key = key.clone();
+        self.read(move |c| retention::find_tombstone(c, &key)).await
+    }
+
+    async fn tasks_and_tombstones_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)> {
+        let (t, s, f, to) = (tenant_id.to_owned(), store_id.to_owned(), from_id.to_owned(), to_id.to_owned());
+        self.read(move |c| retention::tasks_and_tombstones_created_between(c, &t, &s, &f, &to)).await
+    }
+
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook> {
         self.write(move |c| sql::create_webhook(c, webhook)).await
     }
@@ -687,6 +730,52 @@ mod tests {
             sql::get_store(&conn, "t", "berlin").expect("read").map(|s| s.timezone).as_deref(),
             Some("Europe/Berlin")
         );
+    }
+
+    /// The migration to retention keeps the ledger as it was, and lets a task whose
+    /// charge stays in the ledger be pruned (the ledger's reference to `tasks` is gone).
+    #[test]
+    fn the_ledger_keeps_its_rows_and_lets_pruned_tasks_go() {
+        // The database as the broker before retention left it: migrations 1 to 12.
+        let mut conn = database_at(12);
+        conn.execute_batch(
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+             INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+             INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at) VALUES ('t', 'p', 's', 'p', '{}', 0);
+             INSERT INTO tasks (id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority, content_type,
+                                content, fingerprint, state, created_at, updated_at)
+                 VALUES ('T1', 't', 's', 'p', 'printer:p', 'B1', 'receipt', 10, 'text', x'00', 'f', 'printed', 1, 2);
+             INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES ('t', 'T1', 'charge', 3, 1);
+             INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES ('t', 'T1', 'refund', 3, 2);",
+        )
+        .expect("old rows");
+
+        // As the broker opens its file: with foreign keys enforced, also while migrating.
+        conn.execute_batch("PRAGMA foreign_keys=ON").expect("foreign keys");
+        migrate(&mut conn).expect("migrate");
+
+        let kinds: Vec<(String, i64)> =
+            sql::ledger_entries(&conn, "T1").expect("ledger").into_iter().map(|e| (e.kind, e.amount)).collect();
+        assert_eq!(kinds, vec![("charge".to_owned(), 3), ("refund".to_owned(), 3)]);
+        let task = sql::get_task(&conn, "t", "T1").expect("read").expect("task");
+        let pruned = retention::prune_tasks(
+            &conn,
+            &[PruneTask {
+                task_id: "T1".into(),
+                state: task.state,
+                updated_at: task.updated_at,
+                business_day: "1970-01-01".into(),
+            }],
+            5,
+        )
+        .expect("prune");
+        assert_eq!(pruned.task_ids, vec!["T1".to_owned()]);
+        assert_eq!(sql::ledger_entries(&conn, "T1").expect("ledger").len(), 2, "the ledger stays");
+        assert_eq!(sql::ledger_between(&conn, "t", "s", 0, 10).expect("day").len(), 2, "found through the tombstone");
+        let index: i64 = conn
+            .query_row("SELECT COUNT(*) FROM sqlite_master WHERE name = 'ledger_by_time'", [], |r| r.get(0))
+            .expect("index");
+        assert_eq!(index, 1, "the day's ledger is still read through its index");
     }
 
     /// The migration to set-up changes keeps every key and token working, gives them ids,

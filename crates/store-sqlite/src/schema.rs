@@ -266,4 +266,56 @@ CREATE TABLE operator_sessions (
 );
 CREATE INDEX operator_sessions_by_operator ON operator_sessions(tenant_id, operator_id);
 "#,
+    // Retention (issue 11, R39): finished tasks older than `retention_days` are pruned.
+    // A pruned task's row moves to `task_tombstones` without its content (its audit events
+    // are deleted), keeping its idempotency key unique there, so that a late replay of the
+    // submission finds it and is answered with its final state instead of creating a task,
+    // and so that its day's reconciliation still counts it. The ledger is never pruned;
+    // its entries may now name a task that lives on only as a tombstone, so the ledger is
+    // rebuilt without the foreign key to `tasks` (SQLite cannot drop a constraint), the
+    // rows copied as they are.
+    r#"
+CREATE TABLE ledger_new (
+    tenant_id TEXT NOT NULL,
+    task_id   TEXT NOT NULL,
+    kind      TEXT NOT NULL CHECK (kind IN ('charge', 'refund')),
+    amount    INTEGER NOT NULL,
+    at        INTEGER NOT NULL,
+    PRIMARY KEY (task_id, kind)
+) WITHOUT ROWID;
+INSERT INTO ledger_new (tenant_id, task_id, kind, amount, at) SELECT tenant_id, task_id, kind, amount, at FROM ledger;
+DROP TABLE ledger;
+ALTER TABLE ledger_new RENAME TO ledger;
+CREATE INDEX ledger_by_time ON ledger(tenant_id, at);
+CREATE TABLE task_tombstones (
+    task_id           TEXT PRIMARY KEY,
+    tenant_id         TEXT NOT NULL,
+    store_id          TEXT NOT NULL,
+    printer_id        TEXT NOT NULL,
+    station_id        TEXT,
+    target            TEXT NOT NULL,
+    biz_no            TEXT NOT NULL,
+    print_type        TEXT NOT NULL,
+    priority          INTEGER NOT NULL,
+    content_type      TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    state             TEXT NOT NULL,
+    attempts          INTEGER NOT NULL,
+    last_error        TEXT,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    printed_at        INTEGER,
+    origin_task_id    TEXT,
+    origin_kind       TEXT,
+    reprint_no        INTEGER,
+    successor_task_id TEXT,
+    may_have_printed  INTEGER NOT NULL,
+    business_day      TEXT NOT NULL,
+    pruned_at         INTEGER NOT NULL,
+    -- The key stays taken after its task is gone (R2).
+    UNIQUE (tenant_id, target, biz_no, print_type)
+);
+CREATE INDEX task_tombstones_by_store ON task_tombstones(tenant_id, store_id, task_id);
+CREATE INDEX task_tombstones_by_origin ON task_tombstones(origin_task_id) WHERE origin_task_id IS NOT NULL;
+"#,
 ];

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::setup::{audit, check_station_printers, insert_api_key};
 use crate::{backend_err, constraint_err};
 
-const TASK_COLS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
+pub(crate) const TASK_COLS: &str =
+    "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
      content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
      sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id, sent_at, may_have_printed";
 
@@ -24,7 +25,7 @@ fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     })
 }
 
-fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+pub(crate) fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
     let state: String = r.get(11)?;
     Ok(Task {
         task_id: r.get(0)?,
@@ -270,10 +271,19 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
     for (i, t) in batch.iter().enumerate() {
         let key = (t.tenant_id.as_str(), t.target.as_str(), t.biz_no.as_str(), t.print_type.as_str());
         if let Some(&first) = seen.get(&key) {
-            out.push(SubmitOutcome::Existing(out[first].task().clone()));
+            out.push(out[first].repeat());
             continue;
         }
         seen.insert(key, i);
+        // A pruned task keeps its key in its tombstone: a late replay is answered with it
+        // and creates nothing. (The writer thread runs prunes too, so no prune can slip in
+        // between this look and the insert.)
+        if let Some(tombstone) =
+            crate::retention::find_tombstone_parts(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?
+        {
+            out.push(SubmitOutcome::Pruned(tombstone));
+            continue;
+        }
         let inserted = insert_task
             .execute(params![
                 t.task_id,
@@ -682,9 +692,12 @@ pub fn attention(c: &Connection, tenant: &str, store: &str, limit: i64) -> Store
 }
 
 pub fn reprint_count(c: &Connection, task_id: &str) -> StoreResult<i32> {
-    c.query_row("SELECT COUNT(*) FROM tasks WHERE origin_task_id = ?1 AND origin_kind = 'reprint'", [task_id], |r| {
-        r.get(0)
-    })
+    c.query_row(
+        "SELECT (SELECT COUNT(*) FROM tasks WHERE origin_task_id = ?1 AND origin_kind = 'reprint') \
+              + (SELECT COUNT(*) FROM task_tombstones WHERE origin_task_id = ?1 AND origin_kind = 'reprint')",
+        [task_id],
+        |r| r.get(0),
+    )
     .map_err(backend_err)
 }
 
@@ -707,8 +720,14 @@ pub fn tasks_created_between(
 pub fn ledger_between(c: &Connection, tenant: &str, store: &str, from: i64, to: i64) -> StoreResult<Vec<LedgerEntry>> {
     let mut s = c
         .prepare_cached(
+            // A task is either kept or a tombstone, never both (one statement, one snapshot).
             "SELECT l.task_id, l.tenant_id, l.kind, l.amount, l.at FROM ledger l JOIN tasks t ON t.id = l.task_id \
-             WHERE l.tenant_id = ?1 AND l.at >= ?3 AND l.at < ?4 AND t.store_id = ?2 ORDER BY l.at, l.task_id, l.kind",
+             WHERE l.tenant_id = ?1 AND l.at >= ?3 AND l.at < ?4 AND t.store_id = ?2 \
+             UNION ALL \
+             SELECT l.task_id, l.tenant_id, l.kind, l.amount, l.at FROM ledger l \
+             JOIN task_tombstones b ON b.task_id = l.task_id \
+             WHERE l.tenant_id = ?1 AND l.at >= ?3 AND l.at < ?4 AND b.store_id = ?2 \
+             ORDER BY 5, 1, 3",
         )
         .map_err(backend_err)?;
     let rows = s

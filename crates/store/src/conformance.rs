@@ -40,7 +40,8 @@ macro_rules! conformance_tests {
             api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
             setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
-            operators_log_in_with_sessions_that_can_be_revoked);
+            operators_log_in_with_sessions_that_can_be_revoked,
+            retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -1516,4 +1517,208 @@ pub async fn operators_log_in_with_sessions_that_can_be_revoked(s: Arc<dyn Store
     let events = s.setup_events("acme", 1, None).await.unwrap();
     assert_eq!((events[0].object_kind.as_str(), events[0].object_id.as_str()), ("operator", "amy"));
     assert_eq!(events[0].action, "revoke");
+}
+
+/// Sends `t` (first attempt) at `at` and has it printed at `at + 1`.
+async fn print(s: &Arc<dyn Store>, t: &NewTask, at: i64) {
+    assert!(s.transition(&send(t, 0, at)).await.unwrap());
+    let mut done = manual_transition(t, TaskState::Sent, 1, TaskState::Printed, at + 1);
+    done.actor = "agent:a1".into();
+    assert!(s.transition(&done).await.unwrap());
+}
+
+fn end_states() -> Vec<TaskState> {
+    TaskState::ALL.into_iter().filter(|s| s.is_final()).collect()
+}
+
+fn prune_of(t: &Task, day: &str) -> PruneTask {
+    PruneTask { task_id: t.task_id.clone(), state: t.state, updated_at: t.updated_at, business_day: day.into() }
+}
+
+pub async fn retention_prunes_finished_tasks_into_tombstones(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    // seq 1..=6, all created before the cutoff id (seq 10); one more after it.
+    let printed = new_task("acme", "R1", "x", 1);
+    let cancelled = new_task("acme", "R2", "x", 2);
+    let failed = new_task("acme", "R3", "x", 3);
+    let waiting = new_task("acme", "R4", "x", 4);
+    let late = new_task("acme", "R5", "x", 5);
+    let young = new_task("acme", "R6", "x", 11);
+    let foreign = new_task("other", "R1", "x", 6);
+    let all = [&printed, &cancelled, &failed, &waiting, &late, &young, &foreign];
+    s.submit_batch(all.iter().map(|t| (*t).clone()).collect()).await.unwrap();
+    print(&s, &printed, NOW + 20).await;
+    print(&s, &foreign, NOW + 20).await;
+    let cancel = ManualChange {
+        task_id: cancelled.task_id.clone(),
+        transitions: vec![manual_transition(&cancelled, TaskState::Pending, 0, TaskState::Cancelled, NOW + 21)],
+        refund: Some(cancelled.task_id.clone()),
+        successor: None,
+        now: NOW + 21,
+    };
+    assert!(s.apply_manual(&cancel).await.unwrap());
+    assert!(s.transition(&send(&failed, 0, NOW + 22)).await.unwrap());
+    assert!(s.transition(&manual_transition(&failed, TaskState::Sent, 1, TaskState::Failed, NOW + 23)).await.unwrap());
+    // Printed after the cutoff: finished, but not long enough ago.
+    print(&s, &late, NOW + 60).await;
+    print(&s, &young, NOW + 24).await;
+    // A reprint of the printed task, printed too: pruned reprints still count.
+    let reprint = successor_of(&printed, OriginKind::Reprint, Some(1), "p1", 7);
+    let m = ManualChange {
+        task_id: printed.task_id.clone(),
+        transitions: vec![],
+        refund: None,
+        successor: Some(reprint.clone()),
+        now: NOW + 25,
+    };
+    assert!(s.apply_manual(&m).await.unwrap());
+    print(&s, &reprint, NOW + 26).await;
+
+    let before_id = format!("{:020}", 10);
+    let cutoff = NOW + 50;
+    let due = s.prunable_tasks(&end_states(), &before_id, cutoff, None, 100).await.unwrap();
+    let ids: Vec<&str> = due.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![printed.task_id.as_str(), cancelled.task_id.as_str(), foreign.task_id.as_str(), reprint.task_id.as_str()],
+        "end states changed before the cutoff, created before the cutoff id, by id"
+    );
+    // Paging through the primary key.
+    let first = s.prunable_tasks(&end_states(), &before_id, cutoff, None, 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let next = s.prunable_tasks(&end_states(), &before_id, cutoff, Some(&first[0].task_id), 2).await.unwrap();
+    assert_eq!(next.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), vec![ids[1].to_owned(), ids[2].to_owned()]);
+
+    // A stale read prunes nothing (compare-and-set on state and last change).
+    let mut stale = prune_of(&due[0], "2025-11-24");
+    stale.updated_at -= 1;
+    assert_eq!(s.prune_tasks(&[stale], NOW + 100).await.unwrap(), Pruned::default());
+    assert!(s.get_task("acme", &printed.task_id).await.unwrap().is_some());
+
+    let events_before: usize = {
+        let mut n = 0;
+        for t in &due {
+            n += s.task_events(&t.tenant_id, &t.task_id).await.unwrap().unwrap().len();
+        }
+        n
+    };
+    let day_before = s.tasks_and_tombstones_created_between("acme", "s1", &format!("{:020}", 0), &before_id).await;
+    let (kept_before, none) = day_before.unwrap();
+    assert!(none.is_empty());
+    let ledger_before = s.ledger_between("acme", "s1", NOW, NOW + 1_000).await.unwrap();
+    let batch: Vec<PruneTask> = due.iter().map(|t| prune_of(t, "2025-11-24")).collect();
+    let pruned = s.prune_tasks(&batch, NOW + 100).await.unwrap();
+    assert_eq!(sorted_ids(pruned.task_ids.clone()), sorted_ids(ids.iter().map(|i| i.to_string()).collect()));
+    assert_eq!(pruned.events as usize, events_before, "the audit events go with the tasks");
+    // Pruning again finds nothing to do.
+    assert_eq!(s.prune_tasks(&batch, NOW + 101).await.unwrap(), Pruned::default());
+
+    // The task is gone with its content and trail; its tombstone keeps the rest.
+    assert_eq!(s.get_task("acme", &printed.task_id).await.unwrap(), None);
+    assert_eq!(s.task_content(&printed.task_id).await.unwrap(), None);
+    assert_eq!(s.task_events("acme", &printed.task_id).await.unwrap(), None);
+    let b = s.get_tombstone("acme", &printed.task_id).await.unwrap().expect("tombstone");
+    let was = due.iter().find(|t| t.task_id == printed.task_id).unwrap();
+    assert_eq!(
+        b.task,
+        Task { next_attempt_at: None, sent_to: None, sent_session: None, sent_at: None, ..was.clone() },
+        "the tombstone keeps the task as it ended"
+    );
+    assert_eq!((b.business_day.as_str(), b.pruned_at), ("2025-11-24", NOW + 100));
+    assert_eq!(s.get_tombstone("other", &printed.task_id).await.unwrap(), None, "tombstones are tenant-scoped");
+    assert_eq!(
+        s.find_tombstone(&key("acme", "R1")).await.unwrap().map(|b| b.task.task_id),
+        Some(printed.task_id.clone())
+    );
+    assert_eq!(
+        s.find_tombstone(&key("other", "R1")).await.unwrap().map(|b| b.task.task_id),
+        Some(foreign.task_id.clone())
+    );
+    assert_eq!(s.find_tombstone(&key("acme", "R3")).await.unwrap(), None, "a failed task is not pruned");
+
+    // The ledger stays, and the day still reads the same tasks (kept or tombstones).
+    let kinds: Vec<_> = s.ledger_entries(&cancelled.task_id).await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, vec!["charge", "refund"]);
+    assert_eq!(s.ledger_between("acme", "s1", NOW, NOW + 1_000).await.unwrap(), ledger_before);
+    let (kept, tombstones) =
+        s.tasks_and_tombstones_created_between("acme", "s1", &format!("{:020}", 0), &before_id).await.unwrap();
+    let kept_ids: Vec<_> = kept.iter().map(|t| t.task_id.clone()).collect();
+    assert_eq!(kept_ids, vec![failed.task_id.clone(), waiting.task_id.clone(), late.task_id.clone()]);
+    let mut together: Vec<Task> = kept.into_iter().chain(tombstones.into_iter().map(|b| b.task)).collect();
+    together.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    let strip = |t: &Task| (t.task_id.clone(), t.state, t.biz_no.clone(), t.origin_kind, t.successor_task_id.clone());
+    assert_eq!(together.iter().map(strip).collect::<Vec<_>>(), kept_before.iter().map(strip).collect::<Vec<_>>());
+    assert!(s.tasks_created_between("acme", "s1", &format!("{:020}", 0), &before_id).await.unwrap().len() == 3);
+    assert_eq!(s.reprint_count(&printed.task_id).await.unwrap(), 1, "a pruned reprint still counts");
+    let counts = s.count_by_state().await.unwrap();
+    let printed_now = counts.iter().find(|(st, _)| *st == TaskState::Printed).map_or(0, |(_, n)| *n);
+    assert_eq!(printed_now, 2, "late and young are kept");
+}
+
+fn sorted_ids(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+pub async fn a_pruned_key_never_creates_a_task_again(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let t = new_task("acme", "K1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    print(&s, &t, NOW + 10).await;
+    let done = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    let pruned = s.prune_tasks(&[prune_of(&done, "2025-11-24")], NOW + 50).await.unwrap();
+    assert_eq!(pruned.task_ids, vec![t.task_id.clone()]);
+
+    // A late replay under a new id, twice in one batch, beside a new task.
+    let replay = new_task("acme", "K1", "x", 2);
+    let other_content = new_task("acme", "K1", "y", 3);
+    let fresh = new_task("acme", "K2", "x", 4);
+    let out = s.submit_batch(vec![replay.clone(), fresh.clone(), other_content.clone()]).await.unwrap();
+    match (&out[0], &out[1], &out[2]) {
+        (SubmitOutcome::Pruned(a), SubmitOutcome::Created(c), SubmitOutcome::Pruned(b)) => {
+            assert_eq!((a.task.task_id.as_str(), a.task.state), (t.task_id.as_str(), TaskState::Printed));
+            assert_eq!(a.task.fingerprint, "fp-x", "the caller compares fingerprints for the mismatch answer");
+            assert_eq!(b, a);
+            assert_eq!(c.task_id, fresh.task_id);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was written for the replays: no task, no event, no charge.
+    assert_eq!(s.find_task(&key("acme", "K1")).await.unwrap(), None);
+    for id in [&replay.task_id, &other_content.task_id] {
+        assert_eq!(s.get_task("acme", id).await.unwrap(), None);
+        assert!(s.ledger_entries(id).await.unwrap().is_empty(), "no second charge");
+    }
+    let kinds: Vec<_> = s.ledger_entries(&t.task_id).await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, vec!["charge"], "the original's charge stays, once");
+    // Again in a batch of its own, and many at once.
+    let again = s.submit_batch(vec![new_task("acme", "K1", "x", 5)]).await.unwrap();
+    assert!(matches!(&again[0], SubmitOutcome::Pruned(b) if b.task.task_id == t.task_id), "{again:?}");
+    let storm: Vec<_> = (0..8u64)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.submit_batch(vec![new_task("acme", "K1", "x", 100 + i)]).await })
+        })
+        .collect();
+    for h in storm {
+        let out = h.await.unwrap().unwrap();
+        assert!(matches!(&out[0], SubmitOutcome::Pruned(_)), "{out:?}");
+    }
+    assert_eq!(s.find_task(&key("acme", "K1")).await.unwrap(), None);
+    // A successor can never take a pruned key either.
+    let t2 = new_task("acme", "K3", "x", 6);
+    s.submit_batch(vec![t2.clone()]).await.unwrap();
+    let mut succ = successor_of(&t2, OriginKind::Reprint, Some(1), "p1", 7);
+    succ.target = t.target.clone();
+    succ.biz_no = t.biz_no.clone();
+    let m = ManualChange {
+        task_id: t2.task_id.clone(),
+        transitions: vec![],
+        refund: None,
+        successor: Some(succ),
+        now: NOW,
+    };
+    assert!(s.apply_manual(&m).await.is_err(), "a pruned key is taken");
+    assert_eq!(s.find_task(&key("acme", "K1")).await.unwrap(), None);
 }

@@ -151,10 +151,14 @@ pub trait Store: Send + Sync + 'static {
     /// Creates tasks in one transaction, each with its first audit event and its ledger
     /// charge (R6). A task whose key already exists — in the database or earlier in the
     /// same batch — is not created; its existing row is returned instead. The unique
-    /// constraint on the key is the final judge, also against concurrent batches. Results
+    /// constraint on the key is the final judge, also against concurrent batches. A key
+    /// whose task was pruned is answered with its tombstone (`Pruned`) and never creates a
+    /// task again, also when the pruning commits while the batch is being written. Results
     /// are in input order.
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>>;
 
+    /// A task of the tenant that is kept (a pruned one is `None`; see
+    /// [`Store::get_tombstone`]).
     async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>>;
     /// The tenant's tasks among `task_ids` (unknown ids are left out), in no set order.
     async fn get_tasks(&self, tenant_id: &str, task_ids: &[String]) -> StoreResult<Vec<Task>>;
@@ -220,9 +224,10 @@ pub trait Store: Send + Sync + 'static {
     /// Failed and in-doubt tasks of a store, oldest change first (R27).
     async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>>;
 
-    /// Tasks of a store whose id lies in `[from_id, to_id)`. Task ids sort by creation
+    /// Kept tasks of a store whose id lies in `[from_id, to_id)`. Task ids sort by creation
     /// time, so this is "created in a time range", read through the (tenant, store, id)
-    /// index (R28).
+    /// index (R28). Pruned tasks are not among them; reconciliation reads them with
+    /// [`Store::tasks_and_tombstones_created_between`].
     async fn tasks_created_between(
         &self,
         tenant_id: &str,
@@ -231,7 +236,8 @@ pub trait Store: Send + Sync + 'static {
         to_id: &str,
     ) -> StoreResult<Vec<Task>>;
 
-    /// Ledger entries of a store's tasks written in `[from, to)` (R28).
+    /// Ledger entries of a store's tasks written in `[from, to)` (R28), pruned tasks'
+    /// entries included.
     async fn ledger_between(
         &self,
         tenant_id: &str,
@@ -240,8 +246,51 @@ pub trait Store: Send + Sync + 'static {
         to: onceprint_core::Millis,
     ) -> StoreResult<Vec<LedgerEntry>>;
 
-    /// How many reprints a task has.
+    /// How many reprints a task has (pruned reprints included, so that a new reprint never
+    /// takes the number, and key, of a pruned one).
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32>;
+
+    // Retention (R39). Finished tasks are pruned in small batches: each task's content and
+    // audit events are deleted and its row replaced by a tombstone in one transaction; the
+    // ledger is never touched.
+
+    /// Tasks in one of `states`, created before `before_id` (ids sort by creation time)
+    /// and last changed before `changed_before`, with an id greater than `after_id`, by id,
+    /// at most `limit`: what retention may prune. Read through the primary key from
+    /// `after_id`, so that a run pages through the old tasks once.
+    async fn prunable_tasks(
+        &self,
+        states: &[TaskState],
+        before_id: &str,
+        changed_before: onceprint_core::Millis,
+        after_id: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<Task>>;
+
+    /// Prunes the tasks named, in one transaction: each one that is still in the state
+    /// and at the `updated_at` it was read with (a compare-and-set) loses its audit events
+    /// and its content, and its row becomes a [`Tombstone`] written in the same
+    /// transaction (with `pruned_at` = `now`). Tasks that changed or are gone are left
+    /// alone and not reported.
+    async fn prune_tasks(&self, tasks: &[PruneTask], now: onceprint_core::Millis) -> StoreResult<Pruned>;
+
+    /// The tombstone of a pruned task of the tenant.
+    async fn get_tombstone(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Tombstone>>;
+
+    /// The tombstone kept under an idempotency key, if its task was pruned.
+    async fn find_tombstone(&self, key: &IdempotencyKey) -> StoreResult<Option<Tombstone>>;
+
+    /// A store's day as reconciliation needs it, in one consistent read: the kept tasks
+    /// whose id lies in `[from_id, to_id)` (as [`Store::tasks_created_between`]) and the
+    /// tombstones of the pruned ones, each task in exactly one of the two lists even while
+    /// retention runs.
+    async fn tasks_and_tombstones_created_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)>;
 
     /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
     /// When `online` flips, a `printer.online` / `printer.offline` alert is written to the

@@ -401,14 +401,69 @@ pub enum SubmitOutcome {
     Created(Task),
     /// A task with this key already existed; nothing was written.
     Existing(Task),
+    /// A task with this key existed and was pruned by retention; only its tombstone is
+    /// left, and nothing was written (no new task, no second charge).
+    Pruned(Tombstone),
 }
 
 impl SubmitOutcome {
+    /// The task the key stands for: the new or existing row, or what the tombstone keeps of
+    /// a pruned one.
     pub fn task(&self) -> &Task {
         match self {
             SubmitOutcome::Created(t) | SubmitOutcome::Existing(t) => t,
+            SubmitOutcome::Pruned(b) => &b.task,
         }
     }
+
+    /// The answer to a repeat of the same key later in the same batch: whatever the first
+    /// occurrence became, as found (a task created by the first is `Existing` for the rest).
+    pub fn repeat(&self) -> SubmitOutcome {
+        match self {
+            SubmitOutcome::Created(t) | SubmitOutcome::Existing(t) => SubmitOutcome::Existing(t.clone()),
+            SubmitOutcome::Pruned(b) => SubmitOutcome::Pruned(b.clone()),
+        }
+    }
+}
+
+/// What is left of a finished task after retention pruned it (R39): the task row as it
+/// ended, without its content and its audit trail, kept so that a late replay of the same
+/// submission is still answered with the task and its final state (never a new task or a
+/// second charge), and so that the task still counts in its day's reconciliation. Its
+/// ledger entries are never pruned.
+///
+/// The delivery bookkeeping of a task that has ended is not kept: in `task`,
+/// `next_attempt_at`, `sent_to`, `sent_session` and `sent_at` are always `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub task: Task,
+    /// The business day the task was created on, `YYYY-MM-DD` in its store's time zone
+    /// at the time of pruning (the day whose reconciliation it belongs to).
+    pub business_day: String,
+    /// When the task was pruned.
+    pub pruned_at: Millis,
+}
+
+/// One task retention wants to prune, with what it found when it read the task: the
+/// prune is a compare-and-set on them, so a task that changed since is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneTask {
+    pub task_id: String,
+    /// The end state the task was read in.
+    pub state: TaskState,
+    /// Its `updated_at` as read.
+    pub updated_at: Millis,
+    /// See [`Tombstone::business_day`].
+    pub business_day: String,
+}
+
+/// What one [`crate::Store::prune_tasks`] call removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// The tasks pruned (now tombstones), in no set order.
+    pub task_ids: Vec<String>,
+    /// Audit events deleted with them.
+    pub events: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

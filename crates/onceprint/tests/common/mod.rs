@@ -1,4 +1,7 @@
-//! What the tests of the real binary share: reading a child process's announcement lines.
+//! What the tests of the real binary share: reading a child process's announcement lines,
+//! and (`broker`) a broker process that is restarted and talked to.
+
+pub mod broker;
 
 use std::io::{BufRead, BufReader};
 use std::process::Child;

@@ -39,10 +39,35 @@ pub(crate) fn actor_of(principal: &Principal, named: Option<String>) -> Result<A
 /// The task `task_id` as `principal` may see it: another store's task is `not_found`
 /// for a staff member, as another tenant's is for everyone.
 pub(crate) async fn visible_task(st: &AppState, principal: &Principal, task_id: &str) -> Result<Task, ApiError> {
+    match visible_task_or_tombstone(st, principal, task_id).await? {
+        Ok(task) => Ok(task),
+        // Whatever needs the content or the trail (a reprint, a preview) or would change
+        // an end state cannot be done any more: 410, not the 404 of a task never known.
+        Err(_) => Err(ApiError::new(
+            StatusCode::GONE,
+            "task_pruned",
+            format!(
+                "task {task_id:?} ended long ago and was pruned after the retention period: only its final \
+                 state is kept (GET /v1/print-tasks/{task_id})"
+            ),
+        )),
+    }
+}
+
+/// The caller's task, or the tombstone of a pruned one (another tenant's, another
+/// store's for a staff member, or an unknown one is `not_found`).
+pub(crate) async fn visible_task_or_tombstone(
+    st: &AppState,
+    principal: &Principal,
+    task_id: &str,
+) -> Result<Result<Task, onceprint_store::Tombstone>, ApiError> {
     let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
     let id = TaskId::parse(task_id).ok_or_else(not_found)?;
-    match st.store.get_task(principal.tenant_id(), id.as_str()).await? {
-        Some(t) if principal.may_see_store(&t.store_id) => Ok(t),
+    if let Some(t) = st.store.get_task(principal.tenant_id(), id.as_str()).await? {
+        return if principal.may_see_store(&t.store_id) { Ok(Ok(t)) } else { Err(not_found()) };
+    }
+    match st.store.get_tombstone(principal.tenant_id(), id.as_str()).await? {
+        Some(b) if principal.may_see_store(&b.task.store_id) => Ok(Err(b)),
         _ => Err(not_found()),
     }
 }
@@ -87,7 +112,8 @@ async fn act(
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 409, description = "`invalid_transition`", body = ErrorBody),
+              (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn reprint(
     State(st): State<AppState>,
     auth: Principal,
@@ -102,7 +128,8 @@ pub async fn reprint(
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 409, description = "`invalid_transition`", body = ErrorBody),
+              (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn mark_printed(
     State(st): State<AppState>,
     auth: Principal,
@@ -118,7 +145,8 @@ pub async fn mark_printed(
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 409, description = "`invalid_transition`", body = ErrorBody),
+              (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn cancel(
     State(st): State<AppState>,
     auth: Principal,
@@ -134,7 +162,8 @@ pub async fn cancel(
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, description = "`invalid_transition`", body = ErrorBody)))]
+              (status = 409, description = "`invalid_transition`", body = ErrorBody),
+              (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn transfer(
     State(st): State<AppState>,
     auth: Principal,

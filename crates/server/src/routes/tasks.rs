@@ -34,7 +34,8 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
     security(("tenant" = [])),
     responses(
         (status = 201, description = "a new task was created", body = SubmitOut),
-        (status = 200, description = "duplicate: the existing task, nothing created or charged", body = SubmitOut),
+        (status = 200, description = "duplicate: the existing task, nothing created or charged (`\"pruned\": true` when \
+            retention pruned it: its final state is answered)", body = SubmitOut),
         (status = 400, description = "`missing_biz_no` or `invalid_request`", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 409, description = "`printer_disabled`: a new task for a disabled printer (or a station whose \
@@ -89,6 +90,15 @@ async fn submit_inner(
     }
     let (status, duplicate, message) = match answer.kind {
         SubmitKind::Created => (StatusCode::CREATED, false, "task accepted; it prints asynchronously".to_owned()),
+        SubmitKind::Duplicate if answer.pruned => (
+            StatusCode::OK,
+            true,
+            format!(
+                "duplicate of task {} (state {}), pruned after the retention period: only its final state is kept; \
+                 nothing was created or charged",
+                answer.task_id, answer.state
+            ),
+        ),
         SubmitKind::Duplicate if answer.state == TaskState::Printed => (
             StatusCode::OK,
             true,
@@ -113,11 +123,15 @@ async fn submit_inner(
             message,
             biz_no,
             print_type,
+            pruned: answer.pruned,
         }),
     ))
 }
 
 /// One task of the calling tenant.
+///
+/// A task pruned by retention (`retention_days`) answers 200 from its tombstone, with
+/// `"pruned": true` and its final state.
 #[utoipa::path(get, path = "/v1/print-tasks/{task_id}", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, body = TaskOut), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -126,7 +140,10 @@ pub async fn get_task(
     auth: Principal,
     Path(task_id): Path<String>,
 ) -> Result<Json<TaskOut>, ApiError> {
-    Ok(Json(crate::routes::manual::visible_task(&st, &auth, &task_id).await?.into()))
+    match crate::routes::manual::visible_task_or_tombstone(&st, &auth, &task_id).await? {
+        Ok(task) => Ok(Json(task.into())),
+        Err(tombstone) => Ok(Json(tombstone.into())),
+    }
 }
 
 /// List tasks, newest first, with cursor pagination.
@@ -184,6 +201,9 @@ pub async fn list_tasks(
 }
 
 /// The audit trail of a task, oldest first.
+///
+/// A task pruned by retention lost its trail with it: 200 with no events and
+/// `"pruned": true`.
 #[utoipa::path(get, path = "/v1/print-tasks/{task_id}/events", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, body = EventList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -193,9 +213,12 @@ pub async fn task_events(
     Path(task_id): Path<String>,
 ) -> Result<Json<EventList>, ApiError> {
     let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
-    let task = crate::routes::manual::visible_task(&st, &auth, &task_id).await?;
+    let task = match crate::routes::manual::visible_task_or_tombstone(&st, &auth, &task_id).await? {
+        Ok(task) => task,
+        Err(_) => return Ok(Json(EventList { events: Vec::new(), pruned: true })),
+    };
     match st.store.task_events(auth.tenant_id(), &task.task_id).await? {
-        Some(events) => Ok(Json(EventList { events: events.into_iter().map(Into::into).collect() })),
+        Some(events) => Ok(Json(EventList { events: events.into_iter().map(Into::into).collect(), pruned: false })),
         None => Err(not_found()),
     }
 }

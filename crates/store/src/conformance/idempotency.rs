@@ -638,6 +638,7 @@ fn outcome_kind(o: &SubmitOutcome) -> &'static str {
     match o {
         SubmitOutcome::Created(_) => "Created",
         SubmitOutcome::Existing(_) => "Existing",
+        SubmitOutcome::Pruned(_) => "Pruned",
     }
 }
 
