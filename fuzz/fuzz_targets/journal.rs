@@ -221,7 +221,19 @@ fn dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let dir = base.join(format!("onceprint-fuzz-journal-{}", std::process::id()));
+        // libFuzzer ends the process without running destructors, so each run removes
+        // what the runs before it left, where it can tell that their process is gone.
+        const PREFIX: &str = "onceprint-fuzz-journal-";
+        if Path::new("/proc/self").exists() {
+            for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let pid = name.to_str().and_then(|n| n.strip_prefix(PREFIX));
+                if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = base.join(format!("{PREFIX}{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         dir
     })
