@@ -146,11 +146,7 @@ impl GuardedSharedGate {
     }
 
     /// Runs one call under the timeout; `None` when it failed, timed out or was skipped.
-    async fn call<T>(
-        &self,
-        op: &str,
-        fut: impl std::future::Future<Output = Result<T, SharedGateError>>,
-    ) -> Option<T> {
+    async fn call<T>(&self, op: &str, fut: impl std::future::Future<Output = Result<T, SharedGateError>>) -> Option<T> {
         if !self.open() {
             return None;
         }

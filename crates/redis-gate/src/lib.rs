@@ -110,7 +110,12 @@ impl RedisGate {
     /// whatever `biz_no` holds.
     pub fn redis_key(&self, key: &IdempotencyKey) -> String {
         let mut s = String::with_capacity(
-            self.settings.prefix.len() + key.tenant_id.len() + key.target.len() + key.print_type.len() + key.biz_no.len() + 3,
+            self.settings.prefix.len()
+                + key.tenant_id.len()
+                + key.target.len()
+                + key.print_type.len()
+                + key.biz_no.len()
+                + 3,
         );
         s.push_str(&self.settings.prefix);
         s.push_str(&key.tenant_id);
