@@ -245,5 +245,16 @@ async fn three_nodes_share_the_gate_and_survive_redis_being_killed() {
     for node in nodes {
         assert!(node.stop().success(), "a node did not stop cleanly");
     }
+    // One log line when Redis went away and one when it was back, not one per request.
+    let mut gone_lines = 0;
+    for n in ["a", "b", "c"] {
+        let log = std::fs::read_to_string(dir.join(format!("node-{n}.log"))).expect("node log");
+        let gone = log.matches("shared gate unreachable").count();
+        let back = log.matches("shared gate reachable again").count();
+        assert!(gone >= 1 && back >= 1, "node {n} logged the outage ({gone}) and the return ({back})");
+        gone_lines += gone;
+    }
+    assert!(gone_lines < 30, "outage lines are not per request: {gone_lines}");
+    let _ = std::fs::remove_dir_all(&dir);
     drop(schema);
 }
