@@ -7,7 +7,9 @@
 //! Whoever changes a task's state in this process calls [`RecentTasks::set_state`], so the
 //! state in a duplicate answer is current. Several broker nodes on one PostgreSQL each
 //! keep their own gate; a node's gate then lags other nodes' transitions, which the
-//! README documents for multi-node set-ups.
+//! README documents for multi-node set-ups. With `--redis-url` the nodes also share a
+//! gate (`crate::shared_gate`), consulted after this one misses; its answers are read by
+//! task id and so never lag.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;

@@ -13,6 +13,7 @@ use onceprint_core::{
 };
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
 
+use crate::shared_gate::{GuardedSharedGate, SharedEntry, SharedGate, SharedGateConfig};
 use crate::{clock::now_ms, Directory, RecentTasks, StoreSignals};
 
 /// Tuning of intake.
@@ -69,6 +70,9 @@ pub struct SubmitAnswer {
     pub state: TaskState,
     /// Whether the answer came from the in-process gate (for metrics).
     pub from_gate: bool,
+    /// Whether the answer came from the shared gate (another node's commit, read by task
+    /// id), without a database write (for metrics).
+    pub from_shared_gate: bool,
     /// The task named was pruned by retention: only its final state is left (R39).
     pub pruned: bool,
 }
@@ -129,6 +133,8 @@ pub struct Intake {
     store: Arc<dyn Store>,
     directory: Arc<Directory>,
     gate: Arc<RecentTasks>,
+    /// The gate shared by all nodes of the database (`serve --redis-url`), if any.
+    shared: Option<Arc<GuardedSharedGate>>,
     committer: GroupCommitter,
     signals: Arc<StoreSignals>,
     config: IntakeConfig,
@@ -147,6 +153,7 @@ impl Intake {
         let limiter = config.tenant_rate.map(|l| Arc::new(crate::limits::RateLimiter::new(l)));
         Intake {
             gate: Arc::new(RecentTasks::new(config.gate_capacity)),
+            shared: None,
             store,
             directory,
             committer,
@@ -154,6 +161,17 @@ impl Intake {
             config,
             limiter,
         }
+    }
+
+    /// Consults `gate` after the in-process gate missed (several nodes on one database).
+    pub fn with_shared_gate(mut self, gate: Arc<dyn SharedGate>, config: SharedGateConfig) -> Intake {
+        self.shared = Some(Arc::new(GuardedSharedGate::new(gate, config)));
+        self
+    }
+
+    /// The shared gate, if one is configured (for metrics).
+    pub fn shared_gate(&self) -> Option<&Arc<GuardedSharedGate>> {
+        self.shared.as_ref()
     }
 
     /// The tenants' rate limiter, shared with the HTTP layer so that a tenant's
@@ -192,11 +210,26 @@ impl Intake {
                     task_id: hit.task_id.clone(),
                     state: hit.state(),
                     from_gate: true,
+                    from_shared_gate: false,
                     pruned: hit.pruned(),
                 })
             } else {
                 Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
             };
+        }
+
+        // The shared gate, on a miss of this process's gate: a task another node committed
+        // is answered from its id without a database write. Bypassed (None) while the
+        // shared gate is slow or down; a claim, ours or another node's, decides nothing.
+        if let Some(shared) = &self.shared {
+            if let Some(SharedEntry::Known { task_id, .. }) = shared.claim(&key).await {
+                if let Some(found) = self.read_remembered(&key, &task_id).await? {
+                    shared.record_answer();
+                    let mut answer = self.answer(SubmitKind::Duplicate, found, &key, &fingerprint.0).await?;
+                    answer.from_shared_gate = true;
+                    return Ok(answer);
+                }
+            }
         }
 
         // Fairness: past the first gate, so a retry storm of known tasks is answered, not
@@ -222,13 +255,15 @@ impl Intake {
             Resolved::Disabled(why) => {
                 // Dedup still comes first (R3): a retry of a task made before the printer
                 // was disabled is answered as before; only new work is refused.
-                if let Some(task) = self.store.find_task(&key).await? {
-                    return self.answer(SubmitKind::Duplicate, Found::Kept(task), &key, &fingerprint.0).await;
-                }
-                return match self.store.find_tombstone(&key).await? {
-                    Some(b) => self.answer(SubmitKind::Duplicate, Found::Pruned(b.task), &key, &fingerprint.0).await,
-                    None => Err(IntakeError::PrinterDisabled(why)),
+                let found = match self.store.find_task(&key).await? {
+                    Some(task) => Found::Kept(task),
+                    None => match self.store.find_tombstone(&key).await? {
+                        Some(b) => Found::Pruned(b.task),
+                        None => return Err(IntakeError::PrinterDisabled(why)),
+                    },
                 };
+                self.remember_shared(&key, found.task()).await;
+                return self.answer(SubmitKind::Duplicate, found, &key, &fingerprint.0).await;
             }
         };
 
@@ -257,6 +292,9 @@ impl Intake {
             // A late replay of a pruned task: its tombstone answers, nothing was created.
             SubmitOutcome::Pruned(b) => (SubmitKind::Duplicate, Found::Pruned(b.task)),
         };
+        // Durable now (created, or found by the unique key): other nodes may answer its
+        // retries from the shared gate.
+        self.remember_shared(&key, found.task()).await;
         // The printer's lane has work: wake the store's waiting agent polls (R7: printing
         // never blocks intake).
         if kind == SubmitKind::Created {
@@ -287,7 +325,38 @@ impl Intake {
         let found = if task.state == TaskState::Transferred { self.live_task(found).await? } else { found };
         let pruned = matches!(found, Found::Pruned(_));
         let task = found.into_task();
-        Ok(SubmitAnswer { kind, task_id: task.task_id, state: task.state, from_gate: false, pruned })
+        Ok(SubmitAnswer {
+            kind,
+            task_id: task.task_id,
+            state: task.state,
+            from_gate: false,
+            from_shared_gate: false,
+            pruned,
+        })
+    }
+
+    /// Tells the shared gate (if any) that `task` is durable under `key`.
+    async fn remember_shared(&self, key: &IdempotencyKey, task: &Task) {
+        if let Some(shared) = &self.shared {
+            shared.remember(key, &task.task_id, &task.fingerprint).await;
+        }
+    }
+
+    /// The task the shared gate named for `key`, read by its id (a primary-key read, so
+    /// the state is current, R4), or its tombstone if retention pruned it. `None` when
+    /// this database has no such task under this key (a gate left over from another
+    /// database, say): the shared gate is then not believed, and the submission goes on.
+    async fn read_remembered(&self, key: &IdempotencyKey, task_id: &str) -> Result<Option<Found>, IntakeError> {
+        let found = match self.store.get_task(&key.tenant_id, task_id).await? {
+            Some(t) => Found::Kept(t),
+            None => match self.store.get_tombstone(&key.tenant_id, task_id).await? {
+                Some(b) => Found::Pruned(b.task),
+                None => return Ok(None),
+            },
+        };
+        let t = found.task();
+        let same_key = t.target == key.target && t.biz_no == key.biz_no && t.print_type == key.print_type;
+        Ok(same_key.then_some(found))
     }
 
     /// The printer a new task for `target` goes to: the printer itself, or the first

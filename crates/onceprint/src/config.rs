@@ -51,6 +51,20 @@ pub struct ServeArgs {
     /// (Mosquitto's pid_file), so that it reads them again.
     #[arg(long, env = "ONCEPRINT_MQTT_RELOAD_PID_FILE", value_name = "FILE")]
     pub mqtt_reload_pid_file: Option<PathBuf>,
+    /// The shared first gate of several nodes on one database: redis://[:PASSWORD@]HOST:PORT[/DB].
+    /// Retries that reach another node than the first submission are answered from it
+    /// without a database write; without it each node has only its own gate. Redis slow or
+    /// down never fails intake: it is bypassed and the database judges.
+    #[arg(long, env = "ONCEPRINT_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Longest wait for one Redis call of the shared gate, in milliseconds (default 25);
+    /// past it, the gate is bypassed for a second.
+    #[arg(long, env = "ONCEPRINT_REDIS_TIMEOUT_MS", value_name = "MS")]
+    pub redis_timeout_ms: Option<u64>,
+    /// Put before every key of the shared gate, so that one Redis can serve several
+    /// clusters (default onceprint:). Every node of one database must use the same.
+    #[arg(long, env = "ONCEPRINT_REDIS_PREFIX")]
+    pub redis_prefix: Option<String>,
     /// Mark the console's cookies Secure on every answer (use when the broker is reached
     /// only over HTTPS; without it they are Secure when X-Forwarded-Proto says https).
     #[arg(long, env = "ONCEPRINT_CONSOLE_SECURE_COOKIES")]
@@ -171,6 +185,14 @@ pub struct FileConfig {
     /// An onceprint MQTT device that has not answered a job this long is sent it again
     /// with the same key (default 30000).
     pub mqtt_resend_after_ms: Option<i64>,
+    /// See `serve --redis-url`, `--redis-timeout-ms` and `--redis-prefix`.
+    pub redis_url: Option<String>,
+    pub redis_timeout_ms: Option<u64>,
+    pub redis_prefix: Option<String>,
+    /// How long a claim of the shared gate without a task lives, in seconds (default 30).
+    pub redis_claim_ttl_s: Option<u64>,
+    /// How long the shared gate remembers a committed task, in seconds (default 86400).
+    pub redis_remember_ttl_s: Option<u64>,
     /// See `serve --tls-cert` and `--tls-key`.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -250,6 +272,33 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             Some(m)
         }
     };
+    if args.redis_url.is_none()
+        && file.redis_url.is_none()
+        && (args.redis_timeout_ms.is_some() || args.redis_prefix.is_some())
+    {
+        anyhow::bail!("--redis-timeout-ms and --redis-prefix need --redis-url");
+    }
+    let redis = match args.redis_url.or(file.redis_url) {
+        None => None,
+        Some(url) => {
+            let mut r = onceprint_redis_gate::RedisGateSettings::new(&url);
+            if let Some(ms) = args.redis_timeout_ms.or(file.redis_timeout_ms) {
+                r.timeout = std::time::Duration::from_millis(ms.max(1));
+            }
+            if let Some(prefix) = args.redis_prefix.or(file.redis_prefix) {
+                r.prefix = prefix;
+            }
+            if let Some(s) = file.redis_claim_ttl_s {
+                r.claim_ttl = std::time::Duration::from_secs(s.max(1));
+            }
+            if let Some(s) = file.redis_remember_ttl_s {
+                r.remember_ttl = std::time::Duration::from_secs(s.max(1));
+            }
+            // Checked now, so that a bad URL stops the start with its reason.
+            onceprint_redis_gate::RedisGate::new(r.clone())?;
+            Some(r)
+        }
+    };
     let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
         (Some(cert), Some(key)) => Some(onceprint_server::tls::Tls::from_pem_files(&cert, &key)?),
         (None, None) => None,
@@ -296,6 +345,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             mqtt,
+            redis,
             operators: {
                 let o = onceprint_engine::OperatorsConfig::default();
                 onceprint_engine::OperatorsConfig {

@@ -51,6 +51,9 @@ pub struct HttpConfig {
     /// The MQTT server that `mqtt` printers use (`serve --mqtt-url`); without it, `mqtt`
     /// printers are refused at set-up.
     pub mqtt: Option<onceprint_mqtt::MqttSettings>,
+    /// The shared first gate of several nodes on one database (`serve --redis-url`);
+    /// without it, each node has only its own in-process gate.
+    pub redis: Option<onceprint_redis_gate::RedisGateSettings>,
     /// Operator sessions and the login throttle (issue 10).
     pub operators: onceprint_engine::OperatorsConfig,
     /// The staff console at `/console/`.
@@ -77,6 +80,7 @@ impl Default for HttpConfig {
             push: Default::default(),
             polled: Default::default(),
             mqtt: None,
+            redis: None,
             operators: Default::default(),
             console: Default::default(),
             agent_rate: None,
@@ -120,6 +124,8 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Mqtt(#[from] onceprint_mqtt::MqttError),
+    #[error(transparent)]
+    Redis(#[from] onceprint_redis_gate::RedisGateError),
 }
 
 /// The settings key under which the admin token's hash is kept.
@@ -237,7 +243,16 @@ pub async fn bind(
     }
     let directory = Arc::new(Directory::new(store.clone()));
     let signals = Arc::new(StoreSignals::default());
-    let intake = Arc::new(Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone()));
+    let mut intake = Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone());
+    if let Some(settings) = &config.redis {
+        let gate = onceprint_redis_gate::RedisGate::new(settings.clone())?;
+        tracing::info!(gate = %onceprint_engine::SharedGate::describe(&gate), "shared first gate on Redis");
+        intake = intake.with_shared_gate(
+            Arc::new(gate),
+            onceprint_engine::SharedGateConfig { timeout: settings.timeout, ..Default::default() },
+        );
+    }
+    let intake = Arc::new(intake);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = AgentRegistry::new(
         clock.clone(),

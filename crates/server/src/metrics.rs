@@ -24,6 +24,8 @@ pub enum SubmitOutcomeLabel {
     Duplicate,
     /// Duplicate answered from the in-process first gate.
     DuplicateGate,
+    /// Duplicate answered from the shared gate (Redis): another node's task, read by id.
+    DuplicateSharedGate,
     Mismatch,
     /// Refused with 429: the tenant is over its rate limit.
     RateLimited,
@@ -37,6 +39,7 @@ impl SubmitOutcomeLabel {
             SubmitOutcomeLabel::Created => "created",
             SubmitOutcomeLabel::Duplicate => "duplicate",
             SubmitOutcomeLabel::DuplicateGate => "duplicate_gate",
+            SubmitOutcomeLabel::DuplicateSharedGate => "duplicate_shared_gate",
             SubmitOutcomeLabel::Mismatch => "mismatch",
             SubmitOutcomeLabel::RateLimited => "rate_limited",
             SubmitOutcomeLabel::Rejected => "rejected",
@@ -60,6 +63,11 @@ pub struct Metrics {
     /// Rows retention pruned since the process started, by kind (`task`, `event`).
     pruned: Family<Labels, Counter>,
     retention_runs: Counter,
+    /// The shared gate's counters (`serve --redis-url`), caught up at scrape time.
+    shared_gate_answers: Counter,
+    shared_gate_bypassed: Counter,
+    shared_gate_failures: Counter,
+    shared_gate_up: Gauge,
     /// Two scrapes at once must not both add the same catch-up.
     retention_sync: std::sync::Mutex<()>,
 }
@@ -95,6 +103,31 @@ impl Metrics {
             pruned.clone(),
         );
         registry.register("onceprint_retention_runs", "Retention runs since start", retention_runs.clone());
+        let shared_gate_answers = Counter::default();
+        let shared_gate_bypassed = Counter::default();
+        let shared_gate_failures = Counter::default();
+        let shared_gate_up = Gauge::default();
+        registry.register(
+            "onceprint_shared_gate_answers",
+            "Submissions answered from the shared gate (Redis) without a database write: duplicates and mismatches",
+            shared_gate_answers.clone(),
+        );
+        registry.register(
+            "onceprint_shared_gate_bypassed",
+            "Shared gate calls not made or given up (failed, timed out, or during the back-off after a failure): \
+             the database judged",
+            shared_gate_bypassed.clone(),
+        );
+        registry.register(
+            "onceprint_shared_gate_failures",
+            "Shared gate calls that failed or timed out",
+            shared_gate_failures.clone(),
+        );
+        registry.register(
+            "onceprint_shared_gate_up",
+            "1 when the last shared gate call reached Redis, 0 when it is bypassed, -1 without --redis-url",
+            shared_gate_up.clone(),
+        );
         registry.register("onceprint_lane_waiting_tasks", "Tasks waiting in a printer's lane", lane_waiting.clone());
         registry.register(
             "onceprint_lane_oldest_waiting_seconds",
@@ -122,6 +155,10 @@ impl Metrics {
             lane_stalled,
             pruned,
             retention_runs,
+            shared_gate_answers,
+            shared_gate_bypassed,
+            shared_gate_failures,
+            shared_gate_up,
             retention_sync: std::sync::Mutex::new(()),
         })
     }
@@ -168,6 +205,21 @@ impl Metrics {
                 c.inc_by(total.saturating_sub(c.get()));
             }
             self.retention_runs.inc_by(totals.runs.saturating_sub(self.retention_runs.get()));
+            match state.intake.shared_gate().map(|g| g.stats()) {
+                Some(s) => {
+                    for (c, total) in [
+                        (&self.shared_gate_answers, s.answers),
+                        (&self.shared_gate_bypassed, s.bypassed),
+                        (&self.shared_gate_failures, s.failures),
+                    ] {
+                        c.inc_by(total.saturating_sub(c.get()));
+                    }
+                    self.shared_gate_up.set(i64::from(s.up));
+                }
+                None => {
+                    self.shared_gate_up.set(-1);
+                }
+            }
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {

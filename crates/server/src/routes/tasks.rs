@@ -50,6 +50,9 @@ pub async fn submit(
     let result = submit_inner(&st, auth, &bytes).await;
     let label = match &result {
         Ok((StatusCode::CREATED, _, _)) => SubmitOutcomeLabel::Created,
+        Ok((_, headers, _)) if headers.get("x-onceprint-gate").is_some_and(|v| v == "shared") => {
+            SubmitOutcomeLabel::DuplicateSharedGate
+        }
         Ok((_, headers, _)) if headers.contains_key("x-onceprint-gate") => SubmitOutcomeLabel::DuplicateGate,
         Ok(_) => SubmitOutcomeLabel::Duplicate,
         Err(e) if e.code == "idempotency_mismatch" => SubmitOutcomeLabel::Mismatch,
@@ -112,6 +115,8 @@ async fn submit_inner(
     };
     if answer.from_gate {
         headers.insert("x-onceprint-gate", HeaderValue::from_static("memory"));
+    } else if answer.from_shared_gate {
+        headers.insert("x-onceprint-gate", HeaderValue::from_static("shared"));
     }
     Ok((
         status,
