@@ -9,7 +9,8 @@
 //! keep their own gate; a node's gate then lags other nodes' transitions, which the
 //! README documents for multi-node set-ups. With `--redis-url` the nodes also share a
 //! gate (`crate::shared_gate`), consulted after this one misses; its answers are read by
-//! task id and so never lag.
+//! task id and so never lag, and intake then reads a hit of this gate that is not in an
+//! end state again by id before answering.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;

@@ -205,10 +205,11 @@ impl Intake {
         // know: that case goes to the database.
         if let Some(hit) = self.gate.get(&key).filter(|h| h.state() != TaskState::Transferred) {
             return if hit.fingerprint == fingerprint.0 {
+                let state = self.current_state(&key.tenant_id, &hit).await;
                 Ok(SubmitAnswer {
                     kind: SubmitKind::Duplicate,
                     task_id: hit.task_id.clone(),
-                    state: hit.state(),
+                    state,
                     from_gate: true,
                     from_shared_gate: false,
                     pruned: hit.pruned(),
@@ -339,6 +340,29 @@ impl Intake {
     async fn remember_shared(&self, key: &IdempotencyKey, task: &Task) {
         if let Some(shared) = &self.shared {
             shared.remember(key, &task.task_id, &task.fingerprint).await;
+        }
+    }
+
+    /// The state to answer a duplicate found in this process's gate with. On one node the
+    /// gate's state is current (every change in this process updates it). With several
+    /// nodes (a shared gate configured) another node may have moved the task since, so a
+    /// task not yet in an end state is read by its id — one primary-key read, so that a
+    /// retry after another node printed it answers `printed` (R4) — and the gate updated.
+    /// A failed read answers with the gate's state: a duplicate answer is never refused
+    /// for want of a fresher one.
+    async fn current_state(&self, tenant_id: &str, hit: &crate::gate::GateEntry) -> TaskState {
+        let known = hit.state();
+        if self.shared.is_none() || known.is_final() || hit.pruned() {
+            return known;
+        }
+        match self.store.get_task(tenant_id, &hit.task_id).await {
+            Ok(Some(t)) => {
+                if t.state != known {
+                    self.gate.set_state(&t.task_id, t.state);
+                }
+                t.state
+            }
+            _ => known,
         }
     }
 

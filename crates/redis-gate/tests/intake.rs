@@ -134,6 +134,11 @@ async fn the_shared_gate_answers_only_what_the_database_holds() {
         )
         .await
         .expect("cancel");
+    // Node B remembered the task in its own gate when it answered the retry; that answer
+    // is not stale either: with several nodes a gate hit not in an end state is read again.
+    let from_b = b.submit(request("A1", "one")).await.expect("duplicate");
+    assert!(from_b.from_gate, "{from_b:?}");
+    assert_eq!((from_b.task_id.as_str(), from_b.state), (created.task_id.as_str(), TaskState::Cancelled));
     let c = node(&store, &server);
     let late = c.submit(request("A1", "one")).await.expect("duplicate");
     assert!(late.from_shared_gate);
