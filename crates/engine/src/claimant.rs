@@ -224,7 +224,14 @@ struct SyncState {
     at: Option<Millis>,
     /// Read from here at the next sync.
     read_from: Option<Millis>,
+    /// When this node last deleted long silent sessions from the store.
+    forgotten_at: Option<Millis>,
 }
+
+/// How often a node deletes the store's rows of sessions nobody heard for long.
+const FORGET_EVERY_MS: i64 = 3_600_000;
+/// Rows of sessions nobody heard for this long are deleted.
+const FORGET_AFTER_MS: i64 = 86_400_000;
 
 /// Held while a poll is open; the session counts as live until it is dropped (the poll
 /// answered, or its connection closed).
@@ -588,7 +595,23 @@ impl AgentRegistry {
         };
         let heard = store.agent_sessions_since(from).await?;
         self.merge(&heard, node_id);
+        let forget = {
+            let sync = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+            sync.forgotten_at.is_none_or(|at| start - at >= FORGET_EVERY_MS)
+        };
+        if forget {
+            // Any node may do it: deleting rows nobody heard for a day is the same change
+            // whoever makes it, and a live session rewrites its row every sync.
+            match store.forget_agent_sessions(start - FORGET_AFTER_MS.max(4 * self.config.gone_after_ms)).await {
+                Ok(n) if n > 0 => tracing::debug!(sessions = n, "forgot agent sessions nobody heard for long"),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "old agent sessions not forgotten; trying again later"),
+            }
+        }
         let mut sync = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        if forget {
+            sync.forgotten_at = Some(start);
+        }
         sync.at = Some(start);
         // Rows are stamped by the writing node's clock at its sync; reading back over two
         // lags covers a slow writer and a little clock skew.
@@ -653,6 +676,16 @@ mod tests {
         assert_eq!(Claimant::holder_of("a1"), (ClaimantKind::Agent, "a1"));
         assert_eq!(session_started_at(&new_session_id(0x1234_5678_9abc, 7)), Some(0x1234_5678_9abc));
         assert_eq!(session_started_at("s0123"), None);
+    }
+
+    #[test]
+    fn push_runs_name_their_lease_token() {
+        let c = Claimant::push_run("webhook", 42);
+        assert_eq!((c.sent_to(), c.session.as_deref()), ("push:webhook".to_owned(), Some("run:42")));
+        assert_eq!(Claimant::run_token(c.session.as_deref()), Some(42));
+        // Deliveries of a broker before leases carry "push": no token, an earlier run's.
+        assert_eq!(Claimant::run_token(Claimant::push("webhook").session.as_deref()), None);
+        assert_eq!(Claimant::run_token(Some("run:x")), None);
     }
 
     #[test]

@@ -277,6 +277,12 @@ impl Store for PostgresStore {
             .collect()
     }
 
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached("DELETE FROM agent_sessions WHERE heard_at < $1").await.map_err(pg_error)?;
+        client.execute(&stmt, &[&heard_before]).await.map_err(pg_error)
+    }
+
     fn set_upkeep_gate(&self, gate: onceprint_store::UpkeepGate) {
         self._statistics.set_gate(gate);
     }

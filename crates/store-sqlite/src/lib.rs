@@ -347,6 +347,15 @@ impl Store for SqliteStore {
         self.read(move |c| sql::agent_sessions_since(c, since)).await
     }
 
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64> {
+        self.write(move |c| {
+            c.execute("DELETE FROM agent_sessions WHERE heard_at < ?1", [heard_before])
+                .map(|n| n as u64)
+                .map_err(backend_err)
+        })
+        .await
+    }
+
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
         self.read(move |c| sql::get_setting(c, &key)).await

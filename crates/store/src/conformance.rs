@@ -1796,4 +1796,8 @@ pub async fn agent_sessions_merge_what_every_node_heard(s: Arc<dyn Store>) {
     assert_eq!(all[1], row("s-old", NOW + 2_000, "node-b"));
     let recent = s.agent_sessions_since(NOW + 1_000).await.unwrap();
     assert_eq!(recent.iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), vec!["s-old"]);
+    // Sessions nobody heard for long are forgotten; the others stay.
+    assert_eq!(s.forget_agent_sessions(NOW + 1_000).await.unwrap(), 1);
+    let left = s.agent_sessions_since(NOW - 60_000).await.unwrap();
+    assert_eq!(left.iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), vec!["s-old"]);
 }

@@ -337,6 +337,9 @@ pub trait Store: Send + Sync + 'static {
     async fn put_agent_sessions(&self, rows: &[AgentSessionRow]) -> StoreResult<()>;
     /// Agent sessions heard at or after `since`, in one statement.
     async fn agent_sessions_since(&self, since: onceprint_core::Millis) -> StoreResult<Vec<AgentSessionRow>>;
+    /// Deletes the sessions nobody heard since `heard_before` (long stopped processes), so
+    /// that the table holds about one row per live agent process. Returns how many.
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64>;
     /// Background upkeep a backend runs on its own (PostgreSQL's planner statistics) runs
     /// only while `gate` answers true, so that a cluster does it on one node. Backends
     /// without such upkeep ignore it.
