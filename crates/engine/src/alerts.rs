@@ -124,10 +124,16 @@ impl Default for AlertConfig {
 }
 
 /// Delivers due webhook deliveries until shutdown.
+///
+/// Only the node holding `lease` delivers, so two nodes never POST one delivery at once; it
+/// looks at the lease again before each POST. A delivery POSTed just before the lease was
+/// lost, whose attempt was not recorded, is POSTed again by the next holder: each event id
+/// is delivered at least once, and receivers deduplicate by the event id header.
 pub fn spawn_deliverer(
     store: Arc<dyn Store>,
     signals: Arc<StoreSignals>,
     config: AlertConfig,
+    lease: crate::Lease,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let client = match reqwest::Client::builder().timeout(Duration::from_millis(config.timeout_ms)).build() {
@@ -143,6 +149,9 @@ pub fn spawn_deliverer(
                 _ = tick.tick() => {}
                 _ = signals.shutdown() => return,
             }
+            if !lease.is_held() {
+                continue;
+            }
             let due = match store.due_webhooks(now_ms(), 100).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -151,6 +160,9 @@ pub fn spawn_deliverer(
                 }
             };
             for d in due {
+                if !lease.is_held() {
+                    break;
+                }
                 let now = now_ms();
                 let ts = now / 1000;
                 let res = client

@@ -18,12 +18,22 @@
 //! unknown, never as gone: an agent not yet seen counts as gone only once the broker has
 //! been up longer than `agent_gone_after_ms`, and an earlier session only once the broker
 //! has been up long enough for a live one to have polled.
+//!
+//! With several broker nodes (PostgreSQL), an agent's polls may reach any node. Each node
+//! then syncs its registry about once a second ([`AgentRegistry::sync_once`]): it writes
+//! the sessions it heard since the last sync to the store's `agent_sessions` and merges
+//! what the other nodes wrote. What a node learned from others is at most a sync or two
+//! old, so every decision that would take a delivery from its holder (gone, quiet) waits
+//! `remote_lag_ms` longer for that part of its knowledge, and none is taken while the
+//! node's last successful sync is older than that (its picture of the others is stale).
+//! A newer session seen anywhere supersedes the older one everywhere.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use onceprint_core::lane::Holder;
 use onceprint_core::Millis;
+use onceprint_store::{AgentSessionRow, Store, StoreError};
 
 use crate::clock::Clock;
 
@@ -64,6 +74,19 @@ impl Claimant {
     /// The push driver of a transport kind (`webhook`).
     pub fn push(transport: &str) -> Claimant {
         Claimant { kind: ClaimantKind::Push, id: transport.to_owned(), session: Some("push".into()) }
+    }
+
+    /// The push driver of a transport kind in the run whose lease token is `token`: its
+    /// deliveries carry the session `run:TOKEN`, so that a driver can tell its own from
+    /// those of a run on another node before it (an older token) or after it (a newer).
+    pub fn push_run(transport: &str, token: i64) -> Claimant {
+        Claimant { kind: ClaimantKind::Push, id: transport.to_owned(), session: Some(format!("run:{token}")) }
+    }
+
+    /// The lease token a push driver's session names (`None`: a session of a broker
+    /// before leases, `push`, or not a push driver's).
+    pub fn run_token(session: Option<&str>) -> Option<i64> {
+        session?.strip_prefix("run:")?.parse().ok()
     }
 
     /// A printer that polls the broker with this transport kind (`cloudprnt`,
@@ -115,13 +138,20 @@ pub struct RegistryConfig {
     /// heard after the newer one appeared is a second live process: its deliveries wait
     /// for it until it has been silent for `gone_after_ms`.
     pub takeover_quiet_ms: i64,
+    /// How stale what this node learns from other nodes may be (about 2 × the sync
+    /// interval; 0 for a broker that is alone, which never syncs).
+    pub remote_lag_ms: i64,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000 }
+        RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000, remote_lag_ms: 0 }
     }
 }
+
+/// "Never heard here": a session known only from other nodes. Far enough in the past to be
+/// older than any threshold, far enough from `i64::MIN` for plain subtraction.
+const NEVER: Millis = i64::MIN / 4;
 
 /// A session was replaced by a newer process with the same agent id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -139,7 +169,12 @@ struct SessionState {
     /// Orders sessions of one agent id: the start time the session id carries, else the
     /// time this broker first saw it.
     started: Millis,
+    /// Last heard by this node ([`NEVER`] when only other nodes heard it).
     heard: Millis,
+    /// Last heard by another node, as the sync reported it ([`NEVER`]: no node did).
+    heard_remote: Millis,
+    /// Heard here since this node's last sync wrote it.
+    dirty: bool,
     open_polls: u32,
     superseded: bool,
     /// Heard (a poll or an ack) after a newer session appeared: a second live process.
@@ -157,6 +192,10 @@ impl AgentState {
         self.sessions.values().map(|s| s.heard).max()
     }
 
+    fn last_heard_remote(&self) -> Millis {
+        self.sessions.values().map(|s| s.heard_remote).max().unwrap_or(NEVER)
+    }
+
     fn has_open_poll(&self) -> bool {
         self.sessions.values().any(|s| s.open_polls > 0)
     }
@@ -172,7 +211,27 @@ pub struct AgentRegistry {
     config: RegistryConfig,
     started_at: Millis,
     agents: Mutex<HashMap<Key, HashMap<String, AgentState>>>,
+    /// When the last sync with the other nodes succeeded (`None`: never, or a broker that
+    /// is alone and does not sync).
+    synced: Mutex<SyncState>,
 }
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SyncState {
+    /// The sync runs (several nodes).
+    on: bool,
+    /// When the last successful sync read what the others wrote.
+    at: Option<Millis>,
+    /// Read from here at the next sync.
+    read_from: Option<Millis>,
+    /// When this node last deleted long silent sessions from the store.
+    forgotten_at: Option<Millis>,
+}
+
+/// How often a node deletes the store's rows of sessions nobody heard for long.
+const FORGET_EVERY_MS: i64 = 3_600_000;
+/// Rows of sessions nobody heard for this long are deleted.
+const FORGET_AFTER_MS: i64 = 86_400_000;
 
 /// Held while a poll is open; the session counts as live until it is dropped (the poll
 /// answered, or its connection closed).
@@ -197,6 +256,7 @@ impl Drop for PollGuard {
         {
             s.open_polls = s.open_polls.saturating_sub(1);
             s.heard = s.heard.max(now);
+            s.dirty = true;
         }
     }
 }
@@ -204,7 +264,7 @@ impl Drop for PollGuard {
 impl AgentRegistry {
     pub fn new(clock: Arc<dyn Clock>, config: RegistryConfig) -> Arc<AgentRegistry> {
         let started_at = clock.now_ms();
-        Arc::new(AgentRegistry { clock, config, started_at, agents: Mutex::default() })
+        Arc::new(AgentRegistry { clock, config, started_at, agents: Mutex::default(), synced: Mutex::default() })
     }
 
     pub fn config(&self) -> RegistryConfig {
@@ -257,6 +317,7 @@ impl AgentRegistry {
         };
         if let Some(s) = agent.sessions.get_mut(&name) {
             s.heard = s.heard.max(now);
+            s.dirty = true;
             if s.superseded {
                 s.heard_after_superseded = true;
             }
@@ -267,6 +328,7 @@ impl AgentRegistry {
         let current = agent.current.clone();
         if let Some(s) = agent.sessions.get_mut(session) {
             s.heard = s.heard.max(now);
+            s.dirty = true;
             if s.superseded {
                 s.heard_after_superseded = true;
                 return Err(Superseded { agent_id: agent_id.to_owned(), newer: current.unwrap_or_default() });
@@ -278,6 +340,8 @@ impl AgentRegistry {
         let state = SessionState {
             started,
             heard: now,
+            heard_remote: NEVER,
+            dirty: true,
             open_polls: 0,
             superseded: newer_exists,
             heard_after_superseded: newer_exists,
@@ -301,7 +365,9 @@ impl AgentRegistry {
     /// Forgets superseded sessions that have long been silent.
     fn prune(agent: &mut AgentState, now: Millis, gone_after_ms: i64) {
         if agent.sessions.len() > 4 {
-            agent.sessions.retain(|_, s| !s.superseded || s.open_polls > 0 || now - s.heard < 2 * gone_after_ms);
+            agent.sessions.retain(|_, s| {
+                !s.superseded || s.open_polls > 0 || now - s.heard.max(s.heard_remote) < 2 * gone_after_ms
+            });
         }
     }
 
@@ -350,25 +416,50 @@ impl AgentRegistry {
         Holder::Other { gone: gone && replaced }
     }
 
+    /// Whether what this node knows of the other nodes is fresh enough to call an agent
+    /// gone or a session quiet: always for a broker that is alone; with several nodes, only
+    /// while the last successful sync is at most `remote_lag_ms` old.
+    fn picture_is_fresh(&self, now: Millis) -> bool {
+        let sync = *self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        !sync.on || sync.at.is_some_and(|at| now - at <= self.config.remote_lag_ms)
+    }
+
+    /// Whether a session last heard here at `local` and elsewhere at `remote` has been
+    /// silent for `limit`: what came from other nodes waits `remote_lag_ms` longer.
+    fn silent_for(&self, local: Millis, remote: Millis, limit: i64, now: Millis) -> bool {
+        now - local >= limit && now - remote >= limit + self.config.remote_lag_ms
+    }
+
     /// Whether an earlier session has certainly stopped working on its deliveries.
     fn quiet(&self, state: Option<&SessionState>, now: Millis) -> bool {
+        if !self.picture_is_fresh(now) {
+            return false;
+        }
         match state {
             // Not seen by this broker process: a live one polls within moments of a broker
             // restart, so give it that long.
-            None => now - self.started_at >= self.config.takeover_quiet_ms,
+            None => now - self.started_at >= self.config.takeover_quiet_ms + self.config.remote_lag_ms,
             Some(s) if s.open_polls > 0 => false,
-            Some(s) if s.heard_after_superseded => now - s.heard >= self.config.gone_after_ms,
-            Some(s) => now - s.heard >= self.config.takeover_quiet_ms,
+            Some(s) if s.heard_after_superseded => {
+                self.silent_for(s.heard, s.heard_remote, self.config.gone_after_ms, now)
+            }
+            Some(s) => self.silent_for(s.heard, s.heard_remote, self.config.takeover_quiet_ms, now),
         }
     }
 
     fn gone(&self, state: Option<&AgentState>, now: Millis) -> bool {
+        if !self.picture_is_fresh(now) {
+            return false;
+        }
         match state {
             // Unknown is not gone: only once the broker has been up long enough for it to
             // have polled.
-            None => now - self.started_at > self.config.gone_after_ms,
+            None => now - self.started_at > self.config.gone_after_ms + self.config.remote_lag_ms,
             Some(a) if a.has_open_poll() => false,
-            Some(a) => now - a.last_heard().unwrap_or(self.started_at) > self.config.gone_after_ms,
+            Some(a) => {
+                let local = a.last_heard().filter(|h| *h > NEVER).unwrap_or(self.started_at);
+                self.silent_for(local, a.last_heard_remote(), self.config.gone_after_ms + 1, now)
+            }
         }
     }
 
@@ -394,12 +485,170 @@ impl AgentRegistry {
             .get(&(tenant_id.to_owned(), store_id.to_owned()))
             .and_then(|a| a.get(holder))
             .and_then(|a| a.sessions.get(holder_session.unwrap_or_default()));
+        let lag = self.config.remote_lag_ms;
         match state {
-            None => Some(self.started_at + self.config.takeover_quiet_ms),
+            None => Some(self.started_at + self.config.takeover_quiet_ms + lag),
             Some(s) if s.open_polls > 0 => None,
-            Some(s) if s.heard_after_superseded => Some(s.heard + self.config.gone_after_ms),
-            Some(s) => Some(s.heard + self.config.takeover_quiet_ms),
+            Some(s) if s.heard_after_superseded => {
+                Some((s.heard + self.config.gone_after_ms).max(s.heard_remote + self.config.gone_after_ms + lag))
+            }
+            Some(s) => Some(
+                (s.heard + self.config.takeover_quiet_ms).max(s.heard_remote + self.config.takeover_quiet_ms + lag),
+            ),
         }
+    }
+
+    /// What this node heard since its last sync, as rows for the store: every session
+    /// heard here since then, and every session with a poll open here (written as heard
+    /// now, so that other nodes see it live while the poll waits).
+    pub fn changes_to_share(&self, node_id: &str) -> Vec<AgentSessionRow> {
+        let now = self.clock.now_ms();
+        let mut all = self.lock();
+        let mut rows = Vec::new();
+        for ((tenant_id, store_id), agents) in all.iter_mut() {
+            for (agent_id, agent) in agents.iter_mut() {
+                for (session, s) in agent.sessions.iter_mut() {
+                    if !s.dirty && s.open_polls == 0 {
+                        continue;
+                    }
+                    s.dirty = false;
+                    rows.push(AgentSessionRow {
+                        tenant_id: tenant_id.clone(),
+                        store_id: store_id.clone(),
+                        agent_id: agent_id.clone(),
+                        session: session.clone(),
+                        started_at: s.started,
+                        heard_at: if s.open_polls > 0 { now } else { s.heard },
+                        open_poll: s.open_polls > 0,
+                        node_id: node_id.to_owned(),
+                    });
+                }
+            }
+        }
+        rows
+    }
+
+    /// Merges what other nodes heard: the latest hearing of each session counts, and a
+    /// session that started later than an agent id's current one becomes current here too,
+    /// so that polls of the older one on this node are told that they were superseded.
+    pub fn merge(&self, rows: &[AgentSessionRow], node_id: &str) {
+        let mut all = self.lock();
+        for r in rows {
+            if r.node_id == node_id {
+                // Our own hearing, already known here.
+                continue;
+            }
+            let agent = all
+                .entry((r.tenant_id.clone(), r.store_id.clone()))
+                .or_default()
+                .entry(r.agent_id.clone())
+                .or_default();
+            if let Some(s) = agent.sessions.get_mut(&r.session) {
+                s.heard_remote = s.heard_remote.max(r.heard_at);
+                continue;
+            }
+            let current_started = agent.current.as_ref().and_then(|c| agent.sessions.get(c)).map(|c| c.started);
+            let newer_exists = current_started.is_some_and(|c| c > r.started_at);
+            agent.sessions.insert(
+                r.session.clone(),
+                SessionState {
+                    started: r.started_at,
+                    heard: NEVER,
+                    heard_remote: r.heard_at,
+                    dirty: false,
+                    open_polls: 0,
+                    superseded: newer_exists,
+                    heard_after_superseded: false,
+                },
+            );
+            if !newer_exists {
+                if let Some(old) = agent.current.as_ref().and_then(|c| agent.sessions.get_mut(c)) {
+                    old.superseded = true;
+                }
+                agent.current = Some(r.session.clone());
+            }
+        }
+    }
+
+    /// One sync with the other nodes: writes what this node heard, then reads what the
+    /// others heard since the last read (with some overlap; merging is idempotent).
+    pub async fn sync_once(&self, store: &dyn Store, node_id: &str) -> Result<(), StoreError> {
+        let start = self.clock.now_ms();
+        let rows = self.changes_to_share(node_id);
+        if let Err(e) = store.put_agent_sessions(&rows).await {
+            // Written again at the next sync.
+            let mut all = self.lock();
+            for r in &rows {
+                if let Some(s) = all
+                    .get_mut(&(r.tenant_id.clone(), r.store_id.clone()))
+                    .and_then(|a| a.get_mut(&r.agent_id))
+                    .and_then(|a| a.sessions.get_mut(&r.session))
+                {
+                    s.dirty = true;
+                }
+            }
+            return Err(e);
+        }
+        let from = {
+            let sync = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+            sync.read_from.unwrap_or(start - 2 * self.config.gone_after_ms)
+        };
+        let heard = store.agent_sessions_since(from).await?;
+        self.merge(&heard, node_id);
+        let forget = {
+            let sync = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+            sync.forgotten_at.is_none_or(|at| start - at >= FORGET_EVERY_MS)
+        };
+        if forget {
+            // Any node may do it: deleting rows nobody heard for a day is the same change
+            // whoever makes it, and a live session rewrites its row every sync.
+            match store.forget_agent_sessions(start - FORGET_AFTER_MS.max(4 * self.config.gone_after_ms)).await {
+                Ok(n) if n > 0 => tracing::debug!(sessions = n, "forgot agent sessions nobody heard for long"),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "old agent sessions not forgotten; trying again later"),
+            }
+        }
+        let mut sync = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        if forget {
+            sync.forgotten_at = Some(start);
+        }
+        sync.at = Some(start);
+        // Rows are stamped by the writing node's clock at its sync; reading back over two
+        // lags covers a slow writer and a little clock skew.
+        sync.read_from = Some(start - 2 * self.config.remote_lag_ms.max(1_000));
+        Ok(())
+    }
+
+    /// Syncs every `every` until shutdown (several nodes only). Until the first sync
+    /// succeeds, no agent is called gone and no session quiet on this node.
+    pub fn spawn_sync(
+        self: &Arc<Self>,
+        store: Arc<dyn Store>,
+        node_id: String,
+        every: std::time::Duration,
+        signals: Arc<crate::StoreSignals>,
+    ) -> tokio::task::JoinHandle<()> {
+        self.synced.lock().unwrap_or_else(PoisonError::into_inner).on = true;
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = this.sync_once(store.as_ref(), &node_id).await {
+                            tracing::warn!(error = %e, "agent registry sync failed; agents are not called gone until it works again");
+                        }
+                    }
+                    _ = signals.shutdown() => return,
+                }
+            }
+        })
+    }
+
+    /// Turns the sync requirement on without spawning (tests drive `sync_once` by hand).
+    pub fn expect_sync(&self) {
+        self.synced.lock().unwrap_or_else(PoisonError::into_inner).on = true;
     }
 }
 
@@ -410,7 +659,10 @@ mod tests {
 
     fn registry() -> (Arc<ManualClock>, Arc<AgentRegistry>) {
         let clock = Arc::new(ManualClock::new(1_000_000));
-        let r = AgentRegistry::new(clock.clone(), RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000 });
+        let r = AgentRegistry::new(
+            clock.clone(),
+            RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000, remote_lag_ms: 0 },
+        );
         (clock, r)
     }
 
@@ -424,6 +676,16 @@ mod tests {
         assert_eq!(Claimant::holder_of("a1"), (ClaimantKind::Agent, "a1"));
         assert_eq!(session_started_at(&new_session_id(0x1234_5678_9abc, 7)), Some(0x1234_5678_9abc));
         assert_eq!(session_started_at("s0123"), None);
+    }
+
+    #[test]
+    fn push_runs_name_their_lease_token() {
+        let c = Claimant::push_run("webhook", 42);
+        assert_eq!((c.sent_to(), c.session.as_deref()), ("push:webhook".to_owned(), Some("run:42")));
+        assert_eq!(Claimant::run_token(c.session.as_deref()), Some(42));
+        // Deliveries of a broker before leases carry "push": no token, an earlier run's.
+        assert_eq!(Claimant::run_token(Claimant::push("webhook").session.as_deref()), None);
+        assert_eq!(Claimant::run_token(Some("run:x")), None);
     }
 
     #[test]

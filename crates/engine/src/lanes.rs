@@ -287,7 +287,20 @@ impl LaneEngine {
                 self.agents.holder(&task.tenant_id, &task.store_id, id, task.sent_session.as_deref(), asker)
             }
             ClaimantKind::Push => match asker {
-                Some(a) if a.kind == ClaimantKind::Push && a.id == id => Holder::Me,
+                Some(a) if a.kind == ClaimantKind::Push && a.id == id => {
+                    // The lease token in the sessions says whose run it is: this driver's
+                    // own, an earlier run's (a node that died or stepped down; asked about
+                    // before anything is sent again), or a later run's (another node took
+                    // the lease over; this driver is stale and leaves it alone).
+                    let mine = Claimant::run_token(a.session.as_deref());
+                    let theirs = Claimant::run_token(task.sent_session.as_deref());
+                    match (mine, theirs) {
+                        (Some(m), Some(t)) if t > m => Holder::Other { gone: false },
+                        (Some(m), Some(t)) if t < m => Holder::EarlierSession { quiet: true },
+                        (Some(_), None) => Holder::EarlierSession { quiet: true },
+                        _ => Holder::Me,
+                    }
+                }
                 // The driver answers for itself while the printer still uses its
                 // transport; once the printer moved to another one, nobody will ask about
                 // the delivery again.
@@ -1007,14 +1020,18 @@ impl LaneEngine {
         Ok(report)
     }
 
-    /// Runs the sweeper until shutdown.
-    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Runs the sweeper until shutdown, a pass only while this node holds `lease` (one
+    /// sweeper per cluster).
+    pub fn spawn_sweeper(self: &Arc<Self>, lease: crate::Lease) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_millis(this.config.sweep_interval_ms));
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        if !lease.is_held() {
+                            continue;
+                        }
                         if let Err(e) = this.sweep_once().await {
                             tracing::warn!(error = %e, "sweeper pass failed");
                         }

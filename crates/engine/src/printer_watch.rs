@@ -226,8 +226,9 @@ impl PrinterWatch {
         Ok(silent.len())
     }
 
-    /// Checks for silent agents every `every` until shutdown.
-    pub fn spawn(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+    /// Checks for silent agents every `every` until shutdown, while this node holds
+    /// `lease` (one `agent.offline` alert per store for the cluster).
+    pub fn spawn(self: &Arc<Self>, every: Duration, lease: crate::Lease) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -235,6 +236,9 @@ impl PrinterWatch {
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        if !lease.is_held() {
+                            continue;
+                        }
                         if let Err(e) = this.check_agents_once().await {
                             tracing::warn!(error = %e, "agent watch pass failed");
                         }

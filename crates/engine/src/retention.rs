@@ -220,7 +220,13 @@ impl Retention {
 
     /// Runs until shutdown: the first run shortly after start, then every `interval`.
     /// Nothing is spawned with retention off.
-    pub fn spawn(self: &Arc<Self>, signals: Arc<StoreSignals>) -> Option<tokio::task::JoinHandle<()>> {
+    /// A run starts only while this node holds `lease` (one retention job per cluster) and
+    /// stops between batches once it is lost.
+    pub fn spawn(
+        self: &Arc<Self>,
+        signals: Arc<StoreSignals>,
+        lease: crate::Lease,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         if self.config.days == 0 {
             tracing::info!("retention off (retention_days = 0): finished tasks are kept for ever");
             return None;
@@ -233,7 +239,12 @@ impl Retention {
                     _ = signals.shutdown() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                let stopping = || signals.is_shutting_down();
+                if !lease.is_held() {
+                    // Another node runs it; look again soon in case it dies.
+                    wait = Duration::from_secs(5).min(this.config.interval.max(Duration::from_millis(100)));
+                    continue;
+                }
+                let stopping = || signals.is_shutting_down() || !lease.is_held();
                 if let Err(e) = this.run_once(&stopping).await {
                     tracing::warn!(error = %e, "retention run failed; trying again at the next run");
                 }

@@ -56,11 +56,20 @@ struct State {
 pub struct Watchdog {
     lanes: Arc<LaneEngine>,
     state: Mutex<State>,
+    /// `printer.stalled` alerts are raised only while this node holds it (the figures for
+    /// `/metrics` are measured on every node); unset: always.
+    alerts: std::sync::OnceLock<crate::Lease>,
 }
 
 impl Watchdog {
     pub fn new(lanes: Arc<LaneEngine>) -> Arc<Watchdog> {
-        Arc::new(Watchdog { lanes, state: Mutex::default() })
+        Arc::new(Watchdog { lanes, state: Mutex::default(), alerts: std::sync::OnceLock::new() })
+    }
+
+    /// Raises alerts only while this node holds `lease` (one alert per stall for the
+    /// cluster). Set once; later calls change nothing.
+    pub fn alert_only_with(&self, lease: crate::Lease) {
+        let _ = self.alerts.set(lease);
     }
 
     /// The figures of the last check.
@@ -104,7 +113,8 @@ impl Watchdog {
             st.stalled = now_stalled;
             st.last = ages.clone();
         }
-        for a in newly {
+        let alerting = self.alerts.get().is_none_or(|l| l.is_held());
+        for a in newly.into_iter().filter(|_| alerting) {
             tracing::error!(
                 tenant = %a.tenant_id, store = %a.store_id, printer = %a.printer_id,
                 waiting = a.waiting, in_flight_ms = ?a.in_flight_ms, "lane stalled: work and no progress"

@@ -246,7 +246,11 @@ impl Sut {
         };
         let registry = AgentRegistry::new(
             clock.clone() as Arc<dyn Clock>,
-            RegistryConfig { gone_after_ms: config.agent_gone_after_ms, takeover_quiet_ms: config.takeover_quiet_ms },
+            RegistryConfig {
+                gone_after_ms: config.agent_gone_after_ms,
+                takeover_quiet_ms: config.takeover_quiet_ms,
+                remote_lag_ms: 0,
+            },
         );
         let directory = Arc::new(Directory::new(store.clone()));
         let gate = Arc::new(RecentTasks::new(0));

@@ -253,7 +253,10 @@ async fn retention_off_keeps_everything() {
     let gate = Arc::new(RecentTasks::new(10));
     let job = Retention::new(store.clone(), gate, clock, RetentionConfig { days: 0, ..RetentionConfig::default() });
     assert_eq!(job.run_once(&|| false).await.expect("run").tasks, 0);
-    assert!(job.spawn(Arc::new(StoreSignals::default())).is_none(), "no job runs with retention off");
+    assert!(
+        job.spawn(Arc::new(StoreSignals::default()), onceprint_engine::Lease::always("retention")).is_none(),
+        "no job runs with retention off"
+    );
     assert!(store.get_task("acme", &id).await.expect("read").is_some());
     drop(h);
 }

@@ -27,7 +27,7 @@ pub mod transport;
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceprint_engine::{Claimant, LaneEngine, PushConfig, PushDriver};
+use onceprint_engine::{Claimant, LaneEngine, Lease, PushConfig, PushDriver};
 
 pub use settings::MqttSettings;
 
@@ -42,8 +42,6 @@ pub enum MqttError {
 
 /// The running MQTT transport.
 pub struct Running {
-    pub transport: Arc<transport::MqttTransport>,
-    pub link: Arc<link::Link>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -56,10 +54,21 @@ impl Running {
     }
 }
 
-/// Starts the MQTT transport on `lanes` until the lane engine's shutdown signal: the link,
-/// the push driver for `mqtt` printers, the inbox, a refresher that learns of new MQTT
-/// printers, and the ACL writer when `settings.acl_dir` is set.
-pub fn start(lanes: Arc<LaneEngine>, settings: &MqttSettings, push: PushConfig) -> Result<Running, MqttError> {
+/// Starts the MQTT transport on `lanes` until the lane engine's shutdown signal.
+///
+/// The link, the push driver for `mqtt` printers, the inbox and the refresher that learns
+/// of new MQTT printers run only while this node holds `lease` (with several broker nodes,
+/// one of them speaks MQTT for the cluster): they start when the lease is won and stop
+/// when it is lost, and the link then disconnects cleanly. The MQTT server keeps the
+/// broker's persistent session under its one client id, so the node that takes the lease
+/// over resumes that session with the results queued in it. The ACL writer, when
+/// `settings.acl_dir` is set, runs on every node (the files are the node's own).
+pub fn start(
+    lanes: Arc<LaneEngine>,
+    settings: &MqttSettings,
+    push: PushConfig,
+    lease: Lease,
+) -> Result<Running, MqttError> {
     let broker_login = match (&settings.acl_dir, &settings.username) {
         (None, _) => None,
         (Some(_), None) => return Err(MqttError::NoBrokerLogin),
@@ -75,7 +84,64 @@ pub fn start(lanes: Arc<LaneEngine>, settings: &MqttSettings, push: PushConfig) 
             async move { signals.shutdown().await }
         }
     };
-    let (link, incoming, link_task) = link::Link::start(settings, protocol::subscriptions(), shutdown());
+    let mut tasks = Vec::new();
+    {
+        let (lanes, settings, lease, signals) = (lanes.clone(), settings.clone(), lease, lanes.signals().clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = lease.until_held() => {}
+                    _ = signals.shutdown() => return,
+                }
+                tracing::info!(lease = lease.name(), "this node runs the MQTT transport");
+                let stop = {
+                    let (lease, signals) = (lease.clone(), signals.clone());
+                    move || {
+                        let (lease, signals) = (lease.clone(), signals.clone());
+                        async move {
+                            tokio::select! {
+                                _ = lease.until_lost() => {}
+                                _ = signals.shutdown() => {}
+                            }
+                        }
+                    }
+                };
+                for t in run_term(&lanes, &settings, push.clone(), lease.clone(), stop) {
+                    let _ = t.await;
+                }
+                if signals.is_shutting_down() {
+                    return;
+                }
+                tracing::warn!(lease = lease.name(), "lease lost: the MQTT transport stopped on this node");
+            }
+        }));
+    }
+    if let (Some(dir), Some(login)) = (&settings.acl_dir, broker_login) {
+        tasks.push(acl::spawn_writer(
+            lanes.store().clone(),
+            login,
+            dir.clone(),
+            settings.reload_pid_file.clone(),
+            Duration::from_millis(settings.acl_interval_ms),
+            shutdown(),
+        ));
+    }
+    Ok(Running { tasks })
+}
+
+/// The link, inbox, push driver and refresher of one term of the lease, until `stop`.
+fn run_term<F, Fut>(
+    lanes: &Arc<LaneEngine>,
+    settings: &MqttSettings,
+    push: PushConfig,
+    lease: Lease,
+    stop: F,
+) -> Vec<tokio::task::JoinHandle<()>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (link, incoming, link_task) = link::Link::start(settings, protocol::subscriptions(), stop());
     let devices = Arc::new(devices::Devices::default());
     let transport = Arc::new(transport::MqttTransport::new(
         link.clone(),
@@ -89,26 +155,12 @@ pub fn start(lanes: Arc<LaneEngine>, settings: &MqttSettings, push: PushConfig) 
         transport: transport.clone(),
         claimant: Claimant::push(onceprint_engine::transport::TransportKind::Mqtt.as_str()),
     });
-    let mut tasks = vec![link_task, tokio::spawn(inbox.run(incoming))];
-    tasks.push(PushDriver::new(lanes.clone(), transport.clone(), push).spawn());
-    tasks.push(spawn_refresher(
-        lanes.clone(),
-        link.clone(),
-        devices,
-        Duration::from_millis(settings.acl_interval_ms),
-        shutdown(),
-    ));
-    if let (Some(dir), Some(login)) = (&settings.acl_dir, broker_login) {
-        tasks.push(acl::spawn_writer(
-            lanes.store().clone(),
-            login,
-            dir.clone(),
-            settings.reload_pid_file.clone(),
-            Duration::from_millis(settings.acl_interval_ms),
-            shutdown(),
-        ));
-    }
-    Ok(Running { transport, link, tasks })
+    vec![
+        link_task,
+        tokio::spawn(inbox.run(incoming)),
+        PushDriver::new(lanes.clone(), transport.clone(), push).with_lease(lease).spawn_until(stop()),
+        spawn_refresher(lanes.clone(), link, devices, Duration::from_millis(settings.acl_interval_ms), stop()),
+    ]
 }
 
 /// Reads the MQTT printers every `interval` and asks a device that was not known before

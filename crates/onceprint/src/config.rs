@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// and the ledger kept (default 90; 0 keeps every task for ever).
     #[arg(long, env = "ONCEPRINT_RETENTION_DAYS", value_name = "DAYS")]
     pub retention_days: Option<u32>,
+    /// This node's id in a cluster of nodes on one PostgreSQL: the holder of its leases, in
+    /// its logs and in /metrics (default: a random id per process).
+    #[arg(long, env = "ONCEPRINT_NODE_ID")]
+    pub node_id: Option<String>,
     /// Tests of the real binary only: the retention job's clock runs this many
     /// milliseconds ahead of the wall clock.
     #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
@@ -206,6 +210,17 @@ pub struct FileConfig {
     /// Seconds between two retention runs (default 3600; the first run starts after at
     /// most a minute).
     pub retention_interval_s: Option<u64>,
+    /// See `serve --node-id`.
+    pub node_id: Option<String>,
+    /// How often a node renews the leases of the jobs that run once per cluster (default
+    /// 1000).
+    pub lease_renew_ms: Option<u64>,
+    /// How long a lease lasts after its last renewal: a dead node's jobs move to another
+    /// node this long after it died (default 5000; at least 3 × `lease_renew_ms`).
+    pub lease_ttl_ms: Option<i64>,
+    /// How often a node shares what it heard of agents with the other nodes (PostgreSQL
+    /// only; default 1000).
+    pub agent_sync_interval_ms: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -378,6 +393,23 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             retention_clock_offset_ms: args.test_retention_clock_offset_ms.unwrap_or(0),
+            cluster: {
+                let l = onceprint_engine::LeaseConfig::default();
+                let renew_every_ms = file.lease_renew_ms.unwrap_or(l.renew_every_ms).max(10);
+                let node_id = args.node_id.or(file.node_id).filter(|n| !n.is_empty());
+                if let Some(n) = &node_id {
+                    onceprint_core::validate_id("node_id", n).map_err(|e| anyhow::anyhow!("{e}"))?;
+                }
+                onceprint_server::ClusterConfig {
+                    node_id,
+                    leases: onceprint_engine::LeaseConfig {
+                        renew_every_ms,
+                        // A lease must survive a missed renewal or two.
+                        ttl_ms: file.lease_ttl_ms.unwrap_or(l.ttl_ms).max(3 * renew_every_ms as i64),
+                    },
+                    agent_sync_interval_ms: file.agent_sync_interval_ms.unwrap_or(1_000).max(10),
+                }
+            },
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

@@ -68,6 +68,19 @@ pub struct HttpConfig {
     /// Tests of the real binary only: the retention job's clock runs this far ahead of the
     /// wall clock (0 in production).
     pub retention_clock_offset_ms: i64,
+    /// Several nodes on one database (issue 12): the node's id and its leases.
+    pub cluster: ClusterConfig,
+}
+
+/// How this node takes part in a cluster of nodes sharing one PostgreSQL.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// This node's id in leases, logs and `/metrics` (`serve --node-id`); `None`: a random
+    /// one per process.
+    pub node_id: Option<String>,
+    pub leases: onceprint_engine::LeaseConfig,
+    /// How often the agent registry is synced with the other nodes (PostgreSQL only).
+    pub agent_sync_interval_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -87,6 +100,7 @@ impl Default for HttpConfig {
             tls: None,
             retention: Default::default(),
             retention_clock_offset_ms: 0,
+            cluster: ClusterConfig { agent_sync_interval_ms: 1_000, ..Default::default() },
         }
     }
 }
@@ -107,6 +121,7 @@ pub struct AppState {
     pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) retention: Arc<Retention>,
     pub(crate) directory: Arc<Directory>,
+    pub(crate) leases: Arc<onceprint_engine::Leases>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
     pub(crate) config: Arc<HttpConfig>,
@@ -254,13 +269,24 @@ pub async fn bind(
     }
     let intake = Arc::new(intake);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    // Only PostgreSQL can be shared by several nodes; SQLite's broker is alone and never
+    // needs to allow for what other nodes heard.
+    let shared_database = store.backend() == "postgres";
     let registry = AgentRegistry::new(
         clock.clone(),
         RegistryConfig {
             gone_after_ms: config.delivery.agent_gone_after_ms,
             takeover_quiet_ms: config.delivery.takeover_quiet_ms,
+            remote_lag_ms: if shared_database { 2 * config.cluster.agent_sync_interval_ms.max(10) as i64 } else { 0 },
         },
     );
+    let node_id = config.cluster.node_id.clone().unwrap_or_else(onceprint_engine::lease::new_node_id);
+    tracing::info!(%node_id, "this node's id (leases, /metrics)");
+    let leases = onceprint_engine::Leases::new(store.clone(), clock.clone(), node_id, config.cluster.leases);
+    {
+        let statistics = leases.lease(onceprint_engine::lease::names::STATISTICS);
+        store.set_upkeep_gate(Arc::new(move || statistics.is_held()));
+    }
     let shared = Shared {
         store: store.clone(),
         directory: directory.clone(),
@@ -294,6 +320,7 @@ pub async fn bind(
         watch,
         retention,
         directory,
+        leases,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
         agent_limiter: config.agent_rate.map(|l| Arc::new(onceprint_engine::limits::RateLimiter::new(l))),
@@ -313,16 +340,26 @@ impl Bound {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
     /// finish and returns once intake has nothing left to commit.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        use onceprint_engine::lease::names;
         let app = router(self.state.clone());
         let lanes = self.state.lanes.clone();
-        let sweeper = lanes.spawn_sweeper();
+        let leases = self.state.leases.clone();
+        // Jobs that must run once per cluster each ask their lease before a round of work.
+        let sweeper = lanes.spawn_sweeper(leases.lease(names::SWEEPER));
+        self.state.watchdog.alert_only_with(leases.lease(names::WATCHDOG_ALERTS));
         let watchdog = self
             .state
             .watchdog
             .spawn(std::time::Duration::from_millis((lanes.config().sweep_interval_ms * 5).clamp(200, 5_000)));
         let pusher = match onceprint_engine::transport::webhook::Webhook::new(&self.state.config.push) {
             Ok(w) => Some(
-                onceprint_engine::PushDriver::new(lanes.clone(), Arc::new(w), self.state.config.push.clone()).spawn(),
+                onceprint_engine::PushDriver::new(
+                    lanes.clone(),
+                    Arc::new(w.with_node_id(leases.node_id())),
+                    self.state.config.push.clone(),
+                )
+                .with_lease(leases.lease(names::PUSH_WEBHOOK))
+                .spawn(),
             ),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the webhook transport");
@@ -330,21 +367,44 @@ impl Bound {
             }
         };
         let mqtt = match &self.state.config.mqtt {
-            Some(settings) => Some(onceprint_mqtt::start(lanes.clone(), settings, self.state.config.push.clone())?),
+            Some(settings) => Some(onceprint_mqtt::start(
+                lanes.clone(),
+                settings,
+                self.state.config.push.clone(),
+                leases.lease(names::MQTT),
+            )?),
             None => None,
         };
 
-        // Each node looks for printers that stopped polling (whichever node they polled).
-        let silent = [self.state.cloudprnt.polled().spawn(), self.state.epson_sdp.polled().spawn()];
+        // One node looks for printers that stopped polling (whichever node they polled).
+        let polled_lease = leases.lease(names::POLLED_OFFLINE);
+        let silent = [
+            self.state.cloudprnt.polled().spawn(polled_lease.clone()),
+            self.state.epson_sdp.polled().spawn(polled_lease),
+        ];
         let deliverer = onceprint_engine::alerts::spawn_deliverer(
             self.state.store.clone(),
             lanes.signals().clone(),
             self.state.config.alerts.clone(),
+            leases.lease(names::ALERTS),
         );
-        let agent_watch = self.state.watch.spawn(std::time::Duration::from_millis(
-            (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
-        ));
-        let retention = self.state.retention.spawn(lanes.signals().clone());
+        let agent_watch = self.state.watch.spawn(
+            std::time::Duration::from_millis(
+                (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64
+            ),
+            leases.lease(names::AGENT_WATCH),
+        );
+        let retention = self.state.retention.spawn(lanes.signals().clone(), leases.lease(names::RETENTION));
+        // Every lease is known now: the keeper takes them at once, then renews them.
+        let keeper = leases.spawn(lanes.signals().clone());
+        let agent_sync = (self.state.store.backend() == "postgres").then(|| {
+            lanes.agents().spawn_sync(
+                self.state.store.clone(),
+                leases.node_id().to_owned(),
+                std::time::Duration::from_millis(self.state.config.cluster.agent_sync_interval_ms.max(10)),
+                lanes.signals().clone(),
+            )
+        });
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -377,6 +437,12 @@ impl Bound {
         if let Some(r) = retention {
             let _ = r.await;
         }
+        if let Some(s) = agent_sync {
+            let _ = s.await;
+        }
+        // Last, once every job has stopped: another node may take the leases over at once.
+        let _ = keeper.await;
+        leases.release_all().await;
         Ok(())
     }
 }

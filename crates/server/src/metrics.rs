@@ -70,6 +70,9 @@ pub struct Metrics {
     shared_gate_up: Gauge,
     /// Two scrapes at once must not both add the same catch-up.
     retention_sync: std::sync::Mutex<()>,
+    /// 1 for each once-per-cluster job whose lease this node holds, labelled with the
+    /// lease's name and this node's id.
+    lease_held: Family<Labels, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -144,7 +147,14 @@ impl Metrics {
             "1 when a printer's lane has work and no progress past stall_after_ms",
             lane_stalled.clone(),
         );
+        let lease_held = Family::<Labels, Gauge>::default();
+        registry.register(
+            "onceprint_lease_held",
+            "1 when this node holds the lease of a job that runs once per cluster (node_id names the node)",
+            lease_held.clone(),
+        );
         Arc::new(Metrics {
+            lease_held,
             registry,
             submissions,
             tasks,
@@ -220,6 +230,10 @@ impl Metrics {
                     self.shared_gate_up.set(-1);
                 }
             }
+        }
+        let node_id = state.leases.node_id().to_owned();
+        for (name, held) in state.leases.held() {
+            self.lease_held.get_or_create(&vec![("name", name), ("node_id", node_id.clone())]).set(i64::from(held));
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {

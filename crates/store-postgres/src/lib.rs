@@ -177,6 +177,116 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: onceprint_core::Millis,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<i64>> {
+        // One statement: INSERT … ON CONFLICT takes the row lock, so two nodes racing for a
+        // free or expired lease are serialized and the second sees the first's holder.
+        let row = self
+            .query_opt(
+                "INSERT INTO leases (name, holder, token, expires_at) VALUES ($1, $2, 1, $3::bigint + $4::bigint)
+                 ON CONFLICT (name) DO UPDATE SET
+                     token = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.token ELSE leases.token + 1 END,
+                     holder = EXCLUDED.holder,
+                     expires_at = EXCLUDED.expires_at
+                 WHERE leases.holder = EXCLUDED.holder OR leases.expires_at <= $3::bigint
+                 RETURNING token",
+                &[&name, &holder, &now, &ttl_ms],
+            )
+            .await?;
+        row.map(|r| rows::col(&r, 0)).transpose()
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str, now: onceprint_core::Millis) -> StoreResult<bool> {
+        let rows = self
+            .query(
+                "UPDATE leases SET expires_at = $3 WHERE name = $1 AND holder = $2 AND expires_at > $3 RETURNING 1",
+                &[&name, &holder, &now],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn put_agent_sessions(&self, sessions: &[AgentSessionRow]) -> StoreResult<()> {
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        // Sorted by key, so that two nodes writing the same sessions lock them in one order.
+        let mut sessions: Vec<&AgentSessionRow> = sessions.iter().collect();
+        sessions.sort_by(|a, b| {
+            (&a.tenant_id, &a.store_id, &a.agent_id, &a.session).cmp(&(
+                &b.tenant_id,
+                &b.store_id,
+                &b.agent_id,
+                &b.session,
+            ))
+        });
+        sessions.dedup_by(|a, b| {
+            (&a.tenant_id, &a.store_id, &a.agent_id, &a.session) == (&b.tenant_id, &b.store_id, &b.agent_id, &b.session)
+        });
+        let col = |f: fn(&AgentSessionRow) -> &str| sessions.iter().map(|r| f(r)).collect::<Vec<&str>>();
+        let (tenants, stores, agents, ids, nodes) = (
+            col(|r| &r.tenant_id),
+            col(|r| &r.store_id),
+            col(|r| &r.agent_id),
+            col(|r| &r.session),
+            col(|r| &r.node_id),
+        );
+        let started: Vec<i64> = sessions.iter().map(|r| r.started_at).collect();
+        let heard: Vec<i64> = sessions.iter().map(|r| r.heard_at).collect();
+        let open: Vec<bool> = sessions.iter().map(|r| r.open_poll).collect();
+        self.query(
+            "INSERT INTO agent_sessions AS s
+                 (tenant_id, store_id, agent_id, session, started_at, heard_at, open_poll, node_id)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+                                  $7::bool[], $8::text[])
+             ON CONFLICT (tenant_id, store_id, agent_id, session) DO UPDATE SET
+                 heard_at = EXCLUDED.heard_at, open_poll = EXCLUDED.open_poll, node_id = EXCLUDED.node_id
+             WHERE EXCLUDED.heard_at >= s.heard_at",
+            &[&tenants, &stores, &agents, &ids, &started, &heard, &open, &nodes],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn agent_sessions_since(&self, since: onceprint_core::Millis) -> StoreResult<Vec<AgentSessionRow>> {
+        let rows = self
+            .query(
+                "SELECT tenant_id, store_id, agent_id, session, started_at, heard_at, open_poll, node_id
+                 FROM agent_sessions WHERE heard_at >= $1",
+                &[&since],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AgentSessionRow {
+                    tenant_id: rows::col(r, 0)?,
+                    store_id: rows::col(r, 1)?,
+                    agent_id: rows::col(r, 2)?,
+                    session: rows::col(r, 3)?,
+                    started_at: rows::col(r, 4)?,
+                    heard_at: rows::col(r, 5)?,
+                    open_poll: rows::col(r, 6)?,
+                    node_id: rows::col(r, 7)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached("DELETE FROM agent_sessions WHERE heard_at < $1").await.map_err(pg_error)?;
+        client.execute(&stmt, &[&heard_before]).await.map_err(pg_error)
+    }
+
+    fn set_upkeep_gate(&self, gate: onceprint_store::UpkeepGate) {
+        self._statistics.set_gate(gate);
+    }
+
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         match self.query_opt("SELECT value FROM settings WHERE key = $1", &[&key]).await? {
             Some(row) => Ok(Some(rows::col(&row, 0)?)),

@@ -32,6 +32,8 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (11, V11_MQTT_LOGINS),
     (12, V12_OPERATORS),
     (13, V13_RETENTION),
+    // 14 is another change of issue 12, made on a parallel branch.
+    (15, V15_CLUSTER),
 ];
 
 /// The version a fully migrated database reports.
@@ -445,6 +447,35 @@ BEGIN
     RETURN true;
 END
 $$;
+"#;
+
+/// Several nodes on one database (issue 12). A lease names a job that must run on one node
+/// at a time (the sweeper, the push drivers, alert delivery, ...): `token` increases on
+/// every change of holder and is the fencing token of the holder's work; `expires_at` is
+/// in the holders' clocks, which must agree to well within a lease's time to live.
+/// `agent_sessions` is what each node heard of the agents that poll it, merged by the
+/// other nodes about once a second (a store agent's polls may reach any node); rows are
+/// written and read in batches, and read by `heard_at`. Brokers of the previous version
+/// never read either table.
+const V15_CLUSTER: &str = r#"
+CREATE TABLE leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    token      BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+CREATE TABLE agent_sessions (
+    tenant_id  TEXT NOT NULL,
+    store_id   TEXT NOT NULL,
+    agent_id   TEXT NOT NULL,
+    session    TEXT NOT NULL,
+    started_at BIGINT NOT NULL,
+    heard_at   BIGINT NOT NULL,
+    open_poll  BOOLEAN NOT NULL,
+    node_id    TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, store_id, agent_id, session)
+);
+CREATE INDEX agent_sessions_by_heard ON agent_sessions (heard_at);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

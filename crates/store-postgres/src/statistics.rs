@@ -28,7 +28,10 @@
 
 use std::time::Duration;
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use deadpool_postgres::Pool;
+use onceprint_store::UpkeepGate;
 use tokio::sync::oneshot;
 
 /// How often the tables are looked at.
@@ -59,11 +62,22 @@ pub(crate) fn due(changed: f64, believed: f64) -> bool {
 /// Stops the keeper when dropped (with the store that owns it).
 pub(crate) struct Keeper {
     _stop: oneshot::Sender<()>,
+    gate: Arc<Mutex<Option<UpkeepGate>>>,
+}
+
+impl Keeper {
+    /// From now on a round runs only while `gate` answers true (the node holds the
+    /// cluster's `statistics` lease): one node analyzing is enough.
+    pub(crate) fn set_gate(&self, gate: UpkeepGate) {
+        *self.gate.lock().unwrap_or_else(PoisonError::into_inner) = Some(gate);
+    }
 }
 
 /// Starts the keeper on the current Tokio runtime.
 pub(crate) fn spawn(pool: Pool) -> Keeper {
     let (stop_tx, mut stop) = oneshot::channel::<()>();
+    let gate: Arc<Mutex<Option<UpkeepGate>>> = Arc::default();
+    let keeper_gate = gate.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(CHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,12 +86,16 @@ pub(crate) fn spawn(pool: Pool) -> Keeper {
                 _ = &mut stop => return,
                 _ = tick.tick() => {}
             }
+            let gate = keeper_gate.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            if gate.is_some_and(|g| !g()) {
+                continue;
+            }
             if let Err(e) = round(&pool).await {
                 tracing::debug!(error = %e, "planner statistics: round skipped");
             }
         }
     });
-    Keeper { _stop: stop_tx }
+    Keeper { _stop: stop_tx, gate }
 }
 
 /// One look at the tables, analyzing those that are due.

@@ -319,6 +319,43 @@ impl Store for SqliteStore {
         self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend_err)).await
     }
 
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: onceprint_core::Millis,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<i64>> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        self.write(move |c| sql::acquire_lease(c, &name, &holder, now, ttl_ms)).await
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str, now: onceprint_core::Millis) -> StoreResult<bool> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        self.write(move |c| sql::release_lease(c, &name, &holder, now)).await
+    }
+
+    async fn put_agent_sessions(&self, rows: &[AgentSessionRow]) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let rows = rows.to_vec();
+        self.write(move |c| sql::put_agent_sessions(c, &rows)).await
+    }
+
+    async fn agent_sessions_since(&self, since: onceprint_core::Millis) -> StoreResult<Vec<AgentSessionRow>> {
+        self.read(move |c| sql::agent_sessions_since(c, since)).await
+    }
+
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64> {
+        self.write(move |c| {
+            c.execute("DELETE FROM agent_sessions WHERE heard_at < ?1", [heard_before])
+                .map(|n| n as u64)
+                .map_err(backend_err)
+        })
+        .await
+    }
+
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
         self.read(move |c| sql::get_setting(c, &key)).await

@@ -318,4 +318,33 @@ CREATE TABLE task_tombstones (
 CREATE INDEX task_tombstones_by_store ON task_tombstones(tenant_id, store_id, task_id);
 CREATE INDEX task_tombstones_by_origin ON task_tombstones(origin_task_id) WHERE origin_task_id IS NOT NULL;
 "#,
+    // 14: reserved for another change of issue 12 made on a parallel branch (SQLite counts
+    // its migrations by position, so the number must be taken); it changes nothing.
+    r#"
+SELECT 1;
+"#,
+    // 15, several nodes on one database (issue 12). A lease names a job that must run on one
+    // node at a time; its token increases on every change of holder (the fencing token).
+    // Agent sessions are what each node heard of the agents polling it, merged by the
+    // others. SQLite serves one node, so both tables only keep the code the same.
+    r#"
+CREATE TABLE leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE TABLE agent_sessions (
+    tenant_id  TEXT NOT NULL,
+    store_id   TEXT NOT NULL,
+    agent_id   TEXT NOT NULL,
+    session    TEXT NOT NULL,
+    started_at INTEGER NOT NULL,
+    heard_at   INTEGER NOT NULL,
+    open_poll  INTEGER NOT NULL,
+    node_id    TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, store_id, agent_id, session)
+);
+CREATE INDEX agent_sessions_by_heard ON agent_sessions(heard_at);
+"#,
 ];

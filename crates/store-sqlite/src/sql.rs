@@ -894,3 +894,81 @@ pub fn task_contents(c: &Connection, ids: &[String]) -> StoreResult<Vec<(String,
         .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
+
+/// See `Store::acquire_lease`: one upsert whose update applies only to a free, expired or
+/// own lease; the token moves on when the holder changes.
+pub fn acquire_lease(c: &Connection, name: &str, holder: &str, now: i64, ttl_ms: i64) -> StoreResult<Option<i64>> {
+    c.query_row(
+        "INSERT INTO leases (name, holder, token, expires_at) VALUES (?1, ?2, 1, ?3 + ?4)
+         ON CONFLICT(name) DO UPDATE SET
+             token = CASE WHEN leases.holder = excluded.holder THEN leases.token ELSE leases.token + 1 END,
+             holder = excluded.holder,
+             expires_at = excluded.expires_at
+         WHERE leases.holder = excluded.holder OR leases.expires_at <= ?3
+         RETURNING token",
+        params![name, holder, now, ttl_ms],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(backend_err)
+}
+
+pub fn release_lease(c: &Connection, name: &str, holder: &str, now: i64) -> StoreResult<bool> {
+    c.execute(
+        "UPDATE leases SET expires_at = ?3 WHERE name = ?1 AND holder = ?2 AND expires_at > ?3",
+        params![name, holder, now],
+    )
+    .map(|n| n > 0)
+    .map_err(backend_err)
+}
+
+pub fn put_agent_sessions(c: &Connection, rows: &[AgentSessionRow]) -> StoreResult<()> {
+    let mut stmt = c
+        .prepare_cached(
+            "INSERT INTO agent_sessions
+                 (tenant_id, store_id, agent_id, session, started_at, heard_at, open_poll, node_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT(tenant_id, store_id, agent_id, session) DO UPDATE SET
+                 heard_at = excluded.heard_at, open_poll = excluded.open_poll, node_id = excluded.node_id
+             WHERE excluded.heard_at >= agent_sessions.heard_at",
+        )
+        .map_err(backend_err)?;
+    for r in rows {
+        stmt.execute(params![
+            r.tenant_id,
+            r.store_id,
+            r.agent_id,
+            r.session,
+            r.started_at,
+            r.heard_at,
+            r.open_poll,
+            r.node_id
+        ])
+        .map_err(backend_err)?;
+    }
+    Ok(())
+}
+
+pub fn agent_sessions_since(c: &Connection, since: i64) -> StoreResult<Vec<AgentSessionRow>> {
+    let mut stmt = c
+        .prepare_cached(
+            "SELECT tenant_id, store_id, agent_id, session, started_at, heard_at, open_poll, node_id
+             FROM agent_sessions WHERE heard_at >= ?1",
+        )
+        .map_err(backend_err)?;
+    let rows = stmt
+        .query_map([since], |r| {
+            Ok(AgentSessionRow {
+                tenant_id: r.get(0)?,
+                store_id: r.get(1)?,
+                agent_id: r.get(2)?,
+                session: r.get(3)?,
+                started_at: r.get(4)?,
+                heard_at: r.get(5)?,
+                open_poll: r.get(6)?,
+                node_id: r.get(7)?,
+            })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(backend_err)
+}

@@ -41,7 +41,9 @@ macro_rules! conformance_tests {
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
             setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
             operators_log_in_with_sessions_that_can_be_revoked,
-            retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again);
+            retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again,
+            one_holder_of_a_lease_at_a_time, expired_leases_go_to_the_next_holder_with_a_higher_token,
+            agent_sessions_merge_what_every_node_heard);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -1721,4 +1723,81 @@ pub async fn a_pruned_key_never_creates_a_task_again(s: Arc<dyn Store>) {
     };
     assert!(s.apply_manual(&m).await.is_err(), "a pruned key is taken");
     assert_eq!(s.find_task(&key("acme", "K1")).await.unwrap(), None);
+}
+
+/// Two nodes ask for the same free lease at once: exactly one gets it, and the other's
+/// attempts fail while the winner renews it (with the same token).
+pub async fn one_holder_of_a_lease_at_a_time(s: Arc<dyn Store>) {
+    let (a, b) = tokio::join!(
+        s.acquire_lease("sweeper", "node-a", NOW, 5_000),
+        s.acquire_lease("sweeper", "node-b", NOW, 5_000)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.is_some() != b.is_some(), "exactly one node wins a free lease: {a:?} {b:?}");
+    let (winner, loser, token) = match (a, b) {
+        (Some(t), None) => ("node-a", "node-b", t),
+        (None, Some(t)) => ("node-b", "node-a", t),
+        _ => unreachable!(),
+    };
+    assert_eq!(s.acquire_lease("sweeper", loser, NOW + 1_000, 5_000).await.unwrap(), None);
+    assert_eq!(
+        s.acquire_lease("sweeper", winner, NOW + 1_000, 5_000).await.unwrap(),
+        Some(token),
+        "a renewal keeps the token"
+    );
+    // The renewal moved the expiry: at the first expiry the lease is still the winner's.
+    assert_eq!(s.acquire_lease("sweeper", loser, NOW + 5_000, 5_000).await.unwrap(), None);
+    // Leases are independent of each other.
+    assert!(s.acquire_lease("retention", loser, NOW, 5_000).await.unwrap().is_some());
+    // A release by a node that does not hold the lease changes nothing.
+    assert!(!s.release_lease("sweeper", loser, NOW + 2_000).await.unwrap());
+    assert_eq!(s.acquire_lease("sweeper", loser, NOW + 2_000, 5_000).await.unwrap(), None);
+}
+
+/// A lease its holder stopped renewing goes to the next node once it expired, with a
+/// higher token; the old holder's renewal then fails. A released lease is free at once.
+pub async fn expired_leases_go_to_the_next_holder_with_a_higher_token(s: Arc<dyn Store>) {
+    let first = s.acquire_lease("push:webhook", "node-a", NOW, 5_000).await.unwrap().expect("free lease");
+    assert_eq!(s.acquire_lease("push:webhook", "node-b", NOW + 4_999, 5_000).await.unwrap(), None);
+    let second = s.acquire_lease("push:webhook", "node-b", NOW + 5_000, 5_000).await.unwrap().expect("expired lease");
+    assert!(second > first, "a new holder gets a higher token: {first} then {second}");
+    assert_eq!(
+        s.acquire_lease("push:webhook", "node-a", NOW + 6_000, 5_000).await.unwrap(),
+        None,
+        "a stale holder's renewal fails"
+    );
+    assert!(s.release_lease("push:webhook", "node-b", NOW + 7_000).await.unwrap());
+    let third = s.acquire_lease("push:webhook", "node-a", NOW + 7_000, 5_000).await.unwrap().expect("released lease");
+    assert!(third > second, "the token moves on with every change of holder: {second} then {third}");
+}
+
+/// Sessions written by several nodes are merged: the latest `heard_at` wins, the start of
+/// a session stays as first written, and a read returns what was heard since a time.
+pub async fn agent_sessions_merge_what_every_node_heard(s: Arc<dyn Store>) {
+    let row = |session: &str, heard: i64, node: &str| AgentSessionRow {
+        tenant_id: "acme".into(),
+        store_id: "s1".into(),
+        agent_id: "a1".into(),
+        session: session.into(),
+        started_at: NOW - 10_000,
+        heard_at: heard,
+        open_poll: node == "node-a",
+        node_id: node.into(),
+    };
+    s.put_agent_sessions(&[]).await.unwrap();
+    s.put_agent_sessions(&[row("s-old", NOW, "node-a"), row("s-new", NOW + 500, "node-b")]).await.unwrap();
+    // node-b heard s-old later; then node-a's older news arrives late and changes nothing.
+    s.put_agent_sessions(&[row("s-old", NOW + 2_000, "node-b")]).await.unwrap();
+    s.put_agent_sessions(&[AgentSessionRow { started_at: 0, ..row("s-old", NOW + 1_000, "node-a") }]).await.unwrap();
+    let mut all = s.agent_sessions_since(NOW - 60_000).await.unwrap();
+    all.sort_by(|a, b| a.session.cmp(&b.session));
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0], row("s-new", NOW + 500, "node-b"));
+    assert_eq!(all[1], row("s-old", NOW + 2_000, "node-b"));
+    let recent = s.agent_sessions_since(NOW + 1_000).await.unwrap();
+    assert_eq!(recent.iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), vec!["s-old"]);
+    // Sessions nobody heard for long are forgotten; the others stay.
+    assert_eq!(s.forget_agent_sessions(NOW + 1_000).await.unwrap(), 1);
+    let left = s.agent_sessions_since(NOW - 60_000).await.unwrap();
+    assert_eq!(left.iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), vec!["s-old"]);
 }

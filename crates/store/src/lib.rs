@@ -312,4 +312,40 @@ pub trait Store: Send + Sync + 'static {
     async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>>;
     /// Records one delivery attempt.
     async fn record_webhook_attempt(&self, attempt: &WebhookAttempt) -> StoreResult<()>;
+
+    // --- Several nodes on one database (issue 12) ---
+
+    /// Takes or renews the lease `name` for `holder` until `now + ttl_ms`, as one
+    /// compare-and-set: it succeeds when nobody holds the lease, when it expired by `now`,
+    /// or when `holder` holds it already. Returns the lease's fencing token when `holder`
+    /// holds it afterwards, `None` when another holder's lease is still running. The token
+    /// increases by one on every change of holder (never on a renewal), so work done
+    /// under an older token can be told apart from the current holder's.
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: onceprint_core::Millis,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<i64>>;
+    /// Gives the lease up at once (it expires now) if `holder` still holds it, so that
+    /// another node may take it without waiting for its expiry. Returns whether it did.
+    async fn release_lease(&self, name: &str, holder: &str, now: onceprint_core::Millis) -> StoreResult<bool>;
+    /// Writes what this node heard of agent sessions, in one statement: a row per session,
+    /// merged with what other nodes wrote (the latest `heard_at` wins; `started_at` is kept
+    /// as first written).
+    async fn put_agent_sessions(&self, rows: &[AgentSessionRow]) -> StoreResult<()>;
+    /// Agent sessions heard at or after `since`, in one statement.
+    async fn agent_sessions_since(&self, since: onceprint_core::Millis) -> StoreResult<Vec<AgentSessionRow>>;
+    /// Deletes the sessions nobody heard since `heard_before` (long stopped processes), so
+    /// that the table holds about one row per live agent process. Returns how many.
+    async fn forget_agent_sessions(&self, heard_before: onceprint_core::Millis) -> StoreResult<u64>;
+    /// Background upkeep a backend runs on its own (PostgreSQL's planner statistics) runs
+    /// only while `gate` answers true, so that a cluster does it on one node. Backends
+    /// without such upkeep ignore it.
+    fn set_upkeep_gate(&self, _gate: UpkeepGate) {}
 }
+
+/// Asked by a backend's own background upkeep before each round (see
+/// [`Store::set_upkeep_gate`]).
+pub type UpkeepGate = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;

@@ -878,3 +878,23 @@ pub struct RevokeOperatorSessions {
     pub now: Millis,
     pub audit: SetupAudit,
 }
+
+/// One agent session as a broker node heard it (issue 12), written to `agent_sessions` by
+/// every node of a cluster and merged by the others, so that a node knows the agents that
+/// poll the other nodes. Times are milliseconds of the writing node's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSessionRow {
+    pub tenant_id: String,
+    pub store_id: String,
+    pub agent_id: String,
+    /// The session id (empty for an agent that sends none).
+    pub session: String,
+    /// When the session started (the time its id carries, else when it was first seen).
+    pub started_at: Millis,
+    /// When a node last heard the session (a poll or an ack).
+    pub heard_at: Millis,
+    /// Whether a poll of the session was open at a node when it wrote `heard_at`.
+    pub open_poll: bool,
+    /// The node that wrote the row last.
+    pub node_id: String,
+}

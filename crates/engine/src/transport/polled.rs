@@ -469,8 +469,10 @@ impl Polled {
         Ok(offline)
     }
 
-    /// Looks for silent printers until shutdown.
-    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Looks for silent printers until shutdown, while this node holds `lease` (one check
+    /// per cluster; the printers' `last_seen_at` is in the database, whichever node they
+    /// polled).
+    pub fn spawn(self: &Arc<Self>, lease: crate::Lease) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let signals = this.lanes.signals().clone();
@@ -478,6 +480,9 @@ impl Polled {
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        if !lease.is_held() {
+                            continue;
+                        }
                         if let Err(e) = this.check_offline_once().await {
                             tracing::warn!(error = %e, transport = this.kind.as_str(), "offline check failed");
                         }

@@ -21,6 +21,7 @@ use onceprint_store::{AgentIdentity, StoreError};
 use crate::claimant::Claimant;
 use crate::directory::PrinterInfo;
 use crate::lanes::{AckIn, ClaimRules, Delivery, LaneEngine, Scope};
+use crate::lease::Lease;
 use crate::transport::TransportKind;
 
 /// What sending a delivery did.
@@ -92,27 +93,53 @@ impl Default for PushConfig {
 }
 
 /// Drives one push transport until shutdown.
+///
+/// With several broker nodes only the holder of the driver's lease pushes: a pass starts
+/// only while the lease is held, its claimant session names the lease's fencing token
+/// (`run:TOKEN`), and every send first checks that the lease is still held. A delivery in
+/// flight under an older token is another run's (a node that died or stepped down): it is
+/// asked about with [`PushTransport::query`] at once and sent again (same attempt, same
+/// key) only when the receiver does not have it. One under a newer token belongs to the
+/// node that took over, and is left alone.
 pub struct PushDriver {
     lanes: Arc<LaneEngine>,
     transport: Arc<dyn PushTransport>,
     config: PushConfig,
-    claimant: Claimant,
+    lease: Lease,
 }
 
 impl PushDriver {
+    /// A driver that pushes whenever it runs (a broker alone, or a test); see
+    /// [`PushDriver::with_lease`].
     pub fn new(lanes: Arc<LaneEngine>, transport: Arc<dyn PushTransport>, config: PushConfig) -> PushDriver {
-        let claimant = Claimant::push(transport.kind().as_str());
-        PushDriver { lanes, transport, config, claimant }
+        let lease = Lease::always(&format!("push:{}", transport.kind().as_str()));
+        PushDriver { lanes, transport, config, lease }
+    }
+
+    /// Pushes only while this node holds `lease`, under its token.
+    pub fn with_lease(mut self, lease: Lease) -> PushDriver {
+        self.lease = lease;
+        self
     }
 
     pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        self.spawn_until(std::future::pending())
+    }
+
+    /// Runs until shutdown or until `stop` resolves.
+    pub fn spawn_until(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
+            tokio::pin!(stop);
             let mut tick = tokio::time::interval(Duration::from_millis(self.config.interval_ms));
             let signals = self.lanes.signals().clone();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = signals.shutdown() => return,
+                    _ = &mut stop => return,
                 }
                 if let Err(e) = self.pass().await {
                     tracing::warn!(error = %e, transport = self.transport.kind().as_str(), "push pass failed");
@@ -121,8 +148,11 @@ impl PushDriver {
         })
     }
 
-    /// One look at every lane of the transport's printers.
+    /// One look at every lane of the transport's printers (nothing while another node
+    /// holds the driver's lease).
     pub async fn pass(&self) -> Result<(), StoreError> {
+        let Some(token) = self.lease.token() else { return Ok(()) };
+        let claimant = Claimant::push_run(self.transport.kind().as_str(), token);
         let kind = self.transport.kind();
         let printers = self.lanes.store().printers_by_transport(kind.as_str()).await?;
         let stores: BTreeSet<(String, String)> = printers.into_iter().map(|p| (p.tenant_id, p.store_id)).collect();
@@ -135,21 +165,29 @@ impl PushDriver {
         let reachable = |p: &PrinterInfo| self.transport.reachable(p);
         for (tenant, store) in stores {
             let scope = Scope::Reachable { store_id: &store, kind, reachable: &reachable };
-            let claimed = match self.lanes.claim(&self.claimant, &tenant, scope, rules).await {
+            if !self.lease.is_held() {
+                return Ok(());
+            }
+            let claimed = match self.lanes.claim(&claimant, &tenant, scope, rules).await {
                 Ok(c) => c,
                 Err(crate::DeliveryError::Store(e)) => return Err(e),
             };
             for d in claimed.deliveries {
-                self.deliver(&d).await?;
+                if !self.lease.is_held() {
+                    // Stepped down meanwhile: what was claimed stays `sent` under this
+                    // token, and the next holder asks the receiver about it first.
+                    return Ok(());
+                }
+                self.deliver(&d, &claimant).await?;
             }
         }
         Ok(())
     }
 
-    async fn deliver(&self, d: &Delivery) -> Result<(), StoreError> {
+    async fn deliver(&self, d: &Delivery, claimant: &Claimant) -> Result<(), StoreError> {
         if d.again.is_some() {
             match self.transport.query(d).await {
-                Asked::Done { outcome, detail } => return self.report(d, outcome, detail).await,
+                Asked::Done { outcome, detail } => return self.report(d, claimant, outcome, detail).await,
                 Asked::Pending => {
                     tracing::debug!(task_id = %d.task.task_id, "the receiver has it, not printed yet");
                     return Ok(());
@@ -162,7 +200,7 @@ impl PushDriver {
                 tracing::info!(task_id = %d.task.task_id, attempt = d.attempt, "accepted by the receiver (not printed yet)");
                 Ok(())
             }
-            Sent::Failed { outcome, detail } => self.report(d, outcome, detail).await,
+            Sent::Failed { outcome, detail } => self.report(d, claimant, outcome, detail).await,
             Sent::NotNow { detail } => {
                 tracing::warn!(task_id = %d.task.task_id, attempt = d.attempt, %detail, "not known whether the receiver got it; asked again later");
                 Ok(())
@@ -170,10 +208,16 @@ impl PushDriver {
         }
     }
 
-    async fn report(&self, d: &Delivery, outcome: Outcome, detail: String) -> Result<(), StoreError> {
+    async fn report(
+        &self,
+        d: &Delivery,
+        claimant: &Claimant,
+        outcome: Outcome,
+        detail: String,
+    ) -> Result<(), StoreError> {
         let who = AgentIdentity { tenant_id: d.task.tenant_id.clone(), store_id: d.task.store_id.clone() };
         let ack = AckIn { task_id: d.task.task_id.clone(), attempt: d.attempt, outcome, detail };
-        match self.lanes.ack(&who, &self.claimant, vec![ack]).await {
+        match self.lanes.ack(&who, claimant, vec![ack]).await {
             Ok(_) => Ok(()),
             Err(crate::DeliveryError::Store(e)) => Err(e),
         }

@@ -73,12 +73,24 @@ pub async fn signed_by(
 /// The webhook transport.
 pub struct Webhook {
     client: reqwest::Client,
+    /// Sent as `X-Onceprint-Node` with every job (an extension of the contract), so that a
+    /// receiver and the operators can see which broker node pushed it.
+    node_id: Option<String>,
 }
+
+/// The header that names the broker node that pushed a job.
+pub const NODE_HEADER: &str = "x-onceprint-node";
 
 impl Webhook {
     pub fn new(config: &PushConfig) -> Result<Webhook, reqwest::Error> {
         let client = reqwest::Client::builder().timeout(Duration::from_millis(config.timeout_ms)).build()?;
-        Ok(Webhook { client })
+        Ok(Webhook { client, node_id: None })
+    }
+
+    /// Names this node in every job sent.
+    pub fn with_node_id(mut self, node_id: &str) -> Webhook {
+        self.node_id = Some(node_id.to_owned());
+        self
     }
 
     fn config(d: &Delivery) -> Option<&WebhookConfig> {
@@ -111,15 +123,16 @@ impl PushTransport for Webhook {
             "data": base64::engine::general_purpose::STANDARD.encode(&d.data),
         })
         .to_string();
-        let res = self
+        let mut req = self
             .client
             .post(&w.url)
             .header("content-type", "application/json")
             .header("idempotency-key", &d.idempotency_key)
-            .header(crate::alerts::SIGNATURE_HEADER, signature(w.secret.expose(), now_ms() / 1000, &body))
-            .body(body)
-            .send()
-            .await;
+            .header(crate::alerts::SIGNATURE_HEADER, signature(w.secret.expose(), now_ms() / 1000, &body));
+        if let Some(node) = &self.node_id {
+            req = req.header(NODE_HEADER, node);
+        }
+        let res = req.body(body).send().await;
         match res {
             Ok(r) if r.status().is_success() => Sent::Accepted,
             Ok(r) => Sent::Failed { outcome: Outcome::Error, detail: format!("webhook answered {}", r.status()) },
