@@ -26,6 +26,7 @@ mod broker;
 pub mod e2e;
 pub mod fairness;
 pub mod faults;
+pub mod lb;
 mod http;
 mod load;
 pub mod paper;

@@ -171,6 +171,17 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A TCP round-robin load balancer over several `serve` nodes, for manual runs: one
+    /// connection to one backend, the next connection to the next, backends whose
+    /// `/readyz` does not answer 200 left out (checked every 300 ms). No retries.
+    Lb {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// A node, as http://HOST:PORT; repeat for each node.
+        #[arg(long = "backend", value_name = "URL", required = true)]
+        backends: Vec<String>,
+    },
     Polls {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
         /// fresh schema is created there and dropped afterwards).
@@ -414,6 +425,10 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Lb { listen, backends } => {
+            onceprint_bench::lb::run_lb(listen, &backends, shutdown_signal()).await?;
+            Ok(())
         }
         BenchCommand::Polls { database, printers, interval_ms, seconds, tasks, json } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
