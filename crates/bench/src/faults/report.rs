@@ -62,6 +62,12 @@ pub struct FaultsReport {
     pub submissions: SubmissionStats,
     pub agent_kills: Vec<KillRecord>,
     pub broker_kills: Vec<KillRecord>,
+    /// Broker nodes behind the load balancer (1: one broker, no balancer); the broker
+    /// kills go to them in turn.
+    pub nodes: usize,
+    /// Whether the nodes had a Redis, and when it was killed (seconds into the phase).
+    pub redis: bool,
+    pub redis_killed_at_s: Option<f64>,
     /// Printer faults switched on, per kind (`paper_out`, `cover_open`, `offline`,
     /// `crash_mid_job`, `slow_ms`).
     pub faults_injected: BTreeMap<String, usize>,
@@ -139,6 +145,14 @@ impl FaultsReport {
         );
         let _ = writeln!(s, "agent kills:  {}", kills(&self.agent_kills));
         let _ = writeln!(s, "broker kills: {}", kills(&self.broker_kills));
+        if self.nodes > 1 || self.redis {
+            let redis = match (self.redis, self.redis_killed_at_s) {
+                (true, Some(at)) => format!("redis kill -9 at {at:.1} s"),
+                (true, None) => "redis, not killed".to_string(),
+                (false, _) => "no redis".to_string(),
+            };
+            let _ = writeln!(s, "nodes: {} behind the load balancer (kills in turn); {redis}", self.nodes);
+        }
         let _ = writeln!(
             s,
             "drain:        {} after faults stopped at {:.1} s",
