@@ -137,7 +137,9 @@ impl Endpoint {
         match poll_url.scheme() {
             "http" | "https" => {}
             other => {
-                return Err(format!("{server:?}: unsupported scheme {other:?}; use http://HOST:PORT or https://HOST:PORT"))
+                return Err(format!(
+                    "{server:?}: unsupported scheme {other:?}; use http://HOST:PORT or https://HOST:PORT"
+                ))
             }
         }
         Ok(Endpoint {
@@ -339,8 +341,7 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError
             .map(Duration::from_secs);
         return Err(BrokerError::RateLimited { retry_after });
     }
-    let broker_range =
-        resp.headers().get(BROKER_PROTOCOLS_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let broker_range = resp.headers().get(BROKER_PROTOCOLS_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let mut body = resp.text().await.unwrap_or_default();
     if status == StatusCode::UPGRADE_REQUIRED {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();

@@ -385,8 +385,8 @@ async fn every_request_names_the_agent_protocol_version() {
 async fn a_broker_that_does_not_speak_the_agents_protocol_is_reported_and_waited_for() {
     let broker = FakeBroker::start().await;
     *broker.state.protocols.lock().expect("protocols") = Some((2, 3));
-    let client = onceprint_agent::broker::BrokerClient::new(&broker.url(), TOKEN, Duration::from_secs(1), None)
-        .expect("client");
+    let client =
+        onceprint_agent::broker::BrokerClient::new(&broker.url(), TOKEN, Duration::from_secs(1), None).expect("client");
     let req = onceprint_agent::protocol::PollRequest { agent_id: "a".into(), wait_ms: 0, max: 1, session: "s".into() };
     match client.poll(&req).await {
         Err(e @ onceprint_agent::broker::BrokerError::ProtocolUnsupported { .. }) => {

@@ -109,7 +109,9 @@ impl Redis {
             .into_iter()
             .map(PathBuf::from)
             .find(|p| p.exists())
-            .ok_or_else(|| BenchError::InvalidOptions("--redis needs redis-server (apt-get install redis-server)".into()))?;
+            .ok_or_else(|| {
+                BenchError::InvalidOptions("--redis needs redis-server (apt-get install redis-server)".into())
+            })?;
         let port = free_port_run(1)?;
         let mut r = Redis { port, exe, log: dir.join("redis.log"), proc: None };
         r.restart().await?;
@@ -123,10 +125,11 @@ impl Redis {
 
     /// Starts it (again) on its port, empty.
     pub async fn restart(&mut self) -> Result<(), BenchError> {
-        let args: Vec<String> = ["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let args: Vec<String> =
+            ["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         let proc = Proc::spawn("redis-server", &self.exe, &args, &self.log)?;
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {

@@ -60,8 +60,9 @@ impl LoadBalancer {
         if backends.is_empty() {
             return Err(BenchError::InvalidOptions("the load balancer needs at least one backend".into()));
         }
-        let listener =
-            TcpListener::bind(listen).await.map_err(|e| BenchError::io(format!("binding the load balancer to {listen}"), e))?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| BenchError::io(format!("binding the load balancer to {listen}"), e))?;
         let addr = listener.local_addr().map_err(|e| BenchError::io("the load balancer's address", e))?;
         // Healthy until the first check says otherwise: the nodes are started (and ready)
         // before the balancer is.

@@ -27,8 +27,8 @@ pub mod cluster;
 pub mod e2e;
 pub mod fairness;
 pub mod faults;
-pub mod lb;
 mod http;
+pub mod lb;
 mod load;
 pub mod paper;
 mod pg;
@@ -241,8 +241,7 @@ async fn run_on(
     dir: &Path,
 ) -> Result<SubmitReport, BenchError> {
     let admin_token = random_hex(24)?;
-    let nodes =
-        cluster::start_nodes(opts.nodes, &opts.broker_exe, database_url, &admin_token, dir, None, &[]).await?;
+    let nodes = cluster::start_nodes(opts.nodes, &opts.broker_exe, database_url, &admin_token, dir, None, &[]).await?;
     let brokers: Vec<Broker> = nodes.into_iter().map(|(b, _)| b).collect();
     let lb = if brokers.len() > 1 {
         let addrs: Vec<std::net::SocketAddr> = brokers.iter().map(|b| b.addr).collect();

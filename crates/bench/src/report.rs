@@ -154,7 +154,11 @@ impl SubmitReport {
             }
         }
         if let Some(ms) = self.broker_cpu_ms_per_request {
-            let nodes = if self.nodes > 1 { format!(" ({} nodes summed, behind the load balancer)", self.nodes) } else { String::new() };
+            let nodes = if self.nodes > 1 {
+                format!(" ({} nodes summed, behind the load balancer)", self.nodes)
+            } else {
+                String::new()
+            };
             let _ = writeln!(s, "broker CPU:   {ms:.3} ms per request{nodes}");
         }
         finish_text(s, &self.problems)

@@ -11,7 +11,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A backend that answers every HTTP request on a connection with its name in the body
 /// and `/readyz` with 200 while `ready` holds, 503 otherwise.
-async fn backend(name: &'static str, ready: Arc<std::sync::atomic::AtomicBool>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+async fn backend(
+    name: &'static str,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let task = tokio::spawn(async move {
@@ -23,7 +26,8 @@ async fn backend(name: &'static str, ready: Arc<std::sync::atomic::AtomicBool>) 
                 let head = String::from_utf8_lossy(&buf[..n]);
                 let ok = !head.starts_with("GET /readyz") || ready.load(std::sync::atomic::Ordering::SeqCst);
                 let status = if ok { "200 OK" } else { "503 Service Unavailable" };
-                let answer = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}", name.len());
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}", name.len());
                 let _ = s.write_all(answer.as_bytes()).await;
             });
         }

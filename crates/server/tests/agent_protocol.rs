@@ -222,7 +222,10 @@ async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &Tes
     assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
     assert!(body["error"]["message"].as_str().unwrap_or_default().contains("upgrade the agent"), "{body}");
     let (status, body, _) = poll_as_version(app, &token, Some("one")).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UPGRADE_REQUIRED, Some("agent_protocol_unsupported")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::UPGRADE_REQUIRED, Some("agent_protocol_unsupported"))
+    );
     // Nothing of a refused request took effect, and other endpoints carry the range too.
     let a = app.http.get(format!("{}/healthz", app.base)).send().await.expect("healthz");
     assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-1"));

@@ -597,8 +597,7 @@ mod tests {
             let allowed: Vec<&str> =
                 NOT_ADDITIVE.iter().filter(|(v, _, _)| v == version).map(|(_, clause, _)| *clause).collect();
             let found = not_additive(sql);
-            let unexpected: Vec<&String> =
-                found.iter().filter(|f| !allowed.iter().any(|a| f.starts_with(a))).collect();
+            let unexpected: Vec<&String> = found.iter().filter(|f| !allowed.iter().any(|a| f.starts_with(a))).collect();
             assert!(unexpected.is_empty(), "migration {version} is not additive: {unexpected:?}");
             assert_eq!(found.len(), allowed.len(), "migration {version}: an allowed exception is no longer there");
         }

@@ -177,7 +177,11 @@ impl E2eReport {
             "CPU per task: {} all processes, {} the broker{}",
             fmt(self.cpu_ms_per_task, " ms"),
             fmt(self.broker_cpu_ms_per_task, " ms"),
-            if self.nodes > 1 { format!(" ({} nodes summed, behind the load balancer)", self.nodes) } else { String::new() }
+            if self.nodes > 1 {
+                format!(" ({} nodes summed, behind the load balancer)", self.nodes)
+            } else {
+                String::new()
+            }
         );
         if let Some(m) = &self.machine_cpu {
             let total = m.busy_seconds + m.idle_seconds;

@@ -38,6 +38,7 @@
 
 pub mod chaos;
 pub mod check;
+pub mod events;
 pub mod fleet;
 mod report;
 pub mod schedule;
@@ -81,6 +82,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(250);
 /// printer buffered while blocked print as soon as its faults clear.
 const PAPER_QUIET: Duration = Duration::from_secs(1);
 const PAPER_QUIET_MAX: Duration = Duration::from_secs(15);
+/// How long after the drain the task events may still arrive.
+const EVENTS_WAIT: Duration = Duration::from_secs(30);
 /// Connections fetching audit trails at once.
 const AUDIT_CONNECTIONS: usize = 4;
 
@@ -329,6 +332,15 @@ async fn drive(
     let mut conn = connect(addr, "set-up").await?;
     let addresses: Vec<String> = (0..opts.printers).map(|p| format!("tcp://{}", printer_addr(p))).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
+    // Every task event goes to the bench's receiver, for "one event id per change".
+    let sink = events::EventSink::start().await?;
+    setup::setup_call(
+        &mut conn,
+        &auth,
+        "/v1/webhooks",
+        serde_json::json!({"id": "bench-events", "url": sink.url(), "events": events::KINDS}),
+    )
+    .await?;
     let mqtt = (mqtt_port > 0).then_some(mqtt_port);
     let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port: mqtt, paper_log: &paper_log, dir };
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
@@ -432,6 +444,29 @@ async fn drive(
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
     let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), opts.tasks).await?;
+    // Events are delivered after their change commits, with retries: give the last ones a
+    // moment to arrive before judging.
+    let printed: std::collections::BTreeSet<String> =
+        listed.iter().filter(|t| t.state == "printed").map(|t| t.task_id.clone()).collect();
+    let events_by = Instant::now() + EVENTS_WAIT;
+    while Instant::now() < events_by && sink.check(&printed).printed_without_event > 0 {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let event_check = sink.check(&printed);
+    if event_check.changes_with_two_events > 0 {
+        problems.push(format!(
+            "{} changes produced two or more events (one event id per change), e.g. {}",
+            event_check.changes_with_two_events,
+            event_check.examples.join("; ")
+        ));
+    }
+    if event_check.printed_without_event > 0 {
+        problems.push(format!(
+            "{} printed tasks had no task.printed event within {} s of the drain",
+            event_check.printed_without_event,
+            EVENTS_WAIT.as_secs()
+        ));
+    }
 
     // Answers first: the intake contract under retries and kills.
     let lost_answers = submitted.keys_with_lost_answers(&subs);
@@ -488,6 +523,7 @@ async fn drive(
         printed_per_sec: if print_seconds > 0.0 { tally.distinct as f64 / print_seconds } else { 0.0 },
         print_seconds,
         verdict,
+        events: event_check,
         audit,
         total_seconds: started.elapsed().as_secs_f64(),
         kept_dir: None,

@@ -82,6 +82,8 @@ pub struct FaultsReport {
     /// The lanes as `/metrics` showed them during the run (R37's watchdog, from outside).
     pub lanes: crate::faults::watch::LaneWatch,
     pub verdict: Verdict,
+    /// The task events the run's webhook received ("one event id per change").
+    pub events: super::events::EventCheck,
     pub audit: AuditCheck,
     /// From the first submission to the last sheet of paper.
     pub print_seconds: f64,
@@ -145,6 +147,12 @@ impl FaultsReport {
         );
         let _ = writeln!(s, "agent kills:  {}", kills(&self.agent_kills));
         let _ = writeln!(s, "broker kills: {}", kills(&self.broker_kills));
+        let e = &self.events;
+        let _ = writeln!(
+            s,
+            "events:       {} deliveries of {} event ids for {} changes; {} changes with two events; {} printed without event",
+            e.deliveries, e.events, e.changes, e.changes_with_two_events, e.printed_without_event
+        );
         if self.nodes > 1 || self.redis {
             let redis = match (self.redis, self.redis_killed_at_s) {
                 (true, Some(at)) => format!("redis kill -9 at {at:.1} s"),
