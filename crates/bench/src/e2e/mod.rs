@@ -287,7 +287,7 @@ async fn drive(
             None => Ok(None),
             Some(share) => {
                 let threshold = ((share * n as f64).round() as usize).clamp(1, n);
-                let ctx = RestartCtx { exe: &opts.exe, args: &args, log: &agent_log, addr: addr, auth: &auth };
+                let ctx = RestartCtx { exe: &opts.exe, args: &args, log: &agent_log, addr, auth: &auth };
                 kill_and_restart(&ctx, &watcher, procs, threshold, n, deadline).await.map(Some)
             }
         }
