@@ -778,6 +778,11 @@ mod tests {
         assert!(check(&|o| o.database = Some("sqlite://x".into())).is_some());
         assert!(check(&|o| o.database = Some("postgres://u@127.0.0.1/db".into())).is_none());
         assert!(check(&|o| (o.agent_kills, o.broker_kills) = (0, 0)).is_none());
+        assert!(check(&|o| o.nodes = 0).is_some());
+        assert!(check(&|o| o.nodes = 3).is_some(), "several nodes need PostgreSQL");
+        assert!(check(&|o| o.redis = true).is_some(), "Redis only with PostgreSQL nodes");
+        let pg = Some("postgres://u@127.0.0.1/db".to_string());
+        assert!(check(&|o| (o.nodes, o.redis, o.database) = (3, true, pg.clone())).is_none());
     }
 
     #[test]
