@@ -1,5 +1,5 @@
-//! The bench's load balancer on real sockets: round robin per connection, a backend whose
-//! connect fails skipped, a backend whose `/readyz` fails left out until it answers again.
+//! The bench's cluster pieces on real sockets: the load balancer (round robin per connection, a backend whose
+//! connect fails skipped, one whose `/readyz` fails left out until it answers again) and the run's own Redis.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -91,4 +91,30 @@ async fn connections_go_round_robin_and_an_unready_or_dead_backend_is_left_out()
     }
     until_health(&lb, b, false).await;
     assert_eq!(lb.counters.refused.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+/// The fault run's own Redis (`bench faults --redis`): it starts on a free port, dies with
+/// kill -9, and comes back on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_own_redis_starts_dies_and_comes_back_on_its_port() {
+    if !std::path::Path::new("/usr/bin/redis-server").exists() {
+        eprintln!("skipping: no /usr/bin/redis-server");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut redis = onceprint_bench::cluster::Redis::start(dir.path()).await.expect("redis starts");
+    let ping = |port: u16| async move {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(b"PING\r\n").await.ok()?;
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf).await.ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    assert_eq!(ping(redis.port).await.as_deref(), Some("+PONG\r\n"));
+    redis.kill9().await.expect("kill -9");
+    assert_eq!(ping(redis.port).await, None, "down after the kill");
+    redis.restart().await.expect("restart");
+    assert_eq!(ping(redis.port).await.as_deref(), Some("+PONG\r\n"));
+    assert!(redis.url().starts_with("redis://127.0.0.1:"));
+    redis.stop().await;
 }
