@@ -31,8 +31,9 @@ const MIN_EMPTY_POLL: Duration = Duration::from_millis(250);
 /// unreachable is never an error, the agent keeps trying.
 pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AgentError> {
     let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
-    let client = BrokerClient::new(&args.server, args.token.as_str(), connect_timeout, args.ca_cert.as_deref())
-        .map_err(|reason| AgentError::Server { url: args.server.clone(), reason })?;
+    let client =
+        BrokerClient::with_brokers(&args.server, args.token.as_str(), connect_timeout, args.ca_cert.as_deref())
+            .map_err(|reason| AgentError::Server { url: args.server.join(","), reason })?;
 
     // Opening the state directory and reading the journal is blocking file IO.
     let state_path = args.state_dir.clone();
@@ -49,7 +50,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     let journal = Arc::new(journal);
     tracing::info!(
         agent_id = %agent_id,
-        server = %args.server,
+        server = %args.server.join(","),
         state_dir = %state.path().display(),
         journal_task_ids = journal.len(),
         no_printed_ack = ?args.no_printed_ack,
@@ -166,6 +167,9 @@ async fn poll_loop(
     let mut backoff = Backoff::default();
     tokio::pin!(shutdown);
     let mut last_poll: Option<Instant> = None;
+    // A broker that does not speak this agent's protocol is logged once per spell, not at
+    // every retry a minute apart.
+    let mut protocol_refused = false;
     loop {
         let slot_was_free = capacity.available_permits() > 0;
         // Take as much capacity as is free, waiting for at least one slot: the broker marks
@@ -215,10 +219,11 @@ async fn poll_loop(
         };
         let pause = match answer {
             Ok(deliveries) => {
-                if backoff.failures() > 0 {
-                    tracing::info!("the broker is reachable again");
+                if backoff.failures() > 0 || protocol_refused {
+                    tracing::info!(broker = %client.current_broker(), "the broker is reachable again");
                 }
                 backoff.reset();
+                protocol_refused = false;
                 let empty = deliveries.is_empty();
                 for d in deliveries {
                     tracing::info!(
@@ -245,6 +250,19 @@ async fn poll_loop(
                 let delay_ms = delay.as_millis() as u64;
                 match &e {
                     BrokerError::Unauthorized => tracing::error!(error = %e, delay_ms, "poll refused"),
+                    // The agent waits rather than stops: the broker (or another node of the
+                    // list) may be upgraded, and a stopped agent would need a person to
+                    // start it again. It prints nothing meanwhile.
+                    BrokerError::ProtocolUnsupported { .. } if !protocol_refused => {
+                        protocol_refused = true;
+                        tracing::error!(
+                            error = %e,
+                            agent_protocol = crate::broker::PROTOCOL_VERSION,
+                            "the broker cannot serve this agent's protocol version: upgrade the older of the two \
+                             (see the broker's message); waiting and asking again every minute"
+                        )
+                    }
+                    BrokerError::ProtocolUnsupported { .. } => tracing::debug!(error = %e, "still refused"),
                     _ => {
                         tracing::warn!(error = %e, delay_ms, failures = backoff.failures(), "poll failed; backing off")
                     }

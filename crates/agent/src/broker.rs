@@ -1,5 +1,20 @@
 //! The HTTP client for the broker's agent endpoints. Outbound requests only, so the agent
 //! works from behind NAT and store firewalls.
+//!
+//! The client knows one or more brokers (`--server` repeated: the nodes of one cluster, or
+//! a load balancer and a node behind it). It keeps using one broker while that broker
+//! answers and moves to the next one in the list when a request to it fails in a way that
+//! says "this node cannot serve now": no connection, a timeout, a 5xx, or a protocol
+//! version it does not speak. Every clone of the client (the poll loop, the ack sender,
+//! the status reporter) shares the choice, so one process talks to one broker at a time
+//! with one agent id and one session. Nothing else changes on failover: the caller backs
+//! off and retries as before, and an ack that did not get through is retried on the next
+//! broker (the journal keeps printed work from being printed again if the next broker
+//! hands it out once more).
+//!
+//! Every request carries the agent protocol version ([`PROTOCOL_HEADER`]); a broker that
+//! cannot serve it answers `426 agent_protocol_unsupported` and names the versions it
+//! speaks in [`BROKER_PROTOCOLS_HEADER`] (docs: README, "Agent protocol versions").
 
 use crate::backoff::Backoff;
 use crate::protocol::{
@@ -9,7 +24,22 @@ use crate::protocol::{
 use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
 use std::error::Error as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The request header naming the agent protocol version the agent speaks.
+pub const PROTOCOL_HEADER: &str = "onceprint-agent-protocol";
+/// The answer header in which a broker names the agent protocol versions it serves, as
+/// `MIN-MAX` (e.g. `1-1`).
+pub const BROKER_PROTOCOLS_HEADER: &str = "onceprint-agent-protocols";
+/// The agent protocol this agent speaks. Version 1 is the protocol of every release so far
+/// (an agent that sends no header is taken to speak 1). It is raised only for a change an
+/// older broker would misread; fields added compatibly do not change it.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The wait before asking again a broker that does not speak this agent's protocol: it
+/// will not learn to until it is upgraded, so asking often would only fill both logs.
+const PROTOCOL_WAIT: Duration = Duration::from_secs(60);
 
 /// How long an ack POST may take before it is treated as failed and retried.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +73,13 @@ pub enum BrokerError {
     /// over; this one must stop.
     #[error("{0}")]
     Superseded(String),
+    /// 426 `agent_protocol_unsupported`: the broker does not speak this agent's protocol
+    /// version. `broker` is the range it named (`MIN-MAX`), when it named one.
+    #[error(
+        "the broker does not speak agent protocol {agent} (it speaks {}): {message}",
+        broker.as_deref().unwrap_or("an unknown range")
+    )]
+    ProtocolUnsupported { agent: u32, broker: Option<String>, message: String },
 }
 
 impl BrokerError {
@@ -51,8 +88,21 @@ impl BrokerError {
     pub fn retry_delay(&self, backoff: &mut Backoff) -> Duration {
         match self {
             BrokerError::Unauthorized => UNAUTHORIZED_WAIT,
+            BrokerError::ProtocolUnsupported { .. } => PROTOCOL_WAIT,
             BrokerError::RateLimited { retry_after: Some(d) } => (*d).clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER),
             _ => backoff.next_delay(),
+        }
+    }
+
+    /// Whether this error says the broker node cannot serve now, so that another node of
+    /// the list may: no connection or a timeout, a 5xx, or a protocol version it does not
+    /// speak (during a rolling upgrade another node may). A 4xx about the request itself
+    /// (401, 409, 429) would be the same on every node.
+    pub fn fails_over(&self) -> bool {
+        match self {
+            BrokerError::Transport(_) | BrokerError::ProtocolUnsupported { .. } => true,
+            BrokerError::Status { status, .. } => *status >= 500,
+            _ => false,
         }
     }
 }
@@ -70,13 +120,44 @@ fn transport(e: reqwest::Error) -> BrokerError {
     BrokerError::Transport(msg)
 }
 
-/// A client for one broker with one agent token.
-#[derive(Clone)]
-pub struct BrokerClient {
-    http: reqwest::Client,
+/// One broker of the list: its base URL (for log lines) and its three endpoints.
+#[derive(Debug)]
+struct Endpoint {
+    base: String,
     poll_url: Url,
     acks_url: Url,
     status_url: Url,
+}
+
+impl Endpoint {
+    fn parse(server: &str) -> Result<Endpoint, String> {
+        let base = server.trim().trim_end_matches('/');
+        let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| format!("{server:?}: {e}"));
+        let poll_url = parse("/v1/agent/poll")?;
+        match poll_url.scheme() {
+            "http" | "https" => {}
+            other => {
+                return Err(format!(
+                    "{server:?}: unsupported scheme {other:?}; use http://HOST:PORT or https://HOST:PORT"
+                ))
+            }
+        }
+        Ok(Endpoint {
+            base: base.to_owned(),
+            poll_url,
+            acks_url: parse("/v1/agent/acks")?,
+            status_url: parse("/v1/agent/status")?,
+        })
+    }
+}
+
+/// A client for one or more brokers with one agent token.
+#[derive(Clone)]
+pub struct BrokerClient {
+    http: reqwest::Client,
+    brokers: Arc<[Endpoint]>,
+    /// The index into `brokers` of the broker in use, shared by every clone.
+    current: Arc<AtomicUsize>,
     token: String,
     /// Who this process is, sent with the acks.
     agent_id: Option<String>,
@@ -85,7 +166,7 @@ pub struct BrokerClient {
 
 impl std::fmt::Debug for BrokerClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BrokerClient").field("poll_url", &self.poll_url).finish_non_exhaustive()
+        f.debug_struct("BrokerClient").field("brokers", &self.brokers).finish_non_exhaustive()
     }
 }
 
@@ -101,14 +182,21 @@ impl BrokerClient {
         connect_timeout: Duration,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<BrokerClient, String> {
-        let base = server.trim_end_matches('/');
-        let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| e.to_string());
-        let poll_url = parse("/v1/agent/poll")?;
-        let acks_url = parse("/v1/agent/acks")?;
-        let status_url = parse("/v1/agent/status")?;
-        match poll_url.scheme() {
-            "http" | "https" => {}
-            other => return Err(format!("unsupported scheme {other:?}; use http://HOST:PORT or https://HOST:PORT")),
+        Self::with_brokers(&[server], token, connect_timeout, ca_cert)
+    }
+
+    /// A client for several brokers (the nodes of one cluster), used one at a time in the
+    /// order given, starting with the first; see the module documentation for when it
+    /// moves on. Each URL is checked as in [`BrokerClient::new`].
+    pub fn with_brokers(
+        servers: &[impl AsRef<str>],
+        token: &str,
+        connect_timeout: Duration,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<BrokerClient, String> {
+        let brokers = servers.iter().map(|s| Endpoint::parse(s.as_ref())).collect::<Result<Vec<_>, _>>()?;
+        if brokers.is_empty() {
+            return Err("no broker URL given".into());
         }
         if token.is_empty() {
             return Err("the agent token is empty".into());
@@ -130,9 +218,8 @@ impl BrokerClient {
         let http = builder.build().map_err(|e| e.to_string())?;
         Ok(BrokerClient {
             http,
-            poll_url,
-            acks_url,
-            status_url,
+            brokers: brokers.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             token: token.to_owned(),
             agent_id: None,
             session: None,
@@ -150,16 +237,7 @@ impl BrokerClient {
     /// `wait_ms`.
     pub async fn poll(&self, req: &PollRequest) -> Result<Vec<Delivery>, BrokerError> {
         let timeout = Duration::from_millis(req.wait_ms) + POLL_SLACK;
-        let resp = self
-            .http
-            .post(self.poll_url.clone())
-            .bearer_auth(&self.token)
-            .timeout(timeout)
-            .json(req)
-            .send()
-            .await
-            .map_err(transport)?;
-        let resp = check(resp).await?;
+        let resp = self.request(|e| &e.poll_url, timeout, req).await?;
         let body: PollResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(body.deliveries)
     }
@@ -172,29 +250,68 @@ impl BrokerClient {
             session: self.session.clone(),
             printers: printers.to_vec(),
         };
-        let resp = self.post(&self.status_url, &body).await?;
+        let resp = self.request(|e| &e.status_url, ACK_TIMEOUT, &body).await?;
         let answer: StatusResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(answer.printers)
     }
 
-    /// POSTs `body` as JSON with the agent's token; a non-2xx answer is an error.
-    async fn post(&self, url: &reqwest::Url, body: &impl serde::Serialize) -> Result<reqwest::Response, BrokerError> {
-        let resp = self
+    /// The base URL of the broker in use now.
+    pub fn current_broker(&self) -> &str {
+        &self.brokers[self.current.load(Ordering::Relaxed) % self.brokers.len()].base
+    }
+
+    /// POSTs `body` as JSON with the agent's token and protocol version to the endpoint
+    /// `url` picks of the broker in use; a non-2xx answer is an error. An error that says
+    /// the node cannot serve moves the client to the next broker for the next request.
+    async fn request(
+        &self,
+        url: impl Fn(&Endpoint) -> &Url,
+        timeout: Duration,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, BrokerError> {
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let sent = self
             .http
-            .post(url.clone())
+            .post(url(&self.brokers[used]).clone())
             .bearer_auth(&self.token)
-            .timeout(ACK_TIMEOUT)
+            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .timeout(timeout)
             .json(body)
             .send()
-            .await
-            .map_err(transport)?;
-        check(resp).await
+            .await;
+        let answer = match sent {
+            Ok(resp) => check(resp).await,
+            Err(e) => Err(transport(e)),
+        };
+        if let Err(e) = &answer {
+            self.fail_over(used, e);
+        }
+        answer
+    }
+
+    /// Moves to the broker after `used` when `e` says `used` cannot serve. Only the first
+    /// of several requests that failed on the same broker at once moves the client, so a
+    /// burst of failures skips one broker, not several.
+    fn fail_over(&self, used: usize, e: &BrokerError) {
+        let n = self.brokers.len();
+        if n < 2 || !e.fails_over() {
+            return;
+        }
+        let next = (used + 1) % n;
+        if self.current.compare_exchange(used, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            tracing::warn!(
+                left = %self.brokers[used].base,
+                now_using = %self.brokers[next].base,
+                error = %e,
+                "broker failed; failing over to the next broker"
+            );
+        }
     }
 
     /// Sends acknowledgements; `Ok` means the broker has taken them (200).
     pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
         let body = AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone() };
-        let resp = self.post(&self.acks_url, &body).await?;
+        let resp = self.request(|e| &e.acks_url, ACK_TIMEOUT, &body).await?;
         // The acks are applied once the broker answered 200; an unreadable body only
         // costs the per-ack verdicts in the log, so it is not a reason to send again.
         match resp.json::<AcksResponse>().await {
@@ -224,7 +341,15 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError
             .map(Duration::from_secs);
         return Err(BrokerError::RateLimited { retry_after });
     }
+    let broker_range = resp.headers().get(BROKER_PROTOCOLS_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let mut body = resp.text().await.unwrap_or_default();
+    if status == StatusCode::UPGRADE_REQUIRED {
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if v["error"]["code"] == "agent_protocol_unsupported" {
+            let message = v["error"]["message"].as_str().unwrap_or("").to_owned();
+            return Err(BrokerError::ProtocolUnsupported { agent: PROTOCOL_VERSION, broker: broker_range, message });
+        }
+    }
     if status == StatusCode::CONFLICT {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         if v["error"]["code"] == "agent_superseded" {

@@ -73,13 +73,19 @@ use std::str::FromStr;
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {
     /// The broker's base URL (scheme http or https, host, port, optional path prefix).
+    /// Repeat it (or give a comma-separated list, also in `ONCEPRINT_SERVER`) for the nodes
+    /// of a cluster: the agent uses the first while it answers and fails over to the next
+    /// on a connection failure, a timeout or a 5xx (see `broker`).
     #[arg(
         long,
         env = "ONCEPRINT_SERVER",
         value_name = "URL",
-        help = "The broker's base URL, e.g. http://broker.example:8080 or https://broker.example"
+        required = true,
+        value_delimiter = ',',
+        help = "The broker's base URL, e.g. http://broker.example:8080 or https://broker.example; \
+                repeat (or comma-separate) for several nodes to fail over between"
     )]
-    pub server: String,
+    pub server: Vec<String>,
 
     /// Certificate authorities (PEM) to trust for an https broker, besides the public ones
     /// built in: for a broker with a private or self-signed certificate.
@@ -179,7 +185,7 @@ impl From<&str> for AgentToken {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("--server {url:?}: {reason}")]
+    #[error("--server {url}: {reason}")]
     Server { url: String, reason: String },
     #[error("agent id {0:?}: ids are 1-64 characters of A-Za-z0-9._:-")]
     AgentId(String),
@@ -235,7 +241,19 @@ mod tests {
         assert_eq!((a.poll_linger_ms, a.printer_idle_ms), (5, 30_000));
         assert_eq!(a.no_printed_ack, ["p1", "p2"]);
         assert_eq!(a.agent_id, None);
+        assert_eq!(a.server, ["http://127.0.0.1:8080"]);
         assert!(!format!("{a:?}").contains("secret-token"), "the token never shows in Debug output");
+    }
+
+    #[test]
+    fn several_brokers_are_given_by_repeating_the_flag_or_as_a_list() {
+        let base = ["agent", "--token", "t", "--state-dir", "d"];
+        let repeated = Cli::try_parse_from(base.iter().chain(&["--server", "http://a:1", "--server", "http://b:2"]));
+        let listed = Cli::try_parse_from(base.iter().chain(&["--server", "http://a:1,http://b:2"]));
+        for cli in [repeated, listed] {
+            assert_eq!(cli.map_err(|e| e.to_string()).expect("parses").agent.server, ["http://a:1", "http://b:2"]);
+        }
+        assert!(Cli::try_parse_from(base).is_err(), "at least one --server is required");
     }
 
     #[test]

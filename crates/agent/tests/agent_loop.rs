@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent};
+use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent, TOKEN};
 use onceprint_agent::journal::{Journal, Record, RecordState};
 use onceprint_agent::{Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, STARTED_BEFORE_CRASH};
 use std::sync::atomic::Ordering;
@@ -362,4 +362,81 @@ async fn a_superseded_agent_stops_and_says_why() {
     let e = result.expect_err("it stops with an error");
     assert!(matches!(e, onceprint_agent::AgentError::Superseded(_)), "{e}");
     assert!(e.to_string().contains("newer process"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_names_the_agent_protocol_version() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("T1", 1, "p1", &printer.address(), b"versioned\n"));
+    broker.state.wait_acks(1, Duration::from_secs(10)).await;
+    agent.stop().await;
+    let headers = broker.state.protocol_headers.lock().expect("headers").clone();
+    assert!(headers.len() >= 2, "a poll and an ack at least: {headers:?}");
+    let want = onceprint_agent::broker::PROTOCOL_VERSION.to_string();
+    assert!(headers.iter().all(|h| h.as_deref() == Some(want.as_str())), "{headers:?}");
+}
+
+/// An agent older (or newer) than the broker serves is told so by the broker's 426; the
+/// agent names both sides' versions and waits instead of polling hard or printing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_does_not_speak_the_agents_protocol_is_reported_and_waited_for() {
+    let broker = FakeBroker::start().await;
+    *broker.state.protocols.lock().expect("protocols") = Some((2, 3));
+    let client =
+        onceprint_agent::broker::BrokerClient::new(&broker.url(), TOKEN, Duration::from_secs(1), None).expect("client");
+    let req = onceprint_agent::protocol::PollRequest { agent_id: "a".into(), wait_ms: 0, max: 1, session: "s".into() };
+    match client.poll(&req).await {
+        Err(e @ onceprint_agent::broker::BrokerError::ProtocolUnsupported { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("agent protocol 1") && text.contains("2-3"), "{text}");
+            assert!(text.contains("upgrade the agent"), "the broker's advice is passed on: {text}");
+        }
+        other => panic!("expected ProtocolUnsupported, got {other:?}"),
+    }
+
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(broker.state.polls.load(Ordering::SeqCst), 2, "the client's poll, then the agent's one try and a wait");
+    agent.stop().await;
+}
+
+/// Two brokers: the first fails (500 to acks, then 503 to everything: a node going
+/// down); the agent moves to the second with the same agent id and session, the ack the
+/// first refused is taken by the second, and the polls follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_fails_over_to_the_next_broker_with_the_same_session() {
+    let a = FakeBroker::start().await;
+    let b = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut agent_args = args(&a.url(), state.path());
+    agent_args.server.push(b.url());
+    let agent = RunningAgent::start(agent_args);
+    a.state.push(delivery("T1", 1, "p1", &printer.address(), b"on a\n"));
+    a.state.wait_acks(1, Duration::from_secs(10)).await;
+    assert_eq!(b.state.polls.load(Ordering::SeqCst), 0, "the first broker is used while it answers");
+
+    // A hands out T2 but refuses its ack, and then everything.
+    a.state.fail_acks.store(1_000, Ordering::SeqCst);
+    a.state.push(delivery("T2", 1, "p1", &printer.address(), b"from a, acked on b\n"));
+    let acks = b.state.wait_acks(1, Duration::from_secs(20)).await;
+    assert_eq!((acks[0].task_id.as_str(), acks[0].outcome), ("T2", Outcome::Printed));
+    a.state.unavailable.store(true, Ordering::SeqCst);
+    b.state.push(delivery("T3", 1, "p1", &printer.address(), b"on b\n"));
+    let acks = b.state.wait_acks(2, Duration::from_secs(20)).await;
+    assert_eq!((acks[1].task_id.as_str(), acks[1].outcome), ("T3", Outcome::Printed));
+    agent.stop().await;
+    assert_eq!(printer.job_count(), 3);
+    let on_a = a.state.poll_sessions.lock().expect("sessions").clone();
+    let on_b = b.state.poll_sessions.lock().expect("sessions").clone();
+    assert!(!on_b.is_empty() && on_b.iter().all(|s| *s == on_a[0]), "one session on both: {on_a:?} {on_b:?}");
+    let senders = b.state.ack_senders.lock().expect("senders").clone();
+    assert!(senders.iter().all(|(_, s)| s.as_deref() == Some(on_a[0].as_str())), "{senders:?}");
+    let ids_a = a.state.agent_ids.lock().expect("ids").clone();
+    let ids_b = b.state.agent_ids.lock().expect("ids").clone();
+    assert_eq!(ids_a[0], ids_b[0], "one agent id on both");
 }

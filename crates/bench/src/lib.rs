@@ -23,10 +23,12 @@
 //! the report as JSON, and exits non-zero when [`SubmitReport::problems`] is not empty.
 
 mod broker;
+pub mod cluster;
 pub mod e2e;
 pub mod fairness;
 pub mod faults;
 mod http;
+pub mod lb;
 mod load;
 pub mod paper;
 mod pg;
@@ -79,6 +81,9 @@ pub struct SubmitOptions {
     pub printers: usize,
     /// Submissions sent before the measured ones (own keys, verified, not timed).
     pub warmup: usize,
+    /// Broker nodes on one PostgreSQL database behind the bench's load balancer (1: one
+    /// broker, no balancer).
+    pub nodes: usize,
 }
 
 impl SubmitOptions {
@@ -92,6 +97,7 @@ impl SubmitOptions {
             duplicate_share: 0.30,
             printers: 10,
             warmup: 5_000,
+            nodes: 1,
         }
     }
 }
@@ -223,6 +229,7 @@ fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
     if u32::try_from(opts.requests.max(opts.warmup)).is_err() {
         return bad("too many requests");
     }
+    cluster::validate_nodes(opts.nodes, opts.database.as_deref())?;
     validate_database(opts.database.as_deref())
 }
 
@@ -234,12 +241,29 @@ async fn run_on(
     dir: &Path,
 ) -> Result<SubmitReport, BenchError> {
     let admin_token = random_hex(24)?;
-    let broker = Broker::start(&opts.broker_exe, database_url, &admin_token, &dir.join("broker.log")).await?;
-    let result = drive(opts, &broker, &admin_token).await;
+    let nodes = cluster::start_nodes(opts.nodes, &opts.broker_exe, database_url, &admin_token, dir, None, &[]).await?;
+    let brokers: Vec<Broker> = nodes.into_iter().map(|(b, _)| b).collect();
+    let lb = if brokers.len() > 1 {
+        let addrs: Vec<std::net::SocketAddr> = brokers.iter().map(|b| b.addr).collect();
+        Some(lb::LoadBalancer::start(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), &addrs).await?)
+    } else {
+        None
+    };
+    let addr = lb.as_ref().map_or(brokers[0].addr, |lb| lb.addr);
+    // The nodes' CPU time summed, read from /proc around the measured run.
+    let cpu = || brokers.iter().map(|b| b.stats().cpu_seconds).sum::<Option<f64>>();
+    let result = drive(opts, addr, &admin_token, &cpu).await;
     // Read the peak before stopping: /proc/<pid> is gone once the broker is reaped.
-    let rss_kib = broker.peak_rss_kib();
-    let log_tail = broker.log_tail();
-    let stopped = broker.stop().await;
+    let rss_kib = brokers.iter().filter_map(Broker::peak_rss_kib).max();
+    let log_tail = brokers[0].log_tail();
+    drop(lb);
+    let mut stopped = Ok(Some(std::process::ExitStatus::default()));
+    for broker in brokers {
+        let s = broker.stop().await;
+        if !matches!(s, Ok(Some(status)) if status.success()) {
+            stopped = s;
+        }
+    }
     let mut report = result.map_err(|e| match e {
         // Attach the broker's log to errors where the broker is the likely culprit.
         BenchError::Http { context, detail } => {
@@ -260,8 +284,13 @@ async fn run_on(
 }
 
 /// Set-up, warm-up, the measured run and verification, against a running broker.
-async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Result<SubmitReport, BenchError> {
-    let mut conn = Conn::connect(broker.addr)
+async fn drive(
+    opts: &SubmitOptions,
+    addr: std::net::SocketAddr,
+    admin_token: &str,
+    broker_cpu: &dyn Fn() -> Option<f64>,
+) -> Result<SubmitReport, BenchError> {
+    let mut conn = Conn::connect(addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
     let auth = setup::tenant(&mut conn, admin_token).await?;
@@ -276,13 +305,15 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
     if opts.warmup > 0 {
         let plan = build_plan("W", opts.warmup, opts.duplicate_share, opts.printers, PLAN_SEED ^ 0x5741_524D);
         let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
-        let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
+        let run = load::run_load(addr, auth.clone(), bodies, opts.concurrency).await?;
         answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &Default::default(), &mut problems));
     }
 
     let plan = build_plan("B", opts.requests, opts.duplicate_share, opts.printers, PLAN_SEED);
     let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
-    let run = load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency).await?;
+    let cpu_before = broker_cpu();
+    let run = load::run_load(addr, auth.clone(), bodies, opts.concurrency).await?;
+    let cpu_after = broker_cpu();
     answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &Default::default(), &mut problems));
 
     let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
@@ -311,6 +342,11 @@ async fn drive(opts: &SubmitOptions, broker: &Broker, admin_token: &str) -> Resu
         answers_per_sec: per_sec(run.outcomes.iter().filter(|o| o.status != 0).count()),
         latency_ms: LatencyReport::from_outcomes(&run.outcomes),
         broker_peak_rss_mib: None,
+        nodes: opts.nodes,
+        broker_cpu_ms_per_request: match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) if opts.requests > 0 => Some((b - a) * 1000.0 / opts.requests as f64),
+            _ => None,
+        },
         problems,
     })
 }

@@ -24,7 +24,7 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `<exe> <args…>` with `RUST_LOG=warn` (per-job info lines would measure the
-    /// logger), stdout and stderr appended to `log_path` (a restarted process appends to
+    /// logger; `ONCEPRINT_BENCH_CHILD_LOG` overrides it, to look behind a finding), stdout and stderr appended to `log_path` (a restarted process appends to
     /// its predecessor's log), and kill-on-drop so an erroring bench leaves nothing behind.
     pub fn spawn(name: &'static str, exe: &Path, args: &[String], log_path: &Path) -> Result<Self, BenchError> {
         let open = || {
@@ -38,7 +38,7 @@ impl Proc {
         let mut command = Command::new(exe);
         command
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("ONCEPRINT_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

@@ -92,6 +92,12 @@ pub struct SubmitReport {
     pub latency_ms: LatencyReport,
     /// Broker's peak resident set (`VmHWM`) over the whole run, set-up and listing included.
     pub broker_peak_rss_mib: Option<f64>,
+    /// Broker nodes behind the bench's load balancer (1: one broker, no balancer); the
+    /// peak RSS above is then the highest node's.
+    pub nodes: usize,
+    /// The nodes' CPU time (user + system, summed, from /proc) during the measured run,
+    /// per measured request.
+    pub broker_cpu_ms_per_request: Option<f64>,
     /// Everything that broke the contract; empty means the run verified.
     pub problems: Vec<String>,
 }
@@ -146,6 +152,14 @@ impl SubmitReport {
             None => {
                 let _ = writeln!(s, "broker RSS:   unknown");
             }
+        }
+        if let Some(ms) = self.broker_cpu_ms_per_request {
+            let nodes = if self.nodes > 1 {
+                format!(" ({} nodes summed, behind the load balancer)", self.nodes)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(s, "broker CPU:   {ms:.3} ms per request{nodes}");
         }
         finish_text(s, &self.problems)
     }

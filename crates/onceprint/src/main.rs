@@ -113,6 +113,9 @@ enum BenchCommand {
         /// Requests sent before measuring.
         #[arg(long, default_value_t = 5_000)]
         warmup: usize,
+        /// Broker nodes on the one PostgreSQL database behind the bench's load balancer.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -139,6 +142,9 @@ enum BenchCommand {
         /// Give up when submitting and printing take longer than this.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
+        /// Broker nodes on the one PostgreSQL database behind the bench's load balancer.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -170,6 +176,17 @@ enum BenchCommand {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// A TCP round-robin load balancer over several `serve` nodes, for manual runs: one
+    /// connection to one backend, the next connection to the next, backends whose
+    /// `/readyz` does not answer 200 left out (checked every 300 ms). No retries.
+    Lb {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// A node, as http://HOST:PORT; repeat for each node.
+        #[arg(long = "backend", value_name = "URL", required = true)]
+        backends: Vec<String>,
     },
     Polls {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
@@ -234,9 +251,18 @@ enum BenchCommand {
         /// kill -9 the agent this many times (restarted with the same state directory).
         #[arg(long, default_value_t = 5)]
         agent_kills: usize,
-        /// kill -9 the broker this many times (restarted on the same database and port).
+        /// kill -9 the broker this many times (restarted on the same database and port);
+        /// with several nodes, the nodes in turn.
         #[arg(long, default_value_t = 3)]
         broker_kills: usize,
+        /// Broker nodes on the one PostgreSQL database behind the bench's load balancer;
+        /// the agent, the printers and the submitters talk to the balancer.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Start a redis-server for the nodes (`serve --redis-url`) and kill -9 it once
+        /// half-way through the fault window.
+        #[arg(long)]
+        redis: bool,
         /// After faults stop, every lane must drain within this many seconds.
         #[arg(long, default_value_t = 120)]
         drain_timeout_secs: u64,
@@ -373,7 +399,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Submit { database, requests, concurrency, duplicates, printers, warmup, json } => {
+        BenchCommand::Submit { database, requests, concurrency, duplicates, printers, warmup, nodes, json } => {
             let broker_exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
             let report = onceprint_bench::run_submit(onceprint_bench::SubmitOptions {
                 broker_exe,
@@ -383,11 +409,12 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 duplicate_share: duplicates,
                 printers,
                 warmup,
+                nodes,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
         }
-        BenchCommand::E2e { database, printers, tasks, concurrency, kill_agent_at, timeout_secs, json } => {
+        BenchCommand::E2e { database, printers, tasks, concurrency, kill_agent_at, timeout_secs, nodes, json } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
             let report = onceprint_bench::run_e2e(onceprint_bench::E2eOptions {
                 exe,
@@ -397,6 +424,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
+                nodes,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
@@ -414,6 +442,10 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Lb { listen, backends } => {
+            onceprint_bench::lb::run_lb(listen, &backends, shutdown_signal()).await?;
+            Ok(())
         }
         BenchCommand::Polls { database, printers, interval_ms, seconds, tasks, json } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
@@ -442,6 +474,8 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             fault_every_ms,
             agent_kills,
             broker_kills,
+            nodes,
+            redis,
             drain_timeout_secs,
             timeout_secs,
             audit_sample,
@@ -462,6 +496,8 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 fault_every: std::time::Duration::from_millis(fault_every_ms),
                 agent_kills,
                 broker_kills,
+                nodes,
+                redis,
                 drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 audit_sample,

@@ -36,7 +36,9 @@ pub struct ErrorDetail {
     /// `idempotency_mismatch`, `invalid_transition`, `payload_too_large`, `invalid_content`, `conflict`,
     /// `printer_disabled`, `last_api_key`, `agent_superseded`, `method_not_allowed`,
     /// `unsupported_media_type`, `unavailable`, `internal`, `forbidden` (403),
-    /// `too_many_requests` (429, with `Retry-After`), `csrf` (403).
+    /// `too_many_requests` (429, with `Retry-After`), `csrf` (403),
+    /// `agent_protocol_unsupported` (426, the agent protocol version is outside the range
+    /// the broker names in `Onceprint-Agent-Protocols`).
     pub code: String,
     /// For people: what was wrong and, where possible, how to fix it.
     pub message: String,

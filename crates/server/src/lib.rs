@@ -7,6 +7,7 @@
 //! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
 
+pub mod agent_protocol;
 pub mod console;
 mod dto;
 mod error;
@@ -233,6 +234,7 @@ pub fn router(state: AppState) -> Router {
                 "this endpoint does not take that method; see /openapi.json",
             )
         })
+        .layer(axum::middleware::from_fn(agent_protocol::check))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn(request_id::tag))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

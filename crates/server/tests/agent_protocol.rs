@@ -18,6 +18,7 @@ both_backends!(
     long_poll_wakes_up_on_submission,
     agents_only_see_and_ack_their_own_store,
     bad_agent_requests_are_refused,
+    agent_protocol_versions_outside_the_range_are_refused_clearly,
 );
 
 async fn agent_token(app: &TestApp, key: &str, store: &str) -> String {
@@ -181,4 +182,51 @@ async fn bad_agent_requests_are_refused(app: &TestApp) {
         .await;
     assert_eq!(a.code(), "invalid_request");
     assert!(a.body["error"]["message"].as_str().unwrap_or("").contains("smudged"));
+}
+
+/// An agent request naming `version` (or none); the answer's status, error code and
+/// message, and the range header.
+async fn poll_as_version(app: &TestApp, token: &str, version: Option<&str>) -> (StatusCode, Value, Option<String>) {
+    let mut req = app
+        .http
+        .post(format!("{}/v1/agent/poll", app.base))
+        .bearer_auth(token)
+        .json(&json!({"agent_id": "agent-1", "session": "s1", "wait_ms": 0, "max": 1}));
+    if let Some(v) = version {
+        req = req.header("Onceprint-Agent-Protocol", v);
+    }
+    let resp = req.send().await.expect("poll");
+    let status = resp.status();
+    let range = resp.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (status, resp.json().await.unwrap_or_default(), range)
+}
+
+async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let token = agent_token(app, &key, "s1").await;
+    // Agents of releases before versioning send no header and must keep working, as 1.
+    for version in [None, Some("1"), Some(" 1 ")] {
+        let (status, body, range) = poll_as_version(app, &token, version).await;
+        assert_eq!(status, StatusCode::OK, "{version:?}: {body}");
+        assert_eq!(range.as_deref(), Some("1-1"), "every answer names the broker's range");
+    }
+    // An agent newer than the broker is told to upgrade the broker (or run an older agent).
+    let (status, body, range) = poll_as_version(app, &token, Some("2")).await;
+    assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
+    assert_eq!(body["error"]["code"], "agent_protocol_unsupported", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("upgrade the broker") && message.contains('2'), "{message}");
+    assert_eq!(range.as_deref(), Some("1-1"));
+    // An agent older than the broker serves is told to upgrade the agent.
+    let (status, body, _) = poll_as_version(app, &token, Some("0")).await;
+    assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("upgrade the agent"), "{body}");
+    let (status, body, _) = poll_as_version(app, &token, Some("one")).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::UPGRADE_REQUIRED, Some("agent_protocol_unsupported"))
+    );
+    // Nothing of a refused request took effect, and other endpoints carry the range too.
+    let a = app.http.get(format!("{}/healthz", app.base)).send().await.expect("healthz");
+    assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-1"));
 }

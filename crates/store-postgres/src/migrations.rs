@@ -8,6 +8,14 @@
 //!
 //! Migrations are append-only: a released migration is never edited, a change to the
 //! schema is a new entry at the end of [`MIGRATIONS`].
+//!
+//! Migrations are also additive, so that brokers of the previous release keep running
+//! against the new schema during a rolling upgrade (docs/DEPLOYMENT.md): a migration adds
+//! tables, columns (nullable or with a default), indexes and functions, and may loosen a
+//! constraint; it never drops or renames a table or column, changes a column's type,
+//! makes an existing column NOT NULL, or adds a NOT NULL column without a default. The
+//! test `every_migration_is_additive` checks the SQL text and the schema itself after
+//! each step; [`NOT_ADDITIVE`] lists the exceptions released before the rule was checked.
 
 use onceprint_store::{StoreError, StoreResult};
 
@@ -35,6 +43,16 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     // 14 is another change of issue 12, made on a parallel branch.
     (15, V15_CLUSTER),
 ];
+
+/// Released migrations that break the additive rule, each with why it was accepted. The
+/// list is closed: a new migration must be additive (see the module documentation).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const NOT_ADDITIVE: &[(i32, &str, &str)] = &[(
+    9,
+    "ALTER COLUMN ID SET NOT NULL",
+    "agent_tokens.id is added and filled by the same migration; brokers of version 8 insert tokens without \
+     it and fail, so set-up objects are created only by brokers of version 9 or later (see V9_SETUP_CHANGES)",
+)];
 
 /// The version a fully migrated database reports.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -534,6 +552,111 @@ mod tests {
     fn versions_increase_from_one() {
         assert_eq!(MIGRATIONS[0].0, 1);
         assert!(MIGRATIONS.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    /// The clauses of `sql` (upper case, whitespace collapsed) that break the additive
+    /// rule of the module documentation.
+    fn not_additive(sql: &str) -> Vec<String> {
+        let text = sql.split_whitespace().collect::<Vec<_>>().join(" ").to_uppercase();
+        let mut found = Vec::new();
+        for statement in text.split(';').map(str::trim) {
+            for banned in ["DROP COLUMN", "DROP TABLE", "RENAME", "DROP FUNCTION", "DROP VIEW"] {
+                if statement.contains(banned) {
+                    found.push(statement.to_owned());
+                }
+            }
+            // Changing an existing column: its type or tightening it to NOT NULL. (SET
+            // DEFAULT and DROP NOT NULL only loosen, and are fine.)
+            for part in statement.split("ALTER COLUMN ").skip(1) {
+                let clause = part.split(',').next().unwrap_or(part);
+                if clause.contains(" TYPE ") || clause.contains("SET NOT NULL") {
+                    found.push(format!("ALTER COLUMN {clause}"));
+                }
+            }
+            // A new NOT NULL column without a default fails every insert of an older broker.
+            for part in statement.split("ADD COLUMN ").skip(1) {
+                let clause = part.split(',').next().unwrap_or(part);
+                if clause.contains("NOT NULL") && !clause.contains("DEFAULT") {
+                    found.push(format!("ADD COLUMN {clause}"));
+                }
+            }
+        }
+        found
+    }
+
+    /// The columns of the schema behind `client`: (table, column) → (type, nullable).
+    async fn columns(client: &tokio_postgres::Client) -> std::collections::BTreeMap<(String, String), (String, bool)> {
+        let rows = client
+            .query(
+                "SELECT table_name::text, column_name::text, data_type::text, is_nullable = 'YES'
+                   FROM information_schema.columns WHERE table_schema = current_schema()",
+                &[],
+            )
+            .await
+            .expect("columns");
+        rows.iter().map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3)))).collect()
+    }
+
+    #[test]
+    fn the_additive_check_catches_what_would_break_an_older_broker() {
+        for bad in [
+            "ALTER TABLE tasks DROP COLUMN sent_to;",
+            "ALTER TABLE tasks RENAME COLUMN sent_to TO sent_for;",
+            "ALTER TABLE tasks ALTER COLUMN attempts TYPE BIGINT;",
+            "ALTER TABLE tasks ALTER COLUMN sent_to SET NOT NULL;",
+            "ALTER TABLE tasks ADD COLUMN lane BIGINT NOT NULL;",
+            "DROP TABLE settings;",
+        ] {
+            assert_eq!(not_additive(bad).len(), 1, "{bad}");
+        }
+        for fine in [
+            "ALTER TABLE tasks ADD COLUMN lane BIGINT NOT NULL DEFAULT 0, ADD COLUMN x TEXT;",
+            "ALTER TABLE tasks ALTER COLUMN sent_to DROP NOT NULL;",
+            "CREATE INDEX a ON t (b); DROP INDEX a;",
+            "ALTER TABLE ledger DROP CONSTRAINT IF EXISTS ledger_task_id_fkey;",
+        ] {
+            assert!(not_additive(fine).is_empty(), "{fine}");
+        }
+    }
+
+    /// Brokers of release N keep running against N+1's schema (rolling upgrades): every
+    /// migration is additive, by its SQL and by the columns each step leaves, except the
+    /// listed old exceptions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_migration_is_additive() {
+        for (version, sql) in MIGRATIONS {
+            let allowed: Vec<&str> =
+                NOT_ADDITIVE.iter().filter(|(v, _, _)| v == version).map(|(_, clause, _)| *clause).collect();
+            let found = not_additive(sql);
+            let unexpected: Vec<&String> = found.iter().filter(|f| !allowed.iter().any(|a| f.starts_with(a))).collect();
+            assert!(unexpected.is_empty(), "migration {version} is not additive: {unexpected:?}");
+            assert_eq!(found.len(), allowed.len(), "migration {version}: an allowed exception is no longer there");
+        }
+
+        let Some(schema) = crate::testing::fresh_schema().await else {
+            return;
+        };
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        let mut before = columns(&client).await;
+        for (version, sql) in MIGRATIONS {
+            client.batch_execute(sql).await.expect("migration");
+            let after = columns(&client).await;
+            for ((table, column), (kind, nullable)) in &before {
+                let now = after.get(&(table.clone(), column.clone()));
+                assert!(now.is_some(), "migration {version} removed {table}.{column}");
+                let Some((now_kind, now_nullable)) = now else { continue };
+                assert_eq!(now_kind, kind, "migration {version} changed the type of {table}.{column}");
+                assert!(
+                    *now_nullable || !*nullable,
+                    "migration {version} made the existing column {table}.{column} NOT NULL"
+                );
+            }
+            before = after;
+        }
+        drop(client);
+        let _ = driver.await;
+        drop(schema);
     }
 
     /// A fresh schema as a broker of an earlier version left it: the migrations up to

@@ -236,6 +236,13 @@ pub struct BrokerState {
     /// The `(agent_id, session)` of every ack POST and the sessions of the polls.
     pub ack_senders: Mutex<Vec<(Option<String>, Option<String>)>>,
     pub poll_sessions: Mutex<Vec<String>>,
+    /// Answer everything with 503 (a node that is going down or cannot reach its database).
+    pub unavailable: std::sync::atomic::AtomicBool,
+    /// The agent protocol versions this broker serves, `(min, max)`; `None`: any (and no
+    /// range header, like a broker of a release before versioning).
+    pub protocols: Mutex<Option<(u32, u32)>>,
+    /// The `Onceprint-Agent-Protocol` header of every request (poll and ack), in order.
+    pub protocol_headers: Mutex<Vec<Option<String>>>,
 }
 
 impl BrokerState {
@@ -290,16 +297,46 @@ async fn poll(
     State(st): State<Arc<BrokerState>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
-) -> (StatusCode, [(&'static str, &'static str); 1], Json<Value>) {
+) -> (StatusCode, [(&'static str, String); 2], Json<Value>) {
     st.polls.fetch_add(1, Ordering::SeqCst);
     let (code, body) = poll_inner(&st, &headers, body).await;
     let retry = if code == StatusCode::TOO_MANY_REQUESTS { "1" } else { "" };
-    (code, [("retry-after", retry)], body)
+    (code, [("retry-after", retry.into()), ("onceprint-agent-protocols", range_header(&st))], body)
+}
+
+fn range_header(st: &BrokerState) -> String {
+    match *st.protocols.lock().expect("protocols lock") {
+        Some((min, max)) => format!("{min}-{max}"),
+        None => String::new(),
+    }
+}
+
+/// The checks every endpoint makes first: down, the protocol version, the token.
+fn gate(st: &BrokerState, headers: &HeaderMap) -> Option<(StatusCode, Json<Value>)> {
+    let version = headers.get("onceprint-agent-protocol").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    st.protocol_headers.lock().expect("headers lock").push(version.clone());
+    if st.unavailable.load(Ordering::SeqCst) {
+        return Some((
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": {"code": "unavailable", "message": "going down"}})),
+        ));
+    }
+    if let Some((min, max)) = *st.protocols.lock().expect("protocols lock") {
+        let v = version.as_deref().map_or(Some(1), |v| v.parse::<u32>().ok());
+        if !v.is_some_and(|v| (min..=max).contains(&v)) {
+            return Some((
+                StatusCode::UPGRADE_REQUIRED,
+                Json(json!({"error": {"code": "agent_protocol_unsupported",
+                    "message": format!("this broker serves agent protocol {min} to {max}: upgrade the agent")}})),
+            ));
+        }
+    }
+    (!authorized(headers)).then(unauthorized)
 }
 
 async fn poll_inner(st: &BrokerState, headers: &HeaderMap, body: Value) -> (StatusCode, Json<Value>) {
-    if !authorized(headers) {
-        return unauthorized();
+    if let Some(refused) = gate(st, headers) {
+        return refused;
     }
     if st.rate_limit_polls.load(Ordering::SeqCst) > 0 {
         st.rate_limit_polls.fetch_sub(1, Ordering::SeqCst);
@@ -341,8 +378,8 @@ async fn acks(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
-    if !authorized(&headers) {
-        return unauthorized();
+    if let Some(refused) = gate(&st, &headers) {
+        return refused;
     }
     if st.fail_acks.load(Ordering::SeqCst) > 0 {
         st.fail_acks.fetch_sub(1, Ordering::SeqCst);
@@ -402,7 +439,7 @@ pub fn delivery(task_id: &str, attempt: u32, printer_id: &str, address: &str, da
 
 pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
     AgentArgs {
-        server: server.into(),
+        server: vec![server.into()],
         ca_cert: None,
         token: TOKEN.into(),
         state_dir: state_dir.to_owned(),

@@ -65,6 +65,9 @@ pub struct E2eOptions {
     pub kill_agent_at: Option<f64>,
     /// The whole run (submitting and printing) must end within this.
     pub timeout: Duration,
+    /// Broker nodes on one PostgreSQL database behind the bench's load balancer, which
+    /// the submitters and the agent talk to (1: one broker, no balancer).
+    pub nodes: usize,
 }
 
 impl E2eOptions {
@@ -78,6 +81,7 @@ impl E2eOptions {
             concurrency: 32,
             kill_agent_at: None,
             timeout: Duration::from_secs(600),
+            nodes: 1,
         }
     }
 }
@@ -104,6 +108,7 @@ fn validate(opts: &E2eOptions) -> Result<(), BenchError> {
     if opts.timeout.is_zero() {
         return bad("the timeout must be positive");
     }
+    crate::cluster::validate_nodes(opts.nodes, opts.database.as_deref())?;
     crate::validate_database(opts.database.as_deref())
 }
 
@@ -157,15 +162,19 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     let sim = crate::sim::start_sim(&opts.exe, opts.printers, dir).await?;
     let admin_token = random_hex(24)?;
     // On an error the simulator is killed when `sim` is dropped.
-    let broker = Broker::start(&opts.exe, database_url, &admin_token, &dir.join("broker.log")).await?;
+    let nodes = crate::cluster::start_nodes(opts.nodes, &opts.exe, database_url, &admin_token, dir, None, &[]).await?;
+    let (brokers, launches): (Vec<Broker>, Vec<_>) = nodes.into_iter().unzip();
+    let lb = if launches.len() > 1 { Some(crate::cluster::balance(&launches).await?) } else { None };
+    let addr = lb.as_ref().map_or(brokers[0].addr, |lb| lb.addr);
     let (first_port, paper_log) = (sim.first_port, sim.paper_log.clone());
     let mut procs =
         Procs { sim: Some(sim.proc), agent: None, killed_agent: ProcStats::default(), machine_at_start: None };
 
-    let result = drive(opts, &broker, first_port, &paper_log, &mut procs, dir, &admin_token).await;
+    let result = drive(opts, addr, first_port, &paper_log, &mut procs, dir, &admin_token).await;
 
-    // Read what /proc knows before stopping: it is gone once a process is reaped.
-    let broker_stats = broker.stats();
+    // Read what /proc knows before stopping: it is gone once a process is reaped. With
+    // several nodes the broker's CPU time is theirs summed, its peak the highest node's.
+    let broker_stats = brokers.iter().map(Broker::stats).fold(ProcStats::default(), ProcStats::merge);
     let agent_stats = procs.agent.as_ref().map(Proc::stats).unwrap_or_default().merge(procs.killed_agent);
     let sim_stats = procs.sim.as_ref().map(Proc::stats).unwrap_or_default();
     let bench_stats = ProcStats::own();
@@ -174,7 +183,7 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
         let tail = |p: &Option<Proc>| p.as_ref().map_or("(not running)".to_string(), Proc::log_tail);
         format!(
             "\n--- broker log (last lines) ---\n{}\n--- agent log ---\n{}\n--- printer-sim log ---\n{}",
-            broker.log_tail(),
+            brokers[0].log_tail(),
             tail(&procs.agent),
             tail(&procs.sim)
         )
@@ -189,7 +198,10 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     if let Some(sim) = procs.sim.take() {
         note_stop("printer-sim", sim.stop().await, &mut stop_problems);
     }
-    note_stop("broker", broker.stop().await, &mut stop_problems);
+    drop(lb);
+    for broker in brokers {
+        note_stop("broker", broker.stop().await, &mut stop_problems);
+    }
 
     let mut report = result.map_err(|e| e.with_logs(tails))?;
     let mib = |s: ProcStats| s.peak_rss_kib.map(|k| k as f64 / 1024.0);
@@ -215,20 +227,25 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
         });
     }
     report.problems.extend(stop_problems);
+    report.nodes = launches.len();
+    let all_cpu: f64 = [broker_stats, agent_stats, sim_stats, bench_stats].iter().filter_map(|s| s.cpu_seconds).sum();
+    report.cpu_ms_per_task = (opts.tasks > 0).then(|| all_cpu * 1000.0 / opts.tasks as f64);
+    report.broker_cpu_ms_per_task =
+        broker_stats.cpu_seconds.filter(|_| opts.tasks > 0).map(|c| c * 1000.0 / opts.tasks as f64);
     Ok(report)
 }
 
 /// Set-up, the agent, submissions, the wait for paper, and the verdict.
 async fn drive(
     opts: &E2eOptions,
-    broker: &Broker,
+    addr: SocketAddr,
     first_port: u16,
     paper_log: &Path,
     procs: &mut Procs,
     dir: &Path,
     admin_token: &str,
 ) -> Result<E2eReport, BenchError> {
-    let mut conn = Conn::connect(broker.addr)
+    let mut conn = Conn::connect(addr)
         .await
         .map_err(|detail| BenchError::Http { context: "connecting for set-up".into(), detail })?;
     let addresses: Vec<String> =
@@ -238,7 +255,7 @@ async fn drive(
 
     let watcher = PaperWatcher::start(paper_log.to_path_buf(), opts.tasks)
         .map_err(|e| BenchError::io("starting the paper-log reader", e))?;
-    let args = agent_args(broker.addr, token, &dir.join("agent"), None);
+    let args = agent_args(addr, token, &dir.join("agent"), None);
     let agent_log = dir.join("agent.log");
     procs.agent = Some(Proc::spawn("agent", &opts.exe, &args, &agent_log)?);
     // An agent that refuses its flags or state directory exits at once: say so clearly
@@ -258,7 +275,7 @@ async fn drive(
     let deadline = Instant::now() + opts.timeout;
     procs.machine_at_start = MachineTimes::now();
     let submit = async {
-        tokio::time::timeout_at(deadline.into(), load::run_load(broker.addr, auth.clone(), bodies, opts.concurrency))
+        tokio::time::timeout_at(deadline.into(), load::run_load(addr, auth.clone(), bodies, opts.concurrency))
             .await
             .map_err(|_| BenchError::Protocol {
                 context: "submitting".into(),
@@ -270,7 +287,7 @@ async fn drive(
             None => Ok(None),
             Some(share) => {
                 let threshold = ((share * n as f64).round() as usize).clamp(1, n);
-                let ctx = RestartCtx { exe: &opts.exe, args: &args, log: &agent_log, addr: broker.addr, auth: &auth };
+                let ctx = RestartCtx { exe: &opts.exe, args: &args, log: &agent_log, addr, auth: &auth };
                 kill_and_restart(&ctx, &watcher, procs, threshold, n, deadline).await.map(Some)
             }
         }
@@ -348,6 +365,9 @@ async fn drive(
         delivery,
         peak_rss_mib: PerProcess::default(),
         cpu_seconds: PerProcess::default(),
+        nodes: 1,
+        cpu_ms_per_task: None,
+        broker_cpu_ms_per_task: None,
         machine_cpu: None,
         problems,
     })

@@ -76,6 +76,12 @@ pub struct E2eReport {
     pub delivery: DeliveryCheck,
     pub peak_rss_mib: PerProcess,
     pub cpu_seconds: PerProcess,
+    /// Broker nodes (behind the bench's load balancer when more than one).
+    pub nodes: usize,
+    /// CPU time (user + system, from /proc) per task: of every process of the run (the
+    /// nodes, agent, printer simulator and the bench), and of the broker nodes alone.
+    pub cpu_ms_per_task: Option<f64>,
+    pub broker_cpu_ms_per_task: Option<f64>,
     pub machine_cpu: Option<MachineCpu>,
     /// Everything that broke the contract or the targets; empty means the run verified.
     pub problems: Vec<String>,
@@ -165,6 +171,17 @@ impl E2eReport {
             fmt(c.agent, " s"),
             fmt(c.printer_sim, " s"),
             fmt(c.bench, " s")
+        );
+        let _ = writeln!(
+            s,
+            "CPU per task: {} all processes, {} the broker{}",
+            fmt(self.cpu_ms_per_task, " ms"),
+            fmt(self.broker_cpu_ms_per_task, " ms"),
+            if self.nodes > 1 {
+                format!(" ({} nodes summed, behind the load balancer)", self.nodes)
+            } else {
+                String::new()
+            }
         );
         if let Some(m) = &self.machine_cpu {
             let total = m.busy_seconds + m.idle_seconds;

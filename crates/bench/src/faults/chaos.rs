@@ -140,8 +140,8 @@ pub async fn agent_kills(
 /// Kills the broker at each kill's moment and starts it again on the same address and
 /// database after the kill's down time. Returns the kills and the outages they caused.
 pub async fn broker_kills(
-    broker: &mut Option<Broker>,
-    launch: &Launch,
+    brokers: &mut [Option<Broker>],
+    launches: &[Launch],
     kills: &[Kill],
     t0: Instant,
     notes: &mut Vec<String>,
@@ -150,13 +150,18 @@ pub async fn broker_kills(
     let mut done = Vec::with_capacity(kills.len());
     let mut outages = Vec::with_capacity(kills.len());
     for (i, k) in kills.iter().enumerate() {
+        // With several nodes the kills go to the nodes in turn.
+        let node = i % brokers.len().max(1);
+        let (Some(broker), Some(launch)) = (brokers.get_mut(node), launches.get(node)) else { break };
         tokio::time::sleep_until((t0 + Duration::from_millis(k.at_ms)).into()).await;
         let killed_at = Instant::now();
         if let Some(mut b) = broker.take() {
             match b.exited() {
-                Some(status) => {
-                    notes.push(format!("the broker exited on its own with {status} before kill #{}", i + 1))
-                }
+                Some(status) => notes.push(format!(
+                    "the broker on {} exited on its own with {status} before kill #{}",
+                    launch.listen,
+                    i + 1
+                )),
                 None => b.kill9().await?,
             }
         }

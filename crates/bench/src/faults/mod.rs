@@ -14,6 +14,13 @@
 //!   the same state directory and agent id) and of the broker (restarted on the same
 //!   address and database) at random moments ([`schedule`], [`chaos`]).
 //!
+//! With `--nodes N` (PostgreSQL only) the broker is N `serve` nodes on one database behind
+//! the bench's load balancer ([`crate::lb`]); the agent, the printers that call in and the
+//! submitters all talk to the balancer, and the broker kills go to the nodes in turn, each
+//! node restarted on its own port. With `--redis` the run starts its own `redis-server`,
+//! gives every node `--redis-url`, and kills Redis with `kill -9` once, half-way through
+//! the fault window, restarting it a second later: intake must not notice.
+//!
 //! When every submission is answered and every planned fault done, faults stop (all
 //! cleared, every process up) and the run waits until no task of the store is `pending`,
 //! `sent` or `retrying`, bounded by the drain timeout. The verdict ([`check`]) comes from
@@ -31,6 +38,7 @@
 
 pub mod chaos;
 pub mod check;
+pub mod events;
 pub mod fleet;
 mod report;
 pub mod schedule;
@@ -56,7 +64,7 @@ use crate::plan::SplitMix64;
 use crate::procs::{agent_args, note_stop, Proc};
 use crate::report::machine_line;
 use crate::setup::{self, Deployment};
-use crate::sim::{free_port_run, start_sim, Sim, MAX_PRINTERS};
+use crate::sim::{start_sim, Sim, MAX_PRINTERS};
 use crate::verify::{self, ListedTask};
 use crate::{random_hex, BenchError, STORE_ID};
 use chaos::{AgentCtx, Outage};
@@ -74,6 +82,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(250);
 /// printer buffered while blocked print as soon as its faults clear.
 const PAPER_QUIET: Duration = Duration::from_secs(1);
 const PAPER_QUIET_MAX: Duration = Duration::from_secs(15);
+/// How long after the drain the task events may still arrive.
+const EVENTS_WAIT: Duration = Duration::from_secs(30);
 /// Connections fetching audit trails at once.
 const AUDIT_CONNECTIONS: usize = 4;
 
@@ -101,6 +111,10 @@ pub struct FaultsOptions {
     pub fault_every: Duration,
     pub agent_kills: usize,
     pub broker_kills: usize,
+    /// Broker nodes on one PostgreSQL database behind the load balancer (1: no balancer).
+    pub nodes: usize,
+    /// Start a Redis for the nodes' shared first gate, and kill it once mid-run.
+    pub redis: bool,
     /// How long the lanes get to drain once faults stop.
     pub drain_timeout: Duration,
     /// Submitting and the fault phase must end within this (the drain comes after).
@@ -129,6 +143,8 @@ impl FaultsOptions {
             fault_every: Duration::from_secs(4),
             agent_kills: 5,
             broker_kills: 3,
+            nodes: 1,
+            redis: false,
             drain_timeout: Duration::from_secs(120),
             timeout: Duration::from_secs(600),
             audit_sample: 1_000,
@@ -173,6 +189,13 @@ fn validate(opts: &FaultsOptions) -> Result<(), BenchError> {
             opts.fault_window.as_secs()
         ));
     }
+    if opts.nodes == 0 || opts.nodes > crate::cluster::MAX_NODES {
+        return bad(format!("nodes must be 1–{}", crate::cluster::MAX_NODES));
+    }
+    let postgres = opts.database.as_deref().is_some_and(|d| d.starts_with("postgres"));
+    if (opts.nodes > 1 || opts.redis) && !postgres {
+        return bad("--nodes above 1 and --redis need --database postgres://… (nodes share one database)".into());
+    }
     crate::validate_database(opts.database.as_deref())
 }
 
@@ -210,7 +233,11 @@ pub async fn run_faults(opts: FaultsOptions) -> Result<FaultsReport, BenchError>
 /// The processes of a run. Drivers take them in and out while they kill and restart them;
 /// whatever is here at the end is stopped.
 struct Running {
-    broker: Option<Broker>,
+    /// The broker nodes, in the order of their launches; `None` while one is down.
+    brokers: Vec<Option<Broker>>,
+    /// In front of the nodes when there are several.
+    lb: Option<crate::lb::LoadBalancer>,
+    redis: Option<crate::cluster::Redis>,
     agent: Option<Proc>,
     sim: Option<Sim>,
     /// One simulator per calling-in printer.
@@ -232,11 +259,20 @@ async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<
     std::fs::write(&config, format!("{}{}", fleet::broker_config(mqtt_port), schedule::broker_config()))
         .map_err(|e| BenchError::io(format!("writing {}", config.display()), e))?;
     let admin_token = random_hex(24)?;
-    let (broker, launch) = start_broker(opts, database_url, &admin_token, dir, &config).await?;
-    let mut running = Running { broker: Some(broker), agent: None, sim: Some(sim), callers: Vec::new(), mosquitto };
+    let redis = if opts.redis { Some(crate::cluster::Redis::start(dir).await?) } else { None };
+    // `--redis-url` only with `--redis`, so that the run works with brokers that lack it.
+    let extra: Vec<String> = redis.iter().flat_map(|r| ["--redis-url".to_string(), r.url()]).collect();
+    let nodes =
+        crate::cluster::start_nodes(opts.nodes, &opts.exe, database_url, &admin_token, dir, Some(&config), &extra)
+            .await?;
+    let (brokers, launches): (Vec<_>, Vec<_>) = nodes.into_iter().map(|(b, l)| (Some(b), l)).unzip();
+    let lb = if launches.len() > 1 { Some(crate::cluster::balance(&launches).await?) } else { None };
+    let addr = lb.as_ref().map_or(launches[0].listen, |lb| lb.addr);
+    let mut running = Running { brokers, lb, redis, agent: None, sim: Some(sim), callers: Vec::new(), mosquitto };
     let mqtt_port = mqtt_port.unwrap_or(0);
 
-    let result = drive(opts, &mut running, &launch, dir, &admin_token, started, mqtt_port).await;
+    let result = drive(opts, &mut running, &launches, addr, dir, &admin_token, started, mqtt_port).await;
+    let launch = &launches[0];
 
     let tails = result.is_err().then(|| {
         let tail = |p: Option<&Proc>| p.map_or("(not running)".to_string(), Proc::log_tail);
@@ -259,8 +295,12 @@ async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<
     for caller in running.callers.drain(..) {
         note_stop("printer-sim (calling in)", caller.stop().await, &mut stop_problems);
     }
-    if let Some(broker) = running.broker.take() {
+    for broker in running.brokers.iter_mut().filter_map(Option::take) {
         note_stop("broker", broker.stop().await, &mut stop_problems);
+    }
+    drop(running.lb.take());
+    if let Some(r) = running.redis.as_mut() {
+        r.stop().await;
     }
     if let Some(m) = running.mosquitto.take() {
         // Its exit status after SIGTERM is not under test.
@@ -272,47 +312,18 @@ async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<
     Ok(report)
 }
 
-/// Starts the broker on a fixed free port below the ephemeral range: a restarted broker
-/// must come back on the same address, and no outgoing connection of the machine may take
-/// that port while the broker is down.
-async fn start_broker(
-    opts: &FaultsOptions,
-    database_url: &str,
-    admin_token: &str,
-    dir: &Path,
-    config: &Path,
-) -> Result<(Broker, Launch), BenchError> {
-    let mut last = None;
-    for _ in 0..3 {
-        let port = free_port_run(1)?;
-        let launch = Launch {
-            exe: opts.exe.clone(),
-            database_url: database_url.to_string(),
-            admin_token: admin_token.to_string(),
-            log_path: dir.join("broker.log"),
-            listen: SocketAddr::from(([127, 0, 0, 1], port)),
-            config: Some(config.to_path_buf()),
-            extra_args: Vec::new(),
-        };
-        match Broker::launch(&launch).await {
-            Ok(b) => return Ok((b, launch)),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| BenchError::InvalidOptions("no port for the broker".into())))
-}
-
 /// Set-up, the fault phase, the drain and the verdict.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     opts: &FaultsOptions,
     running: &mut Running,
-    launch: &Launch,
+    launches: &[Launch],
+    addr: SocketAddr,
     dir: &Path,
     admin_token: &str,
     started: Instant,
     mqtt_port: u16,
 ) -> Result<FaultsReport, BenchError> {
-    let addr = launch.listen;
     let (control, first_port, paper_log) = match &running.sim {
         Some(s) => (s.control, s.first_port, s.paper_log.clone()),
         None => return Err(BenchError::Protocol { context: "set-up".into(), detail: "no simulator".into() }),
@@ -321,6 +332,15 @@ async fn drive(
     let mut conn = connect(addr, "set-up").await?;
     let addresses: Vec<String> = (0..opts.printers).map(|p| format!("tcp://{}", printer_addr(p))).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
+    // Every task event goes to the bench's receiver, for "one event id per change".
+    let sink = events::EventSink::start().await?;
+    setup::setup_call(
+        &mut conn,
+        &auth,
+        "/v1/webhooks",
+        serde_json::json!({"id": "bench-events", "url": sink.url(), "events": events::KINDS}),
+    )
+    .await?;
     let mqtt = (mqtt_port > 0).then_some(mqtt_port);
     let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port: mqtt, paper_log: &paper_log, dir };
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
@@ -379,12 +399,13 @@ async fn drive(
             },
             chaos::printer_faults(&target, &plan.printer_events, t0),
             chaos::agent_kills(&mut running.agent, &agent_ctx, &plan.agent_kills, t0, &mut agent_notes),
-            chaos::broker_kills(&mut running.broker, launch, &plan.broker_kills, t0, &mut broker_notes),
+            chaos::broker_kills(&mut running.brokers, launches, &plan.broker_kills, t0, &mut broker_notes),
+            redis_kill(&mut running.redis, t0 + opts.fault_window / 2),
         )
     };
     // Submissions give up at the deadline by themselves; the margin is for a driver stuck
     // restarting a process that will not come up.
-    let (submitted, injected, agent_kills, (broker_kills, outages)) =
+    let (submitted, injected, agent_kills, (broker_kills, outages), redis_killed_at) =
         tokio::time::timeout_at((deadline + Duration::from_secs(60)).into(), phase).await.map_err(|_| {
             BenchError::Protocol {
                 context: "the fault phase".into(),
@@ -399,7 +420,7 @@ async fn drive(
     for (caller_control, _) in &targets {
         chaos::put(&mut None, *caller_control, &schedule::clear_all_fields()).await?;
     }
-    ensure_up(running, launch, &agent_ctx, &mut problems).await?;
+    ensure_up(running, launches, &agent_ctx, &mut problems).await?;
     let drain_start = Instant::now();
     let mut conn = connect(addr, "draining").await?;
     let drained = loop {
@@ -423,6 +444,29 @@ async fn drive(
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
     let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), opts.tasks).await?;
+    // Events are delivered after their change commits, with retries: give the last ones a
+    // moment to arrive before judging.
+    let printed: std::collections::BTreeSet<String> =
+        listed.iter().filter(|t| t.state == "printed").map(|t| t.task_id.clone()).collect();
+    let events_by = Instant::now() + EVENTS_WAIT;
+    while Instant::now() < events_by && sink.check(&printed).printed_without_event > 0 {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let event_check = sink.check(&printed);
+    if event_check.changes_with_two_events > 0 {
+        problems.push(format!(
+            "{} changes produced two or more events (one event id per change), e.g. {}",
+            event_check.changes_with_two_events,
+            event_check.examples.join("; ")
+        ));
+    }
+    if event_check.printed_without_event > 0 {
+        problems.push(format!(
+            "{} printed tasks had no task.printed event within {} s of the drain",
+            event_check.printed_without_event,
+            EVENTS_WAIT.as_secs()
+        ));
+    }
 
     // Answers first: the intake contract under retries and kills.
     let lost_answers = submitted.keys_with_lost_answers(&subs);
@@ -467,6 +511,9 @@ async fn drive(
         submissions,
         agent_kills,
         broker_kills,
+        nodes: launches.len(),
+        redis: opts.redis,
+        redis_killed_at_s: redis_killed_at.map(|at| at.saturating_duration_since(t0).as_secs_f64()),
         faults_injected: injected,
         fault_phase_seconds,
         drained,
@@ -476,6 +523,7 @@ async fn drive(
         printed_per_sec: if print_seconds > 0.0 { tally.distinct as f64 / print_seconds } else { 0.0 },
         print_seconds,
         verdict,
+        events: event_check,
         audit,
         total_seconds: started.elapsed().as_secs_f64(),
         kept_dir: None,
@@ -502,7 +550,7 @@ async fn connect(addr: SocketAddr, what: &str) -> Result<Conn, BenchError> {
 /// drain is still judged.
 async fn ensure_up(
     running: &mut Running,
-    launch: &Launch,
+    launches: &[Launch],
     agent: &AgentCtx<'_>,
     problems: &mut Vec<String>,
 ) -> Result<(), BenchError> {
@@ -518,10 +566,21 @@ async fn ensure_up(
             detail: format!("printer-sim exited with {status}"),
         });
     }
-    let broker_status = running.broker.as_mut().map(Broker::exited);
-    if !matches!(broker_status, Some(None)) {
-        problems.push(format!("the broker had exited on its own ({broker_status:?}) when faults stopped"));
-        running.broker = Some(chaos::restart_broker(launch).await?);
+    for (node, launch) in running.brokers.iter_mut().zip(launches) {
+        let broker_status = node.as_mut().map(Broker::exited);
+        if !matches!(broker_status, Some(None)) {
+            problems.push(format!(
+                "the broker on {} had exited on its own ({broker_status:?}) when faults stopped",
+                launch.listen
+            ));
+            *node = Some(chaos::restart_broker(launch).await?);
+        }
+    }
+    if let Some(r) = running.redis.as_mut() {
+        if r.proc.as_mut().is_none_or(|p| p.exited().is_some()) {
+            problems.push("redis-server was not running when faults stopped".into());
+            r.restart().await?;
+        }
     }
     let agent_status = running.agent.as_mut().map(Proc::exited);
     if !matches!(agent_status, Some(None)) {
@@ -529,6 +588,19 @@ async fn ensure_up(
         running.agent = Some(agent.spawn()?);
     }
     Ok(())
+}
+
+/// `kill -9` of the run's Redis at `at`, restarted (empty) a second later; `None` without
+/// one. Intake must neither fail nor create a duplicate meanwhile: the nodes bypass Redis
+/// and the database judges.
+async fn redis_kill(redis: &mut Option<crate::cluster::Redis>, at: Instant) -> Result<Option<Instant>, BenchError> {
+    let Some(r) = redis.as_mut() else { return Ok(None) };
+    tokio::time::sleep_until(at.into()).await;
+    let killed = Instant::now();
+    r.kill9().await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.restart().await?;
+    Ok(Some(killed))
 }
 
 /// Waits until the paper log has not grown for [`PAPER_QUIET`] (at most
@@ -706,6 +778,11 @@ mod tests {
         assert!(check(&|o| o.database = Some("sqlite://x".into())).is_some());
         assert!(check(&|o| o.database = Some("postgres://u@127.0.0.1/db".into())).is_none());
         assert!(check(&|o| (o.agent_kills, o.broker_kills) = (0, 0)).is_none());
+        assert!(check(&|o| o.nodes = 0).is_some());
+        assert!(check(&|o| o.nodes = 3).is_some(), "several nodes need PostgreSQL");
+        assert!(check(&|o| o.redis = true).is_some(), "Redis only with PostgreSQL nodes");
+        let pg = Some("postgres://u@127.0.0.1/db".to_string());
+        assert!(check(&|o| (o.nodes, o.redis, o.database) = (3, true, pg.clone())).is_none());
     }
 
     #[test]

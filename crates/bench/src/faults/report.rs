@@ -62,6 +62,12 @@ pub struct FaultsReport {
     pub submissions: SubmissionStats,
     pub agent_kills: Vec<KillRecord>,
     pub broker_kills: Vec<KillRecord>,
+    /// Broker nodes behind the load balancer (1: one broker, no balancer); the broker
+    /// kills go to them in turn.
+    pub nodes: usize,
+    /// Whether the nodes had a Redis, and when it was killed (seconds into the phase).
+    pub redis: bool,
+    pub redis_killed_at_s: Option<f64>,
     /// Printer faults switched on, per kind (`paper_out`, `cover_open`, `offline`,
     /// `crash_mid_job`, `slow_ms`).
     pub faults_injected: BTreeMap<String, usize>,
@@ -76,6 +82,8 @@ pub struct FaultsReport {
     /// The lanes as `/metrics` showed them during the run (R37's watchdog, from outside).
     pub lanes: crate::faults::watch::LaneWatch,
     pub verdict: Verdict,
+    /// The task events the run's webhook received ("one event id per change").
+    pub events: super::events::EventCheck,
     pub audit: AuditCheck,
     /// From the first submission to the last sheet of paper.
     pub print_seconds: f64,
@@ -139,6 +147,20 @@ impl FaultsReport {
         );
         let _ = writeln!(s, "agent kills:  {}", kills(&self.agent_kills));
         let _ = writeln!(s, "broker kills: {}", kills(&self.broker_kills));
+        let e = &self.events;
+        let _ = writeln!(
+            s,
+            "events:       {} deliveries of {} event ids for {} changes; {} changes with two events; {} printed without event",
+            e.deliveries, e.events, e.changes, e.changes_with_two_events, e.printed_without_event
+        );
+        if self.nodes > 1 || self.redis {
+            let redis = match (self.redis, self.redis_killed_at_s) {
+                (true, Some(at)) => format!("redis kill -9 at {at:.1} s"),
+                (true, None) => "redis, not killed".to_string(),
+                (false, _) => "no redis".to_string(),
+            };
+            let _ = writeln!(s, "nodes: {} behind the load balancer (kills in turn); {redis}", self.nodes);
+        }
         let _ = writeln!(
             s,
             "drain:        {} after faults stopped at {:.1} s",

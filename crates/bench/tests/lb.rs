@@ -1,0 +1,120 @@
+//! The bench's cluster pieces on real sockets: the load balancer (round robin per connection, a backend whose
+//! connect fails skipped, one whose `/readyz` fails left out until it answers again) and the run's own Redis.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceprint_bench::lb::LoadBalancer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A backend that answers every HTTP request on a connection with its name in the body
+/// and `/readyz` with 200 while `ready` holds, 503 otherwise.
+async fn backend(
+    name: &'static str,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let Ok(n) = s.read(&mut buf).await else { return };
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let ok = !head.starts_with("GET /readyz") || ready.load(std::sync::atomic::Ordering::SeqCst);
+                let status = if ok { "200 OK" } else { "503 Service Unavailable" };
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}", name.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// One request over a new connection through the balancer: the body (the backend's name).
+async fn ask(lb: SocketAddr) -> String {
+    let mut s = TcpStream::connect(lb).await.expect("connect to the balancer");
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out.rsplit("\r\n\r\n").next().unwrap_or_default().to_owned()
+}
+
+fn flag(v: bool) -> Arc<std::sync::atomic::AtomicBool> {
+    Arc::new(std::sync::atomic::AtomicBool::new(v))
+}
+
+/// Waits (bounded) until the balancer's health view of `addr` is `healthy`.
+async fn until_health(lb: &LoadBalancer, addr: SocketAddr, healthy: bool) {
+    for _ in 0..100 {
+        if lb.health().iter().any(|(a, h)| *a == addr && *h == healthy) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{addr} never became {}: {:?}", if healthy { "healthy" } else { "unhealthy" }, lb.health());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_go_round_robin_and_an_unready_or_dead_backend_is_left_out() {
+    let (a_ready, b_ready) = (flag(true), flag(true));
+    let (a, _a_task) = backend("a", a_ready.clone()).await;
+    let (b, b_task) = backend("b", b_ready.clone()).await;
+    let lb = LoadBalancer::start("127.0.0.1:0".parse().expect("addr"), &[a, b]).await.expect("balancer");
+
+    let mut names: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        names.push(ask(lb.addr).await);
+    }
+    names.sort();
+    assert_eq!(names, ["a", "a", "b", "b"], "one connection each in turn");
+
+    // b says it is not ready: it gets nothing until it is again.
+    b_ready.store(false, std::sync::atomic::Ordering::SeqCst);
+    until_health(&lb, b, false).await;
+    for _ in 0..4 {
+        assert_eq!(ask(lb.addr).await, "a");
+    }
+    b_ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    until_health(&lb, b, true).await;
+
+    // b dies (its port refuses connections): every connection still reaches a, also
+    // those that tried b before its health check noticed.
+    b_task.abort();
+    let _ = b_task.await;
+    for _ in 0..4 {
+        assert_eq!(ask(lb.addr).await, "a");
+    }
+    until_health(&lb, b, false).await;
+    assert_eq!(lb.counters.refused.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+/// The fault run's own Redis (`bench faults --redis`): it starts on a free port, dies with
+/// kill -9, and comes back on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_own_redis_starts_dies_and_comes_back_on_its_port() {
+    if !std::path::Path::new("/usr/bin/redis-server").exists() {
+        eprintln!("skipping: no /usr/bin/redis-server");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut redis = onceprint_bench::cluster::Redis::start(dir.path()).await.expect("redis starts");
+    let ping = |port: u16| async move {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(b"PING\r\n").await.ok()?;
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf).await.ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    assert_eq!(ping(redis.port).await.as_deref(), Some("+PONG\r\n"));
+    redis.kill9().await.expect("kill -9");
+    assert_eq!(ping(redis.port).await, None, "down after the kill");
+    redis.restart().await.expect("restart");
+    assert_eq!(ping(redis.port).await.as_deref(), Some("+PONG\r\n"));
+    assert!(redis.url().starts_with("redis://127.0.0.1:"));
+    redis.stop().await;
+}
