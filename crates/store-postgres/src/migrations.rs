@@ -32,6 +32,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (11, V11_MQTT_LOGINS),
     (12, V12_OPERATORS),
     (13, V13_RETENTION),
+    (14, V14_LANE_SEQUENCE),
 ];
 
 /// The version a fully migrated database reports.
@@ -445,6 +446,41 @@ BEGIN
     RETURN true;
 END
 $$;
+"#;
+
+/// Order across broker nodes (issue 12, R23): lanes order by (priority, seq) instead of
+/// (priority, id). Task ids are minted per node from its own clock, so two tickets for one
+/// printer submitted one after the other to two nodes whose clocks differ could get ids in
+/// the wrong order. `seq` comes from one database sequence: a task inserted after another
+/// task's commit gets a greater value, whichever node inserted it. The sequence keeps
+/// `CACHE 1` (the default) on purpose: with a cache, each session would draw from a block
+/// of its own and values from two nodes would no longer follow the order of the inserts.
+/// Concurrent inserts get values in some order, which is right, since neither submission
+/// was answered before the other was made.
+///
+/// Existing tasks get a `seq` in id order (the order they had). The column then gets the
+/// sequence as its default, so a broker of the previous version, which does not know the
+/// column, keeps working during a rolling upgrade: its inserts get a value from the
+/// default, and its lane query (`ORDER BY priority, id`) still finds its rows through the
+/// new lane index (it sorts the few rows of a lane instead of reading them in order). While
+/// old and new nodes run side by side they may disagree about the order of tasks whose ids
+/// and sequence values disagree, that is, exactly the tasks the old order got wrong.
+///
+/// The index on (…, priority, seq) replaces `tasks_lane` under the same name, with the
+/// same predicate. The backfill rewrites every task row once, under the migration's lock
+/// (intake of every node waits for it); retention keeps the table small enough for that.
+const V14_LANE_SEQUENCE: &str = r#"
+CREATE SEQUENCE tasks_seq AS BIGINT CACHE 1;
+ALTER TABLE tasks ADD COLUMN seq BIGINT;
+UPDATE tasks t SET seq = o.n
+  FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM tasks) o
+ WHERE t.id = o.id;
+SELECT setval('tasks_seq', coalesce((SELECT max(seq) FROM tasks), 0) + 1, false);
+ALTER SEQUENCE tasks_seq OWNED BY tasks.seq;
+ALTER TABLE tasks ALTER COLUMN seq SET DEFAULT nextval('tasks_seq'), ALTER COLUMN seq SET NOT NULL;
+DROP INDEX tasks_lane;
+CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, seq)
+    WHERE state IN ('pending', 'sent', 'retrying');
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.
