@@ -80,6 +80,19 @@ pub struct ServeArgs {
     /// and the ledger kept (default 90; 0 keeps every task for ever).
     #[arg(long, env = "ONCEPRINT_RETENTION_DAYS", value_name = "DAYS")]
     pub retention_days: Option<u32>,
+    /// With PostgreSQL: tell the other broker nodes on the same schema of new work, freed
+    /// lanes and set-up changes at once, over LISTEN/NOTIFY (default true). With false, the
+    /// other nodes find work at their next re-check and changes after the directory's TTL.
+    #[arg(long, env = "ONCEPRINT_NODE_LINK", value_name = "BOOL")]
+    pub node_link: Option<bool>,
+    /// A waiting long poll looks at its lanes again after this long even without a signal
+    /// (default 1000 ms).
+    #[arg(long, env = "ONCEPRINT_POLL_RECHECK_MS", value_name = "MS")]
+    pub poll_recheck_ms: Option<u64>,
+    /// Tests of the real binary only: task ids are minted from a clock this many
+    /// milliseconds off the wall clock (negative: behind), like a node whose clock is wrong.
+    #[arg(long, env = "ONCEPRINT_TEST_ID_CLOCK_OFFSET_MS", hide = true, allow_hyphen_values = true)]
+    pub test_id_clock_offset_ms: Option<i64>,
     /// Tests of the real binary only: the retention job's clock runs this many
     /// milliseconds ahead of the wall clock.
     #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
@@ -184,6 +197,10 @@ pub struct FileConfig {
     /// Seconds between two retention runs (default 3600; the first run starts after at
     /// most a minute).
     pub retention_interval_s: Option<u64>,
+    /// See `serve --node-link`.
+    pub node_link: Option<bool>,
+    /// See `serve --poll-recheck-ms`.
+    pub poll_recheck_ms: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -328,6 +345,8 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             retention_clock_offset_ms: args.test_retention_clock_offset_ms.unwrap_or(0),
+            cluster: args.node_link.or(file.node_link).unwrap_or(true).then(onceprint_engine::ClusterConfig::default),
+            id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {
@@ -336,7 +355,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
                     takeover_quiet_ms: file.takeover_quiet_ms.unwrap_or(d.takeover_quiet_ms).max(0),
                     stall_after_ms: file.stall_after_ms.unwrap_or(d.stall_after_ms).max(1_000),
-                    recheck_ms: d.recheck_ms,
+                    recheck_ms: args.poll_recheck_ms.or(file.poll_recheck_ms).unwrap_or(d.recheck_ms).max(10),
                     reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
                 }
             },

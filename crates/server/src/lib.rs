@@ -65,6 +65,12 @@ pub struct HttpConfig {
     /// Tests of the real binary only: the retention job's clock runs this far ahead of the
     /// wall clock (0 in production).
     pub retention_clock_offset_ms: i64,
+    /// Tell the other broker nodes on the same database of wake-ups and set-up changes
+    /// (PostgreSQL's LISTEN/NOTIFY; `None`: not at all, e.g. to measure its cost).
+    pub cluster: Option<onceprint_engine::ClusterConfig>,
+    /// Tests of the real binary only: task ids are minted from a clock this far off the
+    /// wall clock (0 in production), to show that lanes do not order by ids.
+    pub id_clock_offset_ms: i64,
 }
 
 impl Default for HttpConfig {
@@ -83,6 +89,8 @@ impl Default for HttpConfig {
             tls: None,
             retention: Default::default(),
             retention_clock_offset_ms: 0,
+            cluster: Some(Default::default()),
+            id_clock_offset_ms: 0,
         }
     }
 }
@@ -107,6 +115,8 @@ pub struct AppState {
     pub(crate) admin_token_hash: Arc<str>,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) agent_limiter: Option<Arc<onceprint_engine::limits::RateLimiter>>,
+    /// The word to and from the other nodes on the same database, when there are any.
+    pub(crate) cluster: Option<Arc<onceprint_engine::Cluster>>,
 }
 
 /// Failures while starting the server.
@@ -235,8 +245,15 @@ pub async fn bind(
     if let Some(id) = store.max_task_id().await? {
         onceprint_engine::ids::observe(&id);
     }
+    onceprint_engine::ids::set_clock_offset(config.id_clock_offset_ms);
     let directory = Arc::new(Directory::new(store.clone()));
     let signals = Arc::new(StoreSignals::default());
+    let cluster = match (store.node_link(), &config.cluster) {
+        (Some(link), Some(c)) => {
+            Some(onceprint_engine::Cluster::new(link, signals.clone(), directory.clone(), c.clone()))
+        }
+        _ => None,
+    };
     let intake = Arc::new(Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone()));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = AgentRegistry::new(
@@ -261,7 +278,11 @@ pub async fn bind(
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
-    let setup = Arc::new(Setup::new(store.clone(), directory.clone()).with_mqtt(config.mqtt.is_some()));
+    let setup = Arc::new(
+        Setup::new(store.clone(), directory.clone())
+            .with_mqtt(config.mqtt.is_some())
+            .with_signals(lanes.signals().clone()),
+    );
     let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
     let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
     let operators = Arc::new(Operators::new(store.clone(), config.operators.clone()));
@@ -282,6 +303,7 @@ pub async fn bind(
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
         agent_limiter: config.agent_rate.map(|l| Arc::new(onceprint_engine::limits::RateLimiter::new(l))),
+        cluster,
         config: Arc::new(config),
     };
     let listener = tokio::net::TcpListener::bind(listen)
@@ -330,6 +352,7 @@ impl Bound {
             (self.state.config.delivery.agent_gone_after_ms / 3).clamp(200, 5_000) as u64,
         ));
         let retention = self.state.retention.spawn(lanes.signals().clone());
+        let cluster = self.state.cluster.as_ref().map(|c| c.spawn());
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -361,6 +384,9 @@ impl Bound {
         let _ = agent_watch.await;
         if let Some(r) = retention {
             let _ = r.await;
+        }
+        for c in cluster.into_iter().flatten() {
+            let _ = c.await;
         }
         Ok(())
     }
