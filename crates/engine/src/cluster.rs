@@ -46,7 +46,7 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { linger: Duration::from_millis(5) }
+        ClusterConfig { linger: Duration::from_millis(20) }
     }
 }
 

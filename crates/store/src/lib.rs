@@ -195,7 +195,7 @@ pub trait Store: Send + Sync + 'static {
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
     /// The lanes of a store's printers that have active tasks: for each, the task in
-    /// flight, or, when nothing is in flight, the first waiting task by (priority, id)
+    /// flight, or, when nothing is in flight, the first waiting task by (priority, seq)
     /// (while a lane is busy only its task in flight can move, so its waiting task is not
     /// read). Through indexes, a probe or two per printer, never a scan of the backlog.
     async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>>;
