@@ -7,7 +7,8 @@
 //! inserted with one `unnest` statement; a batch of transitions is pipelined over one
 //! connection in one transaction (see the `delivery` module). Alerts for webhooks are
 //! written to an outbox by the same statement as the change they report (see the
-//! `alerts` module).
+//! `alerts` module). The broker nodes of one schema tell each other of wake-ups and set-up
+//! changes over LISTEN/NOTIFY, outside every transaction of the store (see [`notify`]).
 //!
 //! It must never decide domain rules. Which transitions are legal, whether a duplicate is
 //! a retry or a mismatch, what a task costs — all of that lives in `onceprint-core` and is

@@ -623,4 +623,57 @@ mod tests {
         drop(store);
         drop(schema);
     }
+
+    /// The migration to the lane sequence numbers existing tasks in id order, and a broker
+    /// of the previous version, which inserts tasks without `seq`, gets one from the
+    /// default that lines its task up behind the others, even with a smaller id.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn existing_and_old_brokers_tasks_get_a_sequence_in_order() {
+        use onceprint_store::Store as _;
+
+        let task = |id: &str, biz_no: &str| {
+            format!(
+                "INSERT INTO tasks (id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority,
+                                    content_type, content, fingerprint, state, created_at, updated_at)
+                 VALUES ('{id}', 't', 's', 'p', 'printer:p', '{biz_no}', 'receipt', 10, 'text', '\\x00', 'f',
+                         'pending', 1, 1);"
+            )
+        };
+        // The schema as the broker before the sequence left it: migrations 1 to 13.
+        let Some(schema) = schema_at(
+            13,
+            &format!(
+                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+                 INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+                 INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
+                     VALUES ('t', 'p', 's', 'p', '{{}}', 0);
+                 {}{}",
+                task("T2", "B2"),
+                task("T1", "B1")
+            ),
+        )
+        .await
+        else {
+            return;
+        };
+        let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        // As a broker of the previous version inserts: no `seq`, and an id that sorts first.
+        client.batch_execute(&task("T0", "B0")).await.expect("old broker's insert");
+        let seqs: Vec<(String, i64)> = client
+            .query("SELECT id, seq FROM tasks ORDER BY seq", &[])
+            .await
+            .expect("read")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(seqs, vec![("T1".to_owned(), 1), ("T2".to_owned(), 2), ("T0".to_owned(), 3)]);
+        let lane = store.lane("t", "p").await.expect("lane");
+        assert_eq!(lane.waiting.map(|t| t.task_id).as_deref(), Some("T1"));
+        drop(client);
+        let _ = driver.await;
+        drop(store);
+        drop(schema);
+    }
 }
