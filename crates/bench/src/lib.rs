@@ -39,6 +39,7 @@ mod report;
 mod setup;
 mod sim;
 mod verify;
+pub mod wakeup;
 
 use std::future::Future;
 use std::io::Read as _;
@@ -55,6 +56,7 @@ use http::Conn;
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use polls::{run_polls, PollsOptions, PollsReport};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
+pub use wakeup::{run_wakeup, WakeupOptions, WakeupReport};
 
 /// The store every bench task goes to.
 const STORE_ID: &str = "s1";

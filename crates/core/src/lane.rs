@@ -1,7 +1,7 @@
 //! What a printer's lane does next (R13, R19, R23, R24, R37).
 //!
 //! A printer's lane is its active tasks: at most one in flight (`sent`, enforced by the
-//! database) and the others waiting (`pending`, `retrying`) in (priority, id) order. The
+//! database) and the others waiting (`pending`, `retrying`) in (priority, insertion) order. The
 //! next step of a lane is decided from the pair (task in flight, first waiting task), and
 //! never from the waiting head alone: a task in flight is always looked at, whatever its
 //! priority, so it can be offered again to a restarted claimant or settled as in doubt

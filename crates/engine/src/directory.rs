@@ -3,17 +3,19 @@
 //! here) and stations.
 //!
 //! Entries are forgotten when this process changes the object (set-up calls
-//! [`Directory::forget_printer`] and friends after the change is durable) and, so that a
-//! change made by another broker node or a revoked key is seen too, after a short time to
-//! live. Misses always ask the database, so an object created elsewhere is found on first
-//! use.
+//! [`Directory::forget_printer`] and friends after the change is durable), when another
+//! broker node on the same database says it changed one (`crate::cluster`: the same
+//! forgets, heard within milliseconds) and, as a safety net for a word that got lost,
+//! after a short time to live. Misses always ask the database, so an object created
+//! elsewhere is found on first use.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use onceprint_store::{AgentIdentity, Printer, PrinterCredential, Station, Store, StoreResult, TenantKey};
 
+use crate::cluster::{Outbox, Word};
 use crate::transport::TransportConfig;
 
 /// How long a cached answer is trusted before the database is asked again.
@@ -61,6 +63,12 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
         }
     }
 
+    fn clear(&self) {
+        if let Ok(mut m) = self.map.write() {
+            m.clear();
+        }
+    }
+
     fn forget_where(&self, f: impl Fn(&K, &V) -> bool) {
         if let Ok(mut m) = self.map.write() {
             m.retain(|k, (_, v)| !f(k, v));
@@ -77,6 +85,8 @@ pub struct Directory {
     printers: Cache<(String, String), Arc<PrinterInfo>>,
     stations: Cache<(String, String), Station>,
     logins: Cache<String, PrinterCredential>,
+    /// Where forgets for the other nodes go, once the cluster link is attached.
+    outbox: OnceLock<Arc<Outbox>>,
 }
 
 impl Directory {
@@ -93,6 +103,18 @@ impl Directory {
             printers: Cache::new(),
             stations: Cache::new(),
             logins: Cache::new(),
+            outbox: OnceLock::new(),
+        }
+    }
+
+    /// From now on, forgets are also queued for the other broker nodes.
+    pub(crate) fn attach(&self, outbox: Arc<Outbox>) {
+        let _ = self.outbox.set(outbox);
+    }
+
+    fn tell_others(&self, word: Word) {
+        if let Some(outbox) = self.outbox.get() {
+            outbox.push(word);
         }
     }
 
@@ -171,33 +193,60 @@ impl Directory {
         Ok(found)
     }
 
-    /// After a printer changed: the next look reads it again.
+    /// After a printer changed: the next look reads it again, on every node.
     pub fn forget_printer(&self, tenant_id: &str, printer_id: &str) {
+        self.forget_printer_here(tenant_id, printer_id);
+        self.tell_others(Word::Printer { tenant_id: tenant_id.to_owned(), printer_id: printer_id.to_owned() });
+    }
+
+    pub(crate) fn forget_printer_here(&self, tenant_id: &str, printer_id: &str) {
         self.printers.forget(&(tenant_id.to_owned(), printer_id.to_owned()));
         // A rotated login must stop working on this node at once.
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
     }
 
     pub fn forget_station(&self, tenant_id: &str, station_id: &str) {
+        self.forget_station_here(tenant_id, station_id);
+        self.tell_others(Word::Station { tenant_id: tenant_id.to_owned(), station_id: station_id.to_owned() });
+    }
+
+    pub(crate) fn forget_station_here(&self, tenant_id: &str, station_id: &str) {
         self.stations.forget(&(tenant_id.to_owned(), station_id.to_owned()));
     }
 
-    /// After an API key was revoked.
-    pub fn forget_tenant_key(&self, key_hash: &str) {
+    /// After an API key of the tenant was revoked. The other nodes forget all they hold of
+    /// the tenant: the key's hash is not sent between nodes.
+    pub fn forget_tenant_key(&self, tenant_id: &str, key_hash: &str) {
         self.tenants.forget(&key_hash.to_owned());
+        self.tell_others(Word::Tenant { tenant_id: tenant_id.to_owned() });
     }
 
-    /// After an agent token was revoked.
-    pub fn forget_agent_token(&self, token_hash: &str) {
+    /// After an agent token of the tenant was revoked (on the other nodes as for a key).
+    pub fn forget_agent_token(&self, tenant_id: &str, token_hash: &str) {
         self.agents.forget(&token_hash.to_owned());
+        self.tell_others(Word::Tenant { tenant_id: tenant_id.to_owned() });
     }
 
     /// After something about a whole tenant changed.
     pub fn forget_tenant(&self, tenant_id: &str) {
+        self.forget_tenant_here(tenant_id);
+        self.tell_others(Word::Tenant { tenant_id: tenant_id.to_owned() });
+    }
+
+    pub(crate) fn forget_tenant_here(&self, tenant_id: &str) {
         self.tenants.forget_where(|_, k| k.tenant.id == tenant_id);
         self.agents.forget_where(|_, a| a.tenant_id == tenant_id);
         self.printers.forget_where(|(t, _), _| t == tenant_id);
         self.stations.forget_where(|(t, _), _| t == tenant_id);
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id);
+    }
+
+    /// Forgets every entry of this process (forgets from other nodes may have been lost).
+    pub(crate) fn forget_everything_here(&self) {
+        self.tenants.clear();
+        self.agents.clear();
+        self.printers.clear();
+        self.stations.clear();
+        self.logins.clear();
     }
 }

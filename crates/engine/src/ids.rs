@@ -1,13 +1,15 @@
 //! Task ids that are strictly increasing within this process.
 //!
-//! A task id carries its creation millisecond and 80 random bits. Lanes hand out tasks in
-//! (priority, id) order, so two tickets submitted in the same millisecond must still get
+//! A task id carries its creation millisecond and 80 random bits. Ids order the task list
+//! and a day's range of tasks, so two tickets submitted in the same millisecond still get
 //! ids in submission order: within one millisecond (or if the clock steps back) the next
 //! id is the previous one plus one, like a monotonic ULID. At start the generator is
 //! seeded with the greatest id in the database ([`observe`]), so a clock that stepped back
-//! across a restart cannot mint ids that sort before tasks already waiting (R23). Ids from
-//! several broker nodes in the same millisecond are ordered arbitrarily between nodes.
+//! across a restart cannot mint ids that sort before tasks already waiting. Ids from
+//! several broker nodes are ordered only as well as their clocks agree, which is why lanes
+//! order by the database's insertion sequence (`seq`, migration 14), not by id (R23).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
 use onceprint_core::{Millis, TaskId};
@@ -50,6 +52,15 @@ impl Generator {
 
 static GENERATOR: Mutex<Generator> = Mutex::new(Generator::new());
 
+/// Tests of the real binary only (`ONCEPRINT_TEST_ID_CLOCK_OFFSET_MS`): ids are minted as
+/// if the clock were this many milliseconds off, like a node whose clock is wrong.
+static CLOCK_OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Mints ids as if the clock were `ms` off (tests; 0 in production).
+pub fn set_clock_offset(ms: Millis) {
+    CLOCK_OFFSET_MS.store(ms, Ordering::Relaxed);
+}
+
 /// The 80 random bits as a number.
 fn random80() -> u128 {
     let mut bytes = [0u8; 10];
@@ -72,6 +83,7 @@ pub fn observe(id: &str) {
 
 /// The next task id for a task created at `now`.
 pub fn next_task_id(now: Millis) -> TaskId {
+    let now = now.saturating_add(CLOCK_OFFSET_MS.load(Ordering::Relaxed));
     let random = random80();
     GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner).next(now, random)
 }

@@ -1,7 +1,8 @@
 //! The lane engine: the one mechanism every transport delivers through (R8–R25, R37).
 //!
 //! A printer's lane is its active tasks; at most one is in flight (`sent`, a unique index
-//! in the database), the others wait in (priority, id) order. Three operations:
+//! in the database), the others wait in (priority, seq) order, `seq` being the order in
+//! which the database inserted them. Three operations:
 //!
 //! - [`LaneEngine::claim`] hands out what may go now, for a set of printers, to a claimant
 //!   (an agent session polling for its store, the push driver of a transport). A lane's

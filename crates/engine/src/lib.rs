@@ -22,6 +22,7 @@
 pub mod alerts;
 pub mod claimant;
 pub mod clock;
+pub mod cluster;
 pub mod content;
 pub mod directory;
 pub mod gate;
@@ -55,6 +56,7 @@ pub struct Shared {
 }
 
 pub use claimant::{AgentRegistry, Claimant, RegistryConfig, Superseded};
+pub use cluster::{Cluster, ClusterConfig};
 pub use directory::Directory;
 pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};

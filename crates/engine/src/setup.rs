@@ -165,6 +165,9 @@ pub struct Setup {
     /// Whether this broker is connected to an MQTT server (`serve --mqtt-url`): without
     /// one, an `mqtt` printer could never be reached, so it is refused at set-up.
     mqtt: bool,
+    /// Wakes the store of a changed printer, whose lane may move now (an enabled printer,
+    /// a new transport).
+    signals: Option<Arc<crate::StoreSignals>>,
 }
 
 fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
@@ -199,7 +202,19 @@ fn check_printer_list(printers: &[String]) -> Result<(), CoreError> {
 
 impl Setup {
     pub fn new(store: Arc<dyn Store>, directory: Arc<Directory>) -> Setup {
-        Setup { store, directory, mqtt: false }
+        Setup { store, directory, mqtt: false, signals: None }
+    }
+
+    /// Wakes the waiting polls of a printer's store after the printer changed.
+    pub fn with_signals(mut self, signals: Arc<crate::StoreSignals>) -> Setup {
+        self.signals = Some(signals);
+        self
+    }
+
+    fn wake(&self, p: &Printer) {
+        if let Some(s) = &self.signals {
+            s.notify(&p.tenant_id, &p.store_id);
+        }
     }
 
     /// Says whether the broker has an MQTT server to reach `mqtt` printers through.
@@ -414,6 +429,7 @@ impl Setup {
             };
             if let Some(p) = self.store.update_printer(update).await? {
                 self.directory.forget_printer(caller.tenant_id, printer_id);
+                self.wake(&p);
                 return Ok(p);
             }
             // Changed between the read and the write: read it again.
@@ -441,6 +457,7 @@ impl Setup {
         };
         let printer = self.store.set_printer_enabled(change).await?.ok_or_else(|| no_printer(printer_id))?;
         self.directory.forget_printer(caller.tenant_id, printer_id);
+        self.wake(&printer);
         Ok(printer)
     }
 
@@ -557,7 +574,7 @@ impl Setup {
             })
             .await?
             .ok_or_else(|| SetupError::NotFound(format!("no agent token {token_id:?} in store {store_id:?}")))?;
-        self.directory.forget_agent_token(&revoked.hash);
+        self.directory.forget_agent_token(caller.tenant_id, &revoked.hash);
         Ok(revoked.row)
     }
 
@@ -592,7 +609,7 @@ impl Setup {
         };
         match self.store.revoke_api_key(change).await? {
             KeyRevocation::Revoked(r) => {
-                self.directory.forget_tenant_key(&r.hash);
+                self.directory.forget_tenant_key(caller.tenant_id, &r.hash);
                 Ok(r.row)
             }
             KeyRevocation::LastActiveKey => Err(SetupError::LastApiKey(key_id.to_owned())),

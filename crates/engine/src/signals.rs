@@ -1,19 +1,37 @@
-//! Wake-ups for long polls: intake and acks signal a store when its lanes may have new
-//! work, and every poll of that store waiting in this process re-checks at once. Polls
-//! also re-check on a timer, so work created by another broker node is found without a
-//! signal.
+//! Wake-ups for long polls: intake, acks, manual actions and set-up changes signal a store
+//! when its lanes may have new work, and every poll of that store waiting in this process
+//! re-checks at once. With several nodes on one database (`crate::cluster`), the signal
+//! also goes to the other nodes, whose waiting polls re-check when they hear of it. Polls
+//! also re-check on a timer, so work is found even when a signal is lost.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
+
+use crate::cluster::{Outbox, Word};
 
 /// One `Notify` per (tenant, store).
-#[derive(Default)]
 pub struct StoreSignals {
     map: Mutex<HashMap<(String, String), Arc<Notify>>>,
     shutdown: Notify,
     shutting_down: std::sync::atomic::AtomicBool,
+    /// Where signals for the other nodes go, once the cluster link is attached.
+    outbox: OnceLock<Arc<Outbox>>,
+    /// Moves on every signal, for loops that serve many stores (push drivers).
+    activity: watch::Sender<u64>,
+}
+
+impl Default for StoreSignals {
+    fn default() -> Self {
+        StoreSignals {
+            map: Mutex::default(),
+            shutdown: Notify::new(),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            outbox: OnceLock::new(),
+            activity: watch::Sender::new(0),
+        }
+    }
 }
 
 impl StoreSignals {
@@ -22,9 +40,41 @@ impl StoreSignals {
         map.entry((tenant_id.to_owned(), store_id.to_owned())).or_default().clone()
     }
 
-    /// Wakes every poll waiting on this store.
+    /// From now on, signals are also queued for the other broker nodes.
+    pub(crate) fn attach(&self, outbox: Arc<Outbox>) {
+        let _ = self.outbox.set(outbox);
+    }
+
+    /// Wakes every poll waiting on this store, on this node and on the others.
     pub fn notify(&self, tenant_id: &str, store_id: &str) {
+        self.notify_here(tenant_id, store_id);
+        if let Some(outbox) = self.outbox.get() {
+            outbox.push(Word::Wake { tenant_id: tenant_id.to_owned(), store_id: store_id.to_owned() });
+        }
+    }
+
+    /// Wakes every poll waiting on this store in this process only.
+    pub fn notify_here(&self, tenant_id: &str, store_id: &str) {
         self.get(tenant_id, store_id).notify_waiters();
+        self.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Wakes every waiting poll of this process (signals from other nodes may have been
+    /// lost).
+    pub fn notify_everyone_here(&self) {
+        let all: Vec<Arc<Notify>> = match self.map.lock() {
+            Ok(map) => map.values().cloned().collect(),
+            Err(_) => Vec::new(),
+        };
+        for n in all {
+            n.notify_waiters();
+        }
+        self.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever any store is signalled (on this node, or heard from another).
+    pub fn activity(&self) -> watch::Receiver<u64> {
+        self.activity.subscribe()
     }
 
     /// Ends every long poll now and makes new ones return at once (graceful shutdown).

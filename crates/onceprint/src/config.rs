@@ -98,6 +98,19 @@ pub struct ServeArgs {
     /// its logs and in /metrics (default: a random id per process).
     #[arg(long, env = "ONCEPRINT_NODE_ID")]
     pub node_id: Option<String>,
+    /// With PostgreSQL: tell the other broker nodes on the same schema of new work, freed
+    /// lanes and set-up changes at once, over LISTEN/NOTIFY (default true). With false, the
+    /// other nodes find work at their next re-check and changes after the directory's TTL.
+    #[arg(long, env = "ONCEPRINT_NODE_LINK", value_name = "BOOL")]
+    pub node_link: Option<bool>,
+    /// A waiting long poll looks at its lanes again after this long even without a signal
+    /// (default 1000 ms).
+    #[arg(long, env = "ONCEPRINT_POLL_RECHECK_MS", value_name = "MS")]
+    pub poll_recheck_ms: Option<u64>,
+    /// Tests of the real binary only: task ids are minted from a clock this many
+    /// milliseconds off the wall clock (negative: behind), like a node whose clock is wrong.
+    #[arg(long, env = "ONCEPRINT_TEST_ID_CLOCK_OFFSET_MS", hide = true, allow_hyphen_values = true)]
+    pub test_id_clock_offset_ms: Option<i64>,
     /// Tests of the real binary only: the retention job's clock runs this many
     /// milliseconds ahead of the wall clock.
     #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
@@ -221,6 +234,10 @@ pub struct FileConfig {
     /// How often a node shares what it heard of agents with the other nodes (PostgreSQL
     /// only; default 1000).
     pub agent_sync_interval_ms: Option<u64>,
+    /// See `serve --node-link`.
+    pub node_link: Option<bool>,
+    /// See `serve --poll-recheck-ms`.
+    pub poll_recheck_ms: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -408,8 +425,10 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                         ttl_ms: file.lease_ttl_ms.unwrap_or(l.ttl_ms).max(3 * renew_every_ms as i64),
                     },
                     agent_sync_interval_ms: file.agent_sync_interval_ms.unwrap_or(1_000).max(10),
+                    link: args.node_link.or(file.node_link).unwrap_or(true).then(onceprint_engine::ClusterConfig::default),
                 }
             },
+            id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {
@@ -418,7 +437,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
                     takeover_quiet_ms: file.takeover_quiet_ms.unwrap_or(d.takeover_quiet_ms).max(0),
                     stall_after_ms: file.stall_after_ms.unwrap_or(d.stall_after_ms).max(1_000),
-                    recheck_ms: d.recheck_ms,
+                    recheck_ms: args.poll_recheck_ms.or(file.poll_recheck_ms).unwrap_or(d.recheck_ms).max(10),
                     reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
                 }
             },

@@ -208,6 +208,26 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Two nodes on one PostgreSQL schema: how fast a task committed on node A wakes a
+    /// long poll waiting on node B (percentiles over the rounds), and intake on A with the
+    /// node link off and on (issue 12).
+    Wakeup {
+        /// The PostgreSQL database (postgres://…); a fresh schema is created there and
+        /// dropped afterwards.
+        #[arg(long)]
+        database: String,
+        #[arg(long, default_value_t = 500)]
+        rounds: usize,
+        /// Seconds of intake per phase (link off, link on).
+        #[arg(long, default_value_t = 5.0)]
+        intake_seconds: f64,
+        /// Connections of the intake phases.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The fault run: broker, store agent and simulated printers as processes under
     /// printer faults (paper out, cover open, offline, crash mid-job, slow), kill -9 of the
     /// agent and the broker, and client retry storms; then faults stop and every lane must
@@ -456,6 +476,18 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 interval: std::time::Duration::from_millis(interval_ms),
                 seconds,
                 tasks,
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Wakeup { database, rounds, intake_seconds, concurrency, json } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_wakeup(onceprint_bench::WakeupOptions {
+                broker_exe: exe,
+                database,
+                rounds,
+                intake_seconds,
+                concurrency,
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())

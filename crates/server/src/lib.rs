@@ -71,6 +71,9 @@ pub struct HttpConfig {
     pub retention_clock_offset_ms: i64,
     /// Several nodes on one database (issue 12): the node's id and its leases.
     pub cluster: ClusterConfig,
+    /// Tests of the real binary only: task ids are minted from a clock this far off the
+    /// wall clock (0 in production), to show that lanes do not order by ids.
+    pub id_clock_offset_ms: i64,
 }
 
 /// How this node takes part in a cluster of nodes sharing one PostgreSQL.
@@ -82,6 +85,9 @@ pub struct ClusterConfig {
     pub leases: onceprint_engine::LeaseConfig,
     /// How often the agent registry is synced with the other nodes (PostgreSQL only).
     pub agent_sync_interval_ms: u64,
+    /// Tell the other broker nodes on the same database of wake-ups and set-up changes
+    /// (PostgreSQL's LISTEN/NOTIFY; `None`: not at all, e.g. to measure its cost).
+    pub link: Option<onceprint_engine::ClusterConfig>,
 }
 
 impl Default for HttpConfig {
@@ -101,7 +107,8 @@ impl Default for HttpConfig {
             tls: None,
             retention: Default::default(),
             retention_clock_offset_ms: 0,
-            cluster: ClusterConfig { agent_sync_interval_ms: 1_000, ..Default::default() },
+            cluster: ClusterConfig { agent_sync_interval_ms: 1_000, link: Some(Default::default()), ..Default::default() },
+            id_clock_offset_ms: 0,
         }
     }
 }
@@ -127,6 +134,8 @@ pub struct AppState {
     pub(crate) admin_token_hash: Arc<str>,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) agent_limiter: Option<Arc<onceprint_engine::limits::RateLimiter>>,
+    /// The word to and from the other nodes on the same database, when there are any.
+    pub(crate) cluster: Option<Arc<onceprint_engine::Cluster>>,
 }
 
 /// Failures while starting the server.
@@ -258,8 +267,15 @@ pub async fn bind(
     if let Some(id) = store.max_task_id().await? {
         onceprint_engine::ids::observe(&id);
     }
+    onceprint_engine::ids::set_clock_offset(config.id_clock_offset_ms);
     let directory = Arc::new(Directory::new(store.clone()));
     let signals = Arc::new(StoreSignals::default());
+    let cluster = match (store.node_link(), &config.cluster.link) {
+        (Some(link), Some(c)) => {
+            Some(onceprint_engine::Cluster::new(link, signals.clone(), directory.clone(), c.clone()))
+        }
+        _ => None,
+    };
     let mut intake = Intake::start(store.clone(), directory.clone(), signals.clone(), config.intake.clone());
     if let Some(settings) = &config.redis {
         let gate = onceprint_redis_gate::RedisGate::new(settings.clone())?;
@@ -304,7 +320,11 @@ pub async fn bind(
     let lanes = Arc::new(LaneEngine::new(shared.clone(), config.delivery.clone(), clock, registry));
     let watch = PrinterWatch::new(store.clone(), lanes.agents().clone(), lanes.signals().clone());
     let operations = Arc::new(Operations::new(shared, OperationsConfig { charge: config.intake.charge }));
-    let setup = Arc::new(Setup::new(store.clone(), directory.clone()).with_mqtt(config.mqtt.is_some()));
+    let setup = Arc::new(
+        Setup::new(store.clone(), directory.clone())
+            .with_mqtt(config.mqtt.is_some())
+            .with_signals(lanes.signals().clone()),
+    );
     let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
     let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
     let operators = Arc::new(Operators::new(store.clone(), config.operators.clone()));
@@ -326,6 +346,7 @@ pub async fn bind(
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
         agent_limiter: config.agent_rate.map(|l| Arc::new(onceprint_engine::limits::RateLimiter::new(l))),
+        cluster,
         config: Arc::new(config),
     };
     let listener = tokio::net::TcpListener::bind(listen)
@@ -407,6 +428,7 @@ impl Bound {
                 lanes.signals().clone(),
             )
         });
+        let cluster = self.state.cluster.as_ref().map(|c| c.spawn());
         let signals = lanes.signals().clone();
         // Long polls would hold graceful shutdown for up to their wait time; ending them at
         // once (they answer with no deliveries) lets in-flight requests finish promptly.
@@ -438,6 +460,9 @@ impl Bound {
         let _ = agent_watch.await;
         if let Some(r) = retention {
             let _ = r.await;
+        }
+        for c in cluster.into_iter().flatten() {
+            let _ = c.await;
         }
         if let Some(s) = agent_sync {
             let _ = s.await;

@@ -127,7 +127,7 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT one_in_flight";
 
 /// For each printer of the store, its task in flight (through the partial unique index
 /// `tasks_one_in_flight_per_printer`) and, when nothing is in flight, its first waiting
-/// task by (priority, id) (through `tasks_lane`, whose predicate the query repeats
+/// task by (priority, seq) (through `tasks_lane`, whose predicate the query repeats
 /// literally so that the planner can use the partial index; `<> 'sent'` then steps over
 /// at most the one row in flight). The waiting task of a busy lane is not read: nothing
 /// but its task in flight can move while it is busy. `{which}`
@@ -145,7 +145,7 @@ CROSS JOIN LATERAL (
      FROM tasks
      WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
        AND state <> 'sent'
-     ORDER BY priority, id
+     ORDER BY priority, seq
      LIMIT 1)
     -- The first branch that yields a row ends the scan: a busy lane costs one probe.
     LIMIT 1

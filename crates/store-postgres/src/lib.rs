@@ -7,7 +7,8 @@
 //! inserted with one `unnest` statement; a batch of transitions is pipelined over one
 //! connection in one transaction (see the `delivery` module). Alerts for webhooks are
 //! written to an outbox by the same statement as the change they report (see the
-//! `alerts` module).
+//! `alerts` module). The broker nodes of one schema tell each other of wake-ups and set-up
+//! changes over LISTEN/NOTIFY, outside every transaction of the store (see [`notify`]).
 //!
 //! It must never decide domain rules. Which transitions are legal, whether a duplicate is
 //! a retry or a mismatch, what a task costs — all of that lives in `onceprint-core` and is
@@ -20,6 +21,7 @@ mod alerts;
 mod delivery;
 mod error;
 pub mod migrations;
+pub mod notify;
 mod operations;
 mod operators;
 mod reconcile;
@@ -30,6 +32,7 @@ mod statistics;
 mod submit;
 pub mod testing;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +55,8 @@ const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A [`Store`] on PostgreSQL. Cheap to share: clone the `Arc` it is usually wrapped in.
 pub struct PostgresStore {
     pool: Pool,
+    /// LISTEN/NOTIFY to the other broker nodes on this schema.
+    link: Arc<notify::PgLink>,
     /// Keeps the planner statistics of the busy tables current while the store lives.
     _statistics: statistics::Keeper,
 }
@@ -70,6 +75,7 @@ impl PostgresStore {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let target = describe_target(&config);
+        let link_config = config.clone();
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
@@ -86,9 +92,12 @@ impl PostgresStore {
         let mut client = pool.get().await.map_err(pool_error).map_err(unavailable)?;
         client.simple_query("SELECT 1").await.map_err(pg_error).map_err(unavailable)?;
         migrations::apply(&mut client).await.map_err(unavailable)?;
+        let channel: String =
+            client.query_one(notify::CHANNEL, &[]).await.map_err(pg_error)?.try_get(0).map_err(pg_error)?;
         drop(client);
 
-        let store = PostgresStore { _statistics: statistics::spawn(pool.clone()), pool };
+        let link = notify::PgLink::new(link_config, channel);
+        let store = PostgresStore { _statistics: statistics::spawn(pool.clone()), pool, link };
         let version = store.schema_version().await?;
         if version > migrations::LATEST_VERSION {
             // A newer broker migrated this database. Running on is usually fine (migrations
@@ -169,6 +178,10 @@ pub(crate) fn create_error(
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    fn node_link(&self) -> Option<Arc<dyn onceprint_store::NodeLink>> {
+        Some(self.link.clone())
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -40,7 +40,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (11, V11_MQTT_LOGINS),
     (12, V12_OPERATORS),
     (13, V13_RETENTION),
-    // 14 is another change of issue 12, made on a parallel branch.
+    (14, V14_LANE_SEQUENCE),
     (15, V15_CLUSTER),
 ];
 
@@ -467,6 +467,41 @@ END
 $$;
 "#;
 
+/// Order across broker nodes (issue 12, R23): lanes order by (priority, seq) instead of
+/// (priority, id). Task ids are minted per node from its own clock, so two tickets for one
+/// printer submitted one after the other to two nodes whose clocks differ could get ids in
+/// the wrong order. `seq` comes from one database sequence: a task inserted after another
+/// task's commit gets a greater value, whichever node inserted it. The sequence keeps
+/// `CACHE 1` (the default) on purpose: with a cache, each session would draw from a block
+/// of its own and values from two nodes would no longer follow the order of the inserts.
+/// Concurrent inserts get values in some order, which is right, since neither submission
+/// was answered before the other was made.
+///
+/// Existing tasks get a `seq` in id order (the order they had). The column then gets the
+/// sequence as its default, so a broker of the previous version, which does not know the
+/// column, keeps working during a rolling upgrade: its inserts get a value from the
+/// default, and its lane query (`ORDER BY priority, id`) still finds its rows through the
+/// new lane index (it sorts the few rows of a lane instead of reading them in order). While
+/// old and new nodes run side by side they may disagree about the order of tasks whose ids
+/// and sequence values disagree, that is, exactly the tasks the old order got wrong.
+///
+/// The index on (…, priority, seq) replaces `tasks_lane` under the same name, with the
+/// same predicate. The backfill rewrites every task row once, under the migration's lock
+/// (intake of every node waits for it); retention keeps the table small enough for that.
+const V14_LANE_SEQUENCE: &str = r#"
+CREATE SEQUENCE tasks_seq AS BIGINT CACHE 1;
+ALTER TABLE tasks ADD COLUMN seq BIGINT;
+UPDATE tasks t SET seq = o.n
+  FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM tasks) o
+ WHERE t.id = o.id;
+SELECT setval('tasks_seq', coalesce((SELECT max(seq) FROM tasks), 0) + 1, false);
+ALTER SEQUENCE tasks_seq OWNED BY tasks.seq;
+ALTER TABLE tasks ALTER COLUMN seq SET DEFAULT nextval('tasks_seq'), ALTER COLUMN seq SET NOT NULL;
+DROP INDEX tasks_lane;
+CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, seq)
+    WHERE state IN ('pending', 'sent', 'retrying');
+"#;
+
 /// Several nodes on one database (issue 12). A lease names a job that must run on one node
 /// at a time (the sweeper, the push drivers, alert delivery, ...): `token` increases on
 /// every change of holder and is the fencing token of the holder's work; `expires_at` is
@@ -738,6 +773,59 @@ mod tests {
         let tokens = store.list_agent_tokens("t", "s").await.expect("tokens");
         assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
         assert!(store.get_printer("t", "p").await.expect("read").expect("printer").enabled);
+        drop(store);
+        drop(schema);
+    }
+
+    /// The migration to the lane sequence numbers existing tasks in id order, and a broker
+    /// of the previous version, which inserts tasks without `seq`, gets one from the
+    /// default that lines its task up behind the others, even with a smaller id.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn existing_and_old_brokers_tasks_get_a_sequence_in_order() {
+        use onceprint_store::Store as _;
+
+        let task = |id: &str, biz_no: &str| {
+            format!(
+                "INSERT INTO tasks (id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority,
+                                    content_type, content, fingerprint, state, created_at, updated_at)
+                 VALUES ('{id}', 't', 's', 'p', 'printer:p', '{biz_no}', 'receipt', 10, 'text', '\\x00', 'f',
+                         'pending', 1, 1);"
+            )
+        };
+        // The schema as the broker before the sequence left it: migrations 1 to 13.
+        let Some(schema) = schema_at(
+            13,
+            &format!(
+                "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+                 INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+                 INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at)
+                     VALUES ('t', 'p', 's', 'p', '{{}}', 0);
+                 {}{}",
+                task("T2", "B2"),
+                task("T1", "B1")
+            ),
+        )
+        .await
+        else {
+            return;
+        };
+        let store = crate::PostgresStore::connect(schema.url(), 2).await.expect("migrate");
+        let (client, connection) = tokio_postgres::connect(schema.url(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        // As a broker of the previous version inserts: no `seq`, and an id that sorts first.
+        client.batch_execute(&task("T0", "B0")).await.expect("old broker's insert");
+        let seqs: Vec<(String, i64)> = client
+            .query("SELECT id, seq FROM tasks ORDER BY seq", &[])
+            .await
+            .expect("read")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(seqs, vec![("T1".to_owned(), 1), ("T2".to_owned(), 2), ("T0".to_owned(), 3)]);
+        let lane = store.lane("t", "p").await.expect("lane");
+        assert_eq!(lane.waiting.map(|t| t.task_id).as_deref(), Some("T1"));
+        drop(client);
+        let _ = driver.await;
         drop(store);
         drop(schema);
     }

@@ -839,4 +839,37 @@ mod tests {
         assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
         assert!(sql::get_printer(&conn, "t", "p").expect("read").expect("printer").enabled);
     }
+
+    /// The migration to the lane sequence numbers existing tasks in id order, and a task
+    /// inserted without a `seq` (by a broker of the previous version) still lines up last.
+    #[test]
+    fn existing_and_old_brokers_tasks_get_a_sequence_in_order() {
+        // The database as the broker before the sequence left it: migrations 1 to 12.
+        let mut conn = database_at(12);
+        let task = |id: &str, biz_no: &str| {
+            format!(
+                "INSERT INTO tasks (id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority,
+                                    content_type, content, fingerprint, state, created_at, updated_at)
+                 VALUES ('{id}', 't', 's', 'p', 'printer:p', '{biz_no}', 'receipt', 10, 'text', x'00', 'f', 'pending', 1, 1);"
+            )
+        };
+        conn.execute_batch(&format!(
+            "INSERT INTO tenants (id, name, api_key_hash, created_at) VALUES ('t', 't', 'h', 0);
+             INSERT INTO stores (tenant_id, id, name, created_at) VALUES ('t', 's', 's', 0);
+             INSERT INTO printers (tenant_id, id, store_id, name, transport, created_at) VALUES ('t', 'p', 's', 'p', '{{}}', 0);
+             {}{}",
+            task("T2", "B2"),
+            task("T1", "B1")
+        ))
+        .expect("old rows");
+        migrate(&mut conn).expect("migrate");
+        // As a broker of the previous version inserts: no `seq`, and an id that sorts first.
+        conn.execute_batch(&task("T0", "B0")).expect("old broker's insert");
+        let seqs: Vec<(String, i64)> = conn
+            .prepare("SELECT id, seq FROM tasks ORDER BY seq")
+            .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .expect("read");
+        assert_eq!(seqs, vec![("T1".to_owned(), 1), ("T2".to_owned(), 2), ("T0".to_owned(), 3)]);
+        assert_eq!(sql::lane(&conn, "t", "p").expect("lane").waiting.map(|t| t.task_id).as_deref(), Some("T1"));
+    }
 }

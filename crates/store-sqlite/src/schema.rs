@@ -318,13 +318,36 @@ CREATE TABLE task_tombstones (
 CREATE INDEX task_tombstones_by_store ON task_tombstones(tenant_id, store_id, task_id);
 CREATE INDEX task_tombstones_by_origin ON task_tombstones(origin_task_id) WHERE origin_task_id IS NOT NULL;
 "#,
-    // 14: reserved for another change of issue 12 made on a parallel branch (SQLite counts
-    // its migrations by position, so the number must be taken); it changes nothing.
+    // Migration 13 here, the counterpart of PostgreSQL's 14 (this backend never had
+    // PostgreSQL's migration 7, on planner statistics). Order by a sequence (issue 12, R23): lanes order by (priority, seq) instead of
+    // (priority, id), like PostgreSQL, where ids minted by nodes with different clocks can
+    // disagree with the order of submission. Here the single writer assigns `seq` from the
+    // one-row counter `task_seq` as it inserts, so a task inserted later gets a greater
+    // value. Existing tasks get a `seq` in id order, the order they had. SQLite cannot give
+    // an added column a default from a counter, so a trigger fills it in for an insert that
+    // names no `seq`: a broker of the previous version opened on this file after a downgrade
+    // keeps inserting tasks that line up behind the others (it orders by id itself).
     r#"
-SELECT 1;
+ALTER TABLE tasks ADD COLUMN seq INTEGER;
+CREATE TEMP TABLE tasks_in_id_order (id TEXT PRIMARY KEY, n INTEGER NOT NULL);
+INSERT INTO tasks_in_id_order (id, n) SELECT id, row_number() OVER (ORDER BY id) FROM tasks;
+UPDATE tasks SET seq = (SELECT n FROM tasks_in_id_order o WHERE o.id = tasks.id);
+DROP TABLE tasks_in_id_order;
+CREATE TABLE task_seq (
+    one  INTEGER PRIMARY KEY CHECK (one = 1),
+    last INTEGER NOT NULL
+);
+INSERT INTO task_seq (one, last) SELECT 1, coalesce(max(seq), 0) FROM tasks;
+CREATE TRIGGER tasks_seq_default AFTER INSERT ON tasks FOR EACH ROW WHEN NEW.seq IS NULL
+BEGIN
+    UPDATE task_seq SET last = last + 1;
+    UPDATE tasks SET seq = (SELECT last FROM task_seq) WHERE rowid = NEW.rowid;
+END;
+DROP INDEX tasks_lane;
+CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq) WHERE state IN ('pending', 'sent', 'retrying');
 "#,
-    // 15, several nodes on one database (issue 12). A lease names a job that must run on one
-    // node at a time; its token increases on every change of holder (the fencing token).
+    // 14 here (15 on PostgreSQL), several nodes on one database (issue 12). A lease names
+    // a job that must run on one node at a time; its token increases on every change of holder (the fencing token).
     // Agent sessions are what each node heard of the agents polling it, merged by the
     // others. SQLite serves one node, so both tables only keep the code the same.
     r#"

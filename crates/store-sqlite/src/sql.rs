@@ -250,8 +250,8 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
         .prepare_cached(
             "INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
              content_type, content, fingerprint, state, attempts, created_at, updated_at, \
-             origin_task_id, origin_kind, reprint_no) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'pending', 0, ?13, ?13, ?14, ?15, ?16) \
+             origin_task_id, origin_kind, reprint_no, seq) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'pending', 0, ?13, ?13, ?14, ?15, ?16, ?17) \
              ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING",
         )
         .map_err(backend_err)?;
@@ -265,6 +265,15 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
         .prepare_cached("INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)")
         .map_err(backend_err)?;
 
+    // The lane order (migration 14): every inserted task takes the next value of the
+    // counter. This runs on the writer thread, the only one that inserts tasks, so reading
+    // the counter once and writing it back once per batch cannot interleave with another
+    // insert.
+    let mut last_seq: i64 = c
+        .prepare_cached("SELECT last FROM task_seq")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(backend_err)?;
+    let first_seq = last_seq;
     let mut out: Vec<SubmitOutcome> = Vec::with_capacity(batch.len());
     // Key → index in `out` of the first occurrence in this batch.
     let mut seen: HashMap<KeyRef<'_>, usize> = HashMap::with_capacity(batch.len());
@@ -301,10 +310,12 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
                 t.now,
                 t.origin.as_ref().map(|o| o.task_id.as_str()),
                 t.origin.as_ref().map(|o| o.kind.as_str()),
-                t.origin.as_ref().and_then(|o| o.reprint_no)
+                t.origin.as_ref().and_then(|o| o.reprint_no),
+                last_seq + 1
             ])
             .map_err(|e| constraint_err(e, &format!("task {}", t.task_id), &format!("printer {}", t.printer_id)))?;
         if inserted == 1 {
+            last_seq += 1;
             let reason = t.origin.as_ref().map_or("submitted", |o| o.reason.as_str());
             insert_event.execute(params![t.task_id, t.now, t.actor, reason]).map_err(backend_err)?;
             if t.charge != 0 {
@@ -317,6 +328,11 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
             })?;
             out.push(SubmitOutcome::Existing(existing));
         }
+    }
+    if last_seq != first_seq {
+        c.prepare_cached("UPDATE task_seq SET last = ?1")
+            .and_then(|mut s| s.execute([last_seq]))
+            .map_err(backend_err)?;
     }
     Ok(out)
 }
@@ -518,7 +534,7 @@ fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<V
                  (SELECT u.id FROM tasks u \
                   WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
                     AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
-                  ORDER BY u.priority, u.id LIMIT 1)) \
+                  ORDER BY u.priority, u.seq LIMIT 1)) \
                FROM printers p WHERE {printers})"
         ))
         .map_err(backend_err)?;

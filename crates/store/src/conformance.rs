@@ -31,7 +31,8 @@ macro_rules! conformance_tests {
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
-            lanes_show_the_task_in_flight_and_the_first_waiting, the_may_have_printed_mark_stays,
+            lanes_show_the_task_in_flight_and_the_first_waiting, lanes_follow_insertion_not_ids,
+            the_may_have_printed_mark_stays,
             manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
@@ -658,6 +659,41 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
         "refunds first, FIFO"
     );
     assert_eq!(s.max_task_id().await.unwrap().as_deref(), Some(d.task_id.as_str()));
+}
+
+/// A lane hands out its tasks in the order they were inserted (within a priority), not in
+/// id order: ids are minted by each broker node from its own clock, so a task submitted
+/// later to a node whose clock is behind can have a smaller id (R23 across nodes). Also
+/// within one batch.
+pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    // First A (id ...0050), then B (id ...0010) from a node whose clock is behind, then C
+    // and D together in one batch, D's id the smaller.
+    let a = new_task("acme", "A", "x", 50);
+    let b = new_task("acme", "B", "x", 10);
+    let c = new_task("acme", "C", "x", 40);
+    let d = new_task("acme", "D", "x", 20);
+    s.submit_batch(vec![a.clone()]).await.unwrap();
+    s.submit_batch(vec![b.clone()]).await.unwrap();
+    s.submit_batch(vec![c.clone(), d.clone()]).await.unwrap();
+    let all = [a, b, c, d];
+    let mut left = Vec::new();
+    for _ in 0..4 {
+        let head = s.lane("acme", "p1").await.unwrap().waiting.expect("a waiting task");
+        let t = all.iter().find(|t| t.task_id == head.task_id).unwrap();
+        assert!(s.transition(&send(t, 0, NOW + 100)).await.unwrap());
+        let printed = Transition {
+            from: TaskState::Sent,
+            expected_attempts: 1,
+            to: TaskState::Printed,
+            next_attempt_at: None,
+            ..send(t, 0, NOW + 101)
+        };
+        assert!(s.transition(&printed).await.unwrap());
+        left.push(head.biz_no);
+    }
+    assert_eq!(left, ["A", "B", "C", "D"], "insertion order, whatever the ids say");
+    assert!(s.lane("acme", "p1").await.unwrap().waiting.is_none());
 }
 
 /// The mark "may have printed" is set by a transition that carries it and never removed.

@@ -12,6 +12,7 @@
 //! method and checked by the conformance suite.
 
 mod batch;
+pub mod link;
 pub mod model;
 pub mod testing;
 
@@ -22,6 +23,7 @@ use async_trait::async_trait;
 use onceprint_core::{IdempotencyKey, TaskState};
 
 pub use batch::{GroupCommitConfig, GroupCommitter};
+pub use link::{Heard, NodeLink};
 pub use model::*;
 
 /// Failures of a backend, independent of which database is behind it.
@@ -54,6 +56,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cheap round trip used by `/readyz`.
     async fn ping(&self) -> StoreResult<()>;
+
+    /// The link to the other broker nodes sharing this database, for a backend that
+    /// several nodes can share; `None` (the default) for one that only one process opens.
+    fn node_link(&self) -> Option<std::sync::Arc<dyn NodeLink>> {
+        None
+    }
 
     /// Small key/value settings that belong to the database (e.g. the admin token hash).
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
@@ -187,7 +195,7 @@ pub trait Store: Send + Sync + 'static {
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
     /// The lanes of a store's printers that have active tasks: for each, the task in
-    /// flight, or, when nothing is in flight, the first waiting task by (priority, id)
+    /// flight, or, when nothing is in flight, the first waiting task by (priority, seq)
     /// (while a lane is busy only its task in flight can move, so its waiting task is not
     /// read). Through indexes, a probe or two per printer, never a scan of the backlog.
     async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>>;

@@ -653,13 +653,13 @@ pub struct PrinterStatusUpdate {
 
 /// A printer's lane as the lane engine looks at it: the task in flight (at most one, the
 /// database enforces it), whatever its priority, or, when nothing is in flight, the first
-/// waiting task by (priority, id).
+/// waiting task by (priority, seq): `seq` is the order the database inserted the tasks in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lane {
     pub printer_id: String,
     /// The task in `sent`, if any.
     pub in_flight: Option<Task>,
-    /// The first `pending` or `retrying` task by (priority, id), when nothing is in flight.
+    /// The first `pending` or `retrying` task by (priority, seq), when nothing is in flight.
     pub waiting: Option<Task>,
 }
 
