@@ -81,14 +81,9 @@ async fn seeded_fault_run_postgres_prints_once_loses_nothing_and_drains() {
 /// Three broker nodes on one PostgreSQL schema behind the bench's load balancer: the
 /// agent, the printers and the submitters talk to the balancer, the broker kills go to
 /// the nodes in turn; still nothing twice, nothing lost, every lane drained, and one event
-/// id per change among the task events the run's webhook received.
-///
-/// Ignored until cross-node wake-ups are merged: without them a long poll on one node is
-/// not woken by an ack taken on another, so when the agent's poll and its acks go over two
-/// balancer connections to two nodes, each lane moves once per one-second re-check and the
-/// backlog does not drain in time (seen in 2 of 3 runs; nothing printed twice or lost).
+/// id per change among the task events the run's webhook received. The nodes share a
+/// Redis first gate of the run's own, which is killed once and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs cross-node wake-ups (issue 12): lanes move once per re-check second across nodes"]
 async fn seeded_fault_run_on_three_nodes_behind_a_load_balancer() {
     let env = onceprint_store_postgres::testing::ENV;
     let url = match std::env::var(env) {
@@ -99,11 +94,12 @@ async fn seeded_fault_run_on_three_nodes_behind_a_load_balancer() {
             return;
         }
     };
-    let opts = FaultsOptions { nodes: 3, broker_kills: 3, ..small(Some(url)) };
+    let opts = FaultsOptions { nodes: 3, broker_kills: 3, redis: true, ..small(Some(url)) };
     let report = run_faults(opts).await.expect("the fault run could be carried out");
     println!("{}", report.render_text());
     assert!(report.problems.is_empty(), "the fault run found problems:\n{}", report.render_text());
     assert_eq!((report.nodes, report.broker_kills.len()), (3, 3));
+    assert!(report.redis_killed_at_s.is_some(), "Redis was killed once");
     let v = &report.verdict;
     assert!(report.drained);
     assert_eq!((v.duplicates.count, v.lost.count, v.stray_jobs), (0, 0, 0));
