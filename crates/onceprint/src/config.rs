@@ -425,7 +425,11 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                         ttl_ms: file.lease_ttl_ms.unwrap_or(l.ttl_ms).max(3 * renew_every_ms as i64),
                     },
                     agent_sync_interval_ms: file.agent_sync_interval_ms.unwrap_or(1_000).max(10),
-                    link: args.node_link.or(file.node_link).unwrap_or(true).then(onceprint_engine::ClusterConfig::default),
+                    link: args
+                        .node_link
+                        .or(file.node_link)
+                        .unwrap_or(true)
+                        .then(onceprint_engine::ClusterConfig::default),
                 }
             },
             id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),

@@ -107,7 +107,11 @@ impl Default for HttpConfig {
             tls: None,
             retention: Default::default(),
             retention_clock_offset_ms: 0,
-            cluster: ClusterConfig { agent_sync_interval_ms: 1_000, link: Some(Default::default()), ..Default::default() },
+            cluster: ClusterConfig {
+                agent_sync_interval_ms: 1_000,
+                link: Some(Default::default()),
+                ..Default::default()
+            },
             id_clock_offset_ms: 0,
         }
     }
