@@ -60,19 +60,24 @@ async fn seeded_fault_run_sqlite_prints_once_loses_nothing_and_drains() {
     check(&report);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seeded_fault_run_postgres_prints_once_loses_nothing_and_drains() {
+/// The PostgreSQL server of the tests, or `None` after saying SKIPPED.
+fn postgres_url() -> Option<String> {
     let env = onceprint_store_postgres::testing::ENV;
-    let url = match std::env::var(env) {
-        Ok(url) if !url.trim().is_empty() => url,
+    match std::env::var(env) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {
             // Straight to stderr, past the test harness's capture, like the other
             // PostgreSQL tests: a skip must be visible in a CI log.
             use std::io::Write as _;
             let _ = writeln!(std::io::stderr(), "SKIPPED: PostgreSQL tests need {env}=postgres://… (not set)");
-            return;
+            None
         }
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_fault_run_postgres_prints_once_loses_nothing_and_drains() {
+    let Some(url) = postgres_url() else { return };
     let report = run_faults(small(Some(url))).await.expect("the fault run could be carried out");
     assert_eq!(report.backend, "postgres");
     check(&report);
@@ -85,15 +90,7 @@ async fn seeded_fault_run_postgres_prints_once_loses_nothing_and_drains() {
 /// Redis first gate of the run's own, which is killed once and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_fault_run_on_three_nodes_behind_a_load_balancer() {
-    let env = onceprint_store_postgres::testing::ENV;
-    let url = match std::env::var(env) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "SKIPPED: PostgreSQL tests need {env}=postgres://… (not set)");
-            return;
-        }
-    };
+    let Some(url) = postgres_url() else { return };
     let opts = FaultsOptions { nodes: 3, broker_kills: 3, redis: true, ..small(Some(url)) };
     let report = run_faults(opts).await.expect("the fault run could be carried out");
     println!("{}", report.render_text());
