@@ -216,41 +216,54 @@ impl Leases {
 
     /// Takes or renews every lease once. A lease whose renewal fails or is refused is given
     /// up at once.
-    pub async fn renew_once(&self) {
+    ///
+    /// The renewals run at once, not one after another: on SQLite the single writer then
+    /// commits the ones waiting in its queue together (a round costs a commit or two
+    /// instead of one per lease, which matters on an idle shop PC or a Raspberry Pi), and
+    /// on PostgreSQL they go over the pool in parallel, so a slow round trip delays no
+    /// other lease.
+    pub async fn renew_once(self: &Arc<Self>) {
+        let mut renewals = tokio::task::JoinSet::new();
         for lease in self.all() {
-            let start = self.clock.now_ms();
-            // A renewal slower than the lease itself cannot win anything usable.
-            let limit = Duration::from_millis(self.config.ttl_ms.max(1) as u64);
-            let got = tokio::time::timeout(
-                limit,
-                self.store.acquire_lease(lease.name(), &self.node_id, start, self.config.ttl_ms),
-            )
-            .await;
-            let before = lease.held();
-            match got {
-                Ok(Ok(Some(token))) => {
-                    lease.set(Held { token, until: start + self.config.ttl_ms });
-                    if before.token != token {
-                        tracing::info!(lease = lease.name(), token, node_id = %self.node_id, "lease taken: this node runs the job");
-                    }
+            let this = self.clone();
+            renewals.spawn(async move { this.renew(lease).await });
+        }
+        while renewals.join_next().await.is_some() {}
+    }
+
+    async fn renew(&self, lease: Lease) {
+        let start = self.clock.now_ms();
+        // A renewal slower than the lease itself cannot win anything usable.
+        let limit = Duration::from_millis(self.config.ttl_ms.max(1) as u64);
+        let got = tokio::time::timeout(
+            limit,
+            self.store.acquire_lease(lease.name(), &self.node_id, start, self.config.ttl_ms),
+        )
+        .await;
+        let before = lease.held();
+        match got {
+            Ok(Ok(Some(token))) => {
+                lease.set(Held { token, until: start + self.config.ttl_ms });
+                if before.token != token {
+                    tracing::info!(lease = lease.name(), token, node_id = %self.node_id, "lease taken: this node runs the job");
                 }
-                Ok(Ok(None)) => {
-                    lease.set(Held { token: 0, until: 0 });
-                    if before.token != 0 {
-                        tracing::warn!(lease = lease.name(), node_id = %self.node_id, "lease lost to another node: stepping down");
-                    }
+            }
+            Ok(Ok(None)) => {
+                lease.set(Held { token: 0, until: 0 });
+                if before.token != 0 {
+                    tracing::warn!(lease = lease.name(), node_id = %self.node_id, "lease lost to another node: stepping down");
                 }
-                Ok(Err(e)) => {
-                    lease.set(Held { token: 0, until: 0 });
-                    if before.token != 0 {
-                        tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed: stepping down");
-                    }
+            }
+            Ok(Err(e)) => {
+                lease.set(Held { token: 0, until: 0 });
+                if before.token != 0 {
+                    tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed: stepping down");
                 }
-                Err(_) => {
-                    lease.set(Held { token: 0, until: 0 });
-                    if before.token != 0 {
-                        tracing::warn!(lease = lease.name(), "lease renewal timed out: stepping down");
-                    }
+            }
+            Err(_) => {
+                lease.set(Held { token: 0, until: 0 });
+                if before.token != 0 {
+                    tracing::warn!(lease = lease.name(), "lease renewal timed out: stepping down");
                 }
             }
         }
