@@ -54,8 +54,11 @@ pub struct DeliveryConfig {
     pub takeover_quiet_ms: i64,
     /// How often the sweeper looks for overdue deliveries.
     pub sweep_interval_ms: u64,
-    /// Waiting polls re-check the database at least this often (work from other nodes,
-    /// retry times coming due).
+    /// Waiting polls re-check the database at least this often even without a signal.
+    /// Every change that can give a poll work signals its store (on this node, and over
+    /// the node link on the others), and a poll also wakes at the earliest time one of its
+    /// lanes may move, so this only bounds the wait after a signal that was lost. It is a
+    /// read per waiting poll: at one second, 10,000 idle agents were 10,000 reads a second.
     pub recheck_ms: u64,
     /// The line printed at the top of a reprint; `{n}` is the reprint number.
     pub reprint_banner: String,
@@ -70,7 +73,7 @@ impl Default for DeliveryConfig {
             agent_gone_after_ms: 60_000,
             takeover_quiet_ms: 3_000,
             sweep_interval_ms: 1_000,
-            recheck_ms: 1_000,
+            recheck_ms: 30_000,
             reprint_banner: "*** REPRINT {n} ***".into(),
             stall_after_ms: 120_000,
         }

@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// The long polls' re-check on PostgreSQL without the node link: there it is how a node
+/// hears of work committed on another, so it stays short.
+const UNLINKED_RECHECK_MS: u64 = 1_000;
+
 use anyhow::Context as _;
 use onceprint_core::{ContentLimits, PolicyTable, PrintTypePolicy};
 use onceprint_engine::{DeliveryConfig, IntakeConfig};
@@ -104,7 +108,9 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEPRINT_NODE_LINK", value_name = "BOOL")]
     pub node_link: Option<bool>,
     /// A waiting long poll looks at its lanes again after this long even without a signal
-    /// (default 1000 ms).
+    /// (default 30000 ms: signals and due times wake polls, this only covers a lost
+    /// signal; 1000 ms on PostgreSQL with --node-link=false, where re-checks are how a
+    /// node learns of work committed on another).
     #[arg(long, env = "ONCEPRINT_POLL_RECHECK_MS", value_name = "MS")]
     pub poll_recheck_ms: Option<u64>,
     /// Tests of the real binary only: task ids are minted from a clock this many
@@ -260,6 +266,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
     };
     let database = args.database.or(file.database).unwrap_or_else(|| "sqlite://onceprint.db".into());
     let is_pg = database.starts_with("postgres://") || database.starts_with("postgresql://");
+    let node_link = args.node_link.or(file.node_link).unwrap_or(true);
     let mut policies = PolicyTable::default();
     if let Some(types) = file.print_types {
         if types.is_empty() {
@@ -425,11 +432,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                         ttl_ms: file.lease_ttl_ms.unwrap_or(l.ttl_ms).max(3 * renew_every_ms as i64),
                     },
                     agent_sync_interval_ms: file.agent_sync_interval_ms.unwrap_or(1_000).max(10),
-                    link: args
-                        .node_link
-                        .or(file.node_link)
-                        .unwrap_or(true)
-                        .then(onceprint_engine::ClusterConfig::default),
+                    link: node_link.then(onceprint_engine::ClusterConfig::default),
                 }
             },
             id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),
@@ -441,7 +444,11 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
                     takeover_quiet_ms: file.takeover_quiet_ms.unwrap_or(d.takeover_quiet_ms).max(0),
                     stall_after_ms: file.stall_after_ms.unwrap_or(d.stall_after_ms).max(1_000),
-                    recheck_ms: args.poll_recheck_ms.or(file.poll_recheck_ms).unwrap_or(d.recheck_ms).max(10),
+                    recheck_ms: args
+                        .poll_recheck_ms
+                        .or(file.poll_recheck_ms)
+                        .unwrap_or(if is_pg && !node_link { UNLINKED_RECHECK_MS } else { d.recheck_ms })
+                        .max(10),
                     reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
                 }
             },

@@ -42,6 +42,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (13, V13_RETENTION),
     (14, V14_LANE_SEQUENCE),
     (15, V15_CLUSTER),
+    (16, V16_STORE_INDEXES),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -529,6 +530,15 @@ CREATE TABLE agent_sessions (
     PRIMARY KEY (tenant_id, store_id, agent_id, session)
 );
 CREATE INDEX agent_sessions_by_heard ON agent_sessions (heard_at);
+"#;
+
+/// Many stores (issue 13): every long poll reads the lanes of its store's printers, and
+/// without an index by store that read went through every printer of the database (10,000
+/// idle agents, one per store, cost a core). Plain indexes: brokers of the previous
+/// version are unaffected.
+const V16_STORE_INDEXES: &str = r#"
+CREATE INDEX printers_by_store ON printers (tenant_id, store_id);
+CREATE INDEX stations_by_store ON stations (tenant_id, store_id);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -370,4 +370,11 @@ CREATE TABLE agent_sessions (
 );
 CREATE INDEX agent_sessions_by_heard ON agent_sessions(heard_at);
 "#,
+    // 15 here (16 on PostgreSQL), many stores (issue 13). Every long poll reads the lanes
+    // of its store's printers; without an index by store that read went through every
+    // printer of the database, so 10,000 idle agents (one per store) cost a core.
+    r#"
+CREATE INDEX printers_by_store ON printers(tenant_id, store_id);
+CREATE INDEX stations_by_store ON stations(tenant_id, store_id);
+"#,
 ];

@@ -112,15 +112,15 @@ impl AgentTransport {
             let woken = notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let claimed = self
-                .lanes
-                .claim(
-                    &claimant,
-                    &who.tenant_id,
-                    Scope::Store { store_id: &who.store_id, kind: TransportKind::Agent },
-                    rules,
-                )
-                .await?;
+            // Boxed: a waiting poll's future would otherwise reserve room for the whole
+            // claim's state for as long as it waits, in every one of thousands of polls.
+            let claimed = Box::pin(self.lanes.claim(
+                &claimant,
+                &who.tenant_id,
+                Scope::Store { store_id: &who.store_id, kind: TransportKind::Agent },
+                rules,
+            ))
+            .await?;
             let now = tokio::time::Instant::now();
             if !claimed.deliveries.is_empty() || now >= deadline || signals.is_shutting_down() {
                 return Ok(claimed.deliveries.into_iter().map(AgentDelivery::from).collect());
@@ -132,7 +132,15 @@ impl AgentTransport {
             }
             tokio::select! {
                 _ = &mut woken => {}
-                _ = tokio::time::sleep_until(until) => {}
+                _ = tokio::time::sleep_until(until) => {
+                    if until >= deadline {
+                        // Nothing woke the poll and nothing came due before its end: answer
+                        // at once rather than read the lanes once more. The agent's next
+                        // poll reads them as it arrives, so a last look here would only
+                        // double the reads of every idle agent.
+                        return Ok(Vec::new());
+                    }
+                }
                 _ = signals.shutdown() => {}
             }
         }
