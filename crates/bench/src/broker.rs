@@ -143,6 +143,10 @@ impl Broker {
     }
 
     /// Peak RSS and CPU time so far, read while the broker still runs.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub fn stats(&self) -> ProcStats {
         ProcStats::of(self.pid)
     }

@@ -49,6 +49,19 @@ impl Conn {
         auth: &HeaderValue,
         body: Option<Bytes>,
     ) -> Result<(StatusCode, Bytes), String> {
+        self.request_within(method, path, auth, body, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Conn::request`] with a time limit of its own (a long poll may rightly take
+    /// longer than [`REQUEST_TIMEOUT`]).
+    pub async fn request_within(
+        &mut self,
+        method: Method,
+        path: &str,
+        auth: &HeaderValue,
+        body: Option<Bytes>,
+        limit: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
         let fut = async {
             let mut builder = Request::builder()
                 .method(method)
@@ -66,9 +79,9 @@ impl Conn {
             let bytes = resp.into_body().collect().await.map_err(|e| format!("reading answer body: {e}"))?.to_bytes();
             Ok((status, bytes))
         };
-        match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
+        match tokio::time::timeout(limit, fut).await {
             Ok(result) => result,
-            Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+            Err(_) => Err(format!("no answer within {limit:?}")),
         }
     }
 }

@@ -368,7 +368,11 @@ impl Bound {
     /// finish and returns once intake has nothing left to commit.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         use onceprint_engine::lease::names;
-        let app = router(self.state.clone());
+        // `into_make_service` binds the router's state once. Serving the `Router` itself
+        // would do that again for every connection (axum 0.8 clones the whole route table,
+        // every boxed endpoint and layer, when the router is shared): about 100 KiB per
+        // open connection, which is what 10,000 idle agents' long polls cost (issue 13).
+        let app = router(self.state.clone()).into_make_service();
         let lanes = self.state.lanes.clone();
         let leases = self.state.leases.clone();
         // Jobs that must run once per cluster each ask their lease before a round of work.
