@@ -425,9 +425,9 @@ async function bullIntake(mods, redis, opts, share, label) {
   await flush(mods, redis.port);
   const set = await openQueues(mods, redis.port, opts);
   try {
-    if (opts.warmup > 0) {
-      await runAdds(set, buildPlan('W', opts.warmup, share, PLAN_SEED ^ 0x5741524dn), opts);
-    }
+    // Warm-up keys ("W…") are disjoint from the measured ones ("B…"), as in bench submit.
+    const warm = opts.warmup > 0 ? buildPlan('W', opts.warmup, share, PLAN_SEED ^ 0x5741524dn) : null;
+    if (warm) await runAdds(set, warm, opts);
     const plan = buildPlan('B', opts.tasks, share, PLAN_SEED);
     const redisCpu0 = cpuSeconds(redis.proc.pid);
     const nodeCpu0 = process.cpuUsage();
@@ -435,7 +435,7 @@ async function bullIntake(mods, redis, opts, share, label) {
     const redisCpu = cpuSeconds(redis.proc.pid) - redisCpu0;
     const nodeCpuUs = process.cpuUsage(nodeCpu0);
     const counts = await jobCounts(set, opts);
-    const warmDistinct = opts.warmup > 0 ? buildPlan('W', opts.warmup, share, PLAN_SEED ^ 0x5741524dn).distinct : 0;
+    const warmDistinct = warm?.distinct ?? 0;
     const stored = Object.values(counts).reduce((a, b) => a + b, 0);
     const problems = [];
     if (run.errorCount > 0) problems.push(`${run.errorCount} add calls failed, e.g. ${run.errors[0]}`);
@@ -922,7 +922,7 @@ async function main(opts) {
   if (mods) Object.assign(result.versions, mods.versions);
   if (!opts.skipOnceprint) {
     try {
-      result.versions.onceprint = execFileSync(opts.onceprint, ['--version'], { encoding: 'utf8' }).trim();
+      result.versions.onceprint = execFileSync(opts.onceprint, ['--version'], { encoding: 'utf8' }).trim().replace(/^onceprint\s+/, '');
     } catch (e) {
       fail(`cannot run ${opts.onceprint}: ${e.message}`);
     }
