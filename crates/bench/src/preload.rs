@@ -232,7 +232,7 @@ pub fn finished_task(layout: &Layout, k: usize, finished: usize) -> GenTask {
     let span = DAYS * DAY_MS - 2 * HOUR_MS;
     let start = layout.now_ms - DAYS * DAY_MS;
     let created = start + (k as i128 * span as i128 / finished.max(1) as i128) as i64;
-    let (store, printer) = if k % 2 == 0 {
+    let (store, printer) = if k & 1 == 0 {
         (STORE_ID.to_string(), format!("p{}", (k / 2) % layout.bench_printers.max(1)))
     } else {
         Layout::other_printer(k / 2)
