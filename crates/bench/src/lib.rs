@@ -35,6 +35,7 @@ pub mod paper;
 mod pg;
 mod plan;
 pub mod polls;
+pub mod preload;
 mod procs;
 mod report;
 mod setup;
@@ -57,6 +58,7 @@ use http::Conn;
 pub use idle::{run_idle, IdleOptions, IdleReport};
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use polls::{run_polls, PollsOptions, PollsReport};
+pub use preload::{PreloadOptions, PreloadReport};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
 pub use wakeup::{run_wakeup, WakeupOptions, WakeupReport};
 
@@ -88,6 +90,9 @@ pub struct SubmitOptions {
     /// Broker nodes on one PostgreSQL database behind the bench's load balancer (1: one
     /// broker, no balancer).
     pub nodes: usize,
+    /// Finished and waiting tasks written into the database before the warm-up (module
+    /// [`preload`]); none by default.
+    pub preload: PreloadOptions,
 }
 
 impl SubmitOptions {
@@ -102,6 +107,7 @@ impl SubmitOptions {
             printers: 10,
             warmup: 5_000,
             nodes: 1,
+            preload: PreloadOptions::default(),
         }
     }
 }
@@ -234,6 +240,7 @@ fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
         return bad("too many requests");
     }
     cluster::validate_nodes(opts.nodes, opts.database.as_deref())?;
+    opts.preload.validate()?;
     validate_database(opts.database.as_deref())
 }
 
@@ -256,7 +263,7 @@ async fn run_on(
     let addr = lb.as_ref().map_or(brokers[0].addr, |lb| lb.addr);
     // The nodes' CPU time summed, read from /proc around the measured run.
     let cpu = || brokers.iter().map(|b| b.stats().cpu_seconds).sum::<Option<f64>>();
-    let result = drive(opts, addr, &admin_token, &cpu).await;
+    let result = drive(opts, addr, &admin_token, database_url, &cpu).await;
     // Read the peak before stopping: /proc/<pid> is gone once the broker is reaped.
     let rss_kib = brokers.iter().filter_map(Broker::peak_rss_kib).max();
     let log_tail = brokers[0].log_tail();
@@ -292,6 +299,7 @@ async fn drive(
     opts: &SubmitOptions,
     addr: std::net::SocketAddr,
     admin_token: &str,
+    database_url: &str,
     broker_cpu: &dyn Fn() -> Option<f64>,
 ) -> Result<SubmitReport, BenchError> {
     let mut conn = Conn::connect(addr)
@@ -303,6 +311,17 @@ async fn drive(
     setup::store_and_printers(&mut conn, &auth, &addresses).await?;
 
     let mut problems = Vec::new();
+    let preloaded = if opts.preload.is_empty() {
+        None
+    } else {
+        let (report, layout) = preload::preload(&mut conn, &auth, database_url, opts.printers, opts.preload).await?;
+        if !report.broker_counts_agree {
+            problems.push(format!("after the preload the broker's task counts differ: {}", report.render_line()));
+        }
+        Some((report, layout))
+    };
+    // The preloaded history is older than every task of the run: listings stop there.
+    let floor = preloaded.as_ref().map(|(_, layout)| preload::floor_id(layout));
     // Warm-up keys ("W…") are disjoint from the measured ones ("B…"), so the measured run
     // starts with no key already known and its 201 count equals its distinct keys.
     let mut answered = std::collections::HashMap::new();
@@ -320,7 +339,7 @@ async fn drive(
     let cpu_after = broker_cpu();
     answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &Default::default(), &mut problems));
 
-    let listed = verify::list_tasks(&mut conn, &auth, STORE_ID, answered.len()).await?;
+    let listed = verify::list_tasks_above(&mut conn, &auth, STORE_ID, answered.len(), floor.as_deref()).await?;
     verify::check_listing(&answered, &listed, &mut problems);
 
     let count = |s: u16| run.outcomes.iter().filter(|o| o.status == s).count();
@@ -351,6 +370,7 @@ async fn drive(
             (Some(a), Some(b)) if opts.requests > 0 => Some((b - a) * 1000.0 / opts.requests as f64),
             _ => None,
         },
+        preload: preloaded.map(|(r, _)| r),
         problems,
     })
 }

@@ -98,6 +98,8 @@ pub struct SubmitReport {
     /// The nodes' CPU time (user + system, summed, from /proc) during the measured run,
     /// per measured request.
     pub broker_cpu_ms_per_request: Option<f64>,
+    /// What was preloaded into the database before the warm-up, if anything.
+    pub preload: Option<crate::PreloadReport>,
     /// Everything that broke the contract; empty means the run verified.
     pub problems: Vec<String>,
 }
@@ -160,6 +162,9 @@ impl SubmitReport {
                 String::new()
             };
             let _ = writeln!(s, "broker CPU:   {ms:.3} ms per request{nodes}");
+        }
+        if let Some(p) = &self.preload {
+            let _ = writeln!(s, "{}", p.render_line());
         }
         finish_text(s, &self.problems)
     }

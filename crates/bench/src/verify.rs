@@ -158,15 +158,18 @@ pub fn check_answers(
 }
 
 /// Pages through `GET /v1/print-tasks?store_id=…` and returns `(biz_no, task_id)` of every
-/// task the broker holds for the store.
-pub async fn list_tasks(
+/// task the broker holds for the store whose id is greater than `floor`: a preloaded history
+/// (module `preload`), all older than the run, is not paged through.
+pub async fn list_tasks_above(
     conn: &mut Conn,
     auth: &HeaderValue,
     store_id: &str,
     expected: usize,
+    floor: Option<&str>,
 ) -> Result<Vec<(String, String)>, BenchError> {
     let query = format!("store_id={}", pct_encode(store_id));
-    list_pages(conn, auth, &query, expected, |item| (str_field(item, "biz_no"), str_field(item, "task_id"))).await
+    let pick = |item: &Value| (str_field(item, "biz_no"), str_field(item, "task_id"));
+    list_pages_above(conn, auth, &query, expected, floor, pick).await
 }
 
 /// A string field of a listed task, empty when absent.
@@ -177,12 +180,14 @@ pub fn str_field(item: &Value, name: &str) -> String {
 /// Pages through `GET /v1/print-tasks?<query>` (the query already encoded, without
 /// `limit` and `cursor`) with pages of 500 and returns `pick` of every listed task (one
 /// page of JSON at a time is kept, not the whole list). `expected` is only a hint for the
-/// allocation and the page limit.
-pub async fn list_pages<T>(
+/// allocation and the page limit. The listing ends at the first task whose id is not
+/// greater than `floor` (the list runs newest first, so every task after it is older too).
+pub async fn list_pages_above<T>(
     conn: &mut Conn,
     auth: &HeaderValue,
     query: &str,
     expected: usize,
+    floor: Option<&str>,
     mut pick: impl FnMut(&Value) -> T,
 ) -> Result<Vec<T>, BenchError> {
     let mut tasks = Vec::with_capacity(expected);
@@ -216,7 +221,12 @@ pub async fn list_pages<T>(
                 detail: format!("no `tasks` array: {}", snippet(&body, 300)),
             });
         };
-        tasks.extend(items.iter().map(&mut pick));
+        let above = |item: &&Value| floor.is_none_or(|f| item.get("task_id").and_then(Value::as_str) > Some(f));
+        let kept = items.iter().take_while(above).count();
+        tasks.extend(items.iter().take(kept).map(&mut pick));
+        if kept < items.len() {
+            return Ok(tasks);
+        }
         let next = match page.get("next_cursor") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
@@ -252,14 +262,25 @@ pub struct ListedTask {
     pub last_error: Option<String>,
 }
 
-/// Lists tasks (`query` as for [`list_pages`]) as [`ListedTask`]s.
+/// Lists tasks (`query` as for [`list_pages_above`]) as [`ListedTask`]s.
 pub async fn list_states(
     conn: &mut Conn,
     auth: &HeaderValue,
     query: &str,
     expected: usize,
 ) -> Result<Vec<ListedTask>, BenchError> {
-    list_pages(conn, auth, query, expected, |t| ListedTask {
+    list_states_above(conn, auth, query, expected, None).await
+}
+
+/// [`list_states`] of the tasks whose id is greater than `floor` only.
+pub async fn list_states_above(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    query: &str,
+    expected: usize,
+    floor: Option<&str>,
+) -> Result<Vec<ListedTask>, BenchError> {
+    list_pages_above(conn, auth, query, expected, floor, |t| ListedTask {
         biz_no: str_field(t, "biz_no"),
         task_id: str_field(t, "task_id"),
         printer_id: str_field(t, "printer_id"),

@@ -87,6 +87,26 @@ enum Command {
     },
 }
 
+/// A full database for `bench submit` and `bench e2e` (issue 13, flat cost).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct PreloadArgs {
+    /// Finished tasks (printed, some failed or cancelled, with their audit events and
+    /// ledger entries) written into the fresh database before the measured run, created
+    /// over the past days on the bench store and other stores. Not measured.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    preload_finished: usize,
+    /// Waiting (pending) tasks written before the measured run, on printers of other
+    /// stores that nobody polls. Not measured.
+    #[arg(long, default_value_t = 0, value_name = "M")]
+    preload_waiting: usize,
+}
+
+impl PreloadArgs {
+    fn options(self) -> onceprint_bench::PreloadOptions {
+        onceprint_bench::PreloadOptions { finished: self.preload_finished, waiting: self.preload_waiting }
+    }
+}
+
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Rendering speed of a typical 40-line receipt to ESC/POS and PNG, on one core.
@@ -116,6 +136,8 @@ enum BenchCommand {
         /// Broker nodes on the one PostgreSQL database behind the bench's load balancer.
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        #[command(flatten)]
+        preload: PreloadArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -145,6 +167,8 @@ enum BenchCommand {
         /// Broker nodes on the one PostgreSQL database behind the bench's load balancer.
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        #[command(flatten)]
+        preload: PreloadArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -451,7 +475,17 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Submit { database, requests, concurrency, duplicates, printers, warmup, nodes, json } => {
+        BenchCommand::Submit {
+            database,
+            requests,
+            concurrency,
+            duplicates,
+            printers,
+            warmup,
+            nodes,
+            preload,
+            json,
+        } => {
             let broker_exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
             let report = onceprint_bench::run_submit(onceprint_bench::SubmitOptions {
                 broker_exe,
@@ -462,11 +496,22 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 printers,
                 warmup,
                 nodes,
+                preload: preload.options(),
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
         }
-        BenchCommand::E2e { database, printers, tasks, concurrency, kill_agent_at, timeout_secs, nodes, json } => {
+        BenchCommand::E2e {
+            database,
+            printers,
+            tasks,
+            concurrency,
+            kill_agent_at,
+            timeout_secs,
+            nodes,
+            preload,
+            json,
+        } => {
             let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
             let report = onceprint_bench::run_e2e(onceprint_bench::E2eOptions {
                 exe,
@@ -477,6 +522,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 nodes,
+                preload: preload.options(),
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())

@@ -68,6 +68,9 @@ pub struct E2eOptions {
     /// Broker nodes on one PostgreSQL database behind the bench's load balancer, which
     /// the submitters and the agent talk to (1: one broker, no balancer).
     pub nodes: usize,
+    /// Finished and waiting tasks written into the database before the agent starts
+    /// (module [`crate::preload`]); none by default.
+    pub preload: crate::PreloadOptions,
 }
 
 impl E2eOptions {
@@ -82,6 +85,7 @@ impl E2eOptions {
             kill_agent_at: None,
             timeout: Duration::from_secs(600),
             nodes: 1,
+            preload: crate::PreloadOptions::default(),
         }
     }
 }
@@ -109,6 +113,7 @@ fn validate(opts: &E2eOptions) -> Result<(), BenchError> {
         return bad("the timeout must be positive");
     }
     crate::cluster::validate_nodes(opts.nodes, opts.database.as_deref())?;
+    opts.preload.validate()?;
     crate::validate_database(opts.database.as_deref())
 }
 
@@ -170,7 +175,7 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     let mut procs =
         Procs { sim: Some(sim.proc), agent: None, killed_agent: ProcStats::default(), machine_at_start: None };
 
-    let result = drive(opts, addr, first_port, &paper_log, &mut procs, dir, &admin_token).await;
+    let result = drive(opts, addr, first_port, &paper_log, &mut procs, dir, &admin_token, database_url).await;
 
     // Read what /proc knows before stopping: it is gone once a process is reaped. With
     // several nodes the broker's CPU time is theirs summed, its peak the highest node's.
@@ -236,6 +241,7 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
 }
 
 /// Set-up, the agent, submissions, the wait for paper, and the verdict.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     opts: &E2eOptions,
     addr: SocketAddr,
@@ -244,6 +250,7 @@ async fn drive(
     procs: &mut Procs,
     dir: &Path,
     admin_token: &str,
+    database_url: &str,
 ) -> Result<E2eReport, BenchError> {
     let mut conn = Conn::connect(addr)
         .await
@@ -252,6 +259,20 @@ async fn drive(
         (0..opts.printers).map(|p| format!("tcp://127.0.0.1:{}", usize::from(first_port) + p)).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, admin_token, &addresses).await?;
     let token = agent_token.as_str();
+    let mut problems = Vec::new();
+    let preloaded = if opts.preload.is_empty() {
+        None
+    } else {
+        let (report, layout) =
+            crate::preload::preload(&mut conn, &auth, database_url, opts.printers, opts.preload).await?;
+        if !report.broker_counts_agree {
+            problems.push(format!("after the preload the broker's task counts differ: {}", report.render_line()));
+        }
+        Some((report, layout))
+    };
+    // The preloaded history is older than every task of the run: listings stop there.
+    let floor = preloaded.as_ref().map(|(_, layout)| crate::preload::floor_id(layout));
+    let floor = floor.as_deref();
 
     let watcher = PaperWatcher::start(paper_log.to_path_buf(), opts.tasks)
         .map_err(|e| BenchError::io("starting the paper-log reader", e))?;
@@ -294,13 +315,12 @@ async fn drive(
     };
     let (run, restart) = tokio::try_join!(submit, restart)?;
 
-    let completed = wait_for_paper(&watcher, &mut conn, &auth, n, deadline).await?;
+    let completed = wait_for_paper(&watcher, &mut conn, &auth, n, deadline, floor).await?;
     let settled = settle(&mut conn, &auth).await?;
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
-    let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), n).await?;
+    let listed = verify::list_states_above(&mut conn, &auth, &format!("store_id={STORE_ID}"), n, floor).await?;
 
-    let mut problems = Vec::new();
     if !completed {
         problems.push(format!("timed out after {:?} with {} of {n} tasks on paper", opts.timeout, tally.distinct));
     }
@@ -369,6 +389,7 @@ async fn drive(
         cpu_ms_per_task: None,
         broker_cpu_ms_per_task: None,
         machine_cpu: None,
+        preload: preloaded.map(|(r, _)| r),
         problems,
     })
 }
@@ -463,6 +484,7 @@ async fn wait_for_paper(
     auth: &HeaderValue,
     tasks: usize,
     deadline: Instant,
+    floor: Option<&str>,
 ) -> Result<bool, BenchError> {
     let mut progress = watcher.progress();
     let mut last = *progress.borrow_and_update();
@@ -484,7 +506,7 @@ async fn wait_for_paper(
             let mut never: HashSet<u32> = HashSet::new();
             for state in ["in_doubt", "failed"] {
                 let query = format!("store_id={STORE_ID}&state={state}");
-                for t in verify::list_states(conn, auth, &query, 128).await? {
+                for t in verify::list_states_above(conn, auth, &query, 128, floor).await? {
                     never.extend(marker_of(&t.biz_no).filter(|&m| !watcher.printed(m)));
                 }
             }

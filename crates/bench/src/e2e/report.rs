@@ -84,6 +84,8 @@ pub struct E2eReport {
     pub broker_cpu_ms_per_task: Option<f64>,
     pub machine_cpu: Option<MachineCpu>,
     /// Everything that broke the contract or the targets; empty means the run verified.
+    /// What was preloaded into the database before the run, if anything.
+    pub preload: Option<crate::PreloadReport>,
     pub problems: Vec<String>,
 }
 
@@ -191,6 +193,9 @@ impl E2eReport {
                 "machine CPU:  busy {:.1} s of {:.1} s ({share:.0} %); {:.1} s of it outside these four processes",
                 m.busy_seconds, total, m.other_busy_seconds
             );
+        }
+        if let Some(p) = &self.preload {
+            let _ = writeln!(s, "{}", p.render_line());
         }
         finish_text(s, &self.problems)
     }
