@@ -388,7 +388,7 @@ CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id,
     // of its store's printers; without an index by store that read went through every
     // printer of the database, so 10,000 idle agents (one per store) cost a core.
     r#"
-CREATE INDEX printers_by_store ON printers(tenant_id, store_id);
+CREATE INDEX printers_by_store ON printers(tenant_id, store_id, id);
 CREATE INDEX stations_by_store ON stations(tenant_id, store_id);
 "#,
 ];
