@@ -3,6 +3,7 @@
 
 mod backup;
 mod config;
+mod probe;
 mod reconcile;
 
 /// mimalloc instead of the system allocator: intake allocates many small, short-lived
@@ -80,6 +81,10 @@ enum Command {
     /// A consistent copy of the broker's SQLite database, taken while it runs (SQLite's
     /// online backup API). For PostgreSQL use pg_dump.
     Backup(backup::BackupArgs),
+    /// One HTTP GET of URL: exits 0 on a 2xx answer, 1 otherwise (no answer within the
+    /// timeout included). For health checks where no curl is installed, e.g. the container
+    /// image's HEALTHCHECK on /readyz.
+    Probe(probe::ProbeArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -718,6 +723,13 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             Command::Backup(args) => backup::run(args),
+            Command::Probe(args) => {
+                if probe::run(args).await? {
+                    Ok(())
+                } else {
+                    std::process::exit(1)
+                }
+            }
             Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
             Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,
