@@ -100,8 +100,15 @@ pub fn write(dir: &Path, files: &AclFiles) -> std::io::Result<bool> {
         let tmp = dir.join(format!(".{name}.tmp"));
         {
             use std::io::Write as _;
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            // The password file must not be readable by everyone. Other systems have no
+            // mode bits; there the directory's permissions have to protect it.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+            #[cfg(not(unix))]
+            let _ = mode;
+            let mut f = options.open(&tmp)?;
             f.write_all(content.as_bytes())?;
             f.sync_all()?;
         }
@@ -112,6 +119,7 @@ pub fn write(dir: &Path, files: &AclFiles) -> std::io::Result<bool> {
 }
 
 /// Sends SIGHUP to the process whose pid `pid_file` holds (Mosquitto's `pid_file`).
+#[cfg(unix)]
 pub fn reload(pid_file: &Path) -> std::io::Result<()> {
     let text = std::fs::read_to_string(pid_file)?;
     let pid: libc::pid_t = text
@@ -128,6 +136,16 @@ pub fn reload(pid_file: &Path) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Other systems have no signals to reload the MQTT server with; the files are still
+/// written, and the server has to be reloaded some other way.
+#[cfg(not(unix))]
+pub fn reload(pid_file: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("cannot signal the process of {}: reloading by SIGHUP needs a Unix system", pid_file.display()),
+    ))
 }
 
 /// Keeps the files in `dir` in step with the database until `shutdown`.

@@ -686,6 +686,8 @@ fn render(to: &str, profile: Option<&str>, markup: bool, out: Option<PathBuf>, f
 /// arenas, that was a third of the broker's RSS (issue 13, `bench idle`). Intake measured
 /// no slower without them. Only `serve` does this; failing (an old kernel) changes nothing.
 fn no_transparent_huge_pages() {
+    // prctl is Linux's alone; elsewhere (an agent built for Windows) there is nothing to do.
+    #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE only sets a flag on this process's memory map.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
