@@ -189,3 +189,34 @@ pub fn spawn_writer(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The password file holds hashes of every printer's MQTT password: it must not be
+    /// readable by everyone, and a second write of the same content changes nothing.
+    #[cfg(unix)]
+    #[test]
+    fn files_are_written_with_their_modes_and_only_when_changed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let files = AclFiles { passwords: "broker:$7$hash\n".into(), acl: "user broker\ntopic readwrite #\n".into() };
+        assert!(write(dir.path(), &files).expect("write"));
+        let mode =
+            |name: &str| std::fs::metadata(dir.path().join(name)).expect("metadata").permissions().mode() & 0o777;
+        // The process's umask may only take bits away.
+        assert_eq!(mode(PASSWORD_FILE) & !0o640, 0, "passwd mode {:o}", mode(PASSWORD_FILE));
+        assert_eq!(mode(ACL_FILE) & !0o644, 0, "acl mode {:o}", mode(ACL_FILE));
+        assert!(!write(dir.path(), &files).expect("second write"), "unchanged files are not rewritten");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn reload_refuses_a_pid_file_without_a_pid() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pid_file = dir.path().join("mosquitto.pid");
+        std::fs::write(&pid_file, "not a pid\n").expect("write pid file");
+        assert!(reload(&pid_file).is_err());
+    }
+}
