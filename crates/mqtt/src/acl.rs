@@ -100,8 +100,15 @@ pub fn write(dir: &Path, files: &AclFiles) -> std::io::Result<bool> {
         let tmp = dir.join(format!(".{name}.tmp"));
         {
             use std::io::Write as _;
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            // The password file must not be readable by everyone. Other systems have no
+            // mode bits; there the directory's permissions have to protect it.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+            #[cfg(not(unix))]
+            let _ = mode;
+            let mut f = options.open(&tmp)?;
             f.write_all(content.as_bytes())?;
             f.sync_all()?;
         }
@@ -112,6 +119,7 @@ pub fn write(dir: &Path, files: &AclFiles) -> std::io::Result<bool> {
 }
 
 /// Sends SIGHUP to the process whose pid `pid_file` holds (Mosquitto's `pid_file`).
+#[cfg(unix)]
 pub fn reload(pid_file: &Path) -> std::io::Result<()> {
     let text = std::fs::read_to_string(pid_file)?;
     let pid: libc::pid_t = text
@@ -128,6 +136,16 @@ pub fn reload(pid_file: &Path) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Other systems have no signals to reload the MQTT server with; the files are still
+/// written, and the server has to be reloaded some other way.
+#[cfg(not(unix))]
+pub fn reload(pid_file: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("cannot signal the process of {}: reloading by SIGHUP needs a Unix system", pid_file.display()),
+    ))
 }
 
 /// Keeps the files in `dir` in step with the database until `shutdown`.
@@ -170,4 +188,35 @@ pub fn spawn_writer(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The password file holds hashes of every printer's MQTT password: it must not be
+    /// readable by everyone, and a second write of the same content changes nothing.
+    #[cfg(unix)]
+    #[test]
+    fn files_are_written_with_their_modes_and_only_when_changed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let files = AclFiles { passwords: "broker:$7$hash\n".into(), acl: "user broker\ntopic readwrite #\n".into() };
+        assert!(write(dir.path(), &files).expect("write"));
+        let mode =
+            |name: &str| std::fs::metadata(dir.path().join(name)).expect("metadata").permissions().mode() & 0o777;
+        // The process's umask may only take bits away.
+        assert_eq!(mode(PASSWORD_FILE) & !0o640, 0, "passwd mode {:o}", mode(PASSWORD_FILE));
+        assert_eq!(mode(ACL_FILE) & !0o644, 0, "acl mode {:o}", mode(ACL_FILE));
+        assert!(!write(dir.path(), &files).expect("second write"), "unchanged files are not rewritten");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn reload_refuses_a_pid_file_without_a_pid() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pid_file = dir.path().join("mosquitto.pid");
+        std::fs::write(&pid_file, "not a pid\n").expect("write pid file");
+        assert!(reload(&pid_file).is_err());
+    }
 }

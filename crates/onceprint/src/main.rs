@@ -3,6 +3,7 @@
 
 mod backup;
 mod config;
+mod probe;
 mod reconcile;
 
 /// mimalloc instead of the system allocator: intake allocates many small, short-lived
@@ -80,6 +81,10 @@ enum Command {
     /// A consistent copy of the broker's SQLite database, taken while it runs (SQLite's
     /// online backup API). For PostgreSQL use pg_dump.
     Backup(backup::BackupArgs),
+    /// One HTTP GET of URL: exits 0 on a 2xx answer, 1 otherwise (no answer within the
+    /// timeout included). For health checks where no curl is installed, e.g. the container
+    /// image's HEALTHCHECK on /readyz.
+    Probe(probe::ProbeArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -681,6 +686,8 @@ fn render(to: &str, profile: Option<&str>, markup: bool, out: Option<PathBuf>, f
 /// arenas, that was a third of the broker's RSS (issue 13, `bench idle`). Intake measured
 /// no slower without them. Only `serve` does this; failing (an old kernel) changes nothing.
 fn no_transparent_huge_pages() {
+    // prctl is Linux's alone; elsewhere (an agent built for Windows) there is nothing to do.
+    #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE only sets a flag on this process's memory map.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
@@ -718,6 +725,13 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             Command::Backup(args) => backup::run(args),
+            Command::Probe(args) => {
+                if probe::run(args).await? {
+                    Ok(())
+                } else {
+                    std::process::exit(1)
+                }
+            }
             Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
             Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,
