@@ -10,8 +10,8 @@
 # file's RUN steps in debootstrap chroots where no Docker engine is at hand.
 
 # The toolchain the project is built and tested with (and packaging/verify-dockerfile.sh
-# used). The workspace says rust-version 1.85, but locked dependencies need more (time
-# 0.3.55, encoding_rs and the icu crates declare 1.88), so the MSRV is no choice here.
+# used). The workspace's rust-version is 1.88, what locked dependencies declare (time
+# 0.3.55, encoding_rs and the icu crates).
 ARG RUST_VERSION=1.95
 
 # ---- builder: compiles the release binary (profile `dist`: stripped, no debug info) ----
