@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use onceprint_bench::{run_e2e, run_submit, E2eOptions, SubmitOptions};
+use onceprint_bench::{run_e2e, run_idle, run_submit, E2eOptions, IdleOptions, SubmitOptions};
 
 fn broker_exe() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -123,4 +123,24 @@ async fn e2e_smoke_postgres() {
     let report = run_e2e(E2eOptions { database: Some(url), ..small_e2e(exe) }).await.expect("bench run");
     assert_eq!(report.backend, "postgres");
     check_e2e(&report);
+}
+
+/// `bench idle`, small: a few dozen agents long-poll while intake is measured twice. Every
+/// poll must be answered, empty and on time, and both intake runs verified; the figures
+/// `--json` prints must be there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_smoke_sqlite() {
+    let Some(exe) = broker_exe() else { return };
+    let opts = IdleOptions { agents: 40, wait_ms: 2_000, requests: 1_000, concurrency: 8, ..IdleOptions::new(exe) };
+    let report = run_idle(opts).await.expect("bench idle run");
+    println!("{}", report.render_text());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.backend, "sqlite");
+    assert!(report.polls_answered >= 40, "{} polls answered for 40 agents", report.polls_answered);
+    assert!(report.kib_per_agent.is_some() && report.idle_cpu_share.is_some());
+    for run in [&report.intake_without_agents, &report.intake_with_agents] {
+        assert!(run.accepted > 0 && run.accepted + run.duplicates == 1_000, "{run:?}");
+    }
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["agents"], 40);
 }
