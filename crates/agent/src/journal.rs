@@ -15,6 +15,13 @@
 //! last N task ids) is updated by the writer after the sync, so a lookup only ever answers
 //! from facts that are on disk.
 //!
+//! Records carry the delivery's idempotency key too, and the index also maps each key to
+//! the task id that last wrote under it: "was this key printed here?" is answered like
+//! "was this task id printed?", so the same ticket arriving under another task id (the
+//! same order sent to the cloud and to the shop, a broker restored from an older backup)
+//! is not printed twice, while two tickets of one order (a receipt and a prebill: other
+//! print types, other keys) both print.
+//!
 //! The file is compacted when it holds more than 2N records: the live records are written
 //! to a temporary file, synced, renamed over the journal, and the directory is synced, so a
 //! crash at any point leaves either the old or the new file, both complete.
@@ -86,12 +93,32 @@ pub struct Record {
     pub at: String,
     #[serde(default)]
     pub detail: String,
+    /// The delivery's idempotency key (CONTRACT.md: business number, printer, print type,
+    /// reprint number), so that the journal also answers "was this key printed here?"
+    /// under another task id. Empty in records of journals written before it existed, and
+    /// then not written; a later record of the same task without a key keeps the earlier
+    /// record's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
 }
 
 impl Record {
     /// A record stamped with the current time.
     pub fn new(task_id: &str, attempt: u32, state: RecordState, detail: impl Into<String>) -> Record {
-        Record { task_id: task_id.to_owned(), attempt, state, at: now_rfc3339(), detail: detail.into() }
+        Record {
+            task_id: task_id.to_owned(),
+            attempt,
+            state,
+            at: now_rfc3339(),
+            detail: detail.into(),
+            key: String::new(),
+        }
+    }
+
+    /// The same record with the delivery's idempotency key.
+    pub fn keyed(mut self, key: &str) -> Record {
+        self.key = key.to_owned();
+        self
     }
 }
 
@@ -137,10 +164,12 @@ struct Counters {
     file_records: AtomicU64,
 }
 
-/// Task id → latest record, for the last `capacity` task ids written.
+/// Task id → latest record, for the last `capacity` task ids written, and idempotency
+/// key → the task id that last wrote a record under it.
 struct Index {
     capacity: usize,
     map: HashMap<String, (u64, Record)>,
+    by_key: HashMap<String, String>,
     /// Task ids in the order they were last written; entries whose sequence number no
     /// longer matches the map are stale and skipped, which keeps updates O(1).
     order: VecDeque<(u64, String)>,
@@ -149,19 +178,31 @@ struct Index {
 
 impl Index {
     fn new(capacity: usize) -> Index {
-        Index { capacity, map: HashMap::new(), order: VecDeque::new(), next_seq: 0 }
+        Index { capacity, map: HashMap::new(), by_key: HashMap::new(), order: VecDeque::new(), next_seq: 0 }
     }
 
-    fn insert(&mut self, record: Record) {
+    fn insert(&mut self, mut record: Record) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if record.key.is_empty() {
+            if let Some((_, earlier)) = self.map.get(&record.task_id) {
+                record.key = earlier.key.clone();
+            }
+        }
+        if !record.key.is_empty() {
+            self.by_key.insert(record.key.clone(), record.task_id.clone());
+        }
         self.order.push_back((seq, record.task_id.clone()));
         self.map.insert(record.task_id.clone(), (seq, record));
         while self.map.len() > self.capacity {
             match self.order.pop_front() {
                 Some((s, id)) => {
                     if self.map.get(&id).is_some_and(|(live, _)| *live == s) {
-                        self.map.remove(&id);
+                        if let Some((_, gone)) = self.map.remove(&id) {
+                            if self.by_key.get(&gone.key).is_some_and(|owner| *owner == id) {
+                                self.by_key.remove(&gone.key);
+                            }
+                        }
                     }
                 }
                 None => break,
@@ -260,6 +301,20 @@ impl Journal {
     /// The latest durable record of `task_id`, if it is among the last N task ids.
     pub fn lookup(&self, task_id: &str) -> Option<Record> {
         lock(&self.index).map.get(task_id).map(|(_, r)| r.clone())
+    }
+
+    /// The latest durable record written under the idempotency key `key`, by whichever
+    /// task id wrote it last, if that task id is among the last N. The same key under
+    /// another task id means the same ticket (an order that reached the broker twice, a
+    /// task accepted offline and again in the cloud, a broker restored from an older
+    /// backup): what this answers decides whether it may print.
+    pub fn lookup_key(&self, key: &str) -> Option<Record> {
+        if key.is_empty() {
+            return None;
+        }
+        let index = lock(&self.index);
+        let task_id = index.by_key.get(key)?;
+        index.map.get(task_id).map(|(_, r)| r.clone())
     }
 
     /// How many task ids the journal remembers now.
@@ -519,6 +574,35 @@ mod tests {
         assert!(ix.map.contains_key("c"));
         let order: Vec<&str> = ix.live_in_order().iter().map(|r| r.task_id.as_str()).collect();
         assert_eq!(order, ["a", "c"]);
+    }
+
+    #[test]
+    fn the_index_answers_by_idempotency_key_and_forgets_the_key_with_its_task() {
+        let mut ix = Index::new(2);
+        ix.insert(rec("a", RecordState::Started).keyed("K1#p1"));
+        // A later record of the same task without a key keeps the key.
+        ix.insert(rec("a", RecordState::Printed));
+        assert_eq!(ix.map["a"].1.key, "K1#p1");
+        assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("a"));
+        // The same key under another task id: the later writer owns it.
+        ix.insert(rec("b", RecordState::Printed).keyed("K1#p1"));
+        assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("b"));
+        ix.insert(rec("c", RecordState::Started).keyed("K2#p1"));
+        // `a` left the index (capacity 2) without taking `b`'s key along.
+        assert!(!ix.map.contains_key("a"));
+        assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("b"));
+        ix.insert(rec("d", RecordState::Started));
+        // `b` left too: its key goes with it.
+        assert!(!ix.by_key.contains_key("K1#p1"));
+        assert_eq!(ix.by_key.len(), 1);
+    }
+
+    #[test]
+    fn a_record_without_a_key_reads_and_writes_as_before() {
+        let old = r#"{"task_id":"T1","attempt":1,"state":"printed","at":"2026-12-01T00:00:00Z","detail":""}"#;
+        let r: Record = serde_json::from_str(old).expect("a record of an older journal");
+        assert_eq!(r.key, "");
+        assert_eq!(serde_json::to_string(&r).expect("json"), old, "no key field is written when empty");
     }
 
     #[test]

@@ -63,7 +63,9 @@ mod worker;
 pub use agent::run;
 pub use journal::{Journal, JournalError, Record, RecordState};
 pub use protocol::{Ack, Delivery, Outcome};
-pub use worker::{ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, STARTED_BEFORE_CRASH};
+pub use worker::{
+    ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, KEY_ALREADY_PRINTED, KEY_IN_DOUBT, STARTED_BEFORE_CRASH,
+};
 
 use std::fmt;
 use std::path::PathBuf;

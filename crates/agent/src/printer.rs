@@ -78,6 +78,9 @@ pub enum Confirmation {
 pub struct Job<'a> {
     pub task_id: &'a str,
     pub attempt: u32,
+    /// The delivery's idempotency key, journaled with every record of the job (may be
+    /// empty).
+    pub key: &'a str,
     pub data: &'a [u8],
     /// Must differ from the ids of other recent jobs on the same printer.
     pub process_id: [u8; 4],
@@ -567,7 +570,7 @@ pub async fn print_job_on(
     };
 
     // (2) The point of no return is made durable before it is crossed.
-    let started = Record::new(job.task_id, job.attempt, RecordState::Started, address.to_string());
+    let started = Record::new(job.task_id, job.attempt, RecordState::Started, address.to_string()).keyed(job.key);
     if let Err(e) = journal.append(started).await {
         return Finished::new(Outcome::Error, format!("journal: {e}; nothing was sent"));
     }
@@ -592,7 +595,8 @@ pub async fn print_job_on(
     // (4) Record the end. If this write fails the truth is still what the printer said, so
     // it is reported as it is; the journal keeps `started`, so a redelivery after a
     // restart is answered in doubt rather than printed again.
-    let end = Record::new(job.task_id, job.attempt, RecordState::from(finished.outcome), finished.detail.clone());
+    let end = Record::new(job.task_id, job.attempt, RecordState::from(finished.outcome), finished.detail.clone())
+        .keyed(job.key);
     if let Err(e) = journal.append(end).await {
         tracing::error!(task_id = job.task_id, error = %e, "could not journal the end of a print");
     }

@@ -35,7 +35,9 @@ pub struct Delivery {
     /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, as
     /// reachable from the agent's machine ([`crate::address`]).
     pub printer_address: String,
-    /// `biz_no#printer_id` (R16); logged, the journal itself is keyed by task id.
+    /// `biz_no#printer_id` plus the suffixes of CONTRACT.md (R16). Journaled with every
+    /// record: the journal answers by task id and by this key, so the same ticket under
+    /// another task id is never printed twice.
     #[serde(default)]
     pub idempotency_key: String,
     /// Only `escpos` exists; anything else is acknowledged as `error`.

@@ -29,6 +29,12 @@ pub const STARTED_BEFORE_CRASH: &str = "printing started before a crash; not pri
 pub const ALREADY_REPORTED: &str = "attempt already answered (journal); not printed";
 /// The ack detail for a task the journal already holds in doubt.
 pub const ALREADY_IN_DOUBT: &str = "in doubt since an earlier attempt (journal); not printed again";
+/// The start of the ack detail for a task whose idempotency key this agent printed under
+/// another task id (the detail goes on to name that task).
+pub const KEY_ALREADY_PRINTED: &str = "already printed under the same idempotency key (journal)";
+/// The start of the ack detail for a task whose idempotency key another task id may have
+/// printed (started and never confirmed, or in doubt): a person decides, nothing prints.
+pub const KEY_IN_DOUBT: &str = "another task with the same idempotency key may have printed (journal); not printed";
 
 /// What every worker shares.
 pub(crate) struct WorkerContext {
@@ -313,7 +319,8 @@ pub(crate) async fn handle_delivery(
             }
             RecordState::InDoubt => return ack(Outcome::InDoubt, ALREADY_IN_DOUBT.into()),
             RecordState::Started => {
-                let rec = Record::new(&d.task_id, d.attempt, RecordState::InDoubt, STARTED_BEFORE_CRASH);
+                let rec = Record::new(&d.task_id, d.attempt, RecordState::InDoubt, STARTED_BEFORE_CRASH)
+                    .keyed(&d.idempotency_key);
                 if let Err(e) = ctx.journal.append(rec).await {
                     // The answer is the same either way; the `started` record keeps it so.
                     tracing::error!(task_id = %d.task_id, error = %e, "could not journal in_doubt");
@@ -339,6 +346,30 @@ pub(crate) async fn handle_delivery(
         }
     }
 
+    // (1b) The same ticket under another task id (the idempotency key: business number,
+    // printer, print type, reprint number): an order that reached the broker twice, a task
+    // accepted offline and again in the cloud, a broker restored from an older backup.
+    // Printed there → printed here, without paper; possibly printed there → in doubt.
+    if let Some(r) = ctx.journal.lookup_key(&d.idempotency_key).filter(|r| r.task_id != d.task_id) {
+        let decided = match r.state {
+            RecordState::Printed => Some((Outcome::Printed, RecordState::Printed, KEY_ALREADY_PRINTED)),
+            RecordState::Started | RecordState::InDoubt => Some((Outcome::InDoubt, RecordState::InDoubt, KEY_IN_DOUBT)),
+            // A blocker or an error there: nothing came out of the printer for that task.
+            _ => None,
+        };
+        if let Some((outcome, state, why)) = decided {
+            let detail = format!("{why}: task {} (attempt {}, {})", r.task_id, r.attempt, r.at);
+            tracing::warn!(task_id = %d.task_id, key = %d.idempotency_key, other = %r.task_id, %outcome, "same idempotency key as a task this agent journaled; not printed");
+            // Journaled under this task id too, so that its redeliveries are answered by
+            // step (1) even once the other task id has left the journal.
+            let rec = Record::new(&d.task_id, d.attempt, state, detail.clone()).keyed(&d.idempotency_key);
+            if let Err(e) = ctx.journal.append(rec).await {
+                tracing::error!(task_id = %d.task_id, error = %e, "could not journal the answer by idempotency key");
+            }
+            return ack(outcome, detail);
+        }
+    }
+
     // (2) A delivery the agent cannot even try is an error; nothing is sent.
     let prepared = prepare(d);
     let (address, data) = match prepared {
@@ -349,7 +380,13 @@ pub(crate) async fn handle_delivery(
     // (3) Print (status check, `started`, send, confirm, `printed`/`in_doubt`).
     let confirmation =
         if ctx.no_printed_ack.contains(&d.printer_id) { Confirmation::StatusOnly } else { Confirmation::ProcessId };
-    let job = Job { task_id: &d.task_id, attempt: d.attempt, data: &data, process_id: ids.next(&d.task_id, d.attempt) };
+    let job = Job {
+        task_id: &d.task_id,
+        attempt: d.attempt,
+        key: &d.idempotency_key,
+        data: &data,
+        process_id: ids.next(&d.task_id, d.attempt),
+    };
     let finished = print_job_on(link, &ctx.journal, &address, &job, &ctx.driver, confirmation).await;
     match finished.outcome {
         // `print_job` has journaled these itself, in the order that makes them safe.
@@ -376,7 +413,7 @@ fn prepare(d: &Delivery) -> Result<(PrinterAddress, Vec<u8>), String> {
 /// returns its ack. A journal failure is only logged: nothing was printed, so there is
 /// nothing the journal must remember.
 async fn finish_without_printing(ctx: &WorkerContext, d: &Delivery, outcome: Outcome, detail: String) -> Ack {
-    let rec = Record::new(&d.task_id, d.attempt, RecordState::from(outcome), detail.clone());
+    let rec = Record::new(&d.task_id, d.attempt, RecordState::from(outcome), detail.clone()).keyed(&d.idempotency_key);
     if let Err(e) = ctx.journal.append(rec).await {
         tracing::warn!(task_id = %d.task_id, error = %e, "could not journal the outcome");
     }

@@ -4,7 +4,10 @@ mod common;
 
 use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent, TOKEN};
 use onceprint_agent::journal::{Journal, Record, RecordState};
-use onceprint_agent::{Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, STARTED_BEFORE_CRASH};
+use onceprint_agent::{
+    Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, KEY_ALREADY_PRINTED, KEY_IN_DOUBT,
+    STARTED_BEFORE_CRASH,
+};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -439,4 +442,62 @@ async fn the_agent_fails_over_to_the_next_broker_with_the_same_session() {
     let ids_a = a.state.agent_ids.lock().expect("ids").clone();
     let ids_b = b.state.agent_ids.lock().expect("ids").clone();
     assert_eq!(ids_a[0], ids_b[0], "one agent id on both");
+}
+
+/// The same ticket under another task id (same idempotency key: an order the broker got
+/// twice, a task accepted offline and again in the cloud, a broker restored from an
+/// older backup) is answered from the journal and never printed again, also after a
+/// restart; a crash mid-print makes the other task id in doubt; a receipt and a prebill
+/// of one order (two keys) are two tickets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_answers_by_idempotency_key_under_another_task_id() {
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    // A crash between `started` and the printer's reply left order B7's ticket in doubt.
+    {
+        let j = Journal::open(state.path(), 1000).expect("journal");
+        j.append(Record::new("T7", 1, RecordState::Started, printer.address()).keyed("B7#p1")).await.expect("append");
+        j.close().await.expect("close");
+    }
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    let keyed = |task: &str, key: &str, data: &[u8]| {
+        let mut d = delivery(task, 1, "p1", &printer.address(), data);
+        d.idempotency_key = key.into();
+        d
+    };
+
+    broker.state.push(keyed("T1", "A1#p1", b"receipt A1\n"));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks[0].outcome, Outcome::Printed, "{:?}", acks[0]);
+
+    // Order A1's receipt again, under task id T2; then its prebill (another print type,
+    // another key), which must print; then order B7's ticket under task id T8.
+    broker.state.push(keyed("T2", "A1#p1", b"receipt A1\n"));
+    broker.state.push(keyed("T3", "A1#p1#prebill", b"prebill A1\n"));
+    broker.state.push(keyed("T8", "B7#p1", b"kitchen B7\n"));
+    let acks = broker.state.wait_acks(4, WITHIN).await;
+    let by_task = |t: &str| acks.iter().find(|a| a.task_id == t).cloned().expect("ack");
+    let t2 = by_task("T2");
+    assert_eq!(t2.outcome, Outcome::Printed, "{t2:?}");
+    assert!(t2.detail.starts_with(KEY_ALREADY_PRINTED) && t2.detail.contains("task T1"), "{t2:?}");
+    assert_eq!(by_task("T3").outcome, Outcome::Printed);
+    let t8 = by_task("T8");
+    assert_eq!(t8.outcome, Outcome::InDoubt, "{t8:?}");
+    assert!(t8.detail.starts_with(KEY_IN_DOUBT) && t8.detail.contains("task T7"), "{t8:?}");
+    assert_eq!(printer.jobs(), vec![b"receipt A1\n".to_vec(), b"prebill A1\n".to_vec()]);
+    agent.stop().await;
+
+    // After a restart: T2 is answered under its own id now, and a third task id with
+    // order A1's receipt key still does not print.
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(keyed("T2", "A1#p1", b"receipt A1\n"));
+    broker.state.push(keyed("T4", "A1#p1", b"receipt A1\n"));
+    let acks = broker.state.wait_acks(6, WITHIN).await;
+    let again = acks[4..].iter().find(|a| a.task_id == "T2").expect("T2 again");
+    assert_eq!((again.outcome, again.detail.as_str()), (Outcome::Printed, ALREADY_PRINTED));
+    let t4 = acks[4..].iter().find(|a| a.task_id == "T4").expect("T4");
+    assert!(t4.outcome == Outcome::Printed && t4.detail.starts_with(KEY_ALREADY_PRINTED), "{t4:?}");
+    assert_eq!(printer.job_count(), 2, "order A1's receipt on paper once");
+    agent.stop().await;
 }

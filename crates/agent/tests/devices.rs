@@ -207,7 +207,7 @@ fn cfg() -> DriverConfig {
 
 async fn print_to(journal: &Journal, address: &str, task: &str) -> Finished {
     let address: PrinterAddress = address.parse().expect("address");
-    let job = Job { task_id: task, attempt: 1, data: b"\x1b@must not print\n", process_id: *b"dv01" };
+    let job = Job { task_id: task, attempt: 1, key: "", data: b"\x1b@must not print\n", process_id: *b"dv01" };
     print_job(journal, &address, &job, &cfg(), Confirmation::ProcessId).await
 }
 

@@ -22,7 +22,7 @@ fn cfg() -> DriverConfig {
 
 async fn print(journal: &Journal, address: &str, task: &str, confirmation: Confirmation) -> Finished {
     let address: PrinterAddress = address.parse().expect("address");
-    let job = Job { task_id: task, attempt: 1, data: DATA, process_id: *b"ab12" };
+    let job = Job { task_id: task, attempt: 1, key: "", data: DATA, process_id: *b"ab12" };
     print_job(journal, &address, &job, &cfg(), confirmation).await
 }
 
@@ -133,7 +133,7 @@ async fn a_printer_that_never_answers_status_is_offline() {
 
 async fn print_on(link: &mut PrinterLink, journal: &Journal, address: &str, task: &str, id: &[u8; 4]) -> Finished {
     let address: PrinterAddress = address.parse().expect("address");
-    let job = Job { task_id: task, attempt: 1, data: DATA, process_id: *id };
+    let job = Job { task_id: task, attempt: 1, key: "", data: DATA, process_id: *id };
     print_job_on(link, journal, &address, &job, &cfg(), Confirmation::ProcessId).await
 }
 

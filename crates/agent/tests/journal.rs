@@ -167,3 +167,28 @@ async fn concurrent_appends_are_group_committed() {
     j.close().await.expect("close");
     assert_eq!(lines(dir.path()).len(), writers as usize);
 }
+
+#[tokio::test]
+async fn keys_survive_reopen_and_compaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let j = Journal::open(dir.path(), 4).expect("open");
+        j.append(rec("T1", 1, RecordState::Started).keyed("A1#p1")).await.expect("append");
+        j.append(rec("T1", 1, RecordState::Printed).keyed("A1#p1")).await.expect("append");
+        j.append(rec("T2", 1, RecordState::Started).keyed("A2#p1")).await.expect("append");
+        // Enough other tasks to compact the file at least once, not enough to push T1 and
+        // T2 out of the last four.
+        for i in 0..12 {
+            j.append(rec("T3", i, RecordState::NoPaper)).await.expect("append");
+        }
+        assert!(j.stats().compactions >= 1, "{:?}", j.stats());
+        assert_eq!(j.lookup_key("A1#p1").map(|r| (r.task_id, r.state)), Some(("T1".into(), RecordState::Printed)));
+        j.close().await.expect("close");
+    }
+    let j = Journal::open(dir.path(), 4).expect("reopen");
+    assert_eq!(j.lookup_key("A1#p1").map(|r| (r.task_id, r.state)), Some(("T1".into(), RecordState::Printed)));
+    assert_eq!(j.lookup_key("A2#p1").map(|r| (r.task_id, r.state)), Some(("T2".into(), RecordState::Started)));
+    assert_eq!(j.lookup_key("A3#p1"), None);
+    assert_eq!(j.lookup_key(""), None, "an empty key names nothing");
+    j.close().await.expect("close");
+}
