@@ -200,6 +200,10 @@ pub async fn run_idle(opts: IdleOptions) -> Result<IdleReport, BenchError> {
 
 /// Raises this process's open-file limit towards `want` (the broker inherits it): every
 /// agent is one socket on each side.
+#[cfg(not(unix))]
+fn raise_fd_limit(_want: usize) {}
+
+#[cfg(unix)]
 fn raise_fd_limit(want: usize) {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit only read and write the struct handed to them.

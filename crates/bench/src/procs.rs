@@ -146,12 +146,30 @@ pub fn agent_args(server: SocketAddr, token: &str, state_dir: &Path, agent_id: O
 
 /// Sends SIGTERM to a child the caller owns and has not reaped (so the pid cannot have
 /// been reused by another process).
+/// Elsewhere there is no SIGTERM: the caller's later kill ends the child.
 pub fn sigterm(pid: u32) {
+    #[cfg(unix)]
     if pid != 0 {
         // SAFETY: kill(2) takes plain integers; the pid is our own unreaped child.
         unsafe {
             libc::kill(pid as libc::pid_t, libc::SIGTERM);
         }
+    }
+    #[cfg(not(unix))]
+    let _ = pid;
+}
+
+/// Clock ticks per second of `/proc`'s CPU times; 0 where there is no such thing (the
+/// figures are then left out).
+fn clock_ticks() -> f64 {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf only reads a configuration value.
+        unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
+    }
+    #[cfg(not(unix))]
+    {
+        0.0
     }
 }
 
@@ -177,9 +195,8 @@ impl ProcStats {
     fn at(dir: &str) -> Self {
         let peak_rss_kib = std::fs::read_to_string(format!("{dir}/status")).ok().and_then(|s| parse_vm_hwm(&s));
         let cpu_seconds = std::fs::read_to_string(format!("{dir}/stat")).ok().and_then(|s| {
-            // SAFETY: sysconf only reads a configuration value.
-            let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-            parse_cpu_ticks(&s).filter(|_| ticks > 0).map(|t| t as f64 / ticks as f64)
+            let ticks = clock_ticks();
+            parse_cpu_ticks(&s).filter(|_| ticks > 0.0).map(|t| t as f64 / ticks)
         });
         Self { peak_rss_kib, cpu_seconds }
     }
@@ -211,10 +228,9 @@ pub struct MachineTimes {
 impl MachineTimes {
     pub fn now() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        // SAFETY: sysconf only reads a configuration value.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let ticks = clock_ticks();
         let (busy, idle) = parse_machine_ticks(&stat)?;
-        (ticks > 0).then(|| Self { busy: busy as f64 / ticks as f64, idle: idle as f64 / ticks as f64 })
+        (ticks > 0.0).then(|| Self { busy: busy as f64 / ticks, idle: idle as f64 / ticks })
     }
 }
 
