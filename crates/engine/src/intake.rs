@@ -53,6 +53,12 @@ pub struct SubmitRequest {
     pub station_id: Option<String>,
     pub print_type: Option<String>,
     pub content: Option<Content>,
+    /// A submission a store agent forwards from its shop's LAN (issue 14): the target must
+    /// be a printer or station of this store, the agent's own. Checked before the gates,
+    /// since it decides who may know about a task at all, not whether a task is valid.
+    pub store_scope: Option<String>,
+    /// Who the audit trail names as the submitter; `tenant:{tenant_id}` when `None`.
+    pub actor: Option<String>,
 }
 
 /// Whether the answer created a task or found one.
@@ -199,6 +205,9 @@ impl Intake {
         let canonical: CanonicalContent = content.canonicalize(self.config.content_limits)?;
         let fingerprint = canonical.fingerprint();
         let key = IdempotencyKey::new(&req.tenant_id, &target, &biz_no, print_type);
+        if let Some(store_id) = &req.store_scope {
+            self.check_scope(&req.tenant_id, &target, store_id).await?;
+        }
 
         // First gate: a retry of a task this process already committed. A task that was
         // transferred answers with the live task of its chain, which the gate does not
@@ -282,7 +291,7 @@ impl Intake {
             content_type: canonical.content_type.to_owned(),
             content: canonical.bytes,
             fingerprint: fingerprint.0.clone(),
-            actor: format!("tenant:{}", req.tenant_id),
+            actor: req.actor.clone().unwrap_or_else(|| format!("tenant:{}", req.tenant_id)),
             charge: self.config.charge,
             now,
             origin: None,
@@ -425,6 +434,22 @@ impl Intake {
                 )))
             }
         }
+    }
+
+    /// A scoped submission's target must belong to `store_id`. Another store's printer or
+    /// station is answered as if it did not exist: the caller may not learn of it.
+    async fn check_scope(&self, tenant_id: &str, target: &Target, store_id: &str) -> Result<(), IntakeError> {
+        let found = match target {
+            Target::Printer(p) => self.directory.printer(tenant_id, p).await?.map(|x| x.store_id),
+            Target::Station(s) => self.directory.station(tenant_id, s).await?.map(|x| x.store_id),
+        };
+        if found.as_deref() == Some(store_id) {
+            return Ok(());
+        }
+        Err(IntakeError::UnknownTarget(match target {
+            Target::Printer(p) => format!("printer_id: no printer {p:?} in store {store_id:?}"),
+            Target::Station(s) => format!("station_id: no station {s:?} in store {store_id:?}"),
+        }))
     }
 
     /// Whether every printer `target` may reach can print `content_type`. Unknown targets

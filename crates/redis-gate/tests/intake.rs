@@ -64,6 +64,7 @@ fn request(biz_no: &str, text: &str) -> SubmitRequest {
         station_id: None,
         print_type: None,
         content: Some(Content::Text { text: text.into() }),
+        ..Default::default()
     }
 }
 

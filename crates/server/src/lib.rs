@@ -233,6 +233,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
+        .route("/v1/agent/print-tasks", post(agent::submit))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
         .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))

@@ -62,7 +62,7 @@ impl Modify for Security {
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
-        agent::poll, agent::acks, agent::status,
+        agent::poll, agent::acks, agent::status, agent::submit,
         operators::create_operator, operators::list_operators, operators::revoke_operator_sessions,
         operators::create_operator_session, operators::delete_operator_session,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,

@@ -21,6 +21,7 @@ both_backends!(
     authentication_is_required,
     meta_endpoints_answer,
     bad_query_strings_and_paths_get_the_json_error_body,
+    an_agent_forwards_lan_submissions_with_the_same_answers_for_its_store_only,
 );
 
 async fn first_submission_creates_and_retries_are_duplicates(app: &TestApp) {
@@ -395,4 +396,56 @@ async fn a_webhook_naming_an_event_twice_gets_it_once(app: &TestApp) {
     }
     let d = app.get("/v1/webhooks/ops/deliveries", &key).await;
     assert_eq!(d.body["deliveries"].as_array().map(Vec::len), Some(1), "{d:?}");
+}
+
+/// Issue 14: a submission the store agent forwards from the shop's LAN gets the answers of
+/// `POST /v1/print-tasks` (missing biz_no first, 201, 200 duplicate — also against the
+/// same order sent to the cloud — 422 mismatch), only for its own store's printers, and
+/// the audit trail names the agent's store.
+async fn an_agent_forwards_lan_submissions_with_the_same_answers_for_its_store_only(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = common::Agent::new(app, &key, "a1", "s1").await;
+    let lan = |body: serde_json::Value| app.post("/v1/agent/print-tasks", &agent.token, body);
+
+    let a = lan(json!({"printer_id": "p1", "content": {"type": "text", "text": "x"}})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "missing_biz_no"), "{a:?}");
+
+    let first = lan(order("L-1", "two noodles")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let task_id = first.body["task_id"].as_str().expect("task_id").to_owned();
+    // The LAN retry and the same order sent to the cloud are the one task.
+    for a in [lan(order("L-1", "two noodles")).await, app.submit(&key, order("L-1", "two noodles")).await] {
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert_eq!((a.body["task_id"].as_str(), a.body["duplicate"].as_bool()), (Some(task_id.as_str()), Some(true)));
+    }
+    let a = lan(order("L-1", "three noodles")).await;
+    assert_eq!((a.status, a.code()), (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_mismatch"), "{a:?}");
+
+    // Another store's printer is not the agent's to print on, and is not even named.
+    let a = app.post("/v1/stores", &key, json!({"id": "s2", "name": "Harbour"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "q1", "store_id": "s2", "name": "Bar",
+                   "transport": {"kind": "agent", "address": "tcp://192.0.2.11:9100"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let mut elsewhere = order("L-2", "a beer");
+    elsewhere["printer_id"] = json!("q1");
+    let a = lan(elsewhere.clone()).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+    let a = lan(json!({"biz_no": "L-3", "printer_id": "nope", "content": {"type": "text", "text": "x"}})).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+    // The tenant itself may; after that the agent's retry is still refused, not answered.
+    assert_eq!(app.submit(&key, elsewhere.clone()).await.status, StatusCode::CREATED);
+    assert_eq!(lan(elsewhere).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(app.post("/v1/agent/print-tasks", &key, order("L-4", "x")).await.status, StatusCode::UNAUTHORIZED);
+
+    let events = app.get(&format!("/v1/print-tasks/{task_id}/events"), &key).await;
+    assert_eq!(events.body["events"][0]["actor"], "agent:s1", "{events:?}");
+    let tasks = app.all_tasks(&key).await;
+    assert_eq!(tasks.len(), 2, "L-1 once and q1's task: {tasks:?}");
 }

@@ -129,3 +129,34 @@ pub async fn status(
             .collect(),
     }))
 }
+
+/// Extension (issue 14): a task submission the store agent forwards from its shop's LAN
+/// (a POS pointed at the agent). The body and every answer are those of
+/// `POST /v1/print-tasks` — `missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch —
+/// for the agent's tenant; the target must be a printer or station of the agent's own
+/// store (any other is answered 400 `invalid_request` as if it did not exist). The audit trail names the
+/// agent's store as the submitter (`agent:STORE`).
+#[utoipa::path(post, path = "/v1/agent/print-tasks", operation_id = "agent_submit", tag = "store agent",
+    request_body = crate::dto::SubmitTask,
+    security(("agent" = [])),
+    responses(
+        (status = 201, description = "a new task was created", body = crate::dto::SubmitOut),
+        (status = 200, description = "duplicate: the existing task, nothing created or charged", body = crate::dto::SubmitOut),
+        (status = 400, description = "`missing_biz_no`, or `invalid_request` (also for a target outside the \
+            agent's store)", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 409, description = "`printer_disabled`", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "`idempotency_mismatch`: same key, different content", body = ErrorBody)))]
+pub async fn submit(
+    State(st): State<AppState>,
+    AgentAuth(agent): AgentAuth,
+    crate::extract::JsonBytes(bytes): crate::extract::JsonBytes,
+) -> Result<(axum::http::StatusCode, axum::http::HeaderMap, Json<crate::dto::SubmitOut>), ApiError> {
+    let who = crate::routes::tasks::Submitter {
+        actor: Some(format!("agent:{}", agent.store_id)),
+        store_scope: Some(agent.store_id),
+        tenant_id: agent.tenant_id,
+    };
+    crate::routes::tasks::submit_counted(&st, who, &bytes).await
+}

@@ -11,7 +11,7 @@ use onceprint_store::TaskQuery;
 
 use crate::dto::*;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse_json, JsonBytes, Principal, TenantAuth};
+use crate::extract::{parse_json, JsonBytes, Principal};
 use crate::metrics::SubmitOutcomeLabel;
 use crate::AppState;
 
@@ -47,7 +47,25 @@ pub async fn submit(
     crate::extract::TenantAuthForIntake(auth): crate::extract::TenantAuthForIntake,
     JsonBytes(bytes): JsonBytes,
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
-    let result = submit_inner(&st, auth, &bytes).await;
+    submit_counted(&st, Submitter { tenant_id: auth.tenant_id, store_scope: None, actor: None }, &bytes).await
+}
+
+/// Who submits: a tenant's API key, or a store agent forwarding from its shop's LAN
+/// (scoped to its store, named in the audit trail).
+pub(crate) struct Submitter {
+    pub tenant_id: String,
+    pub store_scope: Option<String>,
+    pub actor: Option<String>,
+}
+
+/// One submission, answered and counted in the metrics: the one path of every submit
+/// endpoint, so that they answer alike.
+pub(crate) async fn submit_counted(
+    st: &AppState,
+    who: Submitter,
+    bytes: &[u8],
+) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
+    let result = submit_inner(st, who, bytes).await;
     let label = match &result {
         Ok((StatusCode::CREATED, _, _)) => SubmitOutcomeLabel::Created,
         Ok((_, headers, _)) if headers.get("x-onceprint-gate").is_some_and(|v| v == "shared") => {
@@ -66,7 +84,7 @@ pub async fn submit(
 
 async fn submit_inner(
     st: &AppState,
-    auth: TenantAuth,
+    who: Submitter,
     bytes: &[u8],
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
     let req: SubmitTask = match parse_json(bytes) {
@@ -77,12 +95,14 @@ async fn submit_inner(
     let answer = st
         .intake
         .submit(SubmitRequest {
-            tenant_id: auth.tenant_id,
+            tenant_id: who.tenant_id,
             biz_no: req.biz_no,
             printer_id: req.printer_id,
             station_id: req.station_id,
             print_type: req.print_type.clone(),
             content: req.content,
+            store_scope: who.store_scope,
+            actor: who.actor,
         })
         .await?;
     crate::request_id::record_task(&answer.task_id);
