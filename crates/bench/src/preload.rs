@@ -321,19 +321,16 @@ fn base_task(
         t.sent_session = Some(session.clone());
         t.sent_at = Some(at);
     };
+    // The agent's answer to the first attempt.
+    let first_answer = |t: &mut GenTask, at: i64, to: &'static str, reason: &str| {
+        let actor = agent_of(&t.store_id);
+        t.events.push(GenEvent { at, from: Some("sent"), to, attempt: 1, actor, reason: reason.to_string() });
+    };
     match state {
         "printed" => {
             send(&mut t, 1, at);
             at += 250 + (mix(k ^ 7) % 900) as i64;
-            let reason = "attempt 1: the printer confirmed it printed".to_string();
-            t.events.push(GenEvent {
-                at,
-                from: Some("sent"),
-                to: "printed",
-                attempt: 1,
-                actor: agent_of(&t.store_id),
-                reason,
-            });
+            first_answer(&mut t, at, "printed", "attempt 1: the printer confirmed it printed");
             t.printed_at = Some(at);
         }
         "failed" => {
@@ -357,16 +354,8 @@ fn base_task(
             // In doubt after the first attempt, then cancelled by a manager an hour later.
             send(&mut t, 1, at);
             at += 30_000;
-            let reason =
-                "attempt 1: the printer may have printed but cannot prove it; waiting for a person".to_string();
-            t.events.push(GenEvent {
-                at,
-                from: Some("sent"),
-                to: "in_doubt",
-                attempt: 1,
-                actor: agent_of(&t.store_id),
-                reason,
-            });
+            let reason = "attempt 1: the printer may have printed but cannot prove it; waiting for a person";
+            first_answer(&mut t, at, "in_doubt", reason);
             t.last_error = Some("in_doubt".into());
             t.may_have_printed = true;
             at += HOUR_MS;
