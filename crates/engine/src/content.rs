@@ -1,104 +1,23 @@
 //! Print content to printer bytes and previews: plain text, raw ESC/POS passthrough, and
 //! receipt documents and cloud markup through `onceprint-render` (R32).
 
-use onceprint_render::{parse_document, parse_markup, Document, Profile, RenderError};
+use onceprint_render::{parse_document, Document, Profile};
 
-/// Why content cannot be rendered.
-#[derive(Debug, thiserror::Error)]
-pub enum ContentError {
-    /// The document or markup is wrong; the message names the field or position.
-    #[error("{0}")]
-    Invalid(String),
-    #[error("content type {0:?} has no preview (raw ESC/POS is passed through untouched)")]
-    NoPreview(String),
-    #[error("rendering failed: {0}")]
-    Render(String),
-}
+pub use onceprint_render::stored::{document_of, profile_for, validate, ContentError};
 
-impl From<RenderError> for ContentError {
-    fn from(e: RenderError) -> Self {
-        match e {
-            RenderError::Encode(m) => ContentError::Render(m),
-            other => ContentError::Invalid(other.to_string()),
-        }
-    }
-}
-
-/// The receipt document of stored content, if it is one (text becomes a one-block
-/// document, so it previews like it prints).
-pub fn document_of(content_type: &str, content: &[u8]) -> Result<Option<Document>, ContentError> {
-    match content_type {
-        "doc" => {
-            let value: serde_json::Value =
-                serde_json::from_slice(content).map_err(|e| ContentError::Invalid(format!("content.doc: {e}")))?;
-            Ok(Some(parse_document(&value).map_err(|e| ContentError::Invalid(format!("content.doc.{e}")))?))
-        }
-        "markup" => {
-            let text =
-                std::str::from_utf8(content).map_err(|_| ContentError::Invalid("content.markup: not UTF-8".into()))?;
-            Ok(Some(parse_markup(text).map_err(|e| ContentError::Invalid(format!("content.markup: {e}")))?))
-        }
-        "text" => {
-            let text =
-                std::str::from_utf8(content).map_err(|_| ContentError::Invalid("content.text: not UTF-8".into()))?;
-            let value = serde_json::json!({"blocks": [{"type": "text", "text": text}]});
-            Ok(Some(parse_document(&value)?))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// Checks document and markup content at intake, so a task that could never print is
-/// refused with the field named instead of failing later on the printer.
-pub fn validate(content_type: &str, content: &[u8]) -> Result<(), ContentError> {
-    match content_type {
-        "doc" | "markup" => document_of(content_type, content).map(|_| ()),
-        _ => Ok(()),
-    }
-}
-
-/// The profile for a printer: its configured built-in profile, else the default at the
-/// document's paper width.
-pub fn profile_for(name: Option<&str>, doc: Option<&Document>) -> Profile {
-    if let Some(p) = name.and_then(Profile::builtin) {
-        return p;
-    }
-    match doc {
-        Some(d) => Profile::for_document(d),
-        None => Profile::default(),
-    }
-}
-
-/// The bytes for the printer. A reprint carries a visible banner line at the top, so a
-/// reprinted slip can never pass for the original.
+/// The bytes for the printer (see [`onceprint_render::stored::escpos_for`]), its
+/// rendering warnings logged.
 pub fn render_for(
     content_type: &str,
     content: Vec<u8>,
     banner: Option<&str>,
     profile: Option<&str>,
 ) -> Result<Vec<u8>, String> {
-    let mut out = match banner {
-        Some(b) => onceprint_escpos::text::header_line(b),
-        None => Vec::new(),
-    };
-    match content_type {
-        "escpos" => out.extend_from_slice(&content),
-        "text" => {
-            let text = String::from_utf8(content).map_err(|_| "stored text is not UTF-8".to_owned())?;
-            out.extend_from_slice(&onceprint_escpos::text::text_job(&text));
-        }
-        "doc" | "markup" => {
-            let doc = document_of(content_type, &content).map_err(|e| e.to_string())?.ok_or("no document")?;
-            let rendered =
-                onceprint_render::to_escpos(&doc, &profile_for(profile, Some(&doc))).map_err(|e| e.to_string())?;
-            for w in &rendered.warnings {
-                tracing::warn!(warning = ?w, "rendered with a substitution");
-            }
-            out.extend_from_slice(&rendered.bytes);
-        }
-        other => return Err(format!("content type {other:?} cannot be rendered")),
+    let (bytes, warnings) = onceprint_render::stored::escpos_for(content_type, content, banner, profile)?;
+    for w in &warnings {
+        tracing::warn!(warning = ?w, "rendered with a substitution");
     }
-    Ok(out)
+    Ok(bytes)
 }
 
 /// The receipt document of stored content with a reprint's banner line on top, for

@@ -49,6 +49,7 @@ mod preview;
 mod profile;
 mod qr;
 mod schema;
+pub mod stored;
 mod text;
 mod width;
 
