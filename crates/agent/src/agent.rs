@@ -3,7 +3,10 @@
 use crate::acks::run_ack_sender;
 use crate::backoff::Backoff;
 use crate::broker::{BrokerClient, BrokerError};
+use crate::cache::OfflineCache;
 use crate::journal::Journal;
+use crate::offline::{self, LocalAttempts};
+use crate::outbox::Outbox;
 use crate::printer::DriverConfig;
 use crate::protocol::PollRequest;
 use crate::state_dir::StateDir;
@@ -13,7 +16,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 /// How long shutdown waits for the last acks to reach the broker. Unsent acks are not
@@ -35,15 +38,27 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         BrokerClient::with_brokers(&args.server, args.token.as_str(), connect_timeout, args.ca_cert.as_deref())
             .map_err(|reason| AgentError::Server { url: args.server.join(","), reason })?;
 
+    // The LAN address is taken first: a wrong or busy one is a start-up error, before
+    // anything else runs.
+    let listener = match args.listen {
+        Some(addr) => Some((
+            addr,
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| AgentError::Listen { addr, source })?,
+        )),
+        None => None,
+    };
+
     // Opening the state directory and reading the journal is blocking file IO.
     let state_path = args.state_dir.clone();
     let given_id = args.agent_id.clone();
     let capacity = usize::try_from(args.journal_size).unwrap_or(usize::MAX);
-    let (state, agent_id, journal) = tokio::task::spawn_blocking(move || -> Result<_, AgentError> {
+    let (state, agent_id, journal, outbox, cache) = tokio::task::spawn_blocking(move || -> Result<_, AgentError> {
         let state = StateDir::open(&state_path)?;
         let agent_id = state.agent_id(given_id.as_deref())?;
         let journal = Journal::open(state.path(), capacity)?;
-        Ok((state, agent_id, journal))
+        let outbox = Outbox::open(state.path())?;
+        let cache = OfflineCache::load(state.path());
+        Ok((state, agent_id, journal, outbox, cache))
     })
     .await
     .map_err(|e| AgentError::Internal(format!("start-up task: {e}")))??;
@@ -69,6 +84,12 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
     let unsent_acks = Arc::new(AtomicUsize::new(0));
     let mut ack_task = tokio::spawn(run_ack_sender(client.clone(), ack_rx, unsent_acks.clone()));
+    // The workers' acks pass a router: those of offline tasks go to the outbox, not to the
+    // broker, which does not know those tasks yet.
+    let (worker_ack_tx, worker_ack_rx) = mpsc::unbounded_channel();
+    let local = LocalAttempts::default();
+    let wake = Arc::new(Notify::new());
+    tokio::spawn(offline::route_acks(worker_ack_rx, ack_tx, outbox.clone(), local.clone(), wake.clone()));
 
     let (stopping_tx, stopping_rx) = watch::channel(false);
     let driver = DriverConfig {
@@ -81,9 +102,67 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         driver,
         printer_idle: Duration::from_millis(args.printer_idle_ms),
         no_printed_ack: args.no_printed_ack.iter().cloned().collect(),
-        acks: ack_tx,
+        acks: worker_ack_tx,
         stopping: stopping_rx.clone(),
     });
+
+    let sync = offline::Sync {
+        client: client.clone(),
+        agent_id: agent_id.clone(),
+        outbox: outbox.clone(),
+        cache: cache.clone(),
+        running: Arc::default(),
+    };
+    // The offline side: the local lane of tasks accepted on the LAN, their upload, the
+    // saved directory and LAN keys, the device-log digest, and the LAN listener.
+    let mut background = vec![
+        tokio::spawn(offline::run_local_lane(
+            outbox.clone(),
+            cache.clone(),
+            dispatcher.feeder(),
+            local,
+            wake.clone(),
+            stopping_rx.clone(),
+        )),
+        tokio::spawn(offline::run_sync(sync.clone(), stopping_rx.clone())),
+        tokio::spawn(cache.clone().run_refresher(
+            client.clone(),
+            Duration::from_millis(args.directory_refresh_ms),
+            stopping_rx.clone(),
+        )),
+    ];
+    if args.digest_interval_ms > 0 {
+        background.push(tokio::spawn(offline::run_digest(
+            client.clone(),
+            agent_id.clone(),
+            journal.clone(),
+            Duration::from_millis(args.digest_interval_ms),
+            stopping_rx.clone(),
+        )));
+    }
+    if let Some((addr, listener)) = listener {
+        let bound = listener.local_addr().unwrap_or(addr);
+        tracing::info!(listen = %bound, "LAN intake listening");
+        let app = crate::lan::router(crate::lan::LanState {
+            client: client.clone(),
+            cache: cache.clone(),
+            outbox: outbox.clone(),
+            offline_after: Duration::from_millis(args.offline_after_ms),
+            down_until: Arc::default(),
+            wake: wake.clone(),
+        });
+        let mut stop = stopping_rx.clone();
+        background.push(tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the LAN listener failed");
+            }
+        }));
+    }
 
     let reporter = (args.status_interval_ms > 0).then(|| {
         tokio::spawn(crate::watch::run_status_reporter(
@@ -95,7 +174,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     });
 
     let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
-    let polling = Polling { wait_ms: args.poll_wait_ms, max, linger: Duration::from_millis(args.poll_linger_ms) };
+    let polling = Polling { wait_ms: args.poll_wait_ms, max, linger: Duration::from_millis(args.poll_linger_ms), sync };
     let ended = poll_loop(&client, &agent_id, &session, &polling, &mut dispatcher, shutdown).await;
     if let PollEnd::Superseded(why) = &ended {
         tracing::error!(
@@ -112,6 +191,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     let _ = stopping_tx.send(true);
     if let Some(r) = reporter {
         let _ = r.await;
+    }
+    for task in background {
+        let _ = task.await;
     }
     dispatcher.finish().await;
 
@@ -152,6 +234,8 @@ struct Polling {
     max: usize,
     /// `--poll-linger-ms`.
     linger: Duration,
+    /// Offline tasks go to the broker before the next poll.
+    sync: offline::Sync,
 }
 
 async fn poll_loop(
@@ -162,7 +246,7 @@ async fn poll_loop(
     dispatcher: &mut Dispatcher,
     shutdown: impl Future<Output = ()>,
 ) -> PollEnd {
-    let Polling { wait_ms, max, linger } = *polling;
+    let Polling { wait_ms, max, linger, ref sync } = *polling;
     let capacity = Arc::new(Semaphore::new(max));
     let mut backoff = Backoff::default();
     tokio::pin!(shutdown);
@@ -202,6 +286,10 @@ async fn poll_loop(
             if let Ok(more) = capacity.clone().try_acquire_many_owned(free as u32) {
                 permits.merge(more);
             }
+        }
+        tokio::select! {
+            _ = &mut shutdown => return PollEnd::Shutdown,
+            _ = sync.pending() => {}
         }
         let req = PollRequest {
             agent_id: agent_id.to_owned(),

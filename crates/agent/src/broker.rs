@@ -130,6 +130,11 @@ struct Endpoint {
 }
 
 impl Endpoint {
+    /// The URL of `path` (starting with `/`) on this broker.
+    fn url(&self, path: &str) -> Result<Url, BrokerError> {
+        Url::parse(&format!("{}{path}", self.base)).map_err(|e| BrokerError::Decode(format!("{path}: {e}")))
+    }
+
     fn parse(server: &str) -> Result<Endpoint, String> {
         let base = server.trim().trim_end_matches('/');
         let parse = |path: &str| Url::parse(&format!("{base}{path}")).map_err(|e| format!("{server:?}: {e}"));
@@ -149,6 +154,14 @@ impl Endpoint {
             status_url: parse("/v1/agent/status")?,
         })
     }
+}
+
+/// The broker's answer to a forwarded LAN submission.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    pub status: u16,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
 }
 
 /// A client for one or more brokers with one agent token.
@@ -237,7 +250,7 @@ impl BrokerClient {
     /// `wait_ms`.
     pub async fn poll(&self, req: &PollRequest) -> Result<Vec<Delivery>, BrokerError> {
         let timeout = Duration::from_millis(req.wait_ms) + POLL_SLACK;
-        let resp = self.request(|e| &e.poll_url, timeout, req).await?;
+        let resp = self.request(|e| Ok(e.poll_url.clone()), timeout, req).await?;
         let body: PollResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(body.deliveries)
     }
@@ -250,9 +263,78 @@ impl BrokerClient {
             session: self.session.clone(),
             printers: printers.to_vec(),
         };
-        let resp = self.request(|e| &e.status_url, ACK_TIMEOUT, &body).await?;
+        let resp = self.request(|e| Ok(e.status_url.clone()), ACK_TIMEOUT, &body).await?;
         let answer: StatusResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(answer.printers)
+    }
+
+    /// GETs `path` (below the base URL) of the broker in use and reads its JSON answer.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, BrokerError> {
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let url = self.brokers[used].url(path)?;
+        let sent = self
+            .http
+            .get(url)
+            .bearer_auth(&self.token)
+            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .timeout(ACK_TIMEOUT)
+            .send()
+            .await;
+        let answer = match sent {
+            Ok(resp) => check(resp).await,
+            Err(e) => Err(transport(e)),
+        };
+        if let Err(e) = &answer {
+            self.fail_over(used, e);
+        }
+        answer?.json().await.map_err(|e| BrokerError::Decode(e.to_string()))
+    }
+
+    /// POSTs `body` as JSON to `path` (below the base URL) and reads the JSON answer.
+    pub async fn post_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<T, BrokerError> {
+        let resp = self.request(|e| e.url(path), timeout, body).await?;
+        resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))
+    }
+
+    /// Forwards a LAN submission's body verbatim to `POST /v1/agent/print-tasks` and
+    /// returns the broker's answer as it is (status, `Location`, body), whatever the
+    /// status, so the POS gets exactly the broker's words. An error only when no answer
+    /// came within `timeout` or the broker answered 5xx: the caller then takes the
+    /// offline path.
+    pub async fn forward_submission(&self, body: Vec<u8>, timeout: Duration) -> Result<Forwarded, BrokerError> {
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let url = self.brokers[used].url("/v1/agent/print-tasks")?;
+        let sent = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await;
+        let answer = async {
+            let resp = sent.map_err(transport)?;
+            let status = resp.status().as_u16();
+            let location =
+                resp.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let body = resp.bytes().await.map_err(transport)?.to_vec();
+            if status >= 500 {
+                return Err(BrokerError::Status { status, body: String::from_utf8_lossy(&body).into_owned() });
+            }
+            Ok(Forwarded { status, location, body })
+        }
+        .await;
+        if let Err(e) = &answer {
+            self.fail_over(used, e);
+        }
+        answer
     }
 
     /// The base URL of the broker in use now.
@@ -265,14 +347,14 @@ impl BrokerClient {
     /// the node cannot serve moves the client to the next broker for the next request.
     async fn request(
         &self,
-        url: impl Fn(&Endpoint) -> &Url,
+        url: impl Fn(&Endpoint) -> Result<Url, BrokerError>,
         timeout: Duration,
         body: &impl serde::Serialize,
     ) -> Result<reqwest::Response, BrokerError> {
         let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
         let sent = self
             .http
-            .post(url(&self.brokers[used]).clone())
+            .post(url(&self.brokers[used])?)
             .bearer_auth(&self.token)
             .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
             .timeout(timeout)
@@ -311,7 +393,7 @@ impl BrokerClient {
     /// Sends acknowledgements; `Ok` means the broker has taken them (200).
     pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
         let body = AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone() };
-        let resp = self.request(|e| &e.acks_url, ACK_TIMEOUT, &body).await?;
+        let resp = self.request(|e| Ok(e.acks_url.clone()), ACK_TIMEOUT, &body).await?;
         // The acks are applied once the broker answered 200; an unreadable body only
         // costs the per-ack verdicts in the log, so it is not a reason to send again.
         match resp.json::<AcksResponse>().await {

@@ -317,6 +317,17 @@ impl Journal {
         index.map.get(task_id).map(|(_, r)| r.clone())
     }
 
+    /// The latest record of every task id the journal remembers whose latest record was
+    /// written at or after the mark `since` (0: all of them), oldest write first, and the
+    /// mark to ask from next time: what the device-log digest uploads, a little at a time.
+    pub fn latest_since(&self, since: u64) -> (Vec<Record>, u64) {
+        let index = lock(&self.index);
+        let mut live: Vec<(u64, &Record)> =
+            index.map.values().filter(|(s, _)| *s >= since).map(|(s, r)| (*s, r)).collect();
+        live.sort_unstable_by_key(|(s, _)| *s);
+        (live.into_iter().map(|(_, r)| r.clone()).collect(), index.next_seq)
+    }
+
     /// How many task ids the journal remembers now.
     pub fn len(&self) -> usize {
         lock(&self.index).map.len()

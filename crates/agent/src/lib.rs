@@ -50,10 +50,14 @@ pub mod address;
 mod agent;
 pub mod backoff;
 pub mod broker;
+pub mod cache;
 #[cfg(unix)]
 mod device;
 mod fsutil;
 pub mod journal;
+mod lan;
+mod offline;
+pub mod outbox;
 pub mod printer;
 pub mod protocol;
 mod state_dir;
@@ -152,6 +156,27 @@ pub struct AgentArgs {
     /// check after sending instead. Weaker; repeat for several printers.
     #[arg(long = "no-printed-ack", value_name = "PRINTER_ID")]
     pub no_printed_ack: Vec<String>,
+
+    /// Serve the task submission API (`POST /v1/print-tasks`, with the store's LAN keys)
+    /// to the shop's LAN on this address, e.g. `0.0.0.0:8181`: forwarded to the broker
+    /// while it answers, accepted and printed here while it does not (README, "When the
+    /// internet is down").
+    #[arg(long, env = "ONCEPRINT_AGENT_LISTEN", value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// A LAN submission the broker has not answered within this many milliseconds (or
+    /// answered 5xx) is accepted offline by the agent.
+    #[arg(long, env = "ONCEPRINT_OFFLINE_AFTER_MS", default_value_t = 2_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub offline_after_ms: u64,
+
+    /// How often the store's directory and LAN keys are fetched and saved for offline use.
+    #[arg(long, env = "ONCEPRINT_DIRECTORY_REFRESH_MS", default_value_t = 60_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub directory_refresh_ms: u64,
+
+    /// How often the journal's new records are uploaded as the device log the store's
+    /// reconciliation compares with the broker's (`POST /v1/agent/journal-digest`); 0 off.
+    #[arg(long, env = "ONCEPRINT_DIGEST_INTERVAL_MS", default_value_t = 600_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub digest_interval_ms: u64,
 }
 
 /// The agent token; its `Debug` output is redacted so that logging the arguments never
@@ -203,6 +228,14 @@ pub enum AgentError {
     Locked(PathBuf),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error(transparent)]
+    Outbox(#[from] outbox::OutboxError),
+    #[error("--listen {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the agent failed internally: {0}")]
     Internal(String),
     /// The broker refused this process: a newer one with the same agent id took over.

@@ -90,6 +90,11 @@ impl Dispatcher {
         Prober { ctx: self.ctx.clone(), workers: self.workers.clone(), handles: self.handles.clone() }
     }
 
+    /// A handle that hands deliveries to the same workers (the offline lane).
+    pub(crate) fn feeder(&self) -> Feeder {
+        Feeder { ctx: self.ctx.clone(), workers: self.workers.clone(), handles: self.handles.clone() }
+    }
+
     pub(crate) fn dispatch(&mut self, delivery: Delivery, permit: Option<OwnedSemaphorePermit>) {
         let printer_id = delivery.printer_id.clone();
         let task_id = delivery.task_id.clone();
@@ -159,6 +164,27 @@ fn send_work(
         }
     }
     false
+}
+
+/// Hands deliveries of the offline lane to the printers' workers, behind the broker's
+/// deliveries already queued for the same printer: one worker per printer, one job at a
+/// time, whoever the delivery came from. Dropped before [`Dispatcher::finish`].
+#[derive(Clone)]
+pub(crate) struct Feeder {
+    ctx: Arc<WorkerContext>,
+    workers: Workers,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Feeder {
+    pub(crate) fn dispatch(&self, delivery: Delivery) {
+        let printer_id = delivery.printer_id.clone();
+        let task_id = delivery.task_id.clone();
+        let work = Work::Deliver(Item { delivery, _permit: None });
+        if !send_work(&self.ctx, &self.workers, &self.handles, &printer_id, work) {
+            tracing::error!(task_id = %task_id, "no worker could take the offline task; it is tried again after a restart");
+        }
+    }
 }
 
 /// Asks printers' workers about their idle printers (see [`crate::watch`]).

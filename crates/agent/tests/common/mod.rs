@@ -454,6 +454,11 @@ pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
         // The fake broker has no status endpoint; idle watching is tested with the real one.
         status_interval_ms: 0,
         no_printed_ack: Vec::new(),
+        listen: None,
+        offline_after_ms: 2_000,
+        directory_refresh_ms: 60_000,
+        // The fake broker has no digest endpoint either.
+        digest_interval_ms: 0,
     }
 }
 

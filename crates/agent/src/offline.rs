@@ -1,0 +1,413 @@
+//! The offline side of the agent: the local lane that prints tasks accepted on the LAN
+//! while the broker was unreachable (through the same per-printer workers and journal as
+//! the broker's deliveries), the routing of their outcomes to the outbox instead of the
+//! broker, the upload of those tasks once the broker answers again, and the device-log
+//! digest of the journal.
+//!
+//! The agent decides retries only here, and only for what it accepted itself while it
+//! could not ask: a printer that says it cannot print (no paper, cover open, offline,
+//! jam) gets the task again after a pause; anything that may have printed is never tried
+//! again (in doubt, for a person). A task not printed when the broker answers again is
+//! handed over and prints only through the broker from then on.
+
+use crate::broker::BrokerClient;
+use crate::cache::OfflineCache;
+use crate::journal::{Journal, RecordState};
+use crate::outbox::{HistoryEntry, LocalState, OfflineTask, Outbox};
+use crate::protocol::{Ack, Delivery, Outcome};
+use crate::worker::Feeder;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+
+/// How often the local lane looks for tasks whose pause is over.
+const LANE_TICK: Duration = Duration::from_secs(1);
+/// How often the sync loop looks for offline tasks to upload.
+const SYNC_TICK: Duration = Duration::from_secs(2);
+/// Tasks per upload.
+const SYNC_BATCH: usize = 200;
+/// Records per digest upload.
+const DIGEST_BATCH: usize = 5000;
+/// The longest pause before a printer that could not print is tried again.
+const MAX_PAUSE_MS: i64 = 30_000;
+
+/// The (task id, attempt) pairs given to the workers by the local lane: their acks go to
+/// the outbox, every other ack to the broker.
+pub(crate) type LocalAttempts = Arc<Mutex<HashSet<(String, u32)>>>;
+
+/// Gives due offline tasks to their printers' workers until `stopping`.
+pub(crate) async fn run_local_lane(
+    outbox: Outbox,
+    cache: OfflineCache,
+    feeder: Feeder,
+    local: LocalAttempts,
+    wake: Arc<Notify>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    loop {
+        if *stopping.borrow() {
+            return;
+        }
+        match outbox.due(crate::lan::now_ms()).await {
+            Ok(due) => {
+                for t in due {
+                    dispatch_one(&outbox, &cache, &feeder, &local, t).await;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "offline outbox: cannot read due tasks"),
+        }
+        tokio::select! {
+            _ = stopping.changed() => {}
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(LANE_TICK) => {}
+        }
+    }
+}
+
+async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, local: &LocalAttempts, t: OfflineTask) {
+    let in_worker = |attempt: u32| local.lock().map(|l| l.contains(&(t.task_id.clone(), attempt))).unwrap_or(true);
+    let attempt = match t.state {
+        // Left `printing` by a crash (or still with its worker): once per process, with
+        // the same attempt, so the journal answers for what may have happened.
+        LocalState::Printing if in_worker(t.attempt) => return,
+        LocalState::Printing => t.attempt,
+        _ => match outbox.start(&t.task_id).await {
+            Ok(Some(a)) => a,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(task_id = %t.task_id, error = %e, "offline outbox: cannot start the task");
+                return;
+            }
+        },
+    };
+    let printer = cache.directory().and_then(|d| d.printers.into_iter().find(|p| p.printer_id == t.printer_id));
+    let Some(printer) = printer else {
+        let why = format!("printer {:?} is no longer in the store's directory", t.printer_id);
+        return fail_before_printing(outbox, &t, attempt, &why).await;
+    };
+    let data = match render(&t, printer.profile.as_deref()) {
+        Ok(d) => d,
+        Err(why) => return fail_before_printing(outbox, &t, attempt, &format!("cannot render: {why}")).await,
+    };
+    if let Ok(mut l) = local.lock() {
+        l.insert((t.task_id.clone(), attempt));
+    }
+    let delivery = Delivery {
+        task_id: t.task_id.clone(),
+        attempt,
+        printer_id: printer.printer_id.clone(),
+        printer_address: printer.printer_address.clone(),
+        idempotency_key: t.delivery_key.clone(),
+        content_type: "escpos".into(),
+        data: base64::engine::general_purpose::STANDARD.encode(data),
+        reprint: false,
+    };
+    tracing::info!(task_id = %t.task_id, attempt, printer_id = %printer.printer_id, "printing an offline task");
+    feeder.dispatch(delivery);
+}
+
+/// The ESC/POS bytes of an offline task, rendered as the broker renders them.
+fn render(t: &OfflineTask, profile: Option<&str>) -> Result<Vec<u8>, String> {
+    let value: serde_json::Value = serde_json::from_str(&t.request).map_err(|e| e.to_string())?;
+    let content: onceprint_core::Content =
+        serde_json::from_value(value.get("content").cloned().unwrap_or_default()).map_err(|e| e.to_string())?;
+    let canonical = content.canonicalize(onceprint_core::ContentLimits::default()).map_err(|e| e.to_string())?;
+    let (bytes, _warnings) =
+        onceprint_render::stored::escpos_for(canonical.content_type, canonical.bytes, None, profile)?;
+    Ok(bytes)
+}
+
+async fn fail_before_printing(outbox: &Outbox, t: &OfflineTask, attempt: u32, why: &str) {
+    let entry = HistoryEntry { at: crate::lan::now_ms(), attempt, state: "error".into(), detail: why.into() };
+    if let Err(e) = outbox.finish(&t.task_id, attempt, LocalState::Failed, 0, entry).await {
+        tracing::error!(task_id = %t.task_id, error = %e, "offline outbox: cannot record the failure");
+    }
+}
+
+/// Routes the workers' acks: those of the local lane's attempts to the outbox, the others
+/// to the broker's ack sender. Ends when every worker is gone.
+pub(crate) async fn route_acks(
+    mut from_workers: mpsc::UnboundedReceiver<Ack>,
+    to_broker: mpsc::UnboundedSender<Ack>,
+    outbox: Outbox,
+    local: LocalAttempts,
+    wake: Arc<Notify>,
+) {
+    while let Some(ack) = from_workers.recv().await {
+        let mine = local.lock().map(|mut l| l.remove(&(ack.task_id.clone(), ack.attempt))).unwrap_or(false);
+        if !mine {
+            if to_broker.send(ack).is_err() {
+                tracing::error!("ack queue closed; the broker will redeliver and the journal will answer");
+            }
+            continue;
+        }
+        let now = crate::lan::now_ms();
+        let (to, retry_at) = match ack.outcome {
+            Outcome::Printed => (LocalState::Printed, 0),
+            Outcome::InDoubt => (LocalState::InDoubt, 0),
+            Outcome::Error => (LocalState::Failed, 0),
+            // Nothing came out: try again after a pause that grows with the attempts.
+            _ => {
+                let pause = (1000i64 << ack.attempt.min(5).saturating_sub(1)).min(MAX_PAUSE_MS);
+                (LocalState::Accepted, now + pause)
+            }
+        };
+        let entry =
+            HistoryEntry { at: now, attempt: ack.attempt, state: ack.outcome.as_str().into(), detail: ack.detail };
+        match outbox.finish(&ack.task_id, ack.attempt, to, retry_at, entry).await {
+            Ok(_) => {
+                if to == LocalState::Accepted {
+                    wake.notify_one();
+                }
+            }
+            Err(e) => tracing::error!(task_id = %ack.task_id, error = %e, "offline outbox: cannot record the outcome"),
+        }
+    }
+}
+
+/// One task of `POST /v1/agent/offline-tasks`.
+#[derive(Debug, Serialize)]
+struct UploadTask {
+    task_id: String,
+    biz_no: serde_json::Value,
+    printer_id: serde_json::Value,
+    station_id: serde_json::Value,
+    print_type: String,
+    content: serde_json::Value,
+    accepted_at: i64,
+    lan_key_id: String,
+    printed_on: String,
+    outcome: &'static str,
+    attempts: u32,
+    detail: String,
+    history: Vec<HistoryEntry>,
+}
+
+#[derive(Debug, Serialize)]
+struct UploadRequest<'a> {
+    agent_id: &'a str,
+    tasks: Vec<UploadTask>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UploadResult {
+    task_id: String,
+    result: String,
+    #[serde(default)]
+    broker_task_id: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UploadAnswer {
+    #[serde(default)]
+    results: Vec<UploadResult>,
+}
+
+fn upload_task(t: OfflineTask) -> UploadTask {
+    let value: serde_json::Value = serde_json::from_str(&t.request).unwrap_or_default();
+    let outcome = match t.state {
+        LocalState::Printed => "printed",
+        LocalState::InDoubt => "in_doubt",
+        LocalState::Failed => "failed",
+        _ => "pending",
+    };
+    UploadTask {
+        task_id: t.task_id,
+        biz_no: value.get("biz_no").cloned().unwrap_or_default(),
+        printer_id: value.get("printer_id").cloned().unwrap_or_default(),
+        station_id: value.get("station_id").cloned().unwrap_or_default(),
+        print_type: t.print_type,
+        content: value.get("content").cloned().unwrap_or_default(),
+        accepted_at: t.accepted_at,
+        lan_key_id: t.lan_key_id,
+        printed_on: t.printer_id,
+        outcome,
+        attempts: t.attempt,
+        detail: t.detail,
+        history: t.history,
+    }
+}
+
+/// What the upload of offline tasks needs; shared by the sync loop and the poll loop.
+#[derive(Clone)]
+pub(crate) struct Sync {
+    pub client: BrokerClient,
+    pub agent_id: String,
+    pub outbox: Outbox,
+    pub cache: OfflineCache,
+    /// One upload at a time: the poll loop's and the sync loop's must not interleave.
+    pub running: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Sync {
+    /// Uploads what the broker does not have yet, if anything. The poll loop calls this
+    /// before every poll, so that once the broker is back it learns what was printed
+    /// offline before it hands out a cloud task of the same key (the journal's key check
+    /// would still keep that from printing twice, but the broker could not tell a
+    /// conflict under one key from a repeat).
+    pub(crate) async fn pending(&self) {
+        match self.outbox.unsynced().await {
+            Ok(0) => {}
+            Ok(_) => {
+                let _one = self.running.lock().await;
+                sync_once(&self.client, &self.agent_id, &self.outbox, &self.cache).await
+            }
+            Err(e) => tracing::error!(error = %e, "offline outbox: cannot count the tasks to sync"),
+        }
+    }
+}
+
+/// Uploads offline tasks while the broker answers, until `stopping` (after one last try).
+pub(crate) async fn run_sync(sync: Sync, mut stopping: watch::Receiver<bool>) {
+    loop {
+        sync.pending().await;
+        if *stopping.borrow() {
+            return;
+        }
+        tokio::select! {
+            _ = stopping.changed() => {}
+            _ = tokio::time::sleep(SYNC_TICK) => {}
+        }
+    }
+}
+
+async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache: &OfflineCache) {
+    // Only once the broker answers is anything handed over: a task marked for the broker
+    // no longer prints here.
+    if cache.refresh(client).await.is_err() {
+        return;
+    }
+    loop {
+        let batch = match outbox.take_for_sync(SYNC_BATCH).await {
+            Ok(b) if b.is_empty() => return,
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "offline outbox: cannot read the tasks to sync");
+                return;
+            }
+        };
+        let ids: Vec<String> = batch.iter().map(|t| t.task_id.clone()).collect();
+        let body = UploadRequest { agent_id, tasks: batch.into_iter().map(upload_task).collect() };
+        match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
+            Ok(answer) => {
+                let mut done = Vec::with_capacity(answer.results.len());
+                for r in answer.results {
+                    if r.result == "rejected" || r.result == "conflict" {
+                        tracing::warn!(task_id = %r.task_id, result = %r.result, detail = ?r.detail, "offline task synced: the broker could not take it as it was");
+                    } else {
+                        tracing::info!(task_id = %r.task_id, result = %r.result, broker_task_id = ?r.broker_task_id, "offline task synced");
+                    }
+                    done.push((r.task_id, r.result, r.broker_task_id));
+                }
+                let answered: HashSet<String> = done.iter().map(|d| d.0.clone()).collect();
+                let missing: Vec<String> = ids.into_iter().filter(|id| !answered.contains(id)).collect();
+                if let Err(e) = outbox.synced(done).await {
+                    tracing::error!(error = %e, "offline outbox: cannot record the sync; it is sent again");
+                }
+                if !missing.is_empty() {
+                    let _ = outbox.sync_failed(missing).await;
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not upload offline tasks; trying again");
+                if let Err(e) = outbox.sync_failed(ids).await {
+                    tracing::error!(error = %e, "offline outbox: cannot give the tasks back to the local lane");
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// One record of `POST /v1/agent/journal-digest`.
+#[derive(Debug, Serialize)]
+struct DigestRecord {
+    task_id: String,
+    key: String,
+    printer_id: String,
+    state: &'static str,
+    at: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct DigestRequest<'a> {
+    agent_id: &'a str,
+    records: &'a [DigestRecord],
+}
+
+/// The printer id inside a delivery key (`biz_no#printer_id…`; a `#` in the business
+/// number is written `%23`, so the first `#` ends it).
+fn printer_of_key(key: &str) -> Option<&str> {
+    let rest = key.split_once('#')?.1;
+    Some(rest.split('#').next().unwrap_or(rest)).filter(|p| !p.is_empty())
+}
+
+/// Uploads the journal's latest record per task every `every` (the device log the store's
+/// reconciliation compares with the broker's), until `stopping`.
+pub(crate) async fn run_digest(
+    client: BrokerClient,
+    agent_id: String,
+    journal: Arc<Journal>,
+    every: Duration,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut mark = 0u64;
+    loop {
+        let (records, next) = journal.latest_since(mark);
+        let digest: Vec<DigestRecord> = records
+            .into_iter()
+            .filter_map(|r| {
+                let printer_id = printer_of_key(&r.key)?.to_owned();
+                let state = match r.state {
+                    RecordState::Printed => "printed",
+                    RecordState::Started | RecordState::InDoubt => "in_doubt",
+                    _ => "failed",
+                };
+                let at = time::OffsetDateTime::parse(&r.at, &time::format_description::well_known::Rfc3339)
+                    .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+                    .unwrap_or(0);
+                Some(DigestRecord { task_id: r.task_id, key: r.key, printer_id, state, at })
+            })
+            .collect();
+        let mut all_sent = true;
+        for chunk in digest.chunks(DIGEST_BATCH) {
+            let body = DigestRequest { agent_id: &agent_id, records: chunk };
+            if let Err(e) =
+                client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, Duration::from_secs(30)).await
+            {
+                tracing::debug!(error = %e, "could not upload the device-log digest; trying again later");
+                all_sent = false;
+                break;
+            }
+        }
+        if all_sent {
+            mark = next;
+        }
+        tokio::select! {
+            _ = stopping.changed() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if *stopping.borrow() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_printer_is_read_from_the_delivery_key() {
+        assert_eq!(printer_of_key("A1#p1"), Some("p1"));
+        assert_eq!(printer_of_key("A%231#p1#type=kitchen"), Some("p1"));
+        assert_eq!(printer_of_key("A1#p1#station=s"), Some("p1"));
+        assert_eq!(printer_of_key("A1"), None);
+    }
+}
