@@ -24,6 +24,7 @@
 
 mod broker;
 pub mod cluster;
+pub mod demo;
 pub mod e2e;
 pub mod fairness;
 pub mod faults;
@@ -51,6 +52,7 @@ use std::sync::Arc;
 use hyper::body::Bytes;
 
 use broker::Broker;
+pub use demo::{run_demo, DemoOptions, DemoReport};
 pub use e2e::{run_e2e, E2eOptions, E2eReport};
 pub use fairness::{run_fairness, FairnessOptions, FairnessReport};
 pub use faults::{run_faults, FaultsOptions, FaultsReport};

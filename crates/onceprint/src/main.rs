@@ -85,6 +85,21 @@ enum Command {
     /// timeout included). For health checks where no curl is installed, e.g. the container
     /// image's HEALTHCHECK on /readyz.
     Probe(probe::ProbeArgs),
+    /// The whole promise in one command: a broker on a temporary SQLite file, two simulated
+    /// printers (one runs out of paper during the rush), a store agent, a lunch rush of
+    /// tickets with retries, a live progress line, the day's reconciliation and the
+    /// console's URL with a demo login. Runs until Ctrl-C (or --exit); removes its files.
+    Demo {
+        /// The broker's port on 127.0.0.1 (the console's URL); 0 picks a free one.
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Tickets in the lunch rush.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        tickets: u64,
+        /// Stop after the report instead of keeping the broker up for the console.
+        #[arg(long)]
+        exit: bool,
+    },
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -705,6 +720,30 @@ fn print_report(json: bool, report: &impl serde::Serialize, text: String, proble
     Ok(())
 }
 
+async fn demo(port: u16, tickets: u64, exit: bool) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+    let mut options = onceprint_bench::DemoOptions::new(exe);
+    options.port = port;
+    options.tickets = tickets as usize;
+    options.paper_out_after = options.paper_out_after.min(options.tickets);
+    options.exit = exit;
+    let report = onceprint_bench::run_demo(&options, |line| {
+        let mut out = std::io::stdout().lock();
+        if line.starts_with('\r') || line.ends_with('\n') {
+            let _ = write!(out, "{line}");
+        } else {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = out.flush();
+    })
+    .await?;
+    if !report.held() {
+        anyhow::bail!("the demo did not print every ticket exactly once");
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -735,6 +774,7 @@ fn main() -> anyhow::Result<()> {
             Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
             Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,
+            Command::Demo { port, tickets, exit } => demo(port, tickets, exit).await,
         }
     })
 }
