@@ -17,6 +17,7 @@ pub mod ids;
 pub mod key;
 pub mod lane;
 pub mod manual;
+pub mod offline;
 pub mod policy;
 pub mod state;
 pub mod time;

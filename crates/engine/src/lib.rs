@@ -12,7 +12,9 @@
 //! and Epson Server Direct Print as its two protocol adapters). It also owns the manual
 //! channel, operators and their sessions (`operators`), idle printers' status and silent
 //! agents (`printer_watch`), alerts, reconciliation, retention of finished tasks
-//! (`retention`) and store time zones.
+//! (`retention`), store time zones, and the broker's side of offline operation
+//! (`offline`: the store's directory for an agent taking orders on the shop's LAN, and the
+//! sync of the tasks it took while the broker was unreachable).
 //!
 //! It must never write SQL (that belongs to the store backends) and never decide HTTP
 //! answers of the broker's own API (status codes and JSON bodies belong to
@@ -31,6 +33,7 @@ pub mod intake;
 pub mod lanes;
 pub mod lease;
 pub mod limits;
+pub mod offline;
 pub mod operations;
 pub mod operators;
 pub mod printer_watch;
@@ -62,6 +65,7 @@ pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
 pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, DeliveryError, LaneEngine, SweepReport};
 pub use lease::{Lease, LeaseConfig, Leases};
+pub use offline::{Offline, OfflineConfig, OfflineReport, SyncAnswer, SyncResult};
 pub use operations::{ActionError, ActionOutcome, ActionRequest, Actor, Operations, OperationsConfig};
 pub use operators::{Creator, OperatorError, Operators, OperatorsConfig};
 pub use printer_watch::PrinterWatch;

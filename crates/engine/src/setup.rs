@@ -1,4 +1,4 @@
-//! Set-up (R29, R30): tenants, stores, printers, stations, agent tokens and API keys —
+//! Set-up (R29, R30): tenants, stores, printers, stations, agent tokens, LAN keys and API keys —
 //! created, changed, disabled and revoked through this one service, which the HTTP layer
 //! only calls.
 //!
@@ -31,7 +31,7 @@ use onceprint_core::{validate_id, CoreError};
 use onceprint_store::{
     AgentToken, ApiKey, KeyRevocation, NewAgentToken, NewApiKey, NewPrinter, NewStation, NewStore, NewTenant, Printer,
     PrinterEnabled, PrinterSecret, PrinterSecretChange, PrinterUpdate, RevokeAgentToken, RevokeApiKey, SetupAudit,
-    SetupEvent, Station, StationUpdate, Store, StoreError, StoreRow, Tenant,
+    SetupEvent, Station, StationUpdate, Store, StoreError, StoreRow, Tenant, TokenHash, TokenKind,
 };
 use serde_json::{json, Value};
 
@@ -39,6 +39,17 @@ use crate::clock::now_ms;
 use crate::transport::{TransportConfig, TransportKind};
 use crate::tz::{self, ZoneError};
 use crate::{secrets, Directory};
+
+/// What a LAN key's stored hash starts with. A broker of the release before LAN keys
+/// looks agent tokens up by the bare SHA-256 of the token it was sent and does not know
+/// their `kind` column; with the prefix no such look-up can ever match a LAN key, so even
+/// an older node of a cluster in a rolling upgrade never takes one for an agent token.
+pub const LAN_KEY_HASH_PREFIX: &str = "lan:";
+
+/// The stored hash of a LAN key.
+fn lan_key_hash(key: &str) -> String {
+    format!("{LAN_KEY_HASH_PREFIX}{}", secrets::hash(key))
+}
 
 /// Most printers of one station.
 const MAX_STATION_PRINTERS: usize = 16;
@@ -534,26 +545,12 @@ impl Setup {
         caller: Caller<'_>,
         store_id: &str,
     ) -> Result<(AgentToken, String), SetupError> {
-        self.store_of(caller, store_id).await?;
-        let token = secrets::generate("opa_");
-        let created = self
-            .store
-            .create_agent_token(NewAgentToken {
-                id: secrets::short_id("tok_"),
-                token_hash: secrets::hash(&token),
-                tenant_id: caller.tenant_id.to_owned(),
-                store_id: store_id.to_owned(),
-                now: now_ms(),
-                audit: caller.audit(json!({ "store_id": store_id })),
-            })
-            .await?;
-        Ok((created, token))
+        self.create_store_token(caller, store_id, TokenKind::Agent, None).await
     }
 
     /// A store's agent tokens, active and revoked, oldest first.
     pub async fn agent_tokens(&self, caller: Caller<'_>, store_id: &str) -> Result<Vec<AgentToken>, SetupError> {
-        self.store_of(caller, store_id).await?;
-        Ok(self.store.list_agent_tokens(caller.tenant_id, store_id).await?)
+        self.store_tokens(caller, store_id, TokenKind::Agent).await
     }
 
     /// Revokes an agent token: from the next request on this node it is refused.
@@ -563,17 +560,122 @@ impl Setup {
         store_id: &str,
         token_id: &str,
     ) -> Result<AgentToken, SetupError> {
+        self.revoke_store_token(caller, store_id, token_id, TokenKind::Agent).await
+    }
+
+    /// A LAN key of the store (issue 14; shown once): the store agent accepts submissions
+    /// on its LAN listener with it, also while the broker is unreachable. `id` names it
+    /// (generated when `None`). It authenticates nothing at the broker.
+    pub async fn create_lan_key(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        id: Option<String>,
+    ) -> Result<(AgentToken, String), SetupError> {
+        if let Some(id) = &id {
+            validate_id("id", id)?;
+        }
+        self.create_store_token(caller, store_id, TokenKind::Lan, id).await
+    }
+
+    /// A store's LAN keys, active and revoked, oldest first (never a key or its hash).
+    pub async fn lan_keys(&self, caller: Caller<'_>, store_id: &str) -> Result<Vec<AgentToken>, SetupError> {
+        self.store_tokens(caller, store_id, TokenKind::Lan).await
+    }
+
+    /// Revokes a LAN key: the store agent refuses it once it fetched the store's keys again.
+    pub async fn revoke_lan_key(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        key_id: &str,
+    ) -> Result<AgentToken, SetupError> {
+        self.revoke_store_token(caller, store_id, key_id, TokenKind::Lan).await
+    }
+
+    /// The active LAN keys of an agent's store, as the agent checks them: each key's id and
+    /// the SHA-256 (hex) of the whole key string.
+    pub async fn lan_key_hashes(&self, tenant_id: &str, store_id: &str) -> Result<Vec<TokenHash>, SetupError> {
+        let keys = self.store.active_token_hashes(tenant_id, store_id, TokenKind::Lan).await?;
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| {
+                let hash = k.hash.strip_prefix(LAN_KEY_HASH_PREFIX)?.to_owned();
+                Some(TokenHash { id: k.id, hash })
+            })
+            .collect())
+    }
+
+    /// One mechanism for both kinds of store credentials: a random secret shown once,
+    /// its hash stored with the set-up audit row.
+    async fn create_store_token(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        kind: TokenKind,
+        id: Option<String>,
+    ) -> Result<(AgentToken, String), SetupError> {
+        self.store_of(caller, store_id).await?;
+        let (secret, token_hash, id) = match kind {
+            TokenKind::Agent => {
+                let t = secrets::generate("opa_");
+                (t.clone(), secrets::hash(&t), id.unwrap_or_else(|| secrets::short_id("tok_")))
+            }
+            TokenKind::Lan => {
+                let k = secrets::generate("opl_");
+                (k.clone(), lan_key_hash(&k), id.unwrap_or_else(|| secrets::short_id("lan_")))
+            }
+        };
+        let created = self
+            .store
+            .create_agent_token(NewAgentToken {
+                id,
+                kind,
+                token_hash,
+                tenant_id: caller.tenant_id.to_owned(),
+                store_id: store_id.to_owned(),
+                now: now_ms(),
+                audit: caller.audit(json!({ "store_id": store_id })),
+            })
+            .await?;
+        Ok((created, secret))
+    }
+
+    async fn store_tokens(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> Result<Vec<AgentToken>, SetupError> {
+        self.store_of(caller, store_id).await?;
+        Ok(self.store.list_agent_tokens(caller.tenant_id, store_id, kind).await?)
+    }
+
+    async fn revoke_store_token(
+        &self,
+        caller: Caller<'_>,
+        store_id: &str,
+        token_id: &str,
+        kind: TokenKind,
+    ) -> Result<AgentToken, SetupError> {
+        let what = match kind {
+            TokenKind::Agent => "agent token",
+            TokenKind::Lan => "LAN key",
+        };
         let revoked = self
             .store
             .revoke_agent_token(RevokeAgentToken {
                 tenant_id: caller.tenant_id.to_owned(),
                 store_id: store_id.to_owned(),
                 id: token_id.to_owned(),
+                kind,
                 now: now_ms(),
                 audit: caller.audit(json!({ "store_id": store_id })),
             })
             .await?
-            .ok_or_else(|| SetupError::NotFound(format!("no agent token {token_id:?} in store {store_id:?}")))?;
+            .ok_or_else(|| SetupError::NotFound(format!("no {what} {token_id:?} in store {store_id:?}")))?;
+        // LAN keys are never cached by the broker (it never checks them); forgetting the
+        // hash anyway keeps one path for both kinds.
         self.directory.forget_agent_token(caller.tenant_id, &revoked.hash);
         Ok(revoked.row)
     }

@@ -52,6 +52,9 @@ pub mod integral {
     }
 }
 
+mod offline;
+pub use offline::*;
+
 fn opt_time(ms: Option<Millis>) -> Option<String> {
     ms.map(rfc3339)
 }

@@ -132,6 +132,8 @@ pub struct AppState {
     pub(crate) operators: Arc<Operators>,
     pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) retention: Arc<Retention>,
+    /// The broker's side of offline operation (issue 14).
+    pub(crate) offline: Arc<onceprint_engine::Offline>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) leases: Arc<onceprint_engine::Leases>,
     pub(crate) metrics: Arc<metrics::Metrics>,
@@ -191,7 +193,8 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
     use routes::{
-        agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+        agent, callbacks, cloudprnt, epson_sdp, manual, meta, offline, operators, reconcile, render, setup, tasks,
+        webhooks,
     };
     Router::new()
         .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
@@ -207,6 +210,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stores/{id}", get(setup::get_store))
         .route("/v1/stores/{id}/agent-tokens", post(setup::create_agent_token).get(setup::list_agent_tokens))
         .route("/v1/stores/{id}/agent-tokens/{token_id}", delete(setup::revoke_agent_token))
+        .route("/v1/stores/{id}/lan-keys", post(setup::create_lan_key).get(setup::list_lan_keys))
+        .route("/v1/stores/{id}/lan-keys/{key_id}", delete(setup::revoke_lan_key))
         .route("/v1/printers", post(setup::create_printer).get(setup::list_printers))
         .route("/v1/printers/{id}", get(setup::get_printer).patch(setup::update_printer))
         .route("/v1/printers/{id}/disable", post(setup::disable_printer))
@@ -234,6 +239,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/v1/agent/print-tasks", post(agent::submit))
+        .route("/v1/agent/lan-keys", get(offline::lan_keys))
+        .route("/v1/agent/directory", get(offline::directory))
+        .route("/v1/agent/offline-tasks", post(offline::offline_tasks))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
         .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))
@@ -333,6 +341,17 @@ pub async fn bind(
     let cloudprnt = Polled::new(lanes.clone(), TransportKind::Cloudprnt, config.polled.clone());
     let epson_sdp = Polled::new(lanes.clone(), TransportKind::EpsonSdp, config.polled.clone());
     let operators = Arc::new(Operators::new(store.clone(), config.operators.clone()));
+    let offline = Arc::new(onceprint_engine::Offline::new(
+        store.clone(),
+        directory.clone(),
+        intake.gate().clone(),
+        lanes.signals().clone(),
+        onceprint_engine::OfflineConfig {
+            policies: config.intake.policies.clone(),
+            content_limits: config.intake.content_limits,
+            charge: config.intake.charge,
+        },
+    ));
     let state = AppState {
         store,
         intake,
@@ -346,6 +365,7 @@ pub async fn bind(
         operators,
         watch,
         retention,
+        offline,
         directory,
         leases,
         metrics: metrics::Metrics::new(),

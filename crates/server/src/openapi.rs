@@ -7,7 +7,7 @@ mod complete;
 mod rules;
 
 use crate::routes::{
-    agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+    agent, callbacks, cloudprnt, epson_sdp, manual, meta, offline, operators, reconcile, render, setup, tasks, webhooks,
 };
 
 struct Security;
@@ -60,9 +60,11 @@ impl Modify for Security {
         setup::disable_printer, setup::enable_printer, setup::rotate_printer_credentials,
         setup::create_station, setup::get_station, setup::update_station,
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
+        setup::create_lan_key, setup::list_lan_keys, setup::revoke_lan_key,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks, agent::status, agent::submit,
+        offline::lan_keys, offline::directory, offline::offline_tasks,
         operators::create_operator, operators::list_operators, operators::revoke_operator_sessions,
         operators::create_operator_session, operators::delete_operator_session,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,

@@ -22,6 +22,7 @@ mod delivery;
 mod error;
 pub mod migrations;
 pub mod notify;
+mod offline;
 mod operations;
 mod operators;
 mod reconcile;
@@ -466,7 +467,8 @@ impl Store for PostgresStore {
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>> {
         match self
             .query_opt(
-                "SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
+                "SELECT tenant_id, store_id FROM agent_tokens
+                 WHERE token_hash = $1 AND revoked_at IS NULL AND kind = 'agent'",
                 &[&token_hash],
             )
             .await?
@@ -476,8 +478,40 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>> {
-        self.setup_list_agent_tokens(tenant_id, store_id).await
+    async fn list_agent_tokens(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> StoreResult<Vec<AgentToken>> {
+        Ok(self.setup_list_agent_tokens(tenant_id, store_id, kind).await?.into_iter().map(|(t, _)| t).collect())
+    }
+
+    async fn active_token_hashes(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> StoreResult<Vec<TokenHash>> {
+        Ok(self
+            .setup_list_agent_tokens(tenant_id, store_id, kind)
+            .await?
+            .into_iter()
+            .filter(|(t, _)| t.revoked_at.is_none())
+            .map(|(t, hash)| TokenHash { id: t.id, hash })
+            .collect())
+    }
+
+    async fn list_stations(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>> {
+        self.query(
+            "SELECT tenant_id, id, store_id, printers, created_at FROM stations
+             WHERE tenant_id = $1 AND store_id = $2 ORDER BY id",
+            &[&tenant_id, &store_id],
+        )
+        .await?
+        .iter()
+        .map(rows::station)
+        .collect()
     }
 
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
@@ -522,6 +556,16 @@ impl Store for PostgresStore {
         }
         let client = self.client().await?;
         submit::submit_batch(&client, batch, false).await
+    }
+
+    async fn merge_offline(&self, task: OfflineTask, planner: MergePlanner) -> StoreResult<OfflineMerge> {
+        let mut client = self.client().await?;
+        offline::merge_offline(&mut client, &task, planner.as_ref()).await
+    }
+
+    async fn task_alias(&self, tenant_id: &str, alias_id: &str) -> StoreResult<Option<TaskAlias>> {
+        let client = self.client().await?;
+        offline::alias(&client, tenant_id, alias_id).await
     }
 
     async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>> {

@@ -44,6 +44,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (15, V15_CLUSTER),
     (16, V16_LANE_FIGURES),
     (17, V17_STORE_INDEXES),
+    (18, V18_OFFLINE),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -558,6 +559,29 @@ CREATE INDEX printers_by_store ON printers (tenant_id, store_id, id);
 CREATE INDEX stations_by_store ON stations (tenant_id, store_id);
 "#;
 
+/// Offline operation (issue 14). LAN keys are store credentials the store agent checks on
+/// its LAN listener; they live in `agent_tokens` beside the agent tokens, told apart by
+/// `kind`, so that one mechanism creates, lists, revokes and audits both. The column has a
+/// default, so a broker of version 17 inserting an agent token names no kind and gets
+/// `agent`. Such a broker looks tokens up by the bare SHA-256 of what it was sent and knows
+/// nothing of `kind`; LAN keys are therefore stored with the hash prefixed `lan:`, which no
+/// bare SHA-256 equals, so an older node can never take a LAN key for an agent token (it
+/// does list them among a store's agent tokens, which grants nothing). `task_aliases`
+/// keeps the task ids the agent minted for orders it took offline whose key the broker
+/// already had, so that such an id still answers with the task it was merged into; older
+/// brokers never read it.
+const V18_OFFLINE: &str = r#"
+ALTER TABLE agent_tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'agent';
+CREATE TABLE task_aliases (
+    alias_id   TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    task_id    TEXT COLLATE "C" NOT NULL,
+    kind       TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX task_aliases_by_task ON task_aliases (task_id);
+"#;
+
 /// Applies every migration the schema has not seen yet, one transaction each.
 pub(crate) async fn apply(client: &mut deadpool_postgres::Client) -> StoreResult<()> {
     for (version, sql) in MIGRATIONS {
@@ -811,7 +835,7 @@ mod tests {
         assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("t", "key_0123456789abcdef"));
         assert_eq!(store.list_api_keys("t").await.expect("keys")[0].created_at, 5);
         assert!(store.agent_by_token_hash("fedcba9876543210fe").await.expect("read").is_some());
-        let tokens = store.list_agent_tokens("t", "s").await.expect("tokens");
+        let tokens = store.list_agent_tokens("t", "s", onceprint_store::TokenKind::Agent).await.expect("tokens");
         assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
         assert!(store.get_printer("t", "p").await.expect("read").expect("printer").enabled);
         drop(store);

@@ -346,33 +346,40 @@ impl PostgresStore {
         let tx = client.transaction().await.map_err(pg_error)?;
         let stmt = tx
             .prepare_cached(
-                "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at, id) VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at, id, kind)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
             )
             .await
             .map_err(pg_error)?;
-        tx.execute(&stmt, &[&t.token_hash, &t.tenant_id, &t.store_id, &t.now, &t.id])
+        let what = match t.kind {
+            TokenKind::Agent => "agent token",
+            TokenKind::Lan => "LAN key",
+        };
+        tx.execute(&stmt, &[&t.token_hash, &t.tenant_id, &t.store_id, &t.now, &t.id, &t.kind.as_str()])
             .await
-            .map_err(|e| create_error(e, |_| "agent token".to_owned(), |_| format!("store {}", t.store_id)))?;
-        audit(&tx, &t.tenant_id, t.now, (SetupObject::AgentToken, &t.id, SetupAction::Create), &t.audit).await?;
+            .map_err(|e| create_error(e, |_| format!("{what} {}", t.id), |_| format!("store {}", t.store_id)))?;
+        audit(&tx, &t.tenant_id, t.now, (t.kind.setup_object(), &t.id, SetupAction::Create), &t.audit).await?;
         tx.commit().await.map_err(pg_error)?;
         Ok(AgentToken { tenant_id: t.tenant_id, store_id: t.store_id, id: t.id, created_at: t.now, revoked_at: None })
     }
 
+    /// A store's tokens of one kind with their stored hashes, oldest first.
     pub(crate) async fn setup_list_agent_tokens(
         &self,
         tenant_id: &str,
         store_id: &str,
-    ) -> StoreResult<Vec<AgentToken>> {
+        kind: TokenKind,
+    ) -> StoreResult<Vec<(AgentToken, String)>> {
         self.query(
             &format!(
-                "SELECT {AGENT_TOKEN_COLUMNS} FROM agent_tokens WHERE tenant_id = $1 AND store_id = $2
+                "SELECT {AGENT_TOKEN_COLUMNS} FROM agent_tokens WHERE tenant_id = $1 AND store_id = $2 AND kind = $3
                  ORDER BY created_at, id"
             ),
-            &[&tenant_id, &store_id],
+            &[&tenant_id, &store_id, &kind.as_str()],
         )
         .await?
         .iter()
-        .map(|r| agent_token(r).map(|(t, _)| t))
+        .map(agent_token)
         .collect()
     }
 
@@ -385,11 +392,12 @@ impl PostgresStore {
         let stmt = tx
             .prepare_cached(&format!(
                 "SELECT {AGENT_TOKEN_COLUMNS} FROM agent_tokens WHERE tenant_id = $1 AND store_id = $2 AND id = $3
-                 FOR UPDATE"
+                 AND kind = $4 FOR UPDATE"
             ))
             .await
             .map_err(pg_error)?;
-        let Some(row) = tx.query_opt(&stmt, &[&r.tenant_id, &r.store_id, &r.id]).await.map_err(pg_error)? else {
+        let found = tx.query_opt(&stmt, &[&r.tenant_id, &r.store_id, &r.id, &r.kind.as_str()]).await;
+        let Some(row) = found.map_err(pg_error)? else {
             return Ok(None);
         };
         let (token, hash) = agent_token(&row)?;
@@ -401,7 +409,7 @@ impl PostgresStore {
             .await
             .map_err(pg_error)?;
         tx.execute(&stmt, &[&r.now, &hash]).await.map_err(pg_error)?;
-        audit(&tx, &r.tenant_id, r.now, (SetupObject::AgentToken, &r.id, SetupAction::Revoke), &r.audit).await?;
+        audit(&tx, &r.tenant_id, r.now, (r.kind.setup_object(), &r.id, SetupAction::Revoke), &r.audit).await?;
         tx.commit().await.map_err(pg_error)?;
         Ok(Some(Revoked { row: AgentToken { revoked_at: Some(r.now), ..token }, hash }))
     }

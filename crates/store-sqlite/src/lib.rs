@@ -17,6 +17,7 @@
 //! caller before the commit that carries its write.
 
 pub mod backup;
+mod offline;
 mod operators;
 mod retention;
 mod schema;
@@ -505,9 +506,29 @@ impl Store for SqliteStore {
         self.read(move |c| sql::agent_by_token_hash(c, &h)).await
     }
 
-    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>> {
+    async fn list_agent_tokens(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> StoreResult<Vec<AgentToken>> {
         let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
-        self.read(move |c| setup::list_agent_tokens(c, &t, &s)).await
+        self.read(move |c| setup::list_agent_tokens(c, &t, &s, kind)).await
+    }
+
+    async fn active_token_hashes(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> StoreResult<Vec<TokenHash>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| setup::active_token_hashes(c, &t, &s, kind)).await
+    }
+
+    async fn list_stations(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>> {
+        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
+        self.read(move |c| setup::list_stations(c, &t, &s)).await
     }
 
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
@@ -553,6 +574,15 @@ impl Store for SqliteStore {
 
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>> {
         self.write(move |c| sql::submit_batch(c, batch)).await
+    }
+
+    async fn merge_offline(&self, task: OfflineTask, planner: MergePlanner) -> StoreResult<OfflineMerge> {
+        self.write(move |c| offline::merge(c, &task, planner.as_ref())).await
+    }
+
+    async fn task_alias(&self, tenant_id: &str, alias_id: &str) -> StoreResult<Option<TaskAlias>> {
+        let (t, id) = (tenant_id.to_owned(), alias_id.to_owned());
+        self.read(move |c| offline::alias(c, &t, &id)).await
     }
 
     async fn get_task(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Task>> {
@@ -871,7 +901,7 @@ mod tests {
         assert_eq!((key.tenant.id.as_str(), key.key_id.as_str()), ("t", "key_0123456789abcdef"));
         assert_eq!(setup::list_api_keys(&conn, "t").expect("keys")[0].created_at, 5);
         assert!(sql::agent_by_token_hash(&conn, "fedcba9876543210fe").expect("read").is_some());
-        let tokens = setup::list_agent_tokens(&conn, "t", "s").expect("tokens");
+        let tokens = setup::list_agent_tokens(&conn, "t", "s", TokenKind::Agent).expect("tokens");
         assert_eq!((tokens[0].id.as_str(), tokens[0].created_at), ("tok_fedcba9876543210", 7));
         assert!(sql::get_printer(&conn, "t", "p").expect("read").expect("printer").enabled);
     }

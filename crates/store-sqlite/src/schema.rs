@@ -391,4 +391,24 @@ CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id,
 CREATE INDEX printers_by_store ON printers(tenant_id, store_id, id);
 CREATE INDEX stations_by_store ON stations(tenant_id, store_id);
 "#,
+    // 17 here (18 on PostgreSQL), offline operation (issue 14). LAN keys are store
+    // credentials the store agent checks on its LAN listener; they live in `agent_tokens`
+    // beside the agent tokens, told apart by `kind`, so that one mechanism creates, lists,
+    // revokes and audits both. Their hash is stored with the prefix `lan:`: a broker of
+    // the previous version, which does not know the column and looks tokens up by the
+    // bare SHA-256 of what it was sent, can then never take a LAN key for an agent token
+    // (it lists them among a store's agent tokens, which is harmless). `task_aliases`
+    // keeps the task ids the agent minted for orders it took offline whose key the broker
+    // already had, so that such an id still answers with the task it was merged into.
+    r#"
+ALTER TABLE agent_tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'agent';
+CREATE TABLE task_aliases (
+    alias_id   TEXT PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    task_id    TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX task_aliases_by_task ON task_aliases(task_id);
+"#,
 ];

@@ -199,24 +199,81 @@ fn agent_token_from_row(r: &Row<'_>) -> rusqlite::Result<(AgentToken, String)> {
     ))
 }
 
-pub fn list_agent_tokens(c: &Connection, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>> {
+pub fn list_agent_tokens(
+    c: &Connection,
+    tenant_id: &str,
+    store_id: &str,
+    kind: TokenKind,
+) -> StoreResult<Vec<AgentToken>> {
+    Ok(list_agent_token_rows(c, tenant_id, store_id, kind)?.into_iter().map(|(t, _)| t).collect())
+}
+
+pub fn active_token_hashes(
+    c: &Connection,
+    tenant_id: &str,
+    store_id: &str,
+    kind: TokenKind,
+) -> StoreResult<Vec<TokenHash>> {
+    Ok(list_agent_token_rows(c, tenant_id, store_id, kind)?
+        .into_iter()
+        .filter(|(t, _)| t.revoked_at.is_none())
+        .map(|(t, hash)| TokenHash { id: t.id, hash })
+        .collect())
+}
+
+fn list_agent_token_rows(
+    c: &Connection,
+    tenant_id: &str,
+    store_id: &str,
+    kind: TokenKind,
+) -> StoreResult<Vec<(AgentToken, String)>> {
     let mut s = c
         .prepare_cached(
             "SELECT tenant_id, store_id, id, created_at, revoked_at, token_hash FROM agent_tokens \
-             WHERE tenant_id = ?1 AND store_id = ?2 ORDER BY created_at, id",
+             WHERE tenant_id = ?1 AND store_id = ?2 AND kind = ?3 ORDER BY created_at, id",
         )
         .map_err(backend_err)?;
-    let rows = s.query_map([tenant_id, store_id], agent_token_from_row).map_err(backend_err)?;
-    rows.map(|r| r.map(|(t, _)| t).map_err(backend_err)).collect()
+    let rows = s.query_map([tenant_id, store_id, kind.as_str()], agent_token_from_row).map_err(backend_err)?;
+    rows.map(|r| r.map_err(backend_err)).collect()
+}
+
+pub fn list_stations(c: &Connection, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>> {
+    let mut s = c
+        .prepare_cached(
+            "SELECT tenant_id, id, store_id, printers, created_at FROM stations \
+             WHERE tenant_id = ?1 AND store_id = ?2 ORDER BY id",
+        )
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map([tenant_id, store_id], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get(4)?,
+            ))
+        })
+        .map_err(backend_err)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (tenant_id, id, store_id, printers, created_at) = row.map_err(backend_err)?;
+        let printers =
+            serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
+        out.push(Station { tenant_id, id, store_id, printers, created_at });
+    }
+    Ok(out)
 }
 
 pub fn revoke_agent_token(c: &Connection, r: &RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>> {
     let found = c
         .prepare_cached(
             "SELECT tenant_id, store_id, id, created_at, revoked_at, token_hash FROM agent_tokens \
-             WHERE tenant_id = ?1 AND store_id = ?2 AND id = ?3",
+             WHERE tenant_id = ?1 AND store_id = ?2 AND id = ?3 AND kind = ?4",
         )
-        .and_then(|mut s| s.query_row([&r.tenant_id, &r.store_id, &r.id], agent_token_from_row).optional())
+        .and_then(|mut s| {
+            s.query_row([r.tenant_id.as_str(), &r.store_id, &r.id, r.kind.as_str()], agent_token_from_row).optional()
+        })
         .map_err(backend_err)?;
     let Some((token, hash)) = found else { return Ok(None) };
     if token.revoked_at.is_some() {
@@ -225,7 +282,7 @@ pub fn revoke_agent_token(c: &Connection, r: &RevokeAgentToken) -> StoreResult<O
     c.prepare_cached("UPDATE agent_tokens SET revoked_at = ?1 WHERE token_hash = ?2")
         .and_then(|mut s| s.execute(params![r.now, hash]))
         .map_err(backend_err)?;
-    audit(c, &r.tenant_id, r.now, (SetupObject::AgentToken, &r.id, SetupAction::Revoke), &r.audit)?;
+    audit(c, &r.tenant_id, r.now, (r.kind.setup_object(), &r.id, SetupAction::Revoke), &r.audit)?;
     Ok(Some(Revoked { row: AgentToken { revoked_at: Some(r.now), ..token }, hash }))
 }
 

@@ -226,21 +226,26 @@ pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Stat
 }
 
 pub fn create_agent_token(c: &Connection, t: NewAgentToken) -> StoreResult<AgentToken> {
+    let what = match t.kind {
+        TokenKind::Agent => "agent token",
+        TokenKind::Lan => "LAN key",
+    };
     c.execute(
-        "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at, id) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![t.token_hash, t.tenant_id, t.store_id, t.now, t.id],
+        "INSERT INTO agent_tokens (token_hash, tenant_id, store_id, created_at, id, kind) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![t.token_hash, t.tenant_id, t.store_id, t.now, t.id, t.kind.as_str()],
     )
-    .map_err(|e| constraint_err(e, "agent token", &format!("store {}", t.store_id)))?;
-    audit(c, &t.tenant_id, t.now, (SetupObject::AgentToken, &t.id, SetupAction::Create), &t.audit)?;
+    .map_err(|e| constraint_err(e, &format!("{what} {}", t.id), &format!("store {}", t.store_id)))?;
+    audit(c, &t.tenant_id, t.now, (t.kind.setup_object(), &t.id, SetupAction::Create), &t.audit)?;
     Ok(AgentToken { tenant_id: t.tenant_id, store_id: t.store_id, id: t.id, created_at: t.now, revoked_at: None })
 }
 
 pub fn agent_by_token_hash(c: &Connection, h: &str) -> StoreResult<Option<AgentIdentity>> {
-    c.prepare_cached("SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = ?1 AND revoked_at IS NULL")
-        .and_then(|mut s| {
-            s.query_row([h], |r| Ok(AgentIdentity { tenant_id: r.get(0)?, store_id: r.get(1)? })).optional()
-        })
-        .map_err(backend_err)
+    c.prepare_cached(
+        "SELECT tenant_id, store_id FROM agent_tokens WHERE token_hash = ?1 AND revoked_at IS NULL AND kind = 'agent'",
+    )
+    .and_then(|mut s| s.query_row([h], |r| Ok(AgentIdentity { tenant_id: r.get(0)?, store_id: r.get(1)? })).optional())
+    .map_err(backend_err)
 }
 
 type KeyRef<'a> = (&'a str, &'a str, &'a str, &'a str);

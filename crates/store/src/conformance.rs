@@ -19,8 +19,13 @@ use crate::*;
 pub use crate::testing::Harness;
 
 mod idempotency;
+mod offline;
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
+pub use offline::{
+    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules, an_unknown_key_becomes_a_task_under_the_lan_id,
+    lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
+};
 
 /// Generates one test per conformance case for a backend factory.
 #[macro_export]
@@ -44,7 +49,10 @@ macro_rules! conformance_tests {
             operators_log_in_with_sessions_that_can_be_revoked,
             retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again,
             one_holder_of_a_lease_at_a_time, expired_leases_go_to_the_next_holder_with_a_higher_token,
-            agent_sessions_merge_what_every_node_heard);
+            agent_sessions_merge_what_every_node_heard,
+            lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
+            an_unknown_key_becomes_a_task_under_the_lan_id,
+            a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
@@ -281,6 +289,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
         store_id: "s1".into(),
         now: NOW,
         id: "tok-1".into(),
+        kind: TokenKind::Agent,
         audit: SetupAudit::default(),
     })
     .await
@@ -1222,6 +1231,7 @@ pub async fn agent_tokens_are_listed_and_revoked(s: Arc<dyn Store>) {
     tenant(&s, "other").await;
     let new = |tenant: &str, id: &str, hash: &str| NewAgentToken {
         id: id.into(),
+        kind: TokenKind::Agent,
         token_hash: hash.into(),
         tenant_id: tenant.into(),
         store_id: "s1".into(),
@@ -1246,14 +1256,16 @@ pub async fn agent_tokens_are_listed_and_revoked(s: Arc<dyn Store>) {
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
     let no_store = s.create_agent_token(NewAgentToken { store_id: "s9".into(), ..new("acme", "t5", "h5") }).await;
     assert!(matches!(no_store, Err(StoreError::NotFound(_))), "{no_store:?}");
-    let ids: Vec<String> = s.list_agent_tokens("acme", "s1").await.unwrap().into_iter().map(|t| t.id).collect();
+    let ids: Vec<String> =
+        s.list_agent_tokens("acme", "s1", TokenKind::Agent).await.unwrap().into_iter().map(|t| t.id).collect();
     assert_eq!(ids, vec!["t1", "t2"]);
-    assert!(s.list_agent_tokens("acme", "s9").await.unwrap().is_empty());
+    assert!(s.list_agent_tokens("acme", "s9", TokenKind::Agent).await.unwrap().is_empty());
 
     let revoke = |tenant: &str, store: &str, id: &str, now: i64| RevokeAgentToken {
         tenant_id: tenant.into(),
         store_id: store.into(),
         id: id.into(),
+        kind: TokenKind::Agent,
         now,
         audit: by(&format!("revoke {id}")),
     };
@@ -1267,8 +1279,13 @@ pub async fn agent_tokens_are_listed_and_revoked(s: Arc<dyn Store>) {
     assert_eq!(s.agent_by_token_hash("h3").await.unwrap().map(|a| a.tenant_id).as_deref(), Some("other"));
     // Revoking again changes nothing.
     assert_eq!(s.revoke_agent_token(revoke("acme", "s1", "t1", NOW + 50)).await.unwrap(), Some(r));
-    let listed: Vec<(String, Option<i64>)> =
-        s.list_agent_tokens("acme", "s1").await.unwrap().into_iter().map(|t| (t.id, t.revoked_at)).collect();
+    let listed: Vec<(String, Option<i64>)> = s
+        .list_agent_tokens("acme", "s1", TokenKind::Agent)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.id, t.revoked_at))
+        .collect();
     assert_eq!(listed, vec![("t1".to_string(), Some(NOW + 7)), ("t2".to_string(), None)]);
     assert_eq!(audit_steps(&s, "acme").await[..3], ["revoke t1", "create t2", "create t1"]);
 }

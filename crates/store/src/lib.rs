@@ -115,6 +115,9 @@ pub trait Store: Send + Sync + 'static {
     /// MQTT server's password file is written from.
     async fn mqtt_logins(&self) -> StoreResult<Vec<MqttLogin>>;
 
+    /// A store's stations, by id.
+    async fn list_stations(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>>;
+
     /// Fails with `NotFound` when the store or a printer is not the tenant's; the caller
     /// checks beforehand that all printers belong to the station's store.
     async fn create_station(&self, station: NewStation) -> StoreResult<Station>;
@@ -124,14 +127,24 @@ pub trait Store: Send + Sync + 'static {
     /// `NotFound("printer …")` like creation.
     async fn update_station(&self, change: StationUpdate) -> StoreResult<Option<Station>>;
 
-    /// Fails with `NotFound` when the store is not the tenant's.
+    /// Fails with `NotFound` when the store is not the tenant's. Agent tokens and LAN keys
+    /// ([`TokenKind`]) are kept alike; ids are unique per tenant across both kinds.
     async fn create_agent_token(&self, token: NewAgentToken) -> StoreResult<AgentToken>;
-    /// The identity of an active (not revoked) agent token.
+    /// The identity of an active (not revoked) token of kind `agent`: a LAN key is never
+    /// found here, whatever its hash.
     async fn agent_by_token_hash(&self, token_hash: &str) -> StoreResult<Option<AgentIdentity>>;
-    /// A store's tokens, active and revoked, oldest first.
-    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<AgentToken>>;
-    /// Revokes a token of the store; `None` when the store has no token with this id.
-    /// Revoking a revoked token changes nothing.
+    /// A store's tokens of one kind, active and revoked, oldest first.
+    async fn list_agent_tokens(&self, tenant_id: &str, store_id: &str, kind: TokenKind)
+        -> StoreResult<Vec<AgentToken>>;
+    /// The ids and stored hashes of a store's active tokens of one kind, oldest first.
+    async fn active_token_hashes(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        kind: TokenKind,
+    ) -> StoreResult<Vec<TokenHash>>;
+    /// Revokes a token of the store of the kind named; `None` when the store has no such
+    /// token. Revoking a revoked token changes nothing.
     async fn revoke_agent_token(&self, change: RevokeAgentToken) -> StoreResult<Option<Revoked<AgentToken>>>;
 
     /// Creates an operator (audited). `AlreadyExists` when the id is taken in the tenant,
@@ -164,6 +177,22 @@ pub trait Store: Send + Sync + 'static {
     /// task again, also when the pruning commits while the batch is being written. Results
     /// are in input order.
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>>;
+
+    /// Takes a task the store agent accepted offline (issue 14), in one transaction, with
+    /// the unique key as the final judge:
+    /// 1. A LAN task id uploaded before answers as it did (`again`), writing nothing.
+    /// 2. A key with no task and no tombstone: the task is inserted under the LAN task id
+    ///    in the state and with the figures given, with its creation event, its history
+    ///    and its charge (at `task.now`); a waiting task joins its printer's lane.
+    /// 3. A key with a task: the LAN id becomes its alias, and `planner`'s step for the
+    ///    task as read in the transaction is applied there (compare-and-set and event).
+    /// 4. A key with a tombstone: the LAN id becomes an alias of the pruned task.
+    ///
+    /// Never a second charge. A LAN id that names another task is `IdTaken`.
+    async fn merge_offline(&self, task: OfflineTask, planner: MergePlanner) -> StoreResult<OfflineMerge>;
+
+    /// The task a LAN task id is an alias of, for the tenant (issue 14).
+    async fn task_alias(&self, tenant_id: &str, alias_id: &str) -> StoreResult<Option<TaskAlias>>;
 
     /// A task of the tenant that is kept (a pruned one is `None`; see
     /// [`Store::get_tombstone`]).

@@ -236,10 +236,40 @@ pub struct Station {
     pub created_at: Millis,
 }
 
+/// What a store credential kept in the agent-token table is for (issue 14). Agent tokens
+/// and LAN keys are one mechanism — created with a hash, listed, revoked, audited — and
+/// differ only in who checks them: the broker checks agent tokens, the store agent checks
+/// LAN keys on its LAN listener (from the hashes it caches). A LAN key authenticates
+/// nothing at the broker: [`crate::Store::agent_by_token_hash`] finds agent tokens only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TokenKind {
+    #[default]
+    Agent,
+    Lan,
+}
+
+impl TokenKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Agent => "agent",
+            TokenKind::Lan => "lan",
+        }
+    }
+
+    /// The set-up audit's object kind for a token of this kind.
+    pub fn setup_object(self) -> SetupObject {
+        match self {
+            TokenKind::Agent => SetupObject::AgentToken,
+            TokenKind::Lan => SetupObject::LanKey,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAgentToken {
-    /// Names the token in lists and revocation (unique per tenant).
+    /// Names the token in lists and revocation (unique per tenant, across both kinds).
     pub id: String,
+    pub kind: TokenKind,
     /// SHA-256 (hex) of the token.
     pub token_hash: String,
     pub tenant_id: String,
@@ -259,11 +289,21 @@ pub struct AgentToken {
     pub revoked_at: Option<Millis>,
 }
 
+/// An active token's id and the hash it is stored with (for the store agent, which
+/// checks LAN keys itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHash {
+    pub id: String,
+    pub hash: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RevokeAgentToken {
     pub tenant_id: String,
     pub store_id: String,
     pub id: String,
+    /// Only a token of this kind is revoked (another kind's id is "no such token").
+    pub kind: TokenKind,
     pub now: Millis,
     pub audit: SetupAudit,
 }
@@ -701,6 +741,8 @@ pub enum SetupObject {
     ApiKey,
     /// A person's console login (issue 10).
     Operator,
+    /// A store-local submission key, checked by the store agent (issue 14).
+    LanKey,
 }
 
 impl SetupObject {
@@ -713,6 +755,7 @@ impl SetupObject {
             SetupObject::AgentToken => "agent_token",
             SetupObject::ApiKey => "api_key",
             SetupObject::Operator => "operator",
+            SetupObject::LanKey => "lan_key",
         }
     }
 }
@@ -897,4 +940,71 @@ pub struct AgentSessionRow {
     pub open_poll: bool,
     /// The node that wrote the row last.
     pub node_id: String,
+}
+
+/// A task the store agent accepted on the shop's LAN while the broker was unreachable,
+/// as the engine prepared it for [`crate::Store::merge_offline`] (issue 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfflineTask {
+    /// The task under its LAN task id, as it is inserted when its key is unknown (merge
+    /// rule 1): `now` is the agent's acceptance time (its creation time and the time of
+    /// its charge, so its business day is the day the shop took the order), `actor` names
+    /// the LAN path, `printer_id` the printer the agent printed on.
+    pub task: NewTask,
+    /// The creation event's reason.
+    pub reason: String,
+    /// The row as it is inserted: the state the agent's outcome gives, and its figures.
+    pub state: TaskState,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub updated_at: Millis,
+    pub printed_at: Option<Millis>,
+    pub may_have_printed: bool,
+    /// The audit events after the creation event (the agent's journal), oldest first.
+    pub history: Vec<TaskEvent>,
+    /// When the broker took the report (the alias's creation time).
+    pub now: Millis,
+}
+
+/// What the engine decided for a task found under the key of an [`OfflineTask`]: how the
+/// LAN id is kept beside it, and the change or the record in its audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeStep {
+    pub kind: onceprint_core::offline::AliasKind,
+    /// A compare-and-set from the task as it was read (the store reads it in the merge's
+    /// transaction and applies this in the same one).
+    pub transition: Option<Transition>,
+    /// An audit event that changes nothing (`from` = `to` = the task's state).
+    pub note: Option<TaskEvent>,
+}
+
+/// Decides a [`MergeStep`] for the task found under the key (or the task a tombstone
+/// keeps; then only the kind is used). Called inside the merge's transaction, so it must
+/// not block.
+pub type MergePlanner = std::sync::Arc<dyn Fn(&Task) -> MergeStep + Send + Sync>;
+
+/// What [`crate::Store::merge_offline`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OfflineMerge {
+    /// The key was unknown: the task was created under the LAN task id (or, with `again`,
+    /// it had been by an earlier upload of the same report, and nothing was written).
+    /// `pruned`: only its tombstone is left.
+    Created { task: Task, again: bool, pruned: bool },
+    /// The key was known: the LAN id is an alias of `task` (as it is after the change;
+    /// a tombstone's task when `pruned`). `changed`: the merge moved its state. With
+    /// `again`, an earlier upload made the alias and nothing was written.
+    Aliased { kind: onceprint_core::offline::AliasKind, task: Task, pruned: bool, changed: bool, again: bool },
+    /// The LAN task id names another task (of another key or another tenant): nothing
+    /// was written.
+    IdTaken,
+}
+
+/// A LAN task id kept as another name of a task (issue 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskAlias {
+    pub alias_id: String,
+    pub tenant_id: String,
+    pub task_id: String,
+    pub kind: onceprint_core::offline::AliasKind,
+    pub created_at: Millis,
 }

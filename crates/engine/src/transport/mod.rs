@@ -230,6 +230,16 @@ pub enum Encoding {
 }
 
 impl Encoding {
+    /// The render profile configured for the printer (`None`: the default one).
+    pub fn profile(&self) -> Option<&str> {
+        match self {
+            Encoding::EscPos { profile }
+            | Encoding::Png { profile }
+            | Encoding::Text { profile }
+            | Encoding::EposXml { profile } => profile.as_deref(),
+        }
+    }
+
     /// Whether content of this type can be printed in this encoding; the error says why
     /// not and what to send instead.
     pub fn accepts(&self, content_type: &str) -> Result<(), String> {

@@ -377,6 +377,15 @@ fn links() -> Vec<LinkSpec> {
             description: "The agent token authenticates the store agent's polls.",
         },
         LinkSpec {
+            from: "create_lan_key",
+            status: "201",
+            name: "RevokeTheKey",
+            to: "revoke_lan_key",
+            parameters: json!({"path.id": "$response.body#/store_id", "path.key_id": "$response.body#/id"}),
+            body: None,
+            description: "The LAN key's id names it for revocation.",
+        },
+        LinkSpec {
             from: "agent_poll",
             status: "200",
             name: "AckTheFirstDelivery",
@@ -393,6 +402,7 @@ fn links() -> Vec<LinkSpec> {
         ("get_store", "GetTheStore"),
         ("create_agent_token", "AgentTokenForTheStore"),
         ("list_agent_tokens", "AgentTokensOfTheStore"),
+        ("list_lan_keys", "LanKeysOfTheStore"),
         ("attention", "AttentionListOfTheStore"),
         ("get_day", "ReconciliationOfTheStore"),
         ("post_day", "ReconciliationAgainstExpected"),

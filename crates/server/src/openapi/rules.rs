@@ -261,6 +261,16 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("StatusIn", "printers", json!({"type": "array", "maxItems": onceprint_engine::printer_watch::MAX_REPORTS,
             "items": {"$ref": "#/components/schemas/PrinterStatusIn"}})),
         ("PrinterStatusIn", "status", json!({"type": "string", "enum": ["ready", "no_paper", "cover_open", "paper_jam", "offline"]})),
+        // Offline operation (issue 14). What the broker refuses per task with a `rejected`
+        // result (200) stays plain here: a report the broker cannot take is answered, not
+        // refused, so that the agent stops sending it. What refuses the whole request is
+        // in the schema.
+        ("CreateLanKey", "id", nullable(id())),
+        ("OfflineTasksIn", "agent_id", agent_id()),
+        ("OfflineTasksIn", "session", session()),
+        ("OfflineTasksIn", "tasks", json!({"type": "array", "maxItems": onceprint_engine::offline::MAX_TASKS,
+            "items": {"$ref": "#/components/schemas/OfflineTaskIn"}})),
+        ("OfflineTaskIn", "content", content()),
         ("CreateWebhook", "id", id()),
         ("CreateWebhook", "url", json!({"type": "string", "maxLength": 2000, "pattern": "^https?://\\S*$"})),
         ("CreateWebhook", "events", json!({"type": "array", "minItems": 1,

@@ -6,6 +6,7 @@ pub mod cloudprnt;
 pub mod epson_sdp;
 pub mod manual;
 pub mod meta;
+pub mod offline;
 pub mod operators;
 pub mod reconcile;
 pub mod render;

@@ -1,4 +1,4 @@
-//! Set-up endpoints: tenants (admin); stores, printers, stations, agent tokens, API keys
+//! Set-up endpoints: tenants (admin); stores, printers, stations, agent tokens, LAN keys, API keys
 //! and the set-up audit (tenant). Every change goes through `onceprint_engine::Setup`,
 //! which checks the input, writes the change with its audit row and makes the directory
 //! forget the object; these handlers only parse, call and shape the answer.
@@ -296,6 +296,63 @@ pub async fn revoke_agent_token(
     Path((id, token_id)): Path<(String, String)>,
 ) -> Result<Json<AgentTokenInfo>, ApiError> {
     Ok(Json(st.setup.revoke_agent_token(auth.caller(), &id, &token_id).await?.into()))
+}
+
+/// Extension (issue 14): create a LAN key of the store (shown once). The shop's POS sends
+/// it to the store agent's LAN listener (`agent --listen`), which checks it itself — also
+/// while the broker is unreachable — from the hashes it fetches with
+/// `GET /v1/agent/lan-keys`. A LAN key authenticates nothing at the broker. The body is
+/// optional: `{"id"}` names the key (generated otherwise).
+#[utoipa::path(post, path = "/v1/stores/{id}/lan-keys", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)), request_body(content = Option<CreateLanKey>),
+    responses((status = 201, body = LanKeyOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "`conflict`: the id names another key or token of the tenant", body = ErrorBody)))]
+pub async fn create_lan_key(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+    crate::extract::JsonBytes(bytes): crate::extract::JsonBytes,
+) -> Result<(StatusCode, Json<LanKeyOut>), ApiError> {
+    // No body, or only white space, is a request without an id.
+    let req: CreateLanKey = if bytes.iter().all(u8::is_ascii_whitespace) {
+        CreateLanKey::default()
+    } else {
+        crate::extract::parse_json(&bytes)?
+    };
+    let (k, key) = st.setup.create_lan_key(auth.caller(), &id, req.id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(LanKeyOut { id: k.id, store_id: k.store_id, key, created_at: rfc3339(k.created_at) }),
+    ))
+}
+
+/// Extension (issue 14): a store's LAN keys, active and revoked, oldest first (ids and
+/// times, never the keys or their hashes).
+#[utoipa::path(get, path = "/v1/stores/{id}/lan-keys", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = LanKeyList), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_lan_keys(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<LanKeyList>, ApiError> {
+    let keys = st.setup.lan_keys(auth.caller(), &id).await?;
+    Ok(Json(LanKeyList { keys: keys.into_iter().map(Into::into).collect() }))
+}
+
+/// Extension (issue 14): revoke a LAN key. The store agent refuses it once it fetched the
+/// store's keys again (`GET /v1/agent/lan-keys`), which it can only while the broker is
+/// reachable. Revoking a revoked key answers it unchanged.
+#[utoipa::path(delete, path = "/v1/stores/{id}/lan-keys/{key_id}", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path), ("key_id" = String, Path)),
+    responses((status = 200, body = LanKeyInfo), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn revoke_lan_key(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path((id, key_id)): Path<(String, String)>,
+) -> Result<Json<LanKeyInfo>, ApiError> {
+    Ok(Json(st.setup.revoke_lan_key(auth.caller(), &id, &key_id).await?.into()))
 }
 
 /// Create another API key of the calling tenant (shown once).

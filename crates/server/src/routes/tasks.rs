@@ -155,6 +155,9 @@ async fn submit_inner(
 
 /// One task of the calling tenant.
 ///
+/// A LAN task id the store agent minted for an order the broker already had (offline
+/// sync, `POST /v1/agent/offline-tasks`) answers with the task it was merged into.
+///
 /// A task pruned by retention (`retention_days`) answers 200 from its tombstone, with
 /// `"pruned": true` and its final state.
 #[utoipa::path(get, path = "/v1/print-tasks/{task_id}", tag = "print tasks", security(("tenant" = []), ("operator" = [])),
@@ -165,9 +168,28 @@ pub async fn get_task(
     auth: Principal,
     Path(task_id): Path<String>,
 ) -> Result<Json<TaskOut>, ApiError> {
-    match crate::routes::manual::visible_task_or_tombstone(&st, &auth, &task_id).await? {
+    match visible_task_or_alias(&st, &auth, &task_id).await? {
         Ok(task) => Ok(Json(task.into())),
         Err(tombstone) => Ok(Json(tombstone.into())),
+    }
+}
+
+/// The caller's task (or tombstone) by its id or, failing that, by a LAN task id the store
+/// agent minted for an order the broker had already (issue 14): such an id is an alias of
+/// the task it was merged into, and answers with that task.
+async fn visible_task_or_alias(
+    st: &AppState,
+    auth: &Principal,
+    task_id: &str,
+) -> Result<Result<onceprint_store::Task, onceprint_store::Tombstone>, ApiError> {
+    match crate::routes::manual::visible_task_or_tombstone(st, auth, task_id).await {
+        Err(e) if e.status == StatusCode::NOT_FOUND && TaskId::parse(task_id).is_some() => {
+            match st.store.task_alias(auth.tenant_id(), task_id).await? {
+                Some(alias) => crate::routes::manual::visible_task_or_tombstone(st, auth, &alias.task_id).await,
+                None => Err(e),
+            }
+        }
+        found => found,
     }
 }
 
@@ -225,7 +247,7 @@ pub async fn list_tasks(
     Ok(Json(TaskList { tasks: tasks.into_iter().map(Into::into).collect(), next_cursor }))
 }
 
-/// The audit trail of a task, oldest first.
+/// The audit trail of a task, oldest first (by its id, or a LAN task id merged into it).
 ///
 /// A task pruned by retention lost its trail with it: 200 with no events and
 /// `"pruned": true`.
@@ -238,7 +260,7 @@ pub async fn task_events(
     Path(task_id): Path<String>,
 ) -> Result<Json<EventList>, ApiError> {
     let not_found = || ApiError::not_found(format!("no task {task_id:?}"));
-    let task = match crate::routes::manual::visible_task_or_tombstone(&st, &auth, &task_id).await? {
+    let task = match visible_task_or_alias(&st, &auth, &task_id).await? {
         Ok(task) => task,
         Err(_) => return Ok(Json(EventList { events: Vec::new(), pruned: true })),
     };

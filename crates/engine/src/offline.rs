@@ -1,0 +1,657 @@
+//! Offline operation, broker side (issue 14): what a store agent needs to take orders on
+//! the shop's LAN while the broker is unreachable ([`Offline::directory`]), and the sync
+//! of the tasks it took meanwhile ([`Offline::sync`], `POST /v1/agent/offline-tasks`).
+//!
+//! A synced task is checked like a submission — `biz_no`, target, print type, content
+//! canonicalized and fingerprinted here, never trusted from the agent — and scoped to the
+//! agent's store. The printer it went to (`printed_on`) must be its printer, or one of its
+//! station's. Then one [`Store::merge_offline`] transaction per task applies the merge
+//! rules of the wire spec: a key the broker does not know becomes a task under the LAN
+//! task id (its business day the agent's acceptance time), a known one keeps the LAN id as
+//! an alias and is moved as [`onceprint_core::offline::decide`] says, through a
+//! compare-and-set this module prepares (with its alert) and the store applies on the row
+//! it read. The first gate learns every state the sync made or changed, and the store's
+//! agents are woken when a lane may move.
+//!
+//! What the agent cannot fix by sending the same report again (a printer deleted since,
+//! content that is not valid) is `rejected` with the reason; the agent stops retrying it.
+//! Database failures fail the whole request, so the agent retries it.
+
+use std::sync::Arc;
+
+use onceprint_core::offline::{self, AliasKind, OfflineOutcome};
+use onceprint_core::{
+    ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, Millis, PolicyTable, Target, TaskId,
+    TaskState,
+};
+use onceprint_store::{
+    AgentIdentity, MergeStep, NewTask, OfflineMerge, OfflineTask, Store, StoreError, Task, TaskEvent, Transition,
+};
+
+use crate::clock::now_ms;
+use crate::transport::TransportConfig;
+use crate::{Directory, RecentTasks, StoreSignals};
+
+/// Most tasks in one sync request.
+pub const MAX_TASKS: usize = 500;
+/// Most journal records of one task.
+pub const MAX_HISTORY: usize = 200;
+/// How far into the future an acceptance time may lie (the agent's clock may be ahead).
+/// Task ids sort by it and a broker seeds its id generator with the greatest id it holds,
+/// so a task from far in the future would make every later task id sort before it.
+pub const MAX_CLOCK_AHEAD_MS: Millis = 5 * 60 * 1000;
+/// Longest detail kept from the agent, in characters.
+const MAX_DETAIL: usize = 500;
+
+/// What the sync needs of intake's configuration.
+#[derive(Debug, Clone)]
+pub struct OfflineConfig {
+    pub policies: PolicyTable,
+    pub content_limits: ContentLimits,
+    /// Ledger amount per task (charged once, at the agent's acceptance time).
+    pub charge: i64,
+}
+
+/// One record of the agent's journal for a task.
+#[derive(Debug, Clone, Default)]
+pub struct JournalRecord {
+    pub at: Millis,
+    pub attempt: i32,
+    /// `started`, `printed`, `in_doubt`, `no_paper`, `cover_open`, `offline`, `paper_jam`, `error`.
+    pub state: String,
+    pub detail: String,
+}
+
+/// A task the agent accepted offline, as it reports it.
+#[derive(Debug, Clone, Default)]
+pub struct OfflineReport {
+    /// The id the agent minted from `accepted_at` (`TaskId::from_parts`).
+    pub task_id: String,
+    pub biz_no: Option<String>,
+    pub printer_id: Option<String>,
+    pub station_id: Option<String>,
+    pub print_type: Option<String>,
+    pub content: Option<Content>,
+    pub accepted_at: Millis,
+    pub lan_key_id: String,
+    /// The printer the agent chose; `None` for a task it has not printed (the broker then
+    /// chooses as intake does).
+    pub printed_on: Option<String>,
+    /// `printed`, `in_doubt`, `failed` or `pending`.
+    pub outcome: String,
+    pub attempts: i32,
+    pub detail: String,
+    pub history: Vec<JournalRecord>,
+}
+
+/// What the sync did with one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncResult {
+    /// The broker did not know the key: the task is kept under its LAN id.
+    Created,
+    /// The broker had the task: the LAN id is its alias.
+    Merged,
+    /// The broker had other content under the key: the LAN id is an alias of that task,
+    /// which is held for a person.
+    Conflict,
+    /// The broker can never take this task; `detail` says why.
+    Rejected,
+}
+
+impl SyncResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncResult::Created => "created",
+            SyncResult::Merged => "merged",
+            SyncResult::Conflict => "conflict",
+            SyncResult::Rejected => "rejected",
+        }
+    }
+}
+
+/// The answer for one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncAnswer {
+    /// The LAN task id, as sent.
+    pub task_id: String,
+    pub result: SyncResult,
+    /// The broker's task the LAN id stands for (itself when created); `None` if rejected.
+    pub broker_task_id: Option<String>,
+    pub state: Option<TaskState>,
+    pub detail: String,
+}
+
+/// A printer as the agent needs it offline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryPrinter {
+    pub printer_id: String,
+    /// What a delivery's `printer_address` would be (empty for a printer the agent does
+    /// not drive).
+    pub printer_address: String,
+    pub enabled: bool,
+    /// Driven by the store agent (transport `agent`): it can print to it itself.
+    pub agent: bool,
+    /// The render profile configured for the printer (`None`: the default).
+    pub profile: Option<String>,
+}
+
+/// A station as the agent needs it offline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryStation {
+    pub station_id: String,
+    pub printers: Vec<String>,
+}
+
+/// The store's set-up as the agent needs it to take orders offline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreDirectory {
+    pub store_id: String,
+    pub printers: Vec<DirectoryPrinter>,
+    pub stations: Vec<DirectoryStation>,
+    /// The configured print types, by priority.
+    pub print_types: Vec<String>,
+    pub default_print_type: String,
+}
+
+/// The offline service. Share it behind an `Arc`.
+pub struct Offline {
+    store: Arc<dyn Store>,
+    directory: Arc<Directory>,
+    gate: Arc<RecentTasks>,
+    signals: Arc<StoreSignals>,
+    config: OfflineConfig,
+}
+
+/// A report checked and made ready for the store, or why it cannot be taken.
+type Prepared = Result<(OfflineTask, IdempotencyKey, OfflineOutcome), String>;
+
+fn clip(s: &str) -> String {
+    s.chars().take(MAX_DETAIL).collect()
+}
+
+fn rejected(task_id: &str, detail: impl Into<String>) -> SyncAnswer {
+    SyncAnswer {
+        task_id: task_id.to_owned(),
+        result: SyncResult::Rejected,
+        broker_task_id: None,
+        state: None,
+        detail: detail.into(),
+    }
+}
+
+impl Offline {
+    pub fn new(
+        store: Arc<dyn Store>,
+        directory: Arc<Directory>,
+        gate: Arc<RecentTasks>,
+        signals: Arc<StoreSignals>,
+        config: OfflineConfig,
+    ) -> Offline {
+        Offline { store, directory, gate, signals, config }
+    }
+
+    /// The agent's store as it needs it offline: its printers, stations and print types.
+    pub async fn directory(&self, agent: &AgentIdentity) -> Result<StoreDirectory, StoreError> {
+        let printers = self.store.list_printers(&agent.tenant_id, Some(&agent.store_id)).await?;
+        let stations = self.store.list_stations(&agent.tenant_id, &agent.store_id).await?;
+        let mut types: Vec<(&String, i32)> = self.config.policies.types.iter().map(|(k, p)| (k, p.priority)).collect();
+        types.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(b.0)));
+        Ok(StoreDirectory {
+            store_id: agent.store_id.clone(),
+            printers: printers
+                .into_iter()
+                .map(|p| {
+                    let transport = TransportConfig::from_stored(&p.transport);
+                    let (address, agent, profile) = match &transport {
+                        Some(TransportConfig::Agent(a)) => (a.address.clone(), true, a.profile.clone()),
+                        Some(t) => (String::new(), false, t.encoding().profile().map(str::to_owned)),
+                        None => (String::new(), false, None),
+                    };
+                    DirectoryPrinter { printer_id: p.id, printer_address: address, enabled: p.enabled, agent, profile }
+                })
+                .collect(),
+            stations: stations
+                .into_iter()
+                .map(|s| DirectoryStation { station_id: s.id, printers: s.printers })
+                .collect(),
+            print_types: types.into_iter().map(|(k, _)| k.clone()).collect(),
+            default_print_type: onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned(),
+        })
+    }
+
+    /// Takes the agent's reports, one transaction per task, and answers each in order.
+    /// A database failure fails the whole call (tasks merged before it stay merged, and
+    /// answer the same when the agent sends them again).
+    pub async fn sync(
+        &self,
+        agent: &AgentIdentity,
+        agent_id: &str,
+        reports: Vec<OfflineReport>,
+    ) -> Result<Vec<SyncAnswer>, StoreError> {
+        let mut out = Vec::with_capacity(reports.len());
+        for report in reports {
+            let answer = match self.prepare(agent, agent_id, &report).await? {
+                Err(why) => rejected(&report.task_id, why),
+                Ok((task, key, outcome)) => self.merge(agent, agent_id, task, key, outcome).await?,
+            };
+            out.push(answer);
+        }
+        Ok(out)
+    }
+
+    async fn merge(
+        &self,
+        agent: &AgentIdentity,
+        agent_id: &str,
+        task: OfflineTask,
+        key: IdempotencyKey,
+        outcome: OfflineOutcome,
+    ) -> Result<SyncAnswer, StoreError> {
+        let lan_id = task.task.task_id.clone();
+        let fingerprint = task.task.fingerprint.clone();
+        let planner = planner(fingerprint.clone(), outcome, lan_id.clone(), format!("agent:{agent_id}"), task.now);
+        let merged = match self.store.merge_offline(task, planner).await {
+            Ok(m) => m,
+            // The printer was deleted between the check and the insert.
+            Err(StoreError::NotFound(what)) => return Ok(rejected(&lan_id, format!("{what} does not exist"))),
+            Err(e) => return Err(e),
+        };
+        let answer = |result, t: &Task, detail: String| SyncAnswer {
+            task_id: lan_id.clone(),
+            result,
+            broker_task_id: Some(t.task_id.clone()),
+            state: Some(t.state),
+            detail,
+        };
+        Ok(match merged {
+            OfflineMerge::Created { task, again, pruned } => {
+                if !again {
+                    self.gate.insert(&key, &task.task_id, &task.fingerprint, task.state);
+                    if task.state == TaskState::Pending {
+                        self.signals.notify(&agent.tenant_id, &agent.store_id);
+                    }
+                }
+                let detail = match (task.state, pruned) {
+                    (s, true) => {
+                        format!("kept as task {} ({s}), since pruned after the retention period", task.task_id)
+                    }
+                    (TaskState::Pending, _) => {
+                        format!("kept as task {}; the broker delivers it to its printer", task.task_id)
+                    }
+                    (s, _) => format!("kept as task {} ({s})", task.task_id),
+                };
+                answer(SyncResult::Created, &task, detail)
+            }
+            OfflineMerge::Aliased { kind, task, pruned, changed, again: _ } => {
+                if changed {
+                    self.gate.set_state(&task.task_id, task.state);
+                    // A task that left `sent` frees its printer's lane.
+                    self.signals.notify(&task.tenant_id, &task.store_id);
+                }
+                let (result, detail) = match kind {
+                    AliasKind::Merged => (
+                        SyncResult::Merged,
+                        format!(
+                            "the broker had this order as task {} ({}{}); LAN task {lan_id} is merged into it",
+                            task.task_id,
+                            task.state,
+                            if pruned { ", pruned" } else { "" }
+                        ),
+                    ),
+                    AliasKind::Conflict => (
+                        SyncResult::Conflict,
+                        format!(
+                            "conflicting content under one key: the broker has task {} ({}) with other content; \
+                             nothing printed or charged for LAN task {lan_id}",
+                            task.task_id, task.state
+                        ),
+                    ),
+                };
+                answer(result, &task, detail)
+            }
+            OfflineMerge::IdTaken => {
+                rejected(&lan_id, format!("task_id: {lan_id} names another task; the agent must mint a new id"))
+            }
+        })
+    }
+
+    /// Checks one report as intake checks a submission and builds what the store writes.
+    async fn prepare(&self, agent: &AgentIdentity, agent_id: &str, r: &OfflineReport) -> Result<Prepared, StoreError> {
+        match self.check(agent, agent_id, r).await {
+            Ok(p) => Ok(Ok(p)),
+            Err(Check::Refused(why)) => Ok(Err(why)),
+            Err(Check::Store(e)) => Err(e),
+        }
+    }
+
+    async fn check(
+        &self,
+        agent: &AgentIdentity,
+        agent_id: &str,
+        r: &OfflineReport,
+    ) -> Result<(OfflineTask, IdempotencyKey, OfflineOutcome), Check> {
+        let now = now_ms();
+        let (id_time, _) = TaskId::parts(&r.task_id)
+            .ok_or_else(|| Check::refused("task_id: not a task id (26 characters of Crockford base32)"))?;
+        if id_time != r.accepted_at {
+            return Err(Check::refused(format!(
+                "task_id: it carries the time {id_time}, not accepted_at {}; mint it with TaskId::from_parts(accepted_at, …)",
+                r.accepted_at
+            )));
+        }
+        if r.accepted_at <= 0 || r.accepted_at > now + MAX_CLOCK_AHEAD_MS {
+            return Err(Check::refused(format!(
+                "accepted_at: {} lies more than {} minutes ahead of the broker's clock ({now})",
+                r.accepted_at,
+                MAX_CLOCK_AHEAD_MS / 60_000
+            )));
+        }
+        onceprint_core::validate_id("lan_key_id", &r.lan_key_id)?;
+        let biz_no = validate_biz_no(r.biz_no.as_deref())?.to_owned();
+        let target = Target::from_request(r.printer_id.as_deref(), r.station_id.as_deref())?;
+        let (print_type, policy) = self.config.policies.resolve(r.print_type.as_deref())?;
+        let content = r.content.as_ref().ok_or_else(|| CoreError::invalid("content", "is required"))?;
+        let canonical = content.canonicalize(self.config.content_limits)?;
+        let fingerprint = canonical.fingerprint();
+        let outcome = OfflineOutcome::parse(&r.outcome).ok_or_else(|| {
+            Check::refused(format!(
+                "outcome: {:?} is not one of {}",
+                r.outcome,
+                OfflineOutcome::ALL.map(OfflineOutcome::as_str).join(", ")
+            ))
+        })?;
+        if !(0..=1000).contains(&r.attempts) {
+            return Err(Check::refused("attempts: must be 0–1000"));
+        }
+        if r.history.len() > MAX_HISTORY {
+            return Err(Check::refused(format!("history: at most {MAX_HISTORY} records")));
+        }
+        // The broker renders what it delivers: content it could not render is refused now,
+        // as at intake, not failed later. What the agent printed already needs no check.
+        if outcome == OfflineOutcome::Pending {
+            crate::content::validate(canonical.content_type, &canonical.bytes)
+                .map_err(|e| Check::refused(e.to_string()))?;
+        }
+        let (printer_id, station_id) = self.printer_of(agent, &target, r.printed_on.as_deref()).await?;
+
+        let actor = format!("agent:{agent_id}");
+        let mut history = Vec::with_capacity(r.history.len() + 1);
+        let mut state = TaskState::Pending;
+        let mut last_at = r.accepted_at;
+        let mut printed_at = None;
+        for (i, h) in r.history.iter().enumerate() {
+            let to = offline::journal_state(&h.state).ok_or_else(|| {
+                Check::refused(format!(
+                    "history[{i}].state: {:?} is not one of {}",
+                    h.state,
+                    offline::JOURNAL_STATES.join(", ")
+                ))
+            })?;
+            let detail = clip(&h.detail);
+            let reason = if detail.is_empty() {
+                format!("store agent journal, offline: {}", h.state)
+            } else {
+                format!("store agent journal, offline: {} ({detail})", h.state)
+            };
+            history.push(TaskEvent {
+                at: h.at,
+                from: Some(state),
+                to,
+                attempt: h.attempt,
+                actor: actor.clone(),
+                reason,
+            });
+            if to == TaskState::Printed {
+                printed_at = Some(h.at);
+            }
+            state = to;
+            last_at = last_at.max(h.at);
+        }
+        let detail = clip(&r.detail);
+        if state != outcome.state() {
+            let reason = if detail.is_empty() {
+                format!("reported by the store agent: {}", outcome.as_str())
+            } else {
+                format!("reported by the store agent: {} ({detail})", outcome.as_str())
+            };
+            history.push(TaskEvent {
+                at: last_at,
+                from: Some(state),
+                to: outcome.state(),
+                attempt: r.attempts,
+                actor: actor.clone(),
+                reason,
+            });
+        }
+        let last_error = match outcome {
+            OfflineOutcome::Printed | OfflineOutcome::Pending => None,
+            OfflineOutcome::InDoubt => Some("in_doubt".to_owned()),
+            OfflineOutcome::Failed => Some(if detail.is_empty() { "failed offline".to_owned() } else { detail }),
+        };
+        let may_have_printed = outcome == OfflineOutcome::InDoubt || r.history.iter().any(|h| h.state == "in_doubt");
+        let key = IdempotencyKey::new(&agent.tenant_id, &target, &biz_no, print_type);
+        let task = OfflineTask {
+            task: NewTask {
+                task_id: r.task_id.clone(),
+                tenant_id: agent.tenant_id.clone(),
+                store_id: agent.store_id.clone(),
+                printer_id,
+                station_id,
+                target: key.target.clone(),
+                biz_no,
+                print_type: print_type.to_owned(),
+                priority: policy.priority,
+                content_type: canonical.content_type.to_owned(),
+                content: canonical.bytes,
+                fingerprint: fingerprint.0,
+                actor: format!("lan:{}@agent:{}", r.lan_key_id, agent.store_id),
+                charge: self.config.charge,
+                now: r.accepted_at,
+                origin: None,
+            },
+            reason: format!(
+                "accepted on the shop LAN (key {}) by store agent {agent_id} while the broker was unreachable",
+                r.lan_key_id
+            ),
+            state: outcome.state(),
+            attempts: r.attempts,
+            last_error,
+            updated_at: last_at,
+            printed_at: (outcome == OfflineOutcome::Printed).then(|| printed_at.unwrap_or(last_at)),
+            may_have_printed,
+            history,
+            now,
+        };
+        Ok((task, key, outcome))
+    }
+
+    /// The printer the task goes to: `printed_on` when the agent chose one (it must be the
+    /// task's printer, or one of its station's), else as intake chooses (a station's first
+    /// enabled printer). The target must be of the agent's store; another store's printer
+    /// or station is answered as if it did not exist.
+    async fn printer_of(
+        &self,
+        agent: &AgentIdentity,
+        target: &Target,
+        printed_on: Option<&str>,
+    ) -> Result<(String, Option<String>), Check> {
+        let tenant = &agent.tenant_id;
+        let in_store = |store_id: &str| store_id == agent.store_id;
+        let (candidates, station_id) = match target {
+            Target::Printer(p) => match self.directory.printer(tenant, p).await? {
+                Some(printer) if in_store(&printer.store_id) => (vec![printer.id], None),
+                _ => return Err(Check::refused(format!("printer_id: no printer {p:?} in store {:?}", agent.store_id))),
+            },
+            Target::Station(s) => match self.directory.station(tenant, s).await? {
+                Some(station) if in_store(&station.store_id) && !station.printers.is_empty() => {
+                    (station.printers, Some(station.id))
+                }
+                _ => return Err(Check::refused(format!("station_id: no station {s:?} in store {:?}", agent.store_id))),
+            },
+        };
+        let chosen = match printed_on {
+            Some(p) if candidates.iter().any(|c| c == p) => p.to_owned(),
+            Some(p) => {
+                return Err(Check::refused(format!(
+                    "printed_on: {p:?} is not the task's printer ({})",
+                    candidates.join(", ")
+                )))
+            }
+            None => {
+                let mut first_enabled = None;
+                for c in &candidates {
+                    if self.directory.printer(tenant, c).await?.is_some_and(|p| p.enabled) {
+                        first_enabled = Some(c.clone());
+                        break;
+                    }
+                }
+                // All disabled: the task waits on the first, as a disabled lane's tasks do.
+                first_enabled.unwrap_or_else(|| candidates[0].clone())
+            }
+        };
+        match self.directory.printer(tenant, &chosen).await? {
+            Some(p) if in_store(&p.store_id) => Ok((chosen, station_id)),
+            _ => Err(Check::refused(format!("printed_on: no printer {chosen:?} in store {:?}", agent.store_id))),
+        }
+    }
+}
+
+/// Why a report was not prepared: the broker can never take it, or the database failed.
+enum Check {
+    Refused(String),
+    Store(StoreError),
+}
+
+impl Check {
+    fn refused(why: impl Into<String>) -> Check {
+        Check::Refused(why.into())
+    }
+}
+
+impl From<CoreError> for Check {
+    fn from(e: CoreError) -> Self {
+        Check::Refused(e.to_string())
+    }
+}
+
+impl From<StoreError> for Check {
+    fn from(e: StoreError) -> Self {
+        Check::Store(e)
+    }
+}
+
+/// The merge step for the task found under the key: [`offline::decide`] turned into a
+/// compare-and-set from the task as read (with its alert), or an audit record when the
+/// task carries on as it is.
+fn planner(
+    fingerprint: String,
+    outcome: OfflineOutcome,
+    lan_id: String,
+    actor: String,
+    now: Millis,
+) -> onceprint_store::MergePlanner {
+    Arc::new(move |existing: &Task| {
+        let d = offline::decide(existing.state, existing.fingerprint == fingerprint, outcome, &lan_id);
+        match d.to {
+            Some(to) => {
+                let last_error = match to {
+                    TaskState::InDoubt if d.kind == AliasKind::Conflict => Some("conflicting content".to_owned()),
+                    TaskState::InDoubt => Some("in_doubt".to_owned()),
+                    _ => None,
+                };
+                // The agent may have put paper out (its own doubt), or the broker's own
+                // delivery in flight may have: either way nobody may send it elsewhere
+                // blindly (R25).
+                let may_have_printed = to == TaskState::InDoubt
+                    && (d.kind == AliasKind::Merged || existing.state == TaskState::Sent || existing.may_have_printed);
+                let transition = Transition {
+                    event: crate::alerts::task_event(existing, to, last_error.as_deref(), &d.reason, now),
+                    task_id: existing.task_id.clone(),
+                    from: existing.state,
+                    expected_attempts: existing.attempts,
+                    to,
+                    attempts: existing.attempts,
+                    last_error,
+                    next_attempt_at: None,
+                    actor: actor.clone(),
+                    reason: d.reason,
+                    now,
+                    sent_to: existing.sent_to.clone(),
+                    sent_session: existing.sent_session.clone(),
+                    may_have_printed,
+                };
+                MergeStep { kind: d.kind, transition: Some(transition), note: None }
+            }
+            None => MergeStep {
+                kind: d.kind,
+                transition: None,
+                note: Some(TaskEvent {
+                    at: now,
+                    from: Some(existing.state),
+                    to: existing.state,
+                    attempt: existing.attempts,
+                    actor: actor.clone(),
+                    reason: d.reason,
+                }),
+            },
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: TaskState, fingerprint: &str) -> Task {
+        Task {
+            task_id: "T1".into(),
+            tenant_id: "t".into(),
+            store_id: "s".into(),
+            printer_id: "p".into(),
+            station_id: None,
+            target: "printer:p".into(),
+            biz_no: "B".into(),
+            print_type: "receipt".into(),
+            priority: 10,
+            content_type: "text".into(),
+            fingerprint: fingerprint.into(),
+            state,
+            attempts: 2,
+            last_error: None,
+            next_attempt_at: Some(5),
+            created_at: 1,
+            updated_at: 1,
+            printed_at: None,
+            sent_to: Some("agent:a".into()),
+            sent_session: Some("s1".into()),
+            sent_at: None,
+            may_have_printed: false,
+            origin_task_id: None,
+            origin_kind: None,
+            reprint_no: None,
+            successor_task_id: None,
+        }
+    }
+
+    #[test]
+    fn the_planner_compares_and_sets_from_the_task_as_read() {
+        let plan = planner("f".into(), OfflineOutcome::Printed, "L1".into(), "agent:a1".into(), 99);
+        let step = plan(&task(TaskState::Sent, "f"));
+        let t = step.transition.expect("a change");
+        assert_eq!((t.from, t.to, t.expected_attempts, t.attempts), (TaskState::Sent, TaskState::Printed, 2, 2));
+        assert_eq!((t.next_attempt_at, t.sent_to.as_deref(), t.actor.as_str()), (None, Some("agent:a"), "agent:a1"));
+        assert!(t.reason.contains("printed offline by the store agent (LAN task L1)"));
+        assert!(step.note.is_none());
+
+        let step = plan(&task(TaskState::Printed, "f"));
+        assert!(step.transition.is_none());
+        let note = step.note.expect("a record");
+        assert_eq!((note.from, note.to), (Some(TaskState::Printed), TaskState::Printed));
+
+        let step = plan(&task(TaskState::Pending, "other"));
+        assert_eq!(step.kind, AliasKind::Conflict);
+        let t = step.transition.expect("held");
+        assert_eq!((t.to, t.may_have_printed), (TaskState::InDoubt, false));
+        assert!(t.reason.starts_with("conflicting content under one key: LAN task L1"));
+    }
+}

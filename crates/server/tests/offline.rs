@@ -1,0 +1,424 @@
+//! Offline operation, broker side (issue 14), through the HTTP API on both backends: LAN
+//! keys (created, listed, revoked; never a credential at the broker), the store directory
+//! an agent takes orders with while the broker is unreachable, and the sync of the tasks
+//! it took meanwhile (`POST /v1/agent/offline-tasks`) with the merge rules of the wire
+//! spec.
+
+mod common;
+
+use common::{order, Agent, TestApp};
+use onceprint_core::TaskId;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::Digest;
+
+both_backends!(
+    lan_keys_are_created_listed_and_revoked_and_authenticate_nothing_at_the_broker,
+    the_directory_is_the_agents_store,
+    an_unknown_key_becomes_a_printed_task_under_the_lan_id_on_its_business_day,
+    a_known_key_merges_into_the_cloud_task_and_its_lan_id_answers_with_it,
+    other_content_under_a_known_key_holds_the_cloud_task_and_prints_nothing,
+    a_pending_task_joins_the_lane_and_is_delivered_to_the_agent,
+    what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_400,
+);
+
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+fn now_ms() -> i64 {
+    onceprint_engine::clock::now_ms()
+}
+
+/// A LAN task id as the agent mints it: from its acceptance time.
+fn lan_id(accepted_at: i64, n: u8) -> String {
+    TaskId::from_parts(accepted_at, [n, 7, 7, 7, 7, 7, 7, 7, 7, n]).into_string()
+}
+
+/// A task the agent printed offline on p1.
+fn printed(id: &str, accepted_at: i64, biz_no: &str, text: &str) -> Value {
+    json!({
+        "task_id": id, "biz_no": biz_no, "printer_id": "p1", "station_id": null, "print_type": "receipt",
+        "content": {"type": "text", "text": text},
+        "accepted_at": accepted_at, "lan_key_id": "k1", "printed_on": "p1",
+        "outcome": "printed", "attempts": 1, "detail": "printer confirmed (GS ( H)",
+        "history": [
+            {"at": accepted_at + 100, "attempt": 1, "state": "started", "detail": ""},
+            {"at": accepted_at + 300, "attempt": 1, "state": "printed", "detail": "GS ( H"},
+        ],
+    })
+}
+
+async fn sync(app: &TestApp, agent: &Agent, tasks: Vec<Value>) -> Vec<Value> {
+    let a = app.post("/v1/agent/offline-tasks", &agent.token, json!({"agent_id": agent.id, "tasks": tasks})).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    a.body["results"].as_array().cloned().expect("results")
+}
+
+async fn lan_key(app: &TestApp, key: &str, body: Option<Value>) -> common::Answer {
+    app.call("POST", "/v1/stores/s1/lan-keys", Some(key), body).await
+}
+
+async fn lan_keys_are_created_listed_and_revoked_and_authenticate_nothing_at_the_broker(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+
+    let a = lan_key(app, &key, None).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let generated = a.body["id"].as_str().expect("id").to_owned();
+    assert!(generated.starts_with("lan_"), "{a:?}");
+    let a = lan_key(app, &key, Some(json!({"id": "k1"}))).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    assert_eq!((a.body["id"].as_str(), a.body["store_id"].as_str()), (Some("k1"), Some("s1")));
+    let lan = a.body["key"].as_str().expect("key").to_owned();
+    assert!(lan.starts_with("opl_") && a.body["created_at"].is_string(), "{a:?}");
+    assert_eq!(lan_key(app, &key, Some(json!({"id": "k1"}))).await.status, StatusCode::CONFLICT);
+    assert_eq!(lan_key(app, &key, Some(json!({"id": "no spaces"}))).await.status, StatusCode::BAD_REQUEST);
+    let a = app.call("POST", "/v1/stores/s9/lan-keys", Some(&key), None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+
+    // Listed without the key or its hash; not among the agent tokens.
+    let list = app.get("/v1/stores/s1/lan-keys", &key).await;
+    assert_eq!(list.status, StatusCode::OK, "{list:?}");
+    let keys = list.body["keys"].as_array().cloned().expect("keys");
+    let ids: Vec<&str> = keys.iter().filter_map(|k| k["id"].as_str()).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&"k1") && ids.contains(&generated.as_str()));
+    assert!(!list.body.to_string().contains(&lan), "never the key");
+    assert!(keys.iter().all(|k| k.get("key").is_none() && k.get("sha256").is_none() && k["revoked_at"].is_null()));
+    let tokens = app.get("/v1/stores/s1/agent-tokens", &key).await.body;
+    assert_eq!(tokens["tokens"].as_array().map(Vec::len), Some(1), "{tokens}");
+
+    // The agent gets the active keys' hashes, of the whole key string.
+    let a = app.get("/v1/agent/lan-keys", &agent.token).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let sha: String = sha2::Sha256::digest(lan.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let k1 = a.body["keys"].as_array().and_then(|ks| ks.iter().find(|k| k["id"] == "k1").cloned()).expect("k1");
+    assert_eq!(k1, json!({"id": "k1", "sha256": sha}));
+
+    // A LAN key is no credential at the broker: not as an agent token, not as a tenant key.
+    for (method, path, body) in [
+        ("POST", "/v1/agent/poll", Some(json!({"agent_id": "a9", "wait_ms": 0}))),
+        ("GET", "/v1/agent/lan-keys", None),
+        ("GET", "/v1/agent/directory", None),
+        ("POST", "/v1/agent/print-tasks", Some(order("X1", "x"))),
+        ("POST", "/v1/agent/offline-tasks", Some(json!({"agent_id": "a9", "tasks": []}))),
+        ("POST", "/v1/print-tasks", Some(order("X1", "x"))),
+        ("GET", "/v1/print-tasks", None),
+        ("GET", "/v1/stores/s1/lan-keys", None),
+    ] {
+        let a = app.call(method, path, Some(&lan), body).await;
+        assert_eq!((a.status, a.code()), (StatusCode::UNAUTHORIZED, "unauthorized"), "{method} {path}: {a:?}");
+    }
+
+    // Revoked: listed with the time, gone from the agent's list. Only through its own path.
+    let a = app.call("DELETE", "/v1/stores/s1/lan-keys/k1", Some(&key), None).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert!(a.body["revoked_at"].is_string(), "{a:?}");
+    let again = app.call("DELETE", "/v1/stores/s1/lan-keys/k1", Some(&key), None).await;
+    assert_eq!((again.status, &again.body["revoked_at"]), (StatusCode::OK, &a.body["revoked_at"]));
+    let token_id = tokens["tokens"][0]["id"].as_str().expect("token id").to_owned();
+    let a = app.call("DELETE", &format!("/v1/stores/s1/lan-keys/{token_id}"), Some(&key), None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "an agent token is no LAN key: {a:?}");
+    let a = app.call("DELETE", "/v1/stores/s1/agent-tokens/k1", Some(&key), None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "a LAN key is no agent token: {a:?}");
+    let a = app.get("/v1/agent/lan-keys", &agent.token).await;
+    let ids: Vec<&str> = a.body["keys"].as_array().into_iter().flatten().filter_map(|k| k["id"].as_str()).collect();
+    assert_eq!(ids, [generated.as_str()], "{a:?}");
+    assert_eq!(agent.poll_answer(app, 0).await.status, StatusCode::OK, "the agent token still works");
+
+    // Audited like agent tokens.
+    let events = app.get("/v1/setup-events", &key).await.body;
+    let lan_events: Vec<(String, String)> = events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["object_id"] == "k1")
+        .map(|e| (e["object_kind"].as_str().unwrap_or("").to_owned(), e["action"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    assert_eq!(lan_events, [("lan_key".into(), "revoke".into()), ("lan_key".into(), "create".into())], "{events}");
+}
+
+async fn the_directory_is_the_agents_store(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let a = app.post("/v1/stations", &key, json!({"id": "st1", "store_id": "s1", "printers": ["p2", "p1"]})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "w1", "store_id": "s1", "transport":
+                   {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "0123456789abcdef0123"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers/p2/disable",
+            &key,
+            json!({"operator": "alice", "reason": "paper jam, waiting for the technician"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let a = app.post("/v1/stores", &key, json!({"id": "s2", "name": "Harbour"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://192.0.2.11:9100"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+
+    let d = app.get("/v1/agent/directory", &agent.token).await;
+    assert_eq!(d.status, StatusCode::OK, "{d:?}");
+    assert_eq!(d.body["store_id"], "s1");
+    assert_eq!(
+        d.body["printers"],
+        json!([
+            {"printer_id": "p1", "printer_address": "tcp://192.0.2.10:9100", "enabled": true, "agent": true, "profile": null},
+            {"printer_id": "p2", "printer_address": "tcp://192.0.2.10:9100", "enabled": false, "agent": true, "profile": null},
+            {"printer_id": "w1", "printer_address": "", "enabled": true, "agent": false, "profile": null},
+        ]),
+        "{d:?}"
+    );
+    assert_eq!(d.body["stations"], json!([{"station_id": "st1", "printers": ["p2", "p1"]}]));
+    let types: Vec<&str> = d.body["print_types"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    assert_eq!(types[..4], ["refund", "receipt", "kitchen", "label"], "by priority: {d:?}");
+    assert_eq!(d.body["default_print_type"], "receipt");
+    assert_eq!(app.get("/v1/agent/directory", &key).await.status, StatusCode::UNAUTHORIZED);
+}
+
+async fn an_unknown_key_becomes_a_printed_task_under_the_lan_id_on_its_business_day(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    // Yesterday noon (UTC, the store's zone): the shop took the order while the broker was
+    // unreachable, and syncs it today.
+    let accepted_at = (now_ms() / DAY_MS - 1) * DAY_MS + DAY_MS / 2;
+    let id = lan_id(accepted_at, 1);
+    let report = printed(&id, accepted_at, "L-100", "two noodles");
+
+    let results = sync(app, &agent, vec![report.clone()]).await;
+    assert_eq!(results.len(), 1);
+    let r = &results[0];
+    assert_eq!((r["task_id"].as_str(), r["result"].as_str()), (Some(id.as_str()), Some("created")), "{r}");
+    assert_eq!((r["broker_task_id"].as_str(), r["state"].as_str()), (Some(id.as_str()), Some("printed")), "{r}");
+
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
+    assert_eq!(t.status, StatusCode::OK, "{t:?}");
+    assert_eq!((t.body["state"].as_str(), t.body["attempts"].as_i64()), (Some("printed"), Some(1)), "{t:?}");
+    assert_eq!((t.body["printer_id"].as_str(), t.body["biz_no"].as_str()), (Some("p1"), Some("L-100")));
+    let created = onceprint_engine::clock::rfc3339(accepted_at);
+    assert_eq!(t.body["created_at"].as_str(), Some(created.as_str()), "its business day is the acceptance time");
+
+    // The audit trail names the LAN path first, then the agent's journal.
+    let events = app.get(&format!("/v1/print-tasks/{id}/events"), &key).await.body;
+    let events = events["events"].as_array().cloned().expect("events");
+    assert_eq!(events[0]["actor"], "lan:k1@agent:s1", "{events:?}");
+    assert!(events[0]["reason"].as_str().unwrap_or("").contains("shop LAN"), "{events:?}");
+    assert!(events[0]["reason"].as_str().unwrap_or("").contains("unreachable"), "{events:?}");
+    let trail: Vec<(Value, Value, Value)> =
+        events.iter().map(|e| (e["from"].clone(), e["to"].clone(), e["actor"].clone())).collect();
+    assert_eq!(
+        trail,
+        [
+            (Value::Null, json!("pending"), json!("lan:k1@agent:s1")),
+            (json!("pending"), json!("sent"), json!("agent:a1")),
+            (json!("sent"), json!("printed"), json!("agent:a1")),
+        ]
+    );
+    let charges = app.store.ledger_entries(&id).await.expect("ledger");
+    assert_eq!(charges.iter().map(|e| (e.kind.as_str(), e.at)).collect::<Vec<_>>(), [("charge", accepted_at)]);
+
+    // Counted on its business day, not today.
+    let day = &created[..10];
+    let rep = app.get(&format!("/v1/stores/s1/reconciliation?date={day}"), &key).await;
+    assert_eq!(rep.status, StatusCode::OK, "{rep:?}");
+    assert_eq!((rep.body["counts"]["submitted"].as_i64(), rep.body["counts"]["printed"].as_i64()), (Some(1), Some(1)));
+    let today = onceprint_engine::clock::rfc3339(now_ms());
+    let rep = app.get(&format!("/v1/stores/s1/reconciliation?date={}", &today[..10]), &key).await;
+    assert_eq!(rep.body["counts"]["submitted"].as_i64(), Some(0), "{rep:?}");
+
+    // The agent retries until it has an answer: the same answer, nothing changes.
+    let again = sync(app, &agent, vec![report]).await;
+    assert_eq!(again[0]["result"], "created");
+    assert_eq!(again[0]["broker_task_id"], id.as_str());
+    assert_eq!(app.store.ledger_entries(&id).await.expect("ledger").len(), 1, "one charge");
+    let n = app.get(&format!("/v1/print-tasks/{id}/events"), &key).await.body["events"].as_array().map(Vec::len);
+    assert_eq!(n, Some(3));
+    // The POS's late retry to the cloud is the same task, already printed.
+    let a = app.submit(&key, order("L-100", "two noodles")).await;
+    assert_eq!(
+        (a.status, a.body["task_id"].as_str(), a.body["state"].as_str()),
+        (StatusCode::OK, Some(id.as_str()), Some("printed"))
+    );
+    assert_eq!(app.all_tasks(&key).await.len(), 1);
+    assert!(agent.poll(app, 0).await.is_empty(), "nothing to print again");
+}
+
+async fn a_known_key_merges_into_the_cloud_task_and_its_lan_id_answers_with_it(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    // The POS reached the cloud, timed out, and sent the same order to the agent's LAN
+    // listener, which printed it while the broker was unreachable from the shop.
+    let cloud = app.submit(&key, order("M-1", "one soup")).await;
+    assert_eq!(cloud.status, StatusCode::CREATED, "{cloud:?}");
+    let cloud_id = cloud.body["task_id"].as_str().expect("task_id").to_owned();
+    let accepted_at = now_ms() - 60_000;
+    let id = lan_id(accepted_at, 2);
+
+    let results = sync(app, &agent, vec![printed(&id, accepted_at, "M-1", "one soup")]).await;
+    let r = &results[0];
+    assert_eq!((r["result"].as_str(), r["broker_task_id"].as_str()), (Some("merged"), Some(cloud_id.as_str())), "{r}");
+    assert_eq!(r["state"], "printed");
+
+    // The LAN id answers with the merged task, and its trail says what happened.
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
+    assert_eq!(t.status, StatusCode::OK, "{t:?}");
+    assert_eq!((t.body["task_id"].as_str(), t.body["state"].as_str()), (Some(cloud_id.as_str()), Some("printed")));
+    let events = common::events_of(app, &key, &id).await;
+    assert_eq!(events.last().map(|e| (e.0.as_str(), e.1.as_str())), Some(("pending", "printed")), "{events:?}");
+    assert!(events
+        .last()
+        .is_some_and(|e| e.2.contains(&format!("printed offline by the store agent (LAN task {id})"))));
+    assert_eq!(events, common::events_of(app, &key, &cloud_id).await);
+    // One task, one charge; nothing for the broker to print any more.
+    assert_eq!(app.all_tasks(&key).await.len(), 1);
+    assert_eq!(app.store.ledger_entries(&cloud_id).await.expect("ledger").len(), 1);
+    assert!(app.store.ledger_entries(&id).await.expect("ledger").is_empty(), "no second charge");
+    assert!(agent.poll(app, 0).await.is_empty());
+    // The gate learnt the new state: a retry answers printed.
+    let a = app.submit(&key, order("M-1", "one soup")).await;
+    assert_eq!((a.status, a.body["state"].as_str()), (StatusCode::OK, Some("printed")), "{a:?}");
+    // Again: the same answer.
+    let again = sync(app, &agent, vec![printed(&id, accepted_at, "M-1", "one soup")]).await;
+    assert_eq!(
+        (again[0]["result"].as_str(), again[0]["broker_task_id"].as_str()),
+        (Some("merged"), Some(cloud_id.as_str()))
+    );
+    assert_eq!(common::events_of(app, &key, &cloud_id).await.len(), events.len());
+
+    // A task in flight at the agent that then printed it offline: its late ack changes
+    // nothing (a printed ack of a printed task is a duplicate).
+    let sent = app.submit(&key, order("M-2", "rice")).await;
+    let sent_id = sent.body["task_id"].as_str().expect("task_id").to_owned();
+    let d = agent.poll_until(app, std::time::Duration::from_secs(5)).await;
+    assert_eq!(common::task_of(&d[0]).0, sent_id);
+    let other = lan_id(accepted_at + 1, 3);
+    let r = sync(app, &agent, vec![printed(&other, accepted_at + 1, "M-2", "rice")]).await;
+    assert_eq!((r[0]["result"].as_str(), r[0]["state"].as_str()), (Some("merged"), Some("printed")), "{r:?}");
+    assert_eq!(agent.ack(app, &sent_id, 1, "printed").await, "duplicate");
+    assert_eq!(agent.ack(app, &sent_id, 1, "in_doubt").await, "stale");
+    let t = app.get(&format!("/v1/print-tasks/{sent_id}"), &key).await.body;
+    assert_eq!(t["state"], "printed");
+}
+
+async fn other_content_under_a_known_key_holds_the_cloud_task_and_prints_nothing(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let cloud = app.submit(&key, order("C-1", "table 3: noodles")).await;
+    let cloud_id = cloud.body["task_id"].as_str().expect("task_id").to_owned();
+    let accepted_at = now_ms() - 30_000;
+    let id = lan_id(accepted_at, 4);
+
+    let r = sync(app, &agent, vec![printed(&id, accepted_at, "C-1", "table 3: dumplings")]).await;
+    assert_eq!((r[0]["result"].as_str(), r[0]["broker_task_id"].as_str()), (Some("conflict"), Some(cloud_id.as_str())));
+    assert_eq!(r[0]["state"], "in_doubt", "{r:?}");
+    let t = app.get(&format!("/v1/print-tasks/{cloud_id}"), &key).await.body;
+    assert_eq!(t["state"], "in_doubt");
+    let attention = app.get("/v1/stores/s1/attention", &key).await.body;
+    assert!(attention.to_string().contains(&cloud_id), "on the attention list: {attention}");
+    let events = common::events_of(app, &key, &cloud_id).await;
+    assert!(
+        events.iter().any(|e| e.2.contains(&format!(
+            "conflicting content under one key: LAN task {id} accepted offline with other content"
+        ))),
+        "{events:?}"
+    );
+    // The LAN id still answers; nothing prints, nothing more is charged.
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
+    assert_eq!((t.status, t.body["task_id"].as_str()), (StatusCode::OK, Some(cloud_id.as_str())));
+    assert!(agent.poll(app, 0).await.is_empty(), "nothing prints");
+    assert!(app.store.ledger_entries(&id).await.expect("ledger").is_empty());
+    assert_eq!(app.all_tasks(&key).await.len(), 1);
+    let again = sync(app, &agent, vec![printed(&id, accepted_at, "C-1", "table 3: dumplings")]).await;
+    assert_eq!((again[0]["result"].as_str(), again[0]["state"].as_str()), (Some("conflict"), Some("in_doubt")));
+}
+
+async fn a_pending_task_joins_the_lane_and_is_delivered_to_the_agent(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let a = app.post("/v1/stations", &key, json!({"id": "st1", "store_id": "s1", "printers": ["p2", "p1"]})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let accepted_at = now_ms() - 10_000;
+    let id = lan_id(accepted_at, 5);
+    // Accepted on the LAN, not printed (the printer was out of paper, say).
+    let report = json!({
+        "task_id": id, "biz_no": "P-1", "printer_id": null, "station_id": "st1", "print_type": "kitchen",
+        "content": {"type": "text", "text": "one curry"},
+        "accepted_at": accepted_at, "lan_key_id": "k1", "printed_on": null,
+        "outcome": "pending", "attempts": 0, "detail": "", "history": [],
+    });
+    let r = sync(app, &agent, vec![report]).await;
+    assert_eq!((r[0]["result"].as_str(), r[0]["state"].as_str()), (Some("created"), Some("pending")), "{r:?}");
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await.body;
+    assert_eq!((t["printer_id"].as_str(), t["print_type"].as_str()), (Some("p2"), Some("kitchen")), "{t}");
+
+    let d = agent.poll_until(app, std::time::Duration::from_secs(5)).await;
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!((d[0]["task_id"].as_str(), d[0]["printer_id"].as_str()), (Some(id.as_str()), Some("p2")));
+    assert_eq!(agent.ack(app, &id, 1, "printed").await, "applied");
+    common::wait_state(app, &key, &id, "printed", std::time::Duration::from_secs(5)).await;
+    assert_eq!(app.store.ledger_entries(&id).await.expect("ledger").len(), 1);
+}
+
+async fn what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_400(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let a = app.post("/v1/stores", &key, json!({"id": "s2", "name": "Harbour"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "q1", "store_id": "s2", "transport": {"kind": "agent", "address": "tcp://192.0.2.11:9100"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let at = now_ms() - 5_000;
+    let mut unknown_printer = printed(&lan_id(at, 10), at, "R-1", "x");
+    unknown_printer["printer_id"] = json!("nope");
+    unknown_printer["printed_on"] = json!("nope");
+    let mut other_store = printed(&lan_id(at, 11), at, "R-2", "x");
+    other_store["printer_id"] = json!("q1");
+    other_store["printed_on"] = json!("q1");
+    let wrong_time = printed(&lan_id(at - 1, 12), at, "R-3", "x");
+    let mut no_biz_no = printed(&lan_id(at, 13), at, "R-4", "x");
+    no_biz_no["biz_no"] = json!("");
+    let mut other_printer = printed(&lan_id(at, 14), at, "R-5", "x");
+    other_printer["printed_on"] = json!("p2");
+    let mut bad_outcome = printed(&lan_id(at, 15), at, "R-6", "x");
+    bad_outcome["outcome"] = json!("lost");
+    let good = printed(&lan_id(at, 16), at, "R-7", "x");
+    let r = sync(
+        app,
+        &agent,
+        vec![unknown_printer, other_store, wrong_time, no_biz_no, other_printer, bad_outcome, good.clone()],
+    )
+    .await;
+    let results: Vec<&str> = r.iter().filter_map(|x| x["result"].as_str()).collect();
+    assert_eq!(results, ["rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "created"], "{r:?}");
+    assert!(r[..6].iter().all(|x| x["broker_task_id"].is_null() && !x["detail"].as_str().unwrap_or("").is_empty()));
+    assert!(r[1]["detail"].as_str().unwrap_or("").contains("no printer \"q1\" in store \"s1\""), "{r:?}");
+    assert_eq!(app.all_tasks(&key).await.len(), 1, "only the good one");
+
+    // A malformed request as a whole, or too many tasks, is 400 and takes nothing.
+    let a =
+        app.post("/v1/agent/offline-tasks", &agent.token, json!({"agent_id": "a1", "tasks": [{"task_id": 5}]})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+    let many: Vec<Value> = (0..501).map(|_| good.clone()).collect();
+    let a = app.post("/v1/agent/offline-tasks", &agent.token, json!({"agent_id": "a1", "tasks": many})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+    let a = app.post("/v1/agent/offline-tasks", &key, json!({"agent_id": "a1", "tasks": []})).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED, "a tenant key is no agent token");
+}
