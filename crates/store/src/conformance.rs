@@ -18,7 +18,10 @@ use crate::*;
 
 pub use crate::testing::Harness;
 
+mod device_log;
 mod idempotency;
+
+pub use device_log::{device_log_is_read_by_store_and_task_id_range, device_log_keeps_the_latest_record_per_task};
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 
@@ -44,7 +47,8 @@ macro_rules! conformance_tests {
             operators_log_in_with_sessions_that_can_be_revoked,
             retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again,
             one_holder_of_a_lease_at_a_time, expired_leases_go_to_the_next_holder_with_a_higher_token,
-            agent_sessions_merge_what_every_node_heard);
+            agent_sessions_merge_what_every_node_heard,
+            device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(
