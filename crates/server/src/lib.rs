@@ -191,7 +191,8 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
     use routes::{
-        agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+        agent, callbacks, cloudprnt, epson_sdp, journal_digest, manual, meta, operators, reconcile, render, setup,
+        tasks, webhooks,
     };
     Router::new()
         .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
@@ -234,6 +235,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/v1/agent/print-tasks", post(agent::submit))
+        .route("/v1/agent/journal-digest", post(journal_digest::journal_digest))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
         .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))

@@ -7,7 +7,8 @@ mod complete;
 mod rules;
 
 use crate::routes::{
-    agent, callbacks, cloudprnt, epson_sdp, manual, meta, operators, reconcile, render, setup, tasks, webhooks,
+    agent, callbacks, cloudprnt, epson_sdp, journal_digest, manual, meta, operators, reconcile, render, setup, tasks,
+    webhooks,
 };
 
 struct Security;
@@ -62,7 +63,7 @@ impl Modify for Security {
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
-        agent::poll, agent::acks, agent::status, agent::submit,
+        agent::poll, agent::acks, agent::status, agent::submit, journal_digest::journal_digest,
         operators::create_operator, operators::list_operators, operators::revoke_operator_sessions,
         operators::create_operator_session, operators::delete_operator_session,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,
