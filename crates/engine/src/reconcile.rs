@@ -193,10 +193,14 @@ impl Report {
 ///
 /// TODO(issue 14, LAN aliases): a task the agent accepted on the shop's LAN and the broker
 /// merged into an existing task is known to the broker under the existing id, with the
-/// agent's id as an alias (`task_aliases`, the offline sync's migration 18). Until that
-/// table is on this branch, a device record under such an alias finds no broker task and
-/// is listed with `broker_state` null; the lookup belongs here, resolving the aliases of
-/// the records' ids in the same read as the day's tasks.
+/// agent's id as an alias (`task_aliases`, migration 18 of the offline sync on the `sync`
+/// branch, read with `Store::task_alias(tenant, alias_id)`). Until that is on this branch,
+/// a device record under such an alias finds no broker task: it is listed in
+/// `device_printed_broker_not` with `broker_state` null, and the broker task it printed
+/// may be listed in `broker_printed_device_not`. The lookup belongs in [`reconcile`]:
+/// resolve the ids of the records that match no task of the day through `task_alias`
+/// (few, and only those), read the aliased tasks (`get_tasks`, tombstones for pruned
+/// ones), and hand this function the records keyed by the broker's task id as well.
 fn compare_device_log(
     tasks: &[Task],
     by_id: &HashMap<&str, &Task>,
