@@ -26,6 +26,7 @@ pub mod claimant;
 pub mod clock;
 pub mod cluster;
 pub mod content;
+pub mod device_log;
 pub mod directory;
 pub mod gate;
 pub mod ids;

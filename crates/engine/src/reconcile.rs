@@ -6,10 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use onceprint_core::{Millis, TaskId, TaskState};
-use onceprint_store::{LedgerEntry, OriginKind, Store, StoreError, Task};
+use onceprint_core::{delivery_key, Millis, TaskId, TaskState};
+use onceprint_store::{DeviceLogRecord, DeviceLogState, LedgerEntry, OriginKind, Store, StoreError, Task};
 use serde::Serialize;
 
+use crate::transport::{TransportConfig, TransportKind};
 use crate::tz::{self, Zone};
 
 /// A business day of a store, in milliseconds since the epoch: from the start of the local
@@ -83,6 +84,68 @@ pub struct LedgerSums {
     pub refunded_amount: i64,
 }
 
+/// Whether the store's agents reported a device log for the day (issue 14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceLogPresence {
+    /// No agent of the store uploaded a record for a task of the day: the device side
+    /// cannot be compared, so `broker_printed_device_not` is left empty (and its count
+    /// null) rather than listing every printed task.
+    None,
+    /// Records for the day's tasks were uploaded and compared.
+    Present,
+}
+
+/// Counts of the comparison with the device log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct DeviceCounts {
+    /// Device log records of the day's tasks (one per task: its latest).
+    pub records: u64,
+    /// Of those, the ones saying `printed`.
+    pub device_printed: u64,
+    /// Tasks of the day `printed` at the broker on printers the store agent drives
+    /// (transport `agent`).
+    pub broker_printed: u64,
+    /// Entries of `device_printed_broker_not`.
+    pub device_printed_broker_not: u64,
+    /// Entries of `broker_printed_device_not`; null when there is no device log for the day.
+    pub broker_printed_device_not: Option<u64>,
+}
+
+/// One task on which the device log and the broker disagree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct DeviceDifference {
+    pub task_id: String,
+    /// The idempotency key the job carried: as the device reported it, or, for a task the
+    /// device log does not have, as the broker sends it (`biz_no#printer_id`…).
+    pub key: String,
+    pub printer_id: String,
+    /// What the device log says (`printed`, `in_doubt`, `failed`); null when it has no
+    /// record of the task.
+    pub device_state: Option<String>,
+    /// The broker's state of the task; null when the broker has no task of this store's
+    /// day under this id.
+    pub broker_state: Option<String>,
+}
+
+/// What the device side of a day looks like, as [`compute`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceDay<'a> {
+    /// The device log records of the day's tasks (their ids in the day's range).
+    pub records: &'a [DeviceLogRecord],
+    /// The store's printers driven by the store agent: the only ones whose printed tasks
+    /// the device log can speak of.
+    pub agent_printers: &'a BTreeSet<String>,
+}
+
+impl DeviceDay<'static> {
+    /// A day without device log (and so without agent printers to compare).
+    pub fn none() -> DeviceDay<'static> {
+        static NO_PRINTERS: BTreeSet<String> = BTreeSet::new();
+        DeviceDay { records: &[], agent_printers: &NO_PRINTERS }
+    }
+}
+
 /// The reconciliation report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Report {
@@ -102,6 +165,16 @@ pub struct Report {
     /// Keys (`biz_no` + print type) printed by more than one task, reprints aside. Must
     /// be empty: anything here is a duplicate print.
     pub printed_more_than_once: Vec<String>,
+    /// Whether the store's agents uploaded a device log for the day's tasks.
+    pub device_log: DeviceLogPresence,
+    pub device_counts: DeviceCounts,
+    /// Tasks the device log says printed whose broker task is not `printed` (or that the
+    /// broker has no task of this day under), by task id.
+    pub device_printed_broker_not: Vec<DeviceDifference>,
+    /// Tasks `printed` at the broker on the store agent's printers that the device log
+    /// does not report printed (no record, or in doubt or failed), by task id. Empty when
+    /// `device_log` is `none`.
+    pub broker_printed_device_not: Vec<DeviceDifference>,
 }
 
 impl Report {
@@ -110,7 +183,74 @@ impl Report {
         !self.expected_not_printed.is_empty()
             || !self.printed_not_expected.is_empty()
             || !self.printed_more_than_once.is_empty()
+            || !self.device_printed_broker_not.is_empty()
+            || !self.broker_printed_device_not.is_empty()
     }
+}
+
+/// The day's tasks against the device log: what one side says printed and the other does
+/// not. Tasks are matched by task id.
+///
+/// The records come keyed by the broker's task id: [`reconcile`] has already put a record
+/// under a LAN task id that the broker merged into another task (`task_aliases`) under
+/// that task's id.
+fn compare_device_log(
+    tasks: &[Task],
+    by_id: &HashMap<&str, &Task>,
+    device: DeviceDay<'_>,
+) -> (DeviceLogPresence, DeviceCounts, Vec<DeviceDifference>, Vec<DeviceDifference>) {
+    let records: HashMap<&str, &DeviceLogRecord> = device.records.iter().map(|r| (r.task_id.as_str(), r)).collect();
+    let mut device_printed_broker_not: Vec<DeviceDifference> = device
+        .records
+        .iter()
+        .filter(|r| r.state == DeviceLogState::Printed)
+        .filter_map(|r| {
+            let broker = by_id.get(r.task_id.as_str()).map(|t| t.state);
+            (broker != Some(TaskState::Printed)).then(|| DeviceDifference {
+                task_id: r.task_id.clone(),
+                key: r.key.clone(),
+                printer_id: r.printer_id.clone(),
+                device_state: Some(r.state.as_str().to_owned()),
+                broker_state: broker.map(|s| s.as_str().to_owned()),
+            })
+        })
+        .collect();
+    device_printed_broker_not.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    let broker_printed: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Printed && device.agent_printers.contains(&t.printer_id))
+        .collect();
+    let presence = if device.records.is_empty() { DeviceLogPresence::None } else { DeviceLogPresence::Present };
+    let mut broker_printed_device_not: Vec<DeviceDifference> = match presence {
+        DeviceLogPresence::None => Vec::new(),
+        DeviceLogPresence::Present => broker_printed
+            .iter()
+            .filter_map(|t| {
+                let rec = records.get(t.task_id.as_str());
+                (rec.map(|r| r.state) != Some(DeviceLogState::Printed)).then(|| DeviceDifference {
+                    task_id: t.task_id.clone(),
+                    key: rec
+                        .map(|r| r.key.clone())
+                        .unwrap_or_else(|| delivery_key(&t.biz_no, &t.printer_id, &t.target, &t.print_type)),
+                    printer_id: t.printer_id.clone(),
+                    device_state: rec.map(|r| r.state.as_str().to_owned()),
+                    broker_state: Some(t.state.as_str().to_owned()),
+                })
+            })
+            .collect(),
+    };
+    broker_printed_device_not.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    let counts = DeviceCounts {
+        records: device.records.len() as u64,
+        device_printed: device.records.iter().filter(|r| r.state == DeviceLogState::Printed).count() as u64,
+        broker_printed: broker_printed.len() as u64,
+        device_printed_broker_not: device_printed_broker_not.len() as u64,
+        broker_printed_device_not: match presence {
+            DeviceLogPresence::None => None,
+            DeviceLogPresence::Present => Some(broker_printed_device_not.len() as u64),
+        },
+    };
+    (presence, counts, device_printed_broker_not, broker_printed_device_not)
 }
 
 /// Computes the report from the day's tasks and ledger entries.
@@ -121,6 +261,7 @@ pub fn compute(
     tasks: &[Task],
     ledger: &[LedgerEntry],
     expected: Option<&[String]>,
+    device: DeviceDay<'_>,
 ) -> Report {
     let by_id: HashMap<&str, &Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
     let mut counts = DayCounts::default();
@@ -185,6 +326,8 @@ pub fn compute(
         }
         None => (Vec::new(), Vec::new()),
     };
+    let (device_log, device_counts, device_printed_broker_not, broker_printed_device_not) =
+        compare_device_log(tasks, &by_id, device);
     Report {
         store_id: store_id.to_owned(),
         date: date.to_owned(),
@@ -199,6 +342,10 @@ pub fn compute(
             .filter(|(_, n)| *n > 1)
             .map(|((biz, pt), n)| format!("{biz} ({pt}) × {n}"))
             .collect(),
+        device_log,
+        device_counts,
+        device_printed_broker_not,
+        broker_printed_device_not,
     }
 }
 
@@ -240,7 +387,51 @@ pub async fn reconcile(
     let (mut tasks, pruned) = store.tasks_and_tombstones_created_between(tenant_id, store_id, &from_id, &to_id).await?;
     tasks.extend(pruned.into_iter().map(|b| b.task));
     let ledger = store.ledger_between(tenant_id, store_id, window.from, window.to).await?;
-    Ok(compute(store_id, date, zone.name(), &tasks, &ledger, expected))
+    // The device log of the same tasks: records under the day's id range. Which printers
+    // the agent drives is read as they are set up now; a printer moved to another
+    // transport during the day is judged by its new one.
+    let mut records = store.device_log_between(tenant_id, store_id, &from_id, &to_id).await?;
+    resolve_aliases(store, tenant_id, &tasks, &mut records).await?;
+    let agent_printers: BTreeSet<String> = store
+        .list_printers(tenant_id, Some(store_id))
+        .await?
+        .into_iter()
+        .filter(|p| TransportConfig::from_stored(&p.transport).is_some_and(|t| t.kind() == TransportKind::Agent))
+        .map(|p| p.id)
+        .collect();
+    let device = DeviceDay { records: &records, agent_printers: &agent_printers };
+    Ok(compute(store_id, date, zone.name(), &tasks, &ledger, expected, device))
+}
+
+/// Puts each device record whose task id is no task of the day but a LAN task id the broker
+/// merged into one of them (issue 14: the order reached the cloud and the shop) under that
+/// task's id, so that the device's "printed" under its own id counts for the broker's
+/// task. Only the few records that match no task are looked up. Of two records that end
+/// up under one task, the one that says most is kept (printed over in doubt over failed).
+async fn resolve_aliases(
+    store: &dyn Store,
+    tenant_id: &str,
+    tasks: &[Task],
+    records: &mut Vec<DeviceLogRecord>,
+) -> Result<(), ReconcileError> {
+    let known: std::collections::HashSet<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+    let mut moved = false;
+    for r in records.iter_mut() {
+        if known.contains(r.task_id.as_str()) {
+            continue;
+        }
+        if let Some(alias) = store.task_alias(tenant_id, &r.task_id).await? {
+            if known.contains(alias.task_id.as_str()) {
+                r.task_id = alias.task_id;
+                moved = true;
+            }
+        }
+    }
+    if moved {
+        records.sort_by(|a, b| a.task_id.cmp(&b.task_id).then(b.state.cmp(&a.state)));
+        records.dedup_by(|later, kept| later.task_id == kept.task_id);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -365,7 +556,7 @@ mod tests {
             LedgerEntry { task_id: "4".into(), tenant_id: "t".into(), kind: "refund".into(), amount: 1, at: 0 },
         ];
         let expected: Vec<String> = ["A1", "A2", "A3", "A4", "A5"].iter().map(|s| s.to_string()).collect();
-        let r = compute("s1", "2026-11-29", "+00:00", &tasks, &ledger, Some(&expected));
+        let r = compute("s1", "2026-11-29", "+00:00", &tasks, &ledger, Some(&expected), DeviceDay::none());
         assert_eq!(
             r.counts,
             DayCounts {
@@ -387,7 +578,125 @@ mod tests {
         assert!(r.has_differences());
         let dup =
             vec![task("1", "A1", Printed, None, None), task("8", "A1", Printed, Some(OriginKind::Failover), None)];
-        let r = compute("s1", "d", "+00:00", &dup, &[], None);
+        let r = compute("s1", "d", "+00:00", &dup, &[], None, DeviceDay::none());
         assert_eq!(r.printed_more_than_once, vec!["A1 (receipt) × 2"]);
+    }
+
+    fn device(task_id: &str, state: DeviceLogState) -> DeviceLogRecord {
+        DeviceLogRecord {
+            tenant_id: "t".into(),
+            store_id: "s1".into(),
+            task_id: task_id.into(),
+            key: format!("dev-{task_id}"),
+            printer_id: "p1".into(),
+            state,
+            at: 0,
+            agent_id: "a1".into(),
+            received_at: 0,
+        }
+    }
+
+    #[test]
+    fn the_device_log_against_the_broker() {
+        use TaskState::*;
+        let mut on_webhook = task("5", "W5", Printed, None, None);
+        on_webhook.printer_id = "hook".into();
+        let tasks = vec![
+            task("1", "A1", Printed, None, None),
+            task("2", "A#2", Printed, None, None),
+            task("3", "A3", Sent, None, None),
+            task("4", "A4", Printed, None, None),
+            on_webhook,
+            task("6", "A6", Closed, None, None),
+        ];
+        let agent_printers: BTreeSet<String> = ["p1".to_string()].into();
+
+        // Without any record the device side is unknown, not "nothing printed".
+        let r =
+            compute("s1", "d", "UTC", &tasks, &[], None, DeviceDay { records: &[], agent_printers: &agent_printers });
+        assert_eq!(r.device_log, DeviceLogPresence::None);
+        assert!(r.broker_printed_device_not.is_empty() && r.device_printed_broker_not.is_empty());
+        assert_eq!(
+            r.device_counts,
+            DeviceCounts {
+                records: 0,
+                device_printed: 0,
+                broker_printed: 3,
+                device_printed_broker_not: 0,
+                broker_printed_device_not: None
+            }
+        );
+        assert!(!r.has_differences());
+
+        use DeviceLogState as D;
+        // 1 agrees; 2 has no record; 3 printed on the device, sent at the broker; 4 is in
+        // doubt on the device; 6 was closed by an operator; 9 is unknown to the broker; 5
+        // went to a webhook printer, which no agent speaks for.
+        let records = vec![
+            device("1", D::Printed),
+            device("3", D::Printed),
+            device("4", D::InDoubt),
+            device("6", D::Printed),
+            device("9", D::Printed),
+        ];
+        let r = compute(
+            "s1",
+            "d",
+            "UTC",
+            &tasks,
+            &[],
+            None,
+            DeviceDay { records: &records, agent_printers: &agent_printers },
+        );
+        assert_eq!(r.device_log, DeviceLogPresence::Present);
+        let diff = |t: &str, key: &str, dev: Option<&str>, broker: Option<&str>| DeviceDifference {
+            task_id: t.into(),
+            key: key.into(),
+            printer_id: "p1".into(),
+            device_state: dev.map(str::to_owned),
+            broker_state: broker.map(str::to_owned),
+        };
+        assert_eq!(
+            r.device_printed_broker_not,
+            vec![
+                diff("3", "dev-3", Some("printed"), Some("sent")),
+                diff("6", "dev-6", Some("printed"), Some("closed")),
+                diff("9", "dev-9", Some("printed"), None),
+            ]
+        );
+        assert_eq!(
+            r.broker_printed_device_not,
+            vec![
+                // The broker's own key, with the `#` of the business number escaped.
+                diff("2", "A%232#p1", None, Some("printed")),
+                diff("4", "dev-4", Some("in_doubt"), Some("printed")),
+            ]
+        );
+        assert_eq!(
+            r.device_counts,
+            DeviceCounts {
+                records: 5,
+                device_printed: 4,
+                broker_printed: 3,
+                device_printed_broker_not: 3,
+                broker_printed_device_not: Some(2)
+            }
+        );
+        assert!(r.has_differences());
+
+        // A day on which both agree.
+        let records = vec![device("1", D::Printed), device("2", D::Printed), device("4", D::Printed)];
+        let r = compute(
+            "s1",
+            "d",
+            "UTC",
+            &tasks[..4],
+            &[],
+            None,
+            DeviceDay { records: &records, agent_printers: &agent_printers },
+        );
+        assert!(r.device_printed_broker_not.is_empty() && r.broker_printed_device_not.is_empty(), "{r:?}");
+        assert_eq!(r.device_counts.broker_printed_device_not, Some(0));
+        assert!(!r.has_differences());
     }
 }

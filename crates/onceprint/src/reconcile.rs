@@ -82,6 +82,8 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
             l.starts_with("expected_not_printed,")
                 || l.starts_with("printed_not_expected,")
                 || l.starts_with("printed_more_than_once,")
+                || l.starts_with("device_printed_broker_not,")
+                || l.starts_with("broker_printed_device_not,")
         });
         return Ok(!differs);
     }
@@ -117,8 +119,40 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
             }
         }
     }
-    let differs = ["expected_not_printed", "printed_not_expected", "printed_more_than_once"]
-        .iter()
-        .any(|k| report[*k].as_array().is_some_and(|a| !a.is_empty()));
+    // The device log's differences (issue 14): one line per task, with what each side says.
+    if !args.json {
+        if report["device_log"] == "none" {
+            println!("device log: none uploaded for this day");
+        }
+        for (key, title) in [
+            ("device_printed_broker_not", "printed by the device, not by the broker"),
+            ("broker_printed_device_not", "printed by the broker, not in the device log"),
+        ] {
+            let list = report[key].as_array().cloned().unwrap_or_default();
+            if !list.is_empty() {
+                println!("{title} ({}):", list.len());
+            }
+            for d in list {
+                let text = |f: &str| d[f].as_str().unwrap_or("-").to_owned();
+                println!(
+                    "  {} {} on {}: device {}, broker {}",
+                    text("task_id"),
+                    text("key"),
+                    text("printer_id"),
+                    text("device_state"),
+                    text("broker_state")
+                );
+            }
+        }
+    }
+    let differs = [
+        "expected_not_printed",
+        "printed_not_expected",
+        "printed_more_than_once",
+        "device_printed_broker_not",
+        "broker_printed_device_not",
+    ]
+    .iter()
+    .any(|k| report[*k].as_array().is_some_and(|a| !a.is_empty()));
     Ok(!differs)
 }

@@ -808,3 +808,41 @@ pub struct WatchedOut {
     /// `tcp://HOST:PORT`.
     pub printer_address: String,
 }
+
+/// A store agent's device log digest (issue 14): each task's latest journal record.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JournalDigestIn {
+    pub agent_id: String,
+    /// The agent process's session, as in its polls; checked, not needed.
+    pub session: Option<String>,
+    /// At most 5000 records; may be empty.
+    pub records: Vec<DigestRecordIn>,
+}
+
+/// One task's latest record in the agent's journal.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DigestRecordIn {
+    /// The task id the agent printed under: a broker task id, or one the agent minted for
+    /// a task accepted on the shop's LAN.
+    pub task_id: String,
+    /// The idempotency key the job carried to the printer (`biz_no#printer_id`…).
+    pub key: String,
+    pub printer_id: String,
+    /// `printed`, `in_doubt`, or `failed` (the last record was a blocker or an error).
+    pub state: String,
+    /// When the agent journaled the record: milliseconds since the epoch, by its clock.
+    #[serde(deserialize_with = "integral::required")]
+    pub at: i64,
+}
+
+/// What the broker did with a digest.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JournalDigestOut {
+    /// Records in the request: all of them were checked and taken into account.
+    pub accepted: u64,
+    /// Stored records the request added or replaced with a later one (0 for a digest sent
+    /// again).
+    pub changed: u64,
+}

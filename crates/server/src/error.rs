@@ -173,6 +173,16 @@ impl From<IntakeError> for ApiError {
     }
 }
 
+impl From<onceprint_engine::device_log::DigestError> for ApiError {
+    fn from(e: onceprint_engine::device_log::DigestError) -> Self {
+        use onceprint_engine::device_log::DigestError;
+        match e {
+            DigestError::Invalid(c) => c.into(),
+            DigestError::Store(s) => s.into(),
+        }
+    }
+}
+
 impl From<ZoneError> for ApiError {
     /// A `timezone` the broker does not know. The message names the field and gives
     /// examples of what is accepted.

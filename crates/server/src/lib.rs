@@ -193,8 +193,8 @@ pub async fn settle_admin_token(store: &dyn Store, given: Option<&str>) -> Resul
 /// Builds the router with all routes and middleware.
 pub fn router(state: AppState) -> Router {
     use routes::{
-        agent, callbacks, cloudprnt, epson_sdp, manual, meta, offline, operators, reconcile, render, setup, tasks,
-        webhooks,
+        agent, callbacks, cloudprnt, epson_sdp, journal_digest, manual, meta, offline, operators, reconcile, render,
+        setup, tasks, webhooks,
     };
     Router::new()
         .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
@@ -242,6 +242,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/lan-keys", get(offline::lan_keys))
         .route("/v1/agent/directory", get(offline::directory))
         .route("/v1/agent/offline-tasks", post(offline::offline_tasks))
+        .route("/v1/agent/journal-digest", post(journal_digest::journal_digest))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
         .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))

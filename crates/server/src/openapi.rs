@@ -7,7 +7,8 @@ mod complete;
 mod rules;
 
 use crate::routes::{
-    agent, callbacks, cloudprnt, epson_sdp, manual, meta, offline, operators, reconcile, render, setup, tasks, webhooks,
+    agent, callbacks, cloudprnt, epson_sdp, journal_digest, manual, meta, offline, operators, reconcile, render, setup,
+    tasks, webhooks,
 };
 
 struct Security;
@@ -65,6 +66,7 @@ impl Modify for Security {
         tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks, agent::status, agent::submit,
         offline::lan_keys, offline::directory, offline::offline_tasks,
+        journal_digest::journal_digest,
         operators::create_operator, operators::list_operators, operators::revoke_operator_sessions,
         operators::create_operator_session, operators::delete_operator_session,
         manual::reprint, manual::mark_printed, manual::cancel, manual::transfer, manual::attention,

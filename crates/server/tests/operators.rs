@@ -19,6 +19,7 @@ both_backends!(
     console_login_sets_strict_cookies_and_a_new_session_every_time,
     console_actions_need_the_csrf_token_and_an_allowed_state,
     staff_of_one_store_cannot_open_another_stores_tickets,
+    the_consoles_day_shows_the_device_log_differences,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -470,4 +471,45 @@ async fn an_expired_console_session_goes_back_to_login() {
     let login = b.get(&page.location).await;
     assert!(login.body.contains("session ended"), "the login page says why");
     app.stop().await;
+}
+
+/// The console's reconciliation page lists the device log's differences (issue 14), and
+/// says when the day has no device log at all.
+async fn the_consoles_day_shows_the_device_log_differences(app: &TestApp) {
+    let key = setup(app).await;
+    let agent = Agent::new(app, &key, "a1", "s").await;
+    let made = app.submit(&key, order("D1", "D1")).await;
+    let task = made.body["task_id"].as_str().expect("task").to_owned();
+    let d = agent.poll_until(app, Duration::from_secs(5)).await;
+    assert_eq!(agent.ack(app, &task, d[0]["attempt"].as_i64().unwrap_or(1), "printed").await, "applied");
+
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let page = b.get("/console/stores/s1/reconciliation").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("uploaded no device log for this day"), "{}", page.body);
+
+    // The device log names another task of the day, which the broker never printed.
+    let lan = format!("{}{}", &task[..25], if task.ends_with('0') { '1' } else { '0' });
+    let up = app
+        .post(
+            "/v1/agent/journal-digest",
+            &agent.token,
+            json!({"agent_id": "a1", "records": [
+                {"task_id": lan, "key": "L1#p1", "printer_id": "p1", "state": "printed", "at": 1}]}),
+        )
+        .await;
+    assert_eq!(up.status, StatusCode::OK, "{up:?}");
+    let page = b.get("/console/stores/s1/reconciliation").await;
+    assert!(!page.body.contains("uploaded no device log"), "{}", page.body);
+    for text in [
+        "Printed by the device, not by the broker&#39;s account",
+        "Printed by the broker&#39;s account, not in the device log",
+        &lan,
+        &task,
+        "L1#p1",
+        "D1#p1",
+    ] {
+        assert!(page.body.contains(text), "{text} in {}", page.body);
+    }
 }

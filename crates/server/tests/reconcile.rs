@@ -93,7 +93,13 @@ async fn a_day_with_missing_unexpected_and_reprinted_orders(app: &TestApp) {
         "expected": 5,
         "expected_not_printed": ["O3", "O4", "O5"],
         "printed_not_expected": ["X9"],
-        "printed_more_than_once": []
+        "printed_more_than_once": [],
+        // No agent uploaded a device log (tests/device_log.rs has days with one).
+        "device_log": "none",
+        "device_counts": {"records": 0, "device_printed": 0, "broker_printed": 4,
+                          "device_printed_broker_not": 0, "broker_printed_device_not": null},
+        "device_printed_broker_not": [],
+        "broker_printed_device_not": []
     });
     assert_eq!(got.body, expected);
 

@@ -19,6 +19,7 @@
 
 mod alerts;
 mod delivery;
+mod device_log;
 mod error;
 pub mod migrations;
 pub mod notify;
@@ -767,6 +768,25 @@ impl Store for PostgresStore {
     ) -> StoreResult<Vec<LedgerEntry>> {
         let client = self.client().await?;
         reconcile::ledger_between(&client, tenant_id, store_id, from, to).await
+    }
+
+    async fn put_device_log(&self, records: &[DeviceLogRecord]) -> StoreResult<u64> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let client = self.client().await?;
+        device_log::put_device_log(&client, records).await
+    }
+
+    async fn device_log_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<DeviceLogRecord>> {
+        let client = self.client().await?;
+        device_log::device_log_between(&client, tenant_id, store_id, from_id, to_id).await
     }
 
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {

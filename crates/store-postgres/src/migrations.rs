@@ -45,6 +45,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (16, V16_LANE_FIGURES),
     (17, V17_STORE_INDEXES),
     (18, V18_OFFLINE),
+    (19, V19_DEVICE_LOG),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -580,6 +581,27 @@ CREATE TABLE task_aliases (
     created_at BIGINT NOT NULL
 );
 CREATE INDEX task_aliases_by_task ON task_aliases (task_id);
+"#;
+
+/// The device log digest (issue 14): each store agent reports every task's latest journal
+/// record, kept as one row per (tenant, store, task id) and replaced by a later record.
+/// Reconciliation reads a store's rows by task id range, which is the primary key; the ids
+/// compare in the "C" collation as `tasks.id` does, so the range is the creation-time range
+/// of the tasks. A new table only: brokers of the previous version never read it.
+const V19_DEVICE_LOG: &str = r#"
+CREATE TABLE device_log (
+    tenant_id   TEXT NOT NULL,
+    store_id    TEXT NOT NULL,
+    task_id     TEXT COLLATE "C" NOT NULL,
+    key         TEXT NOT NULL,
+    printer_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    at          BIGINT NOT NULL,
+    agent_id    TEXT NOT NULL,
+    received_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, store_id, task_id),
+    FOREIGN KEY (tenant_id, store_id) REFERENCES stores (tenant_id, id)
+);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -17,6 +17,7 @@
 //! caller before the commit that carries its write.
 
 pub mod backup;
+mod device_log;
 mod offline;
 mod operators;
 mod retention;
@@ -740,6 +741,25 @@ impl Store for SqliteStore {
     ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)> {
         let (t, s, f, to) = (tenant_id.to_owned(), store_id.to_owned(), from_id.to_owned(), to_id.to_owned());
         self.read(move |c| retention::tasks_and_tombstones_created_between(c, &t, &s, &f, &to)).await
+    }
+
+    async fn put_device_log(&self, records: &[DeviceLogRecord]) -> StoreResult<u64> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let records = records.to_vec();
+        self.write(move |c| device_log::put_device_log(c, &records)).await
+    }
+
+    async fn device_log_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<DeviceLogRecord>> {
+        let (t, s, f, to) = (tenant_id.to_owned(), store_id.to_owned(), from_id.to_owned(), to_id.to_owned());
+        self.read(move |c| device_log::device_log_between(c, &t, &s, &f, &to)).await
     }
 
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook> {

@@ -411,4 +411,24 @@ CREATE TABLE task_aliases (
 );
 CREATE INDEX task_aliases_by_task ON task_aliases(task_id);
 "#,
+    // 18 here (19 on PostgreSQL): the device log digest (issue 14). Each store agent reports every
+    // task's latest journal record; one row per (tenant, store, task id), replaced by a
+    // later record. Reconciliation reads a store's rows by task id range (ids sort by
+    // creation time), which is the primary key. A new table only, so a broker of the
+    // previous version opened on this file after a downgrade is unaffected.
+    r#"
+CREATE TABLE device_log (
+    tenant_id   TEXT NOT NULL,
+    store_id    TEXT NOT NULL,
+    task_id     TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    printer_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    at          INTEGER NOT NULL,
+    agent_id    TEXT NOT NULL,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, store_id, task_id),
+    FOREIGN KEY (tenant_id, store_id) REFERENCES stores(tenant_id, id)
+) WITHOUT ROWID;
+"#,
 ];

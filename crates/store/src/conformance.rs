@@ -18,8 +18,11 @@ use crate::*;
 
 pub use crate::testing::Harness;
 
+mod device_log;
 mod idempotency;
 mod offline;
+
+pub use device_log::{device_log_is_read_by_store_and_task_id_range, device_log_keeps_the_latest_record_per_task};
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 pub use offline::{
@@ -52,7 +55,8 @@ macro_rules! conformance_tests {
             agent_sessions_merge_what_every_node_heard,
             lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
             an_unknown_key_becomes_a_task_under_the_lan_id,
-            a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules);
+            a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+            device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(

@@ -329,6 +329,26 @@ pub trait Store: Send + Sync + 'static {
         to_id: &str,
     ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)>;
 
+    /// Stores store agents' device log records (issue 14), one row per (tenant, store,
+    /// task id), in one transaction: a record replaces the stored one only when it
+    /// [supersedes](DeviceLogRecord::supersedes) it, so uploading the same records again
+    /// changes nothing and the outcome does not depend on the order of uploads. Several
+    /// records of one task in the call are merged the same way. Returns how many rows were
+    /// inserted or replaced.
+    async fn put_device_log(&self, records: &[DeviceLogRecord]) -> StoreResult<u64>;
+
+    /// A store's device log records whose task id lies in `[from_id, to_id)`, by task id:
+    /// the records of the tasks created in a time range, as for
+    /// [`Store::tasks_created_between`] (an agent's ids for tasks it accepted on the shop's
+    /// LAN sort by their acceptance time too).
+    async fn device_log_between(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        from_id: &str,
+        to_id: &str,
+    ) -> StoreResult<Vec<DeviceLogRecord>>;
+
     /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
     /// When `online` flips, a `printer.online` / `printer.offline` alert is written to the
     /// outbox in the same transaction.

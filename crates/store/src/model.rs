@@ -1008,3 +1008,90 @@ pub struct TaskAlias {
     pub kind: onceprint_core::offline::AliasKind,
     pub created_at: Millis,
 }
+
+/// What a store agent's journal says happened to a task in the end (issue 14, the device
+/// log digest), as the agent reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceLogState {
+    /// The last record for the task was a blocker (no paper, cover open, paper jam,
+    /// offline) or an error.
+    Failed,
+    /// The agent cannot know whether the printer printed it.
+    InDoubt,
+    /// The printer confirmed it.
+    Printed,
+}
+
+impl DeviceLogState {
+    pub const ALL: [DeviceLogState; 3] = [DeviceLogState::Printed, DeviceLogState::InDoubt, DeviceLogState::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceLogState::Printed => "printed",
+            DeviceLogState::InDoubt => "in_doubt",
+            DeviceLogState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DeviceLogState> {
+        DeviceLogState::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+/// One task's latest record in a store agent's journal (issue 14), kept per (tenant, store,
+/// task id): what the device side says of the task, for reconciliation against the
+/// broker's own state. It changes no task; it is only compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceLogRecord {
+    pub tenant_id: String,
+    pub store_id: String,
+    /// The task id the agent printed under (a broker task id, or the id the agent minted
+    /// for a task accepted on the shop's LAN).
+    pub task_id: String,
+    /// The idempotency key the job carried to the printer.
+    pub key: String,
+    pub printer_id: String,
+    pub state: DeviceLogState,
+    /// When the agent journaled the record, by the agent's clock.
+    pub at: Millis,
+    /// The agent that reported it last.
+    pub agent_id: String,
+    /// When the broker stored it, by the broker's clock.
+    pub received_at: Millis,
+}
+
+impl DeviceLogRecord {
+    /// Whether `self` is a later word on its task than `other`: the later `at` wins, and at
+    /// the same instant the stronger state (printed over in doubt over failed, since a
+    /// printer's confirmation is the truth). Two records where neither is later are the
+    /// same word, and the one stored first stays. Backends apply the same order in their
+    /// upsert, so the stored record does not depend on the order uploads arrive in.
+    pub fn supersedes(&self, other: &DeviceLogRecord) -> bool {
+        (self.at, self.state) > (other.at, other.state)
+    }
+
+    /// The records of `records` that can be stored together: for each (tenant, store, task
+    /// id), the one that [supersedes](DeviceLogRecord::supersedes) the others (the first of
+    /// equals), in the order the tasks first appear. A backend's single upsert statement
+    /// must not name one row twice.
+    pub fn latest_per_task(records: &[DeviceLogRecord]) -> Vec<DeviceLogRecord> {
+        let mut at: std::collections::HashMap<(&str, &str, &str), usize> = std::collections::HashMap::new();
+        let mut out: Vec<DeviceLogRecord> = Vec::with_capacity(records.len());
+        for r in records {
+            match at.entry((&r.tenant_id, &r.store_id, &r.task_id)) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    let kept = &mut out[*e.get()];
+                    if r.supersedes(kept) {
+                        *kept = r.clone();
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(out.len());
+                    out.push(r.clone());
+                }
+            }
+        }
+        out
+    }
+}

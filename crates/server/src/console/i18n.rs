@@ -228,6 +228,21 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("recon.twice", "Printed more than once", "重复打印"),
     ("recon.expected_not_printed", "Expected but not printed", "应打未打"),
     ("recon.printed_not_expected", "Printed but not expected", "多打"),
+    (
+        "recon.device_printed_broker_not",
+        "Printed by the device, not by the broker's account",
+        "设备已打印，平台未记为已打印",
+    ),
+    (
+        "recon.broker_printed_device_not",
+        "Printed by the broker's account, not in the device log",
+        "平台记为已打印，设备日志未记录",
+    ),
+    (
+        "recon.no_device_log",
+        "The store's agents uploaded no device log for this day.",
+        "门店代理未上传当日的设备日志。",
+    ),
     ("recon.timezone", "Time zone", "时区"),
     ("operators.title", "Operators", "操作员"),
     ("operators.create", "New operator", "新建操作员"),

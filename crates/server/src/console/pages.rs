@@ -761,6 +761,30 @@ pub async fn reconciliation(
         }
         body.push_str("</ul>");
     }
+    // The device log (issue 14): one line per task, with what each side says.
+    for (key, list) in [
+        ("recon.device_printed_broker_not", &r.device_printed_broker_not),
+        ("recon.broker_printed_device_not", &r.broker_printed_device_not),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        body.push_str(&format!("<h3>{}</h3><ul>", esc(lang.t(key))));
+        for d in list {
+            body.push_str(&format!(
+                "<li><code>{}</code> {} · {} · {} / {}</li>",
+                esc(&d.task_id),
+                esc(&d.key),
+                esc(&d.printer_id),
+                esc(d.device_state.as_deref().unwrap_or("–")),
+                esc(d.broker_state.as_deref().unwrap_or("–"))
+            ));
+        }
+        body.push_str("</ul>");
+    }
+    if r.device_log == onceprint_engine::reconcile::DeviceLogPresence::None {
+        body.push_str(&format!("<p class=\"fine\">{}</p>", esc(lang.t("recon.no_device_log"))));
+    }
     body.push_str("</section>");
     let path = format!("{base}/reconciliation?date={}", url_encode(&date));
     let rr = Render {

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod callbacks;
 pub mod cloudprnt;
 pub mod epson_sdp;
+pub mod journal_digest;
 pub mod manual;
 pub mod meta;
 pub mod offline;

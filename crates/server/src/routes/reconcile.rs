@@ -6,7 +6,7 @@ use crate::extract::{Path, Query};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use onceprint_engine::reconcile::{reconcile, ReconcileError, Report};
+use onceprint_engine::reconcile::{reconcile, DeviceLogPresence, ReconcileError, Report};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorBody};
@@ -91,7 +91,43 @@ pub fn report_csv(r: &Report) -> String {
     for b in &r.printed_more_than_once {
         row("printed_more_than_once", b, String::new());
     }
+    // The device log (issue 14): whether there is one, its counts, then one row per
+    // difference with the task id as the item and the rest as `name=value` pairs. The key
+    // comes last, since a business number may hold any character but a control one.
+    row("device_log", "status", device_log_status(r.device_log).to_owned());
+    let d = &r.device_counts;
+    row("device_count", "records", d.records.to_string());
+    row("device_count", "device_printed", d.device_printed.to_string());
+    row("device_count", "broker_printed", d.broker_printed.to_string());
+    row("device_count", "device_printed_broker_not", d.device_printed_broker_not.to_string());
+    row(
+        "device_count",
+        "broker_printed_device_not",
+        d.broker_printed_device_not.map(|n| n.to_string()).unwrap_or_default(),
+    );
+    for (section, list) in [
+        ("device_printed_broker_not", &r.device_printed_broker_not),
+        ("broker_printed_device_not", &r.broker_printed_device_not),
+    ] {
+        for e in list {
+            let value = format!(
+                "printer_id={};device_state={};broker_state={};key={}",
+                e.printer_id,
+                e.device_state.as_deref().unwrap_or(""),
+                e.broker_state.as_deref().unwrap_or(""),
+                e.key
+            );
+            row(section, &e.task_id, value);
+        }
+    }
     out
+}
+
+fn device_log_status(p: DeviceLogPresence) -> &'static str {
+    match p {
+        DeviceLogPresence::None => "none",
+        DeviceLogPresence::Present => "present",
+    }
 }
 
 fn answer(report: Report, headers: &HeaderMap) -> Response {
@@ -116,8 +152,11 @@ pub(crate) fn map_err(e: ReconcileError) -> ApiError {
     }
 }
 
-/// The store's day: counts, charges and refunds, and any business number printed more
-/// than once (which must never happen).
+/// The store's day: counts, charges and refunds, any business number printed more than
+/// once (which must never happen), and the day's tasks against the store agents' device
+/// log (`POST /v1/agent/journal-digest`): printed by the device but not at the broker, and
+/// printed at the broker on the agent's printers but not by the device (only when a device
+/// log for the day exists: `device_log` says `none` otherwise).
 #[utoipa::path(get, path = "/v1/stores/{id}/reconciliation", tag = "reconciliation", security(("tenant" = []), ("operator" = [])),
     params(("id" = String, Path), DateParam),
     responses((status = 200, body = Report, description = "JSON, or CSV with `Accept: text/csv`"),
