@@ -291,38 +291,70 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
                 return;
             }
         };
-        let ids: Vec<String> = batch.iter().map(|t| t.task_id.clone()).collect();
-        let body = UploadRequest { agent_id, tasks: batch.into_iter().map(upload_task).collect() };
-        match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
-            Ok(answer) => {
-                let mut done = Vec::with_capacity(answer.results.len());
-                for r in answer.results {
-                    if r.result == "rejected" || r.result == "conflict" {
-                        tracing::warn!(task_id = %r.task_id, result = %r.result, detail = ?r.detail, "offline task synced: the broker could not take it as it was");
-                    } else {
-                        tracing::info!(task_id = %r.task_id, result = %r.result, broker_task_id = ?r.broker_task_id, "offline task synced");
+        // The broker takes at most 1 MiB per request: a batch of large tickets goes in
+        // several requests.
+        let chunks = chunks_by_size(batch.into_iter().map(upload_task).collect(), MAX_BODY_BYTES);
+        let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
+        for chunk in chunks {
+            let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
+            let body = UploadRequest { agent_id, tasks: chunk };
+            match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
+                Ok(answer) => {
+                    let mut done = Vec::with_capacity(answer.results.len());
+                    for r in answer.results {
+                        if r.result == "rejected" || r.result == "conflict" {
+                            tracing::warn!(task_id = %r.task_id, result = %r.result, detail = ?r.detail, "offline task synced: the broker could not take it as it was");
+                        } else {
+                            tracing::info!(task_id = %r.task_id, result = %r.result, broker_task_id = ?r.broker_task_id, "offline task synced");
+                        }
+                        done.push((r.task_id, r.result, r.broker_task_id));
                     }
-                    done.push((r.task_id, r.result, r.broker_task_id));
+                    let answered: HashSet<String> = done.iter().map(|d| d.0.clone()).collect();
+                    left.retain(|id| !answered.contains(id));
+                    if let Err(e) = outbox.synced(done).await {
+                        tracing::error!(error = %e, "offline outbox: cannot record the sync; it is sent again");
+                    }
+                    if ids.iter().any(|id| !answered.contains(id)) {
+                        break;
+                    }
                 }
-                let answered: HashSet<String> = done.iter().map(|d| d.0.clone()).collect();
-                let missing: Vec<String> = ids.into_iter().filter(|id| !answered.contains(id)).collect();
-                if let Err(e) = outbox.synced(done).await {
-                    tracing::error!(error = %e, "offline outbox: cannot record the sync; it is sent again");
-                }
-                if !missing.is_empty() {
-                    let _ = outbox.sync_failed(missing).await;
-                    return;
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not upload offline tasks; trying again");
+                    break;
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not upload offline tasks; trying again");
-                if let Err(e) = outbox.sync_failed(ids).await {
-                    tracing::error!(error = %e, "offline outbox: cannot give the tasks back to the local lane");
-                }
-                return;
+        }
+        if !left.is_empty() {
+            if let Err(e) = outbox.sync_failed(left).await {
+                tracing::error!(error = %e, "offline outbox: cannot give the tasks back to the local lane");
+            }
+            return;
+        }
+    }
+}
+
+/// The broker's body limit (1 MiB), with room for the envelope.
+const MAX_BODY_BYTES: usize = 900 * 1024;
+
+/// `items` in consecutive groups whose JSON stays under `max_bytes` (an item larger than
+/// that goes alone: the broker then says what it thinks of it).
+fn chunks_by_size<T: Serialize>(items: Vec<T>, max_bytes: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut size = 0;
+    for item in items {
+        let n = serde_json::to_vec(&item).map(|v| v.len() + 1).unwrap_or(0);
+        match out.last_mut() {
+            Some(last) if !last.is_empty() && size + n <= max_bytes => {
+                size += n;
+                last.push(item);
+            }
+            _ => {
+                size = n;
+                out.push(vec![item]);
             }
         }
     }
+    out
 }
 
 /// One record of `POST /v1/agent/journal-digest`.
@@ -376,7 +408,14 @@ pub(crate) async fn run_digest(
             })
             .collect();
         let mut all_sent = true;
-        for chunk in digest.chunks(DIGEST_BATCH) {
+        let mut chunks: Vec<Vec<DigestRecord>> = Vec::new();
+        for part in chunks_by_size(digest, MAX_BODY_BYTES) {
+            let mut part = part.into_iter().peekable();
+            while part.peek().is_some() {
+                chunks.push(part.by_ref().take(DIGEST_BATCH).collect());
+            }
+        }
+        for chunk in &chunks {
             let body = DigestRequest { agent_id: &agent_id, records: chunk };
             if let Err(e) =
                 client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, Duration::from_secs(30)).await
@@ -402,6 +441,15 @@ pub(crate) async fn run_digest(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uploads_are_split_under_the_body_limit() {
+        let items: Vec<String> = (0..10).map(|i| format!("{i:0>100}")).collect();
+        let chunks = chunks_by_size(items.clone(), 310);
+        assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 3, 1]);
+        assert_eq!(chunks.concat(), items, "in order, nothing lost");
+        assert_eq!(chunks_by_size(vec!["x".repeat(500)], 310).len(), 1, "a large item goes alone");
+    }
 
     #[test]
     fn the_printer_is_read_from_the_delivery_key() {
