@@ -418,7 +418,7 @@ pub(crate) async fn run_digest(
         for chunk in &chunks {
             let body = DigestRequest { agent_id: &agent_id, records: chunk };
             if let Err(e) =
-                client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, Duration::from_secs(30)).await
+                client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, Duration::from_secs(10)).await
             {
                 tracing::debug!(error = %e, "could not upload the device-log digest; trying again later");
                 all_sent = false;

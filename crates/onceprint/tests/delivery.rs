@@ -75,6 +75,8 @@ struct World {
     http: reqwest::Client,
     /// Where the agent connects, when not straight to the broker (a chaos proxy).
     agent_server: Option<String>,
+    /// More `onceprint agent` flags (the LAN listener, say).
+    agent_extra: Vec<String>,
     _pg: Option<onceprint_store::testing::Harness>,
 }
 
@@ -134,6 +136,7 @@ impl World {
             control,
             http: reqwest::Client::new(),
             agent_server: None,
+            agent_extra: Vec::new(),
             _pg: pg,
         };
         w.start_broker();
@@ -192,6 +195,7 @@ impl World {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(self.agent_extra.iter().cloned())
         .collect();
         self.agent = Some(spawn(&args, &self.dir.join("agent.log")));
     }
@@ -335,7 +339,8 @@ both!(
     alerts_manual_actions_and_reconciliation_with_the_real_binary,
     a_chinese_kitchen_ticket_document_prints_the_right_characters,
     vendor_callbacks_with_good_bad_and_replayed_signatures,
-    a_reconciliation_day_matches_the_hand_computed_report
+    a_reconciliation_day_matches_the_hand_computed_report,
+    the_shop_prints_offline_once_and_the_broker_merges_on_sync
 );
 
 fn sign(secret: &str, ts: i64, body: &str) -> String {
@@ -696,9 +701,19 @@ async fn a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints(pg: bool)
     assert_eq!(w.printed_count("K1"), 2, "the policy asked for the reprint");
 }
 
-/// A TCP proxy between agent and broker that, while `drop_acks` is set, cuts every
-/// connection on which the agent sends an ack: the acknowledgement never arrives.
-async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atomic::AtomicBool>) -> String {
+/// What the proxy between agent and broker does to the traffic.
+#[derive(Clone, Default)]
+struct ProxyFaults {
+    /// Cut every connection on which the agent sends an ack: the acknowledgement never
+    /// arrives.
+    drop_acks: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The uplink is down: connections are taken, and whatever is sent either way is
+    /// dropped, so requests time out (a dead 4G link, not a refused connection).
+    blackhole: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A TCP proxy between agent and broker that injects `faults`.
+async fn chaos_proxy(upstream: String, faults: ProxyFaults) -> String {
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
@@ -707,8 +722,18 @@ async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atom
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
             let upstream = upstream.clone();
-            let drop_acks = drop_acks.clone();
+            let faults = faults.clone();
             tokio::spawn(async move {
+                let hole = || faults.blackhole.load(Ordering::SeqCst);
+                if hole() {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = client.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                    }
+                    return;
+                }
                 let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else { return };
                 let (mut cr, mut cw) = client.split();
                 let (mut sr, mut sw) = server.split();
@@ -720,8 +745,13 @@ async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atom
                             Ok(n) => n,
                         };
                         let chunk = &buf[..n];
-                        if drop_acks.load(Ordering::SeqCst) && chunk.windows(19).any(|w| w == b"POST /v1/agent/acks") {
+                        if faults.drop_acks.load(Ordering::SeqCst)
+                            && chunk.windows(19).any(|w| w == b"POST /v1/agent/acks")
+                        {
                             return; // the ack is lost on the way
+                        }
+                        if hole() {
+                            continue;
                         }
                         if sw.write_all(chunk).await.is_err() {
                             return;
@@ -729,7 +759,19 @@ async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atom
                     }
                 };
                 let down = async {
-                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if hole() {
+                            continue;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
                 };
                 tokio::select! { _ = up => {}, _ = down => {} }
             });
@@ -740,8 +782,10 @@ async fn chaos_proxy(upstream: String, drop_acks: std::sync::Arc<std::sync::atom
 
 async fn a_lost_ack_is_answered_from_the_journal_without_a_second_print(pg: bool) {
     let Some(mut w) = World::start("lostack", pg, 1).await else { return };
-    let drop_acks = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let proxy = chaos_proxy(w.base.clone(), drop_acks.clone()).await;
+    let faults = ProxyFaults::default();
+    faults.drop_acks.store(true, std::sync::atomic::Ordering::SeqCst);
+    let drop_acks = faults.drop_acks.clone();
+    let proxy = chaos_proxy(w.base.clone(), faults).await;
     World::kill9(&mut w.agent);
     w.agent_server = Some(proxy);
     w.start_agent();
@@ -984,4 +1028,214 @@ async fn attempts_run_out_into_failed_with_the_reason(pg: bool) {
     let failed = w.get("/v1/print-tasks?store_id=s1&state=failed").await;
     assert_eq!(failed["tasks"][0]["task_id"], id.as_str());
     assert_eq!(w.printed_count("X1"), 0);
+}
+
+/// The shop's POS, pointed at the store agent's LAN listener.
+struct Pos {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Pos {
+    /// POSTs `body` to the agent's `/v1/print-tasks`: status, whether the agent accepted
+    /// it offline, and the body.
+    async fn send(&self, key: &str, body: Value) -> (u16, bool, Value) {
+        let res = self
+            .http
+            .post(format!("{}/v1/print-tasks", self.base))
+            .bearer_auth(key)
+            .json(&body)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .expect("LAN submit");
+        let offline = res.headers().get("x-onceprint-offline").is_some();
+        (res.status().as_u16(), offline, res.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn ticket(&self, marker: &str, text: &str) -> (u16, bool, Value) {
+        self.send(&self.key, json!({"biz_no": marker, "printer_id": "p0", "content": {"type": "text", "text": text}}))
+            .await
+    }
+}
+
+fn ticket_text(marker: &str) -> String {
+    format!("TICKET {marker}\n1 x Noodles\n")
+}
+
+impl World {
+    /// Restarts the agent behind a proxy with the LAN listener on; returns the proxy's
+    /// faults and the POS.
+    async fn with_lan_listener(&mut self) -> (ProxyFaults, Pos) {
+        let faults = ProxyFaults::default();
+        let proxy = chaos_proxy(self.base.clone(), faults.clone()).await;
+        World::kill9(&mut self.agent);
+        let key = self.post("/v1/stores/s1/lan-keys", json!({})).await["key"].as_str().expect("LAN key").to_owned();
+        let port = free_ports(1);
+        self.agent_server = Some(proxy);
+        self.agent_extra = [
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--offline-after-ms",
+            "700",
+            "--directory-refresh-ms",
+            "300",
+            "--digest-interval-ms",
+            "500",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        self.start_agent();
+        let pos = Pos { base: format!("http://127.0.0.1:{port}"), key, http: self.http.clone() };
+        // The agent knows the key once it has fetched the store's LAN keys.
+        let start = Instant::now();
+        loop {
+            let ok = self.http.get(format!("{}/healthz", pos.base)).send().await.ok();
+            if let Some(r) = ok {
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                if v["directory"] == true {
+                    break;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "the LAN listener never got ready\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (faults, pos)
+    }
+
+    /// Waits until the broker knows `task` (a LAN task id, after the sync) in one of
+    /// `states`; answers the task.
+    async fn wait_known(&self, task: &str, states: &[&str], secs: u64) -> Value {
+        let start = Instant::now();
+        loop {
+            let t = self.state(task).await;
+            if states.iter().any(|s| t["state"] == *s) {
+                return t;
+            }
+            assert!(start.elapsed() < Duration::from_secs(secs), "task {task} not synced: {t}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_printed(&self, marker: &str, secs: u64) {
+        let start = Instant::now();
+        while self.printed_count(marker) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(secs), "{marker} never printed\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn the_shop_prints_offline_once_and_the_broker_merges_on_sync(pg: bool) {
+    use std::sync::atomic::Ordering;
+    let Some(mut w) = World::start("offline", pg, 1).await else { return };
+    let (faults, pos) = w.with_lan_listener().await;
+
+    // Online: the agent forwards, and the POS gets the broker's own answer.
+    let (status, offline, on1) = pos.ticket("ON1", &ticket_text("ON1")).await;
+    assert_eq!((status, offline), (201, false), "{on1}");
+    let on1 = on1["task_id"].as_str().expect("task id").to_owned();
+    w.wait_state(&on1, &["printed"], 20).await;
+
+    // The uplink drops: the agent answers from its own outbox, as the broker would.
+    faults.blackhole.store(true, Ordering::SeqCst);
+    let (status, offline, off1) = pos.ticket("OFF1", &ticket_text("OFF1")).await;
+    assert_eq!((status, offline), (201, true), "{off1}");
+    let off1 = off1["task_id"].as_str().expect("task id").to_owned();
+    let (status, _, again) = pos.ticket("OFF1", &ticket_text("OFF1")).await;
+    assert_eq!((status, again["task_id"].as_str(), again["duplicate"].as_bool()), (200, Some(&*off1), Some(true)));
+    let (status, _, other) = pos.ticket("OFF1", "TICKET OFF1\n2 x Noodles\n").await;
+    assert_eq!((status, other["error"]["code"].as_str()), (422, Some("idempotency_mismatch")), "{other}");
+    let (status, _, missing) =
+        pos.send(&pos.key, json!({"printer_id": "p0", "content": {"type": "text", "text": "x"}})).await;
+    assert_eq!((status, missing["error"]["code"].as_str()), (400, Some("missing_biz_no")), "{missing}");
+    let (status, _, _) = pos.send("opl_wrong", json!({"biz_no": "X", "printer_id": "p0"})).await;
+    assert_eq!(status, 401, "a wrong LAN key is refused");
+    let (status, _, unknown) = pos
+        .send(&pos.key, json!({"biz_no": "U1", "printer_id": "nope", "content": {"type": "text", "text": "x"}}))
+        .await;
+    assert_eq!(status, 400, "{unknown}");
+
+    // The same order reaches the cloud (the broker is up; only the shop's uplink is down)
+    // and the LAN; and another order reaches both with different content.
+    let both_cloud = w.submit("BOTH1", 0, "receipt").await;
+    let (status, offline, both_lan) = pos.ticket("BOTH1", &ticket_text("BOTH1")).await;
+    assert_eq!((status, offline), (201, true));
+    let both_lan = both_lan["task_id"].as_str().expect("task id").to_owned();
+    let mis_cloud = w
+        .post(
+            "/v1/print-tasks",
+            json!({"biz_no": "MIS1", "printer_id": "p0", "content": {"type": "text", "text": "TICKET MIS1\ncloud\n"}}),
+        )
+        .await["task_id"]
+        .as_str()
+        .expect("task id")
+        .to_owned();
+    let (status, _, mis_lan) = pos.ticket("MIS1", "TICKET MIS1\nlan\n").await;
+    assert_eq!(status, 201, "{mis_lan}");
+    for m in ["OFF1", "BOTH1", "MIS1"] {
+        w.wait_printed(m, 20).await;
+    }
+
+    // kill -9 while offline, right after the answer: nothing lost, nothing twice.
+    let (status, _, off2) = pos.ticket("OFF2", &ticket_text("OFF2")).await;
+    assert_eq!(status, 201);
+    let off2 = off2["task_id"].as_str().expect("task id").to_owned();
+    World::kill9(&mut w.agent);
+    w.start_agent();
+    w.wait_printed("OFF2", 30).await;
+
+    // The uplink is back: the agent hands its offline work to the broker.
+    faults.blackhole.store(false, Ordering::SeqCst);
+    let t = w.wait_known(&off1, &["printed"], 60).await;
+    assert_eq!(t["task_id"], *off1, "the LAN answer's task id stays valid");
+    let events = w.get(&format!("/v1/print-tasks/{off1}/events")).await.to_string();
+    assert!(events.contains("lan:"), "the audit trail shows the LAN path: {events}");
+    w.wait_known(&off2, &["printed"], 60).await;
+    // One task for the order that reached both, printed once; the LAN id names it too.
+    w.wait_state(&both_cloud, &["printed"], 60).await;
+    let merged = w.wait_known(&both_lan, &["printed"], 60).await;
+    assert_eq!(merged["task_id"], *both_cloud, "the LAN id answers with the merged task");
+    // Conflicting content under one key goes to a person, and nothing more prints.
+    w.wait_state(&mis_cloud, &["in_doubt"], 60).await;
+    let attention = w.get("/v1/stores/s1/attention").await.to_string();
+    assert!(attention.contains(&mis_cloud), "{attention}");
+    // Retries now reach the broker, which knows the offline task.
+    let (status, offline, again) = pos.ticket("OFF1", &ticket_text("OFF1")).await;
+    assert_eq!((status, offline), (200, false), "{again}");
+    assert_eq!(again["task_id"], *off1);
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for m in ["ON1", "OFF1", "OFF2", "BOTH1", "MIS1"] {
+        assert_eq!(w.printed_count(m), 1, "{m} printed once\n{}", w.logs());
+    }
+    let paper = w.paper().iter().map(|j| j["text"].as_str().unwrap_or("").to_owned()).collect::<Vec<_>>();
+    assert!(!paper.iter().any(|t| t.contains("TICKET MIS1\ncloud")), "the conflicting cloud ticket never printed");
+    // Both paths in the merged task's audit trail.
+    let both_events = w.get(&format!("/v1/print-tasks/{both_cloud}/events")).await.to_string();
+    assert!(both_events.contains(&both_lan), "the merged task names the LAN task: {both_events}");
+    // Charged once per order: ON1, OFF1, OFF2, BOTH1 and MIS1. The device log (the agent's
+    // journal digest) agrees with the broker but for the conflict, which a person decides:
+    // the device printed the LAN version of MIS1, the broker holds its task in doubt.
+    let date = t["created_at"].as_str().unwrap_or("").get(..10).unwrap_or("").to_owned();
+    let start = Instant::now();
+    let day = loop {
+        let day = w.get(&format!("/v1/stores/s1/reconciliation?date={date}")).await;
+        let settled = day["device_log"] == "present"
+            && day["broker_printed_device_not"].as_array().is_some_and(|a| a.is_empty())
+            && day["device_printed_broker_not"].as_array().is_some_and(|a| a.len() == 1);
+        if settled || start.elapsed() > Duration::from_secs(45) {
+            break day;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(day["ledger"]["charges"], 5, "{day}");
+    assert_eq!(day["printed_more_than_once"], json!([]), "{day}");
+    assert_eq!(day["broker_printed_device_not"], json!([]), "{day}");
+    let differs = day["device_printed_broker_not"].as_array().cloned().unwrap_or_default();
+    assert_eq!(differs.len(), 1, "{day}");
+    assert_eq!(differs[0]["task_id"], *mis_cloud, "{day}");
+    assert_eq!(differs[0]["broker_state"], "in_doubt", "{day}");
 }
