@@ -725,6 +725,9 @@ async fn drive(
     if cuts.is_empty() {
         notes.push("the line never went down: the submissions ended within the first online period".into());
     }
+    if lan_run.outcomes.iter().all(|o| !o.offline) && !lan_subs.plan.requests.is_empty() {
+        notes.push("no LAN answer was accepted offline: the agent's offline path was not exercised".into());
+    }
 
     // The line is back for good (toggle_line saw to it); the agent must run to drain.
     uplink.set_up(true);
