@@ -28,7 +28,9 @@
 //! sync, no task of the store is `pending`, `sent` or `retrying`, and every answered order
 //! has its task at the broker. The verdict comes from the paper log first: no order on
 //! paper twice, and every order on paper once or, if not, `in_doubt` or `failed` at the
-//! broker (listed by name). Then every answer: all answers of one order must name one
+//! broker (listed by name); an order on paper once that the broker holds `in_doubt` is
+//! honest doubt (the agent was killed before the printer confirmed: a person looks), listed
+//! too, while any other disagreement of the broker with the paper is a problem. Then every answer: all answers of one order must name one
 //! task, directly or through a LAN task id the broker resolves to it
 //! (`GET /v1/print-tasks/{id}`). Then the broker's own account of the day
 //! (`GET /v1/stores/s1/reconciliation`): nothing printed more than once, the device log's
@@ -408,6 +410,9 @@ pub struct PaperCounts {
     pub not_printed_accounted: usize,
     /// Orders never on paper that the broker does not account for.
     pub lost: usize,
+    /// Orders on paper once that the broker holds `in_doubt` (honest doubt: the agent
+    /// could not prove the sheet, e.g. it was killed before the printer confirmed).
+    pub in_doubt_on_paper: usize,
     pub jobs: usize,
 }
 
@@ -461,6 +466,8 @@ pub struct OfflineReport {
     pub lost: Vec<OrderFinding>,
     /// Orders never on paper that the broker holds `in_doubt` or `failed`: accounted for.
     pub not_printed: Vec<OrderFinding>,
+    /// Orders on paper once that the broker holds `in_doubt`: honest doubt, for a person.
+    pub in_doubt_on_paper: Vec<OrderFinding>,
     /// Orders whose answers name different tasks, a task id the broker does not resolve,
     /// or that got a final answer other than 201 / 200.
     pub inconsistent: Vec<OrderFinding>,
@@ -822,6 +829,7 @@ async fn drive(
         duplicates: verdict.duplicates,
         lost: verdict.lost,
         not_printed: verdict.not_printed,
+        in_doubt_on_paper: verdict.in_doubt_on_paper,
         inconsistent: verdict.inconsistent,
         broker_differs: verdict.broker_differs,
         resolved_lan_ids: resolved.values().filter(|r| r.is_some()).count(),
@@ -907,6 +915,7 @@ struct Verdict {
     duplicates: Vec<OrderFinding>,
     lost: Vec<OrderFinding>,
     not_printed: Vec<OrderFinding>,
+    in_doubt_on_paper: Vec<OrderFinding>,
     inconsistent: Vec<OrderFinding>,
     broker_differs: Vec<OrderFinding>,
     problems: Vec<String>,
@@ -973,6 +982,14 @@ fn judge(
         let broker_note = match tasks.as_slice() {
             [] if on_paper > 0 => Some("on paper, but the broker has no task for it".to_string()),
             [] => None,
+            // Honest doubt: the agent could not prove the sheet (killed between sending
+            // the job and the printer's confirmation), so a person checks it. It is on
+            // paper at most once, which is what the promise asks; listed, not a problem.
+            [t] if on_paper == 1 && t.state == "in_doubt" => {
+                v.paper.in_doubt_on_paper += 1;
+                v.in_doubt_on_paper.push(finding("on paper once; the broker holds it in_doubt".into()));
+                None
+            }
             [t] if on_paper > 0 && t.state != "printed" => Some(format!("on paper, but the broker says {}", t.state)),
             [t] if on_paper == 0 && t.state == "printed" => {
                 Some("the broker says printed, but it never came out of a printer".to_string())
@@ -1216,14 +1233,21 @@ impl OfflineReport {
         let _ = writeln!(
             s,
             "  paper: {} jobs; {} orders once, {} more than once ({} extra sheets), {} not printed and accounted \
-             for (in_doubt/failed), {} lost",
-            p.jobs, p.printed_once, p.printed_twice_or_more, p.extra_sheets, p.not_printed_accounted, p.lost
+             for (in_doubt/failed), {} lost; {} on paper once and in doubt at the broker",
+            p.jobs,
+            p.printed_once,
+            p.printed_twice_or_more,
+            p.extra_sheets,
+            p.not_printed_accounted,
+            p.lost,
+            p.in_doubt_on_paper
         );
         let _ = writeln!(s, "  LAN task ids resolved through the broker: {}", self.resolved_lan_ids);
         for (what, list) in [
             ("duplicates", &self.duplicates),
             ("lost", &self.lost),
             ("not printed, accounted for", &self.not_printed),
+            ("on paper once, in doubt at the broker (honest doubt)", &self.in_doubt_on_paper),
             ("inconsistent answers", &self.inconsistent),
             ("broker differs from paper", &self.broker_differs),
         ] {
@@ -1401,21 +1425,26 @@ mod tests {
 
     #[test]
     fn the_verdict_compares_the_broker_with_the_paper() {
-        let orders = vec![Order { channel: Channel::Cloud }; 3];
-        let tally = Tally::with_prints(&[(0, 1), (2, 1)], 3);
+        let orders = vec![Order { channel: Channel::Cloud }; 4];
+        let tally = Tally::with_prints(&[(0, 1), (2, 1), (3, 1)], 4);
         let listed = vec![
-            task("E0", "t0", "in_doubt"),
+            task("E0", "t0", "failed"),
+            task("E3", "t3", "in_doubt"),
             task("E1", "t1", "printed"),
             task("E2", "t2", "printed"),
             task("E2", "t2b", "printed"),
         ];
-        let answers_owned = [vec![out(201, "t0")], vec![out(201, "t1")], vec![out(201, "t2"), out(200, "t2b")]];
+        let answers_owned =
+            [vec![out(201, "t0")], vec![out(201, "t1")], vec![out(201, "t2"), out(200, "t2b")], vec![out(201, "t3")]];
         let answers: Vec<Vec<&Outcome>> = answers_owned.iter().map(|a| a.iter().collect()).collect();
         let v = judge(&orders, &tally, &listed, &answers, &BTreeMap::new());
         let differs: Vec<&str> = v.broker_differs.iter().map(|f| f.biz_no.as_str()).collect();
         assert_eq!(differs, ["E0", "E1", "E2"]);
         assert!(v.inconsistent.iter().any(|f| f.biz_no == "E2" && f.detail.contains("2 different tasks")));
         assert_eq!(v.lost.iter().map(|f| f.biz_no.as_str()).collect::<Vec<_>>(), ["E1"]);
+        // On paper once and in doubt: honest doubt, listed but no problem of its own.
+        assert_eq!(v.in_doubt_on_paper.iter().map(|f| f.biz_no.as_str()).collect::<Vec<_>>(), ["E3"]);
+        assert_eq!(v.paper.in_doubt_on_paper, 1);
     }
 
     #[test]
