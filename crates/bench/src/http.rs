@@ -10,7 +10,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -62,6 +62,19 @@ impl Conn {
         body: Option<Bytes>,
         limit: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
+        self.request_with_headers(method, path, auth, body, limit).await.map(|(status, _, bytes)| (status, bytes))
+    }
+
+    /// [`Conn::request_within`] that also returns the answer's headers (`bench offline`
+    /// tells the store agent's offline answers by one).
+    pub async fn request_with_headers(
+        &mut self,
+        method: Method,
+        path: &str,
+        auth: &HeaderValue,
+        body: Option<Bytes>,
+        limit: Duration,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), String> {
         let fut = async {
             let mut builder = Request::builder()
                 .method(method)
@@ -75,9 +88,9 @@ impl Conn {
                 builder.body(Full::new(body.unwrap_or_default())).map_err(|e| format!("building request: {e}"))?;
             self.sender.ready().await.map_err(|e| format!("connection not ready: {e}"))?;
             let resp = self.sender.send_request(req).await.map_err(|e| format!("sending request: {e}"))?;
-            let status = resp.status();
-            let bytes = resp.into_body().collect().await.map_err(|e| format!("reading answer body: {e}"))?.to_bytes();
-            Ok((status, bytes))
+            let (parts, body) = resp.into_parts();
+            let bytes = body.collect().await.map_err(|e| format!("reading answer body: {e}"))?.to_bytes();
+            Ok((parts.status, parts.headers, bytes))
         };
         match tokio::time::timeout(limit, fut).await {
             Ok(result) => result,

@@ -13,6 +13,17 @@
 //! carries, so a connection cut by a dying node is cut for the client too, exactly as a
 //! real load balancer configured without retries of POSTs does. Connections already open
 //! to a backend are left alone when its health check fails (long polls end on their own).
+//!
+//! Started with an [`Uplink`] ([`LoadBalancer::start_with_uplink`], one backend: a plain
+//! proxy), it also plays a shop's internet connection that `bench offline` takes down and
+//! brings back. While the uplink is down the balancer still accepts connections, but every
+//! byte either side sends is read and dropped, so a request through it times out, as it
+//! does when a shop's line is dead, rather than being refused (a refused connection would
+//! tell the client at once, which a dead line never does). When the uplink comes back,
+//! every connection that lived through the cut is closed, as a router that reconnects
+//! (and usually gets a new public address) forgets them; the bytes they lost would
+//! otherwise leave both ends waiting forever. Connections opened after that are carried
+//! normally.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +32,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::BenchError;
@@ -46,6 +58,50 @@ pub struct LbCounters {
     pub refused: AtomicU64,
 }
 
+/// The state of an [`Uplink`]: up or down, and how many times it changed, so that a
+/// connection can tell whether it lived through a cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkState {
+    pub up: bool,
+    /// Number of changes so far (even: up, as at the start).
+    pub changes: u64,
+}
+
+/// The switch of a balancer's simulated internet connection (see the module docs).
+/// Clones share the switch.
+#[derive(Debug, Clone)]
+pub struct Uplink {
+    state: Arc<watch::Sender<LinkState>>,
+}
+
+impl Default for Uplink {
+    fn default() -> Self {
+        Self { state: Arc::new(watch::Sender::new(LinkState { up: true, changes: 0 })) }
+    }
+}
+
+impl Uplink {
+    /// Takes the line down (`false`) or brings it back (`true`); setting the state it
+    /// already has changes nothing.
+    pub fn set_up(&self, up: bool) {
+        self.state.send_if_modified(|s| {
+            if s.up == up {
+                return false;
+            }
+            *s = LinkState { up, changes: s.changes + 1 };
+            true
+        });
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state.borrow().up
+    }
+
+    fn subscribe(&self) -> watch::Receiver<LinkState> {
+        self.state.subscribe()
+    }
+}
+
 /// A running balancer; dropping it stops it (open connections are cut).
 pub struct LoadBalancer {
     pub addr: SocketAddr,
@@ -57,6 +113,24 @@ pub struct LoadBalancer {
 impl LoadBalancer {
     /// Listens on `listen` (port 0: any free port) and balances over `backends`.
     pub async fn start(listen: SocketAddr, backends: &[SocketAddr]) -> Result<LoadBalancer, BenchError> {
+        Self::start_inner(listen, backends, None).await
+    }
+
+    /// [`LoadBalancer::start`] behind a simulated internet connection that `uplink` takes
+    /// down and brings back (module docs).
+    pub async fn start_with_uplink(
+        listen: SocketAddr,
+        backends: &[SocketAddr],
+        uplink: Uplink,
+    ) -> Result<LoadBalancer, BenchError> {
+        Self::start_inner(listen, backends, Some(uplink)).await
+    }
+
+    async fn start_inner(
+        listen: SocketAddr,
+        backends: &[SocketAddr],
+        uplink: Option<Uplink>,
+    ) -> Result<LoadBalancer, BenchError> {
         if backends.is_empty() {
             return Err(BenchError::InvalidOptions("the load balancer needs at least one backend".into()));
         }
@@ -69,7 +143,7 @@ impl LoadBalancer {
         let backends: Arc<Vec<Backend>> =
             Arc::new(backends.iter().map(|&addr| Backend { addr, healthy: AtomicBool::new(true) }).collect());
         let counters = Arc::new(LbCounters::default());
-        let mut tasks = vec![tokio::spawn(accept_loop(listener, backends.clone(), counters.clone()))];
+        let mut tasks = vec![tokio::spawn(accept_loop(listener, backends.clone(), counters.clone(), uplink))];
         for i in 0..backends.len() {
             tasks.push(tokio::spawn(health_loop(backends.clone(), i)));
         }
@@ -95,7 +169,12 @@ impl Drop for LoadBalancer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, backends: Arc<Vec<Backend>>, counters: Arc<LbCounters>) {
+async fn accept_loop(
+    listener: TcpListener,
+    backends: Arc<Vec<Backend>>,
+    counters: Arc<LbCounters>,
+    uplink: Option<Uplink>,
+) {
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -105,14 +184,29 @@ async fn accept_loop(listener: TcpListener, backends: Arc<Vec<Backend>>, counter
         };
         let _ = client.set_nodelay(true);
         let start = next.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(carry(client, backends.clone(), start, counters.clone()));
+        tokio::spawn(carry(client, backends.clone(), start, counters.clone(), uplink.as_ref().map(Uplink::subscribe)));
     }
 }
 
 /// Connects `client` to the first backend from `start` on that is healthy and accepts
 /// the connection (any that accepts, when none is healthy), and copies bytes both ways
-/// until either side closes.
-async fn carry(mut client: TcpStream, backends: Arc<Vec<Backend>>, start: usize, counters: Arc<LbCounters>) {
+/// until either side closes. Behind an uplink (`link`), a connection that arrives while it
+/// is down is swallowed (module docs), and one carried is copied through [`through_uplink`].
+async fn carry(
+    mut client: TcpStream,
+    backends: Arc<Vec<Backend>>,
+    start: usize,
+    counters: Arc<LbCounters>,
+    link: Option<watch::Receiver<LinkState>>,
+) {
+    let born = link.as_ref().map(|l| *l.borrow());
+    if let (Some(link), Some(born)) = (link.clone(), born) {
+        if !born.up {
+            // The connection reaches the shop's router, and nothing beyond it.
+            swallow(client, link, born).await;
+            return;
+        }
+    }
     let n = backends.len();
     let order = (0..n).map(|i| &backends[(start + i) % n]);
     let any_healthy = backends.iter().any(|b| b.healthy.load(Ordering::Relaxed));
@@ -124,7 +218,12 @@ async fn carry(mut client: TcpStream, backends: Arc<Vec<Backend>>, start: usize,
             Ok(Ok(mut server)) => {
                 counters.connections.fetch_add(1, Ordering::Relaxed);
                 let _ = server.set_nodelay(true);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                match (link, born) {
+                    (Some(link), Some(born)) => through_uplink(client, server, link, born).await,
+                    _ => {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                }
                 return;
             }
             _ => {
@@ -135,6 +234,68 @@ async fn carry(mut client: TcpStream, backends: Arc<Vec<Backend>>, start: usize,
         }
     }
     counters.refused.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Reads and drops what `client` sends until the uplink has changed since `born` and is
+/// up again; then closes it.
+async fn swallow(client: TcpStream, link: watch::Receiver<LinkState>, born: LinkState) {
+    let (mut read, _write) = client.into_split();
+    pump(&mut read, None, link, born).await;
+}
+
+/// Copies both ways while the uplink is up, drops what either side sends while it is
+/// down, and closes both connections once it is up again after a cut (module docs).
+async fn through_uplink(client: TcpStream, server: TcpStream, link: watch::Receiver<LinkState>, born: LinkState) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    tokio::join!(
+        pump(&mut client_read, Some(&mut server_write), link.clone(), born),
+        pump(&mut server_read, Some(&mut client_write), link, born),
+    );
+}
+
+/// One direction of a connection behind an uplink: bytes from `from` go to `to` while the
+/// uplink is up and are dropped while it is down. Ends at the end of `from` (passing the
+/// end on), on an error, or when the uplink is up again after a change since `born`.
+async fn pump(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    mut to: Option<&mut tokio::net::tcp::OwnedWriteHalf>,
+    mut link: watch::Receiver<LinkState>,
+    born: LinkState,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => {
+                    if let Some(to) = to.as_mut() {
+                        let _ = to.shutdown().await;
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    let now = *link.borrow();
+                    // The state is read after the bytes arrived: bytes that come while the
+                    // line is down never reach the other side, whenever they were sent.
+                    if now.up && now.changes == born.changes {
+                        if let Some(to) = to.as_mut() {
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    } else if now.up {
+                        return;
+                    }
+                }
+            },
+            changed = link.changed() => {
+                let now = *link.borrow_and_update();
+                if changed.is_err() || (now.up && now.changes != born.changes) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 async fn health_loop(backends: Arc<Vec<Backend>>, i: usize) {

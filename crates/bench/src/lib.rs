@@ -4,7 +4,10 @@
 //! simulated printers as real processes, judged by the printers' paper log; see there.
 //! `bench faults` (module [`faults`]) runs the same processes under printer faults,
 //! `kill -9` of the agent and the broker and client retry storms, and proves (or refutes)
-//! that nothing prints twice, nothing is lost and every lane drains. The rest of this overview is about `bench submit`, the intake benchmark.
+//! that nothing prints twice, nothing is lost and every lane drains. `bench offline`
+//! (module [`offline`]) does the same for a shop whose internet connection keeps dropping
+//! while its POS submits to the cloud and to the store agent's LAN listener (issue 14).
+//! The rest of this overview is about `bench submit`, the intake benchmark.
 //!
 //! That one is a single measurement: how fast a freshly started broker accepts print tasks
 //! over HTTP when a share of the submissions are repeats (the idempotent-retry path order
@@ -32,6 +35,7 @@ mod http;
 pub mod idle;
 pub mod lb;
 mod load;
+pub mod offline;
 pub mod paper;
 mod pg;
 mod plan;
@@ -58,6 +62,7 @@ pub use fairness::{run_fairness, FairnessOptions, FairnessReport};
 pub use faults::{run_faults, FaultsOptions, FaultsReport};
 use http::Conn;
 pub use idle::{run_idle, IdleOptions, IdleReport};
+pub use offline::{run_offline, OfflineOptions, OfflineReport};
 pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use polls::{run_polls, PollsOptions, PollsReport};
 pub use preload::{PreloadOptions, PreloadReport};

@@ -25,6 +25,9 @@ pub struct Outcome {
     pub end_us: u64,
     pub task_id: Option<Box<str>>,
     pub duplicate: Option<bool>,
+    /// The answer carried `X-Onceprint-Offline` (the store agent accepted the task itself
+    /// while the broker was unreachable); only `bench offline` sends where it can.
+    pub offline: bool,
     /// For anything but a parsed 2xx answer: the start of the body or the error.
     pub detail: Option<String>,
 }

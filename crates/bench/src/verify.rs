@@ -370,6 +370,7 @@ mod tests {
             end_us: end,
             task_id: Some(task.into()),
             duplicate: Some(status == 200),
+            offline: false,
             detail: None,
         }
     }

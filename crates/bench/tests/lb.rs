@@ -118,3 +118,62 @@ async fn the_runs_own_redis_starts_dies_and_comes_back_on_its_port() {
     assert!(redis.url().starts_with("redis://127.0.0.1:"));
     redis.stop().await;
 }
+
+/// A backend that echoes every byte back, on every connection.
+async fn echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Writes `msg` and reads as many bytes back within `wait`: `None` when they did not come.
+async fn round_trip(s: &mut TcpStream, msg: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    s.write_all(msg).await.ok()?;
+    let mut got = vec![0u8; msg.len()];
+    match tokio::time::timeout(wait, s.read_exact(&mut got)).await {
+        Ok(Ok(_)) => Some(got),
+        _ => None,
+    }
+}
+
+/// `bench offline`'s shop line: while it is down, connections are taken and their bytes
+/// dropped both ways (the client waits, it is not refused); when it is back, connections
+/// that lived through the cut are closed and new ones are carried.
+#[tokio::test]
+async fn an_uplink_cut_swallows_traffic_and_closes_its_connections_when_back() {
+    use onceprint_bench::lb::Uplink;
+    let uplink = Uplink::default();
+    let lb = LoadBalancer::start_with_uplink("127.0.0.1:0".parse().unwrap(), &[echo().await], uplink.clone())
+        .await
+        .expect("balancer");
+    let wait = Duration::from_millis(300);
+    let mut before = TcpStream::connect(lb.addr).await.expect("connect");
+    assert_eq!(round_trip(&mut before, b"hello", wait).await.as_deref(), Some(&b"hello"[..]));
+
+    uplink.set_up(false);
+    assert!(!uplink.is_up());
+    assert_eq!(round_trip(&mut before, b"lost", wait).await, None, "bytes through a cut line are dropped");
+    let mut during = TcpStream::connect(lb.addr).await.expect("a connection is taken while the line is down");
+    assert_eq!(round_trip(&mut during, b"void", wait).await, None);
+
+    uplink.set_up(true);
+    for s in [&mut before, &mut during] {
+        let mut buf = [0u8; 16];
+        let end = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await.expect("closed, not hanging");
+        assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+    }
+    let mut after = TcpStream::connect(lb.addr).await.expect("connect");
+    assert_eq!(round_trip(&mut after, b"again", wait).await.as_deref(), Some(&b"again"[..]));
+}

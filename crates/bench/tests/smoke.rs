@@ -7,7 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use onceprint_bench::{run_e2e, run_idle, run_submit, E2eOptions, IdleOptions, SubmitOptions};
+use onceprint_bench::{
+    run_e2e, run_idle, run_offline, run_submit, E2eOptions, IdleOptions, OfflineOptions, SubmitOptions,
+};
 
 fn broker_exe() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -143,4 +145,67 @@ async fn idle_smoke_sqlite() {
     }
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["agents"], 40);
+}
+
+/// The binary, when its store agent also has the LAN listener (`bench offline`, issue 14).
+fn offline_exe() -> Option<PathBuf> {
+    let exe = delivery_exe()?;
+    let help = std::process::Command::new(&exe).args(["agent", "--help"]).output().ok()?;
+    if !String::from_utf8_lossy(&help.stdout).contains("--offline-after-ms") {
+        eprintln!("skipping: {} has no `agent --listen --offline-after-ms` yet", exe.display());
+        return None;
+    }
+    Some(exe)
+}
+
+fn small_offline(exe: PathBuf) -> OfflineOptions {
+    OfflineOptions {
+        tasks: 300,
+        printers: 2,
+        online: Duration::from_millis(1_500),
+        offline: Duration::from_millis(1_500),
+        window: Duration::from_secs(6),
+        kill_agent_every: Some(Duration::from_millis(2_500)),
+        concurrency: 4,
+        drain_timeout: Duration::from_secs(90),
+        timeout: Duration::from_secs(90),
+        ..OfflineOptions::new(exe)
+    }
+}
+
+fn check_offline(report: &onceprint_bench::OfflineReport) {
+    println!("{}", report.render_text());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert!(report.drained);
+    assert!(!report.cuts.is_empty(), "the line went down at least once");
+    assert!(!report.agent_kills.is_empty(), "the agent was killed at least once");
+    assert!(report.lan.accepted_offline > 0, "some LAN orders were accepted offline");
+    assert_eq!((report.paper.printed_twice_or_more, report.paper.lost), (0, 0));
+    assert_eq!(report.paper.printed_once + report.paper.not_printed_accounted, report.tasks);
+    assert_eq!(report.reconciliation.ledger_charges, report.tasks as u64);
+    let json = serde_json::to_value(report).unwrap();
+    assert_eq!(json["tasks"], report.tasks);
+}
+
+/// `bench offline`, small: a few seconds of a shop line going down and up with the agent
+/// killed meanwhile; nothing printed twice, nothing lost, every answer one task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_smoke_sqlite() {
+    let Some(exe) = offline_exe() else { return };
+    let report = run_offline(small_offline(exe)).await.expect("bench offline run");
+    assert_eq!(report.backend, "sqlite");
+    check_offline(&report);
+}
+
+/// Needs `ONCEPRINT_BENCH_POSTGRES_URL`, like `submit_smoke_postgres`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_smoke_postgres() {
+    let Some(exe) = offline_exe() else { return };
+    let Ok(url) = std::env::var("ONCEPRINT_BENCH_POSTGRES_URL") else {
+        eprintln!("skipping: ONCEPRINT_BENCH_POSTGRES_URL not set");
+        return;
+    };
+    let report = run_offline(OfflineOptions { database: Some(url), ..small_offline(exe) }).await.expect("bench run");
+    assert_eq!(report.backend, "postgres");
+    check_offline(&report);
 }

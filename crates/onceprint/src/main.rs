@@ -376,6 +376,67 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The issue 14 acceptance run: a shop whose internet line keeps dropping. Broker,
+    /// store agent with its LAN listener (reaching the broker through a proxy the run cuts
+    /// and restores) and simulated printers as processes; orders submitted to the cloud,
+    /// to the agent's LAN listener or to both, each sent again 1–3 times. Judged by the
+    /// paper log, the answers and the day's reconciliation: no order printed twice, none
+    /// lost, one task per order. Exits non-zero on any problem.
+    Offline {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        /// Orders submitted.
+        #[arg(long, default_value_t = 5_000)]
+        tasks: usize,
+        /// Simulated printers of the store agent.
+        #[arg(long, default_value_t = 4)]
+        printers: usize,
+        /// Length of each online period of the shop's line, in milliseconds.
+        #[arg(long, default_value_t = 8_000)]
+        online_ms: u64,
+        /// Length of each offline period (the proxy drops every byte both ways).
+        #[arg(long, default_value_t = 8_000)]
+        offline_ms: u64,
+        /// The orders' first submissions are spread evenly over this many seconds.
+        #[arg(long, default_value_t = 48.0)]
+        window_secs: f64,
+        /// Shares of orders sent to the cloud only, to the LAN only and to both.
+        #[arg(long, default_value = "40/40/20")]
+        mix: onceprint_bench::offline::Mix,
+        /// Each submission is sent again between this many…
+        #[arg(long, default_value_t = 1)]
+        min_resends: usize,
+        /// …and this many times, with the same body.
+        #[arg(long, default_value_t = 3)]
+        max_resends: usize,
+        /// SIGKILL the agent every this many seconds during the submissions (restarted at
+        /// once on the same state directory and listener), whatever the line is doing.
+        #[arg(long, value_name = "S")]
+        kill_agent_every: Option<f64>,
+        /// Connections of each side (cloud and LAN).
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Seed of the orders, their sides and their re-sends.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Once the line is back for good, everything must settle within this many seconds.
+        #[arg(long, default_value_t = 180)]
+        drain_timeout_secs: u64,
+        /// Every submission must be answered within this many seconds after the window.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+        /// Keep the run's directory (process logs, paper log, agent state, SQLite file).
+        #[arg(long)]
+        keep_dir: bool,
+        /// Also write the report as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json_out: Option<PathBuf>,
+        /// Print the report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_logging(format: LogFormat) {
@@ -662,6 +723,52 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 keep_dir,
             })
             .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Offline {
+            database,
+            tasks,
+            printers,
+            online_ms,
+            offline_ms,
+            window_secs,
+            mix,
+            min_resends,
+            max_resends,
+            kill_agent_every,
+            concurrency,
+            seed,
+            drain_timeout_secs,
+            timeout_secs,
+            keep_dir,
+            json_out,
+            json,
+        } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let secs =
+                |s: f64| std::time::Duration::try_from_secs_f64(s).context("a duration in seconds must be positive");
+            let report = onceprint_bench::run_offline(onceprint_bench::OfflineOptions {
+                exe,
+                database,
+                tasks,
+                printers,
+                online: std::time::Duration::from_millis(online_ms),
+                offline: std::time::Duration::from_millis(offline_ms),
+                window: secs(window_secs)?,
+                mix,
+                resends: (min_resends, max_resends),
+                kill_agent_every: kill_agent_every.map(secs).transpose()?,
+                concurrency,
+                seed,
+                drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
+                timeout: std::time::Duration::from_secs(timeout_secs),
+                keep_dir,
+            })
+            .await?;
+            if let Some(path) = json_out {
+                std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
             print_report(json, &report, report.render_text(), report.problems.len())
         }
     }

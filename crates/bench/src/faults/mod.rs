@@ -533,7 +533,7 @@ async fn drive(
 
 /// A connection to the broker, with a few tries: right after a restart it may still be
 /// settling in.
-async fn connect(addr: SocketAddr, what: &str) -> Result<Conn, BenchError> {
+pub(crate) async fn connect(addr: SocketAddr, what: &str) -> Result<Conn, BenchError> {
     let mut last = String::new();
     for _ in 0..20 {
         match Conn::connect(addr).await {
@@ -605,7 +605,7 @@ async fn redis_kill(redis: &mut Option<crate::cluster::Redis>, at: Instant) -> R
 
 /// Waits until the paper log has not grown for [`PAPER_QUIET`] (at most
 /// [`PAPER_QUIET_MAX`]).
-async fn wait_for_quiet_paper(watcher: &PaperWatcher) {
+pub(crate) async fn wait_for_quiet_paper(watcher: &PaperWatcher) {
     let mut progress = watcher.progress();
     let give_up = Instant::now() + PAPER_QUIET_MAX;
     loop {

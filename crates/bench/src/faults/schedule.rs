@@ -267,10 +267,16 @@ pub fn chaos(
 /// as stalled after 30 s without progress: longer than any delivery can legitimately take
 /// here (the agent gives a printer 15 s to confirm a job), far shorter than the run.
 pub fn broker_config() -> String {
+    broker_config_with(PRINT_TYPES.iter().map(|(name, priority, _)| (*name, *priority)))
+}
+
+/// [`broker_config`]'s timings and policies with other print types (`(name, priority)`;
+/// `bench offline` uses the receipt, kitchen and label of a shop).
+pub fn broker_config_with<'a>(print_types: impl IntoIterator<Item = (&'a str, i32)>) -> String {
     let mut toml = String::from(
         "redeliver_after_ms = 2000\nagent_gone_after_ms = 3000\nsweep_interval_ms = 200\nstall_after_ms = 30000\n",
     );
-    for (name, priority, _) in PRINT_TYPES {
+    for (name, priority) in print_types {
         toml.push_str(&format!(
             "\n[print_types.{name}]\npriority = {priority}\nmax_attempts = 10\nreprint_on_doubt = false\n\
              backoff = {{ initial_ms = 100, factor = 2.0, cap_ms = 1000, jitter = 0.2 }}\n"

@@ -7,6 +7,9 @@
 //! fresh connection; 201, 200 and every other 4xx are final. Each failed attempt is
 //! recorded, so the verdict can tell the retries the bench's own kills explain from those
 //! it does not.
+//!
+//! `bench offline` sends through the same workers twice over, once to the broker and once
+//! to the store agent's LAN listener (whose answers may carry [`OFFLINE_HEADER`]).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -20,6 +23,10 @@ use hyper::Method;
 use super::schedule::Submissions;
 use crate::http::Conn;
 use crate::load::{outcome_of, Outcome};
+
+/// The header of a store agent's answer for a task it accepted while the broker was
+/// unreachable (README, "When the internet is down"); a broker never sends it.
+pub const OFFLINE_HEADER: &str = "x-onceprint-offline";
 
 /// Retry backoff: 50 ms doubling to 1 s.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -114,6 +121,15 @@ pub async fn submit_all(
     run
 }
 
+/// One `POST /v1/print-tasks` with the answer's headers, within [`crate::http::REQUEST_TIMEOUT`].
+async fn send(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    body: hyper::body::Bytes,
+) -> Result<(hyper::StatusCode, hyper::HeaderMap, hyper::body::Bytes), String> {
+    conn.request_with_headers(Method::POST, "/v1/print-tasks", auth, Some(body), crate::http::REQUEST_TIMEOUT).await
+}
+
 type Done = Vec<(usize, Outcome, u32, Vec<FailedAttempt>)>;
 
 async fn worker(
@@ -139,15 +155,15 @@ async fn worker(
             attempts += 1;
             let start = Instant::now();
             let result = match conn.as_mut() {
-                Some(c) => c.request(Method::POST, "/v1/print-tasks", &auth, Some(req.body.clone())).await,
+                Some(c) => send(c, &auth, req.body.clone()).await,
                 None => match Conn::connect(addr).await {
-                    Ok(c) => {
-                        conn.insert(c).request(Method::POST, "/v1/print-tasks", &auth, Some(req.body.clone())).await
-                    }
+                    Ok(c) => send(conn.insert(c), &auth, req.body.clone()).await,
                     Err(e) => Err(e),
                 },
             };
-            let outcome = outcome_of(result, us(start), us(Instant::now()));
+            let offline = result.as_ref().is_ok_and(|(_, headers, _)| headers.contains_key(OFFLINE_HEADER));
+            let mut outcome = outcome_of(result.map(|(status, _, body)| (status, body)), us(start), us(Instant::now()));
+            outcome.offline = offline;
             let retry = outcome.status == 0 || outcome.status == 429 || outcome.status >= 500;
             if !retry {
                 break outcome;
