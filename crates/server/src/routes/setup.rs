@@ -314,11 +314,11 @@ pub async fn create_lan_key(
     Path(id): Path<String>,
     crate::extract::JsonBytes(bytes): crate::extract::JsonBytes,
 ) -> Result<(StatusCode, Json<LanKeyOut>), ApiError> {
-    // No body, or only white space, is a request without an id.
+    // No body, only white space, or JSON `null` is a request without an id.
     let req: CreateLanKey = if bytes.iter().all(u8::is_ascii_whitespace) {
         CreateLanKey::default()
     } else {
-        crate::extract::parse_json(&bytes)?
+        crate::extract::parse_json::<Option<CreateLanKey>>(&bytes)?.unwrap_or_default()
     };
     let (k, key) = st.setup.create_lan_key(auth.caller(), &id, req.id).await?;
     Ok((
