@@ -387,6 +387,18 @@ impl Offline {
                     offline::JOURNAL_STATES.join(", ")
                 ))
             })?;
+            // An event dated before 1970, or an attempt below zero, is no journal record
+            // the agent writes; it would only make the audit trail lie.
+            if h.at < 0 || h.at > now + MAX_CLOCK_AHEAD_MS {
+                return Err(Check::refused(format!(
+                    "history[{i}].at: {} is not a time between 1970 and {} minutes ahead of the broker's clock",
+                    h.at,
+                    MAX_CLOCK_AHEAD_MS / 60_000
+                )));
+            }
+            if h.attempt < 0 {
+                return Err(Check::refused(format!("history[{i}].attempt: {} is below 0", h.attempt)));
+            }
             let detail = clip(&h.detail);
             let reason = if detail.is_empty() {
                 format!("store agent journal, offline: {}", h.state)

@@ -399,16 +399,32 @@ async fn what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_4
     other_printer["printed_on"] = json!("p2");
     let mut bad_outcome = printed(&lan_id(at, 15), at, "R-6", "x");
     bad_outcome["outcome"] = json!("lost");
+    let mut before_1970 = printed(&lan_id(at, 17), at, "R-8", "x");
+    before_1970["history"][0]["at"] = json!(-1);
     let good = printed(&lan_id(at, 16), at, "R-7", "x");
     let r = sync(
         app,
         &agent,
-        vec![unknown_printer, other_store, wrong_time, no_biz_no, other_printer, bad_outcome, good.clone()],
+        vec![
+            unknown_printer,
+            other_store,
+            wrong_time,
+            no_biz_no,
+            other_printer,
+            bad_outcome,
+            before_1970,
+            good.clone(),
+        ],
     )
     .await;
     let results: Vec<&str> = r.iter().filter_map(|x| x["result"].as_str()).collect();
-    assert_eq!(results, ["rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "created"], "{r:?}");
-    assert!(r[..6].iter().all(|x| x["broker_task_id"].is_null() && !x["detail"].as_str().unwrap_or("").is_empty()));
+    assert_eq!(
+        results,
+        ["rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "created"],
+        "{r:?}"
+    );
+    assert!(r[6]["detail"].as_str().unwrap_or("").contains("history[0].at"), "{r:?}");
+    assert!(r[..7].iter().all(|x| x["broker_task_id"].is_null() && !x["detail"].as_str().unwrap_or("").is_empty()));
     assert!(r[1]["detail"].as_str().unwrap_or("").contains("no printer \"q1\" in store \"s1\""), "{r:?}");
     assert_eq!(app.all_tasks(&key).await.len(), 1, "only the good one");
 

@@ -271,6 +271,16 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("OfflineTasksIn", "tasks", json!({"type": "array", "maxItems": onceprint_engine::offline::MAX_TASKS,
             "items": {"$ref": "#/components/schemas/OfflineTaskIn"}})),
         ("OfflineTaskIn", "content", content()),
+        // Integers out of the 64-bit range cannot even be read (400 for the whole request),
+        // so the document bounds them; inside the range the broker judges each task.
+        ("OfflineTaskIn", "accepted_at", json!({"type": "integer", "minimum": 0, "maximum": i64::MAX,
+            "description": "When the agent accepted it (milliseconds since the epoch): the task's creation time, \
+                its business day and the time of its charge."})),
+        ("OfflineTaskIn", "attempts", json!({"type": ["integer", "null"], "minimum": 0, "maximum": 1000,
+            "description": "Attempts the agent made (default 0)."})),
+        ("JournalRecordIn", "at", json!({"type": "integer", "minimum": 0, "maximum": i64::MAX,
+            "description": "Milliseconds since the epoch, by the agent's clock."})),
+        ("JournalRecordIn", "attempt", json!({"type": ["integer", "null"], "minimum": 0, "maximum": i32::MAX})),
         ("JournalDigestIn", "agent_id", agent_id()),
         ("JournalDigestIn", "session", session()),
         ("JournalDigestIn", "records", json!({"type": "array", "maxItems": onceprint_engine::device_log::MAX_RECORDS,
