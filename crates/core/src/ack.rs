@@ -56,7 +56,16 @@ impl Outcome {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam)
     }
 
-    /// Outcomes that prove nothing came out of the printer (checked before sending).
+    /// Outcomes that describe the printer, not the ticket: the printer cannot print
+    /// anything until a person (or the network) fixes it. They pause the printer's lane
+    /// instead of spending the ticket's attempts (issue 15); the same set as
+    /// [`Outcome::proves_nothing_printed`], since the agent checks the status before
+    /// sending.
+    pub fn pauses_lane(self) -> bool {
+        self.proves_nothing_printed()
+    }
+
+    /// Outcomes after which a retry may print (nothing came out, or an error before paper).
     pub fn is_recoverable(self) -> bool {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam | Outcome::Error)
     }
@@ -82,6 +91,10 @@ pub struct AckChange {
     /// nothing printed). Once any attempt of a task may have printed, the task is never
     /// moved to another printer automatically (R25).
     pub may_have_printed: bool,
+    /// The ack was a status refusal ([`Outcome::pauses_lane`]) that waits for the printer:
+    /// the task's refusal count grows, so that the offer is not counted against
+    /// `max_attempts`.
+    pub refused: bool,
 }
 
 impl AckChange {
@@ -112,16 +125,30 @@ pub struct Ack {
     pub detail: String,
 }
 
-/// Decides what an ack does to a task in `state` after `attempts` deliveries.
-/// `jitter_unit` is a random sample in [0, 1) for the backoff.
-pub fn decide(
-    state: TaskState,
-    attempts: i32,
-    ack: &Ack,
-    policy: &PrintTypePolicy,
-    now: Millis,
-    jitter_unit: f64,
-) -> AckDecision {
+/// What an ack decision needs to know about the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckTask {
+    pub state: TaskState,
+    /// Offers so far (the attempt number of the last one).
+    pub attempts: i32,
+    /// How many of those offers the printer refused with a status that pauses its lane;
+    /// `attempts - refusals` offers reached the printer, and only those count against
+    /// `max_attempts`.
+    pub refusals: i32,
+    /// When the task was submitted: the start of its `max_wait_ms` budget.
+    pub created_at: Millis,
+}
+
+/// Decides what an ack does to `task`. `jitter_unit` is a random sample in [0, 1) for
+/// the backoff.
+///
+/// A status refusal (no paper, cover open, paper jam, offline) pauses the lane: the task
+/// waits for its printer, checked again on a backoff of its refusals and at once when the
+/// printer reports that it is ready, until `max_wait_ms` after its submission, after which
+/// it fails with the printer's reason. Any other recoverable outcome spends one of
+/// `max_attempts`.
+pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, jitter_unit: f64) -> AckDecision {
+    let (state, attempts) = (task.state, task.attempts);
     let (ack_attempt, outcome, detail) = (ack.attempt, ack.outcome, ack.detail.as_str());
     let reason = |what: &str| {
         if detail.is_empty() {
@@ -131,7 +158,7 @@ pub fn decide(
         }
     };
     let may_have_printed = !outcome.proves_nothing_printed() && outcome != Outcome::Printed;
-    let change = |to: TaskState, last_error: Option<String>, next: Option<Millis>, why: String| {
+    let change_refused = |to: TaskState, last_error: Option<String>, next: Option<Millis>, why: String, refused| {
         AckDecision::Apply(AckChange {
             from: state,
             to,
@@ -140,8 +167,12 @@ pub fn decide(
             next_attempt_at: next,
             reason: why,
             may_have_printed,
+            refused,
         })
     };
+    let change = |to, last_error, next, why| change_refused(to, last_error, next, why, false);
+    // Offers that reached the printer (never negative, whatever a row says).
+    let delivered = (attempts - task.refusals.max(0)).max(0);
     let current = ack_attempt == attempts && ack_attempt > 0;
     match (state, outcome) {
         (TaskState::Sent, Outcome::Printed) if ack_attempt <= attempts && ack_attempt > 0 => {
@@ -152,8 +183,40 @@ pub fn decide(
             };
             change(TaskState::Printed, None, None, why)
         }
+        (TaskState::Sent, o) if current && o.pauses_lane() => {
+            let waited = (now - task.created_at).max(0);
+            if waited >= policy.max_wait_ms {
+                change(
+                    TaskState::Failed,
+                    Some(o.as_str().to_owned()),
+                    None,
+                    reason(&format!(
+                        "{}; waited {} s for the printer, past the print type's max_wait_ms ({} ms)",
+                        o.as_str(),
+                        waited / 1000,
+                        policy.max_wait_ms
+                    )),
+                )
+            } else {
+                let refusals = task.refusals.max(0) + 1;
+                let delay = policy.backoff.delay_ms(refusals as u32, jitter_unit);
+                // Never past the budget: the check at its end is what fails the ticket.
+                let next = (now + delay).min(task.created_at + policy.max_wait_ms).max(now);
+                change_refused(
+                    TaskState::Retrying,
+                    Some(o.as_str().to_owned()),
+                    Some(next),
+                    reason(&format!(
+                        "{}; the printer's lane waits for it (asked again in {} ms, or when it reports ready)",
+                        o.as_str(),
+                        next - now
+                    )),
+                    true,
+                )
+            }
+        }
         (TaskState::Sent, o) if current && o.is_recoverable() => {
-            if attempts >= policy.max_attempts as i32 {
+            if delivered >= policy.max_attempts as i32 {
                 change(
                     TaskState::Failed,
                     Some(o.as_str().to_owned()),
@@ -161,7 +224,7 @@ pub fn decide(
                     reason(&format!("{}; no attempts left", o.as_str())),
                 )
             } else {
-                let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
+                let delay = policy.backoff.delay_ms(delivered.max(1) as u32, jitter_unit);
                 change(
                     TaskState::Retrying,
                     Some(o.as_str().to_owned()),
@@ -171,8 +234,8 @@ pub fn decide(
             }
         }
         (TaskState::Sent, Outcome::InDoubt) if current => {
-            if policy.reprint_on_doubt && attempts < policy.max_attempts as i32 {
-                let delay = policy.backoff.delay_ms(attempts.max(1) as u32, jitter_unit);
+            if policy.reprint_on_doubt && delivered < policy.max_attempts as i32 {
+                let delay = policy.backoff.delay_ms(delivered.max(1) as u32, jitter_unit);
                 change(
                     TaskState::Retrying,
                     Some("in_doubt".into()),
@@ -212,55 +275,114 @@ mod tests {
         Ack { attempt, outcome, detail: detail.into() }
     }
 
+    /// A task submitted at 0 that no printer refused yet.
+    fn t(state: TaskState, attempts: i32) -> AckTask {
+        AckTask { state, attempts, refusals: 0, created_at: 0 }
+    }
+
     fn policy() -> PrintTypePolicy {
         PolicyTable::default().types["receipt"].clone()
     }
 
     #[test]
     fn printed_completes_a_sent_task() {
-        let d = decide(TaskState::Sent, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0);
+        let d = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0);
         let AckDecision::Apply(c) = d else { panic!("{d:?}") };
         assert_eq!((c.from, c.to, c.attempts), (TaskState::Sent, TaskState::Printed, 1));
         assert_eq!(
-            decide(TaskState::Printed, 1, &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0),
+            decide(&t(TaskState::Printed, 1), &ack(1, Outcome::Printed, ""), &policy(), 0, 0.0),
             AckDecision::Duplicate
         );
     }
 
     #[test]
-    fn recoverable_errors_retry_with_backoff_until_the_limit() {
+    fn errors_retry_with_backoff_until_the_limit() {
         let p = policy();
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::NoPaper, ""), &p, 1000, 0.0) else {
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::Error, ""), &p, 1000, 0.0) else {
             panic!()
         };
         assert_eq!(
             (c.to, c.last_error.as_deref(), c.next_attempt_at),
-            (TaskState::Retrying, Some("no_paper"), Some(2000))
+            (TaskState::Retrying, Some("error"), Some(2000))
         );
+        assert!(!c.refused, "an error spends an attempt");
         let last = p.max_attempts as i32;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::CoverOpen, ""), &p, 0, 0.0)
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, last), &ack(last, Outcome::Error, ""), &p, 0, 0.0)
         else {
             panic!()
         };
-        assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Failed, Some("cover_open")));
-        assert_eq!(decide(TaskState::Retrying, 1, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Duplicate);
+        assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Failed, Some("error")));
+        assert_eq!(
+            decide(&t(TaskState::Retrying, 1), &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0),
+            AckDecision::Duplicate
+        );
+    }
+
+    #[test]
+    fn a_printer_that_cannot_print_pauses_the_ticket_without_spending_attempts() {
+        let p = policy();
+        let last = p.max_attempts as i32;
+        // Far past max_attempts offers, all refused: it still waits, on the refusals' backoff.
+        for o in [Outcome::NoPaper, Outcome::CoverOpen, Outcome::PaperJam, Outcome::Offline] {
+            let task = AckTask { state: TaskState::Sent, attempts: 3 * last, refusals: 3 * last - 1, created_at: 0 };
+            let AckDecision::Apply(c) = decide(&task, &ack(3 * last, o, ""), &p, 60_000, 0.0) else { panic!("{o}") };
+            assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Retrying, Some(o.as_str())), "{o}");
+            assert!(c.refused);
+            assert_eq!(c.next_attempt_at, Some(60_000 + p.backoff.cap_ms));
+        }
+        // The first refusal waits the backoff's first step.
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::NoPaper, ""), &p, 1000, 0.0) else {
+            panic!()
+        };
+        assert_eq!(c.next_attempt_at, Some(2000));
+        // The next check never lies past the budget, and at the budget the ticket fails.
+        let near = p.max_wait_ms - 10;
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::NoPaper, ""), &p, near, 0.0) else {
+            panic!()
+        };
+        assert_eq!(c.next_attempt_at, Some(p.max_wait_ms));
+        let AckDecision::Apply(c) =
+            decide(&t(TaskState::Sent, 2), &ack(2, Outcome::CoverOpen, ""), &p, p.max_wait_ms, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!((c.to, c.last_error.as_deref(), c.refused), (TaskState::Failed, Some("cover_open"), false));
+        assert!(c.reason.contains("max_wait_ms"), "{}", c.reason);
+    }
+
+    #[test]
+    fn only_deliveries_that_reached_the_printer_count_against_the_attempts() {
+        let p = policy();
+        let last = p.max_attempts as i32;
+        // Ten refusals, then errors: the attempt limit counts the errors only.
+        let task = |attempts| AckTask { state: TaskState::Sent, attempts, refusals: 10, created_at: 0 };
+        let AckDecision::Apply(c) = decide(&task(10 + last - 1), &ack(10 + last - 1, Outcome::Error, ""), &p, 5, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!(c.to, TaskState::Retrying);
+        let AckDecision::Apply(c) = decide(&task(10 + last), &ack(10 + last, Outcome::Error, ""), &p, 5, 0.0) else {
+            panic!()
+        };
+        assert_eq!(c.to, TaskState::Failed);
     }
 
     #[test]
     fn doubt_waits_for_a_person_unless_the_policy_reprints() {
         let mut p = policy();
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
             panic!()
         };
         assert_eq!(c.to, TaskState::InDoubt);
         p.reprint_on_doubt = true;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, 1, &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, 1), &ack(1, Outcome::InDoubt, ""), &p, 0, 0.0) else {
             panic!()
         };
         assert_eq!(c.to, TaskState::Retrying);
         // Reprinting on doubt is bounded by the attempt limit like any retry.
         let last = p.max_attempts as i32;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::InDoubt, ""), &p, 0, 0.0) else {
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, last), &ack(last, Outcome::InDoubt, ""), &p, 0, 0.0)
+        else {
             panic!()
         };
         assert_eq!(c.to, TaskState::InDoubt);
@@ -270,13 +392,15 @@ mod tests {
     fn late_printed_closes_waiting_tasks_and_old_attempts_change_nothing_else() {
         let p = policy();
         for s in [TaskState::Retrying, TaskState::Failed, TaskState::InDoubt] {
-            let AckDecision::Apply(c) = decide(s, 2, &ack(1, Outcome::Printed, ""), &p, 0, 0.0) else { panic!("{s}") };
+            let AckDecision::Apply(c) = decide(&t(s, 2), &ack(1, Outcome::Printed, ""), &p, 0, 0.0) else {
+                panic!("{s}")
+            };
             assert_eq!(c.to, TaskState::Printed);
         }
-        assert_eq!(decide(TaskState::Sent, 2, &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Stale);
-        assert_eq!(decide(TaskState::Cancelled, 1, &ack(1, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale);
+        assert_eq!(decide(&t(TaskState::Sent, 2), &ack(1, Outcome::NoPaper, ""), &p, 0, 0.0), AckDecision::Stale);
+        assert_eq!(decide(&t(TaskState::Cancelled, 1), &ack(1, Outcome::Printed, ""), &p, 0, 0.0), AckDecision::Stale);
         assert_eq!(
-            decide(TaskState::Sent, 1, &ack(2, Outcome::Printed, ""), &p, 0, 0.0),
+            decide(&t(TaskState::Sent, 1), &ack(2, Outcome::Printed, ""), &p, 0, 0.0),
             AckDecision::Stale,
             "from the future"
         );
@@ -286,12 +410,16 @@ mod tests {
     fn only_attempts_that_prove_nothing_printed_allow_failover() {
         let p = policy();
         let last = p.max_attempts as i32;
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::NoPaper, ""), &p, 0, 0.0) else {
+        let AckDecision::Apply(c) =
+            decide(&t(TaskState::Sent, last), &ack(last, Outcome::NoPaper, ""), &p, p.max_wait_ms, 0.0)
+        else {
             panic!()
         };
+        assert_eq!(c.to, TaskState::Failed);
         assert!(c.allows_failover(false));
         assert!(!c.allows_failover(true), "an earlier attempt may have printed");
-        let AckDecision::Apply(c) = decide(TaskState::Sent, last, &ack(last, Outcome::Error, ""), &p, 0, 0.0) else {
+        let AckDecision::Apply(c) = decide(&t(TaskState::Sent, last), &ack(last, Outcome::Error, ""), &p, 0, 0.0)
+        else {
             panic!()
         };
         assert_eq!(c.to, TaskState::Failed);
@@ -310,18 +438,28 @@ mod tests {
         /// state, and keeps the attempt count.
         #[test]
         fn acks_only_ask_for_legal_transitions(
-            state in any_state(), attempts in 0i32..8, ack_attempt in -1i32..9,
-            outcome in any_outcome(), reprint in any::<bool>(), unit in 0.0f64..1.0,
+            state in any_state(), attempts in 0i32..8, ack_attempt in -1i32..9, refusals in -1i32..9,
+            outcome in any_outcome(), reprint in any::<bool>(), unit in 0.0f64..1.0, now in 0i64..1_000_000,
         ) {
             let mut p = policy();
             p.reprint_on_doubt = reprint;
-            match decide(state, attempts, &ack(ack_attempt, outcome, "d"), &p, 10, unit) {
+            let task = AckTask { state, attempts, refusals, created_at: 0 };
+            match decide(&task, &ack(ack_attempt, outcome, "d"), &p, now, unit) {
                 AckDecision::Apply(c) => {
                     prop_assert!(state.can_go_to(c.to), "{} -> {}", state, c.to);
                     prop_assert_eq!(c.from, state);
                     prop_assert_eq!(c.attempts, attempts);
                     prop_assert!(ack_attempt >= 1 && ack_attempt <= attempts);
                     if c.to == TaskState::Retrying { prop_assert!(c.next_attempt_at.is_some()); }
+                    // A refusal pauses, within the budget, and never ends the ticket early.
+                    prop_assert_eq!(c.refused, outcome.pauses_lane() && c.to == TaskState::Retrying);
+                    if c.refused {
+                        prop_assert!(now < p.max_wait_ms);
+                        prop_assert!(c.next_attempt_at.is_some_and(|n| n >= now && n <= p.max_wait_ms));
+                    }
+                    if outcome.pauses_lane() && c.to == TaskState::Failed {
+                        prop_assert!(now >= p.max_wait_ms, "failed a paused ticket inside its budget");
+                    }
                 }
                 AckDecision::Duplicate | AckDecision::Stale => {}
             }

@@ -22,11 +22,11 @@ pub mod policy;
 pub mod state;
 pub mod time;
 
-pub use ack::{Ack, AckDecision, Outcome};
+pub use ack::{Ack, AckDecision, AckTask, Outcome};
 pub use content::{Content, ContentLimits};
 pub use error::CoreError;
 pub use ids::{validate_id, TaskId};
 pub use key::{delivery_key, Fingerprint, IdempotencyKey, Target};
-pub use policy::{Backoff, PolicyTable, PrintTypePolicy};
+pub use policy::{Backoff, PolicyTable, PrintTypePolicy, DEFAULT_MAX_WAIT_MS};
 pub use state::{TaskState, TransitionError};
 pub use time::Millis;

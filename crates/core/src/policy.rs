@@ -42,6 +42,20 @@ pub struct PrintTypePolicy {
     /// Kitchen tickets may prefer a second copy to a missing dish (R14); the default is to
     /// stop and ask a human.
     pub reprint_on_doubt: bool,
+    /// How long a ticket may wait for its printer to come back from a state that proves
+    /// nothing printed (no paper, cover open, paper jam, offline), counted from its
+    /// submission (issue 15). Such refusals pause the printer's lane without spending
+    /// `max_attempts`, which limits deliveries that reached the printer; past this budget
+    /// the ticket fails with the printer's reason, as it did after its attempts before.
+    #[serde(default = "default_max_wait_ms")]
+    pub max_wait_ms: i64,
+}
+
+/// Ten minutes: a paper change at lunch, not a printer that is gone for the day.
+pub const DEFAULT_MAX_WAIT_MS: i64 = 600_000;
+
+fn default_max_wait_ms() -> i64 {
+    DEFAULT_MAX_WAIT_MS
 }
 
 /// The configured print types. Unknown print types are refused at intake, so a typo in a
@@ -63,6 +77,7 @@ impl Default for PolicyTable {
             backoff: backoff.clone(),
             max_attempts,
             reprint_on_doubt,
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
         };
         let mut types = BTreeMap::new();
         types.insert("refund".into(), p(0, &fast, 5, false));
@@ -85,6 +100,7 @@ impl PolicyTable {
             backoff: Backoff { initial_ms: 1_000, factor: 2.0, cap_ms: 30_000, jitter: 0.2 },
             max_attempts: 5,
             reprint_on_doubt: false,
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
         })
     }
 

@@ -26,13 +26,17 @@ pub const EVENT_TYPE_HEADER: &str = "x-onceprint-event-type";
 /// Event kinds an endpoint can subscribe to.
 /// `printer.refused_message`: a printer's device (MQTT) sent an answer about a task that
 /// is not its printer's; it was refused.
-pub const EVENT_KINDS: [&str; 8] = [
+/// `printer.paused` / `printer.resumed`: a printer's own state (no paper, cover open, paper
+/// jam, offline) started or stopped holding its lane (issue 15), once per printer.
+pub const EVENT_KINDS: [&str; 10] = [
     "task.failed",
     "task.in_doubt",
     "task.printed",
     "printer.offline",
     "printer.online",
     "printer.stalled",
+    "printer.paused",
+    "printer.resumed",
     "printer.refused_message",
     "agent.offline",
 ];

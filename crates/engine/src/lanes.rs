@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use onceprint_core::ack::{decide, Ack, AckChange, AckDecision, Outcome};
+use onceprint_core::ack::{decide, Ack, AckChange, AckDecision, AckTask, Outcome};
 use onceprint_core::lane::{next_step, Holder, InFlight, Reoffer, Step, Waiting};
 use onceprint_core::{delivery_key, Millis, PolicyTable, TaskState};
 use onceprint_store::{
@@ -64,6 +64,10 @@ pub struct DeliveryConfig {
     pub reprint_banner: String,
     /// A lane with work and no progress for this long is `printer.stalled` (R37).
     pub stall_after_ms: i64,
+    /// A station's printer paused by its own state (no paper, cover open, paper jam,
+    /// offline) for this long hands its station tickets to the station's next printer
+    /// (issue 15); shorter pauses wait, like any lane.
+    pub station_failover_after_ms: i64,
 }
 
 impl Default for DeliveryConfig {
@@ -76,6 +80,7 @@ impl Default for DeliveryConfig {
             recheck_ms: 30_000,
             reprint_banner: "*** REPRINT {n} ***".into(),
             stall_after_ms: 120_000,
+            station_failover_after_ms: 30_000,
         }
     }
 }
@@ -577,6 +582,7 @@ impl LaneEngine {
             },
             may_have_printed: rules.fetched_on_hand_out,
             event: None,
+            refused: false,
         }
     }
 
@@ -622,6 +628,7 @@ impl LaneEngine {
             sent_session: Some(crate::claimant::FETCHED.into()),
             may_have_printed: true,
             event: None,
+            refused: false,
         };
         Ok(self.store.transition(&change).await?)
     }
@@ -654,7 +661,7 @@ impl LaneEngine {
     fn doubt(&self, task: &Task, actor: String, detail: String, now: Millis) -> Option<Transition> {
         let ack = Ack { attempt: task.attempts, outcome: Outcome::InDoubt, detail };
         let policy = self.policies.policy_for(&task.print_type);
-        match decide(task.state, task.attempts, &ack, &policy, now, Self::jitter()) {
+        match decide(&Self::ack_task(task), &ack, &policy, now, Self::jitter()) {
             AckDecision::Apply(c) => Some(self.transition_for(task, &c, actor, now)),
             AckDecision::Duplicate | AckDecision::Stale => None,
         }
@@ -676,7 +683,48 @@ impl LaneEngine {
             sent_to: task.sent_to.clone(),
             sent_session: task.sent_session.clone(),
             may_have_printed: c.may_have_printed && c.to != TaskState::Printed,
+            refused: c.refused,
         }
+    }
+
+    /// What [`decide`] needs of a task.
+    fn ack_task(task: &Task) -> AckTask {
+        AckTask { state: task.state, attempts: task.attempts, refusals: task.refusals, created_at: task.created_at }
+    }
+
+    /// A station task whose printer refused it with a pausing status waits like any other
+    /// while the printer has been paused for less than the station threshold; past it, the
+    /// refusal fails the task so that it fails over to the station's next printer (R25,
+    /// issue 15). The pause counts from the printer row's `paused_since` (this refusal
+    /// starts it when the row does not show a pause yet). Without a backup to move to, the
+    /// task keeps waiting: failing it would only hand a paper change to a person.
+    async fn station_threshold(&self, task: &Task, c: &mut AckChange, now: Millis) -> Result<(), DeliveryError> {
+        // A task that may have printed never moves to another printer (R25): it waits.
+        if !c.refused || task.station_id.is_none() || task.may_have_printed {
+            return Ok(());
+        }
+        let since = match self.store.get_printer(&task.tenant_id, &task.printer_id).await? {
+            Some(p) if onceprint_store::pauses_lane(p.last_error.as_deref()) => p.paused_since.unwrap_or(now),
+            _ => now,
+        };
+        let paused_ms = now - since;
+        if paused_ms < self.config.station_failover_after_ms {
+            return Ok(());
+        }
+        if self.next_station_printer(task).await?.is_none() {
+            return Ok(());
+        }
+        let why = c.last_error.clone().unwrap_or_default();
+        c.to = TaskState::Failed;
+        c.next_attempt_at = None;
+        c.refused = false;
+        c.reason = format!(
+            "attempt {}: {why}; the printer has been paused for {} s, past the station's failover threshold ({} ms)",
+            task.attempts,
+            paused_ms / 1000,
+            self.config.station_failover_after_ms
+        );
+        Ok(())
     }
 
     /// The bytes of `task` for `printer`, in its transport's encoding.
@@ -744,6 +792,7 @@ impl LaneEngine {
             sent_session: task.sent_session.clone(),
             may_have_printed: false,
             event: crate::alerts::task_event(task, TaskState::Failed, Some("unrenderable"), why, now),
+            refused: false,
         };
         if self.store.transition(&change).await? {
             self.gate.set_state(&task.task_id, TaskState::Failed);
@@ -793,7 +842,7 @@ impl LaneEngine {
                 let task = &view.task;
                 let policy = self.policies.policy_for(&task.print_type);
                 let ack = Ack { attempt: a.attempt, outcome: a.outcome, detail: a.detail.clone() };
-                let c = match decide(task.state, task.attempts, &ack, &policy, now, Self::jitter()) {
+                let mut c = match decide(&Self::ack_task(task), &ack, &policy, now, Self::jitter()) {
                     AckDecision::Apply(c) => c,
                     AckDecision::Duplicate => {
                         results[i] = AckResult::Duplicate;
@@ -804,6 +853,7 @@ impl LaneEngine {
                         continue;
                     }
                 };
+                self.station_threshold(task, &mut c, now).await?;
                 let transition = self.transition_for(task, &c, claimant.actor(), now);
                 let allows_failover = task.station_id.is_some() && c.allows_failover(task.may_have_printed);
                 let d = depth.entry(a.task_id.clone()).or_insert(0);
@@ -816,6 +866,7 @@ impl LaneEngine {
                     last_error: c.last_error.clone(),
                     next_attempt_at: c.next_attempt_at,
                     may_have_printed: task.may_have_printed || transition.may_have_printed,
+                    refusals: task.refusals + i32::from(transition.refused),
                     ..task.clone()
                 };
                 layers[*d].push(Decided {
@@ -893,13 +944,14 @@ impl LaneEngine {
             retry.sort_unstable();
             pending = retry;
         }
-        if changed {
-            // A lane may have freed up (or a retry was scheduled): let waiting polls look.
-            self.signals.notify(&who.tenant_id, &who.store_id);
-        }
         if !printer_updates.is_empty() {
             let updates: Vec<PrinterStatusUpdate> = printer_updates.into_values().collect();
             self.store.update_printer_status(&updates).await?;
+        }
+        if changed {
+            // A lane may have freed up (or a retry was scheduled, or a printer that printed
+            // again resumed its paused lane): let waiting polls look.
+            self.signals.notify(&who.tenant_id, &who.store_id);
         }
         Ok(results)
     }
@@ -914,19 +966,7 @@ impl LaneEngine {
         now: Millis,
     ) -> Result<Option<ManualChange>, DeliveryError> {
         let Some(station_id) = task.station_id.clone() else { return Ok(None) };
-        let Some(station) = self.directory.station(&task.tenant_id, &station_id).await? else { return Ok(None) };
-        // The next printer of the station after this one that is not disabled: a disabled
-        // backup would only hold the ticket until someone enables it again.
-        let after = station.printers.iter().position(|p| *p == task.printer_id).map_or(0, |i| i + 1);
-        let mut next = None;
-        for candidate in station.printers.iter().skip(after) {
-            let enabled = self.directory.printer_info(&task.tenant_id, candidate).await?.is_some_and(|p| p.row.enabled);
-            if enabled {
-                next = Some(candidate.clone());
-                break;
-            }
-        }
-        let Some(next) = next else {
+        let Some(next) = self.next_station_printer(task).await? else {
             tracing::warn!(task_id = %task.task_id, station = %station_id, "failover: no backup printer left");
             return Ok(None);
         };
@@ -959,6 +999,7 @@ impl LaneEngine {
             sent_session: task.sent_session.clone(),
             may_have_printed: false,
             event: None,
+            refused: false,
         };
         Ok(Some(ManualChange {
             task_id: task.task_id.clone(),
@@ -967,6 +1008,21 @@ impl LaneEngine {
             successor: Some(succ),
             now,
         }))
+    }
+
+    /// The next printer of the task's station after its own that is not disabled: a
+    /// disabled backup would only hold the ticket until someone enables it again.
+    async fn next_station_printer(&self, task: &Task) -> Result<Option<String>, DeliveryError> {
+        let Some(station_id) = task.station_id.as_deref() else { return Ok(None) };
+        let Some(station) = self.directory.station(&task.tenant_id, station_id).await? else { return Ok(None) };
+        let after = station.printers.iter().position(|p| *p == task.printer_id).map_or(0, |i| i + 1);
+        for candidate in station.printers.iter().skip(after) {
+            let enabled = self.directory.printer_info(&task.tenant_id, candidate).await?.is_some_and(|p| p.row.enabled);
+            if enabled {
+                return Ok(Some(candidate.clone()));
+            }
+        }
+        Ok(None)
     }
 
     async fn apply_failover(&self, change: &ManualChange) -> Result<bool, DeliveryError> {

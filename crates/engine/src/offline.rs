@@ -591,6 +591,7 @@ fn planner(
                     sent_to: existing.sent_to.clone(),
                     sent_session: existing.sent_session.clone(),
                     may_have_printed,
+                    refused: false,
                 };
                 MergeStep { kind: d.kind, transition: Some(transition), note: None }
             }
@@ -642,6 +643,7 @@ mod tests {
             origin_kind: None,
             reprint_no: None,
             successor_task_id: None,
+            refusals: 0,
         }
     }
 

@@ -245,6 +245,7 @@ impl Operations {
             sent_session: task.sent_session.clone(),
             may_have_printed: false,
             event: None,
+            refused: false,
         });
         let successor = match action {
             ManualAction::Reprint => {

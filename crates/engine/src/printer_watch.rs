@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use onceprint_core::Millis;
-use onceprint_store::{AgentIdentity, OutboxEvent, Printer, PrinterStatusUpdate, Store, StoreError};
+use onceprint_store::{pauses_lane, AgentIdentity, OutboxEvent, Printer, PrinterStatusUpdate, Store, StoreError};
 
 use crate::claimant::AgentRegistry;
 use crate::clock::{now_ms, rfc3339};
@@ -138,6 +138,7 @@ impl PrinterWatch {
             }
         }
         let mut updates = Vec::new();
+        let mut resumes = false;
         for (printer_id, status) in latest {
             let Some((_, row)) = printers.iter().find(|(w, _)| &w.printer_id == printer_id) else { continue };
             let (online, last_error) = status.as_row();
@@ -146,6 +147,9 @@ impl PrinterWatch {
             if row.online == online && row.last_error == last_error && fresh {
                 continue;
             }
+            // A printer back from no paper (or cover open, ...) makes its waiting tickets
+            // due now (the store does that with the update): waiting polls must look.
+            resumes |= pauses_lane(row.last_error.as_deref()) && !pauses_lane(last_error.as_deref());
             updates.push(PrinterStatusUpdate {
                 tenant_id: who.tenant_id.clone(),
                 printer_id: printer_id.clone(),
@@ -157,6 +161,9 @@ impl PrinterWatch {
         }
         if !updates.is_empty() {
             self.store.update_printer_status(&updates).await?;
+        }
+        if resumes {
+            self.signals.notify(&who.tenant_id, &who.store_id);
         }
         Ok(printers.into_iter().map(|(w, _)| w).collect())
     }

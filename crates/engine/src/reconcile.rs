@@ -535,6 +535,7 @@ mod tests {
             origin_kind: origin,
             reprint_no: None,
             successor_task_id: succ.map(str::to_owned),
+            refusals: 0,
         }
     }
 

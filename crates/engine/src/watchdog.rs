@@ -41,9 +41,6 @@ pub struct LaneAge {
     pub stalled: bool,
 }
 
-/// Printer states in which a lane waits for the printer, not for the broker.
-const PAUSING: [&str; 4] = ["no_paper", "cover_open", "paper_jam", "offline"];
-
 #[derive(Default)]
 struct State {
     /// (tenant, printer) → (the first waiting task, since when the lane has looked so).
@@ -157,7 +154,8 @@ impl Watchdog {
         if in_flight_long {
             return Ok(true);
         }
-        if printer.row.last_error.as_deref().is_some_and(|e| PAUSING.contains(&e)) {
+        // A lane waiting for its printer (no paper, cover open, ...) waits on purpose.
+        if onceprint_store::pauses_lane(printer.row.last_error.as_deref()) {
             return Ok(false);
         }
         let lane = self.lanes.store().lane(&s.tenant_id, &s.printer_id).await?;

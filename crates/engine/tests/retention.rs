@@ -89,6 +89,7 @@ async fn print(s: &dyn Store, gate: &RecentTasks, task_id: &str) {
         sent_session: Some("s".into()),
         may_have_printed: false,
         event: None,
+        refused: false,
     };
     assert!(s.transition(&send).await.expect("send"));
     let printed = Transition {

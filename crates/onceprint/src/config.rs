@@ -179,6 +179,9 @@ pub struct FileConfig {
     pub takeover_quiet_ms: Option<i64>,
     /// A lane with work and no progress this long raises `printer.stalled` (default 120000).
     pub stall_after_ms: Option<i64>,
+    /// A station printer paused by no paper, cover open, paper jam or offline this long
+    /// hands its station tickets to the station's next printer (default 30000).
+    pub station_failover_after_ms: Option<i64>,
     /// A pushed (webhook) delivery without an answer this long goes to a person (default
     /// 300000).
     pub push_doubt_after_ms: Option<i64>,
@@ -444,6 +447,10 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                     sweep_interval_ms: file.sweep_interval_ms.unwrap_or(d.sweep_interval_ms).max(10),
                     takeover_quiet_ms: file.takeover_quiet_ms.unwrap_or(d.takeover_quiet_ms).max(0),
                     stall_after_ms: file.stall_after_ms.unwrap_or(d.stall_after_ms).max(1_000),
+                    station_failover_after_ms: file
+                        .station_failover_after_ms
+                        .unwrap_or(d.station_failover_after_ms)
+                        .max(0),
                     recheck_ms: args
                         .poll_recheck_ms
                         .or(file.poll_recheck_ms)

@@ -29,9 +29,10 @@ const PASSWORD: &str = "counter top passphrase";
 /// Bounded waits: long enough for a slow CI machine, never a timing assertion.
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Quick timings so that doubt and silence show within seconds.
+/// Quick timings so that doubt and silence show within seconds; a receipt waits at most
+/// 4 s for a paused (here: dead) printer before it fails.
 const CONFIG: &str = "redeliver_after_ms = 1500\nagent_gone_after_ms = 2500\nsweep_interval_ms = 200\n\
-[print_types.receipt]\npriority = 10\nmax_attempts = 3\nreprint_on_doubt = false\n\
+[print_types.receipt]\npriority = 10\nmax_attempts = 3\nreprint_on_doubt = false\nmax_wait_ms = 4000\n\
 backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n";
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -543,7 +544,7 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     let dead = w.submit("B9", "p1", "Table 9").await;
     let start = Instant::now();
     loop {
-        // The dead printer's ticket fails (offline) after its attempts, or lands in doubt.
+        // The dead printer's ticket fails (offline) past its wait budget, or lands in doubt.
         let t = w.get(&format!("/v1/print-tasks/{dead}")).await;
         if t["state"] == "failed" || t["state"] == "in_doubt" {
             break;

@@ -17,7 +17,13 @@ const ADMIN: &str = "e2e-admin";
 const BIN: &str = env!("CARGO_BIN_EXE_onceprint");
 
 /// Broker settings that make the timing-dependent paths quick in tests.
+/// Fast timings. `label` tickets wait at most 2.5 s for a paused printer (the budget
+/// test); the others wait the default ten minutes. A station's printer paused for 3 s
+/// hands its station tickets to the next printer.
 const FAST: &str = "redeliver_after_ms = 1500\nagent_gone_after_ms = 1500\nsweep_interval_ms = 200\n\
+station_failover_after_ms = 3000\n\
+[print_types.label]\npriority = 30\nmax_attempts = 3\nreprint_on_doubt = false\nmax_wait_ms = 2500\n\
+backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n\
 [print_types.receipt]\npriority = 10\nmax_attempts = 3\nreprint_on_doubt = false\n\
 backoff = { initial_ms = 200, factor = 2.0, cap_ms = 1000, jitter = 0.0 }\n\
 [print_types.refund]\npriority = 0\nmax_attempts = 3\nreprint_on_doubt = false\n\
@@ -261,6 +267,19 @@ impl World {
         v["task_id"].as_str().expect("task_id").to_owned()
     }
 
+    /// Waits until printer p0 is as `ok` wants it; returns its row.
+    async fn wait_printer(&self, ok: impl Fn(&Value) -> bool, secs: u64) -> Value {
+        let start = Instant::now();
+        loop {
+            let p = self.get("/v1/printers/p0").await;
+            if ok(&p) {
+                return p;
+            }
+            assert!(start.elapsed() < Duration::from_secs(secs), "printer p0: {p}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn state(&self, task: &str) -> Value {
         self.get(&format!("/v1/print-tasks/{task}")).await
     }
@@ -331,7 +350,9 @@ both!(
     killing_the_agent_mid_stream_prints_nothing_twice,
     killing_the_broker_mid_stream_loses_nothing,
     order_and_priority_hold_and_a_dead_printer_slows_no_one,
-    attempts_run_out_into_failed_with_the_reason,
+    past_its_wait_budget_a_paused_ticket_fails_with_the_reason,
+    a_paper_out_pauses_the_lane_and_twenty_tickets_print_in_order_after_the_refill,
+    a_station_fails_over_once_when_its_printer_stays_paused,
     a_lost_ack_is_answered_from_the_journal_without_a_second_print,
     a_crash_mid_job_waits_for_a_person_unless_the_policy_reprints,
     failover_prints_once_on_the_backup_and_the_primary_never_prints_it,
@@ -579,9 +600,9 @@ async fn alerts_manual_actions_and_reconciliation_with_the_real_binary(pg: bool)
     let (url, got) = alert_receiver().await;
     let secret = "ops-webhook-secret-0123";
     w.post("/v1/webhooks", json!({"id": "ops", "url": url, "secret": secret, "events": ["task.failed"]})).await;
-    // A cover left open until attempts run out: failed, and an alert.
+    // A cover left open past the label's wait budget: failed, and an alert.
     w.faults(0, json!({"cover_open": true})).await;
-    let failed = w.submit("OPS1", 0, "receipt").await;
+    let failed = w.submit("OPS1", 0, "label").await;
     w.wait_state(&failed, &["failed"], 30).await;
     let start = Instant::now();
     while got.lock().expect("lock").len() < 2 {
@@ -838,8 +859,9 @@ async fn printer_faults_retry_with_the_reason_then_print_once(pg: bool) {
         let id = w.submit(&marker, 0, "receipt").await;
         let t = w.wait_state(&id, &["retrying"], 20).await;
         assert_eq!(t["last_error"], reason, "{t}");
-        let p = w.get("/v1/printers/p0").await;
-        assert_eq!(p["last_error"], reason, "the printer shows the reason too: {p}");
+        // The printer row follows the task's change right after it (a separate write).
+        let p = w.wait_printer(|p| p["last_error"] == reason, 5).await;
+        assert!(p["paused_since"].is_string(), "the printer's state holds its lane: {p}");
         assert_eq!(w.printed_count(&marker), 0);
         w.faults(0, json!({ fault: false })).await;
         w.wait_state(&id, &["printed"], 20).await;
@@ -1019,15 +1041,146 @@ async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
     assert_eq!(order.len(), 6, "{order:?}");
 }
 
-async fn attempts_run_out_into_failed_with_the_reason(pg: bool) {
+/// Past its print type's `max_wait_ms` (2.5 s for `label` here), a ticket waiting for a
+/// paused printer fails with the printer's reason, and only then (issue 15).
+async fn past_its_wait_budget_a_paused_ticket_fails_with_the_reason(pg: bool) {
     let Some(w) = World::start("failed", pg, 1).await else { return };
     w.faults(0, json!({"cover_open": true})).await;
-    let id = w.submit("X1", 0, "receipt").await;
+    let start = Instant::now();
+    let id = w.submit("X1", 0, "label").await;
     let t = w.wait_state(&id, &["failed"], 30).await;
-    assert_eq!((t["last_error"].as_str(), t["attempts"].as_i64()), (Some("cover_open"), Some(3)), "{t}");
+    assert!(start.elapsed() >= Duration::from_millis(2_400), "failed before its budget: {:?}", start.elapsed());
+    assert_eq!(t["last_error"], "cover_open", "{t}");
+    let trail = w.get(&format!("/v1/print-tasks/{id}/events")).await;
+    let last = trail["events"].as_array().and_then(|e| e.last()).cloned().unwrap_or_default();
+    let why = last["reason"].as_str().unwrap_or("");
+    assert!(why.contains("cover_open") && why.contains("max_wait_ms"), "{last}");
     let failed = w.get("/v1/print-tasks?store_id=s1&state=failed").await;
     assert_eq!(failed["tasks"][0]["task_id"], id.as_str());
     assert_eq!(w.printed_count("X1"), 0);
+}
+
+/// A webhook receiver that answers 200 to everything; records the bodies.
+async fn recording_receiver() -> (String, Calls) {
+    let got: Calls = Default::default();
+    let seen = got.clone();
+    let addr = tiny_http(move |_, body| {
+        seen.lock().expect("lock").push((String::new(), body));
+        "200 OK"
+    })
+    .await;
+    (format!("http://{addr}/alerts"), got)
+}
+
+/// The alert kinds a receiver got, in order.
+fn kinds(got: &Calls) -> Vec<String> {
+    got.lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|(_, b)| serde_json::from_str::<Value>(b).ok())
+        .map(|v| v["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// Issue 15's acceptance: a printer out of paper for two minutes (`ONCEPRINT_TEST_PAPER_OUT_S`
+/// shortens it) with 20 tickets waiting. The lane pauses: no ticket fails or spends its
+/// attempts, one `printer.paused` alert goes out, not one per ticket; after the refill the
+/// printer's status report resumes the lane, one `printer.resumed` alert goes out, and all
+/// 20 print once each, in the order they came.
+async fn a_paper_out_pauses_the_lane_and_twenty_tickets_print_in_order_after_the_refill(pg: bool) {
+    let Some(w) = World::start("paperout", pg, 1).await else { return };
+    let (url, got) = recording_receiver().await;
+    w.post(
+        "/v1/webhooks",
+        json!({"id": "ops", "url": url, "events": ["task.failed", "printer.paused", "printer.resumed"]}),
+    )
+    .await;
+    w.faults(0, json!({"paper_out": true})).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(w.submit(&format!("P{i:02}"), 0, "receipt").await);
+    }
+    let head = w.wait_state(&ids[0], &["retrying"], 20).await;
+    assert_eq!(head["last_error"], "no_paper", "{head}");
+    let paused = w.wait_printer(|p| p["paused_since"].is_string(), 5).await;
+    assert_eq!(paused["last_error"], "no_paper", "{paused}");
+    let secs: u64 = std::env::var("ONCEPRINT_TEST_PAPER_OUT_S").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        let failed = w.get("/v1/print-tasks?store_id=s1&state=failed").await;
+        assert_eq!(failed["tasks"].as_array().map(Vec::len), Some(0), "a ticket failed during the paper-out: {failed}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // Offered again and again (the attempt number grows), far past max_attempts = 3.
+    let head = w.state(&ids[0]).await;
+    assert_eq!(head["state"], "retrying", "{head}");
+    assert!(head["attempts"].as_i64() > Some(3), "{head}");
+    assert_eq!(w.paper().len(), 0, "nothing printed without paper");
+    w.faults(0, json!({"paper_out": false})).await;
+    let refilled = Instant::now();
+    for id in &ids {
+        w.wait_state(id, &["printed"], 30).await;
+    }
+    let resumed_in = refilled.elapsed();
+    let order: Vec<String> = w
+        .paper()
+        .iter()
+        .filter_map(|j| {
+            j["text"].as_str().and_then(|t| t.lines().next()).map(|l| l.trim_start_matches("TICKET ").to_owned())
+        })
+        .collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("P{i:02}")).collect();
+    assert_eq!(order, expected, "all 20 once each, in order");
+    let p = w.wait_printer(|p| p["paused_since"].is_null(), 5).await;
+    assert!(p["last_error"].is_null(), "{p}");
+    // Alerts: one pause and one recovery for the printer; no ticket failed.
+    let start = Instant::now();
+    while kinds(&got).len() < 2 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(kinds(&got), vec!["printer.paused", "printer.resumed"], "resumed {resumed_in:?} after the refill");
+    let calls = got.lock().expect("lock").clone();
+    let pause: Value = serde_json::from_str(&calls[0].1).expect("json");
+    assert_eq!(
+        (pause["data"]["printer_id"].as_str(), pause["data"]["reason"].as_str()),
+        (Some("p0"), Some("no_paper"))
+    );
+}
+
+/// A station's printer that stays paused past the station threshold (3 s here) hands the
+/// station's tickets to the next printer: each ticket fails over once, prints once on the
+/// backup, and the primary prints none of them after its refill (issue 15, R25).
+async fn a_station_fails_over_once_when_its_printer_stays_paused(pg: bool) {
+    let Some(w) = World::start("stationpause", pg, 2).await else { return };
+    w.post("/v1/stations", json!({"id": "hot", "store_id": "s1", "printers": ["p0", "p1"]})).await;
+    w.faults(0, json!({"paper_out": true})).await;
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let body = json!({"biz_no": format!("S{i}"), "station_id": "hot",
+                          "content": {"type": "text", "text": format!("TICKET S{i}\n1 x Noodles\n")}});
+        ids.push(w.post("/v1/print-tasks", body).await["task_id"].as_str().expect("id").to_owned());
+    }
+    let first = w.wait_state(&ids[0], &["transferred"], 30).await;
+    assert!(start.elapsed() >= Duration::from_millis(2_900), "failed over before the threshold: {:?}", start.elapsed());
+    assert_eq!(first["last_error"], "no_paper", "{first}");
+    for id in &ids {
+        let t = w.wait_state(id, &["transferred"], 30).await;
+        let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
+        let s = w.wait_state(&succ, &["printed"], 30).await;
+        assert_eq!((s["printer_id"].as_str(), s["origin_kind"].as_str()), (Some("p1"), Some("failover")), "{s}");
+        assert!(s["successor_task_id"].is_null(), "one failover per ticket: {s}");
+        let moved: Vec<(String, String)> = w.events(id).await;
+        assert_eq!(moved.iter().filter(|e| e.1 == "transferred").count(), 1, "{moved:?}");
+    }
+    w.faults(0, json!({"paper_out": false})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let on = |port: u16| w.paper().iter().filter(|j| j["printer"] == format!("127.0.0.1:{port}")).count();
+    assert_eq!((on(w.sim_base_port), on(w.sim_base_port + 1)), (0, 5), "{:?}", w.paper());
+    for i in 0..5 {
+        assert_eq!(w.printed_count(&format!("S{i}")), 1);
+    }
 }
 
 /// The shop's POS, pointed at the store agent's LAN listener.

@@ -192,6 +192,12 @@ pub struct PrinterOut {
     pub online: bool,
     pub last_seen_at: Option<String>,
     pub last_error: Option<String>,
+    /// Extension: since when the printer's own state (`last_error` `no_paper`,
+    /// `cover_open`, `paper_jam` or `offline`) holds its lane; `null` while it does not.
+    /// Its tickets wait without spending attempts until the printer reports ready (or
+    /// their print type's `max_wait_ms` runs out); a station's tickets move to its next
+    /// printer once the pause is older than `station_failover_after_ms`.
+    pub paused_since: Option<String>,
     pub created_at: String,
     /// Only in the answer that creates a printer which logs in to the broker itself
     /// (`cloudprnt`, `epson_sdp`, `mqtt`), and in `POST /v1/printers/{id}/credentials`:
@@ -230,6 +236,7 @@ impl From<Printer> for PrinterOut {
             online: p.online,
             last_seen_at: opt_time(p.last_seen_at),
             last_error: p.last_error,
+            paused_since: opt_time(p.paused_since),
             created_at: rfc3339(p.created_at),
             credentials: None,
         }

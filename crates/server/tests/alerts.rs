@@ -41,6 +41,8 @@ fn fast() -> HttpConfig {
     c.alerts.first_backoff_ms = 200;
     for p in c.intake.policies.types.values_mut() {
         p.max_attempts = 1;
+        // A printer's refusal fails the ticket at once instead of pausing its lane.
+        p.max_wait_ms = 0;
     }
     c
 }

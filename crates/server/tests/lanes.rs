@@ -197,13 +197,15 @@ async fn reprint_on_doubt_is_bounded_by_the_attempts(backend: Backend) {
     app.stop().await;
 }
 
-/// A configuration where every print type has one attempt, a station `hot` (p1, then p2),
-/// an agent, and a station task handed to it.
+/// A configuration where every print type has one attempt and a station fails over at
+/// the first refusal (no pause threshold), a station `hot` (p1, then p2), an agent, and a
+/// station task handed to it.
 async fn station_task_at_its_last_attempt(backend: Backend, biz_no: &str) -> Option<(TestApp, String, Agent, String)> {
     let mut config = fast();
     for p in config.intake.policies.types.values_mut() {
         p.max_attempts = 1;
     }
+    config.delivery.station_failover_after_ms = 0;
     let app = TestApp::spawn_with(backend, config).await?;
     let key = app.tenant("acme").await;
     let s = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1", "p2"]})).await;
@@ -455,6 +457,7 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
         p.max_attempts = 2;
     }
     config.intake.policies.types.get_mut("kitchen").expect("kitchen").reprint_on_doubt = true;
+    config.delivery.station_failover_after_ms = 0;
     let Some(app) = TestApp::spawn_with(backend, config).await else { return };
     let key = app.tenant("acme").await;
     // A cloud printer whose endpoint fails with 500, backed up by p2.
@@ -489,9 +492,11 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
     assert_eq!(agent.ack(&app, &kitchen, 1, "in_doubt").await, "applied"); // reprint on doubt: attempt 2
     let d = agent.poll_until(&app, Duration::from_secs(5)).await;
     assert_eq!(d.iter().map(task_of).collect::<Vec<_>>(), vec![(kitchen.clone(), 2)]);
-    assert_eq!(agent.ack(&app, &kitchen, 2, "no_paper").await, "applied"); // the last attempt
+    // Out of paper now: any other ticket of the station would move to p2 at once (the
+    // threshold is 0); this one waits for its own printer.
+    assert_eq!(agent.ack(&app, &kitchen, 2, "no_paper").await, "applied");
     let t = task(&app, &key, &kitchen).await;
-    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("no_paper")), "{t}");
     assert!(t["successor_task_id"].is_null(), "attempt 1 may have printed: {t}");
     assert!(app.all_tasks(&key).await.iter().all(|t| t["printer_id"] != "p2"), "nothing went to the backup");
     app.stop().await;

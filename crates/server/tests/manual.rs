@@ -195,6 +195,8 @@ async fn failover(backend: Backend) {
     for p in config.intake.policies.types.values_mut() {
         p.max_attempts = 1;
     }
+    // The primary's first refusal hands the ticket on (no pause threshold).
+    config.delivery.station_failover_after_ms = 0;
     let Some(app) = TestApp::spawn_with(backend, config).await else { return };
     let key = app.tenant("acme").await;
     let token = agent(&app, &key).await;

@@ -48,7 +48,7 @@ WITH moved AS (
         printed_at = CASE WHEN $2::text = 'printed' THEN $8::int8 ELSE printed_at END,
         sent_to = $11, sent_session = $12,
         sent_at = CASE WHEN $2::text = 'sent' AND $3::text <> 'sent' THEN $8::int8 ELSE sent_at END,
-        may_have_printed = may_have_printed OR $18::bool
+        may_have_printed = may_have_printed OR $18::bool, refusals = refusals + $19::int4
     WHERE id = $1 AND state = $3::text AND attempts = $4
     RETURNING id
 ),
@@ -80,10 +80,10 @@ const TRANSITION_BATCH: &str = "
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::int8[],
                          $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
-                         $15::text[], $16::text[], $17::int8[], $18::bool[])
+                         $15::text[], $16::text[], $17::int8[], $18::bool[], $19::int4[])
         WITH ORDINALITY AS c(id, to_state, from_state, expected, attempts, last_error, next_attempt_at, now_ms,
                              actor, reason, sent_to, sent_session, event_id, event_tenant, event_kind,
-                             event_payload, event_at, may_have_printed, ord)
+                             event_payload, event_at, may_have_printed, refused, ord)
 ),
 moved AS (
     UPDATE tasks t
@@ -92,7 +92,7 @@ moved AS (
         printed_at = CASE WHEN c.to_state = 'printed' THEN c.now_ms ELSE t.printed_at END,
         sent_to = c.sent_to, sent_session = c.sent_session,
         sent_at = CASE WHEN c.to_state = 'sent' AND c.from_state <> 'sent' THEN c.now_ms ELSE t.sent_at END,
-        may_have_printed = t.may_have_printed OR c.may_have_printed
+        may_have_printed = t.may_have_printed OR c.may_have_printed, refusals = t.refusals + c.refused
     FROM c
     WHERE t.id = ANY ($1::text[]) AND t.id = c.id AND t.state = c.from_state AND t.attempts = c.expected
     RETURNING c.ord
@@ -200,41 +200,70 @@ fn due_tasks_sql(state: TaskState) -> String {
 /// The printer rows are locked first in key order, so two concurrent reports naming the
 /// same printers cannot deadlock; `FOR NO KEY UPDATE` is the lock the update takes anyway
 /// and, unlike `FOR UPDATE`, does not block intake, whose foreign-key checks share-lock
-/// the same rows. The locked rows hold the `online` value the reports find: a report
+/// the same rows. The locked rows hold the `online` value and the pausing state
+/// (`last_error` one of [`onceprint_store::PAUSING_ERRORS`]) the reports find: a report
 /// whose value differs from it (for the first report of a printer) or from the previous
-/// report of the printer writes its `printer.online` / `printer.offline` alert to the
-/// outbox, fanned out like a transition's. The row ends with the last report's values.
+/// report of the printer writes its `printer.online` / `printer.offline` alert, and one
+/// whose pausing differs its `printer.paused` / `printer.resumed` alert (issue 15), to the
+/// outbox, fanned out like a transition's. The row ends with the last report's values and
+/// `paused_since` kept, set or cleared; a printer whose row paused and whose last report
+/// does not has its waiting retries made due now (`resumed`), so the lane moves at once.
 /// Reports of unknown printers are ignored.
 const UPDATE_PRINTER_STATUS: &str = "
 WITH u AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::int8[], $5::text[], $6::text[], $7::text[],
-                         $8::text[])
-        WITH ORDINALITY AS u(tenant_id, printer_id, online, seen_at, last_error, event_id, kind, payload, ord)
+                         $8::text[], $9::text[], $10::text[], $11::text[])
+        WITH ORDINALITY AS u(tenant_id, printer_id, online, seen_at, last_error, event_id, kind, payload,
+                             pause_id, pause_kind, pause_payload, ord)
 ),
 locked AS MATERIALIZED (
-    SELECT p.tenant_id, p.id, p.online
+    SELECT p.tenant_id, p.id, p.online, p.paused_since,
+           coalesce(p.last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline'), false) AS paused
     FROM printers p
     WHERE (p.tenant_id, p.id) IN (SELECT tenant_id, printer_id FROM u)
     ORDER BY p.tenant_id, p.id
     FOR NO KEY UPDATE OF p
 ),
+flagged AS MATERIALIZED (
+    SELECT u.*, coalesce(u.last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline'), false) AS paused
+    FROM u
+),
 reports AS MATERIALIZED (
-    SELECT u.*, coalesce(lag(u.online) OVER w, l.online) AS was_online, lead(u.ord) OVER w IS NULL AS is_last
-    FROM u JOIN locked l ON l.tenant_id = u.tenant_id AND l.id = u.printer_id
-    WINDOW w AS (PARTITION BY u.tenant_id, u.printer_id ORDER BY u.ord)
+    SELECT f.*, coalesce(lag(f.online) OVER w, l.online) AS was_online,
+           coalesce(lag(f.paused) OVER w, l.paused) AS was_paused, l.paused AS row_paused,
+           l.paused_since AS row_paused_since, lead(f.ord) OVER w IS NULL AS is_last
+    FROM flagged f JOIN locked l ON l.tenant_id = f.tenant_id AND l.id = f.printer_id
+    WINDOW w AS (PARTITION BY f.tenant_id, f.printer_id ORDER BY f.ord)
 ),
 updated AS (
     UPDATE printers p
-    SET online = r.online, last_seen_at = r.seen_at, last_error = r.last_error
+    SET online = r.online, last_seen_at = r.seen_at, last_error = r.last_error,
+        paused_since = CASE WHEN NOT r.paused THEN NULL
+                            WHEN r.was_paused THEN coalesce(r.row_paused_since, r.seen_at)
+                            ELSE r.seen_at END
     FROM reports r
     WHERE r.is_last AND p.tenant_id = r.tenant_id AND p.id = r.printer_id
 ),
+resumed AS (
+    UPDATE tasks t
+    SET next_attempt_at = r.seen_at
+    FROM reports r
+    WHERE r.is_last AND r.row_paused AND NOT r.paused
+      AND t.tenant_id = r.tenant_id AND t.printer_id = r.printer_id
+      AND t.state = 'retrying' AND t.next_attempt_at > r.seen_at
+      AND t.last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline')
+),
+events AS (
+    SELECT ord, 0 AS sub, event_id, tenant_id, kind, payload, seen_at FROM reports WHERE online <> was_online
+    UNION ALL
+    SELECT ord, 1 AS sub, pause_id, tenant_id, pause_kind, pause_payload, seen_at FROM reports
+    WHERE paused <> was_paused
+),
 alerts AS (
     INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
-    SELECT event_id, tenant_id, kind, payload, seen_at FROM reports r
-    WHERE online <> was_online
-      AND EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = r.tenant_id AND r.kind = ANY (w.events))
-    ORDER BY ord
+    SELECT event_id, tenant_id, kind, payload, seen_at FROM events e
+    WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant_id = e.tenant_id AND e.kind = ANY (w.events))
+    ORDER BY ord, sub
     RETURNING event_id, tenant_id, kind, created_at
 )
 INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
@@ -252,6 +281,8 @@ struct Params<'a> {
     event_kind: Option<&'a str>,
     event_payload: Option<&'a str>,
     event_at: Option<Millis>,
+    /// 1 for a status refusal ([`Transition::refused`]), else 0.
+    refused: i32,
 }
 
 impl<'a> Params<'a> {
@@ -266,10 +297,11 @@ impl<'a> Params<'a> {
             event_kind: e.map(|e| e.kind.as_str()),
             event_payload: e.map(|e| e.payload.as_str()),
             event_at: e.map(|e| e.now),
+            refused: i32::from(change.refused),
         }
     }
 
-    fn values(&self) -> [&(dyn ToSql + Sync); 18] {
+    fn values(&self) -> [&(dyn ToSql + Sync); 19] {
         let c = self.change;
         [
             &c.task_id,
@@ -290,6 +322,7 @@ impl<'a> Params<'a> {
             &self.event_payload,
             &self.event_at,
             &c.may_have_printed,
+            &self.refused,
         ]
     }
 }
@@ -384,6 +417,7 @@ async fn apply_batch(
     let event_payload: Vec<Option<&str>> = params.iter().map(|p| p.event_payload).collect();
     let event_at: Vec<Option<Millis>> = params.iter().map(|p| p.event_at).collect();
     let may_have_printed: Vec<bool> = changes.iter().map(|c| c.may_have_printed).collect();
+    let refused: Vec<i32> = params.iter().map(|p| p.refused).collect();
     let stmt = client.prepare_cached(TRANSITION_BATCH).await?;
     let rows = client
         .query(
@@ -407,6 +441,7 @@ async fn apply_batch(
                 &event_payload,
                 &event_at,
                 &may_have_printed,
+                &refused,
             ],
         )
         .await?;
@@ -581,9 +616,28 @@ pub(crate) async fn update_printer_status(
     let event_ids: Vec<&str> = updates.iter().map(|u| u.event_id.as_str()).collect();
     let kinds: Vec<&str> = updates.iter().map(|u| alerts::printer_event_kind(u.online)).collect();
     let payloads: Vec<String> = updates.iter().map(alerts::printer_event_payload).collect();
+    let pauses: Vec<(String, &'static str, String)> = updates.iter().map(|u| u.pause_event()).collect();
+    let pause_ids: Vec<&str> = pauses.iter().map(|p| p.0.as_str()).collect();
+    let pause_kinds: Vec<&str> = pauses.iter().map(|p| p.1).collect();
+    let pause_payloads: Vec<&str> = pauses.iter().map(|p| p.2.as_str()).collect();
     let stmt = client.prepare_cached(UPDATE_PRINTER_STATUS).await.map_err(pg_error)?;
     client
-        .execute(&stmt, &[&tenants, &printers, &online, &seen, &errors, &event_ids, &kinds, &payloads])
+        .execute(
+            &stmt,
+            &[
+                &tenants,
+                &printers,
+                &online,
+                &seen,
+                &errors,
+                &event_ids,
+                &kinds,
+                &payloads,
+                &pause_ids,
+                &pause_kinds,
+                &pause_payloads,
+            ],
+        )
         .await
         .map_err(pg_error)?;
     Ok(())
@@ -685,6 +739,7 @@ pub(crate) mod tests {
             sent_session: None,
             may_have_printed: false,
             event: None,
+            refused: false,
         };
         let client = store.pool.get().await.unwrap();
         let answers = apply_batch(&client, &[send(0, 0), send(1, 3)]).await.unwrap();
@@ -715,6 +770,7 @@ pub(crate) mod tests {
                     &vec![None::<&str>],
                     &vec![None::<i64>],
                     &vec![false],
+                    &vec![0i32],
                 ],
             )
             .await
@@ -739,12 +795,12 @@ pub(crate) mod tests {
         tokio::spawn(connection);
         client.batch_execute("SET plan_cache_mode = force_generic_plan").await.unwrap();
         let types =
-            "text, text, text, int, int, text, int8, int8, text, text, text, text, text, text, text, text, int8, bool";
+            "text, text, text, int, int, text, int8, int8, text, text, text, text, text, text, text, text, int8, bool, int";
         client.batch_execute(&format!("PREPARE cas ({types}) AS {TRANSITION}")).await.unwrap();
         let lines = client
             .query(
                 "EXPLAIN EXECUTE cas('t', 'printed', 'sent', 1, 1, NULL, NULL, 0, 'a', 'r', NULL, NULL, \
-                 NULL, NULL, NULL, NULL, NULL, false)",
+                 NULL, NULL, NULL, NULL, NULL, false, 0)",
                 &[],
             )
             .await

@@ -46,6 +46,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (17, V17_STORE_INDEXES),
     (18, V18_OFFLINE),
     (19, V19_DEVICE_LOG),
+    (20, V20_PAUSED_LANES),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -602,6 +603,18 @@ CREATE TABLE device_log (
     PRIMARY KEY (tenant_id, store_id, task_id),
     FOREIGN KEY (tenant_id, store_id) REFERENCES stores (tenant_id, id)
 );
+"#;
+
+/// A paper-out pauses the lane (issue 15): a task counts the offers its printer refused
+/// with a status that proves nothing printed, which do not spend `max_attempts`; a printer
+/// keeps since when such a state holds its lane, for station failover and the console.
+/// Added columns with defaults only: brokers of the previous version neither read nor
+/// write them (their refusals are simply not counted, as before).
+const V20_PAUSED_LANES: &str = r#"
+ALTER TABLE tasks ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE printers ADD COLUMN paused_since BIGINT;
+UPDATE printers SET paused_since = last_seen_at
+ WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -16,13 +16,13 @@ use tokio_postgres::Row;
 pub(crate) const TASK_COLUMNS: &str = "id, tenant_id, store_id, printer_id, station_id, target, biz_no, \
      print_type, priority, content_type, fingerprint, state, attempts, last_error, next_attempt_at, \
      created_at, updated_at, printed_at, sent_to, sent_session, origin_task_id, origin_kind, reprint_no, \
-     successor_task_id, sent_at, may_have_printed";
+     successor_task_id, sent_at, may_have_printed, refusals";
 
 /// [`TASK_COLUMNS`] qualified with the alias `t`, for joins.
 pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printer_id, t.station_id, t.target, \
      t.biz_no, t.print_type, t.priority, t.content_type, t.fingerprint, t.state, t.attempts, t.last_error, \
      t.next_attempt_at, t.created_at, t.updated_at, t.printed_at, t.sent_to, t.sent_session, t.origin_task_id, \
-     t.origin_kind, t.reprint_no, t.successor_task_id, t.sent_at, t.may_have_printed";
+     t.origin_kind, t.reprint_no, t.successor_task_id, t.sent_at, t.may_have_printed, t.refusals";
 
 /// A tombstone's columns qualified with the alias `b`, in the order [`tombstone`] reads
 /// them: the task columns of [`task`] first (typed NULLs for the delivery bookkeeping a
@@ -30,7 +30,7 @@ pub(crate) const TASK_COLUMNS_T: &str = "t.id, t.tenant_id, t.store_id, t.printe
 pub(crate) const TOMBSTONE_COLUMNS_B: &str = "b.task_id, b.tenant_id, b.store_id, b.printer_id, b.station_id, \
      b.target, b.biz_no, b.print_type, b.priority, b.content_type, b.fingerprint, b.state, b.attempts, \
      b.last_error, NULL::int8, b.created_at, b.updated_at, b.printed_at, NULL::text, NULL::text, \
-     b.origin_task_id, b.origin_kind, b.reprint_no, b.successor_task_id, NULL::int8, b.may_have_printed, \
+     b.origin_task_id, b.origin_kind, b.reprint_no, b.successor_task_id, NULL::int8, b.may_have_printed, 0::int4, \
      b.business_day, b.pruned_at";
 
 /// The store columns in the order [`store`] reads them.
@@ -40,7 +40,7 @@ pub(crate) const STORE_COLUMNS: &str = "tenant_id, id, name, timezone, created_a
 pub(crate) const LEDGER_COLUMNS: &str = "task_id, tenant_id, kind, amount, at";
 
 pub(crate) const PRINTER_COLUMNS: &str =
-    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled";
+    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled, paused_since";
 
 /// Reads column `idx`, turning a type mismatch into a backend error.
 pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
@@ -56,7 +56,7 @@ pub(crate) fn state(s: &str) -> StoreResult<TaskState> {
 }
 
 pub(crate) fn tombstone(row: &Row) -> StoreResult<Tombstone> {
-    Ok(Tombstone { task: task(row)?, business_day: col(row, 26)?, pruned_at: col(row, 27)? })
+    Ok(Tombstone { task: task(row)?, business_day: col(row, 27)?, pruned_at: col(row, 28)? })
 }
 
 pub(crate) fn task(row: &Row) -> StoreResult<Task> {
@@ -89,6 +89,7 @@ pub(crate) fn task(row: &Row) -> StoreResult<Task> {
         successor_task_id: col(row, 23)?,
         sent_at: col(row, 24)?,
         may_have_printed: col(row, 25)?,
+        refusals: col(row, 26)?,
     })
 }
 
@@ -132,6 +133,7 @@ pub(crate) fn printer(row: &Row) -> StoreResult<Printer> {
         last_error: col(row, 7)?,
         created_at: col(row, 8)?,
         enabled: col(row, 9)?,
+        paused_since: col(row, 10)?,
     })
 }
 

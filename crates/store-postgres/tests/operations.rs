@@ -26,6 +26,7 @@ fn change(t: &NewTask, from: TaskState, attempts: i32, to: TaskState) -> Transit
         sent_session: None,
         may_have_printed: false,
         event: None,
+        refused: false,
     }
 }
 

@@ -19,11 +19,11 @@ use crate::sql::{task_from_row, TASK_COLS};
 /// tombstone does not keep), so that one row reader serves both.
 const TOMBSTONE_COLS: &str = "task_id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, \
      priority, content_type, fingerprint, state, attempts, last_error, NULL, created_at, updated_at, printed_at, \
-     NULL, NULL, origin_task_id, origin_kind, reprint_no, successor_task_id, NULL, may_have_printed, \
+     NULL, NULL, origin_task_id, origin_kind, reprint_no, successor_task_id, NULL, may_have_printed, 0, \
      business_day, pruned_at";
 
 fn tombstone_from_row(r: &Row<'_>) -> rusqlite::Result<Tombstone> {
-    Ok(Tombstone { task: task_from_row(r)?, business_day: r.get(26)?, pruned_at: r.get(27)? })
+    Ok(Tombstone { task: task_from_row(r)?, business_day: r.get(27)?, pruned_at: r.get(28)? })
 }
 
 pub fn prunable_tasks(

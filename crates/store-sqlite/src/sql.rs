@@ -13,7 +13,8 @@ use crate::{backend_err, constraint_err};
 pub(crate) const TASK_COLS: &str =
     "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
      content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
-     sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id, sent_at, may_have_printed";
+     sent_to, sent_session, origin_task_id, origin_kind, reprint_no, successor_task_id, sent_at, may_have_printed, \
+     refusals";
 
 fn state_of(s: &str, col: usize) -> rusqlite::Result<TaskState> {
     TaskState::parse(s).ok_or_else(|| {
@@ -54,6 +55,7 @@ pub(crate) fn task_from_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         successor_task_id: r.get(23)?,
         sent_at: r.get(24)?,
         may_have_printed: r.get(25)?,
+        refusals: r.get(26)?,
     })
 }
 
@@ -131,7 +133,7 @@ pub fn list_stores(c: &Connection, t: &str) -> StoreResult<Vec<StoreRow>> {
 }
 
 const PRINTER_COLS: &str =
-    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled";
+    "tenant_id, id, store_id, name, transport, online, last_seen_at, last_error, created_at, enabled, paused_since";
 
 fn printer_from_row(r: &Row<'_>) -> rusqlite::Result<Printer> {
     Ok(Printer {
@@ -145,6 +147,7 @@ fn printer_from_row(r: &Row<'_>) -> rusqlite::Result<Printer> {
         last_error: r.get(7)?,
         created_at: r.get(8)?,
         enabled: r.get(9)?,
+        paused_since: r.get(10)?,
     })
 }
 
@@ -168,6 +171,7 @@ pub fn create_printer(c: &Connection, p: NewPrinter) -> StoreResult<Printer> {
         online: false,
         last_seen_at: None,
         last_error: None,
+        paused_since: None,
         created_at: p.now,
     })
 }
@@ -464,7 +468,7 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
             "UPDATE tasks SET state = ?1, attempts = ?2, last_error = ?3, next_attempt_at = ?4, updated_at = ?5, \
              printed_at = CASE WHEN ?1 = 'printed' THEN ?5 ELSE printed_at END, sent_to = ?9, sent_session = ?10, \
              sent_at = CASE WHEN ?1 = 'sent' AND ?7 <> 'sent' THEN ?5 ELSE sent_at END, \
-             may_have_printed = may_have_printed OR ?11 \
+             may_have_printed = may_have_printed OR ?11, refusals = refusals + ?12 \
              WHERE id = ?6 AND state = ?7 AND attempts = ?8",
         )
         .and_then(|mut s| {
@@ -479,7 +483,8 @@ pub fn transition(c: &Connection, t: &Transition) -> StoreResult<bool> {
                 t.expected_attempts,
                 t.sent_to,
                 t.sent_session,
-                t.may_have_printed
+                t.may_have_printed,
+                i32::from(t.refused)
             ])
         });
     let changed = match updated {
@@ -639,19 +644,34 @@ pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> Stor
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
 
+/// Applies printer reports one after the other. Each writes `printer.online` /
+/// `printer.offline` when `online` flips and `printer.paused` / `printer.resumed` when the
+/// printer's pausing state flips ([`pauses_lane`]); a printer that stops pausing has its
+/// waiting retries made due now, so the lane moves at once instead of at its next
+/// scheduled status check (issue 15).
 pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
     for u in updates {
-        let before: Option<bool> = c
-            .prepare_cached("SELECT online FROM printers WHERE tenant_id = ?1 AND id = ?2")
-            .and_then(|mut s| s.query_row([&u.tenant_id, &u.printer_id], |r| r.get(0)).optional())
+        let before: Option<(bool, Option<String>, Option<i64>)> = c
+            .prepare_cached("SELECT online, last_error, paused_since FROM printers WHERE tenant_id = ?1 AND id = ?2")
+            .and_then(|mut s| {
+                s.query_row([&u.tenant_id, &u.printer_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()
+            })
             .map_err(backend_err)?;
-        let Some(before) = before else { continue };
+        let Some((was_online, was_error, was_since)) = before else { continue };
+        let was_paused = pauses_lane(was_error.as_deref());
+        let paused = pauses_lane(u.last_error.as_deref());
+        let since = match (was_paused, paused) {
+            (_, false) => None,
+            (true, true) => was_since.or(Some(u.now)),
+            (false, true) => Some(u.now),
+        };
         c.prepare_cached(
-            "UPDATE printers SET online = ?1, last_seen_at = ?2, last_error = ?3 WHERE tenant_id = ?4 AND id = ?5",
+            "UPDATE printers SET online = ?1, last_seen_at = ?2, last_error = ?3, paused_since = ?6 \
+             WHERE tenant_id = ?4 AND id = ?5",
         )
-        .and_then(|mut s| s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id]))
+        .and_then(|mut s| s.execute(params![u.online, u.now, u.last_error, u.tenant_id, u.printer_id, since]))
         .map_err(backend_err)?;
-        if before != u.online {
+        if was_online != u.online {
             let kind = if u.online { "printer.online" } else { "printer.offline" };
             let payload = serde_json::json!({
                 "id": u.event_id, "type": kind, "created_at_ms": u.now, "tenant_id": u.tenant_id,
@@ -667,6 +687,22 @@ pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) ->
                     now: u.now,
                 },
             )?;
+        }
+        if was_paused != paused {
+            let (event_id, kind, payload) = u.pause_event();
+            insert_event(
+                c,
+                &OutboxEvent { event_id, tenant_id: u.tenant_id.clone(), kind: kind.into(), payload, now: u.now },
+            )?;
+        }
+        if was_paused && !paused {
+            c.prepare_cached(
+                "UPDATE tasks SET next_attempt_at = ?3 \
+                 WHERE tenant_id = ?1 AND printer_id = ?2 AND state = 'retrying' AND next_attempt_at > ?3 \
+                 AND last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline')",
+            )
+            .and_then(|mut s| s.execute(params![u.tenant_id, u.printer_id, u.now]))
+            .map_err(backend_err)?;
         }
     }
     Ok(())

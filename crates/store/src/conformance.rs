@@ -43,6 +43,7 @@ macro_rules! conformance_tests {
             the_may_have_printed_mark_stays,
             manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
+            a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_lane, refusals_are_counted,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
             alerts_go_through_the_outbox_with_the_change,
@@ -514,6 +515,7 @@ pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {
         sent_session: Some("sess-1".into()),
         may_have_printed: false,
         event: None,
+        refused: false,
     };
     assert!(s.transition(&send).await.unwrap());
     assert!(!s.transition(&send).await.unwrap(), "the same CAS twice applies once");
@@ -585,6 +587,7 @@ fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
         sent_session: Some("sess-1".into()),
         may_have_printed: false,
         event: None,
+        refused: false,
     }
 }
 
@@ -898,6 +901,123 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
     assert_eq!((p.online, p.last_seen_at, p.last_error), (false, Some(NOW + 2), None));
 }
 
+/// Issue 15: a printer whose state turns into one that holds its lane (no paper, ...)
+/// gets `paused_since` and one `printer.paused` alert, however often it says so again
+/// (with another pausing reason too); back to ready, one `printer.resumed`, `paused_since`
+/// cleared, and its tickets waiting for it are due at once. Others' are not touched.
+pub async fn a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_lane(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    s.create_webhook(hook("ops", &["printer.paused", "printer.resumed", "printer.online"])).await.unwrap();
+    let a = new_task("acme", "A", "x", 1);
+    let mut b = new_task("acme", "B", "x", 2);
+    b.printer_id = "p2".into();
+    b.target = "printer:p2".into();
+    s.submit_batch(vec![a.clone(), b.clone()]).await.unwrap();
+    // Both refused: A by p1 out of paper, B by p2, whose own pause is not resumed here.
+    for t in [&a, &b] {
+        assert_eq!(s.apply_transitions(&[send(t, 0, NOW + 5)]).await.unwrap(), vec![true]);
+        let refused = Transition {
+            from: TaskState::Sent,
+            expected_attempts: 1,
+            attempts: 1,
+            to: TaskState::Retrying,
+            last_error: Some("no_paper".into()),
+            next_attempt_at: Some(NOW + 60_000),
+            reason: "no paper".into(),
+            refused: true,
+            sent_to: None,
+            sent_session: None,
+            ..send(t, 1, NOW + 6)
+        };
+        assert_eq!(s.apply_transitions(&[refused]).await.unwrap(), vec![true]);
+    }
+    let report = |printer: &str, error: Option<&str>, n: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: printer.into(),
+        online: true,
+        last_error: error.map(str::to_owned),
+        now: NOW + 10 + n,
+        event_id: format!("evt-{printer}-{n}"),
+    };
+    s.update_printer_status(&[report("p1", Some("no_paper"), 1), report("p2", Some("cover_open"), 1)]).await.unwrap();
+    s.update_printer_status(&[report("p1", Some("no_paper"), 2)]).await.unwrap();
+    s.update_printer_status(&[report("p1", Some("cover_open"), 3)]).await.unwrap();
+    let p1 = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p1.last_error.as_deref(), p1.paused_since), (Some("cover_open"), Some(NOW + 11)));
+    assert_eq!(s.get_task("acme", &a.task_id).await.unwrap().unwrap().next_attempt_at, Some(NOW + 60_000));
+    // Ready, in one batch after one more refusal report: one recovery.
+    s.update_printer_status(&[report("p1", Some("no_paper"), 4), report("p1", None, 5)]).await.unwrap();
+    let p1 = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p1.last_error, p1.paused_since), (None, None));
+    let ta = s.get_task("acme", &a.task_id).await.unwrap().unwrap();
+    assert_eq!((ta.state, ta.next_attempt_at), (TaskState::Retrying, Some(NOW + 15)), "due at once");
+    let tb = s.get_task("acme", &b.task_id).await.unwrap().unwrap();
+    assert_eq!(tb.next_attempt_at, Some(NOW + 60_000), "p2 is still paused");
+    s.update_printer_status(&[report("p1", None, 6)]).await.unwrap();
+    let due = s.due_webhooks(NOW + 100, 50).await.unwrap();
+    let mut kinds: Vec<(String, String)> = due
+        .iter()
+        .map(|d| {
+            let v: serde_json::Value = serde_json::from_str(&d.payload).unwrap();
+            (v["type"].as_str().unwrap_or("?").to_owned(), v["data"]["printer_id"].as_str().unwrap_or("?").to_owned())
+        })
+        .collect();
+    kinds.sort();
+    // p1 and p2 came online from never seen (printer.online each), p1 paused and resumed
+    // once, p2 paused once.
+    let want: Vec<(String, String)> = [
+        ("printer.online", "p1"),
+        ("printer.online", "p2"),
+        ("printer.paused", "p1"),
+        ("printer.paused", "p2"),
+        ("printer.resumed", "p1"),
+    ]
+    .iter()
+    .map(|(k, p)| (k.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(kinds, want);
+    let paused = due.iter().find(|d| d.payload.contains("printer.paused") && d.payload.contains("\"p1\"")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&paused.payload).unwrap();
+    assert_eq!(v["data"]["reason"], "no_paper");
+}
+
+/// A refusal grows the task's refusal count; other changes leave it.
+pub async fn refusals_are_counted(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let a = new_task("acme", "A", "x", 1);
+    s.submit_batch(vec![a.clone()]).await.unwrap();
+    let mut attempts = 0;
+    for refused in [true, true, false] {
+        assert_eq!(s.apply_transitions(&[send(&a, attempts, NOW + 5)]).await.unwrap(), vec![true]);
+        attempts += 1;
+        let back = Transition {
+            from: TaskState::Sent,
+            expected_attempts: attempts,
+            attempts,
+            to: TaskState::Retrying,
+            last_error: Some(if refused { "no_paper" } else { "error" }.into()),
+            refused,
+            ..send(&a, attempts, NOW + 6)
+        };
+        assert!(s.transition(&back).await.unwrap());
+    }
+    let t = s.get_task("acme", &a.task_id).await.unwrap().unwrap();
+    assert_eq!((t.attempts, t.refusals), (3, 2));
+}
+
+/// An endpoint of tenant `acme` that nobody listens on, for the kinds in `events`.
+fn hook(id: &str, events: &[&str]) -> NewWebhook {
+    NewWebhook {
+        tenant_id: "acme".into(),
+        id: id.into(),
+        url: format!("http://127.0.0.1:9/{id}"),
+        secret: "shh".into(),
+        events: events.iter().map(|e| e.to_string()).collect(),
+        now: NOW,
+    }
+}
+
 fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState, now: i64) -> Transition {
     Transition {
         task_id: t.task_id.clone(),
@@ -914,6 +1034,7 @@ fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState,
         sent_session: None,
         may_have_printed: false,
         event: None,
+        refused: false,
     }
 }
 
@@ -1051,14 +1172,6 @@ pub async fn day_reads_for_reconciliation(s: Arc<dyn Store>) {
 
 pub async fn alerts_go_through_the_outbox_with_the_change(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    let hook = |id: &str, events: &[&str]| NewWebhook {
-        tenant_id: "acme".into(),
-        id: id.into(),
-        url: format!("http://127.0.0.1:9/{id}"),
-        secret: "shh".into(),
-        events: events.iter().map(|e| e.to_string()).collect(),
-        now: NOW,
-    };
     s.create_webhook(hook("ops", &["task.failed", "printer.offline"])).await.unwrap();
     s.create_webhook(hook("audit", &["task.printed"])).await.unwrap();
     let dup = s.create_webhook(hook("ops", &[])).await;

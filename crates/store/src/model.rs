@@ -174,6 +174,11 @@ pub struct Printer {
     pub online: bool,
     pub last_seen_at: Option<Millis>,
     pub last_error: Option<String>,
+    /// Since when the printer's own state (no paper, cover open, paper jam, offline)
+    /// holds its lane: set when `last_error` turns into one of them, cleared when it
+    /// turns into anything else (issue 15). A station fails over to its backup once
+    /// this is older than the broker's station threshold.
+    pub paused_since: Option<Millis>,
     pub created_at: Millis,
 }
 
@@ -430,6 +435,7 @@ impl NewTask {
             origin_kind: self.origin.as_ref().map(|o| o.kind),
             reprint_no: self.origin.as_ref().and_then(|o| o.reprint_no),
             successor_task_id: None,
+            refusals: 0,
         }
     }
 }
@@ -538,6 +544,10 @@ pub struct Task {
     /// in doubt, or with an error after sending). Such a task is never moved to another
     /// printer automatically (R25).
     pub may_have_printed: bool,
+    /// Offers its printer refused with a status that pauses the lane (no paper, cover
+    /// open, paper jam, offline): `attempts - refusals` deliveries reached the printer,
+    /// and only those count against the print type's `max_attempts` (issue 15).
+    pub refusals: i32,
     /// The task this one reprints or continues (see [`OriginKind`]).
     pub origin_task_id: Option<String>,
     pub origin_kind: Option<OriginKind>,
@@ -602,6 +612,8 @@ pub struct Transition {
     /// Marks the task as possibly printed ([`Task::may_have_printed`]); the mark is never
     /// removed, so `false` leaves the task as it was.
     pub may_have_printed: bool,
+    /// The offer was refused by the printer's status ([`Task::refusals`] grows by one).
+    pub refused: bool,
     /// An alert to write to the outbox in the same transaction, if the change applies.
     pub event: Option<OutboxEvent>,
 }
@@ -689,6 +701,36 @@ pub struct PrinterStatusUpdate {
     pub now: Millis,
     /// Id for the `printer.online` / `printer.offline` alert written if `online` flips.
     pub event_id: String,
+}
+
+/// Printer states (`last_error`) in which the printer's lane waits for the printer: it
+/// cannot print anything until a person or the network fixes it (issue 15).
+pub const PAUSING_ERRORS: [&str; 4] = ["no_paper", "cover_open", "paper_jam", "offline"];
+
+/// Whether a printer in this state holds its lane (see [`PAUSING_ERRORS`]).
+pub fn pauses_lane(last_error: Option<&str>) -> bool {
+    last_error.is_some_and(|e| PAUSING_ERRORS.contains(&e))
+}
+
+impl PrinterStatusUpdate {
+    /// The `printer.paused` (this report holds the lane) or `printer.resumed` alert this
+    /// report raises if the printer's pausing flips with it: id, kind and body, the same
+    /// bytes for every backend. The backend decides whether it flips (it reads the row).
+    pub fn pause_event(&self) -> (String, &'static str, String) {
+        let paused = pauses_lane(self.last_error.as_deref());
+        let kind = if paused { "printer.paused" } else { "printer.resumed" };
+        let id = format!("{}.pause", self.event_id);
+        let body = serde_json::json!({
+            "id": id, "type": kind, "created_at_ms": self.now, "tenant_id": self.tenant_id,
+            "data": {
+                "printer_id": self.printer_id,
+                "online": self.online,
+                "reason": if paused { self.last_error.as_deref() } else { None },
+                "last_error": self.last_error,
+            },
+        });
+        (id, kind, body.to_string())
+    }
 }
 
 /// A printer's lane as the lane engine looks at it: the task in flight (at most one, the

@@ -155,6 +155,7 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("printer.ready", "Ready", "就绪"),
     ("printer.last_seen", "Last seen", "最后在线"),
     ("printer.never", "never", "从未"),
+    ("printer.paused_for", "tickets wait for it, paused for", "票据等待中，已暂停"),
     ("printer.lane", "Waiting", "排队"),
     ("printer.oldest", "oldest", "最早"),
     ("printer.in_flight", "printing now", "正在打印"),

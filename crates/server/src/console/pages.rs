@@ -209,7 +209,13 @@ pub async fn overview(
                 } else {
                     String::new()
                 };
-                format!("{}{oldest}{flying}", l.waiting)
+                // A printer whose own state holds its lane says so, with for how long:
+                // its tickets wait without spending attempts (issue 15).
+                let paused = p
+                    .paused_since
+                    .map(|t| format!(", {} {}", esc(lang.t("printer.paused_for")), age(now - t)))
+                    .unwrap_or_default();
+                format!("{}{oldest}{flying}{paused}", l.waiting)
             }
             None => "0".to_owned(),
         };

@@ -94,6 +94,7 @@ pub fn send(t: &NewTask, agent: &str) -> Transition {
         sent_session: Some(format!("{agent}-session")),
         may_have_printed: false,
         event: None,
+        refused: false,
     }
 }
 

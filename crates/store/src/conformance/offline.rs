@@ -153,6 +153,7 @@ fn planner(o: &OfflineTask, outcome: OfflineOutcome) -> MergePlanner {
                 sent_session: t.sent_session.clone(),
                 may_have_printed: to == TaskState::InDoubt,
                 event: None,
+                refused: false,
             }),
             note: d.to.is_none().then(|| TaskEvent {
                 at: now,
