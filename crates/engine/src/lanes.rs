@@ -708,7 +708,12 @@ impl LaneEngine {
             _ => now,
         };
         let paused_ms = now - since;
-        if paused_ms < self.config.station_failover_after_ms {
+        let threshold = match task.station_id.as_deref() {
+            Some(id) => self.directory.station(&task.tenant_id, id).await?.and_then(|s| s.failover_after_ms),
+            None => None,
+        }
+        .unwrap_or(self.config.station_failover_after_ms);
+        if paused_ms < threshold {
             return Ok(());
         }
         if self.next_station_printer(task).await?.is_none() {
@@ -722,7 +727,7 @@ impl LaneEngine {
             "attempt {}: {why}; the printer has been paused for {} s, past the station's failover threshold ({} ms)",
             task.attempts,
             paused_ms / 1000,
-            self.config.station_failover_after_ms
+            threshold
         );
         Ok(())
     }

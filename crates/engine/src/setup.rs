@@ -194,6 +194,22 @@ fn shown_transport(stored: &str) -> Value {
     TransportConfig::from_stored(stored).map(|t| t.redacted()).unwrap_or(Value::Null)
 }
 
+/// Longest station failover threshold: a day. A station that should never fail over on
+/// a pause has one printer, or relies on the print types' `max_wait_ms`.
+const MAX_FAILOVER_AFTER_MS: i64 = 86_400_000;
+
+/// Checks a station's own failover threshold.
+fn check_failover_after(ms: Option<i64>) -> Result<(), SetupError> {
+    match ms {
+        Some(ms) if !(0..=MAX_FAILOVER_AFTER_MS).contains(&ms) => Err(CoreError::invalid(
+            "failover_after_ms",
+            format!("must be between 0 and {MAX_FAILOVER_AFTER_MS} (a day), or null for the broker's; got {ms}"),
+        )
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a station's printer list as given, before anything is looked up.
 fn check_printer_list(printers: &[String]) -> Result<(), CoreError> {
     if printers.is_empty() || printers.len() > MAX_STATION_PRINTERS {
@@ -472,17 +488,20 @@ impl Setup {
         Ok(printer)
     }
 
-    /// A failover station: a primary and backups, all of one store of the tenant (R25).
+    /// A failover station: a primary and backups, all of one store of the tenant (R25),
+    /// with its own failover threshold or the broker's (`failover_after_ms`, issue 15).
     pub async fn create_station(
         &self,
         caller: Caller<'_>,
         id: String,
         store_id: String,
         printers: Vec<String>,
+        failover_after_ms: Option<i64>,
     ) -> Result<Station, SetupError> {
         validate_id("id", &id)?;
         validate_id("store_id", &store_id)?;
         check_printer_list(&printers)?;
+        check_failover_after(failover_after_ms)?;
         if self.store.get_store(caller.tenant_id, &store_id).await?.is_none() {
             return Err(CoreError::invalid("store_id", format!("no store {store_id:?}")).into());
         }
@@ -490,11 +509,14 @@ impl Setup {
         let station = self
             .store
             .create_station(NewStation {
-                audit: caller.audit(json!({ "store_id": store_id, "printers": printers })),
+                audit: caller.audit(json!({
+                    "store_id": store_id, "printers": printers, "failover_after_ms": failover_after_ms,
+                })),
                 tenant_id: caller.tenant_id.to_owned(),
                 id,
                 store_id,
                 printers,
+                failover_after_ms,
                 now: now_ms(),
             })
             .await?;
@@ -502,22 +524,31 @@ impl Setup {
         Ok(station)
     }
 
-    /// Replaces a station's printers (primary first), checked like at creation. Tasks
-    /// already created keep their printer.
+    /// Replaces a station's printers (primary first), checked like at creation, and/or its
+    /// failover threshold (`Some(None)`: back to the broker's). Tasks already created keep
+    /// their printer.
     pub async fn update_station(
         &self,
         caller: Caller<'_>,
         station_id: &str,
-        printers: Vec<String>,
+        printers: Option<Vec<String>>,
+        failover_after_ms: Option<Option<i64>>,
     ) -> Result<Station, SetupError> {
-        check_printer_list(&printers)?;
+        if let Some(p) = &printers {
+            check_printer_list(p)?;
+        }
+        if let Some(t) = failover_after_ms {
+            check_failover_after(t)?;
+        }
         for _ in 0..EDIT_ATTEMPTS {
             let current = self
                 .store
                 .get_station(caller.tenant_id, station_id)
                 .await?
                 .ok_or_else(|| SetupError::NotFound(format!("no station {station_id:?}")))?;
-            if current.printers == printers {
+            let printers = printers.clone().unwrap_or_else(|| current.printers.clone());
+            let threshold = failover_after_ms.unwrap_or(current.failover_after_ms);
+            if current.printers == printers && current.failover_after_ms == threshold {
                 return Ok(current);
             }
             self.check_printers_in_store(caller, &current.store_id, &printers).await?;
@@ -525,10 +556,12 @@ impl Setup {
                 tenant_id: caller.tenant_id.to_owned(),
                 id: station_id.to_owned(),
                 audit: caller.audit(json!({
-                    "before": { "printers": current.printers }, "after": { "printers": printers },
+                    "before": { "printers": current.printers, "failover_after_ms": current.failover_after_ms },
+                    "after": { "printers": printers, "failover_after_ms": threshold },
                 })),
                 expected_printers: current.printers,
-                printers: printers.clone(),
+                printers,
+                failover_after_ms: threshold,
                 now: now_ms(),
             };
             if let Some(s) = self.store.update_station(update).await? {

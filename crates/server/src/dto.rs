@@ -255,14 +255,32 @@ pub struct CreateStation {
     pub store_id: String,
     /// Printer ids of the station's store: the primary first, then backups in order.
     pub printers: Vec<String>,
+    /// Extension: how long (ms, 0 to 86400000) a printer of the station may be paused by
+    /// no paper, cover open, paper jam or offline before its station tickets move to the
+    /// next printer. Absent or `null`: the broker's `station_failover_after_ms` (30000).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 86_400_000)]
+    pub failover_after_ms: Option<i64>,
 }
 
-/// A station's new printer list: printer ids of the station's store, the primary first.
-/// Tasks already created keep their printer.
+/// A station's change: a new printer list (printer ids of the station's store, the
+/// primary first) and/or its failover threshold. Tasks already created keep their printer.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateStation {
-    pub printers: Vec<String>,
+    #[serde(default)]
+    pub printers: Option<Vec<String>>,
+    /// Extension: the station's own failover threshold (see `CreateStation`); `null` goes
+    /// back to the broker's, absent leaves it as it is.
+    #[serde(default, deserialize_with = "crate::dto::present")]
+    #[schema(value_type = Option<i64>, minimum = 0, maximum = 86_400_000)]
+    pub failover_after_ms: Option<Option<i64>>,
+}
+
+/// `Some(value)` for a field that is present (also `null`), so that `#[serde(default)]`
+/// leaves `None` for an absent one.
+pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -270,12 +288,20 @@ pub struct StationOut {
     pub id: String,
     pub store_id: String,
     pub printers: Vec<String>,
+    /// Extension: the station's own failover threshold in ms; `null`: the broker's.
+    pub failover_after_ms: Option<i64>,
     pub created_at: String,
 }
 
 impl From<Station> for StationOut {
     fn from(s: Station) -> Self {
-        StationOut { id: s.id, store_id: s.store_id, printers: s.printers, created_at: rfc3339(s.created_at) }
+        StationOut {
+            id: s.id,
+            store_id: s.store_id,
+            printers: s.printers,
+            failover_after_ms: s.failover_after_ms,
+            created_at: rfc3339(s.created_at),
+        }
     }
 }
 

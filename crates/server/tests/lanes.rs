@@ -42,6 +42,7 @@ per_backend!(
     one_ack_batch_is_applied_in_order_and_never_fails_over_a_printed_task,
     a_failover_commits_whole_or_not_at_all,
     a_failover_skips_a_disabled_backup,
+    a_station_threshold_of_its_own_decides_when_it_fails_over,
     a_second_live_process_with_one_agent_id_is_fenced,
     a_killed_agents_open_poll_does_not_hold_its_delivery,
     agents_not_seen_since_a_broker_restart_are_not_gone,
@@ -302,6 +303,54 @@ async fn a_failover_skips_a_disabled_backup(backend: Backend) {
     let t = task(&app, &key, &id).await;
     let next = t["successor_task_id"].as_str().expect("failed over").to_owned();
     assert_eq!(task(&app, &key, &next).await["printer_id"], "p3", "not the disabled p2");
+    app.stop().await;
+}
+
+/// Issue 15: a station's own `failover_after_ms` overrides the broker's (30 s here): at 0
+/// the first refusal of a paused primary hands the ticket on; set back to `null`, the next
+/// ticket waits for the primary. Bad thresholds are refused with the field named.
+async fn a_station_threshold_of_its_own_decides_when_it_fails_over(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, fast()).await else { return };
+    let key = app.tenant("acme").await;
+    for bad in [json!(-1), json!(86_400_001), json!("soon")] {
+        let r = app
+            .post(
+                "/v1/stations",
+                &key,
+                json!({"id": "x", "store_id": "s1", "printers": ["p1"], "failover_after_ms": bad}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {r:?}");
+    }
+    let s = app
+        .post(
+            "/v1/stations",
+            &key,
+            json!({"id": "quick", "store_id": "s1", "printers": ["p1", "p2"], "failover_after_ms": 0}),
+        )
+        .await;
+    assert_eq!((s.status, s.body["failover_after_ms"].as_i64()), (StatusCode::CREATED, Some(0)), "{s:?}");
+    let agent = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
+    let station_order =
+        |biz: &str| json!({"biz_no": biz, "station_id": "quick", "content": {"type": "text", "text": "x"}});
+    let q1 = app.submit(&key, station_order("Q1")).await.body["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(agent.poll(&app, 1000).await.iter().map(task_of).collect::<Vec<_>>(), vec![(q1.clone(), 1)]);
+    assert_eq!(agent.ack(&app, &q1, 1, "no_paper").await, "applied");
+    let t = task(&app, &key, &q1).await;
+    assert_eq!(t["state"], "transferred", "a threshold of 0 moves it at once: {t}");
+    // Back to the broker's 30 s: the next ticket waits for p1.
+    let r = app.call("PATCH", "/v1/stations/quick", Some(&key), Some(json!({"failover_after_ms": null}))).await;
+    assert_eq!((r.status, r.body["failover_after_ms"].is_null()), (StatusCode::OK, true), "{r:?}");
+    assert_eq!(r.body["printers"], json!(["p1", "p2"]), "absent printers stay: {r:?}");
+    let same = app.call("PATCH", "/v1/stations/quick", Some(&key), Some(json!({}))).await;
+    assert_eq!(same.status, StatusCode::OK, "{same:?}");
+    let q2 = app.submit(&key, station_order("Q2")).await.body["task_id"].as_str().expect("id").to_owned();
+    let offered = agent.poll_until(&app, Duration::from_secs(5)).await;
+    assert!(offered.iter().map(task_of).any(|(id, _)| id == q2), "{offered:?}");
+    assert_eq!(agent.ack(&app, &q2, 1, "no_paper").await, "applied");
+    let t = task(&app, &key, &q2).await;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("no_paper")), "{t}");
+    assert!(t["successor_task_id"].is_null(), "{t}");
     app.stop().await;
 }
 

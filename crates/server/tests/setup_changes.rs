@@ -499,7 +499,11 @@ async fn setup_events_list_every_change_newest_first_without_secrets(app: &TestA
         assert!(!text.contains(secret), "{secret} in the audit");
     }
     assert_eq!(events[7]["detail"], disable());
-    assert_eq!(events[4]["detail"], json!({"before": {"printers": ["p1", "p2"]}, "after": {"printers": ["p2", "p1"]}}));
+    assert_eq!(
+        events[4]["detail"],
+        json!({"before": {"printers": ["p1", "p2"], "failover_after_ms": null},
+               "after": {"printers": ["p2", "p1"], "failover_after_ms": null}})
+    );
     assert_eq!(events[11]["detail"], json!({"name": "Main", "timezone": "Asia/Shanghai"}));
 
     // Pages of 5 give the same list; bad paging is refused.

@@ -448,7 +448,8 @@ impl Store for PostgresStore {
 
     async fn get_station(&self, tenant_id: &str, station_id: &str) -> StoreResult<Option<Station>> {
         self.query_opt(
-            "SELECT tenant_id, id, store_id, printers, created_at FROM stations WHERE tenant_id = $1 AND id = $2",
+            "SELECT tenant_id, id, store_id, printers, created_at, failover_after_ms FROM stations
+             WHERE tenant_id = $1 AND id = $2",
             &[&tenant_id, &station_id],
         )
         .await?
@@ -505,7 +506,7 @@ impl Store for PostgresStore {
 
     async fn list_stations(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>> {
         self.query(
-            "SELECT tenant_id, id, store_id, printers, created_at FROM stations
+            "SELECT tenant_id, id, store_id, printers, created_at, failover_after_ms FROM stations
              WHERE tenant_id = $1 AND store_id = $2 ORDER BY id",
             &[&tenant_id, &store_id],
         )

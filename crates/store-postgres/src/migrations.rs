@@ -607,12 +607,14 @@ CREATE TABLE device_log (
 
 /// A paper-out pauses the lane (issue 15): a task counts the offers its printer refused
 /// with a status that proves nothing printed, which do not spend `max_attempts`; a printer
-/// keeps since when such a state holds its lane, for station failover and the console.
+/// keeps since when such a state holds its lane, for station failover and the console;
+/// a station may have its own failover threshold.
 /// Added columns with defaults only: brokers of the previous version neither read nor
 /// write them (their refusals are simply not counted, as before).
 const V20_PAUSED_LANES: &str = r#"
 ALTER TABLE tasks ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE printers ADD COLUMN paused_since BIGINT;
+ALTER TABLE stations ADD COLUMN failover_after_ms BIGINT;
 UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#;

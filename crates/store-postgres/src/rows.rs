@@ -137,7 +137,7 @@ pub(crate) fn printer(row: &Row) -> StoreResult<Printer> {
     })
 }
 
-/// Reads `tenant_id, id, store_id, printers, created_at`.
+/// Reads `tenant_id, id, store_id, printers, created_at, failover_after_ms`.
 pub(crate) fn station(row: &Row) -> StoreResult<Station> {
     Ok(Station {
         tenant_id: col(row, 0)?,
@@ -145,6 +145,7 @@ pub(crate) fn station(row: &Row) -> StoreResult<Station> {
         store_id: col(row, 2)?,
         printers: col(row, 3)?,
         created_at: col(row, 4)?,
+        failover_after_ms: col(row, 5)?,
     })
 }
 

@@ -17,7 +17,7 @@ use crate::error::pg_error;
 use crate::rows::{self, PRINTER_COLUMNS, STORE_COLUMNS};
 use crate::{create_error, PostgresStore};
 
-const STATION_COLUMNS: &str = "tenant_id, id, store_id, printers, created_at";
+const STATION_COLUMNS: &str = "tenant_id, id, store_id, printers, created_at, failover_after_ms";
 const API_KEY_COLUMNS: &str = "tenant_id, id, created_at, revoked_at, key_hash";
 const AGENT_TOKEN_COLUMNS: &str = "tenant_id, store_id, id, created_at, revoked_at, token_hash";
 
@@ -306,13 +306,14 @@ impl PostgresStore {
         check_station_printers(&tx, &s.tenant_id, &s.printers).await?;
         let stmt = tx
             .prepare_cached(&format!(
-                "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO stations (tenant_id, id, store_id, printers, created_at, failover_after_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  RETURNING {STATION_COLUMNS}"
             ))
             .await
             .map_err(pg_error)?;
         let row = tx
-            .query_one(&stmt, &[&s.tenant_id, &s.id, &s.store_id, &s.printers, &s.now])
+            .query_one(&stmt, &[&s.tenant_id, &s.id, &s.store_id, &s.printers, &s.now, &s.failover_after_ms])
             .await
             .map_err(|e| create_error(e, |_| format!("station {}", s.id), |_| format!("store {}", s.store_id)))?;
         let created = rows::station(&row)?;
@@ -326,13 +327,16 @@ impl PostgresStore {
         let tx = client.transaction().await.map_err(pg_error)?;
         let stmt = tx
             .prepare_cached(&format!(
-                "UPDATE stations SET printers = $3 WHERE tenant_id = $1 AND id = $2 AND printers = $4
+                "UPDATE stations SET printers = $3, failover_after_ms = $5
+                 WHERE tenant_id = $1 AND id = $2 AND printers = $4
                  RETURNING {STATION_COLUMNS}"
             ))
             .await
             .map_err(pg_error)?;
-        let row =
-            tx.query_opt(&stmt, &[&u.tenant_id, &u.id, &u.printers, &u.expected_printers]).await.map_err(pg_error)?;
+        let row = tx
+            .query_opt(&stmt, &[&u.tenant_id, &u.id, &u.printers, &u.expected_printers, &u.failover_after_ms])
+            .await
+            .map_err(pg_error)?;
         let Some(row) = row else { return Ok(None) };
         let changed = rows::station(&row)?;
         check_station_printers(&tx, &u.tenant_id, &u.printers).await?;

@@ -108,6 +108,7 @@ async fn writes_name_what_exists_or_is_missing() {
             printers: vec!["p7".into()],
             now: NOW,
             audit: SetupAudit::default(),
+            failover_after_ms: None,
         })
         .await;
     assert_eq!(no_printer, Err(StoreError::NotFound("printer p7".into())));

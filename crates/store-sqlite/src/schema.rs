@@ -434,12 +434,14 @@ CREATE TABLE device_log (
     // 19 here (20 on PostgreSQL): a paper-out pauses the lane (issue 15). A task counts the
     // offers its printer refused with a status that proves nothing printed, which do not
     // spend `max_attempts`; a printer keeps since when such a state holds its lane, for
-    // station failover and the console. Added columns with defaults only, so a broker of
+    // station failover and the console; a station may have its own failover threshold.
+    // Added columns with defaults only, so a broker of
     // the previous version opened on this file after a downgrade is unaffected (it
     // neither reads nor writes them).
     r#"
 ALTER TABLE tasks ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE printers ADD COLUMN paused_since INTEGER;
+ALTER TABLE stations ADD COLUMN failover_after_ms INTEGER;
 UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#,

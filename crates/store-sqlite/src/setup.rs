@@ -115,11 +115,11 @@ pub fn update_station(c: &Connection, u: &StationUpdate) -> StoreResult<Option<S
     }
     check_station_printers(c, &u.tenant_id, &u.printers)?;
     let printers = serde_json::to_string(&u.printers).map_err(|e| StoreError::Backend(e.to_string()))?;
-    c.prepare_cached("UPDATE stations SET printers = ?1 WHERE tenant_id = ?2 AND id = ?3")
-        .and_then(|mut s| s.execute(params![printers, u.tenant_id, u.id]))
+    c.prepare_cached("UPDATE stations SET printers = ?1, failover_after_ms = ?4 WHERE tenant_id = ?2 AND id = ?3")
+        .and_then(|mut s| s.execute(params![printers, u.tenant_id, u.id, u.failover_after_ms]))
         .map_err(backend_err)?;
     audit(c, &u.tenant_id, u.now, (SetupObject::Station, &u.id, SetupAction::Update), &u.audit)?;
-    Ok(Some(Station { printers: u.printers.clone(), ..before }))
+    Ok(Some(Station { printers: u.printers.clone(), failover_after_ms: u.failover_after_ms, ..before }))
 }
 
 /// Adds an API key row; the caller writes the audit (a tenant's first key is part of the
@@ -240,7 +240,7 @@ fn list_agent_token_rows(
 pub fn list_stations(c: &Connection, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Station>> {
     let mut s = c
         .prepare_cached(
-            "SELECT tenant_id, id, store_id, printers, created_at FROM stations \
+            "SELECT tenant_id, id, store_id, printers, created_at, failover_after_ms FROM stations \
              WHERE tenant_id = ?1 AND store_id = ?2 ORDER BY id",
         )
         .map_err(backend_err)?;
@@ -252,15 +252,16 @@ pub fn list_stations(c: &Connection, tenant_id: &str, store_id: &str) -> StoreRe
                 r.get::<_, String>(2)?,
                 r.get::<_, String>(3)?,
                 r.get(4)?,
+                r.get(5)?,
             ))
         })
         .map_err(backend_err)?;
     let mut out = Vec::new();
     for row in rows {
-        let (tenant_id, id, store_id, printers, created_at) = row.map_err(backend_err)?;
+        let (tenant_id, id, store_id, printers, created_at, failover_after_ms) = row.map_err(backend_err)?;
         let printers =
             serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
-        out.push(Station { tenant_id, id, store_id, printers, created_at });
+        out.push(Station { tenant_id, id, store_id, printers, failover_after_ms, created_at });
     }
     Ok(out)
 }

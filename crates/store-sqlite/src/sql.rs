@@ -196,18 +196,27 @@ pub fn create_station(c: &Connection, s: NewStation) -> StoreResult<Station> {
     check_station_printers(c, &s.tenant_id, &s.printers)?;
     let printers = serde_json::to_string(&s.printers).map_err(|e| StoreError::Backend(e.to_string()))?;
     c.execute(
-        "INSERT INTO stations (tenant_id, id, store_id, printers, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![s.tenant_id, s.id, s.store_id, printers, s.now],
+        "INSERT INTO stations (tenant_id, id, store_id, printers, created_at, failover_after_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![s.tenant_id, s.id, s.store_id, printers, s.now, s.failover_after_ms],
     )
     .map_err(|e| constraint_err(e, &format!("station {}", s.id), &format!("store {}", s.store_id)))?;
     audit(c, &s.tenant_id, s.now, (SetupObject::Station, &s.id, SetupAction::Create), &s.audit)?;
-    Ok(Station { tenant_id: s.tenant_id, id: s.id, store_id: s.store_id, printers: s.printers, created_at: s.now })
+    Ok(Station {
+        tenant_id: s.tenant_id,
+        id: s.id,
+        store_id: s.store_id,
+        printers: s.printers,
+        failover_after_ms: s.failover_after_ms,
+        created_at: s.now,
+    })
 }
 
 pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Station>> {
     let row = c
         .query_row(
-            "SELECT tenant_id, id, store_id, printers, created_at FROM stations WHERE tenant_id = ?1 AND id = ?2",
+            "SELECT tenant_id, id, store_id, printers, created_at, failover_after_ms FROM stations \
+             WHERE tenant_id = ?1 AND id = ?2",
             [t, id],
             |r| {
                 Ok((
@@ -216,15 +225,16 @@ pub fn get_station(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Stat
                     r.get::<_, String>(2)?,
                     r.get::<_, String>(3)?,
                     r.get(4)?,
+                    r.get(5)?,
                 ))
             },
         )
         .optional()
         .map_err(backend_err)?;
-    row.map(|(tenant_id, id, store_id, printers, created_at)| {
+    row.map(|(tenant_id, id, store_id, printers, created_at, failover_after_ms)| {
         let printers =
             serde_json::from_str(&printers).map_err(|e| StoreError::Backend(format!("station {id}: {e}")))?;
-        Ok(Station { tenant_id, id, store_id, printers, created_at })
+        Ok(Station { tenant_id, id, store_id, printers, failover_after_ms, created_at })
     })
     .transpose()
 }

@@ -270,6 +270,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             printers: vec!["p2".into(), "p1".into()],
             now: NOW,
             audit: SetupAudit::default(),
+            failover_after_ms: None,
         })
         .await
         .unwrap();
@@ -284,6 +285,7 @@ pub async fn setup_objects_and_isolation(s: Arc<dyn Store>) {
             printers: vec!["p1".into()],
             now: NOW,
             audit: SetupAudit::default(),
+            failover_after_ms: None,
         })
         .await;
     assert!(matches!(dup, Err(StoreError::AlreadyExists(_))), "{dup:?}");
@@ -1465,9 +1467,11 @@ pub async fn stations_get_new_printer_lists(s: Arc<dyn Store>) {
         printers: vec!["p1".into()],
         now: NOW,
         audit: by("create hot"),
+        failover_after_ms: Some(5_000),
     })
     .await
     .unwrap();
+    assert_eq!(s.get_station("acme", "hot").await.unwrap().and_then(|s| s.failover_after_ms), Some(5_000));
     let change = StationUpdate {
         tenant_id: "acme".into(),
         id: "hot".into(),
@@ -1475,6 +1479,7 @@ pub async fn stations_get_new_printer_lists(s: Arc<dyn Store>) {
         printers: vec!["p2".into(), "p1".into()],
         now: NOW + 1,
         audit: by("reorder"),
+        failover_after_ms: Some(1_000),
     };
     // A printer the tenant does not have fails the change, which writes nothing.
     let missing = s.update_station(StationUpdate { printers: vec!["p1".into(), "p7".into()], ..change.clone() }).await;
@@ -1482,7 +1487,9 @@ pub async fn stations_get_new_printer_lists(s: Arc<dyn Store>) {
     assert_eq!(s.update_station(StationUpdate { tenant_id: "other".into(), ..change.clone() }).await.unwrap(), None);
     let st = s.update_station(change.clone()).await.unwrap().unwrap();
     assert_eq!((st.printers.clone(), st.store_id.as_str(), st.created_at), (vec!["p2".into(), "p1".into()], "s1", NOW));
-    assert_eq!(s.get_station("acme", "hot").await.unwrap(), Some(st));
+    assert_eq!(st.failover_after_ms, Some(1_000));
+    assert_eq!(s.get_station("acme", "hot").await.unwrap(), Some(st.clone()));
+    assert_eq!(s.list_stations("acme", "s1").await.unwrap(), vec![st]);
     // Expecting the old list again: somebody changed it since, nothing is written.
     assert_eq!(s.update_station(StationUpdate { audit: by("stale"), ..change }).await.unwrap(), None);
     assert_eq!(audit_steps(&s, "acme").await[..2], ["reorder", "create hot"]);

@@ -216,6 +216,8 @@ pub struct NewStation {
     pub store_id: String,
     /// Primary first, then backups in order.
     pub printers: Vec<String>,
+    /// See [`Station::failover_after_ms`].
+    pub failover_after_ms: Option<i64>,
     pub now: Millis,
     pub audit: SetupAudit,
 }
@@ -228,6 +230,8 @@ pub struct StationUpdate {
     /// The list the caller read (a compare-and-set, as for [`PrinterUpdate`]).
     pub expected_printers: Vec<String>,
     pub printers: Vec<String>,
+    /// The station's threshold after the change (unchanged: the one it had).
+    pub failover_after_ms: Option<i64>,
     pub now: Millis,
     pub audit: SetupAudit,
 }
@@ -238,6 +242,10 @@ pub struct Station {
     pub id: String,
     pub store_id: String,
     pub printers: Vec<String>,
+    /// How long the primary (or the printer a ticket is on) may be paused by no paper,
+    /// cover open, paper jam or offline before the station's tickets move to the next
+    /// printer (issue 15); `None`: the broker's `station_failover_after_ms`.
+    pub failover_after_ms: Option<i64>,
     pub created_at: Millis,
 }
 

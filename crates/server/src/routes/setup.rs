@@ -217,7 +217,7 @@ pub async fn create_station(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreateStation>,
 ) -> Result<(StatusCode, Json<StationOut>), ApiError> {
-    let s = st.setup.create_station(auth.caller(), req.id, req.store_id, req.printers).await?;
+    let s = st.setup.create_station(auth.caller(), req.id, req.store_id, req.printers, req.failover_after_ms).await?;
     Ok((StatusCode::CREATED, Json(s.into())))
 }
 
@@ -236,8 +236,8 @@ pub async fn get_station(
     }
 }
 
-/// Replace a station's printers (primary first), checked like at creation. Tasks already
-/// created keep their printer.
+/// Replace a station's printers (primary first), checked like at creation, and/or set its
+/// failover threshold. Tasks already created keep their printer.
 #[utoipa::path(patch, path = "/v1/stations/{id}", tag = "set-up", request_body = UpdateStation,
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = StationOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -249,7 +249,7 @@ pub async fn update_station(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<UpdateStation>,
 ) -> Result<Json<StationOut>, ApiError> {
-    Ok(Json(st.setup.update_station(auth.caller(), &id, req.printers).await?.into()))
+    Ok(Json(st.setup.update_station(auth.caller(), &id, req.printers, req.failover_after_ms).await?.into()))
 }
 
 /// Issue a token for a store agent. The agent may only serve this store's printers.

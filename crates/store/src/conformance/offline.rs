@@ -76,6 +76,7 @@ pub async fn stations_are_listed_per_store(s: Arc<dyn Store>) {
             printers: vec!["p1".into()],
             now: NOW,
             audit: SetupAudit::default(),
+            failover_after_ms: None,
         })
         .await
         .unwrap();
