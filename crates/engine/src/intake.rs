@@ -129,6 +129,23 @@ impl Found {
 }
 
 /// Where a new task goes, or why it cannot go anywhere.
+/// A submission after the checks before its commit.
+// Lives on the stack of one submission only; boxing the new task would cost an
+// allocation on the hot path for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Prepared {
+    /// Answered without a commit: a repeat one of the gates knew, or of a disabled target.
+    Answered(SubmitAnswer),
+    /// New work for the group committer.
+    New(NewWork),
+}
+
+struct NewWork {
+    task: NewTask,
+    key: IdempotencyKey,
+    fingerprint: String,
+}
+
 enum Resolved {
     To { printer_id: String, store_id: String, station_id: Option<String> },
     Disabled(String),
@@ -197,6 +214,67 @@ impl Intake {
 
     /// Runs one submission through the order of work of R3.
     pub async fn submit(&self, req: SubmitRequest) -> Result<SubmitAnswer, IntakeError> {
+        match self.prepare(req).await? {
+            Prepared::Answered(answer) => Ok(answer),
+            Prepared::New(new) => {
+                let outcome = self.committer.submit(new.task).await?;
+                self.finish(&new.key, &new.fingerprint, outcome).await
+            }
+        }
+    }
+
+    /// Runs several submissions (one batch request) through the same order of work as
+    /// [`Intake::submit`], each on its own: one item's refusal does not touch the others.
+    /// The new tasks among them are committed in one transaction and created in the order
+    /// given, so that tickets of one order for one printer print in the order sent.
+    /// One answer per request, in the same order.
+    pub async fn submit_many(&self, reqs: Vec<SubmitRequest>) -> Vec<Result<SubmitAnswer, IntakeError>> {
+        // The checks before the commit read caches (and, with several nodes, the shared
+        // gate): run them side by side. Task ids are minted in each item's own check, but
+        // lanes are ordered by the sequence the commit assigns, which follows the group.
+        let prepared = futures_util::future::join_all(reqs.into_iter().map(|r| self.prepare(r))).await;
+        let mut answers: Vec<Option<Result<SubmitAnswer, IntakeError>>> = Vec::with_capacity(prepared.len());
+        let mut pending = Vec::new();
+        let mut tasks = Vec::new();
+        for (i, p) in prepared.into_iter().enumerate() {
+            match p {
+                Ok(Prepared::Answered(a)) => answers.push(Some(Ok(a))),
+                Err(e) => answers.push(Some(Err(e))),
+                Ok(Prepared::New(new)) => {
+                    answers.push(None);
+                    tasks.push(new.task);
+                    pending.push((i, new.key, new.fingerprint));
+                }
+            }
+        }
+        let outcomes = self.committer.submit_group(tasks).await;
+        let finished = futures_util::future::join_all(pending.into_iter().zip(outcomes).map(
+            |((i, key, fingerprint), outcome)| async move {
+                let answer = match outcome {
+                    Ok(outcome) => self.finish(&key, &fingerprint, outcome).await,
+                    Err(e) => Err(e.into()),
+                };
+                (i, answer)
+            },
+        ))
+        .await;
+        for (i, answer) in finished {
+            answers[i] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(IntakeError::Store(StoreError::Backend("a batch item was not answered".into())))
+                })
+            })
+            .collect()
+    }
+
+    /// Everything of a submission before its commit: the red line, validation, both
+    /// gates, the rate limit and the target. A repeat the gates know, or a refusal, ends
+    /// here; new work comes back as the task to commit.
+    async fn prepare(&self, req: SubmitRequest) -> Result<Prepared, IntakeError> {
         // R1: the red line comes before anything else is looked at.
         let biz_no = validate_biz_no(req.biz_no.as_deref())?.to_owned();
         let target = Target::from_request(req.printer_id.as_deref(), req.station_id.as_deref())?;
@@ -215,14 +293,14 @@ impl Intake {
         if let Some(hit) = self.gate.get(&key).filter(|h| h.state() != TaskState::Transferred) {
             return if hit.fingerprint == fingerprint.0 {
                 let state = self.current_state(&key.tenant_id, &hit).await;
-                Ok(SubmitAnswer {
+                Ok(Prepared::Answered(SubmitAnswer {
                     kind: SubmitKind::Duplicate,
                     task_id: hit.task_id.clone(),
                     state,
                     from_gate: true,
                     from_shared_gate: false,
                     pruned: hit.pruned(),
-                })
+                }))
             } else {
                 Err(IntakeError::Mismatch { task_id: hit.task_id.clone() })
             };
@@ -237,7 +315,7 @@ impl Intake {
                     shared.record_answer();
                     let mut answer = self.answer(SubmitKind::Duplicate, found, &key, &fingerprint.0).await?;
                     answer.from_shared_gate = true;
-                    return Ok(answer);
+                    return Ok(Prepared::Answered(answer));
                 }
             }
         }
@@ -273,7 +351,7 @@ impl Intake {
                     },
                 };
                 self.remember_shared(&key, found.task()).await;
-                return self.answer(SubmitKind::Duplicate, found, &key, &fingerprint.0).await;
+                return self.answer(SubmitKind::Duplicate, found, &key, &fingerprint.0).await.map(Prepared::Answered);
             }
         };
 
@@ -296,7 +374,17 @@ impl Intake {
             now,
             origin: None,
         };
-        let (kind, found) = match self.committer.submit(new).await? {
+        Ok(Prepared::New(NewWork { task: new, key, fingerprint: fingerprint.0 }))
+    }
+
+    /// The answer to a submission once its batch is durable.
+    async fn finish(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+        outcome: SubmitOutcome,
+    ) -> Result<SubmitAnswer, IntakeError> {
+        let (kind, found) = match outcome {
             SubmitOutcome::Created(t) => (SubmitKind::Created, Found::Kept(t)),
             SubmitOutcome::Existing(t) => (SubmitKind::Duplicate, Found::Kept(t)),
             // A late replay of a pruned task: its tombstone answers, nothing was created.
@@ -304,14 +392,14 @@ impl Intake {
         };
         // Durable now (created, or found by the unique key): other nodes may answer its
         // retries from the shared gate.
-        self.remember_shared(&key, found.task()).await;
+        self.remember_shared(key, found.task()).await;
         // The printer's lane has work: wake the store's waiting agent polls (R7: printing
         // never blocks intake).
         if kind == SubmitKind::Created {
             let task = found.task();
             self.signals.notify(&task.tenant_id, &task.store_id);
         }
-        self.answer(kind, found, &key, &fingerprint.0).await
+        self.answer(kind, found, key, fingerprint).await
     }
 
     /// The answer about a durable task (or the tombstone of a pruned one): remembered by

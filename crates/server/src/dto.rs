@@ -431,6 +431,44 @@ pub struct SubmitTask {
     pub content: Option<onceprint_core::Content>,
 }
 
+/// A batch of submissions (`POST /v1/print-task-batches`): 1 to 500 bodies of
+/// `POST /v1/print-tasks`.
+// The schema of the request body only: the handler reads `SubmitBatchRaw`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct SubmitBatch {
+    pub tasks: Vec<SubmitTask>,
+}
+
+/// How the handler reads a batch: each item kept as its own JSON text, so that it is
+/// parsed and refused exactly as the body of a single submission would be.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBatchRaw {
+    pub tasks: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// The answers to a batch, one per item, in the order sent.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResults {
+    pub results: Vec<BatchResult>,
+}
+
+/// The answer to one item of a batch: the status `POST /v1/print-tasks` would have
+/// answered it with, and its body: `task` for 201 and 200, `error` otherwise.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResult {
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<SubmitOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ErrorDetail>,
+    /// With status 429: when to send this item again, as `Retry-After` would say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u64>,
+}
+
 /// The answer to a submission: 201 for a new task, 200 for a duplicate.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubmitOut {

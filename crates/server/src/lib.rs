@@ -223,6 +223,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/api-keys/{id}", delete(setup::revoke_api_key))
         .route("/v1/setup-events", get(setup::setup_events))
         .route("/v1/print-tasks", post(tasks::submit).get(tasks::list_tasks))
+        .route("/v1/print-task-batches", post(tasks::submit_batch))
         .route("/v1/print-tasks/{task_id}", get(tasks::get_task))
         .route("/v1/print-tasks/{task_id}/events", get(tasks::task_events))
         .route("/v1/print-tasks/{task_id}/reprint", post(manual::reprint))

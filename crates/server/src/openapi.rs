@@ -63,7 +63,7 @@ impl Modify for Security {
         setup::create_agent_token, setup::list_agent_tokens, setup::revoke_agent_token,
         setup::create_lan_key, setup::list_lan_keys, setup::revoke_lan_key,
         setup::create_api_key, setup::list_api_keys, setup::revoke_api_key, setup::setup_events,
-        tasks::submit, tasks::get_task, tasks::list_tasks, tasks::task_events,
+        tasks::submit, tasks::submit_batch, tasks::get_task, tasks::list_tasks, tasks::task_events,
         agent::poll, agent::acks, agent::status, agent::submit,
         offline::lan_keys, offline::directory, offline::offline_tasks,
         journal_digest::journal_digest,

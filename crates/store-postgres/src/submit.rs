@@ -29,19 +29,29 @@ use crate::error::{pg_error, violation, Violation};
 use crate::rows::{self, TASK_COLUMNS_T, TOMBSTONE_COLUMNS_B};
 
 const INSERT_TASKS: &str = "
-WITH ins AS (
+WITH seqs AS (
+    -- The batch's lane sequence numbers, drawn up front and handed out in submission
+    -- order ($20, each row's place in the batch), while the rows are inserted in key
+    -- order: an order system's tickets for one printer print in the order it sent them,
+    -- and concurrent batches still take their keys in the same order.
+    SELECT s, row_number() OVER (ORDER BY s) AS r
+    FROM (SELECT nextval('tasks_seq') AS s FROM generate_series(1, cardinality($1::text[]))) AS drawn
+),
+ins AS (
     INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
                        priority, content_type, content, fingerprint, state, attempts, created_at, updated_at,
-                       origin_task_id, origin_kind, reprint_no)
+                       origin_task_id, origin_kind, reprint_no, seq)
     SELECT u.id, u.tenant_id, u.store_id, u.printer_id, u.station_id, u.target, u.biz_no, u.print_type,
            u.priority, u.content_type, u.content, u.fingerprint, 'pending', 0, u.now_ms, u.now_ms,
-           u.origin_task_id, u.origin_kind, u.reprint_no
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[],
-                $16::text[], $17::text[], $18::int4[])
-         WITH ORDINALITY AS u(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
-                              priority, content_type, content, fingerprint, now_ms,
-                              origin_task_id, origin_kind, reprint_no, ord)
+           u.origin_task_id, u.origin_kind, u.reprint_no, seqs.s
+    FROM (SELECT v.*, row_number() OVER (ORDER BY v.pos) AS r
+          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                      $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[],
+                      $16::text[], $17::text[], $18::int4[], $20::int8[])
+               WITH ORDINALITY AS v(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
+                                    priority, content_type, content, fingerprint, now_ms,
+                                    origin_task_id, origin_kind, reprint_no, pos, ord)) AS u
+    JOIN seqs USING (r)
     WHERE NOT EXISTS (SELECT 1 FROM task_tombstones b
                       WHERE b.tenant_id = u.tenant_id AND b.target = u.target
                         AND b.biz_no = u.biz_no AND b.print_type = u.print_type)
@@ -184,6 +194,8 @@ async fn try_batch<C: GenericClient>(client: &C, batch: &[NewTask]) -> Result<Ve
         unique.iter().map(|&i| batch[i].origin.as_ref().and_then(|o| o.reprint_no)).collect();
     // The creation event's reason: why the broker created the task, or a plain submission.
     let reasons = pick(|t| t.origin.as_ref().map_or("submitted", |o| o.reason.as_str()));
+    // Each row's place in the batch, which decides its lane sequence number.
+    let positions: Vec<i64> = unique.iter().map(|&i| i as i64).collect();
 
     let stmt = client.prepare_cached(INSERT_TASKS).await.map_err(pg_error)?;
     let inserted = client
@@ -209,6 +221,7 @@ async fn try_batch<C: GenericClient>(client: &C, batch: &[NewTask]) -> Result<Ve
                 &origin_kinds,
                 &reprint_nos,
                 &reasons,
+                &positions,
             ],
         )
         .await;
@@ -384,7 +397,7 @@ SET plan_cache_mode = force_generic_plan;";
                 "ins",
                 INSERT_TASKS.to_owned(),
                 "'{i}', '{t}', '{s}', '{p}', '{NULL}', '{printer:p}', '{b1}', '{receipt}', '{0}', '{text}', \
-                 '{\"\\\\x00\"}', '{f}', '{1}', '{tenant:t}', '{1}', '{NULL}', '{NULL}', '{NULL}', '{submitted}'",
+                 '{\"\\\\x00\"}', '{f}', '{1}', '{tenant:t}', '{1}', '{NULL}', '{NULL}', '{NULL}', '{submitted}', '{0}'",
             ),
             (
                 "tomb",

@@ -30,10 +30,20 @@ impl Default for GroupCommitConfig {
 
 type Reply = oneshot::Sender<Result<SubmitOutcome, StoreError>>;
 
+/// What one caller hands the collecting loop: one task, or the tasks of one batch request,
+/// which always go into the same transaction, in their order.
+// A single task stays unboxed: it is the hot path, and the channel's slots were already as
+// large before groups existed.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    One(NewTask, Reply),
+    Group(Vec<(NewTask, Reply)>),
+}
+
 /// Handle for submitting tasks through the group committer. Cheap to clone.
 #[derive(Clone)]
 pub struct GroupCommitter {
-    tx: mpsc::Sender<(NewTask, Reply)>,
+    tx: mpsc::Sender<Item>,
 }
 
 impl GroupCommitter {
@@ -41,7 +51,7 @@ impl GroupCommitter {
     /// handle has been dropped and the last batch has been answered.
     pub fn start(store: Arc<dyn Store>, config: GroupCommitConfig) -> GroupCommitter {
         let max_batch = config.max_batch.max(1);
-        let (tx, mut rx) = mpsc::channel::<(NewTask, Reply)>(max_batch * 8);
+        let (tx, mut rx) = mpsc::channel::<Item>(max_batch * 8);
         let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
         tokio::spawn(async move {
             loop {
@@ -50,10 +60,16 @@ impl GroupCommitter {
                 let Ok(permit) = permits.clone().acquire_owned().await else { break };
                 let Some(first) = rx.recv().await else { break };
                 let mut batch = Vec::with_capacity(64);
-                batch.push(first);
+                let take = |batch: &mut Vec<(NewTask, Reply)>, item: Item| match item {
+                    Item::One(task, reply) => batch.push((task, reply)),
+                    // A group is never split: its tasks are created in one transaction, in
+                    // the order the caller gave, so a batch may exceed `max_batch` by one group.
+                    Item::Group(group) => batch.extend(group),
+                };
+                take(&mut batch, first);
                 while batch.len() < max_batch {
                     match rx.try_recv() {
-                        Ok(item) => batch.push(item),
+                        Ok(item) => take(&mut batch, item),
                         Err(_) => break,
                     }
                 }
@@ -93,7 +109,39 @@ impl GroupCommitter {
     /// Submits one task and waits until its batch is durable.
     pub async fn submit(&self, task: NewTask) -> Result<SubmitOutcome, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send((task, reply)).await.map_err(|_| StoreError::Unavailable("intake is shutting down".into()))?;
-        answer.await.map_err(|_| StoreError::Unavailable("intake batch was dropped".into()))?
+        self.tx.send(Item::One(task, reply)).await.map_err(|_| shutting_down())?;
+        answer.await.map_err(|_| dropped())?
     }
+
+    /// Submits several tasks that go into one transaction, created in the order given,
+    /// and waits until it is durable. One outcome per task, in the same order.
+    pub async fn submit_group(&self, tasks: Vec<NewTask>) -> Vec<Result<SubmitOutcome, StoreError>> {
+        if tasks.is_empty() {
+            return Vec::new();
+        }
+        let n = tasks.len();
+        let mut answers = Vec::with_capacity(n);
+        let mut group = Vec::with_capacity(n);
+        for task in tasks {
+            let (reply, answer) = oneshot::channel();
+            group.push((task, reply));
+            answers.push(answer);
+        }
+        if self.tx.send(Item::Group(group)).await.is_err() {
+            return (0..n).map(|_| Err(shutting_down())).collect();
+        }
+        let mut outcomes = Vec::with_capacity(n);
+        for answer in answers {
+            outcomes.push(answer.await.unwrap_or_else(|_| Err(dropped())));
+        }
+        outcomes
+    }
+}
+
+fn shutting_down() -> StoreError {
+    StoreError::Unavailable("intake is shutting down".into())
+}
+
+fn dropped() -> StoreError {
+    StoreError::Unavailable("intake batch was dropped".into())
 }

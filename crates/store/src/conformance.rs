@@ -682,7 +682,8 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
 /// A lane hands out its tasks in the order they were inserted (within a priority), not in
 /// id order: ids are minted by each broker node from its own clock, so a task submitted
 /// later to a node whose clock is behind can have a smaller id (R23 across nodes). Also
-/// within one batch.
+/// within one batch, where the batch's order decides, not its keys' (an order system's
+/// tickets sent together in one batch request print in the order sent).
 pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     // First A (id ...0050), then B (id ...0010) from a node whose clock is behind, then C
@@ -694,9 +695,13 @@ pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
     s.submit_batch(vec![a.clone()]).await.unwrap();
     s.submit_batch(vec![b.clone()]).await.unwrap();
     s.submit_batch(vec![c.clone(), d.clone()]).await.unwrap();
-    let all = [a, b, c, d];
+    // Then F before E in one batch: the keys sort the other way.
+    let f = new_task("acme", "F", "x", 60);
+    let e = new_task("acme", "E", "x", 70);
+    s.submit_batch(vec![f.clone(), e.clone()]).await.unwrap();
+    let all = [a, b, c, d, f, e];
     let mut left = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..all.len() {
         let head = s.lane("acme", "p1").await.unwrap().waiting.expect("a waiting task");
         let t = all.iter().find(|t| t.task_id == head.task_id).unwrap();
         assert!(s.transition(&send(t, 0, NOW + 100)).await.unwrap());
@@ -710,7 +715,7 @@ pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
         assert!(s.transition(&printed).await.unwrap());
         left.push(head.biz_no);
     }
-    assert_eq!(left, ["A", "B", "C", "D"], "insertion order, whatever the ids say");
+    assert_eq!(left, ["A", "B", "C", "D", "F", "E"], "insertion order, whatever the ids or keys say");
     assert!(s.lane("acme", "p1").await.unwrap().waiting.is_none());
 }
 

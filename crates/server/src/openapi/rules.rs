@@ -252,6 +252,8 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
             "description": "Long-poll wait in milliseconds (default 25000); longer waits are cut to 60000."})),
         ("PollIn", "max", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX,
             "description": "Most deliveries in one answer (default 16); taken as 1–256."})),
+        ("SubmitBatch", "tasks", json!({"type": "array", "minItems": 1, "maxItems": crate::routes::tasks::MAX_BATCH,
+            "items": {"$ref": "#/components/schemas/SubmitTask"}})),
         ("AcksIn", "acks", json!({"type": "array", "maxItems": 1000, "items": {"$ref": "#/components/schemas/AckIn"}})),
         ("AcksIn", "agent_id", nullable(id())),
         ("AcksIn", "session", session()),

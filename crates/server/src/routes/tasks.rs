@@ -65,8 +65,52 @@ pub(crate) async fn submit_counted(
     who: Submitter,
     bytes: &[u8],
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
-    let result = submit_inner(st, who, bytes).await;
-    let label = match &result {
+    let result = match parse_submission(bytes) {
+        Ok(req) => {
+            let (request, echo) = intake_request(who, req);
+            answer_of(st.intake.submit(request).await.map_err(ApiError::from), echo)
+        }
+        Err(e) => Err(e),
+    };
+    count(st, &result);
+    result.map(|(status, headers, out)| (status, headers, Json(out)))
+}
+
+/// The body of one submission, with `missing_biz_no` before any other refusal (R1).
+fn parse_submission(bytes: &[u8]) -> Result<SubmitTask, ApiError> {
+    parse_json(bytes).map_err(|e| refuse_unparsed(bytes, e))
+}
+
+/// What the answer repeats of the request: its `biz_no` and print type.
+struct Echo {
+    biz_no: String,
+    print_type: String,
+}
+
+fn intake_request(who: Submitter, req: SubmitTask) -> (SubmitRequest, Echo) {
+    let echo = Echo {
+        biz_no: req.biz_no.clone().unwrap_or_default(),
+        print_type: req.print_type.clone().unwrap_or_else(|| onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned()),
+    };
+    let request = SubmitRequest {
+        tenant_id: who.tenant_id,
+        biz_no: req.biz_no,
+        printer_id: req.printer_id,
+        station_id: req.station_id,
+        print_type: req.print_type,
+        content: req.content,
+        store_scope: who.store_scope,
+        actor: who.actor,
+    };
+    (request, echo)
+}
+
+/// One submission's answer before it becomes a response: status, headers, body.
+type Answered = Result<(StatusCode, HeaderMap, SubmitOut), ApiError>;
+
+/// Counts one submission's answer in the metrics.
+fn count(st: &AppState, result: &Answered) {
+    let label = match result {
         Ok((StatusCode::CREATED, _, _)) => SubmitOutcomeLabel::Created,
         Ok((_, headers, _)) if headers.get("x-onceprint-gate").is_some_and(|v| v == "shared") => {
             SubmitOutcomeLabel::DuplicateSharedGate
@@ -79,34 +123,12 @@ pub(crate) async fn submit_counted(
         Err(_) => SubmitOutcomeLabel::Rejected,
     };
     st.metrics.submission(label);
-    result
 }
 
-async fn submit_inner(
-    st: &AppState,
-    who: Submitter,
-    bytes: &[u8],
-) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
-    let req: SubmitTask = match parse_json(bytes) {
-        Ok(r) => r,
-        Err(e) => return Err(refuse_unparsed(bytes, e)),
-    };
-    let biz_no = req.biz_no.clone().unwrap_or_default();
-    let answer = st
-        .intake
-        .submit(SubmitRequest {
-            tenant_id: who.tenant_id,
-            biz_no: req.biz_no,
-            printer_id: req.printer_id,
-            station_id: req.station_id,
-            print_type: req.print_type.clone(),
-            content: req.content,
-            store_scope: who.store_scope,
-            actor: who.actor,
-        })
-        .await?;
+/// The HTTP answer to intake's answer: status, headers and body.
+fn answer_of(answer: Result<onceprint_engine::SubmitAnswer, ApiError>, echo: Echo) -> Answered {
+    let answer = answer?;
     crate::request_id::record_task(&answer.task_id);
-    let print_type = req.print_type.unwrap_or_else(|| onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned());
     let mut headers = HeaderMap::new();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/print-tasks/{}", answer.task_id)) {
         headers.insert(header::LOCATION, v);
@@ -141,16 +163,90 @@ async fn submit_inner(
     Ok((
         status,
         headers,
-        Json(SubmitOut {
+        SubmitOut {
             task_id: answer.task_id,
             state: answer.state.as_str().to_owned(),
             duplicate,
             message,
-            biz_no,
-            print_type,
+            biz_no: echo.biz_no,
+            print_type: echo.print_type,
             pruned: answer.pruned,
-        }),
+        },
     ))
+}
+
+/// Most submissions in one batch request.
+pub const MAX_BATCH: usize = 500;
+
+/// Extension (issue 13): submit up to 500 print tasks in one request, for an order system
+/// that sends an order's tickets together or catches up after an outage.
+///
+/// Each item is the body of `POST /v1/print-tasks` and is answered as that endpoint would
+/// answer it alone (`status` 201 new, 200 duplicate, 400, 409, 422, 429 …), in the order
+/// sent; the items are independent, so one refusal does not stop the others, and a retry
+/// of the whole batch after a lost answer creates nothing twice. The new tasks of a batch
+/// are committed together, in one transaction, and created in array order: tickets of one
+/// batch for one printer print in the order sent. The answer comes once they are durable.
+/// The whole body counts against the broker's body limit (`max_body_bytes`, 1 MiB by default).
+#[utoipa::path(post, path = "/v1/print-task-batches", tag = "print tasks", request_body = SubmitBatch,
+    security(("tenant" = [])),
+    responses(
+        (status = 200, description = "one result per item, in the order sent", body = BatchResults),
+        (status = 400, description = "`invalid_request`: not a batch, or 0 or more than 500 items", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 413, body = ErrorBody)))]
+pub async fn submit_batch(
+    State(st): State<AppState>,
+    crate::extract::TenantAuthForIntake(auth): crate::extract::TenantAuthForIntake,
+    JsonBytes(bytes): JsonBytes,
+) -> Result<Json<BatchResults>, ApiError> {
+    let batch: SubmitBatchRaw = parse_json(&bytes)?;
+    if batch.tasks.is_empty() || batch.tasks.len() > MAX_BATCH {
+        return Err(ApiError::invalid(format!(
+            "tasks: {} items; a batch holds 1 to {MAX_BATCH} tasks",
+            batch.tasks.len()
+        )));
+    }
+    let mut slots: Vec<Option<Answered>> = Vec::with_capacity(batch.tasks.len());
+    let mut requests = Vec::new();
+    let mut echoes = Vec::new();
+    for raw in &batch.tasks {
+        match parse_submission(raw.get().as_bytes()) {
+            Ok(req) => {
+                let who = Submitter { tenant_id: auth.tenant_id.clone(), store_scope: None, actor: None };
+                let (request, echo) = intake_request(who, req);
+                requests.push(request);
+                echoes.push((slots.len(), echo));
+                slots.push(None);
+            }
+            Err(e) => slots.push(Some(Err(e))),
+        }
+    }
+    let answers = st.intake.submit_many(requests).await;
+    for ((i, echo), answer) in echoes.into_iter().zip(answers) {
+        slots[i] = Some(answer_of(answer.map_err(ApiError::from), echo));
+    }
+    let results = slots
+        .into_iter()
+        .map(|slot| {
+            let result = slot.unwrap_or_else(|| {
+                Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "a batch item was not answered"))
+            });
+            count(&st, &result);
+            match result {
+                Ok((status, _, out)) => {
+                    BatchResult { status: status.as_u16(), task: Some(out), error: None, retry_after_secs: None }
+                }
+                Err(e) => BatchResult {
+                    status: e.status.as_u16(),
+                    task: None,
+                    retry_after_secs: e.retry_after,
+                    error: Some(crate::error::ErrorDetail { code: e.code.to_owned(), message: e.message }),
+                },
+            }
+        })
+        .collect();
+    Ok(Json(BatchResults { results }))
 }
 
 /// One task of the calling tenant.
