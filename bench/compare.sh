@@ -4,6 +4,7 @@
 #   bench/compare.sh                       # 50,000 tasks, 100 printers, 64 producers
 #   bench/compare.sh --tasks 5000          # a quick look
 #   bench/compare.sh --json-out cmp.json   # also the whole result as JSON
+#   bench/compare.sh --batch 50            # 50 jobs per call: addBulk / POST /v1/print-task-batches
 #   bench/compare.sh --database postgres://postgres@127.0.0.1:5432/test
 #
 # It builds target/release/onceprint when it is missing (or with --build), installs the
@@ -31,7 +32,7 @@ while [[ $# -gt 0 ]]; do
     --onceprint=*) onceprint="${1#--onceprint=}" ;;
     --skip-onceprint) skip_onceprint=1; pass+=("$1") ;;
     -h | --help)
-      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       echo "  --build            rebuild target/release/onceprint first"
       echo
       exec node "$here/compare/compare.mjs" --help

@@ -4,12 +4,14 @@
 // bullmq and ioredis from npm into a scratch folder and passes that folder as --modules.
 //
 // BullMQ side: a redis-server of our own (AOF, appendfsync everysec) on a free loopback
-// port, one queue per printer, 64 producers calling queue.add(name, data, {jobId: key}),
+// port, one queue per printer, 64 producers calling queue.add(name, data, {jobId: key})
+// (with --batch K: queue.addBulk of K consecutive jobs, grouped per queue, see runAdds),
 // and workers (concurrency 1 per queue, like a printer lane) in a child process whose side
 // effect is appending a line to a file. The child is a process of its own so that it can
 // be killed with SIGKILL mid-run and restarted, as onceprint's agent is.
 //
-// onceprint side: the same binary's `bench submit` and `bench e2e` with --json.
+// onceprint side: the same binary's `bench submit` and `bench e2e` with --json (and with
+// --batch K, K tasks per POST /v1/print-task-batches).
 //
 // Every figure that is compared is measured in this one run, phases interleaved (BullMQ,
 // then onceprint, for each measure), because absolute figures on the shared machines swing
@@ -36,6 +38,7 @@ const OPTIONS = {
   'duplicates-high': { type: 'string', default: '0.95' },
   printers: { type: 'string', default: '100' },
   producers: { type: 'string', default: '64' },
+  batch: { type: 'string', default: '1' },
   connections: { type: 'string', default: '4' },
   warmup: { type: 'string', default: '5000' },
   'kill-at': { type: 'string', default: '0.5' },
@@ -66,6 +69,10 @@ onceprint against BullMQ on Redis, same machine, same run; prints the ratios.
   --duplicates-high F  share of repeated keys in the duplicate-answer measure (0.95)
   --printers P         printers = BullMQ queues, one worker each, concurrency 1 (100)
   --producers C        concurrent producers / submit connections (64)
+  --batch B            jobs per producer call, 1-500: with K > 1 each BullMQ producer call is
+                       queue.addBulk of K consecutive jobs (one addBulk per queue they go to,
+                       awaited together) and onceprint's benches get --batch K (K tasks per
+                       POST /v1/print-task-batches); latencies are then per call (1)
   --connections K      Redis connections the BullMQ producers share (4)
   --warmup N           submissions before each intake measure, both sides (5000)
   --kill-at F          kill -9 the worker / agent once this share is printed (0.5)
@@ -114,6 +121,7 @@ function parseOptions() {
     if (!Number.isFinite(v) || v < lo || v > hi) fail(`--${name} must be within ${lo}..${hi}, not ${parsed[name]}`);
     return v;
   };
+  if (Number(parsed.batch) > 500) fail(`--batch must be an integer within 1..500 (the most POST /v1/print-task-batches takes), not ${parsed.batch}`);
   const phases = new Set(parsed.phases.split(',').map((p) => p.trim()).filter(Boolean));
   for (const p of phases) {
     if (!['intake', 'duplicates', 'printed', 'restart'].includes(p)) fail(`unknown phase ${p} in --phases`);
@@ -127,6 +135,7 @@ function parseOptions() {
     duplicatesHigh: share('duplicates-high', 0, 0.99),
     printers: int('printers', 1),
     producers: int('producers', 1),
+    batch: int('batch', 1),
     connections: int('connections', 1),
     warmup: int('warmup', 0),
     killAt: share('kill-at', 0.01, 0.99),
@@ -243,11 +252,16 @@ function percentile(sorted, p) {
   return sorted[i];
 }
 
-function latencySummary(values) {
+/** p50/p99/max of latencies in ms; `per` (only with --batch K > 1) says what one sample is. */
+function latencySummary(values, per) {
   const s = Float64Array.from(values).sort();
   const r = (v) => Math.round(v * 1000) / 1000;
-  return { count: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.length ? s[s.length - 1] : 0) };
+  const summary = { count: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.length ? s[s.length - 1] : 0) };
+  return per === undefined ? summary : { per, ...summary };
 }
+
+/** What one latency sample is with --batch K > 1. */
+const perCall = (opts) => `call (up to ${opts.batch} jobs: addBulk per queue, awaited together)`;
 
 /** user + system CPU seconds of a process, from /proc (Linux only; null elsewhere). */
 function cpuSeconds(pid) {
@@ -377,8 +391,11 @@ async function openQueues(mods, port, opts) {
 /**
  * Sends every planned add, `producers` at a time (each producer takes the next request
  * when its previous add has returned), and returns the wall time and add latencies.
+ * With --batch K > 1 a producer takes the next K planned jobs at a time instead
+ * (runBulkAdds), and the latencies are per call.
  */
 async function runAdds(set, plan, opts, onProgress) {
+  if (opts.batch > 1) return runBulkAdds(set, plan, opts, onProgress);
   let next = 0;
   const latencies = new Float64Array(plan.keys.length);
   const errors = [];
@@ -403,6 +420,62 @@ async function runAdds(set, plan, opts, onProgress) {
   await Promise.all(Array.from({ length: opts.producers }, (_, p) => producer(p)));
   const ended = nowMs();
   return { started, ended, wallSeconds: (ended - started) / 1000, latencies, errors, errorCount: errors.count ?? 0 };
+}
+
+/**
+ * runAdds with --batch K > 1: each producer call takes the next K planned jobs, as one
+ * POST /v1/print-task-batches of onceprint's bench takes the next K submissions.
+ *
+ * BullMQ's bulk add, Queue.addBulk, is per queue (one MULTI of that queue's add scripts),
+ * and the K consecutive jobs of a call mostly go to different queues (key n goes to queue
+ * n % printers). So a call groups its jobs per queue, in plan order within each queue, and
+ * sends one addBulk per queue at once, awaiting them all: the producer's queues share one
+ * Redis connection (as for queue.add), on which ioredis writes those MULTIs back to back
+ * without waiting for replies, so they travel together like the one HTTP request on the
+ * other side. The call's latency runs until its last addBulk answered. (FlowProducer.addBulk could put jobs of
+ * several queues in one MULTI, but it adds flows, parents and children, with semantics of
+ * their own; independent jobs are what Queue.addBulk is for.) A repeat inside one call is
+ * answered by the same jobId check as in queue.add.
+ */
+async function runBulkAdds(set, plan, opts, onProgress) {
+  const n = plan.keys.length;
+  const calls = Math.ceil(n / opts.batch);
+  let next = 0;
+  const latencies = new Float64Array(calls);
+  const errors = [];
+  // The calls' jobs, grouped per queue, built before the clock starts (like the plan).
+  const groups = new Array(calls);
+  for (let c = 0; c < calls; c++) {
+    const perQueue = new Map();
+    for (let i = c * opts.batch; i < Math.min(n, (c + 1) * opts.batch); i++) {
+      const key = plan.keys[i];
+      const q = key % opts.printers;
+      if (!perQueue.has(q)) perQueue.set(q, []);
+      perQueue.get(q).push({ name: 'receipt', data: jobData(plan.prefix, key, opts.printers), opts: { jobId: `${plan.prefix}${key}` } });
+    }
+    groups[c] = [...perQueue];
+  }
+  const started = nowMs();
+  const producer = async (p) => {
+    const queues = set.queues[p % set.queues.length];
+    for (;;) {
+      const c = next++;
+      if (c >= calls) return;
+      const t0 = nowMs();
+      const settled = await Promise.allSettled(groups[c].map(([q, jobs]) => queues[q].addBulk(jobs)));
+      latencies[c] = nowMs() - t0;
+      for (const s of settled) {
+        if (s.status === 'rejected') {
+          if (errors.length < 10) errors.push(String(s.reason?.message ?? s.reason));
+          errors.count = (errors.count ?? 0) + 1;
+        }
+      }
+      if (onProgress) onProgress(Math.min(n, (c + 1) * opts.batch) - 1);
+    }
+  };
+  await Promise.all(Array.from({ length: opts.producers }, (_, p) => producer(p)));
+  const ended = nowMs();
+  return { started, ended, wallSeconds: (ended - started) / 1000, latencies, errors, errorCount: errors.count ?? 0, calls };
 }
 
 /** Sum of the job counts over every queue. */
@@ -438,7 +511,7 @@ async function bullIntake(mods, redis, opts, share, label) {
     const warmDistinct = warm?.distinct ?? 0;
     const stored = Object.values(counts).reduce((a, b) => a + b, 0);
     const problems = [];
-    if (run.errorCount > 0) problems.push(`${run.errorCount} add calls failed, e.g. ${run.errors[0]}`);
+    if (run.errorCount > 0) problems.push(`${run.errorCount} ${opts.batch > 1 ? 'addBulk' : 'add'} calls failed, e.g. ${run.errors[0]}`);
     if (stored !== plan.distinct + warmDistinct) {
       problems.push(`Redis holds ${stored} jobs, expected ${plan.distinct + warmDistinct} (one per distinct key)`);
     }
@@ -455,7 +528,9 @@ async function bullIntake(mods, redis, opts, share, label) {
       accepted_per_sec: plan.distinct / run.wallSeconds,
       duplicates_per_sec: duplicates / run.wallSeconds,
       answers_per_sec: plan.keys.length / run.wallSeconds,
-      add_latency_ms: latencySummary(run.latencies),
+      // With --batch K > 1 only: K, the producer calls and their rate.
+      ...(opts.batch > 1 ? { batch: opts.batch, calls: run.calls, calls_per_sec: run.calls / run.wallSeconds } : {}),
+      add_latency_ms: latencySummary(run.latencies, opts.batch > 1 ? perCall(opts) : undefined),
       redis_cpu_ms_per_request: redisCpu === null ? null : (redisCpu * 1000) / plan.keys.length,
       producer_cpu_ms_per_request: (nodeCpuUs.user + nodeCpuUs.system) / 1000 / plan.keys.length,
       job_counts: counts,
@@ -463,7 +538,7 @@ async function bullIntake(mods, redis, opts, share, label) {
     };
     log(
       `  BullMQ ${label}: ${fmtRate(result.accepted_per_sec)} accepted/s, ${fmtRate(result.duplicates_per_sec)} duplicate answers/s ` +
-        `(${plan.keys.length} adds in ${run.wallSeconds.toFixed(2)} s, ${(result.duplicate_share_actual * 100).toFixed(1)} % repeats)` +
+        `(${opts.batch > 1 ? `${plan.keys.length} jobs in ${run.calls} addBulk calls of up to ${opts.batch}` : `${plan.keys.length} adds`} in ${run.wallSeconds.toFixed(2)} s, ${(result.duplicate_share_actual * 100).toFixed(1)} % repeats)` +
         (problems.length ? `  PROBLEMS: ${problems.join('; ')}` : ''),
     );
     return result;
@@ -665,7 +740,7 @@ async function bullPrinted(mods, redis, opts, dir, kill) {
     if (!completed) problems.push(`timed out with ${tail.distinct} of ${plan.distinct} jobs on paper`);
     if (kill && killed && stalledDone === null) problems.push(`the ${stalled.length} jobs active at the kill were not completed within the timeout`);
     if (kill && !killed) problems.push('the worker was never killed (printing never got that far)');
-    if (run.errorCount > 0) problems.push(`${run.errorCount} add calls failed, e.g. ${run.errors[0]}`);
+    if (run.errorCount > 0) problems.push(`${run.errorCount} ${opts.batch > 1 ? 'addBulk' : 'add'} calls failed, e.g. ${run.errors[0]}`);
     // Let the last moveToFinished calls land before counting.
     await sleep(500);
     const counts = await jobCounts(set, opts);
@@ -693,6 +768,7 @@ async function bullPrinted(mods, redis, opts, dir, kill) {
       tasks: plan.distinct,
       printers: opts.printers,
       producers: opts.producers,
+      ...(opts.batch > 1 ? { batch: opts.batch, calls: run.calls } : {}),
       submit_seconds: run.wallSeconds,
       submitted_per_sec: plan.distinct / run.wallSeconds,
       print_seconds: printSeconds,
@@ -761,15 +837,23 @@ function runOnceprint(opts, dir, name, args) {
   });
 }
 
+/** `--batch K` for onceprint's benches; nothing with K = 1, so that their command line stays what it was. */
+const batchArgs = (opts) => (opts.batch > 1 ? ['--batch', String(opts.batch)] : []);
+
 async function onceprintSubmit(opts, dir, share, name) {
   const r = await runOnceprint(opts, dir, name, [
     'bench', 'submit', '--requests', String(opts.tasks), '--concurrency', String(opts.producers),
     '--duplicates', String(share), '--printers', String(opts.printers), '--warmup', String(opts.warmup),
+    ...batchArgs(opts),
   ]);
   const p = r.report;
+  // With --batch K > 1 the report counts submissions (`requests`) and HTTP requests
+  // (`requests_http`) apart; its latency_ms are per submission (each its request's) and
+  // http_latency_ms per request.
+  const sent = opts.batch > 1 ? `${p?.requests} submissions in ${p?.requests_http} requests of up to ${p?.batch}` : `${p?.requests} requests`;
   log(
     p
-      ? `  onceprint ${name}: ${fmtRate(p.accepted_per_sec)} accepted/s, ${fmtRate(p.duplicates_per_sec)} duplicate answers/s (${p.requests} requests in ${p.wall_seconds.toFixed(2)} s)` +
+      ? `  onceprint ${name}: ${fmtRate(p.accepted_per_sec)} accepted/s, ${fmtRate(p.duplicates_per_sec)} duplicate answers/s (${sent} in ${p.wall_seconds.toFixed(2)} s)` +
           (r.error ? `  PROBLEMS: ${r.error}` : '')
       : `  onceprint ${name}: FAILED ${r.error}`,
   );
@@ -779,7 +863,7 @@ async function onceprintSubmit(opts, dir, share, name) {
 async function onceprintE2e(opts, dir, kill, name) {
   const args = [
     'bench', 'e2e', '--tasks', String(opts.tasks), '--printers', String(opts.printers),
-    '--concurrency', String(opts.producers),
+    '--concurrency', String(opts.producers), ...batchArgs(opts),
   ];
   if (kill) args.push('--kill-agent-at', String(opts.killAt));
   const r = await runOnceprint(opts, dir, name, args);
@@ -835,9 +919,12 @@ function buildTable(result) {
   const b = result.bullmq;
   const o = result.onceprint;
   const rows = [];
-  rows.push(ratioRow(`intake: accepted/s (${Math.round(result.options.duplicates * 100)} % duplicates)`, b?.intake?.accepted_per_sec, o?.intake?.report?.accepted_per_sec, 3));
-  rows.push(ratioRow(`duplicate answers/s (${Math.round(result.options.duplicates_high * 100)} % duplicates)`, b?.duplicates?.duplicates_per_sec, o?.duplicates?.report?.duplicates_per_sec, 5));
-  rows.push(ratioRow(`printed/s (${result.options.printers} printers)`, b?.printed?.printed_per_sec, o?.printed?.report?.printed_per_sec, 2));
+  // With --batch K > 1 the measures that submit in batches say so (result.options.batch is
+  // there only then).
+  const k = result.options.batch > 1 ? `, batches of ${result.options.batch}` : '';
+  rows.push(ratioRow(`intake: accepted/s (${Math.round(result.options.duplicates * 100)} % duplicates${k})`, b?.intake?.accepted_per_sec, o?.intake?.report?.accepted_per_sec, 3));
+  rows.push(ratioRow(`duplicate answers/s (${Math.round(result.options.duplicates_high * 100)} % duplicates${k})`, b?.duplicates?.duplicates_per_sec, o?.duplicates?.report?.duplicates_per_sec, 5));
+  rows.push(ratioRow(`printed/s (${result.options.printers} printers${k})`, b?.printed?.printed_per_sec, o?.printed?.report?.printed_per_sec, 2));
   const bResume = b?.restart?.restart?.resume_ms ?? null;
   const bStalled = b?.restart?.restart?.stalled_completed_ms ?? null;
   const oRestart = o?.restart?.report?.agent_restart ?? null;
@@ -913,6 +1000,8 @@ async function main(opts) {
       tasks: opts.tasks, duplicates: opts.duplicates, duplicates_high: opts.duplicatesHigh, printers: opts.printers,
       phases: [...opts.phases], producers: opts.producers, redis_connections: opts.connections, warmup: opts.warmup, kill_at: opts.killAt,
       database: opts.database ?? 'sqlite',
+      // Only with --batch K > 1, so that a --batch 1 result is what it was before.
+      ...(opts.batch > 1 ? { batch: opts.batch } : {}),
     },
     versions: { node: process.version },
     guarantees: GUARANTEES,
@@ -932,7 +1021,8 @@ async function main(opts) {
     redis = await startRedis(opts, dir, mods.Redis);
     result.versions.redis = redis.version;
   }
-  log(`compare: ${result.machine}; load ${result.load_before}; ${opts.tasks} tasks, ${opts.printers} printers, ${opts.producers} producers; temp ${dir}`);
+  const batched = opts.batch > 1 ? `, batches of ${opts.batch} (addBulk per queue / POST /v1/print-task-batches)` : '';
+  log(`compare: ${result.machine}; load ${result.load_before}; ${opts.tasks} tasks, ${opts.printers} printers, ${opts.producers} producers${batched}; temp ${dir}`);
 
   // Interleaved, one measure at a time on both sides, so that a change of load on the
   // shared machine hits both sides of a ratio alike.
@@ -983,7 +1073,14 @@ async function main(opts) {
     `versions: onceprint ${result.versions.onceprint ?? '—'}, bullmq ${result.versions.bullmq ?? '—'}, ioredis ${result.versions.ioredis ?? '—'}, ` +
       `redis ${result.versions.redis ?? '—'}, node ${result.versions.node}; backend ${result.options.database.startsWith('postgres') ? 'postgres' : 'sqlite'}`,
   );
-  out.push(`workload: ${opts.tasks} submissions/tasks, ${opts.printers} printers (queues), ${opts.producers} producers, warm-up ${opts.warmup}`);
+  out.push(`workload: ${opts.tasks} submissions/tasks, ${opts.printers} printers (queues), ${opts.producers} producers, warm-up ${opts.warmup}${batched}`);
+  if (opts.batch > 1) {
+    out.push(
+      `batches: each producer call carries ${opts.batch} consecutive jobs/tasks (BullMQ: one queue.addBulk per queue they go to, awaited together; ` +
+        'onceprint: one POST /v1/print-task-batches); rates count jobs/tasks; in the JSON, BullMQ add_latency_ms and onceprint ' +
+        'http_latency_ms are per call, onceprint latency_ms per task (its call\'s)',
+    );
+  }
   out.push('');
   out.push(renderTable(buildTable(result)));
   out.push('');

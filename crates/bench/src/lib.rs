@@ -14,7 +14,8 @@
 //! systems lean on), and whether every answer still obeys the contract while it does. It
 //! starts the broker as a child process on a database of its own (a temporary SQLite file
 //! or a throw-away PostgreSQL schema), sets up a tenant, store and printers, replays a
-//! deterministic request plan over many keep-alive connections, verifies every answer and
+//! deterministic request plan over many keep-alive connections (one submission per
+//! request, or `batch` of them per `POST /v1/print-task-batches`), verifies every answer and
 //! the stored tasks, and reports throughput, latency percentiles and the broker's peak
 //! memory.
 //!
@@ -88,6 +89,10 @@ pub struct SubmitOptions {
     pub requests: usize,
     /// HTTP connections, each with one request in flight.
     pub concurrency: usize,
+    /// Submissions per HTTP request: 1 sends each alone to `POST /v1/print-tasks`; 2–500
+    /// send that many consecutive ones of the plan together to `POST /v1/print-task-batches`
+    /// (warm-up included).
+    pub batch: usize,
     /// Share of submissions that repeat a recently sent key.
     pub duplicate_share: f64,
     /// Printers the tasks are spread over.
@@ -110,6 +115,7 @@ impl SubmitOptions {
             database: None,
             requests: 200_000,
             concurrency: 64,
+            batch: 1,
             duplicate_share: 0.30,
             printers: 10,
             warmup: 5_000,
@@ -237,6 +243,7 @@ fn validate(opts: &SubmitOptions) -> Result<(), BenchError> {
     if opts.concurrency == 0 {
         return bad("concurrency must be at least 1");
     }
+    load::validate_batch(opts.batch)?;
     if opts.printers == 0 {
         return bad("printers must be at least 1");
     }
@@ -335,14 +342,14 @@ async fn drive(
     if opts.warmup > 0 {
         let plan = build_plan("W", opts.warmup, opts.duplicate_share, opts.printers, PLAN_SEED ^ 0x5741_524D);
         let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
-        let run = load::run_load(addr, auth.clone(), bodies, opts.concurrency).await?;
+        let run = load::run_load_batched(addr, auth.clone(), bodies, opts.concurrency, opts.batch).await?;
         answered.extend(verify::check_answers("warm-up", &plan, &run.outcomes, &Default::default(), &mut problems));
     }
 
     let plan = build_plan("B", opts.requests, opts.duplicate_share, opts.printers, PLAN_SEED);
     let bodies: Arc<Vec<Bytes>> = Arc::new(plan.requests.iter().map(|r| r.body.clone()).collect());
     let cpu_before = broker_cpu();
-    let run = load::run_load(addr, auth.clone(), bodies, opts.concurrency).await?;
+    let run = load::run_load_batched(addr, auth.clone(), bodies, opts.concurrency, opts.batch).await?;
     let cpu_after = broker_cpu();
     answered.extend(verify::check_answers("measured", &plan, &run.outcomes, &Default::default(), &mut problems));
 
@@ -357,6 +364,8 @@ async fn drive(
         backend: String::new(),
         machine: report::machine_line(),
         requests: opts.requests,
+        batch: run.batch,
+        requests_http: run.requests_http,
         warmup: opts.warmup,
         concurrency: opts.concurrency,
         printers: opts.printers,
@@ -370,7 +379,9 @@ async fn drive(
         accepted_per_sec: per_sec(accepted),
         duplicates_per_sec: per_sec(duplicates),
         answers_per_sec: per_sec(run.outcomes.iter().filter(|o| o.status != 0).count()),
+        requests_http_per_sec: per_sec(run.request_latencies_us.len()),
         latency_ms: LatencyReport::from_outcomes(&run.outcomes),
+        http_latency_ms: Percentiles::from_micros(run.request_latencies_us),
         broker_peak_rss_mib: None,
         nodes: opts.nodes,
         broker_cpu_ms_per_request: match (cpu_before, cpu_after) {
@@ -405,6 +416,7 @@ mod tests {
     fn defaults_match_the_documented_ones() {
         let o = SubmitOptions::new("onceprint");
         assert_eq!((o.requests, o.concurrency, o.printers, o.warmup), (200_000, 64, 10, 5_000));
+        assert_eq!(o.batch, 1);
         assert_eq!(o.duplicate_share, 0.30);
         assert!(o.database.is_none());
         assert!(validate(&o).is_ok());
@@ -420,6 +432,9 @@ mod tests {
         };
         assert!(check(&|o| o.requests = 0));
         assert!(check(&|o| o.concurrency = 0));
+        assert!(check(&|o| o.batch = 0));
+        assert!(check(&|o| o.batch = 501));
+        assert!(!check(&|o| o.batch = 500));
         assert!(check(&|o| o.printers = 0));
         assert!(check(&|o| o.duplicate_share = 1.0));
         assert!(check(&|o| o.duplicate_share = -0.1));

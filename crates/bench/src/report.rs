@@ -64,13 +64,20 @@ impl LatencyReport {
 }
 
 /// Everything `onceprint bench submit` reports. Serialize it for `--json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SubmitReport {
     /// `sqlite` or `postgres`.
     pub backend: String,
     /// Cores and CPU model of the machine the run shared with the broker.
     pub machine: String,
+    /// Measured submissions (one task each), however many went per HTTP request.
     pub requests: usize,
+    /// Submissions per HTTP request: 1 is one `POST /v1/print-tasks` each, more is
+    /// `POST /v1/print-task-batches` with up to this many (warm-up batched alike).
+    pub batch: usize,
+    /// HTTP requests of the measured run: `requests` with `batch` 1, else
+    /// `ceil(requests / batch)`.
+    pub requests_http: usize,
     pub warmup: usize,
     pub concurrency: usize,
     pub printers: usize,
@@ -89,14 +96,21 @@ pub struct SubmitReport {
     pub accepted_per_sec: f64,
     pub duplicates_per_sec: f64,
     pub answers_per_sec: f64,
+    /// HTTP requests answered (whatever their status) per second of the measured run.
+    pub requests_http_per_sec: f64,
+    /// Answer time per submission: with `batch` > 1 every submission of a batch has its
+    /// request's, so these weigh each request by its tasks.
     pub latency_ms: LatencyReport,
+    /// Answer time per HTTP request (answered ones); with `batch` 1 the same as
+    /// `latency_ms.all`.
+    pub http_latency_ms: Percentiles,
     /// Broker's peak resident set (`VmHWM`) over the whole run, set-up and listing included.
     pub broker_peak_rss_mib: Option<f64>,
     /// Broker nodes behind the bench's load balancer (1: one broker, no balancer); the
     /// peak RSS above is then the highest node's.
     pub nodes: usize,
     /// The nodes' CPU time (user + system, summed, from /proc) during the measured run,
-    /// per measured request.
+    /// per measured submission (not per HTTP request when `batch` > 1).
     pub broker_cpu_ms_per_request: Option<f64>,
     /// What was preloaded into the database before the warm-up, if anything.
     pub preload: Option<crate::PreloadReport>,
@@ -117,10 +131,19 @@ impl SubmitReport {
         // Writing to a String cannot fail, hence the ignored results.
         let _ = writeln!(s, "onceprint bench submit — backend {}", self.backend);
         let _ = writeln!(s, "machine:      {}", self.machine);
+        // Batch 1 prints exactly what the bench printed before batches existed.
+        let batched = self.batch > 1;
+        let requests = if batched {
+            format!(
+                "{} submissions in {} HTTP requests (batches of {}, POST /v1/print-task-batches)",
+                self.requests, self.requests_http, self.batch
+            )
+        } else {
+            format!("{} requests", self.requests)
+        };
         let _ = writeln!(
             s,
-            "load:         {} requests (+{} warm-up), {} connections, {} printers, duplicate share {:.2} (plan {:.3}), {} distinct keys",
-            self.requests,
+            "load:         {requests} (+{} warm-up), {} connections, {} printers, duplicate share {:.2} (plan {:.3}), {} distinct keys",
             self.warmup,
             self.concurrency,
             self.printers,
@@ -140,6 +163,15 @@ impl SubmitReport {
             self.accepted + self.duplicates + self.other,
             self.answers_per_sec
         );
+        if batched {
+            let h = &self.http_latency_ms;
+            let _ = writeln!(
+                s,
+                "HTTP:         {:>8} requests {:>8.0} requests/s  p50 {:.3}  p99 {:.3}  max {:.3} ms per request",
+                self.requests_http, self.requests_http_per_sec, h.p50, h.p99, h.max
+            );
+            let _ = writeln!(s, "latency ms per submission (its batch request's answer time):");
+        }
         let _ = writeln!(
             s,
             "latency ms:   all  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
@@ -161,7 +193,8 @@ impl SubmitReport {
             } else {
                 String::new()
             };
-            let _ = writeln!(s, "broker CPU:   {ms:.3} ms per request{nodes}");
+            let per = if batched { "submission" } else { "request" };
+            let _ = writeln!(s, "broker CPU:   {ms:.3} ms per {per}{nodes}");
         }
         if let Some(p) = &self.preload {
             let _ = writeln!(s, "{}", p.render_line());
@@ -230,6 +263,30 @@ mod tests {
         let empty = Percentiles::from_micros(Vec::new());
         assert_eq!(empty.count, 0);
         assert_eq!(empty.max, 0.0);
+    }
+
+    #[test]
+    fn text_report_tells_requests_from_submissions_only_when_batched() {
+        let mut r = SubmitReport {
+            backend: "sqlite".into(),
+            requests: 1_000,
+            batch: 1,
+            requests_http: 1_000,
+            broker_cpu_ms_per_request: Some(0.5),
+            ..SubmitReport::default()
+        };
+        let text = r.render_text();
+        assert!(text.contains("load:         1000 requests (+0 warm-up)"), "{text}");
+        assert!(text.contains("ms per request") && !text.contains("HTTP:"), "{text}");
+        (r.batch, r.requests_http, r.requests_http_per_sec) = (50, 20, 400.0);
+        r.http_latency_ms.p50 = 12.5;
+        let text = r.render_text();
+        assert!(text.contains("1000 submissions in 20 HTTP requests (batches of 50"), "{text}");
+        assert!(text.contains("400 requests/s  p50 12.500"), "{text}");
+        assert!(text.contains("ms per submission"), "{text}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!((json["batch"].as_u64(), json["requests_http"].as_u64()), (Some(50), Some(20)));
+        assert_eq!(json["http_latency_ms"]["p50"], 12.5);
     }
 
     #[test]

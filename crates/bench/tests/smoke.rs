@@ -62,7 +62,20 @@ async fn submit_smoke_sqlite() {
     check(&report);
 }
 
-/// Needs a PostgreSQL URL in `ONCEPRINT_BENCH_POSTGRES_URL` (e.g.
+/// `bench submit --batch 50`: the same verification, every answer taken from a result of
+/// `POST /v1/print-task-batches` (repeats inside one batch included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_smoke_sqlite_batched() {
+    let Some(exe) = broker_exe() else { return };
+    let opts = SubmitOptions { requests: 600, warmup: 100, batch: 50, ..small(exe) };
+    let report = run_submit(opts).await.expect("bench run");
+    assert_eq!(report.backend, "sqlite");
+    check(&report);
+    assert_eq!((report.batch, report.requests_http, report.http_latency_ms.count), (50, 12, 12));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!((json["batch"].as_u64(), json["requests_http"].as_u64()), (Some(50), Some(12)));
+}
+
 /// `postgres://postgres@127.0.0.1:5432/test`); skipped otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_smoke_postgres() {
@@ -112,6 +125,20 @@ async fn e2e_smoke_sqlite_agent_killed() {
     let restart = report.agent_restart.as_ref().expect("restart measured");
     assert!(restart.killed_after_printed.is_some_and(|n| n >= 500));
     assert!(restart.resume_ms.is_some_and(|ms| ms <= 5_000.0), "{restart:?}");
+}
+
+/// `bench e2e --batch 20`: tasks submitted 20 per `POST /v1/print-task-batches`, each
+/// printed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_smoke_sqlite_batched() {
+    let Some(exe) = delivery_exe() else { return };
+    let report = run_e2e(E2eOptions { batch: 20, ..small_e2e(exe) }).await.expect("bench run");
+    assert_eq!(report.backend, "sqlite");
+    check_e2e(&report);
+    assert_eq!(report.delivery.printed_on_paper, report.tasks);
+    assert_eq!((report.submit_failures, report.batch, report.requests_http), (0, 20, 20));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["batch"].as_u64(), Some(20));
 }
 
 /// Needs `ONCEPRINT_BENCH_POSTGRES_URL`, like `submit_smoke_postgres`.

@@ -141,10 +141,15 @@ enum BenchCommand {
         /// fresh schema is created there and dropped afterwards).
         #[arg(long)]
         database: Option<String>,
+        /// Submissions measured (one task each, however many go per HTTP request).
         #[arg(long, default_value_t = 200_000)]
         requests: usize,
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
+        /// Submissions per HTTP request: 1 sends each to POST /v1/print-tasks; 2–500 send
+        /// that many consecutive ones together to POST /v1/print-task-batches (warm-up too).
+        #[arg(long, default_value_t = 1, value_name = "K")]
+        batch: usize,
         /// Share of requests that repeat an earlier key (0.0–1.0).
         #[arg(long, default_value_t = 0.30)]
         duplicates: f64,
@@ -177,6 +182,10 @@ enum BenchCommand {
         /// Submission connections.
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
+        /// Tasks per HTTP request: 1 sends each to POST /v1/print-tasks; 2–500 send that
+        /// many consecutive ones together to POST /v1/print-task-batches.
+        #[arg(long, default_value_t = 1, value_name = "K")]
+        batch: usize,
         /// kill -9 the agent once this share of the tasks is printed, restart it at once,
         /// and measure until printing resumes (must be ≤ 5 s).
         #[arg(long, value_name = "FRACTION")]
@@ -560,6 +569,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             database,
             requests,
             concurrency,
+            batch,
             duplicates,
             printers,
             warmup,
@@ -573,6 +583,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 database,
                 requests,
                 concurrency,
+                batch,
                 duplicate_share: duplicates,
                 printers,
                 warmup,
@@ -587,6 +598,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             printers,
             tasks,
             concurrency,
+            batch,
             kill_agent_at,
             timeout_secs,
             nodes,
@@ -600,6 +612,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 printers,
                 tasks,
                 concurrency,
+                batch,
                 kill_agent_at,
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 nodes,

@@ -5,7 +5,8 @@
 //! PostgreSQL schema), `printer-sim` with P printers on consecutive loopback ports and a
 //! paper log, and one store agent (`agent`) with a state directory of its own. It sets up
 //! a tenant, store `s1`, printers `p0…` pointing at the simulator and an agent token over
-//! HTTP, submits N text tasks round-robin over the printers from C connections, and waits
+//! HTTP, submits N text tasks round-robin over the printers from C connections (one task
+//! per request, or `batch` consecutive tasks per `POST /v1/print-task-batches`), and waits
 //! until every task's marker line (`E2E <n>`) is on paper. Optionally it `kill -9`s the
 //! agent once a share of the tasks has printed, restarts it at once with the same state
 //! directory, and measures how long printing takes to resume. The verdict comes from the
@@ -61,6 +62,9 @@ pub struct E2eOptions {
     pub tasks: usize,
     /// Submission connections, each with one request in flight.
     pub concurrency: usize,
+    /// Submissions per HTTP request: 1 sends each task alone to `POST /v1/print-tasks`;
+    /// 2–500 send that many consecutive tasks together to `POST /v1/print-task-batches`.
+    pub batch: usize,
     /// Kill the agent (`kill -9`) once this share of the tasks is on paper, and restart it.
     pub kill_agent_at: Option<f64>,
     /// The whole run (submitting and printing) must end within this.
@@ -82,6 +86,7 @@ impl E2eOptions {
             printers: 100,
             tasks: 50_000,
             concurrency: 32,
+            batch: 1,
             kill_agent_at: None,
             timeout: Duration::from_secs(600),
             nodes: 1,
@@ -101,6 +106,7 @@ fn validate(opts: &E2eOptions) -> Result<(), BenchError> {
     if opts.concurrency == 0 {
         return bad("concurrency must be at least 1");
     }
+    load::validate_batch(opts.batch)?;
     if opts.printers == 0 || opts.printers > MAX_PRINTERS {
         return bad("printers must be 1–5000");
     }
@@ -296,12 +302,11 @@ async fn drive(
     let deadline = Instant::now() + opts.timeout;
     procs.machine_at_start = MachineTimes::now();
     let submit = async {
-        tokio::time::timeout_at(deadline.into(), load::run_load(addr, auth.clone(), bodies, opts.concurrency))
-            .await
-            .map_err(|_| BenchError::Protocol {
-                context: "submitting".into(),
-                detail: format!("not all submissions were answered within {:?}", opts.timeout),
-            })?
+        let load = load::run_load_batched(addr, auth.clone(), bodies, opts.concurrency, opts.batch);
+        tokio::time::timeout_at(deadline.into(), load).await.map_err(|_| BenchError::Protocol {
+            context: "submitting".into(),
+            detail: format!("not all submissions were answered within {:?}", opts.timeout),
+        })?
     };
     let restart = async {
         match opts.kill_agent_at {
@@ -369,6 +374,8 @@ async fn drive(
         printers: opts.printers,
         tasks: n,
         concurrency: opts.concurrency,
+        batch: run.batch,
+        requests_http: run.requests_http,
         kill_agent_at: opts.kill_agent_at,
         submit_seconds,
         submitted_per_sec: per_sec(n - failed.len(), submit_seconds),
@@ -376,6 +383,8 @@ async fn drive(
         submit_latency_ms: Percentiles::from_micros(
             run.outcomes.iter().filter(|o| o.status == 201).map(load::Outcome::latency_us).collect(),
         ),
+        requests_http_per_sec: per_sec(run.request_latencies_us.len(), submit_seconds),
+        http_latency_ms: Percentiles::from_micros(run.request_latencies_us),
         print_seconds,
         printed_per_sec: per_sec(tally.distinct, print_seconds),
         printed_latency_ms: latency,
@@ -542,7 +551,7 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_ones() {
         let o = E2eOptions::new("onceprint");
-        assert_eq!((o.printers, o.tasks, o.concurrency), (100, 50_000, 32));
+        assert_eq!((o.printers, o.tasks, o.concurrency, o.batch), (100, 50_000, 32, 1));
         assert_eq!((o.kill_agent_at, o.timeout), (None, Duration::from_secs(600)));
         assert!(validate(&o).is_ok());
     }
@@ -558,6 +567,9 @@ mod tests {
         assert!(check(&|o| o.printers = 0));
         assert!(check(&|o| o.printers = 5_001));
         assert!(check(&|o| o.concurrency = 0));
+        assert!(check(&|o| o.batch = 0));
+        assert!(check(&|o| o.batch = 501));
+        assert!(!check(&|o| o.batch = 500));
         assert!(check(&|o| o.kill_agent_at = Some(0.0)));
         assert!(check(&|o| o.kill_agent_at = Some(1.0)));
         assert!(check(&|o| o.timeout = Duration::ZERO));
@@ -586,6 +598,9 @@ mod tests {
             outcomes: vec![o(201, 1_000), o(201, 2_000), o(201, 3_000)],
             wall: Duration::from_millis(3),
             started_unix_us: 1_000_000,
+            batch: 1,
+            requests_http: 3,
+            request_latencies_us: vec![1_000, 2_000, 3_000],
         };
         let (p, before) = print_latencies(&t, &run);
         assert_eq!((p.count, before), (2, 1));

@@ -53,14 +53,24 @@ pub struct E2eReport {
     pub printers: usize,
     pub tasks: usize,
     pub concurrency: usize,
+    /// Tasks per HTTP request: 1 is one `POST /v1/print-tasks` each, more is
+    /// `POST /v1/print-task-batches` with up to this many.
+    pub batch: usize,
+    /// HTTP requests that carried the `tasks` submissions (`tasks` with `batch` 1).
+    pub requests_http: usize,
     pub kill_agent_at: Option<f64>,
     /// From the first submission sent to the last answer.
     pub submit_seconds: f64,
     pub submitted_per_sec: f64,
     /// Submissions answered anything but 201.
     pub submit_failures: usize,
-    /// Submission answer times (201 only).
+    /// Submission answer times (201 only), per task: with `batch` > 1 every task of a batch
+    /// has its request's.
     pub submit_latency_ms: Percentiles,
+    /// HTTP requests answered (whatever their status) / `submit_seconds`.
+    pub requests_http_per_sec: f64,
+    /// Answer time per HTTP request (answered ones, whatever their results).
+    pub http_latency_ms: Percentiles,
     /// From the first submission sent to the last job on paper.
     pub print_seconds: f64,
     /// Tasks on paper / `print_seconds`.
@@ -103,9 +113,16 @@ impl E2eReport {
         let _ = writeln!(s, "onceprint bench e2e — backend {}", self.backend);
         let _ = writeln!(s, "machine:      {}", self.machine);
         let kill = self.kill_agent_at.map_or(String::new(), |f| format!(", agent killed at {f:.2} of the tasks"));
+        // Batch 1 prints exactly what the bench printed before batches existed.
+        let batched = self.batch > 1;
+        let batches = if batched {
+            format!(", batches of {} (POST /v1/print-task-batches, {} HTTP requests)", self.batch, self.requests_http)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "load:         {} tasks over {} printers (GS ( H confirmed), {} submit connections{kill}",
+            "load:         {} tasks over {} printers (GS ( H confirmed), {} submit connections{batches}{kill}",
             self.tasks, self.printers, self.concurrency
         );
         let _ = writeln!(
@@ -117,6 +134,14 @@ impl E2eReport {
             self.submit_latency_ms.p99,
             self.submit_latency_ms.max
         );
+        if batched {
+            let h = &self.http_latency_ms;
+            let _ = writeln!(
+                s,
+                "HTTP:         {:>8} requests {:>8.0} requests/s  p50 {:.3}  p99 {:.3}  max {:.3} ms per request (a task's answer is its batch's)",
+                self.requests_http, self.requests_http_per_sec, h.p50, h.p99, h.max
+            );
+        }
         let _ = writeln!(
             s,
             "printed:      {:.2} s  {:>8.0} tasks/s   ({} on paper, first submit → last sheet){}",
@@ -235,6 +260,11 @@ mod tests {
         assert!(text.contains("E3@p1 (on paper)"), "{text}");
         assert!(text.contains("broker 12.3 MiB  agent ?"), "{text}");
         assert!(text.ends_with("verification: ok"), "{text}");
+        assert!(!text.contains("batches of") && !text.contains("HTTP:"), "{text}");
+        (r.batch, r.requests_http, r.requests_http_per_sec) = (20, 1, 50.0);
+        let batched = r.render_text();
+        assert!(batched.contains("batches of 20 (POST /v1/print-task-batches, 1 HTTP requests)"), "{batched}");
+        assert!(batched.contains("50 requests/s"), "{batched}");
         r.problems.push("boom".into());
         assert!(r.render_text().ends_with("  - boom"));
         assert!(!r.ok());
