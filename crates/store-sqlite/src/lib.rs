@@ -236,6 +236,10 @@ impl SqliteStore {
         }
         let mut conn = open_connection(&path)?;
         migrate(&mut conn)?;
+        let numbered = sql::sequence_unnumbered_tasks(&conn)?;
+        if numbered > 0 {
+            tracing::info!(tasks = numbered, "gave lane sequence numbers to tasks an older broker inserted");
+        }
         conn.execute_batch("PRAGMA wal_autocheckpoint=0").map_err(backend_err)?;
         let checkpoint_conn = open_connection(&path)?;
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -927,7 +931,8 @@ mod tests {
     }
 
     /// The migration to the lane sequence numbers existing tasks in id order, and a task
-    /// inserted without a `seq` (by a broker of the previous version) still lines up last.
+    /// inserted without a `seq` (by a broker older than migration 13, after a downgrade)
+    /// lines up last once this broker opens the file again.
     #[test]
     fn existing_and_old_brokers_tasks_get_a_sequence_in_order() {
         // The database as the broker before the sequence left it: migrations 1 to 12.
@@ -949,8 +954,11 @@ mod tests {
         ))
         .expect("old rows");
         migrate(&mut conn).expect("migrate");
-        // As a broker of the previous version inserts: no `seq`, and an id that sorts first.
+        // As a broker of the previous version inserts: no `seq`, and an id that sorts first;
+        // the next open numbers it behind the others.
         conn.execute_batch(&task("T0", "B0")).expect("old broker's insert");
+        assert_eq!(sql::sequence_unnumbered_tasks(&conn).expect("number"), 1);
+        assert_eq!(sql::sequence_unnumbered_tasks(&conn).expect("number again"), 0);
         let seqs: Vec<(String, i64)> = conn
             .prepare("SELECT id, seq FROM tasks ORDER BY seq")
             .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())

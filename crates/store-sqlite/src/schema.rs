@@ -445,4 +445,15 @@ ALTER TABLE stations ADD COLUMN failover_after_ms INTEGER;
 UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#,
+    // 20 here (none on PostgreSQL): intake without a statement journal (issue 13). The
+    // trigger of migration 13 made every INSERT into `tasks` a statement that may write
+    // several rows, so each opened a statement journal inside the writer's savepoint, and
+    // each release walked that in-memory journal from its start: a cost that grew with the
+    // batch, 47 % of the broker's CPU at intake (perf). Every broker since migration 13
+    // writes `seq` itself; the tasks an older one (opened after a downgrade) inserted
+    // without it are numbered when this broker opens the file
+    // (`sql::sequence_unnumbered_tasks`).
+    r#"
+DROP TRIGGER IF EXISTS tasks_seq_default;
+"#,
 ];

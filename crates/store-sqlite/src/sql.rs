@@ -356,6 +356,25 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
     Ok(out)
 }
 
+/// Gives the waiting tasks that have no lane `seq` one, in id order behind every other
+/// task: tasks a broker older than migration 13 inserted after a downgrade (it knew no
+/// `seq` and ordered by id itself). Finished tasks are never ordered and keep none. Reads
+/// the lane index only, so it costs nothing with no such task. Runs once, at open.
+pub fn sequence_unnumbered_tasks(c: &Connection) -> StoreResult<usize> {
+    let ids: Vec<String> = c
+        .prepare(
+            "SELECT id FROM tasks INDEXED BY tasks_lane \
+             WHERE state IN ('pending', 'sent', 'retrying') AND seq IS NULL ORDER BY id",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(backend_err)?;
+    for id in &ids {
+        c.execute_batch("UPDATE task_seq SET last = last + 1").map_err(backend_err)?;
+        c.execute("UPDATE tasks SET seq = (SELECT last FROM task_seq) WHERE id = ?1", [id]).map_err(backend_err)?;
+    }
+    Ok(ids.len())
+}
+
 pub fn get_task(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Task>> {
     c.prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1 AND tenant_id = ?2"))
         .and_then(|mut s| s.query_row([id, t], task_from_row).optional())
