@@ -29,29 +29,25 @@ use crate::error::{pg_error, violation, Violation};
 use crate::rows::{self, TASK_COLUMNS_T, TOMBSTONE_COLUMNS_B};
 
 const INSERT_TASKS: &str = "
-WITH seqs AS (
-    -- The batch's lane sequence numbers, drawn up front and handed out in submission
-    -- order ($20, each row's place in the batch), while the rows are inserted in key
-    -- order: an order system's tickets for one printer print in the order it sent them,
-    -- and concurrent batches still take their keys in the same order.
-    SELECT s, row_number() OVER (ORDER BY s) AS r
-    FROM (SELECT nextval('tasks_seq') AS s FROM generate_series(1, cardinality($1::text[]))) AS drawn
-),
-ins AS (
+WITH ins AS (
     INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
                        priority, content_type, content, fingerprint, state, attempts, created_at, updated_at,
                        origin_task_id, origin_kind, reprint_no, seq)
+    -- The rows go in key order (ord), so that concurrent batches take shared keys in the
+    -- same order; their lane sequence numbers follow the batch's order instead ($20, each
+    -- row's rank in it): the batch's numbers are drawn once, sorted, and handed out by
+    -- rank, so an order system's tickets for one printer print in the order it sent them.
     SELECT u.id, u.tenant_id, u.store_id, u.printer_id, u.station_id, u.target, u.biz_no, u.print_type,
            u.priority, u.content_type, u.content, u.fingerprint, 'pending', 0, u.now_ms, u.now_ms,
-           u.origin_task_id, u.origin_kind, u.reprint_no, seqs.s
-    FROM (SELECT v.*, row_number() OVER (ORDER BY v.pos) AS r
-          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                      $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[],
-                      $16::text[], $17::text[], $18::int4[], $20::int8[])
-               WITH ORDINALITY AS v(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
-                                    priority, content_type, content, fingerprint, now_ms,
-                                    origin_task_id, origin_kind, reprint_no, pos, ord)) AS u
-    JOIN seqs USING (r)
+           u.origin_task_id, u.origin_kind, u.reprint_no,
+           (SELECT array_agg(s ORDER BY s)
+            FROM (SELECT nextval('tasks_seq') AS s FROM generate_series(1, cardinality($1::text[]))) AS drawn)[u.rank]
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                $8::text[], $9::int4[], $10::text[], $11::bytea[], $12::text[], $13::int8[],
+                $16::text[], $17::text[], $18::int4[], $20::int4[])
+         WITH ORDINALITY AS u(id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type,
+                              priority, content_type, content, fingerprint, now_ms,
+                              origin_task_id, origin_kind, reprint_no, rank, ord)
     WHERE NOT EXISTS (SELECT 1 FROM task_tombstones b
                       WHERE b.tenant_id = u.tenant_id AND b.target = u.target
                         AND b.biz_no = u.biz_no AND b.print_type = u.print_type)
@@ -194,8 +190,14 @@ async fn try_batch<C: GenericClient>(client: &C, batch: &[NewTask]) -> Result<Ve
         unique.iter().map(|&i| batch[i].origin.as_ref().and_then(|o| o.reprint_no)).collect();
     // The creation event's reason: why the broker created the task, or a plain submission.
     let reasons = pick(|t| t.origin.as_ref().map_or("submitted", |o| o.reason.as_str()));
-    // Each row's place in the batch, which decides its lane sequence number.
-    let positions: Vec<i64> = unique.iter().map(|&i| i as i64).collect();
+    // Each row's rank in the batch's order (1 for the first submitted), which decides its
+    // lane sequence number; the rows themselves are in key order.
+    let mut by_position: Vec<usize> = (0..unique.len()).collect();
+    by_position.sort_unstable_by_key(|&k| unique[k]);
+    let mut ranks = vec![0i32; unique.len()];
+    for (rank, &k) in by_position.iter().enumerate() {
+        ranks[k] = rank as i32 + 1;
+    }
 
     let stmt = client.prepare_cached(INSERT_TASKS).await.map_err(pg_error)?;
     let inserted = client
@@ -221,7 +223,7 @@ async fn try_batch<C: GenericClient>(client: &C, batch: &[NewTask]) -> Result<Ve
                 &origin_kinds,
                 &reprint_nos,
                 &reasons,
-                &positions,
+                &ranks,
             ],
         )
         .await;
