@@ -22,6 +22,7 @@ fn limited() -> HttpConfig {
 
 both_backends!(config = crate::limited;
     a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered,
+    a_batch_over_the_limit_refuses_its_new_items_one_by_one,
     a_store_agent_has_a_limit_of_its_own
 );
 
@@ -105,4 +106,35 @@ async fn a_store_agent_has_a_limit_of_its_own(app: &TestApp) {
     // The tenant's own calls are not the agent's: intake goes on.
     let (status, _, body) = submit_raw(app, &key, order("A1", "soup")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// A batch draws one token per new task, like single submissions: past the limit its new
+/// items are answered 429 each, with `retry_after_secs`, while its repeats of accepted
+/// tasks are answered; sent again, it creates nothing twice.
+async fn a_batch_over_the_limit_refuses_its_new_items_one_by_one(app: &TestApp) {
+    // `tenant` makes a store and two printers: 3 of the 10 tokens; A0 takes a fourth.
+    let key = app.tenant("acme").await;
+    let (status, _, first) = submit_raw(app, &key, order("A0", "soup")).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let mut items = vec![order("A0", "soup")];
+    items.extend((1..=8).map(|i| order(&format!("B{i}"), "noodles")));
+    let batch = json!({ "tasks": items });
+    let statuses = |a: &common::Answer| -> Vec<u64> {
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        a.body["results"].as_array().expect("results").iter().map(|r| r["status"].as_u64().unwrap_or(0)).collect()
+    };
+    let answer = app.post("/v1/print-task-batches", &key, batch.clone()).await;
+    let first = statuses(&answer);
+    assert_eq!(first[0], 200, "the repeat takes no token: {answer:?}");
+    assert_eq!(first[1..].iter().filter(|s| **s == 201).count(), 6, "six tokens left: {answer:?}");
+    assert_eq!(first[1..].iter().filter(|s| **s == 429).count(), 2, "{answer:?}");
+    for r in answer.body["results"].as_array().expect("results").iter().filter(|r| r["status"] == 429) {
+        assert_eq!(r["error"]["code"], "too_many_requests", "{r}");
+        let seconds = r["retry_after_secs"].as_u64().expect("retry_after_secs");
+        assert!((1..=100).contains(&seconds), "{r}");
+    }
+    // Sent again: what was created is answered as duplicates, the rest is refused again.
+    let again = statuses(&app.post("/v1/print-task-batches", &key, batch).await);
+    let expected: Vec<u64> = first.iter().map(|s| if *s == 201 { 200 } else { *s }).collect();
+    assert_eq!(again, expected);
 }
