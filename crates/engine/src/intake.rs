@@ -128,7 +128,6 @@ impl Found {
     }
 }
 
-/// Where a new task goes, or why it cannot go anywhere.
 /// A submission after the checks before its commit.
 // Lives on the stack of one submission only; boxing the new task would cost an
 // allocation on the hot path for nothing.
@@ -146,6 +145,7 @@ struct NewWork {
     fingerprint: String,
 }
 
+/// Where a new task goes, or why it cannot go anywhere.
 enum Resolved {
     To { printer_id: String, store_id: String, station_id: Option<String> },
     Disabled(String),
