@@ -80,6 +80,8 @@ async fn printers_are_edited_with_the_checks_of_registration(app: &TestApp) {
         (json!({"kind": "agent", "address": "tcp://host:0"}), "transport.address"),
         (json!({"kind": "webhook", "url": "ftp://cloud.example", "secret": "0123456789abcdef"}), "transport.url"),
         (json!({"kind": "webhook", "url": "https://cloud.example", "secret": "short"}), "transport.secret"),
+        // 12 characters in 24 bytes: short by the OpenAPI document's count, which is in characters.
+        (json!({"kind": "webhook", "url": "https://cloud.example", "secret": "éééééééééééé"}), "transport.secret"),
         (json!({"kind": "carrier-pigeon"}), "supported kinds"),
         (json!({"kind": "agent", "address": "tcp://h:1", "profile": "nope"}), "transport.profile"),
     ] {

@@ -340,7 +340,9 @@ impl TransportConfig {
                 if let Some(s) = &w.status_url {
                     check_url("transport.status_url", s)?;
                 }
-                if w.secret.expose().len() < 16 || w.secret.expose().len() > 500 {
+                // The minimum counts characters, as the OpenAPI document's `minLength` does
+                // (a short secret of multi-byte characters is refused by both alike).
+                if w.secret.expose().chars().count() < 16 || w.secret.expose().len() > 500 {
                     return Err(CoreError::invalid(
                         "transport.secret",
                         "16–500 characters, shared with the receiver to sign jobs and callbacks",

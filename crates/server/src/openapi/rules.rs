@@ -252,8 +252,13 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
             "description": "Long-poll wait in milliseconds (default 25000); longer waits are cut to 60000."})),
         ("PollIn", "max", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX,
             "description": "Most deliveries in one answer (default 16); taken as 1–256."})),
+        // Any item is part of a valid batch: each is checked as the body of a single
+        // submission (`SubmitTask`) and a bad one is refused in its own result (400 in
+        // `results`), not by refusing the batch, whose other items go on.
         ("SubmitBatch", "tasks", json!({"type": "array", "minItems": 1, "maxItems": crate::routes::tasks::MAX_BATCH,
-            "items": {"$ref": "#/components/schemas/SubmitTask"}})),
+            "items": {"description": "The body of `POST /v1/print-tasks` (schema `SubmitTask`). An item that is \
+                not a valid one is answered in its own result (status 400, as that endpoint would answer it), and \
+                the batch's other items go on."}})),
         ("AcksIn", "acks", json!({"type": "array", "maxItems": 1000, "items": {"$ref": "#/components/schemas/AckIn"}})),
         ("AcksIn", "agent_id", nullable(id())),
         ("AcksIn", "session", session()),
@@ -300,7 +305,7 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("CreateWebhook", "events", json!({"type": "array", "minItems": 1,
             "items": {"type": "string", "enum": onceprint_engine::alerts::EVENT_KINDS}})),
         ("CreateWebhook", "secret", json!({"type": ["string", "null"], "minLength": 16,
-            "description": "The signing secret (at least 16 bytes); generated when absent."})),
+            "description": "The signing secret (at least 16 characters); generated when absent."})),
         ("EpsonSdpRequest", "ConnectionType", json!({"type": "string", "enum": ["GetRequest", "SetResponse"]})),
         ("EpsonSdpRequest", "ID", with_description(nullable(id()),
             "The ID set in the printer's Web Config: the printer's `printer_id` where one is configured (else 401).")),

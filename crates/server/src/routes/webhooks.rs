@@ -44,7 +44,8 @@ pub async fn create(
         }
     }
     let secret = match req.secret {
-        Some(s) if s.len() < 16 => return Err(ApiError::invalid("secret: at least 16 characters")),
+        // Characters, as the OpenAPI document's `minLength` counts them.
+        Some(s) if s.chars().count() < 16 => return Err(ApiError::invalid("secret: at least 16 characters")),
         Some(s) => s,
         None => secrets::generate("whsec_"),
     };
