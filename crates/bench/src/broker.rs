@@ -81,7 +81,8 @@ impl Broker {
             .env("ONCEPRINT_TENANT_RATE_LIMIT", "0")
             .env("ONCEPRINT_AGENT_RATE_LIMIT", "0")
             // Keep the broker's log quiet: logging every request would measure the logger.
-            .env("RUST_LOG", "warn")
+            // `ONCEPRINT_BENCH_CHILD_LOG` overrides it, as for the other children.
+            .env("RUST_LOG", std::env::var("ONCEPRINT_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

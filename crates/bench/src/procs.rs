@@ -141,6 +141,11 @@ pub fn agent_args(server: SocketAddr, token: &str, state_dir: &Path, agent_id: O
     if let Some(id) = agent_id {
         args.extend(["--agent-id".to_string(), id.to_string()]);
     }
+    // Extra agent options for an experiment (`ONCEPRINT_BENCH_AGENT_ARGS="--poll-linger-ms 0"`),
+    // like `ONCEPRINT_BENCH_CHILD_LOG`: the benches' own settings stay the default.
+    if let Ok(extra) = std::env::var("ONCEPRINT_BENCH_AGENT_ARGS") {
+        args.extend(extra.split_whitespace().map(str::to_owned));
+    }
     args
 }
 
