@@ -1,6 +1,6 @@
 //! The agent's main loop: start-up, long polling with backoff, and graceful shutdown.
 
-use crate::acks::run_ack_sender;
+use crate::acks::{run_ack_sender, NextDeliveries};
 use crate::backoff::Backoff;
 use crate::broker::{BrokerClient, BrokerError};
 use crate::cache::OfflineCache;
@@ -83,7 +83,6 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
 
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
     let unsent_acks = Arc::new(AtomicUsize::new(0));
-    let mut ack_task = tokio::spawn(run_ack_sender(client.clone(), ack_rx, unsent_acks.clone()));
     // The workers' acks pass a router: those of offline tasks go to the outbox, not to the
     // broker, which does not know those tasks yet.
     let (worker_ack_tx, worker_ack_rx) = mpsc::unbounded_channel();
@@ -105,6 +104,14 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         acks: worker_ack_tx,
         stopping: stopping_rx.clone(),
     });
+
+    // `--max-deliveries`: the permits of every delivery the agent holds, whether a poll
+    // or the answer to acks brought it.
+    let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
+    let capacity = Arc::new(Semaphore::new(max));
+    let next =
+        NextDeliveries { capacity: capacity.clone(), feeder: dispatcher.feeder(), stopping: stopping_rx.clone() };
+    let mut ack_task = tokio::spawn(run_ack_sender(client.clone(), ack_rx, unsent_acks.clone(), next));
 
     let sync = offline::Sync {
         client: client.clone(),
@@ -173,8 +180,8 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         ))
     });
 
-    let max = usize::try_from(args.max_deliveries).unwrap_or(usize::MAX).max(1);
-    let polling = Polling { wait_ms: args.poll_wait_ms, max, linger: Duration::from_millis(args.poll_linger_ms), sync };
+    let polling =
+        Polling { wait_ms: args.poll_wait_ms, max, capacity, linger: Duration::from_millis(args.poll_linger_ms), sync };
     let ended = poll_loop(&client, &agent_id, &session, &polling, &mut dispatcher, shutdown).await;
     if let PollEnd::Superseded(why) = &ended {
         tracing::error!(
@@ -232,6 +239,8 @@ struct Polling {
     wait_ms: u64,
     /// `--max-deliveries`.
     max: usize,
+    /// Its permits, shared with the ack sender.
+    capacity: Arc<Semaphore>,
     /// `--poll-linger-ms`.
     linger: Duration,
     /// Offline tasks go to the broker before the next poll.
@@ -246,8 +255,7 @@ async fn poll_loop(
     dispatcher: &mut Dispatcher,
     shutdown: impl Future<Output = ()>,
 ) -> PollEnd {
-    let Polling { wait_ms, max, linger, ref sync } = *polling;
-    let capacity = Arc::new(Semaphore::new(max));
+    let Polling { wait_ms, max, ref capacity, linger, ref sync } = *polling;
     let mut backoff = Backoff::default();
     tokio::pin!(shutdown);
     let mut last_poll: Option<Instant> = None;

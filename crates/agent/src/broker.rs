@@ -18,13 +18,13 @@
 
 use crate::backoff::Backoff;
 use crate::protocol::{
-    Ack, AckResult, AcksRequest, AcksResponse, Delivery, PollRequest, PollResponse, PrinterStatusReport, StatusRequest,
+    Ack, AcksRequest, AcksResponse, Delivery, PollRequest, PollResponse, PrinterStatusReport, StatusRequest,
     StatusResponse, WatchedPrinter,
 };
 use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
 use std::error::Error as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,10 +33,15 @@ pub const PROTOCOL_HEADER: &str = "onceprint-agent-protocol";
 /// The answer header in which a broker names the agent protocol versions it serves, as
 /// `MIN-MAX` (e.g. `1-1`).
 pub const BROKER_PROTOCOLS_HEADER: &str = "onceprint-agent-protocols";
-/// The agent protocol this agent speaks. Version 1 is the protocol of every release so far
-/// (an agent that sends no header is taken to speak 1). It is raised only for a change an
-/// older broker would misread; fields added compatibly do not change it.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest agent protocol this agent speaks. Version 1 is the protocol of every release
+/// before it (an agent that sends no header is taken to speak 1); version 2 adds `next` to
+/// the acks, whose answer then carries the printers' next deliveries. A version is raised
+/// only for a change an older broker would misread or refuse.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The oldest agent protocol this agent speaks, and the one it names to a broker whose
+/// range it has not heard yet. Every request names the newest version that both speak,
+/// as far as the broker's last answer (its [`BROKER_PROTOCOLS_HEADER`]) told.
+pub const OLDEST_PROTOCOL: u32 = 1;
 /// The wait before asking again a broker that does not speak this agent's protocol: it
 /// will not learn to until it is upgraded, so asking often would only fill both logs.
 const PROTOCOL_WAIT: Duration = Duration::from_secs(60);
@@ -120,16 +125,45 @@ fn transport(e: reqwest::Error) -> BrokerError {
     BrokerError::Transport(msg)
 }
 
-/// One broker of the list: its base URL (for log lines) and its three endpoints.
+/// One broker of the list: its base URL (for log lines), its three endpoints, and the
+/// range of agent protocol versions it named in its last answer.
 #[derive(Debug)]
 struct Endpoint {
     base: String,
     poll_url: Url,
     acks_url: Url,
     status_url: Url,
+    /// `MIN << 32 | MAX` of the broker's last `Onceprint-Agent-Protocols`; 0 before any
+    /// answer named one (a broker of a release before versioning never does).
+    serves: AtomicU64,
 }
 
 impl Endpoint {
+    /// Remembers the range an answer of this broker named.
+    fn heard(&self, headers: &reqwest::header::HeaderMap) {
+        let range = headers.get(BROKER_PROTOCOLS_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| {
+            let (min, max) = v.trim().split_once('-')?;
+            Some((min.trim().parse::<u32>().ok()?, max.trim().parse::<u32>().ok()?))
+        });
+        if let Some((min, max)) = range.filter(|(min, max)| min <= max) {
+            self.serves.store(u64::from(min) << 32 | u64::from(max), Ordering::Relaxed);
+        }
+    }
+
+    /// The version to name in a request: the newest that this agent and the broker both
+    /// speak, as far as the broker told; [`OLDEST_PROTOCOL`] while it has not told, or
+    /// when it serves none that this agent speaks (it then answers 426, naming its range).
+    fn version(&self) -> u32 {
+        let serves = self.serves.load(Ordering::Relaxed);
+        let (min, max) = ((serves >> 32) as u32, serves as u32);
+        let newest = max.min(PROTOCOL_VERSION);
+        if serves != 0 && newest >= min.max(OLDEST_PROTOCOL) {
+            newest
+        } else {
+            OLDEST_PROTOCOL
+        }
+    }
+
     /// The URL of `path` (starting with `/`) on this broker.
     fn url(&self, path: &str) -> Result<Url, BrokerError> {
         Url::parse(&format!("{}{path}", self.base)).map_err(|e| BrokerError::Decode(format!("{path}: {e}")))
@@ -152,6 +186,7 @@ impl Endpoint {
             poll_url,
             acks_url: parse("/v1/agent/acks")?,
             status_url: parse("/v1/agent/status")?,
+            serves: AtomicU64::new(0),
         })
     }
 }
@@ -271,17 +306,22 @@ impl BrokerClient {
     /// GETs `path` (below the base URL) of the broker in use and reads its JSON answer.
     pub async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, BrokerError> {
         let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
-        let url = self.brokers[used].url(path)?;
+        let broker = &self.brokers[used];
+        let url = broker.url(path)?;
+        let version = broker.version();
         let sent = self
             .http
             .get(url)
             .bearer_auth(&self.token)
-            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .header(PROTOCOL_HEADER, version)
             .timeout(ACK_TIMEOUT)
             .send()
             .await;
         let answer = match sent {
-            Ok(resp) => check(resp).await,
+            Ok(resp) => {
+                broker.heard(resp.headers());
+                check(resp, version).await
+            }
             Err(e) => Err(transport(e)),
         };
         if let Err(e) = &answer {
@@ -308,12 +348,13 @@ impl BrokerClient {
     /// offline path.
     pub async fn forward_submission(&self, body: Vec<u8>, timeout: Duration) -> Result<Forwarded, BrokerError> {
         let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
-        let url = self.brokers[used].url("/v1/agent/print-tasks")?;
+        let broker = &self.brokers[used];
+        let url = broker.url("/v1/agent/print-tasks")?;
         let sent = self
             .http
             .post(url)
             .bearer_auth(&self.token)
-            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .header(PROTOCOL_HEADER, broker.version())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(timeout)
             .body(body)
@@ -321,6 +362,7 @@ impl BrokerClient {
             .await;
         let answer = async {
             let resp = sent.map_err(transport)?;
+            broker.heard(resp.headers());
             let status = resp.status().as_u16();
             let location =
                 resp.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -352,17 +394,33 @@ impl BrokerClient {
         body: &impl serde::Serialize,
     ) -> Result<reqwest::Response, BrokerError> {
         let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        self.request_to(used, &url, timeout, body, self.brokers[used].version()).await
+    }
+
+    /// [`BrokerClient::request`] to broker `used`, naming protocol `version`.
+    async fn request_to(
+        &self,
+        used: usize,
+        url: impl Fn(&Endpoint) -> Result<Url, BrokerError>,
+        timeout: Duration,
+        body: &impl serde::Serialize,
+        version: u32,
+    ) -> Result<reqwest::Response, BrokerError> {
+        let broker = &self.brokers[used];
         let sent = self
             .http
-            .post(url(&self.brokers[used])?)
+            .post(url(broker)?)
             .bearer_auth(&self.token)
-            .header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+            .header(PROTOCOL_HEADER, version)
             .timeout(timeout)
             .json(body)
             .send()
             .await;
         let answer = match sent {
-            Ok(resp) => check(resp).await,
+            Ok(resp) => {
+                broker.heard(resp.headers());
+                check(resp, version).await
+            }
             Err(e) => Err(transport(e)),
         };
         if let Err(e) = &answer {
@@ -390,23 +448,38 @@ impl BrokerClient {
         }
     }
 
-    /// Sends acknowledgements; `Ok` means the broker has taken them (200).
-    pub async fn send_acks(&self, acks: &[Ack]) -> Result<Vec<AckResult>, BrokerError> {
-        let body = AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone() };
-        let resp = self.request(|e| Ok(e.acks_url.clone()), ACK_TIMEOUT, &body).await?;
-        // The acks are applied once the broker answered 200; an unreadable body only
-        // costs the per-ack verdicts in the log, so it is not a reason to send again.
+    /// Whether the broker in use hands out the next deliveries with acks (agent protocol
+    /// 2, as far as its last answer told).
+    pub fn takes_next(&self) -> bool {
+        self.brokers[self.current.load(Ordering::Relaxed) % self.brokers.len()].version() >= 2
+    }
+
+    /// Sends acknowledgements; `Ok` means the broker has taken them (200). With `next` > 0
+    /// and a broker that speaks agent protocol 2 the acks ask for the next deliveries of
+    /// the printers whose tasks they end, at most `next`, and the answer carries them;
+    /// otherwise it carries none.
+    pub async fn send_acks(&self, acks: &[Ack], next: usize) -> Result<AcksResponse, BrokerError> {
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let version = self.brokers[used].version();
+        let next = (next > 0 && version >= 2).then_some(next);
+        let body =
+            AcksRequest { acks: acks.to_vec(), agent_id: self.agent_id.clone(), session: self.session.clone(), next };
+        let resp = self.request_to(used, |e| Ok(e.acks_url.clone()), ACK_TIMEOUT, &body, version).await?;
+        // The acks are applied once the broker answered 200; an unreadable body costs the
+        // per-ack verdicts in the log and the deliveries it carried, which come back to
+        // this agent after their deadline (and its journal answers them), so it is not a
+        // reason to send the acks again.
         match resp.json::<AcksResponse>().await {
-            Ok(r) => Ok(r.results),
+            Ok(r) => Ok(r),
             Err(e) => {
                 tracing::warn!(error = %e, "the broker took the acks but its answer could not be read");
-                Ok(Vec::new())
+                Ok(AcksResponse::default())
             }
         }
     }
 }
 
-async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError> {
+async fn check(resp: reqwest::Response, version: u32) -> Result<reqwest::Response, BrokerError> {
     let status = resp.status();
     if status == StatusCode::OK {
         return Ok(resp);
@@ -429,7 +502,7 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, BrokerError
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         if v["error"]["code"] == "agent_protocol_unsupported" {
             let message = v["error"]["message"].as_str().unwrap_or("").to_owned();
-            return Err(BrokerError::ProtocolUnsupported { agent: PROTOCOL_VERSION, broker: broker_range, message });
+            return Err(BrokerError::ProtocolUnsupported { agent: version, broker: broker_range, message });
         }
     }
     if status == StatusCode::CONFLICT {

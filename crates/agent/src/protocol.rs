@@ -84,13 +84,22 @@ pub struct AcksRequest {
     /// Extension: the acknowledging process's session, as in its polls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Agent protocol 2: the most deliveries the answer may carry, the next task of each
+    /// printer whose task in flight these acks end. Sent only to a broker that speaks 2
+    /// (an older one refuses fields it does not know).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<usize>,
 }
 
 /// `POST /v1/agent/acks` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcksResponse {
     #[serde(default)]
     pub results: Vec<AckResult>,
+    /// Agent protocol 2: deliveries handed out with the acks (asked for with `next`), to
+    /// be printed as a poll's.
+    #[serde(default)]
+    pub deliveries: Vec<Delivery>,
 }
 
 /// The broker's verdict on one ack: `applied`, `duplicate` or `stale`. Kept as a string

@@ -178,11 +178,28 @@ pub(crate) struct Feeder {
 
 impl Feeder {
     pub(crate) fn dispatch(&self, delivery: Delivery) {
+        if let Err(task_id) = self.send(delivery, None) {
+            tracing::error!(task_id = %task_id, "no worker could take the offline task; it is tried again after a restart");
+        }
+    }
+
+    /// A delivery of the broker's that came with the answer to acks, holding `permit` as
+    /// a polled one does.
+    pub(crate) fn dispatch_with(&self, delivery: Delivery, permit: Option<OwnedSemaphorePermit>) {
+        if let Err(task_id) = self.send(delivery, permit) {
+            tracing::error!(task_id = %task_id, "no worker could take the delivery; the broker will redeliver it");
+        }
+    }
+
+    /// Queues `delivery` at its printer's worker; the task id when no worker could take it.
+    fn send(&self, delivery: Delivery, permit: Option<OwnedSemaphorePermit>) -> Result<(), String> {
         let printer_id = delivery.printer_id.clone();
         let task_id = delivery.task_id.clone();
-        let work = Work::Deliver(Item { delivery, _permit: None });
-        if !send_work(&self.ctx, &self.workers, &self.handles, &printer_id, work) {
-            tracing::error!(task_id = %task_id, "no worker could take the offline task; it is tried again after a restart");
+        let work = Work::Deliver(Item { delivery, _permit: permit });
+        if send_work(&self.ctx, &self.workers, &self.handles, &printer_id, work) {
+            Ok(())
+        } else {
+            Err(task_id)
         }
     }
 }

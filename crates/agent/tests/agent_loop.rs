@@ -378,8 +378,43 @@ async fn every_request_names_the_agent_protocol_version() {
     agent.stop().await;
     let headers = broker.state.protocol_headers.lock().expect("headers").clone();
     assert!(headers.len() >= 2, "a poll and an ack at least: {headers:?}");
-    let want = onceprint_agent::broker::PROTOCOL_VERSION.to_string();
+    // A broker that names no range (a release before versioning) hears the oldest version.
+    let want = onceprint_agent::broker::OLDEST_PROTOCOL.to_string();
     assert!(headers.iter().all(|h| h.as_deref() == Some(want.as_str())), "{headers:?}");
+    assert!(broker.state.ack_nexts.lock().expect("nexts").iter().all(Option::is_none), "no `next` for it");
+}
+
+/// A broker that serves agent protocol 2 hands out a printer's next job with the answer
+/// to the ack of its last one: the agent names 2 once it heard the broker's range, asks
+/// for `next` with its acks, and prints what the answer carries without polling for it,
+/// in order, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_broker_that_serves_2_the_next_job_comes_with_the_ack() {
+    let broker = FakeBroker::start().await;
+    *broker.state.protocols.lock().expect("protocols") = Some((1, 2));
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    for (id, text) in [("N2", b"second\n".as_slice()), ("N3", b"third\n".as_slice())] {
+        broker.state.with_acks.lock().expect("with_acks").push_back(delivery(id, 1, "p1", &printer.address(), text));
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(delivery("N1", 1, "p1", &printer.address(), b"first\n"));
+    let acks = broker.state.wait_acks(3, Duration::from_secs(10)).await;
+    let polls = broker.state.polls.load(Ordering::SeqCst);
+    agent.stop().await;
+    let printed: Vec<(&str, Outcome)> = acks.iter().map(|a| (a.task_id.as_str(), a.outcome)).collect();
+    assert_eq!(printed, [("N1", Outcome::Printed), ("N2", Outcome::Printed), ("N3", Outcome::Printed)]);
+    let jobs = printer.jobs();
+    assert_eq!(jobs.len(), 3, "each printed once");
+    for (job, text) in jobs.iter().zip([b"first\n".as_slice(), b"second\n", b"third\n"]) {
+        assert!(job.windows(text.len()).any(|w| w == text), "in order");
+    }
+    let nexts = broker.state.ack_nexts.lock().expect("nexts").clone();
+    assert!(nexts.len() >= 3 && nexts.iter().all(|n| n.is_some_and(|n| n >= 1)), "{nexts:?}");
+    let headers = broker.state.protocol_headers.lock().expect("headers").clone();
+    assert_eq!(headers.first().cloned().flatten().as_deref(), Some("1"), "before the broker named its range");
+    assert!(headers.iter().skip(1).all(|h| h.as_deref() == Some("2")), "{headers:?}");
+    assert!(polls <= 4, "N2 and N3 came with the acks, not from polls ({polls} polls)");
 }
 
 /// An agent older (or newer) than the broker serves is told so by the broker's 426; the
@@ -387,14 +422,14 @@ async fn every_request_names_the_agent_protocol_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_that_does_not_speak_the_agents_protocol_is_reported_and_waited_for() {
     let broker = FakeBroker::start().await;
-    *broker.state.protocols.lock().expect("protocols") = Some((2, 3));
+    *broker.state.protocols.lock().expect("protocols") = Some((3, 4));
     let client =
         onceprint_agent::broker::BrokerClient::new(&broker.url(), TOKEN, Duration::from_secs(1), None).expect("client");
     let req = onceprint_agent::protocol::PollRequest { agent_id: "a".into(), wait_ms: 0, max: 1, session: "s".into() };
     match client.poll(&req).await {
         Err(e @ onceprint_agent::broker::BrokerError::ProtocolUnsupported { .. }) => {
             let text = e.to_string();
-            assert!(text.contains("agent protocol 1") && text.contains("2-3"), "{text}");
+            assert!(text.contains("agent protocol 1") && text.contains("3-4"), "{text}");
             assert!(text.contains("upgrade the agent"), "the broker's advice is passed on: {text}");
         }
         other => panic!("expected ProtocolUnsupported, got {other:?}"),

@@ -114,6 +114,12 @@ impl TaskState {
         matches!(self, TaskState::Printed | TaskState::Transferred | TaskState::Cancelled | TaskState::Closed)
     }
 
+    /// Whether a task in this state is in its printer's lane (waiting or in flight): the
+    /// states of the lane index. A task leaving them frees its lane for the next.
+    pub fn in_lane(self) -> bool {
+        matches!(self, TaskState::Pending | TaskState::Sent | TaskState::Retrying)
+    }
+
     /// Whether `self → to` is in the transition table.
     pub fn can_go_to(self, to: TaskState) -> bool {
         TRANSITIONS.iter().any(|(f, t, _)| *f == self && *t == to)

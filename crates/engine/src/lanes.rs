@@ -158,6 +158,23 @@ pub struct AckIn {
     pub detail: String,
 }
 
+/// What an ack may hand out in the same write ([`LaneEngine::ack_and_hand_out`]): the next
+/// task of each lane it frees, to the acknowledging claimant, for printers of transport
+/// `kind`, under `rules` (`rules.max` bounds the deliveries).
+#[derive(Debug, Clone, Copy)]
+pub struct HandOutNext {
+    pub kind: TransportKind,
+    pub rules: ClaimRules,
+}
+
+/// The answer to acks: one result per ack, in order, and the deliveries handed out with
+/// them (none without [`HandOutNext`]).
+#[derive(Debug, Default)]
+pub struct Acked {
+    pub results: Vec<AckResult>,
+    pub deliveries: Vec<Delivery>,
+}
+
 /// The result of one ack (CONTRACT.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckResult {
@@ -207,6 +224,26 @@ pub struct LaneEngine {
 enum LaneChange {
     HandOut { task: Box<Task>, printer: Arc<PrinterInfo>, again: Option<Reoffer> },
     Settle,
+}
+
+/// What a claim decided, lane by lane, before it writes.
+#[derive(Default)]
+struct ClaimPlan {
+    /// What could be handed out, keyed by (priority, id) (see `LaneEngine::most_urgent`).
+    offers: Vec<((i32, String), Transition, LaneChange)>,
+    /// Deliveries settled as in doubt.
+    changes: Vec<(Transition, LaneChange)>,
+    /// Deliveries left with a printer that polls, as read (see [`Claimed::held`]).
+    held: Vec<Task>,
+    next_look: Option<Millis>,
+}
+
+impl ClaimPlan {
+    fn look_at(&mut self, t: Option<Millis>) {
+        if let Some(t) = t {
+            self.next_look = Some(self.next_look.map_or(t, |n| n.min(t)));
+        }
+    }
 }
 
 /// A task's state as acks of one batch see it, one after the other.
@@ -334,7 +371,6 @@ impl LaneEngine {
         rules: ClaimRules,
     ) -> Result<Claimed, DeliveryError> {
         let now = self.now();
-        let max = rules.max;
         let mut reachable: Option<&(dyn Fn(&PrinterInfo) -> bool + Sync)> = None;
         let (lanes, kind) = match scope {
             Scope::Store { store_id, kind } => (self.store.lanes(tenant_id, store_id).await?, kind),
@@ -350,133 +386,178 @@ impl LaneEngine {
         };
         // The store whose waiting claimants hear of a settled delivery.
         let mut store_of_lanes: Option<String> = None;
-        let mut next_look: Option<Millis> = None;
-        let mut look_at = |t: Option<Millis>| {
-            if let Some(t) = t {
-                next_look = Some(next_look.map_or(t, |n: Millis| n.min(t)));
-            }
-        };
-        let mut changes: Vec<(Transition, LaneChange)> = Vec::new();
-        let mut held: Vec<Task> = Vec::new();
-        // What could be handed out, keyed by (priority, id): when there is more than the
-        // claimant can take, the most urgent and oldest go first, across printers, so that
-        // every lane keeps moving rather than the first printers in id order.
-        let mut offers: Vec<((i32, String), Transition, LaneChange)> = Vec::new();
+        let mut plan = ClaimPlan::default();
         for Lane { printer_id, in_flight, waiting } in lanes {
             let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
             store_of_lanes.get_or_insert_with(|| printer.row.store_id.clone());
-            if printer.transport.as_ref().map(|t| t.kind()) != Some(kind) {
-                // Another transport's lane. A delivery of it that this claimant holds
-                // (the printer moved to another transport while it was in flight) is
-                // still answered through `ack`.
+            if !Self::serves(&printer, kind, reachable) {
                 continue;
             }
-            if reachable.is_some_and(|r| !r(&printer)) {
-                // Out of the claimant's reach now: the lane waits as it is.
-                continue;
-            }
-            if !printer.row.enabled {
-                // A disabled printer's lane goes to nobody: its waiting tasks wait, and its
-                // task in flight is neither offered again nor settled here (it may be
-                // printing); an ack for it still applies through `ack`.
-                continue;
-            }
-            let flight = in_flight.as_ref().map(|t| {
-                let mut holder = self.holder(t, &printer, Some(claimant));
-                let mut deadline = t.next_attempt_at;
-                if let (Holder::Me, Some(limit)) = (holder, rules.give_up_after_ms) {
-                    // A delivery nobody answers is not asked about for ever.
-                    let give_up = t.sent_at.unwrap_or(t.updated_at) + limit;
-                    if give_up <= now {
-                        holder = Holder::Other { gone: true };
-                    } else {
-                        deadline = deadline.map(|d| d.min(give_up));
-                    }
-                }
-                InFlight { deadline, holder }
-            });
-            let wait = waiting.as_ref().map(|t| match t.state {
-                TaskState::Retrying => Waiting::Retrying { due: t.next_attempt_at },
-                _ => Waiting::Pending,
-            });
-            let mut step = next_step(flight.as_ref(), wait.as_ref(), now);
-            if let (ClaimantKind::Printer, Some(f), Some(t)) = (claimant.kind, &flight, &in_flight) {
-                if f.holder == Holder::Me {
-                    // A printer's own delivery is never handed out again by a write. Not
-                    // fetched yet, it is simply named again in the printer's next answer
-                    // (same attempt and token); fetched, it may have printed, so it waits
-                    // for the printer's answer until its deadline and then goes to a
-                    // person (through the ack rules, so reprint-on-doubt still applies).
-                    let fetched = t.sent_session.as_deref() == Some(crate::claimant::FETCHED);
-                    step = match t.next_attempt_at {
-                        Some(d) if fetched && d <= now => Step::Doubt,
-                        d if fetched => Step::Wait { until: d },
-                        _ => Step::Wait { until: None },
-                    };
-                    if step != Step::Doubt {
-                        held.push(t.clone());
-                    }
-                }
-            }
-            match step {
-                Step::Claim => {
-                    let Some(task) = waiting else { continue };
-                    offers.push((
-                        (task.priority, task.task_id.clone()),
-                        self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms, &rules),
-                        LaneChange::HandOut { task: Box::new(task), printer, again: None },
-                    ));
-                }
-                Step::Reoffer(why) => {
-                    let Some(task) = in_flight else { continue };
-                    // An agent gets a new attempt (the fencing token); a push driver sends
-                    // the same one again.
-                    let attempt = if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
-                    offers.push((
-                        (task.priority, task.task_id.clone()),
-                        self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms, &rules),
-                        LaneChange::HandOut { task: Box::new(task), printer, again: Some(why) },
-                    ));
-                }
-                Step::Doubt => {
-                    let Some(task) = in_flight else { continue };
-                    let detail = match flight.map(|f| f.holder) {
-                        Some(Holder::Me) => format!(
-                            "{} fetched it and did not confirm before its deadline",
-                            task.sent_to.as_deref().unwrap_or("the printer")
-                        ),
-                        _ => gone_detail(&task),
-                    };
-                    if let Some(t) = self.doubt(&task, claimant.actor(), detail, now) {
-                        changes.push((t, LaneChange::Settle));
-                    }
-                    // The lane moves on at once.
-                    look_at(Some(now));
-                }
-                Step::Wait { until } => {
-                    look_at(until);
-                    if let (Some(f), Some(t)) = (&flight, &in_flight) {
-                        if matches!(f.holder, Holder::EarlierSession { quiet: false }) {
-                            if let Some((_, id)) = t.sent_to.as_deref().map(Claimant::holder_of) {
-                                look_at(self.agents.quiet_at(&t.tenant_id, &t.store_id, id, t.sent_session.as_deref()));
-                            }
-                        }
-                    }
-                }
-            }
+            self.plan_lane(&mut plan, claimant, printer, in_flight, waiting, &rules, now);
         }
-        offers.sort_by(|a, b| a.0.cmp(&b.0));
-        if offers.len() > max {
-            offers.truncate(max);
-            // More could go at once; the claimant asks again when it has room.
-            look_at(Some(now));
-        }
-        changes.extend(offers.into_iter().map(|(_, t, c)| (t, c)));
+        let ClaimPlan { mut changes, offers, held, mut next_look } = plan;
+        changes.extend(Self::most_urgent(offers, rules.max, now, &mut next_look));
         if changes.is_empty() {
             return Ok(Claimed { deliveries: Vec::new(), next_look, held });
         }
         let transitions: Vec<Transition> = changes.iter().map(|(t, _)| t.clone()).collect();
         let applied = self.store.apply_transitions(&transitions).await?;
+        let (deliveries, settled) = self.hand_over(changes, applied, now).await?;
+        if let (true, Some(store_id)) = (settled, store_of_lanes) {
+            self.signals.notify(tenant_id, &store_id);
+        }
+        Ok(Claimed { deliveries, next_look, held })
+    }
+
+    /// Whether a claim of transport `kind` (and, for a push driver, of the printers it can
+    /// reach now) takes `printer`'s lane.
+    fn serves(
+        printer: &PrinterInfo,
+        kind: TransportKind,
+        reachable: Option<&(dyn Fn(&PrinterInfo) -> bool + Sync)>,
+    ) -> bool {
+        // Another transport's lane: a delivery of it that this claimant holds (the printer
+        // moved to another transport while it was in flight) is still answered through
+        // `ack`. Out of a push driver's reach now, the lane waits as it is. A disabled
+        // printer's lane goes to nobody: its waiting tasks wait, and its task in flight is
+        // neither offered again nor settled here (it may be printing); an ack for it still
+        // applies through `ack`.
+        printer.transport.as_ref().map(|t| t.kind()) == Some(kind)
+            && reachable.is_none_or(|r| r(printer))
+            && printer.row.enabled
+    }
+
+    /// Decides one lane for `claimant`: its task in flight (offered again, settled, or
+    /// waited for) or its first waiting task (handed out, or waited for), into `plan`.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_lane(
+        &self,
+        plan: &mut ClaimPlan,
+        claimant: &Claimant,
+        printer: Arc<PrinterInfo>,
+        in_flight: Option<Task>,
+        waiting: Option<Task>,
+        rules: &ClaimRules,
+        now: Millis,
+    ) {
+        let flight = in_flight.as_ref().map(|t| {
+            let mut holder = self.holder(t, &printer, Some(claimant));
+            let mut deadline = t.next_attempt_at;
+            if let (Holder::Me, Some(limit)) = (holder, rules.give_up_after_ms) {
+                // A delivery nobody answers is not asked about for ever.
+                let give_up = t.sent_at.unwrap_or(t.updated_at) + limit;
+                if give_up <= now {
+                    holder = Holder::Other { gone: true };
+                } else {
+                    deadline = deadline.map(|d| d.min(give_up));
+                }
+            }
+            InFlight { deadline, holder }
+        });
+        let wait = waiting.as_ref().map(|t| match t.state {
+            TaskState::Retrying => Waiting::Retrying { due: t.next_attempt_at },
+            _ => Waiting::Pending,
+        });
+        let mut step = next_step(flight.as_ref(), wait.as_ref(), now);
+        if let (ClaimantKind::Printer, Some(f), Some(t)) = (claimant.kind, &flight, &in_flight) {
+            if f.holder == Holder::Me {
+                // A printer's own delivery is never handed out again by a write. Not
+                // fetched yet, it is simply named again in the printer's next answer
+                // (same attempt and token); fetched, it may have printed, so it waits
+                // for the printer's answer until its deadline and then goes to a
+                // person (through the ack rules, so reprint-on-doubt still applies).
+                let fetched = t.sent_session.as_deref() == Some(crate::claimant::FETCHED);
+                step = match t.next_attempt_at {
+                    Some(d) if fetched && d <= now => Step::Doubt,
+                    d if fetched => Step::Wait { until: d },
+                    _ => Step::Wait { until: None },
+                };
+                if step != Step::Doubt {
+                    plan.held.push(t.clone());
+                }
+            }
+        }
+        match step {
+            Step::Claim => {
+                let Some(task) = waiting else { return };
+                plan.offers.push((
+                    (task.priority, task.task_id.clone()),
+                    self.hand_out(&task, claimant, task.attempts + 1, None, now + rules.answer_within_ms, rules),
+                    LaneChange::HandOut { task: Box::new(task), printer, again: None },
+                ));
+            }
+            Step::Reoffer(why) => {
+                let Some(task) = in_flight else { return };
+                // An agent gets a new attempt (the fencing token); a push driver sends
+                // the same one again.
+                let attempt = if claimant.kind == ClaimantKind::Agent { task.attempts + 1 } else { task.attempts };
+                plan.offers.push((
+                    (task.priority, task.task_id.clone()),
+                    self.hand_out(&task, claimant, attempt, Some(why), now + rules.answer_within_ms, rules),
+                    LaneChange::HandOut { task: Box::new(task), printer, again: Some(why) },
+                ));
+            }
+            Step::Doubt => {
+                let Some(task) = in_flight else { return };
+                let detail = match flight.map(|f| f.holder) {
+                    Some(Holder::Me) => format!(
+                        "{} fetched it and did not confirm before its deadline",
+                        task.sent_to.as_deref().unwrap_or("the printer")
+                    ),
+                    _ => gone_detail(&task),
+                };
+                if let Some(t) = self.doubt(&task, claimant.actor(), detail, now) {
+                    plan.changes.push((t, LaneChange::Settle));
+                }
+                // The lane moves on at once.
+                plan.look_at(Some(now));
+            }
+            Step::Wait { until } => {
+                plan.look_at(until);
+                if let (Some(f), Some(t)) = (&flight, &in_flight) {
+                    if matches!(f.holder, Holder::EarlierSession { quiet: false }) {
+                        if let Some((_, id)) = t.sent_to.as_deref().map(Claimant::holder_of) {
+                            plan.look_at(self.agents.quiet_at(
+                                &t.tenant_id,
+                                &t.store_id,
+                                id,
+                                t.sent_session.as_deref(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What could be handed out, the most urgent and oldest first across printers (keyed
+    /// by (priority, id)), at most `max`: when there is more than the claimant can take,
+    /// every lane keeps moving rather than the first printers in id order.
+    fn most_urgent(
+        mut offers: Vec<((i32, String), Transition, LaneChange)>,
+        max: usize,
+        now: Millis,
+        next_look: &mut Option<Millis>,
+    ) -> impl Iterator<Item = (Transition, LaneChange)> {
+        offers.sort_by(|a, b| a.0.cmp(&b.0));
+        if offers.len() > max {
+            offers.truncate(max);
+            // More could go at once; the claimant asks again when it has room.
+            *next_look = Some(next_look.map_or(now, |n| n.min(now)));
+        }
+        offers.into_iter().map(|(_, t, c)| (t, c))
+    }
+
+    /// After the write: the deliveries of the hand-outs that applied, with their content
+    /// (one read for all) rendered for their printers, and whether any lane was settled (a
+    /// delivery in doubt, content that cannot be rendered) so that its claimants may look
+    /// again.
+    async fn hand_over(
+        &self,
+        changes: Vec<(Transition, LaneChange)>,
+        applied: Vec<bool>,
+        now: Millis,
+    ) -> Result<(Vec<Delivery>, bool), DeliveryError> {
         let ids: Vec<String> = changes
             .iter()
             .zip(&applied)
@@ -533,10 +614,7 @@ impl LaneEngine {
                 }
             }
         }
-        if let (true, Some(store_id)) = (settled, store_of_lanes) {
-            self.signals.notify(tenant_id, &store_id);
-        }
-        Ok(Claimed { deliveries, next_look, held })
+        Ok((deliveries, settled))
     }
 
     /// The transition that hands `task` to `claimant` as `attempt`.
@@ -815,13 +893,38 @@ impl LaneEngine {
         claimant: &Claimant,
         acks: Vec<AckIn>,
     ) -> Result<Vec<AckResult>, DeliveryError> {
+        Ok(self.ack_and_hand_out(who, claimant, acks, None).await?.results)
+    }
+
+    /// [`LaneEngine::ack`], and with `next` the next task of every lane that an applied ack
+    /// frees (its task in flight leaves the lane: printed, failed, in doubt) handed out to
+    /// `claimant` in the same write: the claimant's next job comes with the answer to its
+    /// acks instead of after another poll, and the ack, the hand-out and the printer's
+    /// report are one commit. The hand-out is the claim's (`plan_lane` on the lane's head,
+    /// a compare-and-set, the one-in-flight index), so it applies only if the lane is free
+    /// once the ack applied, and the most urgent go first when more lanes free up than
+    /// `next.rules.max`. Only for a batch that acknowledges each task once, the everyday
+    /// case; lanes it does not fill are left to the claimants' polls, which are woken.
+    pub async fn ack_and_hand_out(
+        &self,
+        who: &AgentIdentity,
+        claimant: &Claimant,
+        acks: Vec<AckIn>,
+        next: Option<HandOutNext>,
+    ) -> Result<Acked, DeliveryError> {
         let mut results = vec![AckResult::Stale; acks.len()];
-        let mut printer_updates: HashMap<String, PrinterStatusUpdate> = HashMap::new();
+        let mut deliveries = Vec::new();
+        // The printers whose lanes an applied change may have freed, and those that this
+        // answer filled again: the store's polls need to look only when one is not filled.
+        let mut touched: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut filled: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut settled = false;
+        // Printer reports of acks applied through a failover chain, written at the end.
+        let mut chain_reports: Vec<PrinterStatusUpdate> = Vec::new();
         let mut pending: Vec<usize> = (0..acks.len()).collect();
-        let mut changed = false;
         // A change that loses its compare-and-set (another actor moved the task between
         // the read and the write) is decided again on a fresh read, a few times at most.
-        for _round in 0..3 {
+        for round in 0..3 {
             if pending.is_empty() {
                 break;
             }
@@ -837,6 +940,25 @@ impl LaneEngine {
                 .filter(|t| t.store_id == who.store_id)
                 .map(|t| (t.task_id.clone(), View { task: t }))
                 .collect();
+            // What each lane hands out next once its task in flight ends, read before the
+            // write so that the hand-out can go into it.
+            let mut heads: HashMap<String, Task> = HashMap::new();
+            if let (0, Some(_)) = (round, next) {
+                let mut printers: Vec<String> = views
+                    .values()
+                    .filter(|v| v.task.state == TaskState::Sent)
+                    .map(|v| v.task.printer_id.clone())
+                    .collect();
+                printers.sort();
+                printers.dedup();
+                heads = self
+                    .store
+                    .lane_heads(&who.tenant_id, &printers)
+                    .await?
+                    .into_iter()
+                    .map(|t| (t.printer_id.clone(), t))
+                    .collect();
+            }
             // Layer k holds the k-th change of every task, so that each layer has every
             // task at most once and layers apply one after the other.
             let mut layers: Vec<Vec<Decided>> = Vec::new();
@@ -902,6 +1024,27 @@ impl LaneEngine {
                     }
                 }
             }
+            // The hand-outs ride with the only layer of a batch that acknowledges each
+            // task once: a lane whose task in flight that layer ends gets its head.
+            let mut hand_outs: Vec<(Transition, LaneChange)> = Vec::new();
+            if let (Some(n), [layer]) = (next, layers.as_slice()) {
+                let mut plan = ClaimPlan::default();
+                for d in layer {
+                    let t = &d.transition;
+                    if d.failover.is_some() || t.from != TaskState::Sent || t.to.in_lane() {
+                        continue;
+                    }
+                    let Some(head) = heads.remove(&d.printer_id) else { continue };
+                    let Some(printer) = self.directory.printer_info(&who.tenant_id, &d.printer_id).await? else {
+                        continue;
+                    };
+                    if Self::serves(&printer, n.kind, None) {
+                        self.plan_lane(&mut plan, claimant, printer, None, Some(head), &n.rules, now);
+                    }
+                }
+                let mut unused = None;
+                hand_outs.extend(Self::most_urgent(plan.offers, n.rules.max, now, &mut unused));
+            }
             let mut retry: Vec<usize> = Vec::new();
             let mut lost: std::collections::HashSet<String> = std::collections::HashSet::new();
             for layer in layers {
@@ -916,49 +1059,70 @@ impl LaneEngine {
                         }
                     })
                     .partition(|d| d.failover.is_some());
-                let list: Vec<Transition> = plain.iter().map(|d| d.transition.clone()).collect();
-                let applied = if list.is_empty() { Vec::new() } else { self.store.apply_transitions(&list).await? };
-                let mut outcomes: Vec<(Decided, bool)> = plain.into_iter().zip(applied).collect();
+                // What the printer said about itself goes with the change that tells it:
+                // only acks that change a task count, a stale or repeated ack describes
+                // the printer as it was.
+                let reports: Vec<(usize, PrinterStatusUpdate)> = plain
+                    .iter()
+                    .enumerate()
+                    .map(|(k, d)| {
+                        (k, printer_status(&who.tenant_id, &d.printer_id, d.outcome, &d.detail, d.transition.now))
+                    })
+                    .collect();
+                let offers = std::mem::take(&mut hand_outs);
+                let mut list: Vec<Transition> = plain.iter().map(|d| d.transition.clone()).collect();
+                list.extend(offers.iter().map(|(t, _)| t.clone()));
+                let mut applied = if list.is_empty() {
+                    Vec::new()
+                } else {
+                    self.store.apply_transitions_with_reports(&list, &reports).await?
+                };
+                let offered = applied.split_off(plain.len().min(applied.len()));
+                let mut outcomes: Vec<(Decided, bool, bool)> =
+                    plain.into_iter().zip(applied).map(|(d, ok)| (d, ok, false)).collect();
                 for d in chains {
                     let ok = match &d.failover {
                         Some(m) => self.apply_failover(m).await?,
                         None => false,
                     };
-                    outcomes.push((d, ok));
+                    outcomes.push((d, ok, true));
                 }
-                for (d, ok) in outcomes {
+                for (d, ok, chain) in outcomes {
                     if !ok {
                         lost.insert(d.transition.task_id.clone());
                         retry.push(d.index);
                         continue;
                     }
-                    changed = true;
                     results[d.index] = AckResult::Applied;
+                    touched.insert(d.printer_id.clone());
                     let t = &d.transition;
                     let to = if d.failover.is_some() { TaskState::Transferred } else { t.to };
                     self.gate.set_state(&t.task_id, to);
                     tracing::info!(task_id = %t.task_id, from = %t.from, to = %to, reason = %t.reason, "ack applied");
-                    // What the printer said about itself. Only acks that change a task
-                    // count: a stale or repeated ack describes the printer as it was.
-                    printer_updates.insert(
-                        d.printer_id.clone(),
-                        printer_status(&who.tenant_id, &d.printer_id, d.outcome, &d.detail, t.now),
-                    );
+                    if chain {
+                        chain_reports.push(printer_status(&who.tenant_id, &d.printer_id, d.outcome, &d.detail, t.now));
+                    }
+                }
+                if !offers.is_empty() {
+                    let (mut handed, s) = self.hand_over(offers, offered, now).await?;
+                    settled |= s;
+                    filled.extend(handed.iter().map(|d| d.task.printer_id.clone()));
+                    deliveries.append(&mut handed);
                 }
             }
             retry.sort_unstable();
             pending = retry;
         }
-        if !printer_updates.is_empty() {
-            let updates: Vec<PrinterStatusUpdate> = printer_updates.into_values().collect();
-            self.store.update_printer_status(&updates).await?;
+        if !chain_reports.is_empty() {
+            self.store.update_printer_status(&chain_reports).await?;
         }
-        if changed {
-            // A lane may have freed up (or a retry was scheduled, or a printer that printed
-            // again resumed its paused lane): let waiting polls look.
+        // A lane may have freed up (or a retry was scheduled, or a printer that printed
+        // again resumed its paused lane): let waiting polls look, unless every lane these
+        // acks changed has its next job already.
+        if settled || touched.iter().any(|p| !filled.contains(p)) {
             self.signals.notify(&who.tenant_id, &who.store_id);
         }
-        Ok(results)
+        Ok(Acked { results, deliveries })
     }
 
     /// The failover of a station task that is failing with `failed` (R25): `failed` and

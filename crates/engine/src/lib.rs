@@ -64,7 +64,9 @@ pub use cluster::{Cluster, ClusterConfig};
 pub use directory::Directory;
 pub use gate::RecentTasks;
 pub use intake::{Intake, IntakeConfig, IntakeError, SubmitAnswer, SubmitKind, SubmitRequest};
-pub use lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryConfig, DeliveryError, LaneEngine, SweepReport};
+pub use lanes::{
+    AckIn, AckResult, Acked, ClaimRules, Delivery, DeliveryConfig, DeliveryError, HandOutNext, LaneEngine, SweepReport,
+};
 pub use lease::{Lease, LeaseConfig, Leases};
 pub use offline::{Offline, OfflineConfig, OfflineReport, SyncAnswer, SyncResult};
 pub use operations::{ActionError, ActionOutcome, ActionRequest, Actor, Operations, OperationsConfig};

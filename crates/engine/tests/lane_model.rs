@@ -69,11 +69,14 @@ enum Op {
         print: Print,
     },
     /// Sends the agent's acks; the request or only the answer may be lost (the agent
-    /// keeps them and sends them again either way).
+    /// keeps them and sends them again either way). With `next` (agent protocol 2) the
+    /// answer hands out the next task of each lane the acks free; a lost answer loses
+    /// those deliveries too.
     SendAcks {
         agent: usize,
         request_lost: bool,
         answer_lost: bool,
+        next: bool,
     },
     Restart {
         agent: usize,
@@ -115,8 +118,8 @@ impl ReferenceStateMachine for Model {
             4 => (0..PRINTERS.len(), 0..TYPES.len()).prop_map(|(printer, kind)| Op::Submit { printer, kind }),
             4 => (0..AGENTS.len()).prop_map(|agent| Op::Poll { agent }),
             5 => (0..AGENTS.len(), print()).prop_map(|(agent, print)| Op::Handle { agent, print }),
-            3 => (0..AGENTS.len(), prop::bool::weighted(0.2), prop::bool::weighted(0.2))
-                .prop_map(|(agent, request_lost, answer_lost)| Op::SendAcks { agent, request_lost, answer_lost }),
+            3 => (0..AGENTS.len(), prop::bool::weighted(0.2), prop::bool::weighted(0.2), any::<bool>())
+                .prop_map(|(agent, request_lost, answer_lost, next)| Op::SendAcks { agent, request_lost, answer_lost, next }),
             1 => (0..AGENTS.len()).prop_map(|agent| Op::Restart { agent }),
             3 => (50i64..3_000).prop_map(|ms| Op::Advance { ms }),
             1 => Just(Op::Sweep),
@@ -330,11 +333,11 @@ impl Sut {
             }
             Op::Poll { agent } => self.poll(agent),
             Op::Handle { agent, print } => self.handle(agent, print),
-            Op::SendAcks { agent, request_lost, answer_lost } => {
+            Op::SendAcks { agent, request_lost, answer_lost, next } => {
                 // A lost request, or a lost answer to an applied one: the agent keeps the
                 // acks and sends them again later.
                 if !request_lost {
-                    self.send_acks(agent, answer_lost);
+                    self.send_acks(agent, answer_lost, next);
                 }
             }
             Op::Restart { agent } => self.restart(agent),
@@ -374,6 +377,12 @@ impl Sut {
             }
             Err(e) => panic!("poll failed: {e}"),
         };
+        self.receive(agent, deliveries);
+    }
+
+    /// Deliveries reach the agent (from a poll, or with the answer to its acks): they
+    /// must leave each lane in order within a priority.
+    fn receive(&mut self, agent: usize, deliveries: Vec<AgentDelivery>) {
         for d in deliveries {
             let prio = self.policies.policy_for(&self.task_type(&d.task_id)).priority;
             if self.facts.seen.insert(d.task_id.clone()) {
@@ -435,15 +444,18 @@ impl Sut {
         }
     }
 
-    fn send_acks(&mut self, agent: usize, keep: bool) {
+    fn send_acks(&mut self, agent: usize, keep: bool, next: bool) {
         let a = &self.agents[agent];
         if a.outbox.is_empty() {
             return;
         }
         let (id, session, acks) = (a.id, a.session.clone(), a.outbox.clone());
-        self.block_on(self.agents_api.ack(&self.who, id, Some(&session), acks)).expect("acks");
+        let next = if next { 16 } else { 0 };
+        let (_, deliveries) =
+            self.block_on(self.agents_api.ack_and_take(&self.who, id, Some(&session), acks, next)).expect("acks");
         if !keep {
             self.agents[agent].outbox.clear();
+            self.receive(agent, deliveries);
         }
     }
 
@@ -502,7 +514,8 @@ impl Sut {
                 while !self.agents[agent].inbox.is_empty() {
                     self.handle(agent, Print::Printed);
                 }
-                self.send_acks(agent, false);
+                // The real agent asks for the next deliveries with its acks.
+                self.send_acks(agent, false, true);
             }
             self.check();
         }

@@ -22,8 +22,10 @@ pub const BROKER_HEADER: HeaderName = HeaderName::from_static("onceprint-agent-p
 /// The oldest agent protocol this broker serves. Raised only after a release that served
 /// both the old and the new version, so that agents can be upgraded first.
 pub const MIN: u32 = 1;
-/// The newest agent protocol this broker serves.
-pub const MAX: u32 = 1;
+/// The newest agent protocol this broker serves. Version 2: acks may ask for the next
+/// deliveries (`next`), and their answer carries them (`deliveries`); an agent uses it
+/// only with a broker that names 2 in its range.
+pub const MAX: u32 = 2;
 
 /// The version a request names: the header's, or 1 without one. `Err` for a header that
 /// is not a number (an answer naming the range is as useful for it as for a wrong number).
@@ -71,7 +73,7 @@ pub async fn check(req: Request, next: Next) -> Response {
 }
 
 /// `MIN-MAX` as the header carries it; a test below keeps it in step with the constants.
-const RANGE: &str = "1-1";
+const RANGE: &str = "1-2";
 
 #[cfg(test)]
 mod tests {

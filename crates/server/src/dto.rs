@@ -693,6 +693,11 @@ pub struct AcksIn {
     /// deliveries of a process that was replaced by a newer one with it while it still
     /// answers them.
     pub session: Option<String>,
+    /// Extension (agent protocol 2): hand out, with the answer, the next task of each of
+    /// the agent's printers whose task in flight these acks end, at most this many (taken
+    /// as 0–256; 0 or absent: none). The answer then carries `deliveries`, as a poll's.
+    #[serde(default, deserialize_with = "integral::optional")]
+    pub next: Option<u32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -705,6 +710,10 @@ pub struct AckResultOut {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AckResults {
     pub results: Vec<AckResultOut>,
+    /// Extension (agent protocol 2): with `next` in the request, the deliveries handed out
+    /// with these acks, exactly as a poll would have answered them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<Vec<DeliveryOut>>,
 }
 
 /// An operator's action.

@@ -19,6 +19,7 @@ both_backends!(
     agents_only_see_and_ack_their_own_store,
     bad_agent_requests_are_refused,
     agent_protocol_versions_outside_the_range_are_refused_clearly,
+    acks_with_next_hand_out_the_next_task_of_the_lanes_they_free,
 );
 
 async fn agent_token(app: &TestApp, key: &str, store: &str) -> String {
@@ -205,18 +206,19 @@ async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &Tes
     let key = app.tenant("acme").await;
     let token = agent_token(app, &key, "s1").await;
     // Agents of releases before versioning send no header and must keep working, as 1.
-    for version in [None, Some("1"), Some(" 1 ")] {
+    // Version 2 (acks that take the next deliveries) is served beside it.
+    for version in [None, Some("1"), Some(" 1 "), Some("2")] {
         let (status, body, range) = poll_as_version(app, &token, version).await;
         assert_eq!(status, StatusCode::OK, "{version:?}: {body}");
-        assert_eq!(range.as_deref(), Some("1-1"), "every answer names the broker's range");
+        assert_eq!(range.as_deref(), Some("1-2"), "every answer names the broker's range");
     }
     // An agent newer than the broker is told to upgrade the broker (or run an older agent).
-    let (status, body, range) = poll_as_version(app, &token, Some("2")).await;
+    let (status, body, range) = poll_as_version(app, &token, Some("3")).await;
     assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
     assert_eq!(body["error"]["code"], "agent_protocol_unsupported", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("upgrade the broker") && message.contains('2'), "{message}");
-    assert_eq!(range.as_deref(), Some("1-1"));
+    assert!(message.contains("upgrade the broker") && message.contains('3'), "{message}");
+    assert_eq!(range.as_deref(), Some("1-2"));
     // An agent older than the broker serves is told to upgrade the agent.
     let (status, body, _) = poll_as_version(app, &token, Some("0")).await;
     assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
@@ -228,5 +230,63 @@ async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &Tes
     );
     // Nothing of a refused request took effect, and other endpoints carry the range too.
     let a = app.http.get(format!("{}/healthz", app.base)).send().await.expect("healthz");
-    assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-1"));
+    assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-2"));
+}
+
+/// Agent protocol 2: acks that ask for `next` get the next task of each lane they free in
+/// the answer, exactly as a poll would hand it out (a new attempt, `sent` to the agent,
+/// audited), and nothing for a lane they leave busy or paused. Without `next` the answer
+/// is the contract's.
+async fn acks_with_next_hand_out_the_next_task_of_the_lanes_they_free(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let token = agent_token(app, &key, "s1").await;
+    let mut ids = Vec::new();
+    for (biz, text) in [("N1", "first\n"), ("N2", "second\n"), ("N3", "third\n")] {
+        ids.push(app.submit(&key, order(biz, text)).await.body["task_id"].as_str().expect("id").to_owned());
+    }
+    let d = poll(app, &token, "s1", 1000).await;
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0]["task_id"], ids[0].as_str());
+    let acks = |task: &str, attempt: i64, outcome: &str, next: Value| {
+        let mut body = json!({"agent_id": "agent-1", "session": "s1",
+            "acks": [{"task_id": task, "attempt": attempt, "outcome": outcome, "detail": "test"}]});
+        if !next.is_null() {
+            body["next"] = next;
+        }
+        body
+    };
+    // N1 printed: its answer hands out N2, whose lane N1 freed.
+    let a = app.post("/v1/agent/acks", &token, acks(&ids[0], 1, "printed", json!(4))).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(a.body["results"][0]["result"], "applied");
+    let next = a.body["deliveries"].as_array().cloned().expect("deliveries");
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!((next[0]["task_id"].as_str(), next[0]["attempt"].as_i64()), (Some(ids[1].as_str()), Some(1)));
+    assert_eq!(next[0]["printer_id"], "p1");
+    assert_eq!(next[0]["idempotency_key"], "N2#p1");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(next[0]["data"].as_str().expect("data")).expect("b64");
+    assert!(bytes.windows(7).any(|w| w == b"second\n"), "the task's own bytes");
+    assert_eq!(state(app, &key, &ids[0]).await["state"], "printed");
+    assert_eq!(state(app, &key, &ids[1]).await["state"], "sent");
+    let events = app.get(&format!("/v1/print-tasks/{}/events", ids[1]), &key).await.body;
+    let tos: Vec<&str> = events["events"].as_array().expect("events").iter().filter_map(|e| e["to"].as_str()).collect();
+    assert_eq!(tos, vec!["pending", "sent"], "the hand-out is audited like a poll's");
+    // The lane is busy with N2: a poll gets nothing, and a repeated ack hands out nothing.
+    assert!(poll(app, &token, "s1", 50).await.is_empty());
+    let again = app.post("/v1/agent/acks", &token, acks(&ids[0], 1, "printed", json!(4))).await;
+    assert_eq!(again.body["results"][0]["result"], "duplicate");
+    assert_eq!(again.body["deliveries"], json!([]));
+    // N2 out of paper: the lane is paused, not freed; nothing is handed out.
+    let paused = app.post("/v1/agent/acks", &token, acks(&ids[1], 1, "no_paper", json!(4))).await;
+    assert_eq!(paused.body["results"][0]["result"], "applied");
+    assert_eq!(paused.body["deliveries"], json!([]), "{paused:?}");
+    assert_eq!(state(app, &key, &ids[2]).await["state"], "pending");
+    // Without `next`, the answer is the contract's: results only.
+    let plain = app.post("/v1/agent/acks", &token, acks(&ids[1], 1, "no_paper", Value::Null)).await;
+    assert_eq!(plain.body["results"][0]["result"], "duplicate");
+    assert!(plain.body.get("deliveries").is_none(), "{plain:?}");
+    // A `next` that is not a count is refused before anything applies.
+    let bad = app.post("/v1/agent/acks", &token, acks(&ids[1], 1, "printed", json!(-1))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{bad:?}");
+    assert_eq!(state(app, &key, &ids[1]).await["state"], "retrying");
 }

@@ -157,6 +157,32 @@ fn lanes_sql(which: &str) -> String {
     LANES.replace("{cols}", TASK_COLUMNS).replace("{which}", which)
 }
 
+/// The first waiting task of each of the printers in `$2`, whatever is in flight: the
+/// second branch of [`LANES`] alone.
+const LANE_HEADS: &str = "
+SELECT head.*
+FROM printers p
+CROSS JOIN LATERAL (
+    SELECT {cols}
+    FROM tasks
+    WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
+      AND state <> 'sent'
+    ORDER BY priority, seq
+    LIMIT 1
+) AS head
+WHERE p.tenant_id = $1 AND p.id = ANY ($2)
+ORDER BY p.id";
+
+pub(crate) async fn lane_heads(
+    client: &deadpool_postgres::Client,
+    tenant_id: &str,
+    printer_ids: &[String],
+) -> StoreResult<Vec<Task>> {
+    let stmt = client.prepare_cached(&LANE_HEADS.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[&tenant_id, &printer_ids]).await.map_err(pg_error)?;
+    found.iter().map(rows::task).collect()
+}
+
 /// Figures of every lane with active tasks, read through `tasks_lane`.
 ///
 /// Grouped by (tenant, printer), the order of `tasks_lane`'s keys, so that an index-only

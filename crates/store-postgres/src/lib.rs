@@ -717,6 +717,14 @@ impl Store for PostgresStore {
         delivery::lane(&client, tenant_id, printer_id).await
     }
 
+    async fn lane_heads(&self, tenant_id: &str, printer_ids: &[String]) -> StoreResult<Vec<Task>> {
+        if printer_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        delivery::lane_heads(&client, tenant_id, printer_ids).await
+    }
+
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {
         let client = self.client().await?;
         delivery::lane_stats(&client).await

@@ -654,6 +654,14 @@ impl Store for SqliteStore {
         self.read(move |c| sql::lane(c, &t, &p)).await
     }
 
+    async fn lane_heads(&self, tenant_id: &str, printer_ids: &[String]) -> StoreResult<Vec<Task>> {
+        if printer_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (t, ids) = (tenant_id.to_owned(), printer_ids.to_vec());
+        self.read(move |c| sql::lane_heads(c, &t, &ids)).await
+    }
+
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {
         self.read(sql::lane_stats).await
     }
@@ -797,6 +805,27 @@ impl Store for SqliteStore {
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
         let updates = updates.to_vec();
         self.write(move |c| sql::update_printer_status(c, &updates)).await
+    }
+
+    /// One writer job, so one commit: the transitions and the printer reports of applied
+    /// ones.
+    async fn apply_transitions_with_reports(
+        &self,
+        changes: &[Transition],
+        reports: &[(usize, PrinterStatusUpdate)],
+    ) -> StoreResult<Vec<bool>> {
+        let (changes, reports) = (changes.to_vec(), reports.to_vec());
+        self.write(move |c| {
+            let applied = sql::apply_transitions(c, &changes)?;
+            let updates: Vec<PrinterStatusUpdate> = reports
+                .into_iter()
+                .filter(|(i, _)| applied.get(*i).copied().unwrap_or(false))
+                .map(|(_, u)| u)
+                .collect();
+            sql::update_printer_status(c, &updates)?;
+            Ok(applied)
+        })
+        .await
     }
 }
 

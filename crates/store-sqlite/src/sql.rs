@@ -627,6 +627,26 @@ pub fn lane(c: &Connection, tenant: &str, printer: &str) -> StoreResult<Lane> {
     Ok(found.into_iter().next().unwrap_or(Lane { printer_id: printer.to_owned(), in_flight: None, waiting: None }))
 }
 
+/// The first waiting task of each of `printers` (a JSON array of printer ids) that has
+/// one, by the same probe of `tasks_lane` as [`lanes_where`]'s second, whatever is in
+/// flight.
+pub fn lane_heads(c: &Connection, tenant: &str, printers: &[String]) -> StoreResult<Vec<Task>> {
+    let ids = serde_json::to_string(printers).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE id IN ( \
+               SELECT (SELECT u.id FROM tasks u \
+                       WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
+                         AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                       ORDER BY u.priority, u.seq LIMIT 1) \
+               FROM printers p WHERE p.tenant_id = ?1 AND p.id IN (SELECT value FROM json_each(?2))) \
+             ORDER BY printer_id"
+        ))
+        .map_err(backend_err)?;
+    let rows = s.query_map(params![tenant, ids], task_from_row).map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
 pub fn lane_stats(c: &Connection) -> StoreResult<Vec<LaneStats>> {
     let mut s = c
         .prepare_cached(

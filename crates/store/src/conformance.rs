@@ -40,6 +40,7 @@ macro_rules! conformance_tests {
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
             lanes_show_the_task_in_flight_and_the_first_waiting, lanes_follow_insertion_not_ids,
+            lane_heads_and_an_ack_that_hands_out_the_next_in_one_change,
             the_may_have_printed_mark_stays,
             manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
@@ -717,6 +718,89 @@ pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
     }
     assert_eq!(left, ["A", "B", "C", "D", "F", "E"], "insertion order, whatever the ids or keys say");
     assert!(s.lane("acme", "p1").await.unwrap().waiting.is_none());
+}
+
+/// An agent's ack may hand out the next task of the lane it frees (the agent's `next`): the
+/// lane's head is read whatever is in flight, and the ack, the hand-out and the printer's
+/// report go in one call. The hand-out applies only once the task before it has left
+/// `sent` (the one-in-flight rule), and a report goes with its change or not at all.
+pub async fn lane_heads_and_an_ack_that_hands_out_the_next_in_one_change(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    let a = new_task("acme", "A", "x", 1);
+    let b = new_task("acme", "B", "x", 2);
+    let mut c = new_task("acme", "C", "x", 3);
+    c.priority = 0; // a refund submitted later still goes first
+    let mut e = new_task("acme", "E", "x", 4);
+    e.printer_id = "p2".into();
+    e.target = "printer:p2".into();
+    s.submit_batch(vec![a.clone(), b.clone(), c.clone(), e.clone()]).await.unwrap();
+    assert!(s.transition(&send(&a, 0, NOW + 5)).await.unwrap());
+    let printers = |ids: &[&str]| ids.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let heads = |tasks: Vec<Task>| tasks.into_iter().map(|t| (t.printer_id, t.task_id)).collect::<Vec<_>>();
+    // p1's head is C, the refund, although A is in flight; p2's is E; p9 does not exist;
+    // another tenant sees nothing.
+    assert_eq!(
+        heads(s.lane_heads("acme", &printers(&["p2", "p1", "p9"])).await.unwrap()),
+        vec![("p1".to_string(), c.task_id.clone()), ("p2".to_string(), e.task_id.clone())]
+    );
+    assert!(s.lane_heads("other-tenant", &printers(&["p1"])).await.unwrap().is_empty());
+    assert!(s.lane_heads("acme", &[]).await.unwrap().is_empty());
+
+    let printed = |t: &NewTask, now: i64| Transition {
+        from: TaskState::Sent,
+        expected_attempts: 1,
+        to: TaskState::Printed,
+        next_attempt_at: None,
+        ..send(t, 0, now)
+    };
+    let report = |printer: &str, online: bool, now: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: printer.into(),
+        online,
+        last_error: None,
+        now,
+        event_id: format!("evt-{printer}-{now}"),
+    };
+    // An ack of the wrong attempt does not apply, so the hand-out behind it cannot either
+    // (A is still in flight), and neither report is written.
+    let stale = Transition { expected_attempts: 7, ..printed(&a, NOW + 6) };
+    let applied = s
+        .apply_transitions_with_reports(
+            &[stale, send(&c, 0, NOW + 6)],
+            &[(0, report("p1", true, NOW + 6)), (1, report("p1", true, NOW + 6))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![false, false]);
+    assert_eq!(s.get_printer("acme", "p1").await.unwrap().unwrap().last_seen_at, None);
+    assert_eq!(s.get_task("acme", &c.task_id).await.unwrap().unwrap().state, TaskState::Pending);
+
+    // A printed and C handed out in one call; p1's report goes with A's change, p2's with
+    // a change that does not apply (E is not in flight) and is left out.
+    let not_sent = printed(&e, NOW + 7);
+    let applied = s
+        .apply_transitions_with_reports(
+            &[printed(&a, NOW + 7), send(&c, 0, NOW + 7), not_sent],
+            &[(0, report("p1", true, NOW + 7)), (2, report("p2", false, NOW + 7))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![true, true, false]);
+    let lane = s.lane("acme", "p1").await.unwrap();
+    assert_eq!(lane.in_flight.map(|t| (t.task_id, t.state)), Some((c.task_id.clone(), TaskState::Sent)));
+    assert_eq!(s.get_task("acme", &a.task_id).await.unwrap().unwrap().state, TaskState::Printed);
+    let p1 = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p1.online, p1.last_seen_at), (true, Some(NOW + 7)));
+    let p2 = s.get_printer("acme", "p2").await.unwrap().unwrap();
+    assert_eq!(p2.last_seen_at, None, "the report of a change that did not apply is not written");
+    // Every change is audited as usual.
+    assert_eq!(s.task_events("acme", &c.task_id).await.unwrap().unwrap().len(), 2);
+    // The head of p1 is now B, behind C in flight.
+    assert_eq!(
+        heads(s.lane_heads("acme", &printers(&["p1"])).await.unwrap()),
+        vec![("p1".to_string(), b.task_id.clone())]
+    );
 }
 
 /// The mark "may have printed" is set by a transition that carries it and never removed.

@@ -232,6 +232,13 @@ pub trait Store: Send + Sync + 'static {
     /// One printer's lane, as in [`Store::lanes`] (empty when it has no active task).
     async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane>;
 
+    /// For each of the tenant's printers in `printer_ids` that has one, its first waiting
+    /// (`pending` or `retrying`) task by (priority, seq), whatever it has in flight: what
+    /// its lane hands out next once the task in flight ends. An ack that ends the task in
+    /// flight hands this one out in the same transaction (the agent's `next`). Through the
+    /// same index probe as [`Store::lanes`], one per printer; in the order of printer ids.
+    async fn lane_heads(&self, tenant_id: &str, printer_ids: &[String]) -> StoreResult<Vec<Task>>;
+
     /// Figures of every lane with active tasks, of every tenant (the watchdog).
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>>;
 
@@ -353,6 +360,27 @@ pub trait Store: Send + Sync + 'static {
     /// When `online` flips, a `printer.online` / `printer.offline` alert is written to the
     /// outbox in the same transaction.
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()>;
+
+    /// [`Store::apply_transitions`], then, for every `(i, report)` of `reports` whose change
+    /// `changes[i]` applied, [`Store::update_printer_status`] with the report: what an
+    /// agent's acks say about the tasks and about the printers that printed them. A report
+    /// whose change did not apply is not written (a stale ack describes the printer as it
+    /// was). The default runs the two one after the other; a backend with a single writer
+    /// overrides it to write both in one transaction, which saves a commit on every batch
+    /// of acks.
+    async fn apply_transitions_with_reports(
+        &self,
+        changes: &[Transition],
+        reports: &[(usize, PrinterStatusUpdate)],
+    ) -> StoreResult<Vec<bool>> {
+        let applied = self.apply_transitions(changes).await?;
+        let updates: Vec<PrinterStatusUpdate> =
+            reports.iter().filter(|(i, _)| applied.get(*i).copied().unwrap_or(false)).map(|(_, u)| u.clone()).collect();
+        if !updates.is_empty() {
+            self.update_printer_status(&updates).await?;
+        }
+        Ok(applied)
+    }
 
     /// Registers a webhook endpoint for alerts (R27).
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook>;

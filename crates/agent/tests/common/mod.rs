@@ -243,6 +243,11 @@ pub struct BrokerState {
     pub protocols: Mutex<Option<(u32, u32)>>,
     /// The `Onceprint-Agent-Protocol` header of every request (poll and ack), in order.
     pub protocol_headers: Mutex<Vec<Option<String>>>,
+    /// Deliveries handed out only with the answer to acks that ask for `next` (agent
+    /// protocol 2), at most `next` of them per answer.
+    pub with_acks: Mutex<VecDeque<Delivery>>,
+    /// The `next` of every ack POST (`None`: not asked).
+    pub ack_nexts: Mutex<Vec<Option<u64>>>,
 }
 
 impl BrokerState {
@@ -377,8 +382,13 @@ async fn acks(
     State(st): State<Arc<BrokerState>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
-) -> (StatusCode, Json<Value>) {
-    if let Some(refused) = gate(&st, &headers) {
+) -> (StatusCode, [(&'static str, String); 1], Json<Value>) {
+    let (code, body) = acks_inner(&st, &headers, body).await;
+    (code, [("onceprint-agent-protocols", range_header(&st))], body)
+}
+
+async fn acks_inner(st: &BrokerState, headers: &HeaderMap, body: Value) -> (StatusCode, Json<Value>) {
+    if let Some(refused) = gate(st, headers) {
         return refused;
     }
     if st.fail_acks.load(Ordering::SeqCst) > 0 {
@@ -393,7 +403,17 @@ async fn acks(
     let results: Vec<Value> = parsed.iter().map(|a| json!({"task_id": a.task_id, "result": "applied"})).collect();
     st.acks.lock().expect("acks lock").extend(parsed);
     st.ack_arrived.notify_waiters();
-    (StatusCode::OK, Json(json!({ "results": results })))
+    let next = body["next"].as_u64();
+    st.ack_nexts.lock().expect("nexts lock").push(next);
+    match next {
+        Some(n) => {
+            let mut q = st.with_acks.lock().expect("with_acks lock");
+            let k = q.len().min(n as usize);
+            let out: Vec<Delivery> = q.drain(..k).collect();
+            (StatusCode::OK, Json(json!({ "results": results, "deliveries": out })))
+        }
+        None => (StatusCode::OK, Json(json!({ "results": results }))),
+    }
 }
 
 impl FakeBroker {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use onceprint_store::{AgentIdentity, StoreError};
 
 use crate::claimant::{Claimant, Superseded};
-use crate::lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryError, LaneEngine, Scope};
+use crate::lanes::{AckIn, AckResult, ClaimRules, Delivery, DeliveryError, HandOutNext, LaneEngine, Scope};
 use crate::transport::{TransportConfig, TransportKind};
 
 /// Why a poll was not answered with deliveries.
@@ -96,12 +96,7 @@ impl AgentTransport {
             signals.notify(&who.tenant_id, &who.store_id);
         }
         let claimant = Claimant::agent(agent_id, session);
-        let rules = ClaimRules {
-            max,
-            answer_within_ms: self.lanes.config().redeliver_after_ms,
-            give_up_after_ms: None,
-            fetched_on_hand_out: false,
-        };
+        let rules = self.rules(max);
         let start = tokio::time::Instant::now();
         let deadline = start + wait;
         let notify = signals.get(&who.tenant_id, &who.store_id);
@@ -146,6 +141,17 @@ impl AgentTransport {
         }
     }
 
+    /// How deliveries are handed to an agent: it answers within the redelivery deadline,
+    /// its journal always answers, so nothing is given up on.
+    fn rules(&self, max: usize) -> ClaimRules {
+        ClaimRules {
+            max,
+            answer_within_ms: self.lanes.config().redeliver_after_ms,
+            give_up_after_ms: None,
+            fetched_on_hand_out: false,
+        }
+    }
+
     /// Applies an agent's acks. Acks of a superseded session are taken too: they tell the
     /// truth about its own attempts, and the attempt number keeps them from moving a task
     /// that was offered to the newer session since.
@@ -156,7 +162,26 @@ impl AgentTransport {
         session: Option<&str>,
         acks: Vec<AckIn>,
     ) -> Result<Vec<AckResult>, DeliveryError> {
-        self.lanes.agents().heard(&who.tenant_id, &who.store_id, agent_id, session);
-        self.lanes.ack(who, &Claimant::agent(agent_id, session), acks).await
+        Ok(self.ack_and_take(who, agent_id, session, acks, 0).await?.0)
+    }
+
+    /// [`AgentTransport::ack`] that also hands the agent, with `next` > 0, the next task of
+    /// each of its printers' lanes these acks free, at most `next` (agent protocol 2; see
+    /// [`LaneEngine::ack_and_hand_out`]): its printers go on without waiting for a poll. A
+    /// superseded session gets nothing new, as its polls would not.
+    pub async fn ack_and_take(
+        &self,
+        who: &AgentIdentity,
+        agent_id: &str,
+        session: Option<&str>,
+        acks: Vec<AckIn>,
+        next: usize,
+    ) -> Result<(Vec<AckResult>, Vec<AgentDelivery>), DeliveryError> {
+        let registry = self.lanes.agents();
+        registry.heard(&who.tenant_id, &who.store_id, agent_id, session);
+        let current = registry.is_superseded(&who.tenant_id, &who.store_id, agent_id, session).is_none();
+        let next = (next > 0 && current).then(|| HandOutNext { kind: TransportKind::Agent, rules: self.rules(next) });
+        let acked = self.lanes.ack_and_hand_out(who, &Claimant::agent(agent_id, session), acks, next).await?;
+        Ok((acked.results, acked.deliveries.into_iter().map(AgentDelivery::from).collect()))
     }
 }

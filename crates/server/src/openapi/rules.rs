@@ -262,6 +262,10 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("AcksIn", "acks", json!({"type": "array", "maxItems": 1000, "items": {"$ref": "#/components/schemas/AckIn"}})),
         ("AcksIn", "agent_id", nullable(id())),
         ("AcksIn", "session", session()),
+        ("AcksIn", "next", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX,
+            "description": "Extension (agent protocol 2): hand out with the answer the next task of each printer \
+                whose task in flight these acks end, at most this many (taken as 0–256; 0 or absent: none); the \
+                answer then carries `deliveries`."})),
         ("AckIn", "outcome", json!({"type": "string", "enum": onceprint_core::Outcome::ALL.map(onceprint_core::Outcome::as_str)})),
         ("StatusIn", "agent_id", agent_id()),
         ("StatusIn", "session", session()),

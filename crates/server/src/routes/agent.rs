@@ -17,6 +17,8 @@ use crate::AppState;
 
 /// Longest accepted long-poll wait.
 const MAX_WAIT_MS: u64 = 60_000;
+/// Most deliveries in one answer, to a poll or with acks.
+const MAX_DELIVERIES: u32 = 256;
 
 /// Long poll for deliveries to this agent's store's printers. Answers as soon as work
 /// exists, or with no deliveries after `wait_ms`. Unconfirmed deliveries handed to this
@@ -38,14 +40,17 @@ pub async fn poll(
         validate_id("session", s)?;
     }
     let wait = req.wait_ms.unwrap_or(25_000).min(MAX_WAIT_MS);
-    let max = req.max.unwrap_or(16).clamp(1, 256) as usize;
+    let max = req.max.unwrap_or(16).clamp(1, MAX_DELIVERIES) as usize;
     let deliveries =
         st.agents.poll(&who, &req.agent_id, req.session.as_deref(), Duration::from_millis(wait), max).await?;
     Ok(Json(DeliveryList { deliveries: deliveries.into_iter().map(DeliveryOut::from).collect() }))
 }
 
 /// Acknowledge delivery outcomes. Idempotent: an ack for an older attempt or a finished
-/// task changes nothing (`stale`); a repeated ack is `duplicate`.
+/// task changes nothing (`stale`); a repeated ack is `duplicate`. Extension (agent protocol
+/// 2): with `next`, the answer also hands out the next task of each printer whose task in
+/// flight these acks end (`deliveries`, as a poll's), in the same commit as the acks, so
+/// that a busy printer's next job needs no poll.
 #[utoipa::path(post, path = "/v1/agent/acks", operation_id = "agent_acks", tag = "store agent", request_body = AcksIn,
     security(("agent" = [])),
     responses((status = 200, body = AckResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
@@ -79,13 +84,15 @@ pub async fn acks(
         });
     }
     let ids: Vec<String> = acks.iter().map(|a| a.task_id.clone()).collect();
-    let results = st.agents.ack(&who, &agent_id, req.session.as_deref(), acks).await?;
+    let next = req.next.unwrap_or(0).min(MAX_DELIVERIES) as usize;
+    let (results, deliveries) = st.agents.ack_and_take(&who, &agent_id, req.session.as_deref(), acks, next).await?;
     Ok(Json(AckResults {
         results: ids
             .into_iter()
             .zip(results)
             .map(|(task_id, r)| AckResultOut { task_id, result: r.as_str().to_owned() })
             .collect(),
+        deliveries: req.next.is_some().then(|| deliveries.into_iter().map(DeliveryOut::from).collect()),
     }))
 }
 
