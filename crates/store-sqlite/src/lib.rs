@@ -995,4 +995,38 @@ mod tests {
         assert_eq!(seqs, vec![("T1".to_owned(), 1), ("T2".to_owned(), 2), ("T0".to_owned(), 3)]);
         assert_eq!(sql::lane(&conn, "t", "p").expect("lane").waiting.map(|t| t.task_id).as_deref(), Some("T1"));
     }
+
+    /// The lane reads find their tasks through `tasks_lane` (R12: never a scan of the
+    /// backlog): the predicate they repeat (`sql::IN_LANE`) must be the index's own, and
+    /// a write of `tasks` must not build a temporary B-tree for it (migration 21).
+    #[test]
+    fn the_lane_reads_use_the_lane_index_and_writes_build_no_temporary_tree() {
+        let mut conn = database_at(0);
+        migrate(&mut conn).expect("migrate");
+        let plan = |sql: &str| -> String {
+            conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(3))?.collect::<Result<Vec<_>, _>>())
+                .expect("plan")
+                .join("; ")
+        };
+        let lanes = format!(
+            "SELECT id FROM tasks u WHERE u.tenant_id = 't' AND u.printer_id = 'p' AND {} AND u.state <> 'sent' \
+             ORDER BY u.priority, u.seq LIMIT 1",
+            sql::IN_LANE
+        );
+        assert!(plan(&lanes).contains("USING INDEX tasks_lane"), "{}", plan(&lanes));
+        let program = |sql: &str| -> Vec<String> {
+            conn.prepare(&format!("EXPLAIN {sql}"))
+                .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(1))?.collect::<Result<Vec<_>, _>>())
+                .expect("program")
+        };
+        for write in [
+            "UPDATE tasks SET state = 'sent', attempts = 1 WHERE id = 'x' AND state = 'pending' AND attempts = 0",
+            "INSERT INTO tasks (id, tenant_id, store_id, printer_id, target, biz_no, print_type, priority, \
+             content_type, content, fingerprint, state, created_at, updated_at) \
+             VALUES ('x', 't', 's', 'p', 'printer:p', 'b', 'receipt', 10, 'text', x'00', 'f', 'pending', 1, 1)",
+        ] {
+            assert!(!program(write).iter().any(|op| op == "OpenEphemeral"), "a temporary B-tree in {write}");
+        }
+    }
 }

@@ -10,6 +10,12 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::setup::{audit, check_station_printers, insert_api_key};
 use crate::{backend_err, constraint_err};
 
+/// The predicate of the partial index `tasks_lane` (migration 21), which a query must
+/// repeat literally for SQLite to use the index. Written as comparisons rather than
+/// `state IN (…)`: SQLite evaluates an `IN` list of three into a temporary B-tree, built
+/// and dropped for the old and the new row of every insert and update of `tasks`.
+pub(crate) const IN_LANE: &str = "(state = 'pending' OR state = 'sent' OR state = 'retrying')";
+
 pub(crate) const TASK_COLS: &str =
     "id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
      content_type, fingerprint, state, attempts, last_error, next_attempt_at, created_at, updated_at, printed_at, \
@@ -362,10 +368,7 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
 /// the lane index only, so it costs nothing with no such task. Runs once, at open.
 pub fn sequence_unnumbered_tasks(c: &Connection) -> StoreResult<usize> {
     let ids: Vec<String> = c
-        .prepare(
-            "SELECT id FROM tasks INDEXED BY tasks_lane \
-             WHERE state IN ('pending', 'sent', 'retrying') AND seq IS NULL ORDER BY id",
-        )
+        .prepare(&format!("SELECT id FROM tasks INDEXED BY tasks_lane WHERE {IN_LANE} AND seq IS NULL ORDER BY id"))
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .map_err(backend_err)?;
     for id in &ids {
@@ -587,7 +590,7 @@ fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<V
                   WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id AND u.state = 'sent'), \
                  (SELECT u.id FROM tasks u \
                   WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
-                    AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                    AND {IN_LANE} AND u.state <> 'sent' \
                   ORDER BY u.priority, u.seq LIMIT 1)) \
                FROM printers p WHERE {printers})"
         ))
@@ -637,7 +640,7 @@ pub fn lane_heads(c: &Connection, tenant: &str, printers: &[String]) -> StoreRes
             "SELECT {TASK_COLS} FROM tasks WHERE id IN ( \
                SELECT (SELECT u.id FROM tasks u \
                        WHERE u.tenant_id = p.tenant_id AND u.printer_id = p.id \
-                         AND u.state IN ('pending', 'sent', 'retrying') AND u.state <> 'sent' \
+                         AND {IN_LANE} AND u.state <> 'sent' \
                        ORDER BY u.priority, u.seq LIMIT 1) \
                FROM printers p WHERE p.tenant_id = ?1 AND p.id IN (SELECT value FROM json_each(?2))) \
              ORDER BY printer_id"
@@ -653,11 +656,14 @@ pub fn lane_stats(c: &Connection) -> StoreResult<Vec<LaneStats>> {
             // A covering walk of `tasks_lane` (migration 15), already in lane order: no
             // table lookups and no sort of the active tasks, only of the lanes. A printer
             // belongs to one store, so grouping by printer groups by store too. Without
-            // `INDEXED BY` SQLite takes `tasks_due` for the `state IN`, and sorts.
-            "SELECT tenant_id, MIN(store_id), printer_id, SUM(state <> 'sent'), \
-                    MIN(CASE WHEN state <> 'sent' THEN created_at END), MIN(CASE WHEN state = 'sent' THEN sent_at END) \
-             FROM tasks INDEXED BY tasks_lane WHERE state IN ('pending', 'sent', 'retrying') \
-             GROUP BY tenant_id, printer_id ORDER BY 1, 2, 3",
+            // `INDEXED BY` SQLite takes `tasks_due` for the states, and sorts.
+            &format!(
+                "SELECT tenant_id, MIN(store_id), printer_id, SUM(state <> 'sent'), \
+                        MIN(CASE WHEN state <> 'sent' THEN created_at END), \
+                        MIN(CASE WHEN state = 'sent' THEN sent_at END) \
+                 FROM tasks INDEXED BY tasks_lane WHERE {IN_LANE} \
+                 GROUP BY tenant_id, printer_id ORDER BY 1, 2, 3"
+            ),
         )
         .map_err(backend_err)?;
     let rows = s
