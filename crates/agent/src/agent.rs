@@ -98,6 +98,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     };
     let mut dispatcher = Dispatcher::new(WorkerContext {
         journal: journal.clone(),
+        outbox: outbox.clone(),
         driver,
         printer_idle: Duration::from_millis(args.printer_idle_ms),
         no_printed_ack: args.no_printed_ack.iter().cloned().collect(),

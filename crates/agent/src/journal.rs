@@ -190,7 +190,16 @@ impl Index {
             }
         }
         if !record.key.is_empty() {
-            self.by_key.insert(record.key.clone(), record.task_id.clone());
+            // The later writer owns the key, except that a task whose latest record is
+            // `printed` keeps it against another task's record that is not: the answer
+            // to "was this key printed here?" must not be lost to a task that only said
+            // it was in doubt because of it (a reprint on doubt would then print it).
+            let printed_elsewhere = self.by_key.get(&record.key).is_some_and(|owner| {
+                *owner != record.task_id && self.map.get(owner).is_some_and(|(_, r)| r.state == RecordState::Printed)
+            });
+            if record.state == RecordState::Printed || !printed_elsewhere {
+                self.by_key.insert(record.key.clone(), record.task_id.clone());
+            }
         }
         self.order.push_back((seq, record.task_id.clone()));
         self.map.insert(record.task_id.clone(), (seq, record));
@@ -595,7 +604,10 @@ mod tests {
         ix.insert(rec("a", RecordState::Printed));
         assert_eq!(ix.map["a"].1.key, "K1#p1");
         assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("a"));
-        // The same key under another task id: the later writer owns it.
+        // The same key under another task id: the later writer owns it, except that a
+        // record that is not `printed` leaves it with a task that printed it.
+        ix.insert(rec("x", RecordState::InDoubt).keyed("K1#p1"));
+        assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("a"));
         ix.insert(rec("b", RecordState::Printed).keyed("K1#p1"));
         assert_eq!(ix.by_key.get("K1#p1").map(String::as_str), Some("b"));
         ix.insert(rec("c", RecordState::Started).keyed("K2#p1"));

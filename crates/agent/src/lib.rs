@@ -68,7 +68,8 @@ pub use agent::run;
 pub use journal::{Journal, JournalError, Record, RecordState};
 pub use protocol::{Ack, Delivery, Outcome};
 pub use worker::{
-    ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, KEY_ALREADY_PRINTED, KEY_IN_DOUBT, STARTED_BEFORE_CRASH,
+    ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, KEY_ALREADY_PRINTED, KEY_IN_DOUBT, KEY_PRINTED_OFFLINE,
+    STARTED_BEFORE_CRASH,
 };
 
 use std::fmt;

@@ -121,6 +121,16 @@ pub struct OfflineTask {
     pub synced: bool,
 }
 
+/// What the broker made of a task accepted on the LAN, once it was synced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handover {
+    pub synced: bool,
+    /// The sync's result (`created`, `merged`, `conflict`, `rejected`), once synced.
+    pub result: Option<String>,
+    /// The broker's task under the same key, when it named one.
+    pub broker_task_id: Option<String>,
+}
+
 /// What inserting a new offline task found.
 #[derive(Debug)]
 pub enum Inserted {
@@ -233,6 +243,21 @@ impl Outbox {
         self.with(move |c| {
             Ok(c.query_row(&format!("SELECT {COLUMNS} FROM lan_tasks WHERE task_id = ?1"), params![id], row_to_task)
                 .optional()?)
+        })
+        .await
+    }
+
+    /// Whether `task_id` is a task accepted on the LAN, and what the broker said of it:
+    /// `None` for any other task id (one the broker handed out).
+    pub async fn handover(&self, task_id: &str) -> Result<Option<Handover>, OutboxError> {
+        let id = task_id.to_owned();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT synced, sync_result, broker_task_id FROM lan_tasks WHERE task_id = ?1",
+                params![id],
+                |r| Ok(Handover { synced: r.get::<_, i64>(0)? != 0, result: r.get(1)?, broker_task_id: r.get(2)? }),
+            )
+            .optional()?)
         })
         .await
     }
@@ -487,5 +512,11 @@ mod tests {
         o.synced(vec![("t3".into(), "created".into(), Some("t3".into()))]).await.expect("synced");
         assert_eq!(o.unsynced().await.ok(), Some(2));
         assert!(o.get("t3").await.expect("get").is_some_and(|t| t.synced));
+        let handed = |synced, result: Option<&str>, broker: Option<&str>| {
+            Some(Handover { synced, result: result.map(Into::into), broker_task_id: broker.map(Into::into) })
+        };
+        assert_eq!(o.handover("t3").await.expect("handover"), handed(true, Some("created"), Some("t3")));
+        assert_eq!(o.handover("t2").await.expect("handover"), handed(false, None, None));
+        assert_eq!(o.handover("not-a-lan-task").await.expect("handover"), None);
     }
 }

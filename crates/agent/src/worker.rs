@@ -9,6 +9,7 @@
 //! it.
 
 use crate::journal::{Journal, Record, RecordState};
+use crate::outbox::Outbox;
 use crate::printer::{
     print_job_on, Confirmation, DriverConfig, Job, PrinterAddress, PrinterConnection, PrinterLink, ProcessIds,
 };
@@ -36,9 +37,18 @@ pub const KEY_ALREADY_PRINTED: &str = "already printed under the same idempotenc
 /// printed (started and never confirmed, or in doubt): a person decides, nothing prints.
 pub const KEY_IN_DOUBT: &str = "another task with the same idempotency key may have printed (journal); not printed";
 
+/// The start of the ack detail for a task whose idempotency key this agent printed for a
+/// ticket accepted on the LAN while offline, when the broker has not said (by the sync)
+/// that the two are one ticket: the content may differ, so the broker's task is in doubt
+/// until the sync settles it (same content: printed; other content: a person decides).
+pub const KEY_PRINTED_OFFLINE: &str =
+    "the same idempotency key was printed offline for a ticket accepted on the LAN; not printed";
+
 /// What every worker shares.
 pub(crate) struct WorkerContext {
     pub journal: Arc<Journal>,
+    /// Tells a task accepted on the LAN from one the broker handed out (step 1b).
+    pub outbox: Outbox,
     pub driver: DriverConfig,
     /// An open printer connection (or device) is closed after this long without a job;
     /// zero closes it after every job.
@@ -339,6 +349,26 @@ async fn run_worker(ctx: Arc<WorkerContext>, mut rx: mpsc::UnboundedReceiver<Wor
     link.close().await;
 }
 
+/// Why the journal's `printed` record of `other` does not prove that the broker's task
+/// `task_id` is on paper: `other` is a ticket accepted on the LAN that the sync has not
+/// merged into `task_id`. `None`: it proves it (a task the broker handed out, or a LAN
+/// ticket the broker merged into this very task, so with the same content).
+async fn offline_twin_unsettled(ctx: &WorkerContext, other: &str, task_id: &str) -> Option<String> {
+    match ctx.outbox.handover(other).await {
+        Ok(None) => None,
+        Ok(Some(h)) if h.result.as_deref() == Some("merged") && h.broker_task_id.as_deref() == Some(task_id) => None,
+        Ok(Some(h)) if !h.synced => {
+            Some("not synced yet: the sync settles it (same content: printed; other content: a person decides)".into())
+        }
+        Ok(Some(h)) => Some(format!(
+            "synced as {}{}, not merged into this task",
+            h.result.as_deref().unwrap_or("unknown"),
+            h.broker_task_id.map(|b| format!(" (broker task {b})")).unwrap_or_default()
+        )),
+        Err(e) => Some(format!("the offline outbox could not be read ({e})")),
+    }
+}
+
 /// Decides and carries out one delivery; returns the ack to send.
 pub(crate) async fn handle_delivery(
     ctx: &WorkerContext,
@@ -400,8 +430,19 @@ pub(crate) async fn handle_delivery(
             // A blocker or an error there: nothing came out of the printer for that task.
             _ => None,
         };
-        if let Some((outcome, state, why)) = decided {
-            let detail = format!("{why}: task {} (attempt {}, {})", r.task_id, r.attempt, r.at);
+        if let Some((mut outcome, mut state, why)) = decided {
+            let mut detail = format!("{why}: task {} (attempt {}, {})", r.task_id, r.attempt, r.at);
+            // Printed for a ticket accepted on the LAN: the key is the same, but only the
+            // sync tells whether the content is. Answering `printed` here would settle a
+            // task whose other content never came out, and overrule the sync's conflict
+            // (a late `printed` ends a doubt); `in_doubt` lets the sync decide either way.
+            if outcome == Outcome::Printed {
+                if let Some(why_not) = offline_twin_unsettled(ctx, &r.task_id, &d.task_id).await {
+                    outcome = Outcome::InDoubt;
+                    state = RecordState::InDoubt;
+                    detail = format!("{KEY_PRINTED_OFFLINE}: LAN task {} ({}); {why_not}", r.task_id, r.at);
+                }
+            }
             tracing::warn!(task_id = %d.task_id, key = %d.idempotency_key, other = %r.task_id, %outcome, "same idempotency key as a task this agent journaled; not printed");
             // Journaled under this task id too, so that its redeliveries are answered by
             // step (1) even once the other task id has left the journal.

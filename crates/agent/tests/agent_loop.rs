@@ -6,7 +6,7 @@ use common::{args, delivery, Behaviour, FakeBroker, FakePrinter, RunningAgent, T
 use onceprint_agent::journal::{Journal, Record, RecordState};
 use onceprint_agent::{
     Outcome, ALREADY_IN_DOUBT, ALREADY_PRINTED, ALREADY_REPORTED, KEY_ALREADY_PRINTED, KEY_IN_DOUBT,
-    STARTED_BEFORE_CRASH,
+    KEY_PRINTED_OFFLINE, STARTED_BEFORE_CRASH,
 };
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -534,5 +534,79 @@ async fn the_journal_answers_by_idempotency_key_under_another_task_id() {
     let t4 = acks[4..].iter().find(|a| a.task_id == "T4").expect("T4");
     assert!(t4.outcome == Outcome::Printed && t4.detail.starts_with(KEY_ALREADY_PRINTED), "{t4:?}");
     assert_eq!(printer.job_count(), 2, "order A1's receipt on paper once");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_printed_for_a_lan_ticket_leaves_the_cloud_task_in_doubt_until_the_sync_merges_them() {
+    use onceprint_agent::outbox::{HistoryEntry, LocalState, OfflineTask, Outbox};
+    let broker = FakeBroker::start().await;
+    let printer = FakePrinter::start(Behaviour::Healthy).await;
+    let state = tempfile::tempdir().expect("tempdir");
+    // Order M1's ticket was accepted on the LAN while the broker was out of reach, and
+    // printed; the broker has not seen it yet (this fake broker takes no sync).
+    {
+        let outbox = Outbox::open(state.path()).expect("outbox");
+        let lan = OfflineTask {
+            task_id: "L1".into(),
+            target: "printer:p1".into(),
+            biz_no: "M1".into(),
+            print_type: "receipt".into(),
+            fingerprint: "lan-content".into(),
+            request: "{}".into(),
+            printer_id: "p1".into(),
+            delivery_key: "M1#p1".into(),
+            lan_key_id: "k1".into(),
+            accepted_at: 1_000,
+            state: LocalState::Accepted,
+            attempt: 0,
+            next_at: 1_000,
+            detail: String::new(),
+            history: Vec::new(),
+            synced: false,
+        };
+        outbox.insert(lan).await.expect("insert");
+        assert_eq!(outbox.start("L1").await.expect("start"), Some(1));
+        let printed = HistoryEntry { at: 2_000, attempt: 1, state: "printed".into(), detail: String::new() };
+        outbox.finish("L1", 1, LocalState::Printed, 0, printed).await.expect("finish");
+        let j = Journal::open(state.path(), 1000).expect("journal");
+        j.append(Record::new("L1", 1, RecordState::Printed, "confirmed").keyed("M1#p1")).await.expect("append");
+        j.close().await.expect("close");
+    }
+    let keyed = |task: &str, attempt: u32, reprint: bool| {
+        let mut d = delivery(task, attempt, "p1", &printer.address(), b"cloud M1\n");
+        d.idempotency_key = "M1#p1".into();
+        d.reprint = reprint;
+        d
+    };
+
+    // The cloud's task under the same key, whose content may differ: in doubt, not printed
+    // and not "printed" either, which would overrule the sync's verdict on the content.
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(keyed("T9", 1, false));
+    let acks = broker.state.wait_acks(1, WITHIN).await;
+    assert_eq!(acks[0].outcome, Outcome::InDoubt, "{:?}", acks[0]);
+    assert!(acks[0].detail.starts_with(KEY_PRINTED_OFFLINE) && acks[0].detail.contains("LAN task L1"), "{:?}", acks[0]);
+    // A reprint on doubt of that task still does not print: the key stays with the
+    // LAN ticket that printed it, not with the task that was only in doubt over it.
+    broker.state.push(keyed("T9", 2, true));
+    let acks = broker.state.wait_acks(2, WITHIN).await;
+    assert_eq!(acks[1].outcome, Outcome::InDoubt, "{:?}", acks[1]);
+    assert!(acks[1].detail.starts_with(KEY_PRINTED_OFFLINE), "{:?}", acks[1]);
+    agent.stop().await;
+
+    // Once the sync merged the LAN ticket into a broker task (same content), that task's
+    // delivery is answered printed, without paper.
+    Outbox::open(state.path())
+        .expect("outbox")
+        .synced(vec![("L1".into(), "merged".into(), Some("T10".into()))])
+        .await
+        .expect("synced");
+    let agent = RunningAgent::start(args(&broker.url(), state.path()));
+    broker.state.push(keyed("T10", 1, false));
+    let acks = broker.state.wait_acks(3, WITHIN).await;
+    assert_eq!(acks[2].outcome, Outcome::Printed, "{:?}", acks[2]);
+    assert!(acks[2].detail.starts_with(KEY_ALREADY_PRINTED) && acks[2].detail.contains("task L1"), "{:?}", acks[2]);
+    assert_eq!(printer.job_count(), 0, "order M1 is on paper once, from the LAN");
     agent.stop().await;
 }
