@@ -18,7 +18,8 @@ use crate::AppState;
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // The plain parser is the fast path; only a body that fails is parsed a second time
     // with path tracking, to name the offending field in the message.
-    match serde_json::from_slice(bytes) {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match T::deserialize(objects_only::ObjectsOnly(&mut de)).and_then(|v| de.end().map(|()| v)) {
         Ok(v) => Ok(v),
         Err(plain) => Err(explain_json_error::<T>(bytes, plain)),
     }
@@ -26,7 +27,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 fn explain_json_error<T: DeserializeOwned>(bytes: &[u8], plain: serde_json::Error) -> ApiError {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+    match serde_path_to_error::deserialize::<_, T>(objects_only::ObjectsOnly(&mut de)) {
         Err(e) => {
             let path = e.path().to_string();
             if path.is_empty() || path == "." {
@@ -37,6 +38,100 @@ fn explain_json_error<T: DeserializeOwned>(bytes: &[u8], plain: serde_json::Erro
         }
         // The value parsed, so what failed was trailing data after it.
         Ok(_) => ApiError::invalid(format!("invalid JSON body: {plain}")),
+    }
+}
+
+/// A body whose type is a struct must be a JSON object. serde's derived structs also
+/// take an array of their fields in order (`[null, null]` would be a PATCH that changes
+/// nothing, answered 200), which no client means and the OpenAPI document does not allow.
+/// Bodies that are arrays by type (a reconciliation's list, a batch) are untouched.
+mod objects_only {
+    use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    pub struct ObjectsOnly<D>(pub D);
+
+    macro_rules! forward {
+        ($($method:ident)*) => {
+            $(fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+                self.0.$method(visitor)
+            })*
+        };
+    }
+
+    impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectsOnly<D> {
+        type Error = D::Error;
+
+        forward! {
+            deserialize_any deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32
+            deserialize_i64 deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32
+            deserialize_u64 deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char
+            deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
+            deserialize_option deserialize_unit deserialize_seq deserialize_map
+            deserialize_identifier deserialize_ignored_any
+        }
+
+        fn deserialize_unit_struct<V: Visitor<'de>>(self, name: &'static str, v: V) -> Result<V::Value, D::Error> {
+            self.0.deserialize_unit_struct(name, v)
+        }
+
+        fn deserialize_newtype_struct<V: Visitor<'de>>(self, name: &'static str, v: V) -> Result<V::Value, D::Error> {
+            self.0.deserialize_newtype_struct(name, v)
+        }
+
+        fn deserialize_tuple<V: Visitor<'de>>(self, len: usize, v: V) -> Result<V::Value, D::Error> {
+            self.0.deserialize_tuple(len, v)
+        }
+
+        fn deserialize_tuple_struct<V: Visitor<'de>>(
+            self,
+            name: &'static str,
+            len: usize,
+            v: V,
+        ) -> Result<V::Value, D::Error> {
+            self.0.deserialize_tuple_struct(name, len, v)
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            name: &'static str,
+            fields: &'static [&'static str],
+            v: V,
+        ) -> Result<V::Value, D::Error> {
+            self.0.deserialize_struct(name, fields, NoArray(v))
+        }
+
+        fn deserialize_enum<V: Visitor<'de>>(
+            self,
+            name: &'static str,
+            variants: &'static [&'static str],
+            v: V,
+        ) -> Result<V::Value, D::Error> {
+            self.0.deserialize_enum(name, variants, v)
+        }
+
+        fn is_human_readable(&self) -> bool {
+            self.0.is_human_readable()
+        }
+    }
+
+    /// A struct's visitor that refuses the array form.
+    struct NoArray<V>(V);
+
+    impl<'de, V: Visitor<'de>> Visitor<'de> for NoArray<V> {
+        type Value = V::Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            self.0.expecting(f)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            self.0.visit_map(map)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Self::Value, A::Error> {
+            Err(de::Error::custom("the body must be a JSON object, not an array"))
+        }
     }
 }
 

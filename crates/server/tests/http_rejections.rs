@@ -13,6 +13,7 @@ both_backends!(
     json_media_types_and_a_missing_content_type_are_read_as_json,
     a_wrong_method_is_405_with_the_json_error_body_and_allow,
     integers_written_with_a_zero_fraction_are_integers,
+    a_body_that_is_an_object_by_schema_is_refused_as_an_array,
 );
 
 async fn send(
@@ -129,4 +130,33 @@ async fn integers_written_with_a_zero_fraction_are_integers(app: &TestApp) {
     // A fraction is still refused, naming the field.
     let half = app.post("/v1/agent/poll", &token, json!({"agent_id": "a1", "wait_ms": 0.5})).await;
     assert_eq!((half.status, half.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{half:?}");
+}
+
+/// serde reads a struct from an array of its fields too; the document says object, so
+/// `[null, null]` must not be a PATCH that changes nothing (found by schemathesis).
+async fn a_body_that_is_an_object_by_schema_is_refused_as_an_array(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let station = app.post("/v1/stations", &key, json!({"id": "hot", "store_id": "s1", "printers": ["p1"]})).await;
+    assert_eq!(station.status, StatusCode::CREATED, "{station:?}");
+    let cases = [
+        ("PATCH", "/v1/stations/hot", "[null, null]"),
+        ("PATCH", "/v1/printers/p1", "[]"),
+        ("POST", "/v1/print-tasks", "[\"T1\", \"p1\"]"),
+        ("POST", "/v1/print-task-batches", "[[]]"),
+    ];
+    for (method, path, body) in cases {
+        let (status, answer) = send(app, method, path, &key, "application/json", body.into()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path} {body}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request", "{method} {path}: {answer}");
+        assert!(
+            answer["error"]["message"].as_str().is_some_and(|m| m.contains("must be a JSON object")),
+            "{method} {path}: {answer}"
+        );
+    }
+    // Arrays where the document says array still read.
+    let (status, answer) =
+        send(app, "POST", "/v1/stores/s1/reconciliation?date=2026-01-01", &key, "application/json", "[\"R1\"]".into())
+            .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(app.get("/v1/stations/hot", &key).await.body["printers"], json!(["p1"]));
 }
