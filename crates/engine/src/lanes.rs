@@ -402,7 +402,7 @@ impl LaneEngine {
         }
         let transitions: Vec<Transition> = changes.iter().map(|(t, _)| t.clone()).collect();
         let applied = self.store.apply_transitions(&transitions).await?;
-        let (deliveries, settled) = self.hand_over(changes, applied, now).await?;
+        let (deliveries, settled) = self.hand_over(changes, applied, &mut HashMap::new(), now).await?;
         if let (true, Some(store_id)) = (settled, store_of_lanes) {
             self.signals.notify(tenant_id, &store_id);
         }
@@ -556,6 +556,7 @@ impl LaneEngine {
         &self,
         changes: Vec<(Transition, LaneChange)>,
         applied: Vec<bool>,
+        contents: &mut HashMap<String, TaskContent>,
         now: Millis,
     ) -> Result<(Vec<Delivery>, bool), DeliveryError> {
         let ids: Vec<String> = changes
@@ -563,10 +564,14 @@ impl LaneEngine {
             .zip(&applied)
             .filter(|((_, c), ok)| **ok && matches!(c, LaneChange::HandOut { .. }))
             .map(|((t, _), _)| t.task_id.clone())
+            .filter(|id| !contents.contains_key(id))
             .collect();
-        // One read for the content of everything handed out in this look.
-        let mut contents: HashMap<String, TaskContent> =
-            if ids.is_empty() { HashMap::new() } else { self.store.task_contents(&ids).await?.into_iter().collect() };
+        // One read for the content of everything handed out in this look that the caller
+        // has not read already (an ack's hand-outs come with their content; a task's
+        // content never changes, so reading it before the claim is as good as after).
+        if !ids.is_empty() {
+            contents.extend(self.store.task_contents(&ids).await?);
+        }
         let mut deliveries = Vec::with_capacity(ids.len());
         let mut settled = false;
         for ((t, change), ok) in changes.into_iter().zip(applied) {
@@ -922,6 +927,8 @@ impl LaneEngine {
         // Printer reports of acks applied through a failover chain, written at the end.
         let mut chain_reports: Vec<PrinterStatusUpdate> = Vec::new();
         let mut pending: Vec<usize> = (0..acks.len()).collect();
+        // The content of the lane heads read with the acked tasks, for their hand-out.
+        let mut contents: HashMap<String, TaskContent> = HashMap::new();
         // A change that loses its compare-and-set (another actor moved the task between
         // the read and the write) is decided again on a fresh read, a few times at most.
         for round in 0..3 {
@@ -932,33 +939,18 @@ impl LaneEngine {
             let mut ids: Vec<String> = pending.iter().map(|&i| acks[i].task_id.clone()).collect();
             ids.sort();
             ids.dedup();
-            let mut views: HashMap<String, View> = self
-                .store
-                .get_tasks(&who.tenant_id, &ids)
-                .await?
+            // The acked tasks and, on the first round of acks that ask for more, what each
+            // lane hands out next once its task in flight ends, with its content: read
+            // before the write so that the hand-out can go into it, in one read.
+            let read = self.store.read_for_acks(&who.tenant_id, &ids, round == 0 && next.is_some()).await?;
+            let mut views: HashMap<String, View> = read
+                .tasks
                 .into_iter()
                 .filter(|t| t.store_id == who.store_id)
                 .map(|t| (t.task_id.clone(), View { task: t }))
                 .collect();
-            // What each lane hands out next once its task in flight ends, read before the
-            // write so that the hand-out can go into it.
-            let mut heads: HashMap<String, Task> = HashMap::new();
-            if let (0, Some(_)) = (round, next) {
-                let mut printers: Vec<String> = views
-                    .values()
-                    .filter(|v| v.task.state == TaskState::Sent)
-                    .map(|v| v.task.printer_id.clone())
-                    .collect();
-                printers.sort();
-                printers.dedup();
-                heads = self
-                    .store
-                    .lane_heads(&who.tenant_id, &printers)
-                    .await?
-                    .into_iter()
-                    .map(|t| (t.printer_id.clone(), t))
-                    .collect();
-            }
+            let mut heads: HashMap<String, Task> = read.heads.into_iter().map(|t| (t.printer_id.clone(), t)).collect();
+            contents.extend(read.contents);
             // Layer k holds the k-th change of every task, so that each layer has every
             // task at most once and layers apply one after the other.
             let mut layers: Vec<Vec<Decided>> = Vec::new();
@@ -1104,7 +1096,7 @@ impl LaneEngine {
                     }
                 }
                 if !offers.is_empty() {
-                    let (mut handed, s) = self.hand_over(offers, offered, now).await?;
+                    let (mut handed, s) = self.hand_over(offers, offered, &mut contents, now).await?;
                     settled |= s;
                     filled.extend(handed.iter().map(|d| d.task.printer_id.clone()));
                     deliveries.append(&mut handed);

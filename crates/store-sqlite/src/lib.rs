@@ -662,6 +662,17 @@ impl Store for SqliteStore {
         self.read(move |c| sql::lane_heads(c, &t, &ids)).await
     }
 
+    async fn read_for_acks(&self, tenant_id: &str, task_ids: &[String], heads: bool) -> StoreResult<AckRead> {
+        let (t, ids) = (tenant_id.to_owned(), task_ids.to_vec());
+        // On the writer's connection, as a job that writes nothing: its page cache holds
+        // the pages the last commits wrote (the acked tasks, the lanes' ends), while a
+        // reader's cache is dropped whenever the WAL has changed since its last read, which
+        // during delivery is every time, and each page comes back through a pread. The
+        // answer waits for the commit of its group like any job, so it never shows a row a
+        // failed commit took back.
+        self.write(move |c| sql::read_for_acks(c, &t, &ids, heads)).await
+    }
+
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {
         self.read(sql::lane_stats).await
     }

@@ -111,12 +111,32 @@ pub fn find_tombstone_parts(
     biz_no: &str,
     print_type: &str,
 ) -> StoreResult<Option<Tombstone>> {
-    c.prepare_cached(&format!(
-        "SELECT {TOMBSTONE_COLS} FROM task_tombstones \
-         WHERE tenant_id = ?1 AND target = ?2 AND biz_no = ?3 AND print_type = ?4"
-    ))
-    .and_then(|mut s| s.query_row([tenant, target, biz_no, print_type], tombstone_from_row).optional())
-    .map_err(backend_err)
+    TombstoneByKey::prepare(c)?.find(tenant, target, biz_no, print_type)
+}
+
+/// The look-up of a tombstone by task key, prepared once for many keys: intake asks it for
+/// every new task of a batch, and each `prepare_cached` would format and hash the SQL text.
+pub struct TombstoneByKey<'c>(rusqlite::CachedStatement<'c>);
+
+impl<'c> TombstoneByKey<'c> {
+    pub fn prepare(c: &'c Connection) -> StoreResult<Self> {
+        c.prepare_cached(&format!(
+            "SELECT {TOMBSTONE_COLS} FROM task_tombstones \
+             WHERE tenant_id = ?1 AND target = ?2 AND biz_no = ?3 AND print_type = ?4"
+        ))
+        .map(TombstoneByKey)
+        .map_err(backend_err)
+    }
+
+    pub fn find(
+        &mut self,
+        tenant: &str,
+        target: &str,
+        biz_no: &str,
+        print_type: &str,
+    ) -> StoreResult<Option<Tombstone>> {
+        self.0.query_row([tenant, target, biz_no, print_type], tombstone_from_row).optional().map_err(backend_err)
+    }
 }
 
 pub fn tasks_and_tombstones_created_between(

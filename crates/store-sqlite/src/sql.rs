@@ -289,6 +289,7 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
     let mut insert_charge = c
         .prepare_cached("INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)")
         .map_err(backend_err)?;
+    let mut tombstones = crate::retention::TombstoneByKey::prepare(c)?;
 
     // The lane order (migration 14): every inserted task takes the next value of the
     // counter. This runs on the writer thread, the only one that inserts tasks, so reading
@@ -312,9 +313,7 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
         // A pruned task keeps its key in its tombstone: a late replay is answered with it
         // and creates nothing. (The writer thread runs prunes too, so no prune can slip in
         // between this look and the insert.)
-        if let Some(tombstone) =
-            crate::retention::find_tombstone_parts(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?
-        {
+        if let Some(tombstone) = tombstones.find(&t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
             out.push(SubmitOutcome::Pruned(tombstone));
             continue;
         }
@@ -648,6 +647,17 @@ pub fn lane_heads(c: &Connection, tenant: &str, printers: &[String]) -> StoreRes
         .map_err(backend_err)?;
     let rows = s.query_map(params![tenant, ids], task_from_row).map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+/// See `Store::read_for_acks`: the three reads on one connection, inside the caller's
+/// transaction (the writer's), so that one snapshot serves them.
+pub fn read_for_acks(c: &Connection, tenant: &str, task_ids: &[String], with_heads: bool) -> StoreResult<AckRead> {
+    let tasks = get_tasks(c, tenant, task_ids)?;
+    let printers = if with_heads { AckRead::printers_in_flight(&tasks) } else { Vec::new() };
+    let heads = if printers.is_empty() { Vec::new() } else { lane_heads(c, tenant, &printers)? };
+    let ids: Vec<String> = heads.iter().map(|t| t.task_id.clone()).collect();
+    let contents = if ids.is_empty() { Vec::new() } else { task_contents(c, &ids)? };
+    Ok(AckRead { tasks, heads, contents })
 }
 
 pub fn lane_stats(c: &Connection) -> StoreResult<Vec<LaneStats>> {

@@ -747,6 +747,24 @@ pub async fn lane_heads_and_an_ack_that_hands_out_the_next_in_one_change(s: Arc<
     assert!(s.lane_heads("other-tenant", &printers(&["p1"])).await.unwrap().is_empty());
     assert!(s.lane_heads("acme", &[]).await.unwrap().is_empty());
 
+    // What acks of A (in flight on p1) and E (waiting on p2) are decided on, in one read:
+    // both tasks; with heads, only p1's (the lane of a task in flight), with its content.
+    let acked = printers(&[&a.task_id, &e.task_id, "no-such-task"]);
+    let read = s.read_for_acks("acme", &acked, true).await.unwrap();
+    let mut ids: Vec<String> = read.tasks.iter().map(|t| t.task_id.clone()).collect();
+    ids.sort();
+    let mut want = vec![a.task_id.clone(), e.task_id.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+    assert_eq!(heads(read.heads), vec![("p1".to_string(), c.task_id.clone())]);
+    assert_eq!(
+        read.contents,
+        vec![(c.task_id.clone(), TaskContent { content_type: c.content_type.clone(), content: c.content.clone() })]
+    );
+    let read = s.read_for_acks("acme", &acked, false).await.unwrap();
+    assert_eq!((read.tasks.len(), read.heads.len(), read.contents.len()), (2, 0, 0));
+    assert!(s.read_for_acks("other-tenant", &acked, true).await.unwrap().tasks.is_empty());
+
     let printed = |t: &NewTask, now: i64| Transition {
         from: TaskState::Sent,
         expected_attempts: 1,

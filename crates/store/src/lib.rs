@@ -239,6 +239,25 @@ pub trait Store: Send + Sync + 'static {
     /// same index probe as [`Store::lanes`], one per printer; in the order of printer ids.
     async fn lane_heads(&self, tenant_id: &str, printer_ids: &[String]) -> StoreResult<Vec<Task>>;
 
+    /// What a batch of an agent's acks is decided on, as [`Store::get_tasks`] answers it,
+    /// and, with `heads`, what the lanes of the acked tasks that are `sent` hand out next
+    /// ([`Store::lane_heads`]) together with the content of those heads
+    /// ([`Store::task_contents`]), so that their hand-out needs no read after its write.
+    /// The default makes the three reads one after the other; a backend that can read them
+    /// in one go (one read transaction on one connection) overrides it: every ack batch
+    /// with `next` pays this read, and every read hop is latency in a printer's cycle.
+    async fn read_for_acks(&self, tenant_id: &str, task_ids: &[String], heads: bool) -> StoreResult<AckRead> {
+        let tasks = self.get_tasks(tenant_id, task_ids).await?;
+        if !heads {
+            return Ok(AckRead { tasks, heads: Vec::new(), contents: Vec::new() });
+        }
+        let printers = AckRead::printers_in_flight(&tasks);
+        let heads = if printers.is_empty() { Vec::new() } else { self.lane_heads(tenant_id, &printers).await? };
+        let ids: Vec<String> = heads.iter().map(|t| t.task_id.clone()).collect();
+        let contents = if ids.is_empty() { Vec::new() } else { self.task_contents(&ids).await? };
+        Ok(AckRead { tasks, heads, contents })
+    }
+
     /// Figures of every lane with active tasks, of every tenant (the watchdog).
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>>;
 

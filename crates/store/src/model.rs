@@ -570,6 +570,29 @@ pub struct TaskContent {
     pub content: Vec<u8>,
 }
 
+/// The answer of [`crate::Store::read_for_acks`].
+#[derive(Debug, Clone, Default)]
+pub struct AckRead {
+    /// The tenant's tasks among the acked ids, in no set order.
+    pub tasks: Vec<Task>,
+    /// The lane heads of the printers of those tasks that are `sent` (when asked for).
+    pub heads: Vec<Task>,
+    /// The content of each head (task id → content).
+    pub contents: Vec<(String, TaskContent)>,
+}
+
+impl AckRead {
+    /// The printers, sorted and each once, of the tasks that are in flight: the lanes an
+    /// ack of those tasks may free.
+    pub fn printers_in_flight(tasks: &[Task]) -> Vec<String> {
+        let mut printers: Vec<String> =
+            tasks.iter().filter(|t| t.state == TaskState::Sent).map(|t| t.printer_id.clone()).collect();
+        printers.sort();
+        printers.dedup();
+        printers
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct TaskQuery {
     pub tenant_id: String,
