@@ -27,6 +27,7 @@ mod sql;
 pub mod testing;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use async_trait::async_trait;
@@ -63,6 +64,9 @@ struct Inner {
     /// 1.5 GB of RSS and seconds of intake latency. Waiting for a permit on the async
     /// side costs nothing; reads beyond the pool simply queue, in arrival order.
     read_slots: Arc<tokio::sync::Semaphore>,
+    /// Jobs sent to the writer and not started yet: whether the writer has time for a
+    /// read that could go to either side (`read_for_acks`).
+    queued: Arc<AtomicUsize>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Dropping the sender stops the checkpointer thread.
     checkpointer: Mutex<Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
@@ -258,6 +262,7 @@ impl SqliteStore {
                 jobs: Mutex::new(Some(tx)),
                 readers: Mutex::new(Vec::new()),
                 read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                queued: Arc::new(AtomicUsize::new(0)),
                 writer: Mutex::new(Some(writer)),
                 checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
             }),
@@ -285,7 +290,9 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel::<StoreResult<T>>();
+        let queued = self.inner.queued.clone();
         let job: Job = Box::new(move |conn: &Connection| {
+            queued.fetch_sub(1, Ordering::Relaxed);
             let result = f(conn);
             let end = if result.is_ok() { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
             let result = match conn.execute_batch(end) {
@@ -303,7 +310,11 @@ impl SqliteStore {
             .map_err(|_| StoreError::Backend("writer queue poisoned".into()))?
             .clone()
             .ok_or_else(|| StoreError::Unavailable("store is closed".into()))?;
-        sender.send(job).map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+        self.inner.queued.fetch_add(1, Ordering::Relaxed);
+        if sender.send(job).is_err() {
+            self.inner.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable("the writer thread has stopped".into()));
+        }
         rx.await.map_err(|_| StoreError::Unavailable("the writer thread dropped the job".into()))?
     }
 
@@ -664,13 +675,26 @@ impl Store for SqliteStore {
 
     async fn read_for_acks(&self, tenant_id: &str, task_ids: &[String], heads: bool) -> StoreResult<AckRead> {
         let (t, ids) = (tenant_id.to_owned(), task_ids.to_vec());
-        // On the writer's connection, as a job that writes nothing: its page cache holds
-        // the pages the last commits wrote (the acked tasks, the lanes' ends), while a
-        // reader's cache is dropped whenever the WAL has changed since its last read, which
-        // during delivery is every time, and each page comes back through a pread. The
-        // answer waits for the commit of its group like any job, so it never shows a row a
-        // failed commit took back.
-        self.write(move |c| sql::read_for_acks(c, &t, &ids, heads)).await
+        // On the writer's connection when it has nothing waiting, as a job that writes
+        // nothing: its page cache holds the pages the last commits wrote (the acked tasks,
+        // the lanes' ends), while a reader's cache is dropped whenever the WAL has changed
+        // since its last read, which during delivery is every time, and each page comes
+        // back through a pread (15-20 % of the broker in delivery). The answer waits for
+        // the commit of its group like any job, so it never shows a row a failed commit
+        // took back. With jobs waiting (intake filling the writer) a reader takes it
+        // instead: there the reads would only lengthen the queue every 201 waits in
+        // (measured: 5-19 % fewer tasks through with 1.1 M tasks in the file, batch 1).
+        if self.inner.queued.load(Ordering::Relaxed) == 0 {
+            return self.write(move |c| sql::read_for_acks(c, &t, &ids, heads)).await;
+        }
+        self.read(move |c| {
+            // One read transaction: one snapshot for the three reads.
+            let tx = c.unchecked_transaction().map_err(backend_err)?;
+            let read = sql::read_for_acks(&tx, &t, &ids, heads)?;
+            tx.finish().map_err(backend_err)?;
+            Ok(read)
+        })
+        .await
     }
 
     async fn lane_stats(&self) -> StoreResult<Vec<LaneStats>> {

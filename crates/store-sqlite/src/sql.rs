@@ -650,7 +650,8 @@ pub fn lane_heads(c: &Connection, tenant: &str, printers: &[String]) -> StoreRes
 }
 
 /// See `Store::read_for_acks`: the three reads on one connection, inside the caller's
-/// transaction (the writer's), so that one snapshot serves them.
+/// transaction (the writer's, or a read transaction of a reader), so that one snapshot
+/// serves them.
 pub fn read_for_acks(c: &Connection, tenant: &str, task_ids: &[String], with_heads: bool) -> StoreResult<AckRead> {
     let tasks = get_tasks(c, tenant, task_ids)?;
     let printers = if with_heads { AckRead::printers_in_flight(&tasks) } else { Vec::new() };
