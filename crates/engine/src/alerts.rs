@@ -239,33 +239,9 @@ mod tests {
     #[test]
     fn a_task_alert_has_the_fields_and_bytes_of_the_value_it_replaced() {
         let task = Task {
-            task_id: "T1".into(),
             tenant_id: "t\"1".into(),
-            store_id: "s".into(),
-            printer_id: "p".into(),
-            station_id: None,
-            target: "printer:p".into(),
             biz_no: "B-é".into(),
-            print_type: "receipt".into(),
-            priority: 10,
-            content_type: "text".into(),
-            fingerprint: "f".into(),
-            state: onceprint_core::TaskState::Sent,
-            attempts: 2,
-            last_error: None,
-            next_attempt_at: None,
-            created_at: 1,
-            updated_at: 1,
-            printed_at: None,
-            sent_to: None,
-            sent_session: None,
-            sent_at: None,
-            may_have_printed: false,
-            origin_task_id: None,
-            origin_kind: None,
-            reprint_no: None,
-            successor_task_id: None,
-            refusals: 0,
+            ..crate::offline::tests::task(onceprint_core::TaskState::Sent, "f")
         };
         for (state, error) in
             [(onceprint_core::TaskState::Printed, None), (onceprint_core::TaskState::Failed, Some("no_paper"))]

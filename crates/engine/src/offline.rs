@@ -612,10 +612,11 @@ fn planner(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn task(state: TaskState, fingerprint: &str) -> Task {
+    /// A task of the engine's unit tests (the alerts' tests use it too).
+    pub(crate) fn task(state: TaskState, fingerprint: &str) -> Task {
         Task {
             task_id: "T1".into(),
             tenant_id: "t".into(),
