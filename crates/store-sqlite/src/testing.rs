@@ -15,6 +15,18 @@ pub async fn fresh_store() -> Option<Harness> {
     Some(Harness { store: Arc::new(store), guard: Box::new(DirGuard(dir)), url })
 }
 
+/// [`fresh_store`] whose writer always looks busy (one job counted as waiting that never
+/// comes), so that the reads SQLite gives the writer only when it is idle go to a pooled
+/// reader: their other path, for the same conformance cases.
+pub async fn fresh_store_with_a_busy_writer() -> Option<Harness> {
+    let dir = tempfile_dir();
+    let path = dir.join("onceprint.db");
+    let store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("cannot open test database: {e}"));
+    store.inner.queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let url = format!("sqlite://{}", path.display());
+    Some(Harness { store: Arc::new(store), guard: Box::new(DirGuard(dir)), url })
+}
+
 fn tempfile_dir() -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
