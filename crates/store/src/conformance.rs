@@ -487,6 +487,46 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(by_biz.len(), 1);
+    // One order number on several targets and print types, and in another tenant: a
+    // search finds the tenant's own, on every target, newest first, and pages and filters
+    // like any list.
+    let l3 = by_biz[0].task_id.clone();
+    let mut kitchen = new_task("acme", "L3", "x", 60);
+    kitchen.print_type = "kitchen".into();
+    let mut elsewhere = new_task("acme", "L3", "x", 61);
+    elsewhere.store_id = "s2".into();
+    elsewhere.printer_id = "p9".into();
+    elsewhere.target = "printer:p9".into();
+    tenant(&s, "zeta").await;
+    s.submit_batch(vec![kitchen.clone(), elsewhere.clone(), new_task("zeta", "L3", "x", 62)]).await.unwrap();
+    let search = |store: Option<&str>, state: Option<TaskState>, cursor: Option<&str>, limit: i64| TaskQuery {
+        tenant_id: "acme".into(),
+        biz_no: Some("L3".into()),
+        store_id: store.map(Into::into),
+        state,
+        cursor: cursor.map(Into::into),
+        limit,
+        ..Default::default()
+    };
+    let ids = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.task_id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.list_tasks(&search(None, None, None, 10)).await.unwrap()),
+        vec![elsewhere.task_id.clone(), kitchen.task_id.clone(), l3.clone()]
+    );
+    assert_eq!(
+        ids(s.list_tasks(&search(Some("s1"), None, None, 10)).await.unwrap()),
+        vec![kitchen.task_id.clone(), l3.clone()]
+    );
+    assert_eq!(
+        ids(s.list_tasks(&search(None, Some(TaskState::Pending), Some(&elsewhere.task_id), 1)).await.unwrap()),
+        vec![kitchen.task_id.clone()]
+    );
+    assert!(s.list_tasks(&search(None, Some(TaskState::Printed), None, 10)).await.unwrap().is_empty());
+    assert!(s
+        .list_tasks(&TaskQuery { biz_no: Some("L-none".into()), ..search(None, None, None, 10) })
+        .await
+        .unwrap()
+        .is_empty());
     let none = s
         .list_tasks(&TaskQuery {
             tenant_id: "acme".into(),
@@ -572,6 +612,48 @@ pub async fn count_by_state_counts(s: Arc<dyn Store>) {
     let counts = s.count_by_state().await.unwrap();
     let pending = counts.iter().find(|(st, _)| *st == TaskState::Pending).map(|(_, n)| *n);
     assert_eq!(pending, Some(5));
+
+    // Every state, each from its own place: the backends read some states from partial
+    // indexes and derive others, so each must come out right, a large one and the rare
+    // ones alike. The store moves any state to any other by compare-and-set; the state
+    // machine is the engine's.
+    let batch: Vec<NewTask> = (0..10).map(|i| new_task("acme", &format!("M{i}"), "x", 10 + i)).collect();
+    s.submit_batch(batch.clone()).await.unwrap();
+    let targets = [
+        TaskState::Sent,
+        TaskState::Retrying,
+        TaskState::Retrying,
+        TaskState::Printed,
+        TaskState::Printed,
+        TaskState::Printed,
+        TaskState::Failed,
+        TaskState::InDoubt,
+        TaskState::Transferred,
+        TaskState::Cancelled,
+    ];
+    for (t, to) in batch.iter().zip(targets) {
+        let change = Transition { to, next_attempt_at: Some(NOW + 500), ..send(t, 0, NOW + 100) };
+        assert!(s.transition(&change).await.unwrap(), "{} to {to:?}", t.task_id);
+    }
+    let closed = new_task("acme", "M-closed", "x", 30);
+    s.submit_batch(vec![closed.clone()]).await.unwrap();
+    assert!(s.transition(&Transition { to: TaskState::Closed, ..send(&closed, 0, NOW + 100) }).await.unwrap());
+    let mut counts: Vec<(TaskState, i64)> =
+        s.count_by_state().await.unwrap().into_iter().filter(|(_, n)| *n != 0).collect();
+    counts.sort_by_key(|(st, _)| st.as_str());
+    let mut want = vec![
+        (TaskState::Pending, 5),
+        (TaskState::Sent, 1),
+        (TaskState::Retrying, 2),
+        (TaskState::Printed, 3),
+        (TaskState::Failed, 1),
+        (TaskState::InDoubt, 1),
+        (TaskState::Transferred, 1),
+        (TaskState::Cancelled, 1),
+        (TaskState::Closed, 1),
+    ];
+    want.sort_by_key(|(st, _)| st.as_str());
+    assert_eq!(counts, want);
 }
 
 fn send(t: &NewTask, attempts_before: i32, now: i64) -> Transition {
