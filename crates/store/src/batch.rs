@@ -17,14 +17,15 @@ use crate::{NewTask, Store, StoreError, SubmitOutcome};
 pub struct GroupCommitConfig {
     /// Most submissions in one transaction.
     pub max_batch: usize,
-    /// Batches committing at once. SQLite has one writer, so 2 lets the next batch form
-    /// while one commits; PostgreSQL commits concurrent transactions in parallel.
+    /// Batches committing at once. SQLite has one writer, which takes every job waiting
+    /// into its next commit: 3 lets two batches form while one commits, and they share
+    /// the next flush. PostgreSQL commits concurrent transactions in parallel.
     pub max_in_flight: usize,
 }
 
 impl Default for GroupCommitConfig {
     fn default() -> Self {
-        GroupCommitConfig { max_batch: 512, max_in_flight: 2 }
+        GroupCommitConfig { max_batch: 512, max_in_flight: 3 }
     }
 }
 
