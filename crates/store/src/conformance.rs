@@ -506,7 +506,6 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         state,
         cursor: cursor.map(Into::into),
         limit,
-        ..Default::default()
     };
     let ids = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.task_id).collect::<Vec<_>>();
     assert_eq!(
