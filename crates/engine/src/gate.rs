@@ -12,11 +12,12 @@
 //! task id and so never lag, and intake then reads a hit of this gate that is not in an
 //! end state again by id before answering.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use hashbrown::HashTable;
 use onceprint_core::{IdempotencyKey, TaskState};
 
 const SHARDS: usize = 16;
@@ -29,6 +30,11 @@ pub struct GateEntry {
     state: AtomicU8,
     /// Retention pruned the task: only its tombstone is left (R39).
     pruned: AtomicBool,
+    /// The key's parts joined by NUL (see [`key_is`]), and its hash and the task id's, so
+    /// that eviction finds both table slots without hashing or comparing strings again.
+    key: Box<str>,
+    key_hash: u64,
+    task_hash: u64,
 }
 
 impl GateEntry {
@@ -48,47 +54,87 @@ fn state_index(s: TaskState) -> u8 {
 }
 
 struct Shard {
-    by_key: HashMap<String, Arc<GateEntry>>,
+    by_key: HashTable<Arc<GateEntry>>,
     /// Insertion order for eviction (oldest first).
-    order: VecDeque<String>,
+    order: VecDeque<Arc<GateEntry>>,
 }
 
 /// Bounded, sharded map key → task. Eviction is first-in-first-out: retries cluster in
 /// the minutes after a submission, so the oldest keys are the least useful.
+///
+/// Every submission that reaches the database passes here twice (a look-up before, a
+/// remembered answer after), so the map hashes each key once, with the process's random
+/// SipHash keys (biz_no values come from outside: no hash flooding), and keeps that hash
+/// with the entry: shard, slot and eviction all reuse it.
 pub struct RecentTasks {
     shards: Vec<Mutex<Shard>>,
-    by_task: Vec<Mutex<HashMap<String, Arc<GateEntry>>>>,
+    by_task: Vec<Mutex<HashTable<Arc<GateEntry>>>>,
     per_shard: usize,
     hasher: std::collections::hash_map::RandomState,
 }
 
-fn flat_key(k: &IdempotencyKey) -> String {
-    // NUL cannot occur in any of the parts (ids have a restricted alphabet, biz_no refuses
-    // control characters), so the joined string is unambiguous.
+/// The four parts joined by NUL. NUL cannot occur in any of them (ids have a restricted
+/// alphabet, biz_no refuses control characters), so the joined string is unambiguous.
+fn flat_key(k: &IdempotencyKey) -> Box<str> {
     let mut s = String::with_capacity(k.tenant_id.len() + k.target.len() + k.biz_no.len() + k.print_type.len() + 3);
-    s.push_str(&k.tenant_id);
-    s.push('\0');
-    s.push_str(&k.target);
-    s.push('\0');
-    s.push_str(&k.biz_no);
-    s.push('\0');
-    s.push_str(&k.print_type);
-    s
+    for (i, part) in [&k.tenant_id, &k.target, &k.biz_no, &k.print_type].into_iter().enumerate() {
+        if i > 0 {
+            s.push('\0');
+        }
+        s.push_str(part);
+    }
+    s.into_boxed_str()
+}
+
+/// Whether `flat` is [`flat_key`] of `k`, without building it.
+fn key_is(flat: &str, k: &IdempotencyKey) -> bool {
+    let mut rest = flat;
+    for (i, part) in [&k.tenant_id, &k.target, &k.biz_no, &k.print_type].into_iter().enumerate() {
+        if i > 0 {
+            let Some(r) = rest.strip_prefix('\0') else { return false };
+            rest = r;
+        }
+        let Some(r) = rest.strip_prefix(part.as_str()) else { return false };
+        rest = r;
+    }
+    rest.is_empty()
+}
+
+/// The shard of a hash. The table inside a shard places entries by the low bits and tags
+/// them with the top seven, so the shard takes four bits from neither end.
+fn shard_index(hash: u64) -> usize {
+    ((hash >> 40) as usize) % SHARDS
 }
 
 impl RecentTasks {
     /// A gate remembering about `capacity` keys (0 disables it).
     pub fn new(capacity: usize) -> RecentTasks {
         RecentTasks {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard { by_key: HashMap::new(), order: VecDeque::new() })).collect(),
-            by_task: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard { by_key: HashTable::new(), order: VecDeque::new() }))
+                .collect(),
+            by_task: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: Default::default(),
         }
     }
 
-    fn shard_of(&self, s: &str) -> usize {
-        (self.hasher.hash_one(s) as usize) % SHARDS
+    /// The hash of a key: of its parts as [`flat_key`] joins them, without joining them.
+    fn key_hash(&self, k: &IdempotencyKey) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        for (i, part) in [&k.tenant_id, &k.target, &k.biz_no, &k.print_type].into_iter().enumerate() {
+            if i > 0 {
+                h.write_u8(0);
+            }
+            h.write(part.as_bytes());
+        }
+        h.finish()
+    }
+
+    fn task_hash(&self, task_id: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(task_id.as_bytes());
+        h.finish()
     }
 
     /// The task this process knows under `key`, if any.
@@ -96,9 +142,9 @@ impl RecentTasks {
         if self.per_shard == 0 {
             return None;
         }
-        let k = flat_key(key);
-        let shard = self.shards[self.shard_of(&k)].lock().ok()?;
-        shard.by_key.get(&k).cloned()
+        let hash = self.key_hash(key);
+        let shard = self.shards[shard_index(hash)].lock().ok()?;
+        shard.by_key.find(hash, |e| e.key_hash == hash && key_is(&e.key, key)).cloned()
     }
 
     /// Remembers a durable task. Call only after the commit that made it durable.
@@ -106,39 +152,56 @@ impl RecentTasks {
         if self.per_shard == 0 {
             return;
         }
-        let k = flat_key(key);
+        let hash = self.key_hash(key);
+        let Ok(mut shard) = self.shards[shard_index(hash)].lock() else { return };
+        if shard.by_key.find(hash, |e| e.key_hash == hash && key_is(&e.key, key)).is_some() {
+            return;
+        }
+        while shard.order.len() >= self.per_shard {
+            let Some(old) = shard.order.pop_front() else { break };
+            if let Ok(found) = shard.by_key.find_entry(old.key_hash, |e| Arc::ptr_eq(e, &old)) {
+                found.remove();
+            }
+            if let Ok(mut t) = self.by_task[shard_index(old.task_hash)].lock() {
+                if let Ok(found) = t.find_entry(old.task_hash, |e| Arc::ptr_eq(e, &old)) {
+                    found.remove();
+                }
+            }
+        }
         let entry = Arc::new(GateEntry {
             task_id: task_id.to_owned(),
             fingerprint: fingerprint.to_owned(),
             state: AtomicU8::new(state_index(state)),
             pruned: AtomicBool::new(false),
+            key: flat_key(key),
+            key_hash: hash,
+            task_hash: self.task_hash(task_id),
         });
-        let Ok(mut shard) = self.shards[self.shard_of(&k)].lock() else { return };
-        if shard.by_key.contains_key(&k) {
-            return;
+        shard.order.push_back(entry.clone());
+        shard.by_key.insert_unique(hash, entry.clone(), |e| e.key_hash);
+        // One task is remembered under one key at most: intake remembers a task under the
+        // key it was found by, and a task has exactly one key. A second entry for the task
+        // id (a damaged database answering two keys with one task) would only shadow the
+        // first for `set_state`, never answer a key wrongly.
+        if let Ok(mut t) = self.by_task[shard_index(entry.task_hash)].lock() {
+            let task_hash = entry.task_hash;
+            t.insert_unique(task_hash, entry, |e| e.task_hash);
         }
-        while shard.order.len() >= self.per_shard {
-            let Some(old) = shard.order.pop_front() else { break };
-            if let Some(gone) = shard.by_key.remove(&old) {
-                if let Ok(mut t) = self.by_task[self.shard_of(&gone.task_id)].lock() {
-                    t.remove(&gone.task_id);
-                }
+    }
+
+    /// The entry of a task id, if the gate knows it.
+    fn with_task(&self, task_id: &str, f: impl FnOnce(&GateEntry)) {
+        let hash = self.task_hash(task_id);
+        if let Ok(t) = self.by_task[shard_index(hash)].lock() {
+            if let Some(e) = t.find(hash, |e| e.task_hash == hash && *e.task_id == *task_id) {
+                f(e);
             }
-        }
-        shard.order.push_back(k.clone());
-        shard.by_key.insert(k, entry.clone());
-        if let Ok(mut t) = self.by_task[self.shard_of(task_id)].lock() {
-            t.insert(task_id.to_owned(), entry);
         }
     }
 
     /// Records a state change of a task, if the gate knows it.
     pub fn set_state(&self, task_id: &str, state: TaskState) {
-        if let Ok(t) = self.by_task[self.shard_of(task_id)].lock() {
-            if let Some(e) = t.get(task_id) {
-                e.state.store(state_index(state), Ordering::Release);
-            }
-        }
+        self.with_task(task_id, |e| e.state.store(state_index(state), Ordering::Release));
     }
 
     /// Records that retention pruned a task, if the gate knows it. Called once the prune
@@ -148,11 +211,7 @@ impl RecentTasks {
     /// after this call keeps `pruned` false until it is evicted; its task id and final
     /// state are true all the same.)
     pub fn mark_pruned(&self, task_id: &str) {
-        if let Ok(t) = self.by_task[self.shard_of(task_id)].lock() {
-            if let Some(e) = t.get(task_id) {
-                e.pruned.store(true, Ordering::Release);
-            }
-        }
+        self.with_task(task_id, |e| e.pruned.store(true, Ordering::Release));
     }
 
     /// Number of remembered keys (for tests and metrics).
@@ -200,6 +259,53 @@ mod tests {
         let hit = g.get(&key(0)).expect("still remembered");
         assert!(hit.pruned());
         assert_eq!((hit.task_id.as_str(), hit.state()), ("T0", TaskState::Printed));
+    }
+
+    #[test]
+    fn keys_that_join_alike_stay_apart() {
+        // The same characters split differently between the parts are different keys.
+        let a =
+            IdempotencyKey { tenant_id: "t".into(), target: "p:1".into(), biz_no: "B1".into(), print_type: "r".into() };
+        let b =
+            IdempotencyKey { tenant_id: "t".into(), target: "p:1B".into(), biz_no: "1".into(), print_type: "r".into() };
+        let g = RecentTasks::new(64);
+        g.insert(&a, "TA", "fa", TaskState::Pending);
+        assert!(g.get(&b).is_none());
+        g.insert(&b, "TB", "fb", TaskState::Pending);
+        assert_eq!(g.get(&a).map(|e| e.task_id.clone()), Some("TA".into()));
+        assert_eq!(g.get(&b).map(|e| e.task_id.clone()), Some("TB".into()));
+        assert!(key_is(&flat_key(&a), &a));
+        assert!(!key_is(&flat_key(&a), &b));
+        let mut longer = a.clone();
+        longer.print_type.push('x');
+        assert!(!key_is(&flat_key(&a), &longer) && !key_is(&flat_key(&longer), &a));
+    }
+
+    #[test]
+    fn a_second_insert_of_a_key_keeps_the_first_task() {
+        let g = RecentTasks::new(64);
+        g.insert(&key(1), "T1", "f", TaskState::Pending);
+        g.insert(&key(1), "T2", "g", TaskState::Printed);
+        let hit = g.get(&key(1)).expect("remembered");
+        assert_eq!((hit.task_id.as_str(), hit.fingerprint.as_str(), hit.state()), ("T1", "f", TaskState::Pending));
+        assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn evicted_tasks_take_no_state_changes() {
+        let g = RecentTasks::new(16);
+        for n in 0..200 {
+            g.insert(&key(n), &format!("T{n}"), "f", TaskState::Pending);
+            // Every task id in the by-task index still has its key in the key index.
+            g.set_state(&format!("T{n}"), TaskState::Sent);
+        }
+        for n in 0..200 {
+            g.set_state(&format!("T{n}"), TaskState::Printed);
+        }
+        let by_task: usize = g.by_task.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert_eq!(by_task, g.len(), "both indexes hold the same entries");
+        assert_eq!(g.get(&key(199)).map(|e| e.state()), Some(TaskState::Printed));
+        assert!(g.get(&key(0)).is_none());
     }
 
     #[test]

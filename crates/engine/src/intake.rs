@@ -229,10 +229,22 @@ impl Intake {
     /// given, so that tickets of one order for one printer print in the order sent.
     /// One answer per request, in the same order.
     pub async fn submit_many(&self, reqs: Vec<SubmitRequest>) -> Vec<Result<SubmitAnswer, IntakeError>> {
-        // The checks before the commit read caches (and, with several nodes, the shared
-        // gate): run them side by side. Task ids are minted in each item's own check, but
-        // lanes are ordered by the sequence the commit assigns, which follows the group.
-        let prepared = futures_util::future::join_all(reqs.into_iter().map(|r| self.prepare(r))).await;
+        // The checks before the commit read caches and, with several nodes, the shared
+        // gate. Calls to the shared gate wait on the network: then the items run side by
+        // side. Without it they wait on nothing but a rare directory miss, and one after
+        // the other costs less than polling a set of futures (each item's future moved
+        // into a node of its own; measured: ~3 % of the CPU of a 50-item batch). Task ids
+        // are minted in each item's own check, but lanes are ordered by the sequence the
+        // commit assigns, which follows the group.
+        let prepared = if self.shared.is_some() {
+            futures_util::future::join_all(reqs.into_iter().map(|r| self.prepare(r))).await
+        } else {
+            let mut prepared = Vec::with_capacity(reqs.len());
+            for r in reqs {
+                prepared.push(self.prepare(r).await);
+            }
+            prepared
+        };
         let mut answers: Vec<Option<Result<SubmitAnswer, IntakeError>>> = Vec::with_capacity(prepared.len());
         let mut pending = Vec::new();
         let mut tasks = Vec::new();
@@ -248,18 +260,25 @@ impl Intake {
             }
         }
         let outcomes = self.committer.submit_group(tasks).await;
-        let finished = futures_util::future::join_all(pending.into_iter().zip(outcomes).map(
-            |((i, key, fingerprint), outcome)| async move {
+        // The same choice after the commit: only the shared gate's `remember` waits.
+        let finish_one =
+            |((i, key, fingerprint), outcome): ((usize, IdempotencyKey, String), Result<_, StoreError>)| async move {
                 let answer = match outcome {
                     Ok(outcome) => self.finish(&key, &fingerprint, outcome).await,
                     Err(e) => Err(e.into()),
                 };
                 (i, answer)
-            },
-        ))
-        .await;
-        for (i, answer) in finished {
-            answers[i] = Some(answer);
+            };
+        if self.shared.is_some() {
+            let finished = futures_util::future::join_all(pending.into_iter().zip(outcomes).map(finish_one)).await;
+            for (i, answer) in finished {
+                answers[i] = Some(answer);
+            }
+        } else {
+            for item in pending.into_iter().zip(outcomes) {
+                let (i, answer) = finish_one(item).await;
+                answers[i] = Some(answer);
+            }
         }
         answers
             .into_iter()
