@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use onceprint_core::TaskState;
 use onceprint_store::*;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, ToSql};
 
 use crate::setup::{audit, check_station_printers, insert_api_key};
 use crate::{backend_err, constraint_err};
@@ -280,15 +280,6 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
              ON CONFLICT (tenant_id, target, biz_no, print_type) DO NOTHING",
         )
         .map_err(backend_err)?;
-    let mut insert_event = c
-        .prepare_cached(
-            "INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason) \
-             VALUES (?1, ?2, NULL, 'pending', 0, ?3, ?4)",
-        )
-        .map_err(backend_err)?;
-    let mut insert_charge = c
-        .prepare_cached("INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)")
-        .map_err(backend_err)?;
     let mut tombstones = crate::retention::TombstoneByKey::prepare(c)?;
 
     // The lane order (migration 14): every inserted task takes the next value of the
@@ -300,16 +291,29 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
         .and_then(|mut s| s.query_row([], |r| r.get(0)))
         .map_err(backend_err)?;
     let first_seq = last_seq;
+    // For each submission, the index of an earlier one of this batch with the same key.
+    // Found before the loop, so that the loop can consume the submissions.
+    let earlier: Vec<Option<usize>> = {
+        let mut seen: HashMap<KeyRef<'_>, usize> = HashMap::with_capacity(batch.len());
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let key = (t.tenant_id.as_str(), t.target.as_str(), t.biz_no.as_str(), t.print_type.as_str());
+                seen.get(&key).copied().or_else(|| {
+                    seen.insert(key, i);
+                    None
+                })
+            })
+            .collect()
+    };
     let mut out: Vec<SubmitOutcome> = Vec::with_capacity(batch.len());
-    // Key → index in `out` of the first occurrence in this batch.
-    let mut seen: HashMap<KeyRef<'_>, usize> = HashMap::with_capacity(batch.len());
-    for (i, t) in batch.iter().enumerate() {
-        let key = (t.tenant_id.as_str(), t.target.as_str(), t.biz_no.as_str(), t.print_type.as_str());
-        if let Some(&first) = seen.get(&key) {
+    let mut created: Vec<Created> = Vec::with_capacity(batch.len());
+    for (t, earlier) in batch.into_iter().zip(earlier) {
+        if let Some(first) = earlier {
             out.push(out[first].repeat());
             continue;
         }
-        seen.insert(key, i);
         // A pruned task keeps its key in its tombstone: a late replay is answered with it
         // and creates nothing. (The writer thread runs prunes too, so no prune can slip in
         // between this look and the insert.)
@@ -340,12 +344,10 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
             .map_err(|e| constraint_err(e, &format!("task {}", t.task_id), &format!("printer {}", t.printer_id)))?;
         if inserted == 1 {
             last_seq += 1;
-            let reason = t.origin.as_ref().map_or("submitted", |o| o.reason.as_str());
-            insert_event.execute(params![t.task_id, t.now, t.actor, reason]).map_err(backend_err)?;
-            if t.charge != 0 {
-                insert_charge.execute(params![t.tenant_id, t.task_id, t.charge, t.now]).map_err(backend_err)?;
-            }
-            out.push(SubmitOutcome::Created(t.created_task()));
+            let mut t = t;
+            let reason = t.origin.as_mut().map_or_else(|| "submitted".to_owned(), |o| std::mem::take(&mut o.reason));
+            created.push(Created { at: out.len(), actor: std::mem::take(&mut t.actor), reason, charge: t.charge });
+            out.push(SubmitOutcome::Created(t.into_created_task()));
         } else {
             let existing = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.ok_or_else(|| {
                 StoreError::Backend(format!("task key of {} conflicted but no row was found", t.task_id))
@@ -358,7 +360,74 @@ pub fn submit_batch(c: &Connection, batch: Vec<NewTask>) -> StoreResult<Vec<Subm
             .and_then(|mut s| s.execute([last_seq]))
             .map_err(backend_err)?;
     }
+    // Each created task's audit event and ledger charge, several rows per statement: one
+    // statement per row cost the writer thread (intake's bottleneck) a cursor opened and
+    // closed per table and row.
+    let task_of = |x: &Created| match &out[x.at] {
+        SubmitOutcome::Created(t) => Ok(t),
+        _ => Err(StoreError::Backend("intake lost track of a created task".into())),
+    };
+    let mut events: Vec<(&Task, &Created)> = Vec::with_capacity(created.len());
+    for x in &created {
+        events.push((task_of(x)?, x));
+    }
+    insert_rows(
+        c,
+        "INSERT INTO task_events (task_id, at, from_state, to_state, attempt, actor, reason) VALUES ",
+        "(?, ?, NULL, 'pending', 0, ?, ?)",
+        &events,
+        |(t, x), p| p.extend([&t.task_id as &dyn ToSql, &t.created_at, &x.actor, &x.reason]),
+    )?;
+    let charges: Vec<(&Task, &Created)> = events.iter().copied().filter(|(_, x)| x.charge != 0).collect();
+    insert_rows(
+        c,
+        "INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES ",
+        "(?, ?, 'charge', ?, ?)",
+        &charges,
+        |(t, x), p| p.extend([&t.tenant_id as &dyn ToSql, &t.task_id, &x.charge, &t.created_at]),
+    )?;
     Ok(out)
+}
+
+/// What a created task still needs written after its row: its audit event and charge.
+struct Created {
+    /// Its index in the outcomes (the task row as created).
+    at: usize,
+    actor: String,
+    reason: String,
+    charge: i64,
+}
+
+/// Inserts `rows` with `head` followed by one `values` group per row, up to 64 rows per
+/// statement. Statements for 64, 16, 4 and 1 rows are prepared once and cached, so a
+/// batch of n rows takes at most n/64 + 3 + 3 + 3 statements.
+fn insert_rows<T>(
+    c: &Connection,
+    head: &str,
+    values: &str,
+    rows: &[T],
+    bind: impl for<'a> Fn(&'a T, &mut Vec<&'a dyn ToSql>),
+) -> StoreResult<()> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let n = [64, 16, 4, 1].into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
+        let (chunk, tail) = rest.split_at(n);
+        let mut sql = String::with_capacity(head.len() + n * (values.len() + 2));
+        sql.push_str(head);
+        for i in 0..n {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(values);
+        }
+        let mut params: Vec<&dyn ToSql> = Vec::with_capacity(n * 4);
+        for row in chunk {
+            bind(row, &mut params);
+        }
+        c.prepare_cached(&sql).and_then(|mut s| s.execute(&*params)).map_err(backend_err)?;
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// Gives the waiting tasks that have no lane `seq` one, in id order behind every other

@@ -37,6 +37,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $factory;
             settings_round_trip, setup_objects_and_isolation, submit_writes_task_event_and_charge,
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
+            a_large_batch_writes_one_event_and_one_charge_per_created_task,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
             list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
             lanes_show_the_task_in_flight_and_the_first_waiting, lanes_follow_insertion_not_ids,
@@ -375,6 +376,43 @@ pub async fn duplicates_inside_one_batch_collapse(s: Arc<dyn Store>) {
     assert_eq!(out[3].task().fingerprint, "fp-x");
     let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 100, ..Default::default() }).await.unwrap();
     assert_eq!(all.len(), 2);
+}
+
+pub async fn a_large_batch_writes_one_event_and_one_charge_per_created_task(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    // 90 submissions, 87 of them new: a backend writing events and charges several rows
+    // per statement crosses its chunk sizes (SQLite: 64 + 16 + 4 + 1 + 1 + 1).
+    let mut batch: Vec<NewTask> = (0..88u64).map(|i| new_task("acme", &format!("L{i}"), "x", 1000 + i)).collect();
+    batch[5].charge = 0;
+    batch[7].actor = "operator:ann".into();
+    batch.push(new_task("acme", "L3", "x", 2000));
+    batch.push(new_task("acme", "L80", "x", 2001));
+    let out = s.submit_batch(batch.clone()).await.unwrap();
+    assert_eq!(out.len(), 90);
+    assert!(out[..88].iter().all(|o| matches!(o, SubmitOutcome::Created(_))));
+    assert!(matches!(out[88], SubmitOutcome::Existing(_)) && matches!(out[89], SubmitOutcome::Existing(_)));
+    for (i, t) in batch.iter().take(88).enumerate() {
+        let events = s.task_events("acme", &t.task_id).await.unwrap().unwrap();
+        let expected_actor = if i == 7 { "operator:ann".to_owned() } else { "tenant:acme".to_owned() };
+        assert_eq!(
+            events.iter().map(|e| (e.at, e.from, e.to, e.actor.clone(), e.reason.as_str())).collect::<Vec<_>>(),
+            vec![(t.now, None, TaskState::Pending, expected_actor, "submitted")],
+            "task {i}"
+        );
+        let ledger = s.ledger_entries(&t.task_id).await.unwrap();
+        if i == 5 {
+            assert!(ledger.is_empty(), "no charge of 0 is written");
+        } else {
+            assert_eq!(
+                ledger.iter().map(|l| (l.tenant_id.as_str(), l.kind.as_str(), l.amount, l.at)).collect::<Vec<_>>(),
+                vec![("acme", "charge", 1, t.now)],
+                "task {i}"
+            );
+        }
+    }
+    // The repeats wrote nothing of their own.
+    assert!(s.task_events("acme", &batch[88].task_id).await.unwrap().is_none());
+    assert!(s.ledger_entries(&batch[89].task_id).await.unwrap().is_empty());
 }
 
 pub async fn concurrent_identical_submissions_create_one_task(s: Arc<dyn Store>) {
