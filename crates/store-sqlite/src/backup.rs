@@ -57,6 +57,7 @@ pub fn backup(source: &Path, destination: &Path) -> Result<BackupReport, StoreEr
     // Read-write without create: the source must exist, and a WAL database needs its
     // shared-memory file writable even for reading. Nothing in it is changed (closing the
     // last connection to a database checkpoints its WAL, as every connection does).
+    crate::memory::configure();
     let src = Connection::open_with_flags(source, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(|e| failed("cannot open", source, e))?;
     src.busy_timeout(Duration::from_secs(10)).map_err(|e| failed("cannot configure", source, e))?;

@@ -18,6 +18,7 @@
 
 pub mod backup;
 mod device_log;
+mod memory;
 mod offline;
 mod operators;
 mod retention;
@@ -112,6 +113,7 @@ fn constraint_err(e: rusqlite::Error, what: &str, missing: &str) -> StoreError {
 }
 
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    memory::configure();
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
