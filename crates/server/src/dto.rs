@@ -926,3 +926,27 @@ pub struct JournalDigestOut {
     /// again).
     pub changed: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    #[derive(serde::Deserialize)]
+    struct At {
+        #[serde(deserialize_with = "super::integral::required")]
+        at: i64,
+    }
+
+    #[test]
+    fn integers_written_with_a_zero_fraction_are_read_exactly() {
+        // Found by schemathesis: without exact float parsing this read as ...451.2.
+        for (json, want) in [
+            (r#"{"at": 2182236715863451.0}"#, 2_182_236_715_863_451_i64),
+            (r#"{"at": 9007199254740993}"#, 9_007_199_254_740_993),
+            (r#"{"at": 3.0}"#, 3),
+            (r#"{"at": -14862085307297.0}"#, -14_862_085_307_297),
+        ] {
+            let at: At = serde_json::from_str(json).unwrap_or_else(|e| panic!("{json}: {e}"));
+            assert_eq!(at.at, want, "{json}");
+        }
+        assert!(serde_json::from_str::<At>(r#"{"at": 3.5}"#).is_err());
+    }
+}
