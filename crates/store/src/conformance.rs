@@ -413,6 +413,43 @@ pub async fn a_large_batch_writes_one_event_and_one_charge_per_created_task(s: A
     // The repeats wrote nothing of their own.
     assert!(s.task_events("acme", &batch[88].task_id).await.unwrap().is_none());
     assert!(s.ledger_entries(&batch[89].task_id).await.unwrap().is_empty());
+
+    // A second batch: 70 keys that exist (answered with their tasks as stored) among 20
+    // new ones, interleaved.
+    let mut second = Vec::new();
+    for i in 0..90u64 {
+        second.push(if i % 9 < 7 {
+            new_task("acme", &format!("L{i}"), "x", 3000 + i)
+        } else {
+            new_task("acme", &format!("M{i}"), "x", 3000 + i)
+        });
+    }
+    let out2 = s.submit_batch(second.clone()).await.unwrap();
+    for (i, (o, t)) in out2.iter().zip(&second).enumerate() {
+        if i % 9 < 7 {
+            assert!(matches!(o, SubmitOutcome::Existing(_)), "item {i}: {o:?}");
+            assert_eq!(o.task().task_id, batch[i].task_id, "item {i}");
+            assert!(s.task_events("acme", &t.task_id).await.unwrap().is_none(), "item {i}");
+        } else {
+            assert!(matches!(o, SubmitOutcome::Created(_)), "item {i}: {o:?}");
+            assert_eq!(s.task_events("acme", &t.task_id).await.unwrap().unwrap().len(), 1, "item {i}");
+            assert_eq!(s.ledger_entries(&t.task_id).await.unwrap().len(), 1, "item {i}");
+        }
+    }
+    let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 500, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 88 + 20);
+
+    // A task for a printer that does not exist, deep in a batch: the whole batch is
+    // refused, naming that printer, and nothing of it is written.
+    let mut third: Vec<NewTask> = (0..70u64).map(|i| new_task("acme", &format!("N{i}"), "x", 4000 + i)).collect();
+    third[41].printer_id = "p404".into();
+    let refused = s.submit_batch(third.clone()).await;
+    assert_eq!(refused, Err(StoreError::NotFound("printer p404".into())));
+    for t in &third {
+        assert!(s.task_events("acme", &t.task_id).await.unwrap().is_none());
+    }
+    let all = s.list_tasks(&TaskQuery { tenant_id: "acme".into(), limit: 500, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 88 + 20, "nothing of the refused batch was written");
 }
 
 pub async fn concurrent_identical_submissions_create_one_task(s: Arc<dyn Store>) {
