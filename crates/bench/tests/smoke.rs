@@ -102,6 +102,11 @@ fn check_e2e(report: &onceprint_bench::E2eReport) {
     assert_eq!(d.printed_on_paper + d.missing, report.tasks);
     assert_eq!(d.missing, d.missing_in_doubt, "only in_doubt tasks may be missing from paper");
     assert!(report.printed_per_sec > 0.0);
+    // Every printed task was acknowledged, and one broker counted the requests.
+    if report.nodes == 1 {
+        let traffic = report.agent_traffic.as_ref().expect("the broker's /metrics counted the agent's requests");
+        assert!(traffic.ack_requests > 0 && traffic.ack_answer_ms_mean > 0.0, "{traffic:?}");
+    }
     let json = serde_json::to_value(report).unwrap();
     assert_eq!(json["tasks"], report.tasks);
 }

@@ -30,7 +30,7 @@ use hyper::body::Bytes;
 use hyper::header::HeaderValue;
 
 pub use check::{check_delivery, marker_of, DeliveryCheck, InDoubtTask, ListedTask};
-pub use report::{AgentRestart, E2eReport, MachineCpu, PerProcess};
+pub use report::{AgentRestart, AgentTraffic, E2eReport, MachineCpu, PerProcess};
 
 use crate::broker::Broker;
 use crate::http::Conn;
@@ -325,6 +325,8 @@ async fn drive(
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
     let listed = verify::list_states_above(&mut conn, &auth, &format!("store_id={STORE_ID}"), n, floor).await?;
+    // Behind the load balancer one node's counts would be part of the run's: left out.
+    let agent_traffic = if opts.nodes == 1 { agent_traffic(&mut conn, &auth, n).await } else { None };
 
     if !completed {
         problems.push(format!("timed out after {:?} with {} of {n} tasks on paper", opts.timeout, tally.distinct));
@@ -398,9 +400,19 @@ async fn drive(
         cpu_ms_per_task: None,
         broker_cpu_ms_per_task: None,
         machine_cpu: None,
+        agent_traffic,
         preload: preloaded.map(|(r, _)| r),
         problems,
     })
+}
+
+/// The agent's requests as the broker counted them (`/metrics`). A diagnostic figure, not
+/// part of the verdict: when the broker's metrics cannot be read the line is left out of
+/// the report (every other request of the run went to the same broker, so a failure here
+/// has shown itself there already).
+async fn agent_traffic(conn: &mut Conn, auth: &HeaderValue, tasks: usize) -> Option<AgentTraffic> {
+    let (status, body) = conn.request(hyper::Method::GET, "/metrics", auth, None).await.ok()?;
+    (status.as_u16() == 200).then(|| AgentTraffic::from_metrics(&String::from_utf8_lossy(&body), tasks)).flatten()
 }
 
 /// Submit answer → first sheet, per task that was both answered 201 and printed.

@@ -43,6 +43,54 @@ pub struct MachineCpu {
     pub other_busy_seconds: f64,
 }
 
+/// The agent's requests to the broker during the run, from the broker's own `/metrics`
+/// (`onceprint_http_request_duration_seconds` of the agent routes, every status): where a
+/// printer's cycle spends its time on the broker's side. With acks that hand out the next
+/// job, each printer's cycle is one ack request; the agent sends one at a time.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AgentTraffic {
+    pub ack_requests: u64,
+    /// Tasks of the run per ack request (how many printers' acks one request carried).
+    pub tasks_per_ack_request: f64,
+    /// The broker's mean time to answer an ack request (read, write, commit, hand-out).
+    pub ack_answer_ms_mean: f64,
+    pub poll_requests: u64,
+}
+
+impl AgentTraffic {
+    /// From the text of `/metrics` at the end of a run of `tasks` tasks; `None` when the
+    /// broker counted no ack request.
+    pub fn from_metrics(text: &str, tasks: usize) -> Option<AgentTraffic> {
+        let (acks, ack_seconds) = route_totals(text, "/v1/agent/acks");
+        let (polls, _) = route_totals(text, "/v1/agent/poll");
+        (acks > 0).then(|| AgentTraffic {
+            ack_requests: acks,
+            tasks_per_ack_request: tasks as f64 / acks as f64,
+            ack_answer_ms_mean: ack_seconds * 1000.0 / acks as f64,
+            poll_requests: polls,
+        })
+    }
+}
+
+/// Requests and seconds of one route in `/metrics`' request histogram, every method and
+/// status summed.
+fn route_totals(text: &str, route: &str) -> (u64, f64) {
+    let label = format!("{{route=\"{route}\",");
+    let (mut count, mut seconds) = (0u64, 0.0f64);
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        if !name.contains(&label) {
+            continue;
+        }
+        if name.starts_with("onceprint_http_request_duration_seconds_count{") {
+            count += value.trim().parse::<u64>().unwrap_or(0);
+        } else if name.starts_with("onceprint_http_request_duration_seconds_sum{") {
+            seconds += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    (count, seconds)
+}
+
 /// Everything `onceprint bench e2e` reports. Serialize it for `--json`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct E2eReport {
@@ -93,6 +141,8 @@ pub struct E2eReport {
     pub cpu_ms_per_task: Option<f64>,
     pub broker_cpu_ms_per_task: Option<f64>,
     pub machine_cpu: Option<MachineCpu>,
+    /// The agent's ack and poll requests as the broker counted them (one broker only).
+    pub agent_traffic: Option<AgentTraffic>,
     /// Everything that broke the contract or the targets; empty means the run verified.
     /// What was preloaded into the database before the run, if anything.
     pub preload: Option<crate::PreloadReport>,
@@ -219,6 +269,13 @@ impl E2eReport {
                 m.busy_seconds, total, m.other_busy_seconds
             );
         }
+        if let Some(a) = &self.agent_traffic {
+            let _ = writeln!(
+                s,
+                "agent HTTP:   {} ack requests ({:.1} tasks each), the broker answered one in {:.2} ms on average; {} polls",
+                a.ack_requests, a.tasks_per_ack_request, a.ack_answer_ms_mean, a.poll_requests
+            );
+        }
         if let Some(p) = &self.preload {
             let _ = writeln!(s, "{}", p.render_line());
         }
@@ -268,5 +325,28 @@ mod tests {
         r.problems.push("boom".into());
         assert!(r.render_text().ends_with("  - boom"));
         assert!(!r.ok());
+    }
+
+    #[test]
+    fn agent_traffic_sums_every_status_of_the_agent_routes() {
+        let metrics = "\
+# HELP onceprint_http_request_duration_seconds HTTP request latency by route, method and status.
+onceprint_http_request_duration_seconds_sum{route=\"/v1/agent/acks\",method=\"POST\",status=\"200\"} 3.0
+onceprint_http_request_duration_seconds_count{route=\"/v1/agent/acks\",method=\"POST\",status=\"200\"} 300
+onceprint_http_request_duration_seconds_bucket{le=\"0.0016\",route=\"/v1/agent/acks\",method=\"POST\",status=\"200\"} 41
+onceprint_http_request_duration_seconds_sum{route=\"/v1/agent/acks\",method=\"POST\",status=\"503\"} 1.0
+onceprint_http_request_duration_seconds_count{route=\"/v1/agent/acks\",method=\"POST\",status=\"503\"} 100
+onceprint_http_request_duration_seconds_count{route=\"/v1/agent/acks-other\",method=\"POST\",status=\"200\"} 7
+onceprint_http_request_duration_seconds_count{route=\"/v1/agent/poll\",method=\"POST\",status=\"200\"} 2
+onceprint_http_request_duration_seconds_count{route=\"/v1/print-task-batches\",method=\"POST\",status=\"200\"} 900
+";
+        let a = AgentTraffic::from_metrics(metrics, 2000).expect("acks were counted");
+        assert_eq!((a.ack_requests, a.poll_requests), (400, 2));
+        assert!((a.tasks_per_ack_request - 5.0).abs() < 1e-9, "{a:?}");
+        assert!((a.ack_answer_ms_mean - 10.0).abs() < 1e-9, "{a:?}");
+        assert_eq!(AgentTraffic::from_metrics("# nothing\n", 10), None);
+        let r = E2eReport { agent_traffic: Some(a), ..E2eReport::default() };
+        let text = r.render_text();
+        assert!(text.contains("400 ack requests (5.0 tasks each), the broker answered one in 10.00 ms"), "{text}");
     }
 }
