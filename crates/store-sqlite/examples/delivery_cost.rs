@@ -18,7 +18,7 @@ use onceprint_core::TaskState;
 use onceprint_store::{NewTask, OutboxEvent, PrinterStatusUpdate, Task, Transition};
 
 mod common;
-use common::{cpu_seconds, fresh_store, new_task, NOW};
+use common::{cpu_seconds, finish, fresh_store, new_task, NOW};
 
 /// The change that hands `task` out (`pending` → `sent`) or ends it printed.
 fn change(task: &Task, to: TaskState, now: i64) -> Transition {
@@ -102,14 +102,8 @@ async fn main() {
         in_flight.extend(read.heads.into_iter().map(|t| t.task_id));
     }
     let (cpu, wall) = (cpu_seconds() - cpu0, wall0.elapsed().as_secs_f64());
-    println!(
-        "{printed} tasks printed over {printers} printers, {per_request} acks per request ({requests} requests): \
-         {:.2} µs CPU per task, {:.0} tasks/s ({:.1} s CPU, {:.1} s wall)",
-        cpu * 1e6 / printed as f64,
-        printed as f64 / wall,
-        cpu,
-        wall
+    let what = format!(
+        "{printed} tasks printed over {printers} printers, {per_request} acks per request ({requests} requests)"
     );
-    drop(store);
-    let _ = std::fs::remove_dir_all(&dir);
+    finish(dir, store, &what, printed, cpu, wall);
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use onceprint_store::{NewTask, SubmitOutcome};
 
 mod common;
-use common::{cpu_seconds, fresh_store, new_task};
+use common::{cpu_seconds, finish, fresh_store, new_task};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -30,13 +30,5 @@ async fn main() {
         created += out.iter().filter(|o| matches!(o, SubmitOutcome::Created(_))).count();
     }
     let (cpu, wall) = (cpu_seconds() - cpu0, wall0.elapsed().as_secs_f64());
-    println!(
-        "{created} tasks in batches of {batch}: {:.2} µs CPU per task, {:.0} tasks/s ({:.1} s CPU, {:.1} s wall)",
-        cpu * 1e6 / created as f64,
-        created as f64 / wall,
-        cpu,
-        wall
-    );
-    drop(store);
-    let _ = std::fs::remove_dir_all(&dir);
+    finish(dir, store, &format!("{created} tasks in batches of {batch}"), created, cpu, wall);
 }

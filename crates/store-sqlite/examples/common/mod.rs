@@ -67,6 +67,18 @@ pub async fn fresh_store(example: &str, printers: usize) -> (PathBuf, Arc<dyn St
     (dir, store)
 }
 
+/// Prints what a run cost per task (`what` names the run) and removes its scratch folder
+/// once the store is closed.
+pub fn finish(dir: PathBuf, store: Arc<dyn Store>, what: &str, tasks: usize, cpu: f64, wall: f64) {
+    println!(
+        "{what}: {:.2} µs CPU per task, {:.0} tasks/s ({cpu:.1} s CPU, {wall:.1} s wall)",
+        cpu * 1e6 / tasks.max(1) as f64,
+        tasks as f64 / wall
+    );
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// New task number `n`, round-robin over `printers` printers.
 pub fn new_task(n: usize, printers: usize) -> NewTask {
     NewTask {
