@@ -30,7 +30,8 @@ fn change(task: &Task, to: TaskState, now: i64) -> Transition {
         to,
         attempts: if sent { task.attempts + 1 } else { task.attempts },
         last_error: None,
-        next_attempt_at: None,
+        // A task handed out carries its deadline for the ack, as the lane engine's do.
+        next_attempt_at: sent.then_some(now + 30_000),
         actor: "agent:a".into(),
         reason: if sent { "claimed".into() } else { "printed".into() },
         now,
