@@ -265,6 +265,81 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Where one process's threads spent their time, by thread, from
+/// `/proc/PID/task/*/schedstat` (nanoseconds on a CPU, then nanoseconds runnable but
+/// waiting for one). The run's CPU time alone cannot tell a thread that is busy from one
+/// that holds the chain up: the SQLite writer of the broker both works and waits for a
+/// core on a machine whose other processes wake in bursts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadTimes {
+    /// Thread id → (name, on-CPU ns, waiting ns).
+    by_tid: std::collections::BTreeMap<u32, (String, u64, u64)>,
+}
+
+/// One name's threads over a window of a run.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ThreadGroup {
+    /// The threads' name (`sqlite-writer`, `tokio-rt-worker`, …).
+    pub name: String,
+    pub threads: usize,
+    pub on_cpu_seconds: f64,
+    /// Runnable but waiting for a CPU (the kernel's run-queue delay).
+    pub waiting_seconds: f64,
+}
+
+impl ThreadTimes {
+    /// The threads of `pid` now; `None` where `/proc` has no such figures (no process, a
+    /// kernel without schedstats).
+    pub fn of(pid: u32) -> Option<Self> {
+        let mut by_tid = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+            // A thread that ended between the listing and the reads is simply left out.
+            let (Ok(name), Ok(sched)) = (
+                std::fs::read_to_string(entry.path().join("comm")),
+                std::fs::read_to_string(entry.path().join("schedstat")),
+            ) else {
+                continue;
+            };
+            if let Some((run, wait)) = parse_schedstat(&sched) {
+                by_tid.insert(tid, (name.trim().to_owned(), run, wait));
+            }
+        }
+        (!by_tid.is_empty()).then_some(Self { by_tid })
+    }
+
+    /// The time of the threads alive now since `earlier`, summed by name, busiest first.
+    /// A thread born since counts from its start; one that ended since is not counted
+    /// (short-lived blocking threads), so the groups are a lower bound of the process's.
+    pub fn since(&self, earlier: &ThreadTimes) -> Vec<ThreadGroup> {
+        let mut groups: Vec<ThreadGroup> = Vec::new();
+        for (tid, (name, run, wait)) in &self.by_tid {
+            let (run0, wait0) = earlier.by_tid.get(tid).map_or((0, 0), |(_, r, w)| (*r, *w));
+            let at = match groups.iter().position(|g| &g.name == name) {
+                Some(at) => at,
+                None => {
+                    groups.push(ThreadGroup { name: name.clone(), ..ThreadGroup::default() });
+                    groups.len() - 1
+                }
+            };
+            let g = &mut groups[at];
+            g.threads += 1;
+            g.on_cpu_seconds += run.saturating_sub(run0) as f64 / 1e9;
+            g.waiting_seconds += wait.saturating_sub(wait0) as f64 / 1e9;
+        }
+        groups.sort_by(|a, b| b.on_cpu_seconds.total_cmp(&a.on_cpu_seconds).then_with(|| a.name.cmp(&b.name)));
+        groups
+    }
+}
+
+/// (on-CPU ns, waiting ns) of a `/proc/PID/task/TID/schedstat` line.
+fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut fields = text.split_whitespace();
+    let run = fields.next()?.parse().ok()?;
+    let wait = fields.next()?.parse().ok()?;
+    Some((run, wait))
+}
+
 /// The last `n` lines of a log file, for error messages.
 pub fn log_tail(path: &Path, n: usize) -> String {
     match std::fs::read_to_string(path) {
@@ -283,6 +358,41 @@ pub fn log_tail(path: &Path, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_times_are_summed_by_name_from_the_window_start() {
+        assert_eq!(parse_schedstat("2000000000 500000000 17\n"), Some((2_000_000_000, 500_000_000)));
+        assert_eq!(parse_schedstat("garbage"), None);
+        let times = |rows: &[(u32, &str, u64, u64)]| ThreadTimes {
+            by_tid: rows.iter().map(|(t, n, r, w)| (*t, ((*n).to_owned(), *r, *w))).collect(),
+        };
+        let start = times(&[(1, "main", 5_000_000_000, 0), (2, "sqlite-writer", 1_000_000_000, 1_000_000_000)]);
+        let end = times(&[
+            (1, "main", 5_100_000_000, 0),
+            (2, "sqlite-writer", 4_000_000_000, 1_500_000_000),
+            // Born inside the window: counted from its start.
+            (3, "tokio-rt-worker", 300_000_000, 100_000_000),
+            (4, "tokio-rt-worker", 200_000_000, 0),
+        ]);
+        let groups = end.since(&start);
+        let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["sqlite-writer", "tokio-rt-worker", "main"]);
+        assert_eq!(groups[0].threads, 1);
+        assert!((groups[0].on_cpu_seconds - 3.0).abs() < 1e-9 && (groups[0].waiting_seconds - 0.5).abs() < 1e-9);
+        assert_eq!(groups[1].threads, 2);
+        assert!((groups[1].on_cpu_seconds - 0.5).abs() < 1e-9 && (groups[1].waiting_seconds - 0.1).abs() < 1e-9);
+        assert!((groups[2].on_cpu_seconds - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn own_threads_are_readable() {
+        // Every Linux kernel the bench runs on has schedstats; elsewhere the figure is left out.
+        if let Some(t) = ThreadTimes::of(std::process::id()) {
+            let groups = t.since(&ThreadTimes::default());
+            assert!(groups.iter().map(|g| g.threads).sum::<usize>() >= 1, "{groups:?}");
+            assert!(groups.iter().any(|g| g.on_cpu_seconds > 0.0), "{groups:?}");
+        }
+    }
 
     #[test]
     fn vm_hwm_is_parsed_in_kib() {

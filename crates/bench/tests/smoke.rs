@@ -119,6 +119,14 @@ async fn e2e_smoke_sqlite() {
     check_e2e(&report);
     assert_eq!(report.delivery.printed_on_paper, report.tasks);
     assert!(report.delivery.in_doubt.is_empty());
+    // Where the kernel keeps scheduler figures, the broker's writer thread was seen working.
+    if std::path::Path::new("/proc/self/schedstat").exists() {
+        let threads = report.broker_threads.as_ref().expect("the broker's threads were measured");
+        assert!(
+            threads.groups.iter().any(|g| g.name == "sqlite-writer" && g.threads == 1 && g.on_cpu_seconds > 0.0),
+            "{threads:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

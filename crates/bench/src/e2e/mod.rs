@@ -30,12 +30,12 @@ use hyper::body::Bytes;
 use hyper::header::HeaderValue;
 
 pub use check::{check_delivery, marker_of, DeliveryCheck, InDoubtTask, ListedTask};
-pub use report::{AgentRestart, AgentTraffic, E2eReport, MachineCpu, PerProcess};
+pub use report::{AgentRestart, AgentTraffic, BrokerThreads, E2eReport, MachineCpu, PerProcess};
 
 use crate::broker::Broker;
 use crate::http::Conn;
 use crate::paper::{unix_now_us, PaperWatcher, Tally};
-use crate::procs::{agent_args, note_stop, MachineTimes, Proc, ProcStats};
+use crate::procs::{agent_args, note_stop, MachineTimes, Proc, ProcStats, ThreadTimes};
 use crate::report::{machine_line, Percentiles};
 use crate::setup::{self, Deployment};
 use crate::sim::MAX_PRINTERS;
@@ -165,6 +165,10 @@ struct Procs {
     killed_agent: ProcStats,
     /// The machine's CPU times when the first submission went out.
     machine_at_start: Option<MachineTimes>,
+    /// The one broker's process id (none behind the load balancer), and its threads'
+    /// times when the first submission went out.
+    broker_pid: Option<u32>,
+    broker_threads_at_start: Option<(ThreadTimes, Instant)>,
 }
 
 /// Starts the simulator and the broker on `database_url`, drives the run, and always
@@ -178,8 +182,14 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     let lb = if launches.len() > 1 { Some(crate::cluster::balance(&launches).await?) } else { None };
     let addr = lb.as_ref().map_or(brokers[0].addr, |lb| lb.addr);
     let (first_port, paper_log) = (sim.first_port, sim.paper_log.clone());
-    let mut procs =
-        Procs { sim: Some(sim.proc), agent: None, killed_agent: ProcStats::default(), machine_at_start: None };
+    let mut procs = Procs {
+        sim: Some(sim.proc),
+        agent: None,
+        killed_agent: ProcStats::default(),
+        machine_at_start: None,
+        broker_pid: (brokers.len() == 1).then(|| brokers[0].pid()),
+        broker_threads_at_start: None,
+    };
 
     let result = drive(opts, addr, first_port, &paper_log, &mut procs, dir, &admin_token, database_url).await;
 
@@ -190,6 +200,11 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
     let sim_stats = procs.sim.as_ref().map(Proc::stats).unwrap_or_default();
     let bench_stats = ProcStats::own();
     let machine_at_end = MachineTimes::now();
+    let broker_threads = match (procs.broker_pid, &procs.broker_threads_at_start) {
+        (Some(pid), Some((start, at))) => ThreadTimes::of(pid)
+            .map(|end| BrokerThreads { window_seconds: at.elapsed().as_secs_f64(), groups: end.since(start) }),
+        _ => None,
+    };
     let tails = result.is_err().then(|| {
         let tail = |p: &Option<Proc>| p.as_ref().map_or("(not running)".to_string(), Proc::log_tail);
         format!(
@@ -238,6 +253,7 @@ async fn run_on(opts: &E2eOptions, database_url: &str, dir: &Path) -> Result<E2e
         });
     }
     report.problems.extend(stop_problems);
+    report.broker_threads = broker_threads;
     report.nodes = launches.len();
     let all_cpu: f64 = [broker_stats, agent_stats, sim_stats, bench_stats].iter().filter_map(|s| s.cpu_seconds).sum();
     report.cpu_ms_per_task = (opts.tasks > 0).then(|| all_cpu * 1000.0 / opts.tasks as f64);
@@ -301,6 +317,7 @@ async fn drive(
     let bodies: Arc<Vec<Bytes>> = Arc::new((0..n as u32).map(|i| task_body(i, opts.printers)).collect());
     let deadline = Instant::now() + opts.timeout;
     procs.machine_at_start = MachineTimes::now();
+    procs.broker_threads_at_start = procs.broker_pid.and_then(ThreadTimes::of).map(|t| (t, Instant::now()));
     let submit = async {
         let load = load::run_load_batched(addr, auth.clone(), bodies, opts.concurrency, opts.batch);
         tokio::time::timeout_at(deadline.into(), load).await.map_err(|_| BenchError::Protocol {
@@ -401,6 +418,7 @@ async fn drive(
         broker_cpu_ms_per_task: None,
         machine_cpu: None,
         agent_traffic,
+        broker_threads: None,
         preload: preloaded.map(|(r, _)| r),
         problems,
     })

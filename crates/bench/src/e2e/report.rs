@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::check::DeliveryCheck;
+use crate::procs::ThreadGroup;
 use crate::report::{finish_text, Percentiles};
 
 /// One figure for each process of the run.
@@ -91,6 +92,38 @@ fn route_totals(text: &str, route: &str) -> (u64, f64) {
     (count, seconds)
 }
 
+/// The one broker's threads from the first submission to the end of printing, by name:
+/// whether its SQLite writer, the one thread every write goes through, was busy, waiting
+/// for a core, or idle while the ack loop waited on something else.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct BrokerThreads {
+    pub window_seconds: f64,
+    /// Busiest first; threads that ended inside the window (short-lived blocking threads)
+    /// are not counted.
+    pub groups: Vec<ThreadGroup>,
+}
+
+impl BrokerThreads {
+    /// One line: the four busiest names with at least 50 ms on a CPU.
+    fn render_line(&self) -> String {
+        let shown: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|g| g.on_cpu_seconds >= 0.05)
+            .take(4)
+            .map(|g| {
+                let times = if g.threads > 1 { format!(" ×{}", g.threads) } else { String::new() };
+                format!("{}{times} {:.1} s on CPU + {:.1} s waiting", g.name, g.on_cpu_seconds, g.waiting_seconds)
+            })
+            .collect();
+        format!(
+            "broker threads ({:.1} s from the first submission): {}",
+            self.window_seconds,
+            if shown.is_empty() { "none measured".to_string() } else { shown.join("; ") }
+        )
+    }
+}
+
 /// Everything `onceprint bench e2e` reports. Serialize it for `--json`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct E2eReport {
@@ -143,6 +176,8 @@ pub struct E2eReport {
     pub machine_cpu: Option<MachineCpu>,
     /// The agent's ack and poll requests as the broker counted them (one broker only).
     pub agent_traffic: Option<AgentTraffic>,
+    /// The broker's threads (one broker only, where `/proc` has schedstats).
+    pub broker_threads: Option<BrokerThreads>,
     /// Everything that broke the contract or the targets; empty means the run verified.
     /// What was preloaded into the database before the run, if anything.
     pub preload: Option<crate::PreloadReport>,
@@ -276,6 +311,9 @@ impl E2eReport {
                 a.ack_requests, a.tasks_per_ack_request, a.ack_answer_ms_mean, a.poll_requests
             );
         }
+        if let Some(t) = &self.broker_threads {
+            let _ = writeln!(s, "{}", t.render_line());
+        }
         if let Some(p) = &self.preload {
             let _ = writeln!(s, "{}", p.render_line());
         }
@@ -348,5 +386,34 @@ onceprint_http_request_duration_seconds_count{route=\"/v1/print-task-batches\",m
         let r = E2eReport { agent_traffic: Some(a), ..E2eReport::default() };
         let text = r.render_text();
         assert!(text.contains("400 ack requests (5.0 tasks each), the broker answered one in 10.00 ms"), "{text}");
+    }
+
+    #[test]
+    fn broker_threads_show_the_busiest_names() {
+        let group = |name: &str, threads, on_cpu_seconds, waiting_seconds| ThreadGroup {
+            name: name.into(),
+            threads,
+            on_cpu_seconds,
+            waiting_seconds,
+        };
+        let t = BrokerThreads {
+            window_seconds: 9.87,
+            groups: vec![
+                group("sqlite-writer", 1, 4.81, 0.96),
+                group("tokio-rt-worker", 2, 1.62, 1.1),
+                group("sqlite-checkpoi", 1, 0.004, 0.0),
+            ],
+        };
+        let r = E2eReport { broker_threads: Some(t), ..E2eReport::default() };
+        let text = r.render_text();
+        assert!(
+            text.contains(
+                "broker threads (9.9 s from the first submission): sqlite-writer 4.8 s on CPU + 1.0 s waiting; \
+                 tokio-rt-worker ×2 1.6 s on CPU + 1.1 s waiting\n"
+            ),
+            "{text}"
+        );
+        let none = E2eReport { broker_threads: Some(BrokerThreads::default()), ..E2eReport::default() };
+        assert!(none.render_text().contains("none measured"));
     }
 }
