@@ -92,9 +92,10 @@ fn route_totals(text: &str, route: &str) -> (u64, f64) {
     (count, seconds)
 }
 
-/// The one broker's threads from the first submission to the end of printing, by name:
-/// whether its SQLite writer, the one thread every write goes through, was busy, waiting
-/// for a core, or idle while the ack loop waited on something else.
+/// The one broker's threads from the first submission to the end of the run (printing,
+/// then the bench's own checks of the broker's answers), by name: whether its SQLite
+/// writer, the one thread every write goes through, was busy, waiting for a core, or idle
+/// while the ack loop waited on something else.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct BrokerThreads {
     pub window_seconds: f64,
