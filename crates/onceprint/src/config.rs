@@ -113,6 +113,11 @@ pub struct ServeArgs {
     /// node learns of work committed on another).
     #[arg(long, env = "ONCEPRINT_POLL_RECHECK_MS", value_name = "MS")]
     pub poll_recheck_ms: Option<u64>,
+    /// Threads that run the broker's HTTP and async work (default: on SQLite one fewer
+    /// than the machine's cores, at least 1, so that the SQLite writer thread keeps a core
+    /// of its own; on PostgreSQL one per core).
+    #[arg(long, env = "ONCEPRINT_WORKER_THREADS", value_name = "N")]
+    pub worker_threads: Option<usize>,
     /// Tests of the real binary only: task ids are minted from a clock this many
     /// milliseconds off the wall clock (negative: behind), like a node whose clock is wrong.
     #[arg(long, env = "ONCEPRINT_TEST_ID_CLOCK_OFFSET_MS", hide = true, allow_hyphen_values = true)]
@@ -162,6 +167,8 @@ pub struct FileConfig {
     pub group_commit_in_flight: Option<usize>,
     /// PostgreSQL connection pool size (default 16).
     pub postgres_pool_size: Option<usize>,
+    /// Threads of the async runtime (default: cores − 1 on SQLite, cores on PostgreSQL).
+    pub worker_threads: Option<usize>,
     /// Ledger amount charged per accepted task (default 1).
     pub charge_per_task: Option<i64>,
     /// A delivery not acknowledged after this long is offered again to the same agent
@@ -256,7 +263,25 @@ pub struct Resolved {
     pub database: String,
     pub admin_token: Option<String>,
     pub postgres_pool_size: usize,
+    /// Threads of the async runtime `serve` builds.
+    pub worker_threads: usize,
     pub http: HttpConfig,
+}
+
+/// The runtime's worker threads when none are configured. On SQLite every write goes
+/// through one writer thread, the bottleneck of intake and delivery: with as many runtime
+/// workers as cores, the workers and the writer took turns on the cores and the writer
+/// waited for one. On 2 cores one worker gave intake 1-9 % more and delivery 0-6 % more
+/// (up to 10 % with the agent and the printer simulator on one worker too), duplicate
+/// answers no less (docs/BENCHMARKS.md, session 18). PostgreSQL does its writing in its
+/// own processes, where one worker fewer changed nothing, so the broker keeps tokio's
+/// default of one worker per core there.
+fn default_worker_threads(is_pg: bool, cores: usize) -> usize {
+    if is_pg {
+        cores.max(1)
+    } else {
+        cores.saturating_sub(1).max(1)
+    }
 }
 
 pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
@@ -356,7 +381,13 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
         // (docs/BENCHMARKS.md, session 14).
         max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 3 }).max(1),
     };
+    let worker_threads = match args.worker_threads.or(file.worker_threads) {
+        Some(0) => anyhow::bail!("worker_threads: at least 1 thread is needed"),
+        Some(n) => n,
+        None => default_worker_threads(is_pg, std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
     Ok(Resolved {
+        worker_threads,
         listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".into()),
         database,
         admin_token: args.admin_token.or(file.admin_token).filter(|t| !t.is_empty()),
@@ -466,4 +497,19 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             },
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_worker_threads;
+
+    #[test]
+    fn sqlite_leaves_its_writer_a_core_and_postgres_takes_them_all() {
+        assert_eq!(default_worker_threads(false, 1), 1);
+        assert_eq!(default_worker_threads(false, 2), 1);
+        assert_eq!(default_worker_threads(false, 8), 7);
+        assert_eq!(default_worker_threads(true, 1), 1);
+        assert_eq!(default_worker_threads(true, 2), 2);
+        assert_eq!(default_worker_threads(true, 8), 8);
+    }
 }

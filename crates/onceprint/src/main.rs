@@ -43,10 +43,27 @@ enum Command {
     /// the sweeper and the lane watchdog), alert delivery.
     Serve(config::ServeArgs),
     /// The store agent: pulls deliveries for its store's printers, prints, acknowledges.
-    Agent(onceprint_agent::AgentArgs),
+    Agent {
+        #[command(flatten)]
+        args: onceprint_agent::AgentArgs,
+        /// Threads that run the agent's async work: its printers' connections, its HTTP to
+        /// the broker and on the shop's LAN (default 1: a printed ticket costs the agent
+        /// well under a millisecond, and on a shop's small machine, or beside the broker,
+        /// more threads only wait for each other; the journal has a thread of its own).
+        #[arg(long, env = "ONCEPRINT_AGENT_WORKER_THREADS", value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u16).range(1..=1024))]
+        worker_threads: u16,
+    },
     /// A simulated ESC/POS network printer (or several) with a paper log and faults; with
     /// --mqtt, a simulated MQTT printer (Star CloudPRNT or onceprint device protocol).
-    PrinterSim(onceprint_printer_sim::SimArgs),
+    PrinterSim {
+        #[command(flatten)]
+        args: onceprint_printer_sim::SimArgs,
+        /// Threads that run the simulated printers (default 1, like a printer's own
+        /// controller; more only compete with the broker and agent on a test machine).
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        worker_threads: u16,
+    },
     /// Write the MQTT server's password file (DIR/passwd) and ACL file (DIR/acl) from the
     /// printers in the database, for Mosquitto's password_file and acl_file; reload it
     /// with SIGHUP afterwards. Takes the same settings as serve (database, MQTT login).
@@ -506,8 +523,8 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested: no new connections; finishing requests in flight");
 }
 
-async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
-    let cfg = config::resolve(args)?;
+async fn serve(cfg: config::Resolved) -> anyhow::Result<()> {
+    let worker_threads = cfg.worker_threads;
     let store = open_store(&cfg.database, cfg.postgres_pool_size).await?;
     let (hash, how) = onceprint_server::settle_admin_token(store.as_ref(), cfg.admin_token.as_deref()).await?;
     let scheme = if cfg.http.tls.is_some() { "https" } else { "http" };
@@ -525,7 +542,7 @@ async fn serve(args: config::ServeArgs) -> anyhow::Result<()> {
     if how == AdminToken::Stored {
         tracing::info!("using the admin token generated at an earlier start (pass --admin-token to replace it)");
     }
-    tracing::info!(%addr, backend = store.backend(), "onceprint serving");
+    tracing::info!(%addr, backend = store.backend(), worker_threads, "onceprint serving");
     bound.serve(shutdown_signal()).await?;
     tracing::info!("stopped cleanly");
     Ok(())
@@ -867,13 +884,26 @@ async fn demo(port: u16, tickets: u64, exit: bool) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    if matches!(cli.command, Command::Serve(_)) {
-        no_transparent_huge_pages();
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve(args).await,
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    let command = match cli.command {
+        Command::Serve(args) => {
+            no_transparent_huge_pages();
+            // Resolved before the runtime is built: the configuration says how many
+            // threads it gets.
+            let cfg = config::resolve(args)?;
+            runtime.worker_threads(cfg.worker_threads);
+            return runtime.build()?.block_on(serve(cfg));
+        }
+        Command::Agent { worker_threads, .. } | Command::PrinterSim { worker_threads, .. } => {
+            runtime.worker_threads(usize::from(worker_threads));
+            cli.command
+        }
+        command => command,
+    };
+    runtime.build()?.block_on(async {
+        match command {
+            Command::Serve(_) => unreachable!("serve returned above"),
             Command::MqttAcl { serve, out } => mqtt_acl(serve, out).await,
             Command::Render { to, profile, markup, out, file } => render(&to, profile.as_deref(), markup, out, &file),
             Command::Reconcile(args) => {
@@ -891,8 +921,8 @@ fn main() -> anyhow::Result<()> {
                     std::process::exit(1)
                 }
             }
-            Command::Agent(args) => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
-            Command::PrinterSim(args) => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
+            Command::Agent { args, .. } => Ok(onceprint_agent::run(args, shutdown_signal()).await?),
+            Command::PrinterSim { args, .. } => Ok(onceprint_printer_sim::run(args, shutdown_signal()).await?),
             Command::Bench { which } => bench(which).await,
             Command::Demo { port, tickets, exit } => demo(port, tickets, exit).await,
         }

@@ -135,3 +135,65 @@ fn bad_configuration_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sqlite://PATH or postgres://"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Starts `serve` with info logs and returns the line that says it is serving.
+fn serving_line(dir: &Path, args: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_onceprint"))
+        .arg("serve")
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let line = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("onceprint serving"))
+        .expect("the broker exited before serving");
+    let _ = child.kill();
+    let _ = child.wait();
+    line
+}
+
+#[test]
+fn worker_threads_come_from_the_flag_or_the_file_and_default_to_one_fewer_than_the_cores() {
+    let dir = temp_dir("workers");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let line = serving_line(&dir, &["--listen", "127.0.0.1:0"]);
+    assert!(line.contains(&format!("worker_threads={}", (cores - 1).max(1))), "SQLite default: {line}");
+    let line = serving_line(&dir, &["--listen", "127.0.0.1:0", "--worker-threads", "3"]);
+    assert!(line.contains("worker_threads=3"), "{line}");
+    std::fs::write(dir.join("w.toml"), "worker_threads = 5\n").expect("write");
+    let line = serving_line(&dir, &["--listen", "127.0.0.1:0", "--config", "w.toml"]);
+    assert!(line.contains("worker_threads=5"), "{line}");
+
+    std::fs::write(dir.join("zero.toml"), "worker_threads = 0\n").expect("write");
+    for args in [["--worker-threads", "0"], ["--config", "zero.toml"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_onceprint"))
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .current_dir(&dir)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?} must be refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("worker_threads: at least 1"), "{args:?}: {err}");
+    }
+    for command in
+        [&["agent", "--server", "http://127.0.0.1:1", "--token", "t", "--state-dir", "s"][..], &["printer-sim"]]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_onceprint"))
+            .args(command)
+            .args(["--worker-threads", "0"])
+            .current_dir(&dir)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{command:?} --worker-threads 0 must be refused");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--worker-threads"), "{command:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
