@@ -10,7 +10,6 @@
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiError;
@@ -57,19 +56,21 @@ fn refusal(v: Result<u32, String>) -> ApiError {
     ApiError::new(StatusCode::UPGRADE_REQUIRED, "agent_protocol_unsupported", what)
 }
 
-/// The middleware: refuses agent requests of a version outside `MIN..=MAX` and puts the
-/// range on every answer.
-pub async fn check(req: Request, next: Next) -> Response {
-    let mut resp = if req.uri().path().starts_with("/v1/agent/") {
-        match requested(&req) {
-            Ok(v) if (MIN..=MAX).contains(&v) => next.run(req).await,
-            other => refusal(other).into_response(),
-        }
-    } else {
-        next.run(req).await
-    };
+/// The refusal of an agent request of a version outside `MIN..=MAX`, before any handler
+/// runs; `None` for every other request.
+pub(crate) fn refuse(req: &Request) -> Option<Response> {
+    if !req.uri().path().starts_with("/v1/agent/") {
+        return None;
+    }
+    match requested(req) {
+        Ok(v) if (MIN..=MAX).contains(&v) => None,
+        other => Some(refusal(other).into_response()),
+    }
+}
+
+/// Puts the range this broker serves on an answer (every answer carries it).
+pub(crate) fn stamp(resp: &mut Response) {
     resp.headers_mut().insert(BROKER_HEADER, HeaderValue::from_static(RANGE));
-    resp
 }
 
 /// `MIN-MAX` as the header carries it; a test below keeps it in step with the constants.

@@ -8,10 +8,12 @@
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
 
 pub mod agent_protocol;
+mod around;
 pub mod console;
 mod dto;
 mod error;
 mod extract;
+mod http1;
 mod metrics;
 pub mod openapi;
 pub mod request_id;
@@ -258,9 +260,7 @@ pub fn router(state: AppState) -> Router {
                 "this endpoint does not take that method; see /openapi.json",
             )
         })
-        .layer(axum::middleware::from_fn(agent_protocol::check))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
-        .layer(axum::middleware::from_fn(request_id::tag))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), around::around))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
@@ -391,11 +391,11 @@ impl Bound {
     /// finish and returns once intake has nothing left to commit.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         use onceprint_engine::lease::names;
-        // `into_make_service` binds the router's state once. Serving the `Router` itself
-        // would do that again for every connection (axum 0.8 clones the whole route table,
-        // every boxed endpoint and layer, when the router is shared): about 100 KiB per
-        // open connection, which is what 10,000 idle agents' long polls cost (issue 13).
-        let app = router(self.state.clone()).into_make_service();
+        // The router's state is bound once, here; each connection gets a clone of the
+        // handle. (`axum::serve` given the `Router` itself bound it again for every
+        // connection, cloning every boxed endpoint and layer: about 100 KiB per open
+        // connection, which is what 10,000 idle agents' long polls cost, issue 13.)
+        let app = router(self.state.clone());
         let lanes = self.state.lanes.clone();
         let leases = self.state.leases.clone();
         // Jobs that must run once per cluster each ask their lease before a round of work.
@@ -470,11 +470,9 @@ impl Bound {
         match self.state.config.tls.clone() {
             Some(tls) => {
                 let listener = tls::TlsListener::new(self.listener, &tls).map_err(ServerError::Serve)?;
-                axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?;
+                http1::serve(listener, app, shutdown).await;
             }
-            None => {
-                axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)?
-            }
+            None => http1::serve(self.listener, app, shutdown).await,
         }
         let _ = sweeper.await;
         let _ = watchdog.await;

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::{MatchedPath, Request};
+use axum::http::StatusCode;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -243,14 +242,30 @@ impl Metrics {
     }
 }
 
-/// Middleware recording the latency of every request under its route template.
-pub async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let route =
-        req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
-    let method = req.method().as_str().to_owned();
-    let start = Instant::now();
-    let res = next.run(req).await;
-    let labels = vec![("route", route), ("method", method), ("status", res.status().as_u16().to_string())];
-    st.metrics.latency.get_or_create(&labels).observe(start.elapsed().as_secs_f64());
-    res
+/// The labels and start of a request's latency, taken before it is handed on; the
+/// latency is recorded under its route template by [`Timed::finish`].
+pub(crate) struct Timed {
+    route: Option<MatchedPath>,
+    method: axum::http::Method,
+    start: Instant,
+}
+
+impl Timed {
+    pub(crate) fn begin(req: &Request) -> Timed {
+        Timed {
+            route: req.extensions().get::<MatchedPath>().cloned(),
+            method: req.method().clone(),
+            start: Instant::now(),
+        }
+    }
+
+    pub(crate) fn finish(self, st: &AppState, status: StatusCode) {
+        let route = self.route.map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+        let labels = vec![
+            ("route", route),
+            ("method", self.method.as_str().to_owned()),
+            ("status", status.as_u16().to_string()),
+        ];
+        st.metrics.latency.get_or_create(&labels).observe(self.start.elapsed().as_secs_f64());
+    }
 }

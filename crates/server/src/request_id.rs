@@ -10,9 +10,7 @@ use std::time::Instant;
 
 use axum::extract::Request;
 use axum::http::HeaderValue;
-use axum::middleware::Next;
 use axum::response::Response;
-use tracing::Instrument as _;
 
 pub const HEADER: &str = "x-request-id";
 
@@ -44,36 +42,56 @@ fn is_noise(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics" | "/v1/agent/poll" | "/cloudprnt" | "/epson-sdp")
 }
 
-/// The middleware: span, access log line, `X-Request-Id` on the answer.
-pub async fn tag(req: Request, next: Next) -> Response {
-    let id = req.headers().get(HEADER).and_then(usable).map_or_else(new_id, str::to_owned);
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    let span = tracing::info_span!(
-        "request",
-        request_id = %id,
-        method = %method,
-        path = %path,
-        task_id = tracing::field::Empty,
-    );
-    if let Some(task) = task_in_path(&path) {
-        span.record("task_id", task);
-    }
-    let started = Instant::now();
-    let mut res = next.run(req).instrument(span.clone()).await;
-    let status = res.status().as_u16();
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    span.in_scope(|| {
-        if is_noise(&path) && status < 400 {
-            tracing::debug!(status, ms, "answered");
-        } else {
-            tracing::info!(status, ms, "answered");
+/// A request's id, span and start, taken as it comes in (before any handler runs);
+/// [`Tag::finish`] writes its access line and puts the id on the answer.
+pub(crate) struct Tag {
+    header: Option<HeaderValue>,
+    noise: bool,
+    span: tracing::Span,
+    started: Instant,
+}
+
+impl Tag {
+    pub(crate) fn begin(req: &Request) -> Tag {
+        let id = req.headers().get(HEADER).and_then(usable).map_or_else(new_id, str::to_owned);
+        let path = req.uri().path();
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id,
+            method = %req.method(),
+            path = %path,
+            task_id = tracing::field::Empty,
+        );
+        if let Some(task) = task_in_path(path) {
+            span.record("task_id", task);
         }
-    });
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        res.headers_mut().insert(HEADER, v);
+        // The answer's header is a copy: a value sliced from the request's headers would
+        // keep the connection's whole read buffer from being reused while the request
+        // waits (a long poll waits for up to its `wait_ms`).
+        Tag { header: HeaderValue::from_str(&id).ok(), noise: is_noise(path), span, started: Instant::now() }
     }
-    res
+
+    /// The span every log line written while serving the request belongs to.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The access line (debug for machines' routine polls that went well) and the
+    /// `X-Request-Id` header.
+    pub(crate) fn finish(self, res: &mut Response) {
+        let status = res.status().as_u16();
+        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        self.span.in_scope(|| {
+            if self.noise && status < 400 {
+                tracing::debug!(status, ms, "answered");
+            } else {
+                tracing::info!(status, ms, "answered");
+            }
+        });
+        if let Some(v) = self.header {
+            res.headers_mut().insert(HEADER, v);
+        }
+    }
 }
 
 /// Names the task a request is about, for requests whose path does not (a submission).
