@@ -332,6 +332,14 @@ async fn meta_endpoints_answer(app: &TestApp) {
     assert!(metrics.contains("onceprint_submissions_total{outcome=\"duplicate_gate\"} 1"), "{metrics}");
     assert!(metrics.contains("onceprint_tasks{state=\"pending\"} 1"), "{metrics}");
     assert!(metrics.contains("onceprint_http_request_duration_seconds_bucket"), "{metrics}");
+    // Latency is kept under the route's template, with the method and the answer's status.
+    for labels in [
+        r#"route="/v1/print-tasks",method="POST",status="201""#,
+        r#"route="/v1/print-tasks",method="POST",status="200""#,
+        r#"route="/healthz",method="GET",status="200""#,
+    ] {
+        assert!(metrics.contains(labels), "{labels} missing: {metrics}");
+    }
     let nope = app.call("GET", "/v1/nothing-here", None, None).await;
     assert_eq!((nope.status, nope.code()), (StatusCode::NOT_FOUND, "not_found"));
     let wrong_method = app.call("DELETE", "/v1/print-tasks", Some(&key), None).await;
