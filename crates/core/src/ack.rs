@@ -1,13 +1,21 @@
-//! What an acknowledgement from a printer transport does to a task (R9–R11, R14, R17, R22).
+//! What an acknowledgement from a printer transport does to a task (R9–R11, R14, R17, R22,
+//! R43).
 //!
 //! The decision is a pure function of the task's state and attempt, the ack, and the print
 //! type's policy, so it is unit- and property-tested here and the engine only carries it
 //! out with a compare-and-set. An ack for an older attempt or a finished task changes
 //! nothing; a repeated ack is recognised as a duplicate; a late PRINTED for a task that
 //! is waiting to retry (or waiting for a human) closes it, since paper did come out.
+//!
+//! The one rule for doubt (R43): an ack carries what it proves about paper
+//! ([`crate::proof::Proof`], from the vendor tables of [`crate::results`]). Only a report
+//! that proves nothing printed leads to another attempt; one that may have printed puts
+//! the ticket in doubt (or reprints it with a banner, where the print type says so),
+//! whatever it says about the printer.
 
 use serde::{Deserialize, Serialize};
 
+use crate::proof::Proof;
 use crate::{Millis, PrintTypePolicy, TaskState};
 
 /// The outcomes of the agent protocol (CONTRACT.md), shared by the broker and the agent.
@@ -50,22 +58,17 @@ impl Outcome {
         Outcome::ALL.into_iter().find(|o| o.as_str() == s)
     }
 
-    /// Outcomes reported before anything was sent to the printer, so they prove that
-    /// nothing came out: the grounds on which a station task may fail over (R25).
-    pub fn proves_nothing_printed(self) -> bool {
+    /// Outcomes that describe the printer, not the ticket: the printer cannot print
+    /// anything until a person (or the network) fixes it. Reported for a job that printed
+    /// nothing ([`Proof::NotPrinted`]) they pause the printer's lane instead of spending
+    /// the ticket's attempts; reported after the job may have printed, the ticket goes to
+    /// a person and the lane still pauses (the printer row says why).
+    pub fn pauses_lane(self) -> bool {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam)
     }
 
-    /// Outcomes that describe the printer, not the ticket: the printer cannot print
-    /// anything until a person (or the network) fixes it. They pause the printer's lane
-    /// instead of spending the ticket's attempts (issue 15); the same set as
-    /// [`Outcome::proves_nothing_printed`], since the agent checks the status before
-    /// sending.
-    pub fn pauses_lane(self) -> bool {
-        self.proves_nothing_printed()
-    }
-
-    /// Outcomes after which a retry may print (nothing came out, or an error before paper).
+    /// Outcomes after which another attempt may print, when the report proves that
+    /// nothing of this one did.
     pub fn is_recoverable(self) -> bool {
         matches!(self, Outcome::NoPaper | Outcome::CoverOpen | Outcome::Offline | Outcome::PaperJam | Outcome::Error)
     }
@@ -121,8 +124,29 @@ pub enum AckDecision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ack {
     pub attempt: i32,
+    /// What the report says about the printer.
     pub outcome: Outcome,
     pub detail: String,
+    /// What the report proves about the attempt's paper.
+    pub proof: Proof,
+}
+
+impl Ack {
+    /// An ack whose proof follows from its outcome as the agent protocol defines it
+    /// ([`Proof::of_agent_outcome`]).
+    pub fn agent(attempt: i32, outcome: Outcome, detail: impl Into<String>) -> Ack {
+        Ack { attempt, outcome, detail: detail.into(), proof: Proof::of_agent_outcome(outcome) }
+    }
+
+    /// What the ack proves, made consistent with its outcome: `printed` is the printer's
+    /// word for paper whatever else is said, and `in_doubt` never proves anything.
+    pub fn proof(&self) -> Proof {
+        match (self.outcome, self.proof) {
+            (Outcome::Printed, _) => Proof::Printed,
+            (Outcome::InDoubt, _) | (_, Proof::Printed) => Proof::MayHavePrinted,
+            (_, p) => p,
+        }
+    }
 }
 
 /// What an ack decision needs to know about the task.
@@ -142,14 +166,20 @@ pub struct AckTask {
 /// Decides what an ack does to `task`. `jitter_unit` is a random sample in [0, 1) for
 /// the backoff.
 ///
-/// A status refusal (no paper, cover open, paper jam, offline) pauses the lane: the task
-/// waits for its printer, checked again on a backoff of its refusals and at once when the
-/// printer reports that it is ready, until `max_wait_ms` after its submission, after which
-/// it fails with the printer's reason. Any other recoverable outcome spends one of
-/// `max_attempts`.
+/// What the ack proves about paper decides first (R43):
+/// - printed: the task is printed (also late, from `retrying`, `failed` or `in_doubt`);
+/// - may have printed: in doubt, waiting for a person, or another attempt marked as a
+///   reprint where the print type reprints on doubt (within its attempts);
+/// - refused (nothing printed, and the same data would be refused again): failed;
+/// - nothing printed: a status refusal (no paper, cover open, paper jam, offline) pauses
+///   the lane: the task waits for its printer, checked again on a backoff of its
+///   refusals and at once when the printer reports that it is ready, until
+///   `max_wait_ms` after its submission, after which it fails with the printer's
+///   reason. An error spends one of `max_attempts`.
 pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, jitter_unit: f64) -> AckDecision {
     let (state, attempts) = (task.state, task.attempts);
     let (ack_attempt, outcome, detail) = (ack.attempt, ack.outcome, ack.detail.as_str());
+    let proof = ack.proof();
     let reason = |what: &str| {
         if detail.is_empty() {
             format!("attempt {ack_attempt}: {what}")
@@ -157,7 +187,7 @@ pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, 
             format!("attempt {ack_attempt}: {what} ({detail})")
         }
     };
-    let may_have_printed = !outcome.proves_nothing_printed() && outcome != Outcome::Printed;
+    let may_have_printed = proof == Proof::MayHavePrinted;
     let change_refused = |to: TaskState, last_error: Option<String>, next: Option<Millis>, why: String, refused| {
         AckDecision::Apply(AckChange {
             from: state,
@@ -174,8 +204,10 @@ pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, 
     // Offers that reached the printer (never negative, whatever a row says).
     let delivered = (attempts - task.refusals.max(0)).max(0);
     let current = ack_attempt == attempts && ack_attempt > 0;
-    match (state, outcome) {
-        (TaskState::Sent, Outcome::Printed) if ack_attempt <= attempts && ack_attempt > 0 => {
+    // What the printer said, when it said more than "in doubt" (a stop, an error code).
+    let said = if outcome == Outcome::InDoubt { String::new() } else { format!("{}; ", outcome.as_str()) };
+    match (state, proof) {
+        (TaskState::Sent, Proof::Printed) if ack_attempt <= attempts && ack_attempt > 0 => {
             let why = if current {
                 reason("the printer confirmed it printed")
             } else {
@@ -183,7 +215,34 @@ pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, 
             };
             change(TaskState::Printed, None, None, why)
         }
-        (TaskState::Sent, o) if current && o.pauses_lane() => {
+        (TaskState::Sent, Proof::MayHavePrinted) if current => {
+            if policy.reprint_on_doubt && delivered < policy.max_attempts as i32 {
+                let delay = policy.backoff.delay_ms(delivered.max(1) as u32, jitter_unit);
+                change(
+                    TaskState::Retrying,
+                    Some("in_doubt".into()),
+                    Some(now + delay),
+                    reason(&format!(
+                        "{said}the printer may have printed it; the print type's policy is to reprint on doubt (marked as a reprint)"
+                    )),
+                )
+            } else {
+                change(
+                    TaskState::InDoubt,
+                    Some("in_doubt".into()),
+                    None,
+                    reason(&format!("{said}the printer may have printed it but cannot prove it; waiting for a person")),
+                )
+            }
+        }
+        (TaskState::Sent, Proof::Refused) if current => change(
+            TaskState::Failed,
+            Some("refused".into()),
+            None,
+            reason(&format!("{said}the printer refused the data and printed nothing; sending it again would not help")),
+        ),
+        (TaskState::Sent, Proof::NotPrinted) if current && outcome.pauses_lane() => {
+            let o = outcome;
             let waited = (now - task.created_at).max(0);
             if waited >= policy.max_wait_ms {
                 change(
@@ -215,13 +274,14 @@ pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, 
                 )
             }
         }
-        (TaskState::Sent, o) if current && o.is_recoverable() => {
+        (TaskState::Sent, Proof::NotPrinted) if current && outcome.is_recoverable() => {
+            let o = outcome;
             if delivered >= policy.max_attempts as i32 {
                 change(
                     TaskState::Failed,
                     Some(o.as_str().to_owned()),
                     None,
-                    reason(&format!("{}; no attempts left", o.as_str())),
+                    reason(&format!("{}; nothing printed; no attempts left", o.as_str())),
                 )
             } else {
                 let delay = policy.backoff.delay_ms(delivered.max(1) as u32, jitter_unit);
@@ -229,38 +289,23 @@ pub fn decide(task: &AckTask, ack: &Ack, policy: &PrintTypePolicy, now: Millis, 
                     TaskState::Retrying,
                     Some(o.as_str().to_owned()),
                     Some(now + delay),
-                    reason(&format!("{}; retry in {} ms", o.as_str(), delay)),
-                )
-            }
-        }
-        (TaskState::Sent, Outcome::InDoubt) if current => {
-            if policy.reprint_on_doubt && delivered < policy.max_attempts as i32 {
-                let delay = policy.backoff.delay_ms(delivered.max(1) as u32, jitter_unit);
-                change(
-                    TaskState::Retrying,
-                    Some("in_doubt".into()),
-                    Some(now + delay),
-                    reason("in doubt; the print type's policy is to reprint on doubt"),
-                )
-            } else {
-                change(
-                    TaskState::InDoubt,
-                    Some("in_doubt".into()),
-                    None,
-                    reason("the printer may have printed but cannot prove it; waiting for a person"),
+                    reason(&format!("{}; nothing printed; retry in {} ms", o.as_str(), delay)),
                 )
             }
         }
         // Paper came out after all: close a task that waits for a retry or for a person.
-        (TaskState::Retrying | TaskState::Failed | TaskState::InDoubt, Outcome::Printed)
+        (TaskState::Retrying | TaskState::Failed | TaskState::InDoubt, Proof::Printed)
             if ack_attempt <= attempts && ack_attempt > 0 =>
         {
             change(TaskState::Printed, None, None, reason("late confirmation that it printed"))
         }
-        (TaskState::Printed, Outcome::Printed) => AckDecision::Duplicate,
-        (TaskState::Retrying | TaskState::Failed, o) if current && o.is_recoverable() => AckDecision::Duplicate,
-        (TaskState::InDoubt, Outcome::InDoubt) if current => AckDecision::Duplicate,
-        (TaskState::Retrying, Outcome::InDoubt) if current && policy.reprint_on_doubt => AckDecision::Duplicate,
+        (TaskState::Printed, Proof::Printed) => AckDecision::Duplicate,
+        (TaskState::Retrying | TaskState::Failed, Proof::NotPrinted) if current && outcome.is_recoverable() => {
+            AckDecision::Duplicate
+        }
+        (TaskState::Failed, Proof::Refused) if current => AckDecision::Duplicate,
+        (TaskState::InDoubt, Proof::MayHavePrinted) if current => AckDecision::Duplicate,
+        (TaskState::Retrying, Proof::MayHavePrinted) if current && policy.reprint_on_doubt => AckDecision::Duplicate,
         _ => AckDecision::Stale,
     }
 }
@@ -272,7 +317,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn ack(attempt: i32, outcome: Outcome, detail: &str) -> Ack {
-        Ack { attempt, outcome, detail: detail.into() }
+        Ack::agent(attempt, outcome, detail)
+    }
+
+    fn report(attempt: i32, outcome: Outcome, proof: Proof) -> Ack {
+        Ack { attempt, outcome, detail: String::new(), proof }
     }
 
     /// A task submitted at 0 that no printer refused yet.
@@ -418,12 +467,119 @@ mod tests {
         assert_eq!(c.to, TaskState::Failed);
         assert!(c.allows_failover(false));
         assert!(!c.allows_failover(true), "an earlier attempt may have printed");
+        // An agent's error is reported only for a job it sent nothing of.
         let AckDecision::Apply(c) = decide(&t(TaskState::Sent, last), &ack(last, Outcome::Error, ""), &p, 0, 0.0)
         else {
             panic!()
         };
         assert_eq!(c.to, TaskState::Failed);
-        assert!(!c.allows_failover(false), "an error says nothing about paper");
+        assert!(c.allows_failover(false), "nothing was sent");
+        // An error that may have printed never fails (or fails over): it is in doubt.
+        let AckDecision::Apply(c) =
+            decide(&t(TaskState::Sent, last), &report(last, Outcome::Error, Proof::MayHavePrinted), &p, 0, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!(c.to, TaskState::InDoubt);
+        assert!(!c.allows_failover(false), "it may have printed");
+    }
+
+    #[test]
+    fn a_report_that_may_have_printed_never_retries_whatever_it_says_about_the_printer() {
+        let p = policy();
+        for o in Outcome::ALL.into_iter().filter(|o| *o != Outcome::Printed) {
+            let AckDecision::Apply(c) =
+                decide(&t(TaskState::Sent, 1), &report(1, o, Proof::MayHavePrinted), &p, 0, 0.0)
+            else {
+                panic!("{o}")
+            };
+            assert_eq!(c.to, TaskState::InDoubt, "{o}");
+            assert!(c.may_have_printed && !c.refused, "{o}");
+            assert!(!c.allows_failover(false));
+            // The same report again is a duplicate, not a second doubt.
+            let again = AckTask { state: TaskState::InDoubt, ..t(TaskState::Sent, 1) };
+            assert_eq!(decide(&again, &report(1, o, Proof::MayHavePrinted), &p, 0, 0.0), AckDecision::Duplicate);
+        }
+        // An ESC/POS "no paper" after the job left says what the printer is, and the reason
+        // keeps it.
+        let AckDecision::Apply(c) =
+            decide(&t(TaskState::Sent, 2), &report(2, Outcome::NoPaper, Proof::MayHavePrinted), &p, 0, 0.0)
+        else {
+            panic!()
+        };
+        assert!(c.reason.contains("no_paper") && c.reason.contains("may have printed"), "{}", c.reason);
+    }
+
+    #[test]
+    fn refused_data_fails_at_once_and_may_fail_over() {
+        let p = policy();
+        let AckDecision::Apply(c) =
+            decide(&t(TaskState::Sent, 1), &report(1, Outcome::Error, Proof::Refused), &p, 0, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!((c.to, c.last_error.as_deref()), (TaskState::Failed, Some("refused")));
+        assert!(c.allows_failover(false), "nothing printed");
+        let failed = AckTask { state: TaskState::Failed, ..t(TaskState::Sent, 1) };
+        assert_eq!(decide(&failed, &report(1, Outcome::Error, Proof::Refused), &p, 0, 0.0), AckDecision::Duplicate);
+    }
+
+    #[test]
+    fn printed_and_in_doubt_outcomes_mean_what_they_say_whatever_proof_is_attached() {
+        let a = report(1, Outcome::Printed, Proof::NotPrinted);
+        assert_eq!(a.proof(), Proof::Printed);
+        assert_eq!(report(1, Outcome::InDoubt, Proof::NotPrinted).proof(), Proof::MayHavePrinted);
+        assert_eq!(report(1, Outcome::Error, Proof::Printed).proof(), Proof::MayHavePrinted);
+    }
+
+    /// A delivery's life after its data may have reached the printer, one report after the
+    /// other: what the lane does with the task at each point.
+    #[derive(Debug, Clone)]
+    struct Reported {
+        attempt_offset: i32,
+        outcome: Outcome,
+        proof: Proof,
+    }
+
+    fn any_report() -> impl Strategy<Value = Reported> {
+        (-1i32..2, proptest::sample::select(Outcome::ALL.to_vec()), proptest::sample::select(Proof::ALL.to_vec()))
+            .prop_map(|(attempt_offset, outcome, proof)| Reported { attempt_offset, outcome, proof })
+    }
+
+    proptest! {
+        /// No sequence of reports after a job's data left produces a second delivery of the
+        /// same data unless one of them proved that nothing printed: the task is in the
+        /// lane again (`pending`/`retrying`, so a claim hands it out) only after a
+        /// `NotPrinted` report, or as the print type's reprint on doubt, which is marked
+        /// (`last_error` = `in_doubt`, the reprint banner).
+        #[test]
+        fn no_second_delivery_after_a_fetch_without_proof(
+            reports in proptest::collection::vec(any_report(), 1..12),
+            reprint in any::<bool>(), unit in 0.0f64..1.0, attempt in 1i32..4,
+        ) {
+            let mut p = policy();
+            p.reprint_on_doubt = reprint;
+            // Attempt `attempt` is out, its data fetched: from here on it may have printed.
+            let mut task = AckTask { state: TaskState::Sent, attempts: attempt, refusals: 0, created_at: 0 };
+            let mut last_error: Option<String> = None;
+            let mut proved_nothing = false;
+            for (i, r) in reports.iter().enumerate() {
+                let a = Ack { attempt: attempt + r.attempt_offset, outcome: r.outcome, detail: String::new(), proof: r.proof };
+                if let AckDecision::Apply(c) = decide(&task, &a, &p, i as i64 * 1000, unit) {
+                    if a.proof() == Proof::NotPrinted && c.to != TaskState::Printed {
+                        proved_nothing = true;
+                    }
+                    task.state = c.to;
+                    task.refusals += i32::from(c.refused);
+                    last_error = c.last_error;
+                }
+                if task.state.in_lane() && task.state != TaskState::Sent {
+                    let marked_reprint = reprint && last_error.as_deref() == Some("in_doubt");
+                    prop_assert!(proved_nothing || marked_reprint,
+                        "handed out again without proof after {:?}: {:?} ({:?})", &reports[..=i], task.state, last_error);
+                }
+            }
+        }
     }
 
     fn any_state() -> impl Strategy<Value = TaskState> {
@@ -432,6 +588,9 @@ mod tests {
     fn any_outcome() -> impl Strategy<Value = Outcome> {
         proptest::sample::select(Outcome::ALL.to_vec())
     }
+    fn any_proof() -> impl Strategy<Value = Proof> {
+        proptest::sample::select(Proof::ALL.to_vec())
+    }
 
     proptest! {
         /// Every change an ack asks for is in the transition table, never leaves an end
@@ -439,12 +598,14 @@ mod tests {
         #[test]
         fn acks_only_ask_for_legal_transitions(
             state in any_state(), attempts in 0i32..8, ack_attempt in -1i32..9, refusals in -1i32..9,
-            outcome in any_outcome(), reprint in any::<bool>(), unit in 0.0f64..1.0, now in 0i64..1_000_000,
+            outcome in any_outcome(), proof in any_proof(), reprint in any::<bool>(), unit in 0.0f64..1.0,
+            now in 0i64..1_000_000,
         ) {
             let mut p = policy();
             p.reprint_on_doubt = reprint;
             let task = AckTask { state, attempts, refusals, created_at: 0 };
-            match decide(&task, &ack(ack_attempt, outcome, "d"), &p, now, unit) {
+            let a = Ack { attempt: ack_attempt, outcome, detail: "d".into(), proof };
+            match decide(&task, &a, &p, now, unit) {
                 AckDecision::Apply(c) => {
                     prop_assert!(state.can_go_to(c.to), "{} -> {}", state, c.to);
                     prop_assert_eq!(c.from, state);
@@ -452,12 +613,14 @@ mod tests {
                     prop_assert!(ack_attempt >= 1 && ack_attempt <= attempts);
                     if c.to == TaskState::Retrying { prop_assert!(c.next_attempt_at.is_some()); }
                     // A refusal pauses, within the budget, and never ends the ticket early.
-                    prop_assert_eq!(c.refused, outcome.pauses_lane() && c.to == TaskState::Retrying);
+                    prop_assert_eq!(c.refused, outcome.pauses_lane() && c.to == TaskState::Retrying
+                        && a.proof() == Proof::NotPrinted);
+                    prop_assert_eq!(c.may_have_printed, a.proof() == Proof::MayHavePrinted);
                     if c.refused {
                         prop_assert!(now < p.max_wait_ms);
                         prop_assert!(c.next_attempt_at.is_some_and(|n| n >= now && n <= p.max_wait_ms));
                     }
-                    if outcome.pauses_lane() && c.to == TaskState::Failed {
+                    if outcome.pauses_lane() && a.proof() == Proof::NotPrinted && c.to == TaskState::Failed {
                         prop_assert!(now >= p.max_wait_ms, "failed a paused ticket inside its budget");
                     }
                 }

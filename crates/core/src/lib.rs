@@ -19,6 +19,8 @@ pub mod lane;
 pub mod manual;
 pub mod offline;
 pub mod policy;
+pub mod proof;
+pub mod results;
 pub mod state;
 pub mod time;
 
@@ -28,5 +30,6 @@ pub use error::CoreError;
 pub use ids::{validate_id, TaskId};
 pub use key::{delivery_key, Fingerprint, IdempotencyKey, Target};
 pub use policy::{Backoff, PolicyTable, PrintTypePolicy, DEFAULT_MAX_WAIT_MS};
+pub use proof::Proof;
 pub use state::{TaskState, TransitionError};
 pub use time::Millis;

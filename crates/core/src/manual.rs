@@ -1,6 +1,11 @@
 //! The manual channel (R26): what an operator may do to a task in which state. "The system
 //! solves 99 %, people solve 1 %" — and the 1 % must never create a duplicate or lose the
 //! paper trail, so each action is allowed only where it cannot do either.
+//!
+//! Manual actions follow the one rule for doubt (R43): a ticket that may have printed
+//! (any of its attempts ended without proof that nothing came out: `may_have_printed`)
+//! is printed again only as a numbered reprint with a banner, never moved unmarked to
+//! another printer.
 
 use crate::TaskState;
 
@@ -28,18 +33,28 @@ impl ManualAction {
     }
 }
 
-/// An action the task's state does not allow.
+/// An action the task does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{action} is not possible for a task in state {state}; it is possible from: {allowed}")]
+#[error("{action} is not possible for a task in state {state}: {why}")]
 pub struct NotAllowed {
     pub action: &'static str,
     pub state: TaskState,
-    pub allowed: String,
+    /// Why, and what is possible instead.
+    pub why: String,
+}
+
+/// What an action needs to know about the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManualTask {
+    pub state: TaskState,
+    /// An attempt of it may have printed (`tasks.may_have_printed`).
+    pub may_have_printed: bool,
 }
 
 /// What the action does to the task itself: `Some(state)` moves it there, `None` leaves it
 /// unchanged (a reprint of a printed task).
-pub fn original_goes_to(action: ManualAction, from: TaskState) -> Result<Option<TaskState>, NotAllowed> {
+pub fn original_goes_to(action: ManualAction, task: ManualTask) -> Result<Option<TaskState>, NotAllowed> {
+    let from = task.state;
     use TaskState::*;
     let (allowed, to): (&[TaskState], Option<TaskState>) = match action {
         // A printed or closed task keeps its state; a failed or doubtful one is resolved by
@@ -58,7 +73,18 @@ pub fn original_goes_to(action: ManualAction, from: TaskState) -> Result<Option<
         return Err(NotAllowed {
             action: action.as_str(),
             state: from,
-            allowed: allowed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            why: format!("it is possible from: {}", allowed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+        });
+    }
+    if action == ManualAction::Transfer && task.may_have_printed {
+        // The successor would print the ticket a second time, unmarked, on another printer.
+        return Err(NotAllowed {
+            action: action.as_str(),
+            state: from,
+            why: "an attempt of it may have printed (it ended without proof that nothing came out); \
+                  reprint it instead (a numbered copy with a REPRINT banner, on any printer of the store), \
+                  or mark it printed if the paper is there"
+                .into(),
         });
     }
     if let Some(to) = to {
@@ -75,12 +101,22 @@ mod tests {
     const ACTIONS: [ManualAction; 4] =
         [ManualAction::Reprint, ManualAction::MarkPrinted, ManualAction::Cancel, ManualAction::Transfer];
 
+    fn t(state: TaskState) -> ManualTask {
+        ManualTask { state, may_have_printed: false }
+    }
+
+    fn original_goes_to(a: ManualAction, s: TaskState) -> Result<Option<TaskState>, NotAllowed> {
+        super::original_goes_to(a, t(s))
+    }
+
     #[test]
     fn every_allowed_move_is_a_legal_transition() {
         for a in ACTIONS {
             for s in TaskState::ALL {
-                if let Ok(Some(to)) = original_goes_to(a, s) {
-                    assert!(s.can_go_to(to), "{} from {s} -> {to}", a.as_str());
+                for may in [false, true] {
+                    if let Ok(Some(to)) = super::original_goes_to(a, ManualTask { state: s, may_have_printed: may }) {
+                        assert!(s.can_go_to(to), "{} from {s} -> {to}", a.as_str());
+                    }
                 }
             }
         }
@@ -92,6 +128,21 @@ mod tests {
             let e = original_goes_to(a, TaskState::Sent).unwrap_err();
             assert_eq!(e.state, TaskState::Sent);
             assert!(e.to_string().contains("sent"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_ticket_that_may_have_printed_is_never_moved_unmarked() {
+        for s in TaskState::ALL {
+            let may = ManualTask { state: s, may_have_printed: true };
+            let e = super::original_goes_to(ManualAction::Transfer, may).expect_err("never a transfer");
+            if original_goes_to(ManualAction::Transfer, s).is_ok() {
+                assert!(e.to_string().contains("reprint"), "{e}");
+            }
+            // Everything else is as for any task in that state.
+            for a in [ManualAction::Reprint, ManualAction::MarkPrinted, ManualAction::Cancel] {
+                assert_eq!(super::original_goes_to(a, may), original_goes_to(a, s), "{} from {s}", a.as_str());
+            }
         }
     }
 

@@ -37,6 +37,7 @@ pub const TRANSITIONS: &[(TaskState, TaskState, &str)] = {
         (Sent, Sent, "offered again to the same agent, which answers from its journal"),
         (Pending, Cancelled, "cancelled before it was sent"),
         (Pending, Transferred, "failover before it was sent"),
+        (Pending, Failed, "waited past its print type's max_wait_ms for a printer that is paused or silent"),
         (Sent, Printed, "the printer acknowledged paper out"),
         (Sent, Retrying, "recoverable failure, another attempt is due"),
         (Sent, Failed, "attempts exhausted"),

@@ -27,9 +27,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+
 use onceprint_core::ack::{decide, Ack, AckChange, AckDecision, AckTask, Outcome};
 use onceprint_core::lane::{next_step, Holder, InFlight, Reoffer, Step, Waiting};
-use onceprint_core::{delivery_key, Millis, PolicyTable, TaskState};
+use onceprint_core::{delivery_key, Millis, PolicyTable, Proof, TaskState};
 use onceprint_store::{
     AgentIdentity, Lane, ManualChange, PrinterStatusUpdate, Store, StoreError, Task, TaskContent, Transition,
 };
@@ -62,6 +63,9 @@ pub struct DeliveryConfig {
     pub recheck_ms: u64,
     /// The line printed at the top of a reprint; `{n}` is the reprint number.
     pub reprint_banner: String,
+    /// The line printed at the top of another attempt of a ticket whose earlier attempt
+    /// may have printed (the print type reprints on doubt): the copy is marked as one.
+    pub doubt_reprint_banner: String,
     /// A lane with work and no progress for this long is `printer.stalled` (R37).
     pub stall_after_ms: i64,
     /// A station's printer paused by its own state (no paper, cover open, paper jam,
@@ -79,6 +83,7 @@ impl Default for DeliveryConfig {
             sweep_interval_ms: 1_000,
             recheck_ms: 30_000,
             reprint_banner: "*** REPRINT {n} ***".into(),
+            doubt_reprint_banner: "*** REPRINT (MAY BE A COPY) ***".into(),
             stall_after_ms: 120_000,
             station_failover_after_ms: 30_000,
         }
@@ -96,8 +101,9 @@ pub struct Delivery {
     pub idempotency_key: String,
     /// The bytes for the printer, in the transport's encoding.
     pub data: Vec<u8>,
-    /// The previous attempt ended in doubt and the print type reprints on doubt: the
-    /// agent may print over its journal's record of an older attempt.
+    /// An earlier attempt may have printed and the print type reprints on doubt: the
+    /// agent may print over its journal's record of an older attempt, and the copy
+    /// carries the doubt reprint banner.
     pub reprint: bool,
     /// `Some` when the task was in flight at this claimant already and is offered again.
     pub again: Option<Reoffer>,
@@ -128,9 +134,8 @@ pub struct ClaimRules {
     /// receivers may never answer; `None` for agents, whose journal always answers).
     pub give_up_after_ms: Option<i64>,
     /// Handing out is fetching: the answer that hands a job to the claimant carries its
-    /// data (Epson Server Direct Print), so the delivery may have printed from the moment
-    /// it is handed out and is recorded as fetched (`may_have_printed`) in the same
-    /// compare-and-set.
+    /// data (Epson Server Direct Print), so the delivery may print from the moment it is
+    /// handed out and is recorded as fetched in the same compare-and-set.
     pub fetched_on_hand_out: bool,
 }
 
@@ -149,13 +154,30 @@ pub enum Scope<'a> {
     Printer { printer_id: &'a str, kind: TransportKind },
 }
 
-/// One ack as received.
+/// One ack as received: what the printer side said about the printer (`outcome`) and
+/// what that proves about the attempt's paper (`proof`, from the vendor tables of
+/// `onceprint_core::results`).
 #[derive(Debug, Clone)]
 pub struct AckIn {
     pub task_id: String,
     pub attempt: i32,
     pub outcome: Outcome,
     pub detail: String,
+    pub proof: Proof,
+}
+
+impl AckIn {
+    /// An ack of a store agent, whose outcomes say what they prove by the agent protocol
+    /// ([`Proof::of_agent_outcome`]).
+    pub fn agent(task_id: impl Into<String>, attempt: i32, outcome: Outcome, detail: impl Into<String>) -> AckIn {
+        AckIn {
+            task_id: task_id.into(),
+            attempt,
+            outcome,
+            detail: detail.into(),
+            proof: Proof::of_agent_outcome(outcome),
+        }
+    }
 }
 
 /// What an ack may hand out in the same write ([`LaneEngine::ack_and_hand_out`]): the next
@@ -604,8 +626,7 @@ impl LaneEngine {
                                 &sent.print_type,
                             ),
                             attempt: t.attempts,
-                            reprint: task.state == TaskState::Retrying
-                                && task.last_error.as_deref() == Some("in_doubt"),
+                            reprint: task.may_have_printed,
                             task: sent,
                             printer,
                             data,
@@ -663,7 +684,8 @@ impl LaneEngine {
             } else {
                 claimant.session.clone()
             },
-            may_have_printed: rules.fetched_on_hand_out,
+            // As for a fetch: how the attempt ends records whether it may have printed.
+            may_have_printed: false,
             event: None,
             refused: false,
         }
@@ -673,7 +695,7 @@ impl LaneEngine {
     /// `attempt` (CloudPRNT's job GET), before the data is handed over: a job that was
     /// fetched may have printed, so it is never offered again and ends with the printer's
     /// answer or, after `answer_within_ms`, in doubt. A compare-and-set `sent → sent` on
-    /// the same attempt with `may_have_printed`, audited with `what` ("image/png").
+    /// the same attempt to the session `fetched`, audited with `what` ("image/png").
     ///
     /// `true` when the delivery is (now, or already was) fetched by this claimant at this
     /// attempt; `false` when the task is not in flight at it with that attempt any more.
@@ -709,7 +731,37 @@ impl LaneEngine {
             now,
             sent_to: task.sent_to.clone(),
             sent_session: Some(crate::claimant::FETCHED.into()),
-            may_have_printed: true,
+            // The session says the data left; how the attempt ends (the printer's answer,
+            // or a settlement in doubt) records whether it may have printed.
+            may_have_printed: false,
+            event: None,
+            refused: false,
+        };
+        Ok(self.store.transition(&change).await?)
+    }
+
+    /// Writes `reason` to the audit trail of `task`, in flight, without changing it: a
+    /// compare-and-set `sent → sent` on its attempt, holder and session. `false` when the
+    /// task moved since it was read.
+    pub async fn note_in_flight(&self, task: &Task, actor: String, reason: String) -> Result<bool, DeliveryError> {
+        if task.state != TaskState::Sent {
+            return Ok(false);
+        }
+        let now = self.now();
+        let change = Transition {
+            task_id: task.task_id.clone(),
+            from: TaskState::Sent,
+            expected_attempts: task.attempts,
+            to: TaskState::Sent,
+            attempts: task.attempts,
+            last_error: task.last_error.clone(),
+            next_attempt_at: task.next_attempt_at,
+            actor,
+            reason,
+            now,
+            sent_to: task.sent_to.clone(),
+            sent_session: task.sent_session.clone(),
+            may_have_printed: task.may_have_printed,
             event: None,
             refused: false,
         };
@@ -727,13 +779,33 @@ impl LaneEngine {
         task: &Task,
         detail: String,
     ) -> Result<bool, DeliveryError> {
+        self.settle(claimant, task, Outcome::InDoubt, Proof::MayHavePrinted, detail).await
+    }
+
+    /// Ends the attempt of `task` in flight at `claimant` with what the broker itself
+    /// knows (`outcome`, proving `proof`), through the ack rules and as a compare-and-set
+    /// on the task as read, without a report about the printer (its transport writes the
+    /// printer's state). `false` when the task moved since.
+    pub async fn settle(
+        &self,
+        claimant: &Claimant,
+        task: &Task,
+        outcome: Outcome,
+        proof: Proof,
+        detail: String,
+    ) -> Result<bool, DeliveryError> {
         let now = self.now();
-        let Some(change) = self.doubt(task, claimant.actor(), detail, now) else { return Ok(false) };
+        let ack = Ack { attempt: task.attempts, outcome, detail, proof };
+        let policy = self.policies.policy_for(&task.print_type);
+        let change = match decide(&Self::ack_task(task), &ack, &policy, now, Self::jitter()) {
+            AckDecision::Apply(c) => self.transition_for(task, &c, claimant.actor(), now),
+            AckDecision::Duplicate | AckDecision::Stale => return Ok(false),
+        };
         if !self.store.transition(&change).await? {
             return Ok(false);
         }
         self.gate.set_state(&change.task_id, change.to);
-        tracing::warn!(task_id = %change.task_id, to = %change.to, reason = %change.reason, "delivery settled as in doubt");
+        tracing::warn!(task_id = %change.task_id, to = %change.to, reason = %change.reason, "delivery settled");
         // The lane is free (or a retry is scheduled): waiting claims may look again.
         self.signals.notify(&task.tenant_id, &task.store_id);
         Ok(true)
@@ -742,7 +814,7 @@ impl LaneEngine {
     /// Settles a delivery that its holder can never answer, through the ack rules (so
     /// "reprint on doubt" is bounded by the attempt limit like any retry).
     fn doubt(&self, task: &Task, actor: String, detail: String, now: Millis) -> Option<Transition> {
-        let ack = Ack { attempt: task.attempts, outcome: Outcome::InDoubt, detail };
+        let ack = Ack { attempt: task.attempts, outcome: Outcome::InDoubt, detail, proof: Proof::MayHavePrinted };
         let policy = self.policies.policy_for(&task.print_type);
         match decide(&Self::ack_task(task), &ack, &policy, now, Self::jitter()) {
             AckDecision::Apply(c) => Some(self.transition_for(task, &c, actor, now)),
@@ -823,11 +895,17 @@ impl LaneEngine {
 
     /// The bytes of `task` in `encoding` (a printer that asks for one of several media
     /// types, such as CloudPRNT's `text/plain`). A reprint carries a visible banner line at
-    /// the top, whatever the transport.
+    /// the top, whatever the transport; so does another attempt of a ticket whose earlier
+    /// attempt may have printed (R43: never delivered again unmarked). An attempt's own
+    /// fetch does not count: `may_have_printed` is recorded when an attempt ends, so the
+    /// same attempt renders the same bytes however often it is fetched.
     pub fn render_as(&self, task: &Task, content: TaskContent, encoding: &Encoding) -> Result<Vec<u8>, String> {
         let banner = match (task.origin_kind, task.reprint_no) {
             (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
                 Some(self.config.reprint_banner.replace("{n}", &n.to_string()))
+            }
+            _ if task.may_have_printed => {
+                Some(self.config.doubt_reprint_banner.replace("{n}", &task.attempts.to_string()))
             }
             _ => None,
         };
@@ -955,12 +1033,32 @@ impl LaneEngine {
             // task at most once and layers apply one after the other.
             let mut layers: Vec<Vec<Decided>> = Vec::new();
             let mut depth: HashMap<String, usize> = HashMap::new();
+            // Printers that reported a stop (no paper, cover open, jam) after a job may have
+            // cut it short, unless they were stopped before the job was handed to them.
+            let mut stops: HashMap<String, Option<Millis>> = HashMap::new();
+            for &i in &pending {
+                let a = &acks[i];
+                let stop = matches!(a.outcome, Outcome::NoPaper | Outcome::CoverOpen | Outcome::PaperJam);
+                if a.proof != Proof::MayHavePrinted || !stop {
+                    continue;
+                }
+                let Some(view) = views.get(&a.task_id) else { continue };
+                if !stops.contains_key(&view.task.printer_id) {
+                    let row = self.store.get_printer(&who.tenant_id, &view.task.printer_id).await?;
+                    let since = row
+                        .filter(|p| onceprint_store::pauses_lane(p.last_error.as_deref()))
+                        .and_then(|p| p.paused_since);
+                    stops.insert(view.task.printer_id.clone(), since);
+                }
+            }
             for &i in &pending {
                 let a = &acks[i];
                 let Some(view) = views.get_mut(&a.task_id) else { continue };
                 let task = &view.task;
                 let policy = self.policies.policy_for(&task.print_type);
-                let ack = Ack { attempt: a.attempt, outcome: a.outcome, detail: a.detail.clone() };
+                let stopped_since = stops.get(&task.printer_id).copied().flatten();
+                let proof = a.proof.given_stop_before_hand_out(a.outcome, stopped_since, task.sent_at);
+                let ack = Ack { attempt: a.attempt, outcome: a.outcome, detail: a.detail.clone(), proof };
                 let mut c = match decide(&Self::ack_task(task), &ack, &policy, now, Self::jitter()) {
                     AckDecision::Apply(c) => c,
                     AckDecision::Duplicate => {

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use onceprint_core::manual::{original_goes_to, ManualAction, NotAllowed};
+use onceprint_core::manual::{original_goes_to, ManualAction, ManualTask, NotAllowed};
 use onceprint_core::{CoreError, PolicyTable, TaskState};
 use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, Task, Transition};
 
@@ -23,6 +23,9 @@ pub enum ActionError {
     NotFound(String),
     #[error(transparent)]
     NotAllowed(#[from] NotAllowed),
+    /// The printer the action would print on is disabled: the copy would only wait there.
+    #[error("{0}")]
+    PrinterDisabled(String),
     #[error(transparent)]
     Invalid(#[from] CoreError),
     /// The task changed between reading and acting.
@@ -197,11 +200,9 @@ impl Operations {
         }
         if !printer.enabled {
             // The task would only wait there: a disabled printer's lane goes to nobody.
-            return Err(CoreError::invalid(
-                "printer_id",
-                format!("printer {printer_id:?} is disabled; enable it or choose another printer"),
-            )
-            .into());
+            return Err(ActionError::PrinterDisabled(format!(
+                "printer {printer_id:?} is disabled; enable it or choose another printer"
+            )));
         }
         Ok(printer.id)
     }
@@ -222,7 +223,7 @@ impl Operations {
             .get_task(&req.tenant_id, &req.task_id)
             .await?
             .ok_or_else(|| ActionError::NotFound(req.task_id.clone()))?;
-        let to = original_goes_to(action, task.state)?;
+        let to = original_goes_to(action, ManualTask { state: task.state, may_have_printed: task.may_have_printed })?;
         let actor = req.actor.audit_name();
         // With a tenant key, the name the caller gave stands beside the key in the reason.
         let reason = match &req.actor {
@@ -253,10 +254,9 @@ impl Operations {
                 // Reprints of old orders queue behind live tickets (R24) when a `reprint`
                 // print type is configured; otherwise they keep the original's priority.
                 let priority = self.policies.types.get("reprint").map_or(task.priority, |p| p.priority);
-                let printer_id = match req.printer_id.as_deref().filter(|p| *p != task.printer_id) {
-                    Some(p) => self.printer_in_store(&req.tenant_id, &task, p).await?,
-                    None => task.printer_id.clone(),
-                };
+                // The original's own printer too must be able to print the copy.
+                let printer_id = req.printer_id.as_deref().unwrap_or(&task.printer_id);
+                let printer_id = self.printer_in_store(&req.tenant_id, &task, printer_id).await?;
                 let on = if printer_id == task.printer_id { String::new() } else { format!(" on {printer_id}") };
                 let spec = SuccessorSpec {
                     kind: OriginKind::Reprint,

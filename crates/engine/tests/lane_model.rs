@@ -408,7 +408,7 @@ impl Sut {
 
     fn handle(&mut self, agent: usize, print: Print) {
         let Some(d) = self.agents[agent].inbox.pop_front() else { return };
-        let ack = |outcome| AckIn { task_id: d.task_id.clone(), attempt: d.attempt, outcome, detail: String::new() };
+        let ack = |outcome| AckIn::agent(d.task_id.clone(), d.attempt, outcome, String::new());
         let journal = &mut self.agents[agent].journal;
         if let Some((attempt, j)) = journal.get(&d.task_id).copied() {
             let authorised = d.reprint && attempt < d.attempt;

@@ -137,8 +137,13 @@ impl Inbox {
             return self.refuse(addr, owner, &r, &why).await;
         }
         let who = AgentIdentity { tenant_id: owner.tenant_id.clone(), store_id: owner.store_id.clone() };
-        let ack =
-            AckIn { task_id: r.task_id.clone(), attempt: r.attempt, outcome: r.outcome, detail: r.detail.clone() };
+        let ack = AckIn {
+            task_id: r.task_id.clone(),
+            attempt: r.attempt,
+            outcome: r.outcome,
+            detail: r.detail.clone(),
+            proof: r.proof,
+        };
         let results = match self.lanes.ack(&who, &self.claimant, vec![ack]).await {
             Ok(r) => r,
             Err(DeliveryError::Store(e)) => return Err(e),

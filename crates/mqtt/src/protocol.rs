@@ -13,7 +13,8 @@
 //! Everything here is pure: topics and bytes in, typed messages out.
 
 use base64::Engine as _;
-use onceprint_core::Outcome;
+use onceprint_core::results::{self, Condition};
+use onceprint_core::{Outcome, Proof};
 use onceprint_engine::transport::MqttProtocol;
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +105,9 @@ pub struct JobResult {
     pub task_id: String,
     pub attempt: i32,
     pub outcome: Outcome,
+    /// What the result proves about paper (the protocol's table in
+    /// `onceprint_core::results`).
+    pub proof: Proof,
     pub detail: String,
     /// The idempotency key the device printed under (onceprint devices), checked against
     /// the task's.
@@ -260,8 +264,8 @@ pub fn decode(addr: &DeviceAddr, method: &str, payload: &[u8]) -> Result<Message
             let (task_id, attempt) = parse_token(&r.job_token)
                 .ok_or_else(|| format!("print-result: jobToken {:?} is not one of ours", r.job_token))?;
             let code = url_decoded(&r.status_code);
-            let (outcome, detail) = star_result_outcome(r.print_succeeded, &code);
-            Ok(Message::Result(JobResult { task_id, attempt, outcome, detail, key: None }))
+            let (outcome, proof, detail) = star_result_outcome(r.print_succeeded, &code);
+            Ok(Message::Result(JobResult { task_id, attempt, outcome, proof, detail, key: None }))
         }
         (MqttProtocol::Cloudprnt, "client-status") => {
             let s: StarStatus =
@@ -282,20 +286,11 @@ pub fn decode(addr: &DeviceAddr, method: &str, payload: &[u8]) -> Result<Message
         })),
         (MqttProtocol::Onceprint, "result") => {
             let r: DeviceResult = serde_json::from_slice(payload).map_err(|e| format!("{}: {e}", json("result")))?;
-            let outcome = match r.result.as_str() {
-                "printed" => Outcome::Printed,
-                "no_paper" => Outcome::NoPaper,
-                "cover_open" => Outcome::CoverOpen,
-                "paper_jam" => Outcome::PaperJam,
-                "offline" => Outcome::Offline,
-                "error" => Outcome::Error,
-                // The device has the key in its journal and did not print it again: the
-                // journal's record is the truth. Printed under this key before: paper came
-                // out once. Started and never proven: nobody knows.
-                "duplicate" if r.previous.as_deref() == Some("printed") => Outcome::Printed,
-                "duplicate" => Outcome::InDoubt,
-                other => return Err(format!("result: unknown result {other:?}")),
-            };
+            // The device has the key in its journal and did not print it again: the
+            // journal's record is the truth. Printed under this key before: paper came
+            // out once. Started and never proven: nobody knows.
+            let c = results::device::result(&r.result, r.previous.as_deref())
+                .ok_or_else(|| format!("result: unknown result {:?}", r.result))?;
             let detail = match (r.result.as_str(), r.previous.as_deref()) {
                 ("duplicate", p) => {
                     format!(
@@ -309,7 +304,8 @@ pub fn decode(addr: &DeviceAddr, method: &str, payload: &[u8]) -> Result<Message
             Ok(Message::Result(JobResult {
                 task_id: r.task_id,
                 attempt: r.attempt,
-                outcome,
+                outcome: c.outcome,
+                proof: c.proof,
                 detail: detail.trim().to_owned(),
                 key: Some(r.key),
             }))
@@ -358,50 +354,44 @@ fn url_decoded(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The three digits a CloudPRNT status code starts with.
-fn code_number(code: &str) -> Option<u16> {
-    code.get(..3).and_then(|c| c.parse().ok())
-}
-
-/// What a CloudPRNT `print-result` means for the task.
+/// What a CloudPRNT `print-result` means for the task, by Star's table
+/// (`onceprint_core::results::star`, docs/RESULT-CODES.md, shared with CloudPRNT over
+/// HTTP).
 ///
-/// Success is success. A failure the printer reports with a paper or cover code (41x,
-/// 42x) did not print and may be sent again as a new attempt with a new token. The media
-/// errors Star documents (510–512, 520, 521) did not print either but are no printer
-/// condition: an `error`. Anything else — among it the printer's answer to a token it has
-/// seen already ("duplicate, not printed"), whose exact code this implementation does not
-/// rely on — says nothing about whether the earlier copy printed: `in_doubt`. If a result
-/// for that attempt was recorded before, the ack rules leave it standing (the attempt is
-/// no longer in flight, so this one is stale); if none was, a person decides.
-pub fn star_result_outcome(print_succeeded: bool, code: &str) -> (Outcome, String) {
+/// `printSucceeded: true` is printed. A failure's `statusCode` is looked up in the table:
+/// media and download errors (510–512, 520, 521) printed nothing; a stop (410, 411, 420)
+/// after the printer took the job may have cut it short; anything else — among it the
+/// printer's answer to a token it has seen already ("duplicate, not printed"), whose code
+/// Star does not document, and a failure with a 2xx status — says nothing about whether
+/// the job (or an earlier copy of it) printed: in doubt. If a result for that attempt was
+/// recorded before, the ack rules leave it standing (the attempt is no longer in flight,
+/// so this one is stale); if none was, a person decides.
+pub fn star_result_outcome(print_succeeded: bool, code: &str) -> (Outcome, Proof, String) {
     if print_succeeded {
-        return (Outcome::Printed, format!("print-result {code}"));
+        return (Outcome::Printed, Proof::Printed, format!("print-result {code}"));
     }
-    let outcome = match code_number(code) {
-        Some(411) => Outcome::PaperJam,
-        Some(410..=419) => Outcome::NoPaper,
-        Some(420..=429) => Outcome::CoverOpen,
-        Some(510..=512 | 520 | 521) => Outcome::Error,
-        _ => Outcome::InDoubt,
-    };
-    let detail = match outcome {
-        Outcome::InDoubt => format!(
-            "print-result {code}: not printed this time, and whether an earlier copy of this job token printed is \
-             unknown (a printer answers a repeated token like this)"
+    let c = results::star::job_result(code);
+    match c.row {
+        Some(row) if c.proof != Proof::Printed => {
+            (c.outcome, c.proof, format!("print-result {code} ({})", row.meaning))
+        }
+        _ => (
+            Outcome::InDoubt,
+            Proof::MayHavePrinted,
+            format!(
+                "print-result {code}: not printed this time, and whether an earlier copy of this job token printed is \
+                 unknown (a printer answers a repeated token like this)"
+            ),
         ),
-        _ => format!("print-result {code}"),
-    };
-    (outcome, detail)
+    }
 }
 
 /// What a CloudPRNT `client-status` code says about the printer.
 fn star_status_condition(code: &str) -> Outcome {
-    match code_number(code) {
-        Some(200..=299) => Outcome::Printed,
-        Some(411) => Outcome::PaperJam,
-        Some(410..=419) => Outcome::NoPaper,
-        Some(420..=429) => Outcome::CoverOpen,
-        _ => Outcome::Error,
+    match results::star::condition(code) {
+        Condition::Ready => Outcome::Printed,
+        Condition::Stopped(o) => o,
+        Condition::Fault => Outcome::Error,
     }
 }
 
@@ -452,8 +442,16 @@ mod tests {
         assert_eq!(result(false, "420%20Cover%20open").2, Outcome::CoverOpen);
         assert_eq!(result(false, "510").2, Outcome::Error);
         // The answer to a repeated token, whatever its code: nobody knows.
-        assert_eq!(result(false, "590%20Duplicate").2, Outcome::InDoubt);
         assert_eq!(result(false, "200%20OK").2, Outcome::InDoubt);
+        assert_eq!(result(false, "7xx").2, Outcome::InDoubt);
+        // What each proves, from the table shared with CloudPRNT over HTTP.
+        let proof = |ok: bool, code: &str| star_result_outcome(ok, &url_decoded(code)).1;
+        assert_eq!(proof(true, "200%20OK"), Proof::Printed);
+        assert_eq!(proof(false, "410%20Out%20of%20paper"), Proof::MayHavePrinted);
+        assert_eq!(proof(false, "510"), Proof::Refused);
+        assert_eq!(proof(false, "520"), Proof::NotPrinted);
+        assert_eq!(proof(false, "590%20Duplicate"), Proof::MayHavePrinted);
+        assert_eq!(proof(false, "200%20OK"), Proof::MayHavePrinted);
         let will = decode(&star, "client-will", br#"{"title":"client-will","printerMAC":"x"}"#);
         assert!(matches!(will, Ok(Message::Status(Status { online: false, condition: Outcome::Offline, .. }))));
         let status =
@@ -476,6 +474,8 @@ mod tests {
         assert_eq!(result("duplicate", r#","previous":"printed""#), Ok(Outcome::Printed));
         assert_eq!(result("duplicate", r#","previous":"started""#), Ok(Outcome::InDoubt));
         assert_eq!(result("duplicate", ""), Ok(Outcome::InDoubt));
+        assert_eq!(result("error", ""), Ok(Outcome::Error));
+        assert_eq!(result("rejected", ""), Ok(Outcome::Error));
         assert!(result("maybe", "").is_err());
         assert!(decode(&dev, "result", b"{").is_err());
         let will = decode(&dev, "status", br#"{"online":false}"#);

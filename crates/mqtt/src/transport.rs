@@ -3,20 +3,26 @@
 //! happened arrives later as a result message (`crate::inbox`).
 //!
 //! There is no way to ask a device about a job, so [`PushTransport::query`] answers from
-//! what the broker knows: a job sent to a device that has not gone away since, over a
-//! session the MQTT server kept, is `Pending`; otherwise it is `Unknown` and the driver
-//! sends it again with the same attempt and the same token or key, which the device does
-//! not print twice. An onceprint device is also sent a job again when it has not answered
-//! for `resend_after_ms` (it answers a key it has from its journal, and ignores one it is
-//! printing); a Star printer is not, since it answers a repeated token only with
-//! "duplicate, not printed", which would put a job that is merely slow in doubt.
+//! what the broker knows.
+//!
+//! - An onceprint device keeps a journal of the keys it printed (docs/MQTT.md), so a job
+//!   it may have lost is sent again with the same attempt and key: when the device has
+//!   gone away since, when the MQTT server did not keep the broker's session, when the
+//!   broker restarted, or when it has not answered for `resend_after_ms`.
+//! - A Star printer is never sent a job again once the MQTT server accepted it (R43): it
+//!   remembers its last ten job tokens, and Star does not say that they survive a power
+//!   cycle, so a repeated token may print twice. The MQTT server queues the job in the
+//!   printer's persistent session until the printer takes it. A printer that went away
+//!   after it was handed the job and came back without a result may have printed it: the
+//!   job is settled in doubt (a late result still closes it). Any other job without an
+//!   answer waits for it, and goes to a person after `push_doubt_after_ms`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use onceprint_core::Outcome;
+use onceprint_core::{Outcome, Proof};
 use onceprint_engine::directory::PrinterInfo;
 use onceprint_engine::transport::push::{Asked, PushTransport, Sent};
 use onceprint_engine::transport::{MqttProtocol, TransportConfig, TransportKind};
@@ -77,6 +83,7 @@ impl PushTransport for MqttTransport {
         let Some(addr) = device_of(&d.printer) else {
             return Sent::Failed {
                 outcome: Outcome::Offline,
+                proof: Proof::NotPrinted,
                 detail: "the printer is no longer an MQTT printer".into(),
             };
         };
@@ -102,9 +109,11 @@ impl PushTransport for MqttTransport {
                 Sent::Accepted
             }
             // The first send of an attempt that never left the broker cannot have printed.
-            Published::NotSent if d.again.is_none() => {
-                Sent::Failed { outcome: Outcome::Offline, detail: "the MQTT server cannot be reached".into() }
-            }
+            Published::NotSent if d.again.is_none() => Sent::Failed {
+                outcome: Outcome::Offline,
+                proof: Proof::NotPrinted,
+                detail: "the MQTT server cannot be reached".into(),
+            },
             // A copy sent earlier may be on its way: nothing is known now.
             Published::NotSent => Sent::NotNow { detail: "the MQTT server cannot be reached".into() },
             Published::Unknown => {
@@ -120,14 +129,26 @@ impl PushTransport for MqttTransport {
         }
         let record =
             self.sent.lock().unwrap_or_else(PoisonError::into_inner).get(&(d.task.task_id.clone(), d.attempt)).copied();
+        if addr.protocol == MqttProtocol::Cloudprnt {
+            return match record {
+                Some(r) if r.device_epoch != self.devices.epoch(&addr) => Asked::Done {
+                    outcome: Outcome::InDoubt,
+                    proof: Proof::MayHavePrinted,
+                    detail: "the printer left the MQTT server after it was handed the job and came back without a \
+                             result; it is not sent again, since the printer may not remember the job token"
+                        .into(),
+                },
+                // Accepted by the MQTT server (or by an earlier broker process): it is the
+                // printer's, and its result is awaited.
+                _ => Asked::Pending,
+            };
+        }
         match record {
             // Sent by an earlier process, or never confirmed by the MQTT server.
             None => Asked::Unknown,
             Some(r) if r.device_epoch != self.devices.epoch(&addr) => Asked::Unknown,
             Some(r) if r.lost_sessions != self.link.lost_sessions() => Asked::Unknown,
-            Some(r) if addr.protocol == MqttProtocol::Onceprint && r.at.elapsed() >= self.resend_after => {
-                Asked::Unknown
-            }
+            Some(r) if r.at.elapsed() >= self.resend_after => Asked::Unknown,
             Some(_) => Asked::Pending,
         }
     }

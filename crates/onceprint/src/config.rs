@@ -179,6 +179,10 @@ pub struct FileConfig {
     /// The line printed at the top of a reprint; `{n}` is its number
     /// (default "*** REPRINT {n} ***").
     pub reprint_banner: Option<String>,
+    /// The line printed at the top of another attempt of a ticket whose earlier attempt
+    /// may have printed, where the print type reprints on doubt; `{n}` is the attempt
+    /// (default "*** REPRINT (MAY BE A COPY) ***").
+    pub doubt_reprint_banner: Option<String>,
     /// How often the sweeper runs (default 1000).
     pub sweep_interval_ms: Option<u64>,
     /// An earlier process of an agent id quiet this long has stopped; its deliveries go to
@@ -493,6 +497,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                         .unwrap_or(if is_pg && !node_link { UNLINKED_RECHECK_MS } else { d.recheck_ms })
                         .max(10),
                     reprint_banner: file.reprint_banner.unwrap_or(d.reprint_banner),
+                    doubt_reprint_banner: file.doubt_reprint_banner.unwrap_or(d.doubt_reprint_banner),
                 }
             },
         },

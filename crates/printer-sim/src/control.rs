@@ -41,6 +41,8 @@ struct FaultRequest {
     duplicate_result: Option<u32>,
     disconnect_mid_job: Option<u32>,
     receive_twice: Option<u32>,
+    power_cycle_forgets: Option<bool>,
+    error_after_print: Option<u32>,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -75,6 +77,8 @@ async fn put_faults(State(ctl): State<Ctl>, body: Bytes) -> Response {
         duplicate_result: req.duplicate_result,
         disconnect_mid_job: req.disconnect_mid_job,
         receive_twice: req.receive_twice,
+        power_cycle_forgets: req.power_cycle_forgets,
+        error_after_print: req.error_after_print,
     };
     match ctl.faults.update(req.printer.as_deref(), update) {
         Ok(changed) => {

@@ -57,6 +57,17 @@ pub struct Faults {
     /// MQTT devices: the next this many jobs arrive twice (as a QoS 1 redelivery would).
     #[serde(default)]
     pub receive_twice: u32,
+    /// Star MQTT printers: a crash (`crash_mid_job`, `disconnect_mid_job`) is a power
+    /// cycle that also loses the last ten job tokens (Star does not say whether they
+    /// survive one), so a job token sent again after it is printed again.
+    #[serde(default)]
+    pub power_cycle_forgets: bool,
+    /// The next this many jobs print, then end with an error that can follow printing:
+    /// Epson `EPTR_CUTTER` (printed, not cut), a CloudPRNT confirmation and a Star MQTT
+    /// `print-result` with a code Star does not document (`599`), an onceprint device's
+    /// `error`. The paper log has the job.
+    #[serde(default)]
+    pub error_after_print: u32,
 }
 
 impl Faults {
@@ -102,6 +113,10 @@ pub struct FaultUpdate {
     pub disconnect_mid_job: Option<u32>,
     #[serde(default)]
     pub receive_twice: Option<u32>,
+    #[serde(default)]
+    pub power_cycle_forgets: Option<bool>,
+    #[serde(default)]
+    pub error_after_print: Option<u32>,
 }
 
 impl FaultUpdate {
@@ -143,6 +158,12 @@ impl FaultUpdate {
         if let Some(v) = self.receive_twice {
             faults.receive_twice = v;
         }
+        if let Some(v) = self.power_cycle_forgets {
+            faults.power_cycle_forgets = v;
+        }
+        if let Some(v) = self.error_after_print {
+            faults.error_after_print = v;
+        }
     }
 }
 
@@ -161,6 +182,8 @@ impl From<Faults> for FaultUpdate {
             duplicate_result: Some(f.duplicate_result),
             disconnect_mid_job: Some(f.disconnect_mid_job),
             receive_twice: Some(f.receive_twice),
+            power_cycle_forgets: Some(f.power_cycle_forgets),
+            error_after_print: Some(f.error_after_print),
         }
     }
 }

@@ -135,8 +135,18 @@ pub struct SimArgs {
     /// MQTT devices: the next N jobs arrive twice, as a QoS 1 redelivery would.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub receive_twice: u32,
+    /// Star MQTT printers: a crash is a power cycle that also loses the last ten job
+    /// tokens, so a token sent again after it is printed again.
+    #[arg(long)]
+    pub power_cycle_forgets: bool,
+    /// The next N jobs print, then end with an error that can follow printing (Epson
+    /// EPTR_CUTTER; CloudPRNT and Star MQTT a code Star does not list; onceprint devices
+    /// `error`).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub error_after_print: u32,
     /// Be an MQTT printer on this MQTT server (mqtt://HOST:PORT) instead of a TCP one:
-    /// --crash-mid-job then means "print, then drop the connection before the result".
+    /// --crash-mid-job then means "print, then drop the connection before the result" (a
+    /// Star printer acknowledges the job first, as at a power cut after printing).
     #[arg(long, value_name = "URL")]
     pub mqtt: Option<String>,
     /// MQTT: the device protocol, cloudprnt (Star CloudPRNT Version MQTT) or onceprint.
@@ -206,6 +216,8 @@ impl SimArgs {
                 duplicate_result: self.duplicate_result,
                 disconnect_mid_job: self.disconnect_mid_job,
                 receive_twice: self.receive_twice,
+                power_cycle_forgets: self.power_cycle_forgets,
+                error_after_print: self.error_after_print,
             },
         }
     }

@@ -144,6 +144,8 @@ enum After {
     Ack,
     /// Drop the connection now, without acknowledging the job.
     Drop,
+    /// Acknowledge the job (PUBACK), then lose power before anything else goes out.
+    AckThenDrop,
 }
 
 impl Device {
@@ -200,13 +202,30 @@ impl Device {
                         let _ = client.try_subscribe(down, QoS::AtLeastOnce);
                         self.publish_status(&client);
                     }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        if let After::Drop = self.on_message(&client, &p).await {
+                    Ok(Event::Incoming(Packet::Publish(p))) => match self.on_message(&client, &p).await {
+                        After::Drop => {
                             tracing::info!(device = %self.config.device, "simulated crash: connection dropped");
                             break;
                         }
-                        let _ = client.try_ack(&p);
-                    }
+                        After::AckThenDrop => {
+                            let _ = client.try_ack(&p);
+                            // Let the PUBACK leave before the power goes.
+                            let sent = async {
+                                loop {
+                                    match eventloop.poll().await {
+                                        Ok(Event::Outgoing(rumqttc::Outgoing::PubAck(_))) | Err(_) => return,
+                                        Ok(_) => {}
+                                    }
+                                }
+                            };
+                            let _ = tokio::time::timeout(Duration::from_millis(500), sent).await;
+                            tracing::info!(device = %self.config.device, "simulated power cut after acknowledging a job");
+                            break;
+                        }
+                        After::Ack => {
+                            let _ = client.try_ack(&p);
+                        }
+                    },
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(device = %self.config.device, error = %e, "MQTT connection lost");
@@ -225,6 +244,10 @@ impl Device {
                 if *state == Journal::Printing {
                     *state = Journal::Started;
                 }
+            }
+            // A Star printer's remembered job tokens may not survive a power cycle.
+            if self.faults.current(0).power_cycle_forgets {
+                self.tokens.clear();
             }
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
@@ -341,9 +364,15 @@ impl Device {
                     return After::Drop;
                 }
                 if self.faults.take(0, |f| countdown(&mut f.crash_mid_job)) {
-                    return After::Drop;
+                    // Printed and acknowledged, then switched off before the result.
+                    return After::AckThenDrop;
                 }
                 if self.faults.take(0, |f| countdown(&mut f.lose_result)) {
+                    return After::Ack;
+                }
+                if self.faults.take(0, |f| countdown(&mut f.error_after_print)) {
+                    // A failure after the paper came out, in a code Star does not list.
+                    self.publish_result(client, result(false, "599%20Error%20after%20printing"));
                     return After::Ack;
                 }
                 self.publish_result(client, result(true, "200%20OK"));
@@ -390,6 +419,11 @@ impl Device {
                 }
                 self.journal.insert(key.clone(), Journal::Printed);
                 if self.faults.take(0, |f| countdown(&mut f.lose_result)) {
+                    return After::Ack;
+                }
+                if self.faults.take(0, |f| countdown(&mut f.error_after_print)) {
+                    // "something failed; paper may or may not have come out" (docs/MQTT.md).
+                    self.publish_result(client, result("error", None));
                     return After::Ack;
                 }
                 self.publish_result(client, result("printed", None));

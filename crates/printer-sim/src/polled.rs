@@ -15,6 +15,9 @@
 //! - `duplicate_confirm`: the next N confirmations are sent twice;
 //! - `lost_result`: the next N confirmations are lost and sent again only after the
 //!   next poll (a late result);
+//! - `error_after_print`: the next N jobs print and are then confirmed with an error that
+//!   can follow printing (Epson `EPTR_CUTTER`, "the autocutter failed"; CloudPRNT a code Star
+//!   does not list, `599`);
 //! - `clone` has no meaning here.
 //!
 //! The simulator never confirms a job whose paper-log line was not written.
@@ -160,7 +163,11 @@ impl Ctx {
                 tracing::info!(printer = %self.name, job = %jobid, "crash after printing, before confirming");
                 return Ok(());
             }
-            self.result(&jobid, true, "200 OK", "")
+            if take(|f| &mut f.error_after_print) {
+                self.result(&jobid, false, "599 Error after printing", "EPTR_CUTTER")
+            } else {
+                self.result(&jobid, true, "200 OK", "")
+            }
         };
         if take(|f| &mut f.lost_result) {
             tracing::info!(printer = %self.name, job = %jobid, "the confirmation is lost; sent again later");

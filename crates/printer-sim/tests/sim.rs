@@ -328,7 +328,7 @@ async fn control_endpoint_lists_and_changes_faults() {
         body["printers"][0],
         json!({"printer": a.to_string(), "paper_out": false, "cover_open": false, "offline": false,
                "crash_mid_job": 0, "slow_ms": 0, "clone": false, "duplicate_confirm": 0, "lost_result": 0, "lose_result": 0, "duplicate_result": 0,
-               "disconnect_mid_job": 0, "receive_twice": 0})
+               "disconnect_mid_job": 0, "receive_twice": 0, "power_cycle_forgets": false, "error_after_print": 0})
     );
 
     let (code, body) =
@@ -437,6 +437,8 @@ async fn run_serves_until_shutdown() {
         duplicate_result: 0,
         disconnect_mid_job: 0,
         receive_twice: 0,
+        power_cycle_forgets: false,
+        error_after_print: 0,
         mqtt: None,
         protocol: "onceprint".into(),
         device: None,

@@ -278,6 +278,7 @@ impl From<onceprint_engine::ActionError> for ApiError {
             ActionError::NotFound(id) => ApiError::not_found(format!("no task {id:?}")),
             ActionError::NotAllowed(n) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", n.to_string()),
             ActionError::Raced(_) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", e.to_string()),
+            ActionError::PrinterDisabled(m) => ApiError::new(StatusCode::CONFLICT, "printer_disabled", m),
             ActionError::Invalid(c) => c.into(),
             ActionError::Store(s) => s.into(),
         }

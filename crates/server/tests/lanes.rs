@@ -507,6 +507,8 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
     }
     config.intake.policies.types.get_mut("kitchen").expect("kitchen").reprint_on_doubt = true;
     config.delivery.station_failover_after_ms = 0;
+    // A job the endpoint answered 5xx is sent again with its key until this, then a person.
+    config.push.doubt_after_ms = 1_500;
     let Some(app) = TestApp::spawn_with(backend, config).await else { return };
     let key = app.tenant("acme").await;
     // A cloud printer whose endpoint fails with 500, backed up by p2.
@@ -526,8 +528,9 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
     let w =
         app.submit(&key, json!({"biz_no": "W1", "station_id": "web", "content": {"type": "text", "text": "x"}})).await;
     let web = w.body["task_id"].as_str().expect("id").to_owned();
-    let t = wait_state(&app, &key, &web, "failed", Duration::from_secs(10)).await;
+    let t = wait_state(&app, &key, &web, "in_doubt", Duration::from_secs(10)).await;
     assert!(t["successor_task_id"].is_null(), "a 5xx is not proof that nothing printed: {t}");
+    assert_eq!(t["attempts"], 1, "sent again with the same key, never as a new attempt: {t}");
 
     let agent = Agent::new(&app, &key, "a", "t000000000001-0000000000000001").await;
     let k = app

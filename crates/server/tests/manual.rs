@@ -230,3 +230,76 @@ async fn failover(backend: Backend) {
     assert_eq!(app.get(&format!("/v1/print-tasks/{id2}"), &key).await.body["state"], "in_doubt");
     app.stop().await;
 }
+
+/// R43 in the manual channel: a ticket that may have printed is never moved unmarked to
+/// another printer; it is reprinted, with a banner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_that_may_have_printed_is_reprinted_never_transferred_sqlite() {
+    may_have_printed_is_never_transferred(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_that_may_have_printed_is_reprinted_never_transferred_postgres() {
+    may_have_printed_is_never_transferred(Backend::Postgres).await
+}
+
+async fn may_have_printed_is_never_transferred(backend: Backend) {
+    let mut config = HttpConfig::default();
+    for p in config.intake.policies.types.values_mut() {
+        // In doubt → another attempt, marked as a reprint; the task waits in `retrying`.
+        p.reprint_on_doubt = true;
+        p.max_attempts = 2;
+        p.backoff.initial_ms = 60_000;
+    }
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let token = agent(&app, &key).await;
+    let id = submit_and_ack(&app, &key, &token, "D1", "in_doubt").await;
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await.body;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("in_doubt")), "{t}");
+    // Transfer: refused, naming why and pointing at the reprint; nothing created.
+    let a = act(&app, &key, &id, "transfer", json!({"printer_id": "p2"})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::CONFLICT, "invalid_transition"), "{a:?}");
+    let message = a.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("may have printed") && message.contains("reprint"), "{message}");
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await.body;
+    assert_eq!((t["state"].as_str(), t["successor_task_id"].as_str()), (Some("retrying"), None), "{t}");
+    // A ticket whose attempt proved nothing printed may still move.
+    let body = json!({"biz_no": "D2", "printer_id": "p2", "content": {"type": "text", "text": "D2\n"}});
+    let moved = app.submit(&key, body).await.body["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(poll(&app, &token).await.len(), 1);
+    ack(&app, &token, &moved, 1, "offline").await;
+    assert_eq!(act(&app, &key, &moved, "transfer", json!({"printer_id": "p1"})).await.status, StatusCode::CREATED);
+    app.stop().await;
+}
+
+/// A reprint onto a disabled printer would only wait there: refused, also when it is the
+/// original's own printer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprint_onto_a_disabled_printer_is_refused_sqlite() {
+    reprint_onto_a_disabled_printer(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprint_onto_a_disabled_printer_is_refused_postgres() {
+    reprint_onto_a_disabled_printer(Backend::Postgres).await
+}
+
+async fn reprint_onto_a_disabled_printer(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let key = app.tenant("acme").await;
+    let token = agent(&app, &key).await;
+    let id = submit_and_ack(&app, &key, &token, "E1", "printed").await;
+    for p in ["p1", "p2"] {
+        let a = app.post(&format!("/v1/printers/{p}/disable"), &key, json!({"operator": "o", "reason": "r"})).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    for target in [json!({}), json!({"printer_id": "p1"}), json!({"printer_id": "p2"})] {
+        let a = act(&app, &key, &id, "reprint", target.clone()).await;
+        assert_eq!((a.status, a.code()), (StatusCode::CONFLICT, "printer_disabled"), "{target}: {a:?}");
+    }
+    assert_eq!(app.store.reprint_count(&id).await.expect("count"), 0, "nothing was created");
+    app.post("/v1/printers/p1/enable", &key, json!({"operator": "o", "reason": "r"})).await;
+    assert_eq!(act(&app, &key, &id, "reprint", json!({})).await.status, StatusCode::CREATED);
+    app.stop().await;
+}

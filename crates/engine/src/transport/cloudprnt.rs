@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use onceprint_core::Outcome;
+use onceprint_core::results::{star, Condition};
+use onceprint_core::{Outcome, Proof};
 
 use super::polled::{Fetched, Health, JobToken, PollReport, Polled};
 use crate::directory::PrinterInfo;
@@ -87,48 +88,34 @@ pub fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The three-digit code at the start of a status (`410 Out of Paper` → 410).
-fn code_number(status: &str) -> Option<u16> {
-    let digits: String = status.trim().chars().take_while(char::is_ascii_digit).collect();
-    if digits.len() >= 3 {
-        digits[..3].parse().ok()
-    } else {
-        None
-    }
-}
-
-/// What a poll's `statusCode` says about the printer: 2xx ready; 410–419 paper (411 jam),
-/// 42x cover open; other codes are faults that hold its lane.
+/// What a poll's `statusCode` says about the printer (Star's status codes,
+/// `onceprint_core::results::star`): 2xx ready; 41x paper (411 a jam), 42x its cover;
+/// other codes are faults that hold its lane.
 pub fn health_of(status: &str) -> Health {
     let status = percent_decode(status).trim().to_owned();
     let detail = format!("the printer reports {status}");
-    match code_number(&status) {
-        Some(200..=299) => Health::Ready,
-        Some(411) => Health::Blocked { outcome: Outcome::PaperJam, detail },
-        Some(410..=419) => Health::Blocked { outcome: Outcome::NoPaper, detail },
-        Some(420..=429) => Health::Blocked { outcome: Outcome::CoverOpen, detail },
-        Some(_) => Health::Fault(status),
-        None => Health::Fault(format!("unreadable status {status:?}")),
+    match star::condition(&status) {
+        Condition::Ready => Health::Ready,
+        Condition::Stopped(outcome) => Health::Blocked { outcome, detail },
+        Condition::Fault if status.bytes().take_while(u8::is_ascii_digit).count() >= 3 => Health::Fault(status),
+        Condition::Fault => Health::Fault(format!("unreadable status {status:?}")),
     }
 }
 
-/// What a confirmation's `code` means: `OK`, `200 OK` or any 2xx printed; 410/411/420 the
-/// printer could not print for that reason; media and download errors (5xx) and
-/// anything else are errors, retried or failed by the print type's policy.
-pub fn outcome_of_code(code: &str) -> (Outcome, String) {
+/// What a confirmation's `code` means for the job it confirms, by Star's table
+/// (`onceprint_core::results::star`, docs/RESULT-CODES.md): `OK`, `200 OK` or any 2xx
+/// printed; 520 a download that did not complete, printed nothing; 510–512 and 521 data
+/// the printer cannot use, printed nothing and fails; a stop (410, 411, 420) or any other
+/// code after the printer fetched the job may have printed.
+pub fn outcome_of_code(code: &str) -> (Outcome, Proof, String) {
     let code = percent_decode(code).trim().to_owned();
-    if code.eq_ignore_ascii_case("ok") {
-        return (Outcome::Printed, "the printer confirmed OK".into());
-    }
-    let detail = format!("the printer confirmed with {code}");
-    let outcome = match code_number(&code) {
-        Some(200..=299) => Outcome::Printed,
-        Some(411) => Outcome::PaperJam,
-        Some(410..=419) => Outcome::NoPaper,
-        Some(420..=429) => Outcome::CoverOpen,
-        _ => Outcome::Error,
+    let c = star::job_result(&code);
+    let detail = match c.row {
+        Some(r) if r.code == "OK" => "the printer confirmed OK".to_owned(),
+        Some(r) => format!("the printer confirmed with {code} ({})", r.meaning),
+        None => format!("the printer confirmed with {code:?}, a code Star does not document"),
     };
-    (outcome, detail)
+    (c.outcome, c.proof, detail)
 }
 
 /// The CloudPRNT transport.
@@ -227,9 +214,9 @@ impl CloudPrnt {
         self.check(printer, mac, true)?;
         let token = Self::token(token)?;
         let code = code.ok_or_else(|| CloudPrntError::Invalid("code is required".into()))?;
-        let (outcome, detail) = outcome_of_code(code);
+        let (outcome, proof, detail) = outcome_of_code(code);
         self.polled
-            .confirm(printer, &token, outcome, detail)
+            .confirm(printer, &token, outcome, proof, detail)
             .await?
             .ok_or_else(|| CloudPrntError::NoSuchJob(format!("no job {token} for this printer")))
     }
@@ -269,11 +256,18 @@ mod tests {
         for ok in ["OK", "ok", "200%20OK", "200 OK", "201", "211 Paper low"] {
             assert_eq!(outcome_of_code(ok).0, Outcome::Printed, "{ok}");
         }
-        assert_eq!(outcome_of_code("410 Out of Paper").0, Outcome::NoPaper);
+        let (o, p, _) = outcome_of_code("410 Out of Paper");
+        assert_eq!((o, p), (Outcome::NoPaper, Proof::MayHavePrinted));
         assert_eq!(outcome_of_code("411").0, Outcome::PaperJam);
         assert_eq!(outcome_of_code("420%20Cover%20Open").0, Outcome::CoverOpen);
-        for err in ["510", "511", "512 Unsupported media version", "520", "521", "xyz", ""] {
-            assert_eq!(outcome_of_code(err).0, Outcome::Error, "{err}");
+        for refused in ["510", "511", "512 Unsupported media version", "521"] {
+            assert_eq!(outcome_of_code(refused).1, Proof::Refused, "{refused}");
+        }
+        assert_eq!(outcome_of_code("520").1, Proof::NotPrinted);
+        for unknown in ["599", "xyz", ""] {
+            let (o, p, d) = outcome_of_code(unknown);
+            assert_eq!((o, p), (Outcome::Error, Proof::MayHavePrinted), "{unknown}");
+            assert!(unknown.starts_with('5') || d.contains("does not document"), "{d}");
         }
     }
 

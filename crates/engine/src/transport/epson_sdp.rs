@@ -9,12 +9,20 @@
 //! attempt's [`JobToken`], so that a late result is credited to its own job. A
 //! GetRequest while a job is unconfirmed means the printer is done with it without
 //! saying how: in doubt, as for CloudPRNT. `ConnectionType=SetResponse&ResponseFile=…`
-//! reports per `printjobid`: success printed, `EPTR_REC_EMPTY` no paper,
-//! `EPTR_COVER_OPEN` cover open, anything else an error.
+//! reports per `printjobid`, classified by Epson's table (`onceprint_core::results::epson`,
+//! docs/RESULT-CODES.md): `success="true"` printed; a code that can follow printing
+//! (`EPTR_CUTTER`, `EPTR_MECHANICAL`, …) or that no document lists may have printed, and
+//! the job goes to a person; `EPTR_REC_EMPTY` and `EPTR_COVER_OPEN` pause the lane and may
+//! have cut the slip short, unless the printer had already stopped before the job went out.
+//! A Version 3.00 answer that the printer could not use the print data at all is about the
+//! job it was just given and proves nothing printed: that job fails with the printer's
+//! reason. A `ResponseFile` that cannot be read is refused (400) and noted on the job in
+//! flight.
 
 use std::sync::Arc;
 
-use onceprint_core::Outcome;
+use onceprint_core::results::epson;
+use onceprint_core::{Outcome, Proof};
 use quick_xml::events::Event;
 
 use super::polled::{Health, JobToken, PollReport, Polled};
@@ -56,19 +64,27 @@ pub struct Credited {
     pub result: Option<AckResult>,
 }
 
-/// The outcome of one result: success printed; paper end and cover open as such;
-/// everything else (timeouts, mechanical errors, a bad document) an error.
-pub fn outcome_of(r: &JobResult) -> (Outcome, String) {
-    if r.success {
-        return (Outcome::Printed, "the printer reported success".into());
-    }
-    let detail = format!("the printer reported {} (status {})", r.code, r.status);
-    let outcome = match r.code.as_str() {
-        "EPTR_REC_EMPTY" => Outcome::NoPaper,
-        "EPTR_COVER_OPEN" => Outcome::CoverOpen,
-        _ => Outcome::Error,
+/// A `ResponseFile` as read: the printer's per-job results, or (Version 3.00) its refusal
+/// of the print data as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResponseFile {
+    pub results: Vec<JobResult>,
+    /// `<ServerDirectPrint><Response Success="false">`: `ErrorSummary: ErrorDetail`.
+    pub data_refused: Option<String>,
+}
+
+/// What one result means for its job and its printer, by Epson's table: the outcome, what
+/// it proves about paper, and the detail for the audit trail (the code's meaning and the
+/// status bits in words).
+pub fn outcome_of(r: &JobResult) -> (Outcome, Proof, String) {
+    let c = epson::job_result(r.success, &r.code);
+    let status = epson::describe_status(&r.status);
+    let detail = match c.row {
+        _ if r.success => format!("the printer reported success ({status})"),
+        Some(row) => format!("the printer reported {} ({}; {status})", r.code, row.meaning),
+        None => format!("the printer reported {:?}, a code Epson does not document ({status})", r.code),
     };
-    (outcome, detail)
+    (c.outcome, c.proof, detail)
 }
 
 fn attr(e: &quick_xml::events::BytesStart<'_>, name: &[u8]) -> Option<String> {
@@ -78,50 +94,137 @@ fn attr(e: &quick_xml::events::BytesStart<'_>, name: &[u8]) -> Option<String> {
         .and_then(|a| a.unescape_value().ok().map(|v| v.into_owned()))
 }
 
-/// The results in a `PrintResponseInfo` document, one per `ePOSPrint` (a version 1.00
-/// document has one `response` and no job id).
-pub fn parse_response_file(xml: &str) -> Result<Vec<JobResult>, String> {
+/// Reads a `PrintResponseInfo` document: one result per `ePOSPrint` (a Version 1.00
+/// document has one `response` and no job id), or the Version 3.00 refusal of the data.
+/// Anything else is refused with what is wrong: no document, another root element (a
+/// SOAP envelope is not part of Server Direct Print), XML that is not well formed or ends
+/// early, a document without any result.
+pub fn parse_response_file(xml: &str) -> Result<ResponseFile, String> {
+    if xml.trim().is_empty() {
+        return Err("ResponseFile is empty".into());
+    }
     let mut reader = quick_xml::Reader::from_str(xml);
     reader.config_mut().trim_text(true);
-    let mut results = Vec::new();
+    let mut file = ResponseFile::default();
     let mut current = JobResult::default();
     let mut in_job_id = false;
     let mut saw_response = false;
+    let mut open: Vec<String> = Vec::new();
+    let mut root: Option<String> = None;
+    // Inside `<ServerDirectPrint><Response Success="false">`: its error texts.
+    let mut refused: Option<(String, String)> = None;
+    let mut text_of: Option<&'static str> = None;
     loop {
-        match reader.read_event() {
-            Ok(Event::Start(e)) | Ok(Event::Empty(e)) => match e.local_name().as_ref() {
-                b"printjobid" => in_job_id = true,
-                b"response" => {
-                    current.success = matches!(attr(&e, b"success").as_deref(), Some("true" | "1"));
-                    current.code = attr(&e, b"code").unwrap_or_default();
-                    current.status = attr(&e, b"status").unwrap_or_default();
-                    saw_response = true;
-                }
-                _ => {}
-            },
-            Ok(Event::Text(t)) if in_job_id => {
-                current.printjobid = t.unescape().ok().map(|s| s.trim().to_owned());
-            }
-            Ok(Event::End(e)) => match e.local_name().as_ref() {
-                b"printjobid" => in_job_id = false,
-                b"ePOSPrint" => {
-                    if saw_response {
-                        results.push(std::mem::take(&mut current));
+        let event = reader.read_event().map_err(|e| format!("ResponseFile is not readable XML: {e}"))?;
+        match event {
+            Event::Start(ref e) | Event::Empty(ref e) => {
+                let name = String::from_utf8_lossy(e.local_name().as_ref()).into_owned();
+                if root.is_none() {
+                    if name != "PrintResponseInfo" {
+                        return Err(format!(
+                            "ResponseFile's root element is <{name}>, not <PrintResponseInfo> (Server Direct Print sends \
+                             no SOAP envelope)"
+                        ));
                     }
-                    current = JobResult::default();
-                    saw_response = false;
+                    root = Some(name.clone());
+                } else if open.is_empty() {
+                    return Err(format!("ResponseFile has <{name}> after its <PrintResponseInfo> ended"));
                 }
-                _ => {}
-            },
-            Ok(Event::Eof) => break,
-            Ok(_) => {}
-            Err(e) => return Err(format!("ResponseFile is not readable XML: {e}")),
+                match name.as_str() {
+                    "printjobid" => in_job_id = true,
+                    "response" => {
+                        current.success = matches!(attr(e, b"success").as_deref(), Some("true" | "1"));
+                        current.code = attr(e, b"code").unwrap_or_default();
+                        current.status = attr(e, b"status").unwrap_or_default();
+                        saw_response = true;
+                    }
+                    "Response" if open.last().map(String::as_str) == Some("ServerDirectPrint") => {
+                        let ok = matches!(attr(e, b"Success").as_deref(), Some("true" | "1"));
+                        if !ok {
+                            refused = Some((String::new(), String::new()));
+                        } else {
+                            file.data_refused = None;
+                        }
+                    }
+                    "ErrorSummary" if refused.is_some() => text_of = Some("summary"),
+                    "ErrorDetail" if refused.is_some() => text_of = Some("detail"),
+                    _ => {}
+                }
+                if matches!(event, Event::Start(_)) {
+                    open.push(name);
+                } else if name == "Response" {
+                    if let Some((summary, detail)) = refused.take() {
+                        file.data_refused = Some(refusal_text(&summary, &detail));
+                    }
+                }
+            }
+            Event::Text(t) => {
+                let text =
+                    t.unescape().map_err(|e| format!("ResponseFile is not readable XML: {e}"))?.trim().to_owned();
+                if root.is_none() || open.is_empty() {
+                    if !text.is_empty() {
+                        return Err("ResponseFile is not an XML document".into());
+                    }
+                    continue;
+                }
+                if in_job_id {
+                    current.printjobid = Some(text.clone());
+                }
+                match (text_of, refused.as_mut()) {
+                    (Some("summary"), Some((summary, _))) => *summary = text,
+                    (Some("detail"), Some((_, detail))) => *detail = text,
+                    _ => {}
+                }
+            }
+            Event::End(e) => {
+                let name = String::from_utf8_lossy(e.local_name().as_ref()).into_owned();
+                if open.pop().as_deref() != Some(name.as_str()) {
+                    return Err(format!("ResponseFile is not well formed: </{name}> closes nothing open"));
+                }
+                match name.as_str() {
+                    "printjobid" => in_job_id = false,
+                    "ErrorSummary" | "ErrorDetail" => text_of = None,
+                    "Response" => {
+                        if let Some((summary, detail)) = refused.take() {
+                            file.data_refused = Some(refusal_text(&summary, &detail));
+                        }
+                    }
+                    "ePOSPrint" => {
+                        if saw_response {
+                            file.results.push(std::mem::take(&mut current));
+                        }
+                        current = JobResult::default();
+                        saw_response = false;
+                    }
+                    _ => {}
+                }
+            }
+            Event::Eof => break,
+            _ => {}
         }
     }
-    if saw_response {
-        results.push(current);
+    if root.is_none() {
+        return Err("ResponseFile is not an XML document".into());
     }
-    Ok(results)
+    if let Some(name) = open.last() {
+        return Err(format!("ResponseFile ends inside <{name}> (truncated)"));
+    }
+    if saw_response {
+        file.results.push(current);
+    }
+    if file.results.is_empty() && file.data_refused.is_none() {
+        return Err("ResponseFile holds no result (no <response>, no <ServerDirectPrint><Response>)".into());
+    }
+    Ok(file)
+}
+
+fn refusal_text(summary: &str, detail: &str) -> String {
+    match (summary.is_empty(), detail.is_empty()) {
+        (true, true) => "the printer could not use the print data".into(),
+        (false, true) => summary.to_owned(),
+        (true, false) => detail.to_owned(),
+        (false, false) => format!("{summary}: {detail}"),
+    }
 }
 
 /// The answer to a GetRequest that hands out `job` (ePOS-Print XML): one `ePOSPrint`
@@ -186,7 +289,10 @@ impl EpsonSdp {
         }))
     }
 
-    /// `ConnectionType=SetResponse`: each result credited to the job its id names.
+    /// `ConnectionType=SetResponse`: each result credited to the job its id names. A
+    /// `ResponseFile` that cannot be read is refused with what is wrong, and the refusal
+    /// is written to the audit trail of the job the printer holds, so that a person who
+    /// later finds it in doubt sees why.
     pub async fn set_response(
         &self,
         printer: &PrinterInfo,
@@ -194,26 +300,63 @@ impl EpsonSdp {
         response_file: &str,
     ) -> Result<Vec<Credited>, EpsonSdpError> {
         self.check(printer, id)?;
-        let results = parse_response_file(response_file).map_err(EpsonSdpError::Invalid)?;
-        let mut credited = Vec::with_capacity(results.len());
-        for r in results {
+        let file = match parse_response_file(response_file) {
+            Ok(f) => f,
+            Err(why) => {
+                self.note_on_job_in_flight(printer, &format!("a SetResponse was refused: {why}")).await?;
+                return Err(EpsonSdpError::Invalid(why));
+            }
+        };
+        let mut credited = Vec::with_capacity(file.results.len() + 1);
+        if let Some(why) = &file.data_refused {
+            // Version 3.00: the printer could not use the data of the job it was given;
+            // the document names no job, and the printer holds one at a time.
+            if let Some(task) = self.job_in_flight(printer).await? {
+                let token = JobToken::of(&task);
+                let detail = format!("the printer could not use the print data: {why}");
+                let result = self.polled.confirm(printer, &token, Outcome::Error, Proof::Refused, detail).await?;
+                credited.push(Credited { printjobid: token.to_string(), result });
+            } else {
+                tracing::warn!(printer = %printer.row.id, %why, "Server Direct Print refused print data, but no job is in flight");
+            }
+        }
+        for r in file.results {
             let Some(jobid) = r.printjobid.clone() else {
                 // A result without a job id cannot be credited to any job safely (it
                 // might be the previous one's); the job in flight goes to a person by the
                 // polling rules if it is never confirmed.
                 tracing::warn!(printer = %printer.row.id, code = %r.code, "Server Direct Print result without printjobid");
+                let (_, _, detail) = outcome_of(&r);
+                self.note_on_job_in_flight(printer, &format!("a result without printjobid was not credited: {detail}"))
+                    .await?;
                 continue;
             };
             let result = match JobToken::parse(&jobid) {
                 Some(token) => {
-                    let (outcome, detail) = outcome_of(&r);
-                    self.polled.confirm(printer, &token, outcome, detail).await?
+                    let (outcome, proof, detail) = outcome_of(&r);
+                    self.polled.confirm(printer, &token, outcome, proof, detail).await?
                 }
                 None => None,
             };
             credited.push(Credited { printjobid: jobid, result });
         }
         Ok(credited)
+    }
+
+    /// The job this printer was handed and has not confirmed.
+    async fn job_in_flight(&self, printer: &PrinterInfo) -> Result<Option<onceprint_store::Task>, EpsonSdpError> {
+        let lanes = self.polled.lanes();
+        let lane = lanes.store().lane(&printer.row.tenant_id, &printer.row.id).await.map_err(DeliveryError::from)?;
+        let mine = crate::claimant::Claimant::printer(crate::transport::TransportKind::EpsonSdp.as_str()).sent_to();
+        Ok(lane.in_flight.filter(|t| t.sent_to.as_deref() == Some(mine.as_str())))
+    }
+
+    async fn note_on_job_in_flight(&self, printer: &PrinterInfo, reason: &str) -> Result<(), EpsonSdpError> {
+        if let Some(task) = self.job_in_flight(printer).await? {
+            let actor = crate::claimant::Claimant::printer(crate::transport::TransportKind::EpsonSdp.as_str()).actor();
+            self.polled.lanes().note_in_flight(&task, actor, format!("attempt {}: {reason}", task.attempts)).await?;
+        }
+        Ok(())
     }
 }
 
@@ -230,7 +373,7 @@ mod tests {
 <ePOSPrint><Parameter><devid>local_printer</devid><printjobid>B.2</printjobid></Parameter>
 <PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="1" battery="0"/></PrintResponse></ePOSPrint>
 </PrintResponseInfo>"#;
-        let r = parse_response_file(xml).expect("parses");
+        let r = parse_response_file(xml).expect("parses").results;
         assert_eq!(r.len(), 2);
         assert_eq!((r[0].printjobid.as_deref(), r[0].success), (Some("A.1"), true));
         assert_eq!(
@@ -238,19 +381,55 @@ mod tests {
             (Some("B.2"), false, "EPTR_REC_EMPTY")
         );
         assert_eq!(outcome_of(&r[0]).0, Outcome::Printed);
-        assert_eq!(outcome_of(&r[1]).0, Outcome::NoPaper);
+        let (o, p, d) = outcome_of(&r[1]);
+        assert_eq!((o, p), (Outcome::NoPaper, Proof::MayHavePrinted));
+        assert!(d.contains("EPTR_REC_EMPTY") && d.contains("no response from the TM printer"), "{d}");
         let cover = JobResult { code: "EPTR_COVER_OPEN".into(), ..JobResult::default() };
         assert_eq!(outcome_of(&cover).0, Outcome::CoverOpen);
+        let cutter = JobResult { code: "EPTR_CUTTER".into(), ..JobResult::default() };
+        assert_eq!(outcome_of(&cutter).1, Proof::MayHavePrinted);
         let timeout = JobResult { code: "EX_TIMEOUT".into(), ..JobResult::default() };
-        assert_eq!(outcome_of(&timeout).0, Outcome::Error);
+        assert_eq!(outcome_of(&timeout).1, Proof::MayHavePrinted);
         assert!(parse_response_file("<a><b></a>").is_err());
+    }
+
+    #[test]
+    fn what_cannot_be_read_is_refused_with_what_is_wrong() {
+        let cases = [
+            ("", "empty"),
+            ("   ", "empty"),
+            ("success=true", "not an XML document"),
+            ("<soap:Envelope xmlns:soap=\"x\"><soap:Body><PrintResponseInfo/></soap:Body></soap:Envelope>", "SOAP"),
+            ("<PrintResponseInfo Version=\"2.00\"><ePOSPrint><Parameter>", "truncated"),
+            ("<PrintResponseInfo Version=\"2.00\"></PrintResponseInfo>", "no result"),
+            ("<PrintResponseInfo><a></b></PrintResponseInfo>", "XML"),
+        ];
+        for (xml, what) in cases {
+            let e = parse_response_file(xml).expect_err(xml);
+            assert!(e.contains(what), "{xml:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_version_three_refusal_of_the_data_is_read() {
+        let xml = r#"<?xml version="1.0" encoding="utf-8"?>
+<PrintResponseInfo Version="3.00"><ServerDirectPrint><Response Success="false">
+<ErrorSummary>Invalid XML format</ErrorSummary><ErrorDetail>Entity: line 99: parser error</ErrorDetail>
+</Response></ServerDirectPrint></PrintResponseInfo>"#;
+        let f = parse_response_file(xml).expect("parses");
+        assert_eq!(f.data_refused.as_deref(), Some("Invalid XML format: Entity: line 99: parser error"));
+        assert!(f.results.is_empty());
+        let ok = r#"<PrintResponseInfo Version="3.00"><ServerDirectPrint><Response Success="true"/></ServerDirectPrint>
+<ePOSPrint><Parameter><printjobid>A.1</printjobid></Parameter><PrintResponse><response success="true" code="" status="2"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
+        let f = parse_response_file(ok).expect("parses");
+        assert_eq!((f.data_refused, f.results.len()), (None, 1));
     }
 
     #[test]
     fn a_version_one_result_has_no_job_id() {
         let xml =
             r#"<PrintResponseInfo Version="1.00"><response success="true" code="" status="1"/></PrintResponseInfo>"#;
-        let r = parse_response_file(xml).expect("parses");
+        let r = parse_response_file(xml).expect("parses").results;
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].printjobid, None);
     }

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use onceprint_core::{delivery_key, Millis, Outcome};
+use onceprint_core::{delivery_key, Millis, Outcome, Proof};
 use onceprint_store::{AgentIdentity, PrinterStatusUpdate, StoreError, Task};
 
 use crate::claimant::{Claimant, FETCHED};
@@ -250,7 +250,7 @@ impl Polled {
                 let token = JobToken { task_id: d.task.task_id.clone(), attempt: d.attempt };
                 if let Some((outcome, detail)) = blocked {
                     // Nothing can print now: the attempt ends before anything was sent.
-                    self.ack(printer, &token, outcome, detail).await?;
+                    self.ack(printer, &token, outcome, Proof::NotPrinted, detail).await?;
                     return Ok(None);
                 }
                 return Ok(Some(Job { token, idempotency_key: d.idempotency_key, data: Some(d.data) }));
@@ -263,13 +263,16 @@ impl Polled {
             match (&blocked, fetched) {
                 // Offered and not fetched: nothing printed; the printer cannot take it now.
                 (Some((outcome, detail)), false) => {
-                    self.ack(printer, &token, *outcome, detail.clone()).await?;
+                    self.ack(printer, &token, *outcome, Proof::NotPrinted, detail.clone()).await?;
                     return Ok(None);
                 }
-                // The printer reports an error on the job it fetched: printing it did not
-                // succeed (Star's "POST with an error code"); it may have printed part.
+                // The printer reports a stop on the job it fetched: printing it did not
+                // succeed (Star's "POST with an error code"), and a roll that ended or a
+                // cover opened in the middle of it leaves part of it on paper. It goes to
+                // a person (docs/RESULT-CODES.md); the lane pauses for the printer.
                 (Some((outcome, detail)), true) if names_it => {
-                    self.ack(printer, &token, *outcome, format!("{detail}, while printing the job it fetched")).await?;
+                    let detail = format!("{detail}, while printing the job it fetched");
+                    self.ack(printer, &token, *outcome, Proof::MayHavePrinted, detail).await?;
                     return Ok(None);
                 }
                 (None, false) => {
@@ -327,13 +330,15 @@ impl Polled {
         Ok(Fetched::Data { bytes, idempotency_key })
     }
 
-    /// The printer's result for the job `token` names. `None` when the token names no task
-    /// of this printer (another printer's job is refused, never credited).
+    /// The printer's result for the job `token` names, as the protocol's table classified
+    /// it. `None` when the token names no task of this printer (another printer's job is
+    /// refused, never credited).
     pub async fn confirm(
         &self,
         printer: &PrinterInfo,
         token: &JobToken,
         outcome: Outcome,
+        proof: Proof,
         detail: String,
     ) -> Result<Option<AckResult>, DeliveryError> {
         let _turn = self.lock(printer).await;
@@ -341,7 +346,7 @@ impl Polled {
         if task.is_none_or(|t| t.printer_id != printer.row.id) {
             return Ok(None);
         }
-        let result = self.ack(printer, token, outcome, detail).await?;
+        let result = self.ack(printer, token, outcome, proof, detail).await?;
         Ok(Some(result))
     }
 
@@ -350,9 +355,10 @@ impl Polled {
         printer: &PrinterInfo,
         token: &JobToken,
         outcome: Outcome,
+        proof: Proof,
         detail: String,
     ) -> Result<AckResult, DeliveryError> {
-        let ack = AckIn { task_id: token.task_id.clone(), attempt: token.attempt, outcome, detail };
+        let ack = AckIn { task_id: token.task_id.clone(), attempt: token.attempt, outcome, detail, proof };
         let results = self.lanes.ack(&who(printer), &self.claimant, vec![ack]).await?;
         // An applied ack wrote what it says about the printer; the next poll writes its
         // own health again rather than trusting what this node wrote before.

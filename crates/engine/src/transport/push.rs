@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onceprint_core::Outcome;
+use onceprint_core::{Outcome, Proof};
 use onceprint_store::{AgentIdentity, StoreError};
 
 use crate::claimant::Claimant;
@@ -29,8 +29,9 @@ use crate::transport::TransportKind;
 pub enum Sent {
     /// The receiver took it (not printed yet).
     Accepted,
-    /// It did not get there, or was refused: this ack outcome, with what happened.
-    Failed { outcome: Outcome, detail: String },
+    /// It did not get there, or was refused: this ack outcome and what it proves about
+    /// paper, with what happened.
+    Failed { outcome: Outcome, proof: Proof, detail: String },
     /// Whether it got there cannot be known now (the way to the receiver broke while it
     /// was being handed over, and the message may still arrive). Nothing is reported:
     /// the delivery stays as it is, is asked about again at its next deadline, and goes to
@@ -41,8 +42,8 @@ pub enum Sent {
 /// What the receiver says about a delivery sent earlier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Asked {
-    /// It is done: this ack outcome.
-    Done { outcome: Outcome, detail: String },
+    /// It is done: this ack outcome, and what it proves about paper.
+    Done { outcome: Outcome, proof: Proof, detail: String },
     /// It has the job and has not finished it.
     Pending,
     /// It does not know the job, could not be asked, or cannot be asked at all: send it
@@ -200,7 +201,9 @@ impl PushDriver {
     async fn deliver(&self, d: &Delivery, claimant: &Claimant) -> Result<(), StoreError> {
         if d.again.is_some() {
             match self.transport.query(d).await {
-                Asked::Done { outcome, detail } => return self.report(d, claimant, outcome, detail).await,
+                Asked::Done { outcome, proof, detail } => {
+                    return self.report(d, claimant, outcome, proof, detail).await
+                }
                 Asked::Pending => {
                     tracing::debug!(task_id = %d.task.task_id, "the receiver has it, not printed yet");
                     return Ok(());
@@ -213,7 +216,7 @@ impl PushDriver {
                 tracing::info!(task_id = %d.task.task_id, attempt = d.attempt, "accepted by the receiver (not printed yet)");
                 Ok(())
             }
-            Sent::Failed { outcome, detail } => self.report(d, claimant, outcome, detail).await,
+            Sent::Failed { outcome, proof, detail } => self.report(d, claimant, outcome, proof, detail).await,
             Sent::NotNow { detail } => {
                 tracing::warn!(task_id = %d.task.task_id, attempt = d.attempt, %detail, "not known whether the receiver got it; asked again later");
                 Ok(())
@@ -226,10 +229,11 @@ impl PushDriver {
         d: &Delivery,
         claimant: &Claimant,
         outcome: Outcome,
+        proof: Proof,
         detail: String,
     ) -> Result<(), StoreError> {
         let who = AgentIdentity { tenant_id: d.task.tenant_id.clone(), store_id: d.task.store_id.clone() };
-        let ack = AckIn { task_id: d.task.task_id.clone(), attempt: d.attempt, outcome, detail };
+        let ack = AckIn { task_id: d.task.task_id.clone(), attempt: d.attempt, outcome, detail, proof };
         match self.lanes.ack(&who, claimant, vec![ack]).await {
             Ok(_) => Ok(()),
             Err(crate::DeliveryError::Store(e)) => Err(e),

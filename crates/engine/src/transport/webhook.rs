@@ -5,16 +5,19 @@
 //! endpoint's status URL says what happened. Whichever answer comes first wins; the other
 //! finds the task finished and changes nothing (R18).
 //!
-//! Only a job that provably never reached the endpoint (the connection could not be made)
-//! is reported `offline`; an answer other than 2xx, or a connection lost after the request
-//! went out, may have reached it and is an `error`: retried with the same key, but never
-//! grounds for moving the task to another printer (R25).
+//! What each answer means is the webhook table of `onceprint_core::results`
+//! (docs/RESULT-CODES.md). A job that provably never reached the endpoint (the connection
+//! could not be made) is `offline`; one the endpoint refused (a 4xx other than 408 and
+//! 429) printed nothing and is retried as a new attempt. A 5xx, 408, 429 or a connection
+//! lost after the request went out may have reached it: the attempt stays in flight,
+//! and at its deadline the status URL is asked or the same attempt is sent again with the
+//! same key (the receiver prints once per key), until it is settled in doubt (R43).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine as _;
-use onceprint_core::Outcome;
+use onceprint_core::{Outcome, Proof};
 use onceprint_store::{Printer, Store, StoreResult};
 
 use crate::alerts::signature;
@@ -43,13 +46,10 @@ pub fn verify_signature(secret: &str, header: &str, body: &str, now_s: i64, wind
     crate::secrets::hashes_equal(&expected, &format!("t={t},v1={v1}"))
 }
 
-/// Maps a vendor's status word to an ack outcome.
-pub fn outcome_of(status: &str) -> Option<Outcome> {
-    match status {
-        "printed" | "done" | "success" => Some(Outcome::Printed),
-        "failed" => Some(Outcome::Error),
-        other => Outcome::parse(other),
-    }
+/// What a status word of a callback or of the status URL says about the printer and
+/// proves about paper (`onceprint_core::results::webhook`); `None` for an unknown word.
+pub fn outcome_of(status: &str) -> Option<(Outcome, Proof)> {
+    onceprint_core::results::webhook::status(status).map(|c| (c.outcome, c.proof))
 }
 
 /// The webhook printer of any tenant with this id whose secret signed `body` (a vendor
@@ -111,6 +111,7 @@ impl PushTransport for Webhook {
         let Some(w) = Self::config(d) else {
             return Sent::Failed {
                 outcome: Outcome::Offline,
+                proof: Proof::NotPrinted,
                 detail: "the printer is no longer a webhook printer".into(),
             };
         };
@@ -135,13 +136,23 @@ impl PushTransport for Webhook {
         let res = req.body(body).send().await;
         match res {
             Ok(r) if r.status().is_success() => Sent::Accepted,
-            Ok(r) => Sent::Failed { outcome: Outcome::Error, detail: format!("webhook answered {}", r.status()) },
+            // The endpoint refused the job: it printed nothing.
+            Ok(r) if r.status().is_client_error() && !matches!(r.status().as_u16(), 408 | 429) => Sent::Failed {
+                outcome: Outcome::Error,
+                proof: Proof::NotPrinted,
+                detail: format!("webhook answered {}", r.status()),
+            },
+            // It may have taken the job before it failed: asked about (or sent again with
+            // the same key) at the deadline, never a new attempt.
+            Ok(r) => Sent::NotNow { detail: format!("webhook answered {}", r.status()) },
             // Nothing reached the endpoint: it cannot have printed.
-            Err(e) if e.is_connect() => {
-                Sent::Failed { outcome: Outcome::Offline, detail: format!("webhook unreachable: {e}") }
-            }
+            Err(e) if e.is_connect() => Sent::Failed {
+                outcome: Outcome::Offline,
+                proof: Proof::NotPrinted,
+                detail: format!("webhook unreachable: {e}"),
+            },
             // The request may have reached it before the answer was lost.
-            Err(e) => Sent::Failed { outcome: Outcome::Error, detail: format!("no answer from the webhook: {e}") },
+            Err(e) => Sent::NotNow { detail: format!("no answer from the webhook: {e}") },
         }
     }
 
@@ -162,7 +173,7 @@ impl PushTransport for Webhook {
         match status {
             "pending" | "accepted" | "queued" | "printing" => Asked::Pending,
             s => match outcome_of(s) {
-                Some(outcome) => Asked::Done { outcome, detail: format!("status URL: {s}") },
+                Some((outcome, proof)) => Asked::Done { outcome, proof, detail: format!("status URL: {s}") },
                 // "unknown", "not_found", or anything else: it does not have the job.
                 None => Asked::Unknown,
             },

@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Form;
-use onceprint_core::manual::{original_goes_to, ManualAction};
+use onceprint_core::manual::{original_goes_to, ManualAction, ManualTask};
 use onceprint_core::{TaskId, TaskState};
 use onceprint_engine::operators::OperatorSpec;
 use onceprint_engine::reconcile::reconcile;
@@ -250,8 +250,13 @@ pub async fn overview(
 /// The forms of the actions `task`'s state allows (and no others), each asking for a
 /// reason; a reprint may go to another printer of the store, a transfer must.
 fn action_forms(lang: Lang, csrf: &str, shop: &Shop, task: &Task, printers: &[Printer], back: &str) -> String {
-    let allowed: Vec<ManualAction> =
-        ACTIONS.iter().copied().filter(|a| original_goes_to(*a, task.state).is_ok()).collect();
+    let allowed: Vec<ManualAction> = ACTIONS
+        .iter()
+        .copied()
+        .filter(|a| {
+            original_goes_to(*a, ManualTask { state: task.state, may_have_printed: task.may_have_printed }).is_ok()
+        })
+        .collect();
     if allowed.is_empty() {
         return format!("<p class=\"muted\">{}</p>", esc(lang.t("ticket.no_actions")));
     }

@@ -76,12 +76,10 @@ pub async fn acks(
                 Outcome::ALL.map(Outcome::as_str).join(", ")
             ))
         })?;
-        acks.push(AckIn {
-            task_id: a.task_id.clone(),
-            attempt: a.attempt,
-            outcome,
-            detail: a.detail.clone().unwrap_or_default().chars().take(500).collect(),
-        });
+        // An agent reports every failure after the first byte of a job as `in_doubt`
+        // (docs/RESULT-CODES.md, "Store agent"): its outcomes say what they prove.
+        let detail: String = a.detail.clone().unwrap_or_default().chars().take(500).collect();
+        acks.push(AckIn::agent(a.task_id.clone(), a.attempt, outcome, detail));
     }
     let ids: Vec<String> = acks.iter().map(|a| a.task_id.clone()).collect();
     let next = req.next.unwrap_or(0).min(MAX_DELIVERIES) as usize;

@@ -59,7 +59,7 @@ pub async fn callback(
             || ApiError::unauthorized("bad signature, unknown printer, or a timestamp outside the replay window"),
         )?;
     let req: CallbackIn = parse_json(&body)?;
-    let outcome =
+    let (outcome, proof) =
         outcome_of(&req.status).ok_or_else(|| ApiError::invalid(format!("status: unknown status {:?}", req.status)))?;
     let task = st
         .store
@@ -73,6 +73,7 @@ pub async fn callback(
         attempt: req.attempt.unwrap_or(task.attempts),
         outcome,
         detail: req.detail.unwrap_or_else(|| "vendor callback".into()).chars().take(500).collect(),
+        proof,
     };
     let results = st.lanes.ack(&who, &Claimant::push("webhook"), vec![ack]).await?;
     let result = results.first().map_or("stale", |r| r.as_str());
