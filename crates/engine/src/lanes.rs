@@ -27,6 +27,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod paused;
+pub use paused::PausedReport;
 
 use onceprint_core::ack::{decide, Ack, AckChange, AckDecision, AckTask, Outcome};
 use onceprint_core::lane::{next_step, Holder, InFlight, Reoffer, Step, Waiting};
@@ -413,6 +415,9 @@ impl LaneEngine {
             let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
             store_of_lanes.get_or_insert_with(|| printer.row.store_id.clone());
             if !Self::serves(&printer, kind, reachable) {
+                if reachable.is_some() && Self::serves(&printer, kind, None) {
+                    self.plan_give_up(&mut plan, claimant, &printer, in_flight.as_ref(), &rules, now);
+                }
                 continue;
             }
             self.plan_lane(&mut plan, claimant, printer, in_flight, waiting, &rules, now);
@@ -447,6 +452,38 @@ impl LaneEngine {
         printer.transport.as_ref().map(|t| t.kind()) == Some(kind)
             && reachable.is_none_or(|r| r(printer))
             && printer.row.enabled
+    }
+
+    /// A printer a push driver cannot reach now (an MQTT printer switched off): its
+    /// delivery in flight is neither sent again nor asked about, but one nobody answered
+    /// within `give_up_after_ms` of going out still goes to a person, so that the lane
+    /// moves on by time (R44) and the tickets behind it can fail over.
+    fn plan_give_up(
+        &self,
+        plan: &mut ClaimPlan,
+        claimant: &Claimant,
+        printer: &PrinterInfo,
+        in_flight: Option<&Task>,
+        rules: &ClaimRules,
+        now: Millis,
+    ) {
+        let (Some(task), Some(limit)) = (in_flight, rules.give_up_after_ms) else { return };
+        if self.holder(task, printer, Some(claimant)) != Holder::Me {
+            return;
+        }
+        let give_up = task.sent_at.unwrap_or(task.updated_at) + limit;
+        if give_up > now {
+            plan.look_at(Some(give_up));
+            return;
+        }
+        let detail = format!(
+            "{} took it and nobody answered within {} s, while the printer cannot be reached",
+            task.sent_to.as_deref().unwrap_or("the transport"),
+            limit / 1000
+        );
+        if let Some(t) = self.doubt(task, claimant.actor(), detail, now) {
+            plan.changes.push((t, LaneChange::Settle));
+        }
     }
 
     /// Decides one lane for `claimant`: its task in flight (offered again, settled, or
@@ -1353,6 +1390,9 @@ impl LaneEngine {
                         }
                         if let Err(e) = this.sweep_once().await {
                             tracing::warn!(error = %e, "sweeper pass failed");
+                        }
+                        if let Err(e) = this.sweep_paused().await {
+                            tracing::warn!(error = %e, "sweep of paused lanes failed");
                         }
                     }
                     _ = this.signals.shutdown() => return,

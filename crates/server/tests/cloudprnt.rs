@@ -436,7 +436,9 @@ async fn a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_pers
         assert!(start.elapsed() < Duration::from_secs(10), "alerts: {kinds:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // An offered job that was never fetched stays offered while the printer is away.
+    // A job it was only told about never left the broker: when the printer falls silent,
+    // that attempt ends as "offline" (nothing to doubt), and the ticket waits with the
+    // printer's paused lane; back, the printer is offered it as a new attempt.
     let offered = submit(app, &key, "star", "A2").await;
     let v = star.poll("200 OK", None, Some(false)).await;
     assert!(v["jobToken"].as_str().is_some_and(|t| t.starts_with(&offered)), "{v}");
@@ -446,10 +448,14 @@ async fn a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_pers
         assert!(start.elapsed() < Duration::from_secs(8), "never offline again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(task(app, &key, &offered).await["state"], "sent", "nothing was fetched: nothing to doubt");
+    let t = task(app, &key, &offered).await;
+    assert_eq!((t["state"].as_str(), t["last_error"].as_str()), (Some("retrying"), Some("offline")), "{t}");
     let v = star.poll("200 OK", None, Some(false)).await;
-    assert!(v["jobToken"].as_str().is_some_and(|t| t.starts_with(&offered)), "offered again, same attempt: {v}");
-    assert_eq!(task(app, &key, &offered).await["attempts"], 1);
+    let token = v["jobToken"].as_str().unwrap_or_default().to_owned();
+    assert!(token.starts_with(&offered) && token.ends_with(".2"), "offered again as a new attempt: {v}");
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    assert_eq!(star.delete("OK", &token).await.1["result"], "applied");
+    assert_eq!(task(app, &key, &offered).await["state"], "printed");
 }
 
 /// The printer simulator in its CloudPRNT mode, with its faults: every task prints once,
@@ -491,4 +497,78 @@ async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &T
     assert!(jobs.iter().all(|j| j.printer == format!("cloudprnt:{}", MAC.to_lowercase())));
     assert_eq!(task(app, &key, &a2).await["state"], "in_doubt", "never printed twice, never offered again");
     sim.shutdown().await;
+}
+
+/// A printer that polls and falls silent (switched off) does not hold its tickets for
+/// ever (R44): it is offline after 2 × its poll interval + the grace, its lane pauses, a
+/// station ticket that cannot have printed moves to the station's next printer after the
+/// station's threshold, a ticket past its print type's budget fails with "printer
+/// offline", and the printer, back, gets none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_polled_printer_fails_over_and_its_tickets_run_out_of_time_sqlite() {
+    silent_printer(common::Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_polled_printer_fails_over_and_its_tickets_run_out_of_time_postgres() {
+    silent_printer(common::Backend::Postgres).await
+}
+
+async fn silent_printer(backend: common::Backend) {
+    let mut config = common::fast_polled();
+    config.delivery.sweep_interval_ms = 100;
+    config.intake.policies.types.get_mut("receipt").expect("receipt").max_wait_ms = 6_000;
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let star = Star::new(&app, &key, "star", MAC).await;
+    let s = app
+        .post(
+            "/v1/stations",
+            &key,
+            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 2000}),
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let hot = app
+        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
+        .await
+        .body["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let plain = submit(&app, &key, "star", "R1").await;
+    // The printer is told about the station ticket, and is switched off before it fetches.
+    let token = star.next_job().await;
+    assert!(token.starts_with(&hot), "{token}");
+    let silent = Instant::now();
+    // Offline, the station ticket on the backup, without a word from the printer.
+    let t = wait_state(&app, &key, &hot, "transferred", Duration::from_secs(10)).await;
+    let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
+    assert!(silent.elapsed() >= Duration::from_millis(2_000), "not before the threshold");
+    let p = printer(&app, &key, "star").await;
+    assert_eq!((p["online"].as_bool(), p["last_error"].as_str()), (Some(false), Some("offline")), "{p}");
+    let next = task(&app, &key, &succ).await;
+    assert_eq!((next["printer_id"].as_str(), next["origin_kind"].as_str()), (Some("p2"), Some("failover")));
+    let events = events_of(&app, &key, &hot).await;
+    assert!(events.iter().any(|e| e.2.contains("without fetching it")), "{events:?}");
+    // The backup's agent prints it.
+    let agent = app.call("POST", "/v1/stores/s1/agent-tokens", Some(&key), None).await.body["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let d = app.post("/v1/agent/poll", &agent, json!({"agent_id": "a1", "session": "s", "wait_ms": 2000})).await;
+    assert_eq!(d.body["deliveries"][0]["task_id"], succ.as_str(), "{:?}", d.body);
+    // The other ticket runs out of its print type's budget: failed, "printer offline".
+    let t = wait_state(&app, &key, &plain, "failed", Duration::from_secs(10)).await;
+    assert_eq!(t["last_error"], "offline", "{t}");
+    let events = events_of(&app, &key, &plain).await;
+    assert!(events.last().is_some_and(|e| e.2.contains("printer offline")), "{events:?}");
+    // Back on: nothing that moved or failed is handed to it.
+    for _ in 0..3 {
+        let v = star.poll("200 OK", None, Some(false)).await;
+        assert_eq!(v["jobReady"], false, "{v}");
+    }
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(task(&app, &key, &hot).await["state"], "transferred");
+    app.stop().await;
 }

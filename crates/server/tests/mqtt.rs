@@ -230,6 +230,7 @@ per_backend!(
     a_star_printer_prints_once_and_a_repeated_token_goes_to_a_person,
     a_star_printer_power_cycled_after_a_job_is_in_doubt_never_sent_it_again,
     an_error_after_printing_goes_to_a_person_on_every_protocol,
+    a_station_moves_on_from_an_mqtt_printer_that_left,
     paper_out_retries_with_the_reason_and_prints_once_after_refill,
     a_crash_after_receiving_is_in_doubt_and_never_printed_twice,
     jobs_and_results_delivered_twice_print_once,
@@ -360,6 +361,52 @@ async fn an_error_after_printing_goes_to_a_person_on_every_protocol(backend: Bac
     assert_eq!(copies(&dev_sim, "order E2"), 1, "{:?}", dev_sim.jobs().all());
     star_sim.shutdown().await;
     dev_sim.shutdown().await;
+    w.app.stop().await;
+}
+
+/// An MQTT printer that left (its last will) takes no work, and says nothing more: its
+/// station's tickets move to the next printer after the station's threshold (R44), and
+/// print once there.
+async fn a_station_moves_on_from_an_mqtt_printer_that_left(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let first = printer(&w, "m1", device("dev-1")).await;
+    let second = printer(&w, "m2", device("dev-2")).await;
+    let s = w
+        .app
+        .post(
+            "/v1/stations",
+            &w.key,
+            json!({"id": "hot", "store_id": "s1", "printers": ["m1", "m2"], "failover_after_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let gone = sim(&w, Protocol::Onceprint, "dev-1", first, Faults::default()).await;
+    let backup = sim(&w, Protocol::Onceprint, "dev-2", second, Faults::default()).await;
+    wait_until(Duration::from_secs(10), "m1 online", || async {
+        w.app.get("/v1/printers/m1", &w.key).await.body["online"] == true
+    })
+    .await;
+    gone.shutdown().await;
+    wait_until(Duration::from_secs(10), "m1 offline (its will)", || async {
+        w.app.get("/v1/printers/m1", &w.key).await.body["last_error"] == "offline"
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let body = json!({"biz_no": format!("H{i}"), "station_id": "hot",
+                          "content": {"type": "text", "text": format!("order H{i}\n")}});
+        let a = w.app.submit(&w.key, body).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        ids.push(a.body["task_id"].as_str().expect("id").to_owned());
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let t = wait_state(&w, id, "transferred", Duration::from_secs(20)).await;
+        let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
+        let s = wait_state(&w, &succ, "printed", Duration::from_secs(20)).await;
+        assert_eq!(s["printer_id"], "m2", "{s}");
+        assert_eq!(copies(&backup, &format!("order H{i}")), 1, "{:?}", backup.jobs().all());
+    }
+    backup.shutdown().await;
     w.app.stop().await;
 }
 

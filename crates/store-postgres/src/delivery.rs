@@ -26,12 +26,12 @@ use std::task::Poll;
 
 use deadpool_postgres::GenericClient;
 use onceprint_core::{Millis, TaskState};
-use onceprint_store::{Lane, LaneStats, OutboxEvent, PrinterStatusUpdate, StoreResult, Task, Transition};
+use onceprint_store::{Lane, LaneStats, OutboxEvent, PausedWait, PrinterStatusUpdate, StoreResult, Task, Transition};
 use tokio_postgres::types::ToSql;
 
 use crate::alerts;
 use crate::error::{pg_error, violation, Violation};
-use crate::rows::{self, TASK_COLUMNS};
+use crate::rows::{self, TASK_COLUMNS, TASK_COLUMNS_T};
 
 /// The partial unique index behind the one-in-flight-per-printer rule.
 const ONE_IN_FLIGHT: &str = "tasks_one_in_flight_per_printer";
@@ -613,6 +613,37 @@ pub(crate) async fn record_alert(client: &deadpool_postgres::Client, e: &OutboxE
     let stmt = client.prepare_cached(RECORD_ALERT).await.map_err(pg_error)?;
     client.execute(&stmt, &[&e.event_id, &e.tenant_id, &e.kind, &e.payload, &e.now]).await.map_err(pg_error)?;
     Ok(())
+}
+
+/// See `Store::waiting_on_paused_printers`: the paused printers through `printers_paused`
+/// (migration 21), each lane's waiting tasks through `tasks_lane`.
+const WAITING_ON_PAUSED: &str = "
+SELECT {cols_t}, p.paused_since, p.last_error
+FROM printers p
+CROSS JOIN LATERAL (
+    SELECT {cols}, seq
+    FROM tasks
+    WHERE tenant_id = p.tenant_id AND printer_id = p.id AND state IN ('pending', 'sent', 'retrying')
+      AND state <> 'sent'
+    ORDER BY priority, seq
+) AS t
+WHERE p.paused_since IS NOT NULL
+ORDER BY p.tenant_id, p.id, t.priority, t.seq
+LIMIT $1";
+
+pub(crate) async fn waiting_on_paused_printers(
+    client: &deadpool_postgres::Client,
+    limit: i64,
+) -> StoreResult<Vec<PausedWait>> {
+    let sql = WAITING_ON_PAUSED.replace("{cols_t}", TASK_COLUMNS_T).replace("{cols}", TASK_COLUMNS);
+    let stmt = client.prepare_cached(&sql).await.map_err(pg_error)?;
+    let found = client.query(&stmt, &[&limit.max(0)]).await.map_err(pg_error)?;
+    found
+        .iter()
+        .map(|r| {
+            Ok(PausedWait { task: rows::task(r)?, paused_since: rows::col(r, 27)?, printer_state: rows::col(r, 28)? })
+        })
+        .collect()
 }
 
 pub(crate) async fn due_tasks(

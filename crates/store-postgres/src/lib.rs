@@ -747,6 +747,11 @@ impl Store for PostgresStore {
         delivery::due_tasks(&client, state, now, limit).await
     }
 
+    async fn waiting_on_paused_printers(&self, limit: i64) -> StoreResult<Vec<PausedWait>> {
+        let client = self.client().await?;
+        delivery::waiting_on_paused_printers(&client, limit).await
+    }
+
     async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool> {
         let mut client = self.client().await?;
         operations::apply_manual(&mut client, change).await

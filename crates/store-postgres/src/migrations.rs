@@ -47,6 +47,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (18, V18_OFFLINE),
     (19, V19_DEVICE_LOG),
     (20, V20_PAUSED_LANES),
+    (21, V21_PAUSED_PRINTERS),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -617,6 +618,13 @@ ALTER TABLE printers ADD COLUMN paused_since BIGINT;
 ALTER TABLE stations ADD COLUMN failover_after_ms BIGINT;
 UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
+"#;
+
+/// Lanes progress by time (R44): the sweeper looks every second at the printers whose
+/// lane is paused (a printer that fell silent among them) to move their tickets on when
+/// the printer says nothing; this index holds only those. Additive.
+const V21_PAUSED_PRINTERS: &str = r#"
+CREATE INDEX printers_paused ON printers (paused_since) WHERE paused_since IS NOT NULL;
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

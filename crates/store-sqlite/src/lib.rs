@@ -716,6 +716,10 @@ impl Store for SqliteStore {
         self.read(move |c| sql::due_tasks(c, state, now, limit)).await
     }
 
+    async fn waiting_on_paused_printers(&self, limit: i64) -> StoreResult<Vec<PausedWait>> {
+        self.read(move |c| sql::waiting_on_paused_printers(c, limit)).await
+    }
+
     async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool> {
         let change = change.clone();
         self.write(move |c| sql::apply_manual(c, &change)).await

@@ -471,4 +471,11 @@ DROP INDEX tasks_lane;
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id, state, created_at, sent_at)
     WHERE (state = 'pending' OR state = 'sent' OR state = 'retrying');
 "#,
+    // 22 (21 on PostgreSQL): lanes progress by time (R44). The sweeper looks every second
+    // at the printers whose lane is paused (a printer that fell silent among them) to move
+    // their tickets on when the printer says nothing; this index holds only those.
+    // Additive: an older broker neither reads nor needs it.
+    r#"
+CREATE INDEX printers_paused ON printers(paused_since) WHERE paused_since IS NOT NULL;
+"#,
 ];

@@ -769,6 +769,23 @@ pub fn record_alert(c: &Connection, e: &OutboxEvent) -> StoreResult<()> {
     insert_event(c, e)
 }
 
+/// See `Store::waiting_on_paused_printers`: the paused printers through
+/// `printers_paused` (migration 22), each lane's waiting tasks through `tasks_lane` (its
+/// predicate repeated, so the planner can use it).
+pub fn waiting_on_paused_printers(c: &Connection, limit: i64) -> StoreResult<Vec<PausedWait>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLS}, pp.paused_since, pp.printer_state FROM                (SELECT tenant_id AS p_tenant, id AS p_id, paused_since, last_error AS printer_state                 FROM printers INDEXED BY printers_paused WHERE paused_since IS NOT NULL) pp              JOIN tasks ON tasks.tenant_id = pp.p_tenant AND tasks.printer_id = pp.p_id              WHERE {IN_LANE} AND state <> 'sent'              ORDER BY pp.p_tenant, pp.p_id, priority, seq LIMIT ?1"
+        ))
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(params![limit.max(0)], |r| {
+            Ok(PausedWait { task: task_from_row(r)?, paused_since: r.get(27)?, printer_state: r.get(28)? })
+        })
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
 pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> StoreResult<Vec<Task>> {
     let mut s = c
         .prepare_cached(&format!(

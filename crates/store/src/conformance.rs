@@ -46,6 +46,7 @@ macro_rules! conformance_tests {
             manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
             a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_lane, refusals_are_counted,
+            the_waiting_tickets_of_paused_printers_are_found_in_lane_order,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
             alerts_go_through_the_outbox_with_the_change,
@@ -1245,6 +1246,59 @@ pub async fn a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_la
     let paused = due.iter().find(|d| d.payload.contains("printer.paused") && d.payload.contains("\"p1\"")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&paused.payload).unwrap();
     assert_eq!(v["data"]["reason"], "no_paper");
+}
+
+/// R44: what waits on a printer whose lane is paused, with the pause, in lane order; not
+/// the task in flight, not the tickets of printers that are not paused (or no longer).
+pub async fn the_waiting_tickets_of_paused_printers_are_found_in_lane_order(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    let on = |mut t: NewTask, printer: &str, priority: i32| {
+        t.printer_id = printer.into();
+        t.target = format!("printer:{printer}");
+        t.priority = priority;
+        t
+    };
+    // p1: one in flight, three waiting (a lower priority number goes first); p2: one.
+    let (a, b, c, d) = (
+        new_task("acme", "A", "x", 1),
+        on(new_task("acme", "B", "x", 2), "p1", 20),
+        on(new_task("acme", "C", "x", 3), "p1", 5),
+        on(new_task("acme", "D", "x", 4), "p1", 20),
+    );
+    let e = on(new_task("acme", "E", "x", 5), "p2", 10);
+    s.submit_batch(vec![a.clone(), b.clone(), c.clone(), d.clone(), e.clone()]).await.unwrap();
+    assert_eq!(s.apply_transitions(&[send(&a, 0, NOW + 5)]).await.unwrap(), vec![true]);
+    assert!(s.waiting_on_paused_printers(100).await.unwrap().is_empty(), "nothing is paused");
+    let report = |printer: &str, error: Option<&str>, at: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: printer.into(),
+        online: error != Some("offline"),
+        last_error: error.map(str::to_owned),
+        now: at,
+        event_id: format!("evt-{printer}-{at}"),
+    };
+    s.update_printer_status(&[report("p1", Some("offline"), NOW + 7), report("p2", Some("no_paper"), NOW + 8)])
+        .await
+        .unwrap();
+    let found = s.waiting_on_paused_printers(100).await.unwrap();
+    let seen: Vec<(String, i64, Option<String>)> =
+        found.iter().map(|w| (w.task.biz_no.clone(), w.paused_since, w.printer_state.clone())).collect();
+    let want = |biz: &str, at: i64, state: &str| (biz.to_owned(), at, Some(state.to_owned()));
+    assert_eq!(
+        seen,
+        vec![
+            want("C", NOW + 7, "offline"),
+            want("B", NOW + 7, "offline"),
+            want("D", NOW + 7, "offline"),
+            want("E", NOW + 8, "no_paper")
+        ]
+    );
+    assert_eq!(s.waiting_on_paused_printers(2).await.unwrap().len(), 2, "at most the limit");
+    // Ready again: its tickets are no longer waiting on a paused printer.
+    s.update_printer_status(&[report("p2", None, NOW + 9)]).await.unwrap();
+    let found = s.waiting_on_paused_printers(100).await.unwrap();
+    assert_eq!(found.iter().map(|w| w.task.biz_no.as_str()).collect::<Vec<_>>(), vec!["C", "B", "D"]);
 }
 
 /// A refusal grows the task's refusal count; other changes leave it.

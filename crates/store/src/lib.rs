@@ -276,6 +276,14 @@ pub trait Store: Send + Sync + 'static {
     /// the delivery deadline.
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>>;
 
+    /// The waiting tasks (`pending`, `retrying`) of the printers whose lane is paused
+    /// (`paused_since` set: no paper, cover open, paper jam, offline — a printer that called
+    /// in and fell silent among them), with each printer's pause, in lane order per printer,
+    /// at most `limit`. The sweeper moves them on by time when the printer says nothing:
+    /// a station's failover threshold, the print type's `max_wait_ms` (R44). Through the
+    /// partial index of paused printers, then a probe of `tasks_lane` per printer.
+    async fn waiting_on_paused_printers(&self, limit: i64) -> StoreResult<Vec<PausedWait>>;
+
     /// Applies an operator's action or a failover in one transaction: the compare-and-set
     /// transitions of the task (with their audit events; all or none), the refund of the
     /// charge named (unique per task, so never twice), and the successor task (with its own creation event and

@@ -794,6 +794,16 @@ impl PrinterStatusUpdate {
     }
 }
 
+/// A task waiting for a printer whose lane is paused ([`crate::Store::waiting_on_paused_printers`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PausedWait {
+    pub task: Task,
+    /// Since when the printer's lane is paused.
+    pub paused_since: Millis,
+    /// Why: the printer's `last_error` (`offline`, `no_paper`, …).
+    pub printer_state: Option<String>,
+}
+
 /// A printer's lane as the lane engine looks at it: the task in flight (at most one, the
 /// database enforces it), whatever its priority, or, when nothing is in flight, the first
 /// waiting task by (priority, seq): `seq` is the order the database inserted the tasks in.

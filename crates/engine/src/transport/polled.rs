@@ -444,7 +444,10 @@ impl Polled {
                 tenant = %printer.row.tenant_id, printer = %printer.row.id, silent_ms = silent_for,
                 transport = self.kind.as_str(), "printer stopped polling: offline"
             );
-            // The job it fetched may have printed: it goes to a person.
+            // The job it fetched may have printed: it goes to a person. A job it was only
+            // told about never left the broker: that attempt ends as "offline", and the
+            // ticket waits with the printer's paused lane (a station's failover and the
+            // print type's budget then move it on by time, `LaneEngine::sweep_paused`).
             let lane = self.lanes.store().lane(&printer.row.tenant_id, &printer.row.id).await?;
             if let Some(task) = lane.in_flight {
                 let ours = task.sent_to.as_deref() == Some(self.claimant.sent_to().as_str());
@@ -455,6 +458,13 @@ impl Polled {
                         silent_for / 1000
                     );
                     self.lanes.settle_in_doubt(&self.claimant, &task, detail).await?;
+                } else if ours {
+                    let detail = format!(
+                        "the printer was told about attempt {} and went silent for {} s without fetching it",
+                        task.attempts,
+                        silent_for / 1000
+                    );
+                    self.lanes.settle(&self.claimant, &task, Outcome::Offline, Proof::NotPrinted, detail).await?;
                 }
             }
             let update = PrinterStatusUpdate {
