@@ -74,8 +74,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
 
     // New at every start: tells the broker that deliveries handed to an earlier session of
     // this agent id will never be acknowledged by that process, so it offers them again
-    // once that process is quiet. It carries the start time, so that of two processes with
-    // one agent id the broker knows the newer (which wins) even across its own restarts.
+    // once that process is quiet. It carries the start time as a name only: which of two
+    // processes with one agent id is the newer the broker decides on its own clock, from
+    // the session's age that the polls report (a shop PC's clock may be set back).
     let started_ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     let session = onceprint_core::ids::agent_session_id(started_ms, rand::random::<u64>());
@@ -305,6 +306,7 @@ async fn poll_loop(
             wait_ms,
             max: permits.num_permits(),
             session: session.to_owned(),
+            session_age_ms: None,
         };
         let began = Instant::now();
         last_poll = Some(began);

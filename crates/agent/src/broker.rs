@@ -35,9 +35,11 @@ pub const PROTOCOL_HEADER: &str = "onceprint-agent-protocol";
 pub const BROKER_PROTOCOLS_HEADER: &str = "onceprint-agent-protocols";
 /// The newest agent protocol this agent speaks. Version 1 is the protocol of every release
 /// before it (an agent that sends no header is taken to speak 1); version 2 adds `next` to
-/// the acks, whose answer then carries the printers' next deliveries. A version is raised
+/// the acks, whose answer then carries the printers' next deliveries; version 3 adds the
+/// process's age to the polls (`session_age_ms`), so that the broker orders this agent
+/// id's sessions on its own clock, whatever the shop PC's clock says. A version is raised
 /// only for a change an older broker would misread or refuse.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The oldest agent protocol this agent speaks, and the one it names to a broker whose
 /// range it has not heard yet. Every request names the newest version that both speak,
 /// as far as the broker's last answer (its [`BROKER_PROTOCOLS_HEADER`]) told.
@@ -210,6 +212,9 @@ pub struct BrokerClient {
     /// Who this process is, sent with the acks.
     agent_id: Option<String>,
     session: Option<String>,
+    /// When this process's session began, on the monotonic clock: its age goes with the
+    /// polls (agent protocol 3).
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for BrokerClient {
@@ -271,21 +276,28 @@ impl BrokerClient {
             token: token.to_owned(),
             agent_id: None,
             session: None,
+            started: std::time::Instant::now(),
         })
     }
 
-    /// The same client, acknowledging as `agent_id` in `session`.
+    /// The same client, acknowledging as `agent_id` in `session`, which begins now.
     pub fn identified(mut self, agent_id: &str, session: &str) -> BrokerClient {
         self.agent_id = Some(agent_id.to_owned());
         self.session = Some(session.to_owned());
+        self.started = std::time::Instant::now();
         self
     }
 
     /// Long-polls for deliveries: the broker answers as soon as work exists or after
-    /// `wait_ms`.
+    /// `wait_ms`. A broker that speaks agent protocol 3 is told how long this process's
+    /// session has been running (an older one would refuse the field).
     pub async fn poll(&self, req: &PollRequest) -> Result<Vec<Delivery>, BrokerError> {
         let timeout = Duration::from_millis(req.wait_ms) + POLL_SLACK;
-        let resp = self.request(|e| Ok(e.poll_url.clone()), timeout, req).await?;
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let version = self.brokers[used].version();
+        let mut req = req.clone();
+        req.session_age_ms = (version >= 3).then(|| self.started.elapsed().as_millis() as u64);
+        let resp = self.request_to(used, |e| Ok(e.poll_url.clone()), timeout, &req, version).await?;
         let body: PollResponse = resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))?;
         Ok(body.deliveries)
     }

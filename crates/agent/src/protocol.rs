@@ -17,6 +17,10 @@ pub struct PollRequest {
     /// the broker this agent restarted, so its unconfirmed deliveries come back at once
     /// instead of after the delivery deadline.
     pub session: String,
+    /// Extension (agent protocol 3): how long this process's session has been running, on
+    /// its monotonic clock; filled in by the broker client for a broker that speaks 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_age_ms: Option<u64>,
 }
 
 /// `POST /v1/agent/poll` answer.

@@ -425,7 +425,13 @@ async fn a_broker_that_does_not_speak_the_agents_protocol_is_reported_and_waited
     *broker.state.protocols.lock().expect("protocols") = Some((3, 4));
     let client =
         onceprint_agent::broker::BrokerClient::new(&broker.url(), TOKEN, Duration::from_secs(1), None).expect("client");
-    let req = onceprint_agent::protocol::PollRequest { agent_id: "a".into(), wait_ms: 0, max: 1, session: "s".into() };
+    let req = onceprint_agent::protocol::PollRequest {
+        agent_id: "a".into(),
+        wait_ms: 0,
+        max: 1,
+        session: "s".into(),
+        session_age_ms: None,
+    };
     match client.poll(&req).await {
         Err(e @ onceprint_agent::broker::BrokerError::ProtocolUnsupported { .. }) => {
             let text = e.to_string();

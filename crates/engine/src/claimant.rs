@@ -14,6 +14,14 @@
 //! session wins and the older is told to stop; its deliveries stay with it until it
 //! answers them or falls silent, so two processes never print one task.
 //!
+//! "Newest" is decided on the broker's clock, never on the agent's (R44): a session starts
+//! when this broker first hears it, less the process's age that the agent reports with its
+//! polls (`session_age_ms`, agent protocol 3, measured on a monotonic clock). A shop PC
+//! whose wall clock was set back (NTP, a dead CMOS battery) or runs an hour ahead
+//! therefore restarts its agent into the newest session like any other; the start time a
+//! session id carries is only a name. Ties are broken by the session id, so that every
+//! node decides alike.
+//!
 //! The registry is in memory. What it does not know after a broker restart it treats as
 //! unknown, never as gone: an agent not yet seen counts as gone only once the broker has
 //! been up longer than `agent_gone_after_ms`, and an earlier session only once the broker
@@ -166,8 +174,8 @@ pub struct Superseded {
 
 #[derive(Debug, Clone)]
 struct SessionState {
-    /// Orders sessions of one agent id: the start time the session id carries, else the
-    /// time this broker first saw it.
+    /// Orders sessions of one agent id (then the session id): when the process started on
+    /// the broker's clock — first heard, less the age its agent reported.
     started: Millis,
     /// Last heard by this node ([`NEVER`] when only other nodes heard it).
     heard: Millis,
@@ -204,6 +212,10 @@ impl AgentState {
 type Key = (String, String);
 
 pub use onceprint_core::ids::{agent_session_id as new_session_id, agent_session_started_at as session_started_at};
+
+/// The most of an agent process's reported age that is believed (a year): a start earlier
+/// than that would only be a broken report.
+const MAX_SESSION_AGE_MS: u64 = 365 * 86_400_000;
 
 /// What the broker knows about the store agents that talk to it.
 pub struct AgentRegistry {
@@ -276,21 +288,25 @@ impl AgentRegistry {
     }
 
     /// Registers a poll of `agent_id` in `session` (`None`: an agent that sends no session
-    /// is one session for ever). A session older than the agent id's current one is
-    /// refused: a newer process took over.
+    /// is one session for ever), whose process has been running for `age_ms` by its own
+    /// monotonic clock (`None`: an agent before protocol 3 says nothing, and the session
+    /// starts when this broker first hears it). A session older than the agent id's current
+    /// one is refused: a newer process took over.
     pub fn begin_poll(
         self: &Arc<Self>,
         tenant_id: &str,
         store_id: &str,
         agent_id: &str,
         session: Option<&str>,
+        age_ms: Option<u64>,
     ) -> Result<PollGuard, Superseded> {
         let now = self.clock.now_ms();
         let key = (tenant_id.to_owned(), store_id.to_owned());
         let session = session.unwrap_or_default().to_owned();
+        let started = now - age_ms.unwrap_or(0).min(MAX_SESSION_AGE_MS) as i64;
         let mut all = self.lock();
         let agent = all.entry(key.clone()).or_default().entry(agent_id.to_owned()).or_default();
-        let took_over = Self::note(agent, agent_id, &session, now)?;
+        let took_over = Self::note(agent, agent_id, &session, started, now)?;
         if let Some(s) = agent.sessions.get_mut(&session) {
             s.open_polls += 1;
         }
@@ -324,7 +340,13 @@ impl AgentRegistry {
         }
     }
 
-    fn note(agent: &mut AgentState, agent_id: &str, session: &str, now: Millis) -> Result<bool, Superseded> {
+    fn note(
+        agent: &mut AgentState,
+        agent_id: &str,
+        session: &str,
+        started: Millis,
+        now: Millis,
+    ) -> Result<bool, Superseded> {
         let current = agent.current.clone();
         if let Some(s) = agent.sessions.get_mut(session) {
             s.heard = s.heard.max(now);
@@ -335,8 +357,10 @@ impl AgentRegistry {
             }
             return Ok(false);
         }
-        let started = session_started_at(session).unwrap_or(now);
-        let newer_exists = current.as_ref().and_then(|c| agent.sessions.get(c)).is_some_and(|c| c.started > started);
+        let newer_exists = current
+            .as_ref()
+            .and_then(|c| agent.sessions.get(c).map(|st| (st.started, c.as_str())))
+            .is_some_and(|c| c > (started, session));
         let state = SessionState {
             started,
             heard: now,
@@ -547,8 +571,9 @@ impl AgentRegistry {
                 s.heard_remote = s.heard_remote.max(r.heard_at);
                 continue;
             }
-            let current_started = agent.current.as_ref().and_then(|c| agent.sessions.get(c)).map(|c| c.started);
-            let newer_exists = current_started.is_some_and(|c| c > r.started_at);
+            let current = agent.current.as_ref().and_then(|c| agent.sessions.get(c).map(|st| (st.started, c.clone())));
+            let newer_exists =
+                current.is_some_and(|(started, c)| (started, c.as_str()) > (r.started_at, r.session.as_str()));
             agent.sessions.insert(
                 r.session.clone(),
                 SessionState {
@@ -693,9 +718,9 @@ mod tests {
         let (clock, r) = registry();
         let old = new_session_id(1, 1);
         let new = new_session_id(2, 2);
-        drop(r.begin_poll("t", "s", "a", Some(&old)).expect("first"));
+        drop(r.begin_poll("t", "s", "a", Some(&old), None).expect("first"));
         clock.advance(500);
-        let _poll = r.begin_poll("t", "s", "a", Some(&new)).expect("a newer process wins");
+        let _poll = r.begin_poll("t", "s", "a", Some(&new), None).expect("a newer process wins");
         assert_eq!(
             r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))),
             Holder::EarlierSession { quiet: false }
@@ -713,10 +738,10 @@ mod tests {
         let (clock, r) = registry();
         let old = new_session_id(1, 1);
         let new = new_session_id(2, 2);
-        let _old_poll = r.begin_poll("t", "s", "a", Some(&old)).expect("first");
-        let _new_poll = r.begin_poll("t", "s", "a", Some(&new)).expect("newer wins");
+        let _old_poll = r.begin_poll("t", "s", "a", Some(&old), Some(1_000)).expect("first");
+        let _new_poll = r.begin_poll("t", "s", "a", Some(&new), Some(10)).expect("newer wins");
         // The old process is still polling: it is told to stop, and holds on to its work.
-        let e = r.begin_poll("t", "s", "a", Some(&old)).err().expect("fenced");
+        let e = r.begin_poll("t", "s", "a", Some(&old), Some(1_000)).err().expect("fenced");
         assert_eq!(e.newer, new);
         assert!(r.is_superseded("t", "s", "a", Some(&old)).is_some());
         clock.advance(10_000);
@@ -724,15 +749,38 @@ mod tests {
             r.holder("t", "s", "a", Some(&old), Some(("a", Some(&new)))),
             Holder::EarlierSession { quiet: false }
         );
-        // An older process that starts polling only now is refused too.
+        // An older process that starts polling only now (it has run for a minute) is
+        // refused too.
         let older = new_session_id(0, 3);
-        assert!(r.begin_poll("t", "s", "a", Some(&older)).is_err());
+        assert!(r.begin_poll("t", "s", "a", Some(&older), Some(60_000)).is_err());
+    }
+
+    /// R44: the shop PC's wall clock never orders sessions. The first process ran with its
+    /// clock an hour ahead (its session id says so); once the clock is corrected, the
+    /// restarted process names an earlier time, and it is still the newer session.
+    #[test]
+    fn session_order_is_the_brokers_not_the_shop_pcs_clock() {
+        let (clock, r) = registry();
+        let hour = 3_600_000;
+        let ahead = new_session_id(clock.now_ms() + hour, 1);
+        drop(r.begin_poll("t", "s", "a", Some(&ahead), Some(2_000)).expect("first"));
+        clock.advance(30_000);
+        let corrected = new_session_id(clock.now_ms() - 500, 2);
+        let poll = r.begin_poll("t", "s", "a", Some(&corrected), Some(500)).expect("the restart is the newer process");
+        assert!(poll.took_over);
+        assert!(r.is_superseded("t", "s", "a", Some(&ahead)).is_some());
+        assert!(r.begin_poll("t", "s", "a", Some(&ahead), Some(32_000)).is_err(), "the earlier process is fenced");
+        // And the other way round: a clock set back an hour changes nothing either.
+        clock.advance(30_000);
+        let behind = new_session_id(clock.now_ms() - hour, 3);
+        assert!(r.begin_poll("t", "s", "a", Some(&behind), Some(100)).is_ok());
+        assert!(r.is_superseded("t", "s", "a", Some(&corrected)).is_some());
     }
 
     #[test]
     fn unknown_agents_are_not_gone_until_the_broker_has_been_up_long_enough() {
         let (clock, r) = registry();
-        let _b = r.begin_poll("t", "s", "b", Some("x")).expect("b polls");
+        let _b = r.begin_poll("t", "s", "b", Some("x"), None).expect("b polls");
         // Agent a held a delivery before a broker restart and has not polled yet.
         assert_eq!(r.holder("t", "s", "a", Some("sa"), None), Holder::Other { gone: false });
         clock.advance(60_001);

@@ -66,15 +66,15 @@ async fn an_agent_heard_on_one_node_is_live_on_the_other(h: Harness) {
     let s = h.store.as_ref();
     let session = onceprint_core::ids::agent_session_id(START, 1);
     let other = onceprint_core::ids::agent_session_id(START, 2);
-    drop(a.begin_poll("t", "s1", "agent-1", Some(&session)).expect("poll"));
+    drop(a.begin_poll("t", "s1", "agent-1", Some(&session), None).expect("poll"));
     // Node b also serves another agent of the store, so agent-1 could be replaced.
-    let _b_poll = b.begin_poll("t", "s1", "agent-2", Some(&other)).expect("poll");
+    let _b_poll = b.begin_poll("t", "s1", "agent-2", Some(&other), None).expect("poll");
     clock.advance(11_000);
     // Before its first sync node b calls nobody gone, whatever its uptime.
     assert_eq!(b.holder("t", "s1", "agent-1", Some(&session), None), Holder::Other { gone: false });
     // Agent-1 keeps polling node a; both nodes sync every second.
     for _ in 0..20 {
-        drop(a.begin_poll("t", "s1", "agent-1", Some(&session)).expect("poll"));
+        drop(a.begin_poll("t", "s1", "agent-1", Some(&session), None).expect("poll"));
         a.sync_once(s, "node-a").await.expect("sync a");
         b.sync_once(s, "node-b").await.expect("sync b");
         assert_eq!(
@@ -114,14 +114,14 @@ async fn a_newer_session_on_one_node_supersedes_the_older_on_the_other(h: Harnes
     let s = h.store.as_ref();
     let old = onceprint_core::ids::agent_session_id(START - 60_000, 1);
     let new = onceprint_core::ids::agent_session_id(START, 2);
-    drop(a.begin_poll("t", "s1", "agent-1", Some(&old)).expect("old polls node a"));
-    drop(b.begin_poll("t", "s1", "agent-1", Some(&new)).expect("new polls node b"));
-    assert!(a.begin_poll("t", "s1", "agent-1", Some(&old)).is_ok(), "node a has not heard of it yet");
+    drop(a.begin_poll("t", "s1", "agent-1", Some(&old), None).expect("old polls node a"));
+    drop(b.begin_poll("t", "s1", "agent-1", Some(&new), None).expect("new polls node b"));
+    assert!(a.begin_poll("t", "s1", "agent-1", Some(&old), None).is_ok(), "node a has not heard of it yet");
     b.sync_once(s, "node-b").await.expect("sync b");
     a.sync_once(s, "node-a").await.expect("sync a");
-    let e = a.begin_poll("t", "s1", "agent-1", Some(&old)).err().expect("superseded on node a too");
+    let e = a.begin_poll("t", "s1", "agent-1", Some(&old), None).err().expect("superseded on node a too");
     assert_eq!(e.newer, new);
-    assert!(a.begin_poll("t", "s1", "agent-1", Some(&new)).is_ok(), "the newer session is served on node a");
+    assert!(a.begin_poll("t", "s1", "agent-1", Some(&new), None).is_ok(), "the newer session is served on node a");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

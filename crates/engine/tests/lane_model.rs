@@ -367,7 +367,8 @@ impl Sut {
 
     fn poll(&mut self, agent: usize) {
         let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
-        let answer = self.block_on(self.agents_api.poll(&self.who, id, Some(&session), Duration::from_millis(0), 16));
+        let answer =
+            self.block_on(self.agents_api.poll(&self.who, id, Some(&session), None, Duration::from_millis(0), 16));
         let deliveries = match answer {
             Ok(d) => d,
             // A newer process took over: this one stops (it is restarted as a newer one).

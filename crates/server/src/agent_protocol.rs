@@ -23,8 +23,10 @@ pub const BROKER_HEADER: HeaderName = HeaderName::from_static("onceprint-agent-p
 pub const MIN: u32 = 1;
 /// The newest agent protocol this broker serves. Version 2: acks may ask for the next
 /// deliveries (`next`), and their answer carries them (`deliveries`); an agent uses it
-/// only with a broker that names 2 in its range.
-pub const MAX: u32 = 2;
+/// only with a broker that names 2 in its range. Version 3: a poll may say how long the
+/// agent process has been running (`session_age_ms`), so that the broker orders an agent
+/// id's sessions on its own clock; an agent sends it only to a broker that names 3.
+pub const MAX: u32 = 3;
 
 /// The version a request names: the header's, or 1 without one. `Err` for a header that
 /// is not a number (an answer naming the range is as useful for it as for a wrong number).
@@ -74,7 +76,7 @@ pub(crate) fn stamp(resp: &mut Response) {
 }
 
 /// `MIN-MAX` as the header carries it; a test below keeps it in step with the constants.
-const RANGE: &str = "1-2";
+const RANGE: &str = "1-3";
 
 #[cfg(test)]
 mod tests {

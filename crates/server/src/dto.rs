@@ -627,6 +627,13 @@ pub struct PollIn {
     /// Extension: an id of this agent process. A new session tells the broker the agent
     /// restarted, so its unconfirmed deliveries are offered again at once.
     pub session: Option<String>,
+    /// Extension (agent protocol 3): how long this agent process has been running, in
+    /// milliseconds of its monotonic clock. Of two sessions of one agent id the one that
+    /// started later on the broker's clock (first heard, less this age) is the newer; the
+    /// agent's wall clock never counts. Without it, a session starts when the broker first
+    /// hears it.
+    #[serde(default, deserialize_with = "integral::optional")]
+    pub session_age_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

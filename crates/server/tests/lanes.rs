@@ -44,6 +44,7 @@ per_backend!(
     a_failover_skips_a_disabled_backup,
     a_station_threshold_of_its_own_decides_when_it_fails_over,
     a_second_live_process_with_one_agent_id_is_fenced,
+    a_shop_pc_clock_an_hour_ahead_then_corrected_never_stalls_the_lane,
     a_killed_agents_open_poll_does_not_hold_its_delivery,
     agents_not_seen_since_a_broker_restart_are_not_gone,
     ids_stay_in_order_when_the_clock_stepped_back_across_a_restart,
@@ -378,9 +379,17 @@ async fn a_second_live_process_with_one_agent_id_is_fenced(backend: Backend) {
     let next = submit(&app, &key, "A2", "receipt").await;
     let d = new.poll(&app, 1000).await;
     assert_eq!(d.iter().map(task_of).collect::<Vec<_>>(), vec![(next, 1)]);
-    // A process that starts later still with an older session is refused too.
+    // A process that polls only now but has been running for longer than the newer one
+    // (its age, on its own monotonic clock) is refused too.
     let older = Agent { session: "t000000000000-0000000000000003".into(), ..old };
-    assert_eq!(older.poll_answer(&app, 100).await.code(), "agent_superseded");
+    let a = app
+        .post(
+            "/v1/agent/poll",
+            &older.token,
+            json!({"agent_id": older.id, "session": older.session, "wait_ms": 100, "session_age_ms": 3_600_000}),
+        )
+        .await;
+    assert_eq!(a.code(), "agent_superseded", "{a:?}");
     let t = task(&app, &key, &id).await;
     assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("printed"), Some(1)));
     app.stop().await;
@@ -788,5 +797,51 @@ async fn a_webhook_job_nobody_answers_goes_to_a_person(backend: Backend) {
     assert_eq!(v.lock().expect("lock").jobs.len(), 1, "never sent twice: the receiver said it had it");
     let attention = app.get("/v1/stores/s1/attention", &key).await.body;
     assert_eq!(attention["tasks"][0]["task_id"], id.as_str(), "{attention}");
+    app.stop().await;
+}
+
+/// R44: which of an agent id's processes is the newer is decided on the broker's clock.
+/// The shop PC's clock ran an hour ahead (its session id carries that time); it is set
+/// right and the agent restarted (systemd): the restarted process names an earlier time,
+/// and is still the one that takes over the lane, with or without reporting its age.
+async fn a_shop_pc_clock_an_hour_ahead_then_corrected_never_stalls_the_lane(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, fast()).await else { return };
+    let key = app.tenant("acme").await;
+    let now_ms = || {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    };
+    let session = |at: i64, n: u64| onceprint_core::ids::agent_session_id(at, n);
+    let poll = |agent: &Agent, age: Option<u64>| {
+        let mut body = json!({"agent_id": agent.id, "session": agent.session, "wait_ms": 300, "max": 16});
+        if let Some(a) = age {
+            body["session_age_ms"] = json!(a);
+        }
+        let token = agent.token.clone();
+        let app = &app;
+        async move { app.post("/v1/agent/poll", &token, body).await }
+    };
+    for (round, reports_age) in [(0, true), (1, false)] {
+        let ahead = Agent::new(&app, &key, &format!("pc-{round}"), &session(now_ms() + 3_600_000, 1)).await;
+        let id = submit(&app, &key, &format!("C{round}"), "receipt").await;
+        let a = poll(&ahead, reports_age.then_some(60_000)).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert_eq!(a.body["deliveries"][0]["task_id"], id.as_str(), "{:?}", a.body);
+        // kill -9; the clock is set right; systemd starts the agent again.
+        let corrected = Agent { session: session(now_ms(), 2), ..ahead.clone() };
+        let start = Instant::now();
+        let delivered = loop {
+            let a = poll(&corrected, reports_age.then_some(200)).await;
+            assert_eq!(a.status, StatusCode::OK, "the restarted process must not be superseded: {a:?}");
+            if let Some(d) = a.body["deliveries"].as_array().and_then(|d| d.first().cloned()) {
+                break d;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "the lane stalled behind the old session");
+        };
+        assert_eq!(task_of(&delivered), (id.clone(), 2), "offered to the restarted process: {delivered}");
+        assert_eq!(corrected.ack(&app, &id, 2, "printed").await, "applied");
+        // The earlier process, should it come back, is fenced.
+        let a = poll(&ahead, reports_age.then_some(61_000)).await;
+        assert_eq!((a.status, a.code()), (StatusCode::CONFLICT, "agent_superseded"), "{a:?}");
+    }
     app.stop().await;
 }

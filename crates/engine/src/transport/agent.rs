@@ -79,17 +79,19 @@ impl AgentTransport {
 
     /// Long poll: deliveries for the agent's store, as soon as there are any, or an empty
     /// list after `wait`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn poll(
         &self,
         who: &AgentIdentity,
         agent_id: &str,
         session: Option<&str>,
+        session_age_ms: Option<u64>,
         wait: Duration,
         max: usize,
     ) -> Result<Vec<AgentDelivery>, PollError> {
         let registry = self.lanes.agents();
         let signals = self.lanes.signals().clone();
-        let guard = registry.begin_poll(&who.tenant_id, &who.store_id, agent_id, session)?;
+        let guard = registry.begin_poll(&who.tenant_id, &who.store_id, agent_id, session, session_age_ms)?;
         if guard.took_over {
             // Polls of the earlier session look again (and learn that they must stop); the
             // earlier session's deliveries come to this one once it is quiet.

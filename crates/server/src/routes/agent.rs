@@ -41,8 +41,10 @@ pub async fn poll(
     }
     let wait = req.wait_ms.unwrap_or(25_000).min(MAX_WAIT_MS);
     let max = req.max.unwrap_or(16).clamp(1, MAX_DELIVERIES) as usize;
-    let deliveries =
-        st.agents.poll(&who, &req.agent_id, req.session.as_deref(), Duration::from_millis(wait), max).await?;
+    let deliveries = st
+        .agents
+        .poll(&who, &req.agent_id, req.session.as_deref(), req.session_age_ms, Duration::from_millis(wait), max)
+        .await?;
     Ok(Json(DeliveryList { deliveries: deliveries.into_iter().map(DeliveryOut::from).collect() }))
 }
 

@@ -275,6 +275,7 @@ pub fn order(biz_no: &str, text: &str) -> Value {
 }
 
 /// A store agent played over HTTP.
+#[derive(Clone)]
 pub struct Agent {
     pub token: String,
     pub id: String,
