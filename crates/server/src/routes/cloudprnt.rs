@@ -64,8 +64,10 @@ pub struct CloudPrntQuery {
     pub media_type: Option<String>,
     /// The `jobToken` of the poll answer.
     pub token: Option<String>,
-    /// The result, in a confirmation: `OK`, `200 OK` or any 2xx printed; `410`, `411`,
-    /// `420` not printed for that reason; `510`–`512`, `520`, `521` and others errors.
+    /// The result, in a confirmation, read with Star's table (docs/RESULT-CODES.md): `OK`,
+    /// `200 OK` or any 2xx printed; `520` nothing printed (another attempt); `510`–`512`,
+    /// `521` data the printer cannot use (failed); a stop (`410`, `411`, `420`) or any
+    /// code Star does not list after the fetch may have printed (in doubt).
     pub code: Option<String>,
     /// Present (`&delete`): this GET is a confirmation (`deleteMethod` GET).
     pub delete: Option<String>,

@@ -45,9 +45,14 @@ fn xml(body: String) -> Response {
 /// ePOS-Print XML of the receipt; an empty body when there is nothing to print. A job
 /// handed out is fetched at once (it may print from then on): a second GetRequest while
 /// it is unconfirmed puts it in doubt. `SetResponse` credits each result of its
-/// `ResponseFile` to the job its `printjobid` names: success printed, `EPTR_REC_EMPTY` no
-/// paper, `EPTR_COVER_OPEN` cover open, others error; a late result for an older job id
-/// is stale and changes nothing else. Wrong login or ID: 401, nothing changes.
+/// `ResponseFile` to the job its `printjobid` names, read with Epson's table
+/// (docs/RESULT-CODES.md): success printed; codes that can follow printing, and codes
+/// Epson does not list, in doubt; `EPTR_REC_EMPTY` / `EPTR_COVER_OPEN` pause the lane (in
+/// doubt, unless the printer had stopped before the job went out); data the printer
+/// refused fails. A Version 3.00 refusal of the print data fails the job in flight. A
+/// late result for an older job id is stale and changes nothing else. A `ResponseFile`
+/// that cannot be read is 400, noted on the job in flight. Wrong login or ID: 401,
+/// nothing changes.
 #[utoipa::path(post, path = "/epson-sdp", operation_id = "epson_sdp_request", tag = "printers that poll",
     request_body(content = EpsonSdpRequest, content_type = "application/x-www-form-urlencoded"),
     security(("printer" = [])),
