@@ -38,6 +38,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         BrokerClient::with_brokers(&args.server, args.token.as_str(), connect_timeout, args.ca_cert.as_deref())
             .map_err(|reason| AgentError::Server { url: args.server.join(","), reason })?;
 
+    crate::CLOCK_OFFSET_MS.store(args.test_clock_offset_ms, std::sync::atomic::Ordering::Relaxed);
     // The LAN address is taken first: a wrong or busy one is a start-up error, before
     // anything else runs.
     let listener = match args.listen {
@@ -77,8 +78,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     // once that process is quiet. It carries the start time as a name only: which of two
     // processes with one agent id is the newer the broker decides on its own clock, from
     // the session's age that the polls report (a shop PC's clock may be set back).
-    let started_ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let started_ms = crate::wall_ms();
     let session = onceprint_core::ids::agent_session_id(started_ms, rand::random::<u64>());
     let client = client.identified(&agent_id, &session);
 

@@ -363,5 +363,5 @@ async fn accept_offline(
 }
 
 pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    crate::wall_ms()
 }

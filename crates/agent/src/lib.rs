@@ -178,6 +178,29 @@ pub struct AgentArgs {
     /// reconciliation compares with the broker's (`POST /v1/agent/journal-digest`); 0 off.
     #[arg(long, env = "ONCEPRINT_DIGEST_INTERVAL_MS", default_value_t = 600_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub digest_interval_ms: u64,
+
+    /// Tests of the real binary only: this process's wall clock is this many milliseconds
+    /// off the machine's (negative: behind), like a shop PC whose clock is wrong.
+    #[arg(
+        long,
+        env = "ONCEPRINT_TEST_AGENT_CLOCK_OFFSET_MS",
+        hide = true,
+        allow_hyphen_values = true,
+        default_value_t = 0
+    )]
+    pub test_clock_offset_ms: i64,
+}
+
+/// The offset of this process's wall clock (`--test-clock-offset-ms`), set once at start.
+static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// This process's wall clock, in milliseconds since the Unix epoch: the machine's, unless a
+/// test moved it. Nothing the broker orders by comes from it (session order is decided on
+/// the broker's clock); it names sessions, dates offline tickets and journal records.
+pub(crate) fn wall_ms() -> i64 {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    now + CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The agent token; its `Debug` output is redacted so that logging the arguments never

@@ -697,7 +697,7 @@ async fn drive(
         .map(String::from),
     );
     let agent_log = dir.join("agent.log");
-    let agent_ctx = AgentCtx { exe: &opts.exe, args: &args, log: &agent_log };
+    let agent_ctx = AgentCtx::new(&opts.exe, &args, &agent_log, &[]);
     running.agent = Some(agent_ctx.spawn()?);
     wait_agent_ready(listen, &mut running.agent, &agent_log).await?;
 

@@ -50,6 +50,9 @@ struct RawJob {
     printer: String,
     at: String,
     text: String,
+    /// The job's name on the wire, where the printer has one (an MQTT job token).
+    #[serde(default)]
+    job: Option<String>,
 }
 
 /// One printed job as the bench keeps it.
@@ -61,6 +64,10 @@ pub struct PaperLine {
     pub at_us: i64,
     pub at_parsed: bool,
     pub markers: Vec<u32>,
+    /// The task id of a job without a readable marker whose job token names its task
+    /// (`TASKID.ATTEMPT`: a picture a Star printer printed); resolved to its task's marker
+    /// once the broker's task list is read ([`Tally::resolve_jobs`]).
+    pub job_task: Option<String>,
 }
 
 /// Parses one line of the paper log. `read_at_us` stands in for an unparsable `at`.
@@ -68,12 +75,12 @@ pub fn parse_line(line: &[u8], read_at_us: i64) -> Result<PaperLine, String> {
     let raw: RawJob = serde_json::from_slice(line)
         .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&line[..line.len().min(200)])))?;
     let at = rfc3339_to_unix_us(&raw.at);
-    Ok(PaperLine {
-        markers: markers_in(&raw.text),
-        printer: raw.printer,
-        at_us: at.unwrap_or(read_at_us),
-        at_parsed: at.is_some(),
-    })
+    let markers = markers_in(&raw.text);
+    let job_task = match (&raw.job, markers.is_empty()) {
+        (Some(job), true) => job.rsplit_once('.').map(|(task, _)| task.to_owned()),
+        _ => None,
+    };
+    Ok(PaperLine { markers, printer: raw.printer, at_us: at.unwrap_or(read_at_us), at_parsed: at.is_some(), job_task })
 }
 
 /// Cuts appended bytes into complete lines, keeping an unfinished last line for the next
@@ -133,6 +140,9 @@ pub struct Tally {
     pub last_at_us: Option<i64>,
     /// Jobs per printer address.
     pub per_printer: HashMap<String, usize>,
+    /// Jobs known only by the task their job token names (not yet counted by marker), per
+    /// task id, with the first `at`.
+    pub by_job_task: HashMap<String, (u32, i64)>,
 }
 
 impl Tally {
@@ -149,6 +159,7 @@ impl Tally {
             bad_times: 0,
             last_at_us: None,
             per_printer: HashMap::new(),
+            by_job_task: HashMap::new(),
         }
     }
 
@@ -159,10 +170,19 @@ impl Tally {
         }
         self.last_at_us = Some(self.last_at_us.map_or(line.at_us, |l| l.max(line.at_us)));
         *self.per_printer.entry(line.printer.clone()).or_default() += 1;
+        if let Some(task) = &line.job_task {
+            let e = self.by_job_task.entry(task.clone()).or_insert((0, line.at_us));
+            e.0 += 1;
+            return;
+        }
         if line.markers.is_empty() {
             self.unmarked += 1;
         }
-        for &m in &line.markers {
+        self.count_markers(&line.markers, line.at_us);
+    }
+
+    fn count_markers(&mut self, markers: &[u32], at_us: i64) {
+        for &m in markers {
             let Some(count) = self.counts.get_mut(m as usize) else {
                 self.foreign += 1;
                 continue;
@@ -170,7 +190,23 @@ impl Tally {
             *count += 1;
             if *count == 1 {
                 self.distinct += 1;
-                self.first_at_us[m as usize] = line.at_us;
+                self.first_at_us[m as usize] = at_us;
+            }
+        }
+    }
+
+    /// Counts the jobs known only by their task id under their task's marker, now that
+    /// `marker_of_task` can say it (from the broker's task list); a task id it does not
+    /// know is a job no task of the run explains.
+    pub fn resolve_jobs(&mut self, marker_of_task: impl Fn(&str) -> Option<u32>) {
+        for (task, (times, at_us)) in std::mem::take(&mut self.by_job_task) {
+            match marker_of_task(&task) {
+                Some(m) => {
+                    for _ in 0..times {
+                        self.count_markers(&[m], at_us);
+                    }
+                }
+                None => self.unmarked += times as usize,
             }
         }
     }
@@ -223,7 +259,7 @@ impl Tally {
         let mut t = Tally::new(tasks);
         for &(m, times) in prints {
             for _ in 0..times {
-                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m] });
+                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m], job_task: None });
             }
         }
         t
@@ -421,7 +457,7 @@ mod tests {
     }
 
     fn line(markers: &[u32], at: i64) -> PaperLine {
-        PaperLine { printer: "p".into(), at_us: at, at_parsed: true, markers: markers.to_vec() }
+        PaperLine { printer: "p".into(), at_us: at, at_parsed: true, markers: markers.to_vec(), job_task: None }
     }
 
     #[test]

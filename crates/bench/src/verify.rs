@@ -260,6 +260,8 @@ pub struct ListedTask {
     pub print_type: String,
     pub attempts: i64,
     pub last_error: Option<String>,
+    /// The task a failover or transfer successor carries on (`None` for a submission's).
+    pub moved_from: Option<String>,
 }
 
 /// Lists tasks (`query` as for [`list_pages_above`]) as [`ListedTask`]s.
@@ -288,6 +290,10 @@ pub async fn list_states_above(
         print_type: str_field(t, "print_type"),
         attempts: t.get("attempts").and_then(Value::as_i64).unwrap_or(-1),
         last_error: t.get("last_error").and_then(Value::as_str).map(str::to_string),
+        moved_from: match t.get("origin_kind").and_then(Value::as_str) {
+            Some("failover" | "transfer") => t.get("origin_task_id").and_then(Value::as_str).map(str::to_string),
+            _ => None,
+        },
     })
     .await
 }

@@ -355,6 +355,10 @@ enum BenchCommand {
         /// Also this many MQTT devices (onceprint protocol) on a Mosquitto the run starts.
         #[arg(long, default_value_t = 0)]
         mqtt: usize,
+        /// Also this many Star CloudPRNT printers in MQTT mode on that Mosquitto; every
+        /// other one forgets its remembered job tokens when it loses power.
+        #[arg(long, default_value_t = 0)]
+        mqtt_star: usize,
         /// Submission connections (keep-alive; each request retried until answered).
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
@@ -716,6 +720,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             cloudprnt,
             epson,
             mqtt,
+            mqtt_star,
             concurrency,
             seed,
             duplicates,
@@ -737,7 +742,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 database,
                 tasks,
                 printers,
-                fleet: onceprint_bench::faults::fleet::Fleet { cloudprnt, epson, mqtt },
+                fleet: onceprint_bench::faults::fleet::Fleet { cloudprnt, epson, mqtt, mqtt_star },
                 concurrency,
                 seed,
                 repeat_share: duplicates,

@@ -479,6 +479,7 @@ pub fn args(server: &str, state_dir: &Path) -> AgentArgs {
         directory_refresh_ms: 60_000,
         // The fake broker has no digest endpoint either.
         digest_interval_ms: 0,
+        test_clock_offset_ms: 0,
     }
 }
 

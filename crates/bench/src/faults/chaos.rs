@@ -99,11 +99,25 @@ pub struct AgentCtx<'a> {
     pub exe: &'a Path,
     pub args: &'a [String],
     pub log: &'a Path,
+    /// The wall clock of each life, off the machine's by this much, in turn (`[]`: the
+    /// machine's).
+    pub clocks: &'a [i64],
+    lives: std::sync::atomic::AtomicUsize,
 }
 
-impl AgentCtx<'_> {
+impl<'a> AgentCtx<'a> {
+    pub fn new(exe: &'a Path, args: &'a [String], log: &'a Path, clocks: &'a [i64]) -> AgentCtx<'a> {
+        AgentCtx { exe, args, log, clocks, lives: std::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    /// Starts the next life of the agent, with its wall clock as [`AgentCtx::clocks`] say.
     pub fn spawn(&self) -> Result<Proc, BenchError> {
-        Proc::spawn("agent", self.exe, self.args, self.log)
+        let life = self.lives.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut args = self.args.to_vec();
+        if !self.clocks.is_empty() {
+            args.push(format!("--test-clock-offset-ms={}", self.clocks[life % self.clocks.len()]));
+        }
+        Proc::spawn("agent", self.exe, &args, self.log)
     }
 }
 

@@ -122,7 +122,8 @@ pub struct Verdict {
     pub attention: Attention,
     /// `failed` tasks that are on paper: the broker tells staff nothing printed when it did.
     pub failed_on_paper: Findings,
-    /// Tasks in states nothing in the run should cause (`cancelled`, `closed`, `transferred`).
+    /// Tasks in states nothing in the run should cause (`cancelled`, `closed`, and
+    /// `transferred` without a successor).
     pub unexpected_states: Findings,
     /// Sheets without a marker, with a marker of no task of the run, or unreadable.
     pub stray_jobs: usize,
@@ -152,7 +153,12 @@ pub fn check(
     let mut by_biz: HashMap<&str, &ListedTask> = HashMap::with_capacity(listed.len());
     for t in listed {
         *v.states.entry(t.state.clone()).or_default() += 1;
-        by_biz.entry(t.biz_no.as_str()).or_insert(t);
+        // A ticket that failed over is `transferred` and its key lives on in its
+        // successor (same business number): the end of the chain is what counts.
+        let e = by_biz.entry(t.biz_no.as_str()).or_insert(t);
+        if e.state == "transferred" && t.state != "transferred" {
+            *e = t;
+        }
     }
     let finding = |t: &ListedTask| TaskFinding {
         biz_no: t.biz_no.clone(),
@@ -355,6 +361,107 @@ pub fn describe_lanes(lanes: &[StalledLane]) -> String {
         .join(" | ")
 }
 
+/// A task the broker left `in_doubt`, as its audit trail tells it (µs since the epoch).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DoubtCase {
+    pub task_id: String,
+    pub biz_no: String,
+    pub printer: usize,
+    pub created_us: i64,
+    pub doubted_us: i64,
+    /// The reason of the change into `in_doubt`.
+    pub reason: String,
+}
+
+/// What the run did that can leave a ticket in doubt, in µs since the epoch.
+#[derive(Debug, Clone, Default)]
+pub struct Injected {
+    /// Per printer: the spans in which a stop (paper out, cover open, offline) held, and
+    /// the moments of crashes and errors after printing.
+    pub spans: HashMap<usize, Vec<(i64, i64)>>,
+    pub moments: HashMap<usize, Vec<i64>>,
+    pub agent_kills_us: Vec<i64>,
+    pub broker_kills_us: Vec<i64>,
+    /// Printers from this index on call the broker (the agent's are below).
+    pub callers_from: usize,
+}
+
+/// Every `in_doubt` explained by a fault the run injected (or not), by the cause its
+/// reason names.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DoubtCheck {
+    pub by_cause: BTreeMap<String, usize>,
+    pub unexplained: Vec<DoubtCase>,
+}
+
+/// A doubt can follow a fault up to this long before the ticket was submitted (a crash
+/// waits for the printer's next job) and a kill up to this long after the doubt began
+/// (its effects are seen a moment later).
+const DOUBT_SLACK_US: i64 = 30_000_000;
+const KILL_SLACK_US: i64 = 3_000_000;
+
+/// The cause an in-doubt reason names, in a few words for the report.
+pub fn doubt_cause(reason: &str) -> &'static str {
+    let has = |w: &str| reason.contains(w);
+    if has("started before") || has("went away") || has("earlier process") {
+        "agent stopped mid-job"
+    } else if has("no_paper") || has("cover_open") || has("paper_jam") {
+        "stop while printing"
+    } else if has("EPTR_") || has("does not document") || has("599") || has("error after printing") {
+        "error after printing (vendor code)"
+    } else if has("came back without a result") || has("went silent") || has("polled again idle") {
+        "printer lost power or went silent after taking the job"
+    } else if has("had this key already") || has("repeated token") {
+        "device restarted after taking the job"
+    } else if has("after sending")
+        || has("before the printer confirmed")
+        || has("closed the connection")
+        || has("GS ( H")
+        || has("did not confirm")
+    {
+        "printer failed after the job was sent"
+    } else {
+        "other"
+    }
+}
+
+/// Whether something the run injected can have put `c` in doubt: a stop holding on its
+/// printer, a crash or error after printing on it, a kill of the agent (its printers) or
+/// of the broker (any), while the ticket was alive.
+pub fn explained(c: &DoubtCase, injected: &Injected) -> bool {
+    let (from, to) = (c.created_us - DOUBT_SLACK_US, c.doubted_us);
+    let spans = injected.spans.get(&c.printer).is_some_and(|v| v.iter().any(|&(a, b)| a <= to && b >= from));
+    let moments = injected.moments.get(&c.printer).is_some_and(|v| v.iter().any(|&m| m >= from && m <= to));
+    let near = |kills: &[i64]| kills.iter().any(|&k| k >= c.created_us - KILL_SLACK_US && k <= to + KILL_SLACK_US);
+    let agent = c.printer < injected.callers_from && near(&injected.agent_kills_us);
+    spans || moments || agent || near(&injected.broker_kills_us)
+}
+
+/// Explains every doubt of the run, or lists it.
+pub fn check_doubt(cases: &[DoubtCase], injected: &Injected, problems: &mut Vec<String>) -> DoubtCheck {
+    let mut out = DoubtCheck::default();
+    for c in cases {
+        *out.by_cause.entry(doubt_cause(&c.reason).to_string()).or_default() += 1;
+        if !explained(c, injected) {
+            out.unexplained.push(c.clone());
+        }
+    }
+    if !out.unexplained.is_empty() {
+        let examples: Vec<String> = out
+            .unexplained
+            .iter()
+            .take(EXAMPLES)
+            .map(|c| format!("{} ({}, p{}): {}", c.biz_no, c.task_id, c.printer, c.reason))
+            .collect();
+        problems.push(format!(
+            "{} tasks are in doubt although nothing the run injected touched their printer while they lived: {}",
+            out.unexplained.len(),
+            examples.join("; ")
+        ));
+    }
+    out
+}
+
 /// One audit event: `from` (`None` for the creation) and `to`.
 pub type Step = (Option<String>, String);
 
@@ -409,6 +516,7 @@ mod tests {
             print_type: print_type.into(),
             attempts: 1,
             last_error: None,
+            moved_from: None,
         }
     }
 
@@ -434,6 +542,56 @@ mod tests {
         assert_eq!((v.attention.failed, v.attention.failed_on_paper), (1, 0));
         assert_eq!((v.duplicates.count, v.lost.count, v.on_paper), (0, 0, 3));
         assert!(v.stalled.is_empty());
+    }
+
+    #[test]
+    fn a_ticket_that_failed_over_is_judged_by_its_successor() {
+        let mut moved = task(0, 9, "transferred", "receipt");
+        moved.task_id = "t000a".into();
+        let listed = vec![moved, task(0, 0, "printed", "receipt"), task(1, 0, "printed", "receipt")];
+        let t = tally(&[(0, 1), (1, 1)], 2);
+        let mut problems = Vec::new();
+        let v = check(&t, &listed, &accepted(&listed[1..]), &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!((v.lost.count, v.unexpected_states.count), (0, 0));
+        assert_eq!(v.states.get("transferred"), Some(&1));
+    }
+
+    #[test]
+    fn a_doubt_is_explained_only_by_what_touched_its_printer_while_it_lived() {
+        let s = 1_000_000i64;
+        let case = |printer: usize, created: i64, doubted: i64| DoubtCase {
+            task_id: "t".into(),
+            biz_no: "E1".into(),
+            printer,
+            created_us: created * s,
+            doubted_us: doubted * s,
+            reason: "attempt 1: error; … (the printer reported EPTR_CUTTER)".into(),
+        };
+        let mut injected = Injected { callers_from: 2, ..Injected::default() };
+        injected.spans.insert(0, vec![(100 * s, 110 * s)]);
+        injected.moments.insert(3, vec![200 * s]);
+        injected.agent_kills_us.push(300 * s);
+        let cases = [
+            case(0, 105, 108), // a stop on its printer
+            case(3, 199, 201), // an error after printing on its printer
+            case(1, 299, 302), // an agent printer, the agent killed meanwhile
+            case(2, 299, 302), // a printer that calls in: an agent kill does not explain it
+            case(0, 150, 160), // nothing on p0 then
+        ];
+        let mut problems = Vec::new();
+        let d = check_doubt(&cases, &injected, &mut problems);
+        assert_eq!(
+            d.unexplained.iter().map(|c| (c.printer, c.created_us / s)).collect::<Vec<_>>(),
+            vec![(2, 299), (0, 150)]
+        );
+        assert_eq!(d.by_cause.get("error after printing (vendor code)"), Some(&5));
+        assert!(problems.len() == 1 && problems[0].contains("2 tasks are in doubt"), "{problems:?}");
+        injected.broker_kills_us.push(155 * s);
+        injected.broker_kills_us.push(301 * s);
+        assert!(check_doubt(&cases, &injected, &mut Vec::new()).unexplained.is_empty(), "a broker kill touches all");
+        assert_eq!(doubt_cause("attempt 2: started before a crash"), "agent stopped mid-job");
+        assert_eq!(doubt_cause("no_paper; the printer may have printed it"), "stop while printing");
     }
 
     #[test]
@@ -496,8 +654,8 @@ mod tests {
     fn stray_paper_is_a_problem() {
         let listed = vec![task(0, 0, "printed", "receipt")];
         let mut t = tally(&[(0, 1)], 1);
-        t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![] });
-        t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![9] });
+        t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![], job_task: None });
+        t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![9], job_task: None });
         t.add_malformed("oops".into());
         let mut problems = Vec::new();
         let v = check(&t, &listed, &accepted(&listed), &mut problems);

@@ -1,12 +1,15 @@
-//! The mixed fleet of a fault run (issue 9): besides the store agent's TCP printers, printers
-//! that call the broker — Star CloudPRNT and Epson Server Direct Print printers polling over
-//! HTTP, and devices of onceprint's MQTT protocol on a Mosquitto the run starts itself. Each
-//! is one `printer-sim` process in its mode, with its own login and control endpoint, all
-//! writing the one paper log, so the verdict judges every printer alike by what came out.
+//! The mixed fleet of a fault run: besides the store agent's TCP printers, printers that
+//! call the broker — Star CloudPRNT and Epson Server Direct Print printers polling over
+//! HTTP, devices of onceprint's MQTT protocol and Star CloudPRNT printers in MQTT mode on a
+//! Mosquitto the run starts itself. Each is one `printer-sim` process in its mode, with its
+//! own login and control endpoint, all writing the one paper log, so the verdict judges
+//! every printer alike by what came out (a Star MQTT printer's picture by the job token it
+//! came with). Every other Star MQTT printer forgets its remembered job tokens when it
+//! loses power, as Star does not say they survive.
 //!
 //! Printers are numbered as in the rest of the run: the agent's first (`p0…`), then the
-//! CloudPRNT, Epson and MQTT printers, in that order. A printer fault of the plan goes to
-//! the control endpoint of the process that simulates that printer.
+//! CloudPRNT, Epson, MQTT device and Star MQTT printers, in that order. A printer fault of
+//! the plan goes to the control endpoint of the process that simulates that printer.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,12 +33,15 @@ const POLL_INTERVAL_MS: u64 = 100;
 pub struct Fleet {
     pub cloudprnt: usize,
     pub epson: usize,
+    /// Devices of onceprint's MQTT protocol.
     pub mqtt: usize,
+    /// Star CloudPRNT printers in MQTT mode ("Full MQTT").
+    pub mqtt_star: usize,
 }
 
 impl Fleet {
     pub fn total(&self) -> usize {
-        self.cloudprnt + self.epson + self.mqtt
+        self.cloudprnt + self.epson + self.mqtt + self.mqtt_star
     }
 }
 
@@ -45,6 +51,7 @@ enum Kind {
     Cloudprnt,
     Epson,
     Mqtt,
+    MqttStar,
 }
 
 /// One calling-in printer as registered.
@@ -113,7 +120,8 @@ pub async fn start(
     let Place { exe, broker, mqtt_port, paper_log, dir } = place;
     let kinds = std::iter::repeat_n(Kind::Cloudprnt, fleet.cloudprnt)
         .chain(std::iter::repeat_n(Kind::Epson, fleet.epson))
-        .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt));
+        .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt))
+        .chain(std::iter::repeat_n(Kind::MqttStar, fleet.mqtt_star));
     let mut out = Vec::with_capacity(fleet.total());
     for (j, kind) in kinds.enumerate() {
         let index = first + j;
@@ -141,23 +149,27 @@ pub async fn start(
                 ]);
                 format!("epson_sdp:{}", caller.device)
             }
-            Kind::Mqtt => {
+            Kind::Mqtt | Kind::MqttStar => {
                 let port =
                     mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
+                let protocol = if kind == Kind::MqttStar { "cloudprnt" } else { "onceprint" };
                 args.extend([
                     "--mqtt".into(),
                     format!("mqtt://127.0.0.1:{port}"),
                     "--protocol".into(),
-                    "onceprint".into(),
+                    protocol.into(),
                     "--device".into(),
                     caller.device.clone(),
                 ]);
+                if kind == Kind::MqttStar && index % 2 == 0 {
+                    args.push("--power-cycle-forgets".into());
+                }
                 // An MQTT device is named by its MQTT server's address in the paper log
                 // and in its simulator's fault list.
                 format!("127.0.0.1:{port}")
             }
         };
-        if kind != Kind::Mqtt {
+        if !matches!(kind, Kind::Mqtt | Kind::MqttStar) {
             args.extend(["--poll-interval-ms".into(), POLL_INTERVAL_MS.to_string()]);
         }
         args.extend([
@@ -215,6 +227,10 @@ async fn register(conn: &mut Conn, auth: &HeaderValue, kind: Kind, index: usize)
             let id = format!("dev{index}");
             (id.clone(), json!({"kind": "mqtt", "protocol": "onceprint", "device_id": id}))
         }
+        Kind::MqttStar => {
+            let mac = format!("00:11:62:01:{:02x}:{:02x}", (index >> 8) & 0xff, index & 0xff);
+            (mac.clone(), json!({"kind": "mqtt", "protocol": "cloudprnt", "mac": mac}))
+        }
     };
     let body =
         json!({"id": printer_id, "store_id": STORE_ID, "name": format!("Bench {printer_id}"), "transport": transport});
@@ -232,7 +248,12 @@ async fn register(conn: &mut Conn, auth: &HeaderValue, kind: Kind, index: usize)
 /// A short description for the report: `8 agent, 2 cloudprnt, 2 epson_sdp, 2 mqtt`.
 pub fn describe(agent: usize, fleet: Fleet) -> String {
     let mut parts = vec![format!("{agent} agent")];
-    for (n, k) in [(fleet.cloudprnt, "cloudprnt"), (fleet.epson, "epson_sdp"), (fleet.mqtt, "mqtt")] {
+    for (n, k) in [
+        (fleet.cloudprnt, "cloudprnt"),
+        (fleet.epson, "epson_sdp"),
+        (fleet.mqtt, "mqtt"),
+        (fleet.mqtt_star, "mqtt cloudprnt"),
+    ] {
         if n > 0 {
             parts.push(format!("{n} {k}"));
         }

@@ -54,7 +54,7 @@ use hyper::header::HeaderValue;
 use hyper::Method;
 use serde_json::Value;
 
-pub use check::{Attention, Findings, LaneTask, StalledLane, TaskFinding, Verdict};
+pub use check::{Attention, DoubtCase, DoubtCheck, Findings, LaneTask, StalledLane, TaskFinding, Verdict};
 pub use report::{AuditCheck, FaultsReport, SubmissionStats};
 
 use crate::broker::{Broker, Launch};
@@ -73,6 +73,10 @@ use submit::SubmitRun;
 /// The agent's id: given explicitly, so that every life of the agent is the same agent
 /// to the broker (the state directory would keep a generated one too).
 const AGENT_ID: &str = "bench-agent";
+/// The wall clock of each life of the agent, off the machine's by this much (in turn): a
+/// shop PC whose clock jumps an hour or a day either way between restarts. The broker
+/// must order the agent's sessions by its own clock whatever these say.
+const AGENT_CLOCKS: [i64; 5] = [0, 3_600_000, -3_600_000, 86_400_000, -300_000];
 /// Attempts that failed this soon after an outage ended still count as explained by it:
 /// connections opened into the dying broker, or just after it came back, may fail.
 const OUTAGE_GRACE: Duration = Duration::from_secs(2);
@@ -249,7 +253,7 @@ struct Running {
 async fn run_on(opts: &FaultsOptions, database_url: &str, dir: &Path) -> Result<FaultsReport, BenchError> {
     let started = Instant::now();
     let sim = start_sim(&opts.exe, opts.printers, dir).await?;
-    let (mosquitto, mqtt_port) = if opts.fleet.mqtt > 0 {
+    let (mosquitto, mqtt_port) = if opts.fleet.mqtt + opts.fleet.mqtt_star > 0 {
         let (m, port) = fleet::start_mosquitto(dir).await?;
         (Some(m), Some(port))
     } else {
@@ -349,6 +353,19 @@ async fn drive(
         running.callers.push(proc);
         targets.push((control, name));
     }
+    // With CloudPRNT printers, a station across transports: the first CloudPRNT printer,
+    // backed up by the agent's p0. Its primary falls silent once in the run.
+    let station = (opts.fleet.cloudprnt > 0).then_some(opts.printers);
+    if let Some(primary) = station {
+        setup::setup_call(
+            &mut conn,
+            &auth,
+            "/v1/stations",
+            serde_json::json!({"id": schedule::STATION_ID, "store_id": STORE_ID, "printers": [format!("p{primary}"), "p0"],
+                               "failover_after_ms": schedule::STATION_FAILOVER_AFTER_MS}),
+        )
+        .await?;
+    }
     drop(conn);
     let all_printers = opts.printers + opts.fleet.total();
     let target = |i: usize| match i.checked_sub(opts.printers) {
@@ -360,7 +377,7 @@ async fn drive(
         PaperWatcher::start(paper_log, opts.tasks).map_err(|e| BenchError::io("starting the paper-log reader", e))?;
     let args = agent_args(addr, &agent_token, &dir.join("agent"), Some(AGENT_ID));
     let agent_log = dir.join("agent.log");
-    let agent_ctx = AgentCtx { exe: &opts.exe, args: &args, log: &agent_log };
+    let agent_ctx = AgentCtx::new(&opts.exe, &args, &agent_log, &AGENT_CLOCKS);
     running.agent = Some(agent_ctx.spawn()?);
     // An agent that refuses its flags or state directory exits at once: say so clearly
     // rather than wait for paper that never comes.
@@ -373,15 +390,18 @@ async fn drive(
     }
 
     let window_ms = opts.fault_window.as_millis() as u64;
-    let subs = Arc::new(schedule::submissions(opts.tasks, all_printers, opts.repeat_share, window_ms, opts.seed));
-    let plan = schedule::chaos(
-        all_printers,
+    let subs =
+        Arc::new(schedule::submissions(opts.tasks, all_printers, opts.repeat_share, window_ms, opts.seed, station));
+    let plan = schedule::chaos(schedule::ChaosPlan {
+        printers: all_printers,
+        callers_from: opts.printers,
+        silent: station,
         window_ms,
-        opts.fault_every.as_millis() as u64,
-        opts.agent_kills,
-        opts.broker_kills,
-        opts.seed,
-    );
+        fault_every_ms: opts.fault_every.as_millis() as u64,
+        agent_kills: opts.agent_kills,
+        broker_kills: opts.broker_kills,
+        seed: opts.seed,
+    });
 
     // The fault phase: submissions, printer faults and kills side by side, with the lanes
     // watched from outside until they have drained.
@@ -441,9 +461,15 @@ async fn drive(
         ));
     }
     wait_for_quiet_paper(&watcher).await;
-    let tally =
+    let mut tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
-    let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), opts.tasks).await?;
+    // A ticket that failed over has two tasks under its key.
+    let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), opts.tasks * 2).await?;
+    // Pictures printed by Star printers carry no readable marker, only their job token,
+    // which names the task.
+    let marker_of_task: std::collections::HashMap<&str, u32> =
+        listed.iter().filter_map(|t| crate::e2e::marker_of(&t.biz_no).map(|m| (t.task_id.as_str(), m))).collect();
+    tally.resolve_jobs(|task| marker_of_task.get(task).copied());
     // Events are delivered after their change commits, with retries: give the last ones a
     // moment to arrive before judging.
     let printed: std::collections::BTreeSet<String> =
@@ -468,10 +494,30 @@ async fn drive(
         ));
     }
 
-    // Answers first: the intake contract under retries and kills.
+    // Answers first: the intake contract under retries and kills. A ticket that failed
+    // over lives on in a successor under the same key, and a submission repeated after
+    // the failover is answered with the successor: both are the submission's task.
+    let moved: std::collections::HashMap<&str, &str> =
+        listed.iter().filter_map(|t| t.moved_from.as_deref().map(|from| (t.task_id.as_str(), from))).collect();
+    let first_of = |id: &str| -> Box<str> {
+        let mut cur = id;
+        for _ in 0..16 {
+            match moved.get(cur) {
+                Some(from) => cur = from,
+                None => break,
+            }
+        }
+        cur.into()
+    };
+    let outcomes: Vec<crate::load::Outcome> = submitted
+        .outcomes
+        .iter()
+        .map(|o| crate::load::Outcome { task_id: o.task_id.as_deref().map(first_of), ..o.clone() })
+        .collect();
     let lost_answers = submitted.keys_with_lost_answers(&subs);
-    let accepted = verify::check_answers("fault-run", &subs.plan, &submitted.outcomes, &lost_answers, &mut problems);
-    let pairs: Vec<(String, String)> = listed.iter().map(|t| (t.biz_no.clone(), t.task_id.clone())).collect();
+    let accepted = verify::check_answers("fault-run", &subs.plan, &outcomes, &lost_answers, &mut problems);
+    let pairs: Vec<(String, String)> =
+        listed.iter().filter(|t| t.moved_from.is_none()).map(|t| (t.biz_no.clone(), t.task_id.clone())).collect();
     verify::check_listing(&accepted, &pairs, &mut problems);
     let submissions = submission_stats(&subs, &submitted, &outages, accepted.len(), &mut problems);
 
@@ -486,7 +532,9 @@ async fn drive(
         problems.push(format!("{} paper-log lines had an unreadable `at` time", tally.bad_times));
     }
     let verdict = check::check(&tally, &listed, &accepted, &mut problems);
-    let audit = audit_trails(addr, &auth, &listed, opts.audit_sample, opts.seed).await?;
+    let (audit, doubt_cases) = audit_trails(addr, &auth, &listed, opts.audit_sample, opts.seed).await?;
+    let injected_at = injected_timeline(&plan, &agent_kills, &broker_kills, t0_unix_us, opts.printers);
+    let doubt = check::check_doubt(&doubt_cases, &injected_at, &mut problems);
     if audit.inconsistent > 0 {
         problems.push(format!(
             "{} of {} audit trails are inconsistent, e.g. {}",
@@ -523,6 +571,7 @@ async fn drive(
         printed_per_sec: if print_seconds > 0.0 { tally.distinct as f64 / print_seconds } else { 0.0 },
         print_seconds,
         verdict,
+        doubt,
         events: event_check,
         audit,
         total_seconds: started.elapsed().as_secs_f64(),
@@ -678,7 +727,7 @@ async fn audit_trails(
     listed: &[ListedTask],
     sample: usize,
     seed: u64,
-) -> Result<AuditCheck, BenchError> {
+) -> Result<(AuditCheck, Vec<DoubtCase>), BenchError> {
     let (mut chosen, mut printed): (Vec<&ListedTask>, Vec<&ListedTask>) =
         listed.iter().partition(|t| t.state != "printed");
     // A partial Fisher–Yates shuffle picks the sample without favouring any part of it.
@@ -689,38 +738,101 @@ async fn audit_trails(
         printed.swap(i, j);
     }
     chosen.extend(printed.into_iter().take(take));
-    let work: Arc<Vec<(String, String)>> =
-        Arc::new(chosen.iter().map(|t| (t.task_id.clone(), t.state.clone())).collect());
+    let work: Arc<Vec<(String, String, String, String)>> = Arc::new(
+        chosen.iter().map(|t| (t.task_id.clone(), t.state.clone(), t.biz_no.clone(), t.printer_id.clone())).collect(),
+    );
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handles = Vec::new();
     for _ in 0..AUDIT_CONNECTIONS.min(work.len().max(1)) {
         let (work, next, auth) = (work.clone(), next.clone(), auth.clone());
         handles.push(tokio::spawn(async move {
             let mut conn = connect(addr, "reading audit trails").await?;
-            let mut bad = Vec::new();
+            let (mut bad, mut doubts) = (Vec::new(), Vec::new());
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((task_id, state)) = work.get(i) else { return Ok::<_, BenchError>(bad) };
-                let steps = events(&mut conn, &auth, task_id).await?;
+                let Some((task_id, state, biz_no, printer_id)) = work.get(i) else {
+                    return Ok::<_, BenchError>((bad, doubts));
+                };
+                let trail = events(&mut conn, &auth, task_id).await?;
+                let steps: Vec<check::Step> = trail.iter().map(|e| (e.from.clone(), e.to.clone())).collect();
                 if let Err(why) = check::check_trail(state, &steps) {
                     bad.push(format!("{task_id} ({state}): {why}"));
+                }
+                if state == "in_doubt" {
+                    let into = trail.iter().rev().find(|e| e.to == "in_doubt");
+                    doubts.push(DoubtCase {
+                        task_id: task_id.clone(),
+                        biz_no: biz_no.clone(),
+                        printer: printer_id.trim_start_matches('p').parse().unwrap_or(usize::MAX),
+                        created_us: trail.first().map_or(0, |e| e.at_us),
+                        doubted_us: into.map_or(0, |e| e.at_us),
+                        reason: into.map(|e| e.reason.clone()).unwrap_or_default(),
+                    });
                 }
             }
         }));
     }
     let mut out = AuditCheck { checked: work.len(), ..AuditCheck::default() };
+    let mut doubts = Vec::new();
     for h in handles {
-        let bad = h
+        let (bad, mut found) = h
             .await
             .map_err(|e| BenchError::Protocol { context: "reading audit trails".into(), detail: e.to_string() })??;
         out.inconsistent += bad.len();
         out.examples.extend(bad.into_iter().take(5usize.saturating_sub(out.examples.len())));
+        doubts.append(&mut found);
     }
-    Ok(out)
+    Ok((out, doubts))
 }
 
-/// `GET /v1/print-tasks/{id}/events` as (from, to) steps.
-async fn events(conn: &mut Conn, auth: &HeaderValue, task_id: &str) -> Result<Vec<check::Step>, BenchError> {
+/// What the run injected, on the epoch's clock: the printer faults as planned (stops as
+/// spans, crashes and errors after printing as moments) and the kills as they happened.
+fn injected_timeline(
+    plan: &schedule::Chaos,
+    agent_kills: &[chaos::KillRecord],
+    broker_kills: &[chaos::KillRecord],
+    t0_unix_us: i64,
+    callers_from: usize,
+) -> check::Injected {
+    let at = |ms: u64| t0_unix_us + ms as i64 * 1_000;
+    let mut out = check::Injected { callers_from, ..check::Injected::default() };
+    let mut open: std::collections::HashMap<usize, i64> = std::collections::HashMap::new();
+    for e in &plan.printer_events {
+        match (e.kind, e.on) {
+            (schedule::FaultKind::CrashMidJob | schedule::FaultKind::ErrorAfterPrint, true) => {
+                out.moments.entry(e.printer).or_default().push(at(e.at_ms));
+            }
+            (schedule::FaultKind::Slow(_), _) => {}
+            (_, true) => {
+                open.insert(e.printer, at(e.at_ms));
+            }
+            (_, false) => {
+                if let Some(from) = open.remove(&e.printer) {
+                    out.spans.entry(e.printer).or_default().push((from, at(e.at_ms)));
+                }
+            }
+        }
+    }
+    // A stop still on when the phase ended lasted until faults were cleared.
+    for (printer, from) in open {
+        out.spans.entry(printer).or_default().push((from, i64::MAX));
+    }
+    let kill_at = |k: &chaos::KillRecord| t0_unix_us + (k.at_s * 1e6) as i64;
+    out.agent_kills_us = agent_kills.iter().map(kill_at).collect();
+    out.broker_kills_us = broker_kills.iter().map(kill_at).collect();
+    out
+}
+
+/// One event of a task's audit trail, as the bench reads it.
+struct TrailEvent {
+    from: Option<String>,
+    to: String,
+    at_us: i64,
+    reason: String,
+}
+
+/// `GET /v1/print-tasks/{id}/events`, oldest first.
+async fn events(conn: &mut Conn, auth: &HeaderValue, task_id: &str) -> Result<Vec<TrailEvent>, BenchError> {
     let path = format!("/v1/print-tasks/{}/events", pct_encode(task_id));
     let context = || format!("reading the audit trail ({path})");
     let (status, body) = conn
@@ -736,9 +848,11 @@ async fn events(conn: &mut Conn, auth: &HeaderValue, task_id: &str) -> Result<Ve
     };
     Ok(items
         .iter()
-        .map(|e| {
-            let from = e.get("from").and_then(Value::as_str).map(str::to_string);
-            (from, verify::str_field(e, "to"))
+        .map(|e| TrailEvent {
+            from: e.get("from").and_then(Value::as_str).map(str::to_string),
+            to: verify::str_field(e, "to"),
+            at_us: e.get("at").and_then(Value::as_str).and_then(crate::paper::rfc3339_to_unix_us).unwrap_or(0),
+            reason: verify::str_field(e, "reason"),
         })
         .collect())
 }

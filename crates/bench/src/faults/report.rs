@@ -69,7 +69,7 @@ pub struct FaultsReport {
     pub redis: bool,
     pub redis_killed_at_s: Option<f64>,
     /// Printer faults switched on, per kind (`paper_out`, `cover_open`, `offline`,
-    /// `crash_mid_job`, `slow_ms`).
+    /// `crash_mid_job`, `slow_ms`, `error_after_print`).
     pub faults_injected: BTreeMap<String, usize>,
     /// From the first submission until faults stopped (every submission answered, every
     /// planned fault and kill done).
@@ -82,6 +82,9 @@ pub struct FaultsReport {
     /// The lanes as `/metrics` showed them during the run (R37's watchdog, from outside).
     pub lanes: crate::faults::watch::LaneWatch,
     pub verdict: Verdict,
+    /// Every `in_doubt`, by the cause its reason names, and those that nothing the run
+    /// injected explains (must be none).
+    pub doubt: super::check::DoubtCheck,
     /// The task events the run's webhook received ("one event id per change").
     pub events: super::events::EventCheck,
     pub audit: AuditCheck,
@@ -200,6 +203,15 @@ impl FaultsReport {
             a.failed,
             a.failed_on_paper
         );
+        if !self.doubt.by_cause.is_empty() {
+            let causes: Vec<String> = self.doubt.by_cause.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(
+                s,
+                "in doubt:     {}; {} not explained by an injected fault",
+                causes.join(", "),
+                self.doubt.unexplained.len()
+            );
+        }
         if !v.stalled.is_empty() {
             let _ = writeln!(s, "stalled:      {}", describe_lanes(&v.stalled));
         }

@@ -68,9 +68,27 @@ fn weighted_print_type(rng: &mut SplitMix64) -> &'static str {
     "receipt"
 }
 
+/// The station of a fault run with calling-in printers: its primary is the first
+/// CloudPRNT printer, its backup the agent's `p0`, so that its tickets cross transports
+/// when the primary falls silent.
+pub const STATION_ID: &str = "bench-hot";
+/// The station's own failover threshold.
+pub const STATION_FAILOVER_AFTER_MS: i64 = 2_000;
+/// Share of tasks submitted to the station rather than to a printer.
+const STATION_SHARE: f64 = 0.08;
+
 /// `tasks` tasks over `printers` printers, originals spread evenly over `window_ms`; a
-/// share `repeat_share` of them sent 1–4 more times.
-pub fn submissions(tasks: usize, printers: usize, repeat_share: f64, window_ms: u64, seed: u64) -> Submissions {
+/// share `repeat_share` of them sent 1–4 more times. With `station` (the index of its
+/// primary printer), a share of the tasks goes to [`STATION_ID`] instead (their printer is
+/// the primary's).
+pub fn submissions(
+    tasks: usize,
+    printers: usize,
+    repeat_share: f64,
+    window_ms: u64,
+    seed: u64,
+    station: Option<usize>,
+) -> Submissions {
     let mut rng = SplitMix64::new(seed ^ 0x5355_424D_4954);
     // (send time, order of drawing, request): the drawing order breaks ties, so a racing
     // repeat is queued right after its original and taken by the next free connection.
@@ -81,9 +99,14 @@ pub fn submissions(tasks: usize, printers: usize, repeat_share: f64, window_ms: 
         let at = (n as u64 * window_ms) / tasks.max(1) as u64;
         let printer = rng.below(printers);
         let print_type = weighted_print_type(&mut rng);
+        // Drawn for every task, so that adding a station changes nothing else of the plan.
+        let to_station = rng.next_f64() < STATION_SHARE;
+        let (printer, body) = match station {
+            Some(primary) if to_station => (primary, station_body_for(n as u32, print_type)),
+            _ => (printer, task_body_for(n as u32, printer, print_type)),
+        };
         printer_of.push(printer);
         print_type_of.push(print_type);
-        let body = task_body_for(n as u32, printer, print_type);
         let key = n as u32;
         timed.push((at, timed.len(), PlannedRequest { key, repeat: false, body: body.clone() }, false));
         if rng.next_f64() < repeat_share {
@@ -112,16 +135,27 @@ pub fn submissions(tasks: usize, printers: usize, repeat_share: f64, window_ms: 
     }
 }
 
+/// The body of task `n` submitted to [`STATION_ID`], marked like every task of the run.
+fn station_body_for(n: u32, print_type: &str) -> hyper::body::Bytes {
+    hyper::body::Bytes::from(format!(
+        r#"{{"biz_no":"E{n}","station_id":"{STATION_ID}","print_type":"{print_type}","content":{{"type":"text","text":"E2E {n}\n1 x Noodles  12.00\n"}}}}"#
+    ))
+}
+
 /// A printer fault the run injects through the simulator's control API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultKind {
     PaperOut,
     CoverOpen,
     Offline,
-    /// The next job prints, then the printer drops the connection before confirming it.
+    /// The next job prints, then the printer drops the connection before confirming it
+    /// (a Star MQTT printer: a power cut after it acknowledged the job).
     CrashMidJob,
     /// Every job waits this many ms before it prints.
     Slow(u64),
+    /// The next job prints, then ends with an error that can follow printing (calling-in
+    /// printers: Epson `EPTR_CUTTER`, a Star code Star does not list, a device `error`).
+    ErrorAfterPrint,
 }
 
 impl FaultKind {
@@ -132,14 +166,16 @@ impl FaultKind {
             FaultKind::Offline => "offline",
             FaultKind::CrashMidJob => "crash_mid_job",
             FaultKind::Slow(_) => "slow_ms",
+            FaultKind::ErrorAfterPrint => "error_after_print",
         }
     }
 
-    /// The `PUT /faults` fields that switch it on or off (a crash has no off: the
-    /// simulator counts it down itself).
+    /// The `PUT /faults` fields that switch it on or off (a crash or an error after
+    /// printing has no off: the simulator counts it down itself).
     pub fn fields(self, on: bool) -> Value {
         match self {
             FaultKind::CrashMidJob => json!({"crash_mid_job": u32::from(on)}),
+            FaultKind::ErrorAfterPrint => json!({"error_after_print": u32::from(on)}),
             FaultKind::Slow(ms) => json!({"slow_ms": if on { ms } else { 0 }}),
             other => json!({ other.name(): on }),
         }
@@ -148,7 +184,8 @@ impl FaultKind {
 
 /// The body of `PUT /faults` (without `printer`) that clears every fault.
 pub fn clear_all_fields() -> Value {
-    json!({"paper_out": false, "cover_open": false, "offline": false, "crash_mid_job": 0, "slow_ms": 0})
+    json!({"paper_out": false, "cover_open": false, "offline": false, "crash_mid_job": 0, "slow_ms": 0,
+           "error_after_print": 0})
 }
 
 /// One change of one printer's faults.
@@ -204,18 +241,34 @@ fn between(rng: &mut SplitMix64, (low, high): (u64, u64)) -> u64 {
     low + rng.below((high - low + 1) as usize) as u64
 }
 
+/// What [`chaos`] draws for.
+#[derive(Debug, Clone, Copy)]
+pub struct ChaosPlan {
+    pub printers: usize,
+    /// Printers from this index on call the broker (CloudPRNT, Epson, MQTT): they also get
+    /// errors after printing.
+    pub callers_from: usize,
+    /// The station's primary (a printer that polls): it gets no other fault, and falls
+    /// silent once for [`SILENCE_MS`] from a quarter of the window on, longer than its
+    /// offline threshold plus the station's failover threshold.
+    pub silent: Option<usize>,
+    pub window_ms: u64,
+    pub fault_every_ms: u64,
+    pub agent_kills: usize,
+    pub broker_kills: usize,
+    pub seed: u64,
+}
+
+/// How long the station's primary falls silent (its offline threshold is 2 × its 1 s poll
+/// interval + 5 s; the station's failover threshold 2 s after that).
+pub const SILENCE_MS: u64 = 15_000;
+
 /// Draws the chaos of a run: per printer, faults one after the other with exponentially
 /// distributed quiet gaps of mean `fault_every_ms` (so a printer has at most one fault at
-/// a time), within `window_ms`; and `agent_kills` / `broker_kills` kills at random moments
-/// between 5 % and 90 % of the window.
-pub fn chaos(
-    printers: usize,
-    window_ms: u64,
-    fault_every_ms: u64,
-    agent_kills: usize,
-    broker_kills: usize,
-    seed: u64,
-) -> Chaos {
+/// a time), within `window_ms`; the station primary's one silence; and `agent_kills` /
+/// `broker_kills` kills at random moments between 5 % and 90 % of the window.
+pub fn chaos(plan: ChaosPlan) -> Chaos {
+    let ChaosPlan { printers, callers_from, silent, window_ms, fault_every_ms, agent_kills, broker_kills, seed } = plan;
     let mut rng = SplitMix64::new(seed ^ 0x0043_4841_4F53);
     let mut events = Vec::new();
     let gap = |rng: &mut SplitMix64| (-(fault_every_ms as f64) * (1.0 - rng.next_f64()).ln()) as u64;
@@ -228,19 +281,27 @@ pub fn chaos(
                 30..=49 => FaultKind::CoverOpen,
                 50..=74 => FaultKind::Offline,
                 75..=84 => FaultKind::CrashMidJob,
+                85..=92 if printer >= callers_from => FaultKind::ErrorAfterPrint,
                 _ => FaultKind::Slow(between(&mut rng, SLOW_MS)),
             };
-            events.push(FaultEvent { at_ms: t, printer, kind, on: true });
             let lasts = match kind {
-                FaultKind::CrashMidJob => 0,
+                FaultKind::CrashMidJob | FaultKind::ErrorAfterPrint => 0,
                 FaultKind::Slow(_) => between(&mut rng, SLOW_FOR_MS),
                 _ => between(&mut rng, TOGGLE_MS),
             };
-            if kind != FaultKind::CrashMidJob {
-                events.push(FaultEvent { at_ms: (t + lasts).min(window_ms), printer, kind, on: false });
+            if silent != Some(printer) {
+                events.push(FaultEvent { at_ms: t, printer, kind, on: true });
+                if lasts > 0 {
+                    events.push(FaultEvent { at_ms: (t + lasts).min(window_ms), printer, kind, on: false });
+                }
             }
             t += lasts + gap(&mut rng);
         }
+    }
+    if let Some(printer) = silent {
+        let from = window_ms / 4;
+        events.push(FaultEvent { at_ms: from, printer, kind: FaultKind::Offline, on: true });
+        events.push(FaultEvent { at_ms: from + SILENCE_MS, printer, kind: FaultKind::Offline, on: false });
     }
     events.sort_by_key(|e| (e.at_ms, e.printer, e.on));
     let mut kills = |count: usize, down: (u64, u64)| {
@@ -292,9 +353,9 @@ mod tests {
 
     #[test]
     fn submissions_are_seeded_spread_and_repeat_identical_bodies() {
-        let a = submissions(2_000, 8, 0.3, 10_000, 7);
-        let b = submissions(2_000, 8, 0.3, 10_000, 7);
-        let c = submissions(2_000, 8, 0.3, 10_000, 8);
+        let a = submissions(2_000, 8, 0.3, 10_000, 7, None);
+        let b = submissions(2_000, 8, 0.3, 10_000, 7, None);
+        let c = submissions(2_000, 8, 0.3, 10_000, 8, None);
         let keys = |s: &Submissions| s.plan.requests.iter().map(|r| r.key).collect::<Vec<_>>();
         assert_eq!(keys(&a), keys(&b));
         assert_ne!(keys(&a), keys(&c));
@@ -320,6 +381,7 @@ mod tests {
                 first.insert(r.key, (&r.body, a.send_at_ms[i]));
             }
         }
+        assert!(a.plan.requests.iter().all(|r| !String::from_utf8_lossy(&r.body).contains(STATION_ID)));
         let types: std::collections::HashSet<&str> = a.print_type_of.iter().copied().collect();
         assert_eq!(types.len(), 4, "every print type is used");
         assert!(a.printer_of.iter().all(|&p| p < 8));
@@ -327,14 +389,24 @@ mod tests {
 
     #[test]
     fn chaos_keeps_one_fault_per_printer_at_a_time_and_spaces_the_kills() {
-        let c = chaos(8, 30_000, 4_000, 5, 3, 1);
+        let plan = |seed| ChaosPlan {
+            printers: 8,
+            callers_from: 6,
+            silent: Some(7),
+            window_ms: 30_000,
+            fault_every_ms: 4_000,
+            agent_kills: 5,
+            broker_kills: 3,
+            seed,
+        };
+        let c = chaos(plan(1));
         assert!(c.printer_events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         assert!(c.printer_events.iter().all(|e| e.at_ms <= 30_000 && e.printer < 8));
         for p in 0..8 {
             let mut on: Option<FaultKind> = None;
             for e in c.printer_events.iter().filter(|e| e.printer == p) {
                 match (e.on, e.kind) {
-                    (true, FaultKind::CrashMidJob) => assert!(on.is_none()),
+                    (true, FaultKind::CrashMidJob | FaultKind::ErrorAfterPrint) => assert!(on.is_none()),
                     (true, k) => {
                         assert!(on.is_none(), "printer {p}: {k:?} while {on:?}");
                         on = Some(k);
@@ -356,7 +428,14 @@ mod tests {
             assert!(kills.first().is_some_and(|k| k.at_ms >= 1_500));
         }
         assert_eq!((c.agent_kills.len(), c.broker_kills.len()), (5, 3));
-        assert_eq!(chaos(8, 30_000, 4_000, 5, 3, 1).printer_events, c.printer_events, "seeded");
+        assert_eq!(chaos(plan(1)).printer_events, c.printer_events, "seeded");
+        // Errors after printing only on printers that call in; the station primary only
+        // falls silent, once, for longer than its offline and failover thresholds.
+        assert!(c.printer_events.iter().all(|e| e.kind != FaultKind::ErrorAfterPrint || e.printer >= 6));
+        let silent: Vec<&FaultEvent> = c.printer_events.iter().filter(|e| e.printer == 7).collect();
+        assert_eq!(silent.len(), 2, "{silent:?}");
+        assert!(silent.iter().all(|e| e.kind == FaultKind::Offline));
+        assert_eq!(silent[1].at_ms - silent[0].at_ms, SILENCE_MS);
     }
 
     #[test]
@@ -366,6 +445,24 @@ mod tests {
         assert_eq!(FaultKind::CrashMidJob.fields(true), json!({"crash_mid_job": 1}));
         assert_eq!(FaultKind::Slow(40).fields(true), json!({"slow_ms": 40}));
         assert_eq!(FaultKind::Slow(40).fields(false), json!({"slow_ms": 0}));
+        assert_eq!(FaultKind::ErrorAfterPrint.fields(true), json!({"error_after_print": 1}));
+    }
+
+    #[test]
+    fn a_share_of_the_tasks_goes_to_the_station_and_the_rest_of_the_plan_stays() {
+        let plain = submissions(2_000, 8, 0.3, 10_000, 7, None);
+        let with = submissions(2_000, 8, 0.3, 10_000, 7, Some(6));
+        let to_station: Vec<usize> = with
+            .plan
+            .requests
+            .iter()
+            .filter(|r| !r.repeat && String::from_utf8_lossy(&r.body).contains(STATION_ID))
+            .map(|r| r.key as usize)
+            .collect();
+        assert!((100..250).contains(&to_station.len()), "{}", to_station.len());
+        assert!(to_station.iter().all(|&n| with.printer_of[n] == 6));
+        assert_eq!(plain.print_type_of, with.print_type_of);
+        assert_eq!(plain.send_at_ms, with.send_at_ms);
     }
 
     #[test]
