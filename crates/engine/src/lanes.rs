@@ -1267,16 +1267,7 @@ impl LaneEngine {
             return Ok(None);
         };
         let why = failed.last_error.clone().unwrap_or_default();
-        let spec = crate::operations::SuccessorSpec {
-            kind: onceprint_store::OriginKind::Failover,
-            printer_id: &next,
-            reprint_no: None,
-            actor: "engine".into(),
-            reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
-            priority: task.priority,
-            charge: 0,
-        };
-        let succ = crate::operations::successor(self.store.as_ref(), task, spec).await?;
+        let succ = self.failover_successor(task, &next, &why).await?;
         let moved = Transition {
             task_id: task.task_id.clone(),
             from: TaskState::Failed,
@@ -1304,6 +1295,26 @@ impl LaneEngine {
             successor: Some(succ),
             now,
         }))
+    }
+
+    /// The task a station ticket fails over to on `next` (keyed `failover:ORIGIN`, not
+    /// charged again), `why` naming what its printer said.
+    async fn failover_successor(
+        &self,
+        task: &Task,
+        next: &str,
+        why: &str,
+    ) -> Result<onceprint_store::NewTask, DeliveryError> {
+        let spec = crate::operations::SuccessorSpec {
+            kind: onceprint_store::OriginKind::Failover,
+            printer_id: next,
+            reprint_no: None,
+            actor: "engine".into(),
+            reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
+            priority: task.priority,
+            charge: 0,
+        };
+        Ok(crate::operations::successor(self.store.as_ref(), task, spec).await?)
     }
 
     /// The next printer of the task's station after its own that is not disabled: a

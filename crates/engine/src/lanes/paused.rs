@@ -16,7 +16,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use onceprint_core::{Millis, TaskState};
-use onceprint_store::{ManualChange, OriginKind, PausedWait, Task, Transition};
+use onceprint_store::{ManualChange, PausedWait, Task, Transition};
 
 use super::{DeliveryError, LaneEngine};
 
@@ -116,16 +116,7 @@ impl LaneEngine {
     ) -> Result<ManualChange, DeliveryError> {
         let task = &w.task;
         let why = w.printer_state.as_deref().unwrap_or("paused");
-        let spec = crate::operations::SuccessorSpec {
-            kind: OriginKind::Failover,
-            printer_id: next,
-            reprint_no: None,
-            actor: "engine".into(),
-            reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
-            priority: task.priority,
-            charge: 0,
-        };
-        let succ = crate::operations::successor(self.store.as_ref(), task, spec).await?;
+        let succ = self.failover_successor(task, next, why).await?;
         let moved = Transition {
             task_id: task.task_id.clone(),
             from: task.state,
