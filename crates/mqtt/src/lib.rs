@@ -147,6 +147,7 @@ where
         link.clone(),
         devices.clone(),
         Duration::from_millis(settings.resend_after_ms.max(100) as u64),
+        settings.star_unknown_after_ms.max(100),
     ));
     let inbox = Arc::new(inbox::Inbox {
         lanes: lanes.clone(),

@@ -27,6 +27,11 @@ pub struct MqttSettings {
     /// An onceprint device that has not answered a job this long is sent it again (same
     /// attempt, same key), which it answers from its journal (milliseconds).
     pub resend_after_ms: i64,
+    /// A Star printer's job whose fate the broker cannot know (published by an earlier
+    /// broker process, never confirmed by the MQTT server, or in flight when the broker's
+    /// session was lost) goes to a person when no result came this long after it was sent
+    /// (milliseconds): it is never sent again.
+    pub star_unknown_after_ms: i64,
 }
 
 impl std::fmt::Debug for MqttSettings {
@@ -96,6 +101,7 @@ impl MqttSettings {
             reload_pid_file: None,
             acl_interval_ms: 2_000,
             resend_after_ms: 30_000,
+            star_unknown_after_ms: 20_000,
         })
     }
 }

@@ -14,8 +14,11 @@
 //!   cycle, so a repeated token may print twice. The MQTT server queues the job in the
 //!   printer's persistent session until the printer takes it. A printer that went away
 //!   after it was handed the job and came back without a result may have printed it: the
-//!   job is settled in doubt (a late result still closes it). Any other job without an
-//!   answer waits for it, and goes to a person after `push_doubt_after_ms`.
+//!   job is settled in doubt (a late result still closes it). So is one whose fate this
+//!   broker cannot know — published by an earlier broker process, never confirmed by the
+//!   MQTT server, or in flight when the broker's session was lost — once no result came
+//!   within `star_unknown_after_ms` of sending it. Any other job without an answer waits
+//!   for it, and goes to a person after `push_doubt_after_ms`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,6 +49,8 @@ pub struct MqttTransport {
     /// (task, attempt) → when and in which epochs it was last handed to the MQTT server.
     sent: Mutex<HashMap<(String, i32), SentRecord>>,
     resend_after: Duration,
+    /// See `MqttSettings::star_unknown_after_ms`.
+    star_unknown_after_ms: i64,
 }
 
 /// The device a delivery goes to.
@@ -57,8 +62,13 @@ pub fn device_of(printer: &PrinterInfo) -> Option<DeviceAddr> {
 }
 
 impl MqttTransport {
-    pub fn new(link: Arc<Link>, devices: Arc<Devices>, resend_after: Duration) -> MqttTransport {
-        MqttTransport { link, devices, sent: Mutex::default(), resend_after }
+    pub fn new(
+        link: Arc<Link>,
+        devices: Arc<Devices>,
+        resend_after: Duration,
+        star_unknown_after_ms: i64,
+    ) -> MqttTransport {
+        MqttTransport { link, devices, sent: Mutex::default(), resend_after, star_unknown_after_ms }
     }
 
     /// A result for this attempt arrived: nothing more to send.
@@ -130,6 +140,21 @@ impl PushTransport for MqttTransport {
         let record =
             self.sent.lock().unwrap_or_else(PoisonError::into_inner).get(&(d.task.task_id.clone(), d.attempt)).copied();
         if addr.protocol == MqttProtocol::Cloudprnt {
+            let unknown = |why: &str| {
+                let sent_at = d.task.sent_at.unwrap_or(d.task.updated_at);
+                if onceprint_engine::clock::now_ms() - sent_at < self.star_unknown_after_ms {
+                    return Asked::Pending;
+                }
+                Asked::Done {
+                    outcome: Outcome::InDoubt,
+                    proof: Proof::MayHavePrinted,
+                    detail: format!(
+                        "{why}, and no result came within {} s; it is not sent again, since the printer may not \
+                         remember the job token",
+                        self.star_unknown_after_ms / 1000
+                    ),
+                }
+            };
             return match record {
                 Some(r) if r.device_epoch != self.devices.epoch(&addr) => Asked::Done {
                     outcome: Outcome::InDoubt,
@@ -138,9 +163,14 @@ impl PushTransport for MqttTransport {
                              result; it is not sent again, since the printer may not remember the job token"
                         .into(),
                 },
-                // Accepted by the MQTT server (or by an earlier broker process): it is the
-                // printer's, and its result is awaited.
-                _ => Asked::Pending,
+                None => {
+                    unknown("the job was published by an earlier broker process or never confirmed by the MQTT server")
+                }
+                Some(r) if r.lost_sessions != self.link.lost_sessions() => {
+                    unknown("the MQTT server did not keep the broker's session while the job was in flight")
+                }
+                // Accepted by the MQTT server: it is the printer's, and its result is awaited.
+                Some(_) => Asked::Pending,
             };
         }
         match record {

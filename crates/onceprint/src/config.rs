@@ -222,6 +222,10 @@ pub struct FileConfig {
     /// An onceprint MQTT device that has not answered a job this long is sent it again
     /// with the same key (default 30000).
     pub mqtt_resend_after_ms: Option<i64>,
+    /// A Star MQTT printer's job of unknown fate (the broker restarted, or the MQTT server
+    /// never confirmed it) goes to a person when no result came this long after it was
+    /// sent (default 20000); it is never sent again.
+    pub mqtt_star_unknown_after_ms: Option<i64>,
     /// See `serve --redis-url`, `--redis-timeout-ms` and `--redis-prefix`.
     pub redis_url: Option<String>,
     pub redis_timeout_ms: Option<u64>,
@@ -336,6 +340,9 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             m.reload_pid_file = args.mqtt_reload_pid_file.or(file.mqtt_reload_pid_file);
             if let Some(ms) = file.mqtt_resend_after_ms {
                 m.resend_after_ms = ms.max(1_000);
+            }
+            if let Some(ms) = file.mqtt_star_unknown_after_ms {
+                m.star_unknown_after_ms = ms.max(1_000);
             }
             if m.acl_dir.is_some() && m.username.is_none() {
                 return Err(onceprint_mqtt::MqttError::NoBrokerLogin.into());

@@ -131,6 +131,7 @@ fn fast(port: u16, dir: &Path) -> HttpConfig {
     m.reload_pid_file = Some(dir.join("mosquitto.pid"));
     m.acl_interval_ms = 100;
     m.resend_after_ms = 1_000;
+    m.star_unknown_after_ms = 1_500;
     c.mqtt = Some(m);
     c
 }
@@ -231,6 +232,7 @@ per_backend!(
     a_star_printer_power_cycled_after_a_job_is_in_doubt_never_sent_it_again,
     an_error_after_printing_goes_to_a_person_on_every_protocol,
     a_station_moves_on_from_an_mqtt_printer_that_left,
+    a_star_job_whose_fate_a_restarted_broker_cannot_know_goes_to_a_person,
     paper_out_retries_with_the_reason_and_prints_once_after_refill,
     a_crash_after_receiving_is_in_doubt_and_never_printed_twice,
     jobs_and_results_delivered_twice_print_once,
@@ -407,6 +409,32 @@ async fn a_station_moves_on_from_an_mqtt_printer_that_left(backend: Backend) {
         assert_eq!(copies(&backup, &format!("order H{i}")), 1, "{:?}", backup.jobs().all());
     }
     backup.shutdown().await;
+    w.app.stop().await;
+}
+
+/// A Star printer's job in flight when the broker restarted: the new process does not
+/// know whether the MQTT server took it, and never sends it again (a repeated token may
+/// print twice). No result comes (it was lost on the way): the job goes to a person within
+/// `star_unknown_after_ms`, not after `push_doubt_after_ms`, and the lane moves on.
+async fn a_star_job_whose_fate_a_restarted_broker_cannot_know_goes_to_a_person(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let login = printer(&w, "star", star("00:11:62:AA:BB:CC")).await;
+    let faults = Faults { lose_result: 1, ..Faults::default() };
+    let sim = sim(&w, Protocol::Cloudprnt, "00:11:62:aa:bb:cc", login, faults).await;
+    let id = submit(&w, "star", "R1").await;
+    wait_until(Duration::from_secs(20), "printed on paper", || async { sim.jobs().count() == 1 }).await;
+    let World { app, mosquitto, key, _dir } = w;
+    let config = fast(mosquitto.port, _dir.path());
+    let app = app.restart(config).await;
+    let w = World { app, mosquitto, key, _dir };
+    let t = wait_state(&w, &id, "in_doubt", Duration::from_secs(20)).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    let events = w.app.get(&format!("/v1/print-tasks/{id}/events"), &w.key).await;
+    assert!(events.body.to_string().contains("earlier broker process"), "{}", events.body);
+    let next = submit(&w, "star", "R2").await;
+    wait_state(&w, &next, "printed", Duration::from_secs(20)).await;
+    assert_eq!(sim.jobs().count(), 2, "never sent again: {:?}", sim.jobs().all());
+    sim.shutdown().await;
     w.app.stop().await;
 }
 
