@@ -513,3 +513,43 @@ async fn the_consoles_day_shows_the_device_log_differences(app: &TestApp) {
         assert!(page.body.contains(text), "{text} in {}", page.body);
     }
 }
+
+/// The console offers what `core::manual` allows for the ticket, not only for its state: a
+/// ticket waiting to be printed again after an attempt that may have printed (the print
+/// type reprints on doubt) offers no transfer, one whose attempt printed nothing does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_offers_no_transfer_of_a_ticket_that_may_have_printed_sqlite() {
+    no_transfer_offered(common::Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_offers_no_transfer_of_a_ticket_that_may_have_printed_postgres() {
+    no_transfer_offered(common::Backend::Postgres).await
+}
+
+async fn no_transfer_offered(backend: common::Backend) {
+    let mut config = HttpConfig::default();
+    for p in config.intake.policies.types.values_mut() {
+        p.reprint_on_doubt = true;
+        p.backoff.initial_ms = 600_000;
+    }
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = setup(&app).await;
+    let doubtful = in_doubt(&app, &key, "s1", "p1", "D1").await;
+    assert_eq!(app.get(&format!("/v1/print-tasks/{doubtful}"), &key).await.body["state"], "retrying");
+    let a = app.call("POST", "/v1/stores/s1/agent-tokens", Some(&key), None).await;
+    let agent = Agent { token: a.body["token"].as_str().expect("token").into(), id: "a2".into(), session: "s".into() };
+    let body = json!({"biz_no": "N1", "printer_id": "p2", "content": {"type": "text", "text": "ticket\n"}});
+    let clean = app.submit(&key, body).await.body["task_id"].as_str().expect("id").to_owned();
+    assert_eq!(agent.poll_until(&app, Duration::from_secs(5)).await.len(), 1);
+    assert_eq!(agent.ack(&app, &clean, 1, "no_paper").await, "applied");
+    let mut b = Browser::new(&app);
+    b.login("amy", PASSWORD).await;
+    let page = b.get(&format!("/console/stores/s1/tickets/{doubtful}")).await;
+    assert!(page.status.is_success());
+    assert!(page.body.contains("data-action=\"cancel\""), "cancel is offered");
+    assert!(!page.body.contains("data-action=\"transfer\""), "no transfer of what may have printed");
+    let page = b.get(&format!("/console/stores/s1/tickets/{clean}")).await;
+    assert!(page.body.contains("data-action=\"transfer\""), "nothing printed: it may move");
+    app.stop().await;
+}
