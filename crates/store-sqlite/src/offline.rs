@@ -127,15 +127,16 @@ pub fn merge(
         return Ok(OfflineMerge::Aliased { kind: step.kind, task: b.task, pruned: true, changed: false, again: false });
     }
 
-    // The key is unknown: the task as the agent took it, under its LAN id. `seq` is left
-    // to the trigger of migration 13, so the task joins its printer's lane behind what is
-    // waiting there already.
+    // The key is unknown: the task as the agent took it, under its LAN id. It takes the
+    // next lane `seq` (the writer thread is the only one that inserts tasks), so it joins
+    // its printer's lane behind what is waiting there already, as on PostgreSQL.
     let inserted = c
         .prepare_cached(
             "INSERT INTO tasks (id, tenant_id, store_id, printer_id, station_id, target, biz_no, print_type, priority, \
              content_type, content, fingerprint, state, attempts, last_error, created_at, updated_at, printed_at, \
-             may_have_printed) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
+             may_have_printed, seq) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+                     (SELECT last + 1 FROM task_seq)) \
              ON CONFLICT DO NOTHING",
         )
         .and_then(|mut s| {
@@ -166,6 +167,7 @@ pub fn merge(
         // Not the key (looked up above): the id is another tenant's task.
         return Ok(OfflineMerge::IdTaken);
     }
+    c.prepare_cached("UPDATE task_seq SET last = last + 1").and_then(|mut s| s.execute([])).map_err(backend_err)?;
     let created = TaskEvent {
         at: t.now,
         from: None,

@@ -26,7 +26,8 @@ pub use device_log::{device_log_is_read_by_store_and_task_id_range, device_log_k
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 pub use offline::{
-    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules, an_unknown_key_becomes_a_task_under_the_lan_id,
+    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+    an_offline_task_joins_the_lane_in_the_order_it_was_merged, an_unknown_key_becomes_a_task_under_the_lan_id,
     lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
 };
 
@@ -60,6 +61,7 @@ macro_rules! conformance_tests {
             lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
             an_unknown_key_becomes_a_task_under_the_lan_id,
             a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+            an_offline_task_joins_the_lane_in_the_order_it_was_merged,
             device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
     };
     (@cases $factory:path; $($case:ident),*) => {

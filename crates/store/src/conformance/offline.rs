@@ -1,4 +1,4 @@
-//! Conformance cases of offline operation (issue 14): LAN keys kept by the agent-token
+//! Conformance cases of offline operation: LAN keys kept by the agent-token
 //! mechanism, a store's stations, and [`Store::merge_offline`] with its four merge rules.
 
 use std::sync::Arc;
@@ -320,4 +320,28 @@ pub async fn a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules(s:
     }
     assert!(s.ledger_entries("LAN-D").await.unwrap().is_empty());
     assert_eq!(s.find_task(&super::key("acme", "K4")).await.unwrap(), None, "no task comes back from a tombstone");
+}
+
+/// A task the agent accepted offline and did not print joins its printer's lane behind
+/// what was waiting there when the broker learnt of it, and before what comes after: lanes
+/// follow the order in which the broker took tasks in, whichever path brought them.
+pub async fn an_offline_task_joins_the_lane_in_the_order_it_was_merged(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let first = new_task("acme", "C1", "x", 1);
+    s.submit_batch(vec![first.clone()]).await.unwrap();
+    let offline = report("acme", "LAN-0001", "L1", "x", NOW - 60_000, OfflineOutcome::Pending);
+    assert!(matches!(merge(&s, &offline, OfflineOutcome::Pending).await, OfflineMerge::Created { again: false, .. }));
+    let last = new_task("acme", "C2", "x", 2);
+    s.submit_batch(vec![last.clone()]).await.unwrap();
+
+    let mut left = Vec::new();
+    for _ in 0..3 {
+        let head = s.lane("acme", "p1").await.unwrap().waiting.expect("a waiting task");
+        let mut t = new_task("acme", &head.biz_no, "x", 0);
+        t.task_id = head.task_id.clone();
+        print(&s, &t, NOW + 100).await;
+        left.push(head.biz_no);
+    }
+    assert_eq!(left, ["C1", "L1", "C2"]);
+    assert!(s.lane("acme", "p1").await.unwrap().waiting.is_none());
 }
