@@ -161,7 +161,7 @@ pub async fn start(
                     "--device".into(),
                     caller.device.clone(),
                 ]);
-                if kind == Kind::MqttStar && index % 2 == 0 {
+                if kind == Kind::MqttStar && index.is_multiple_of(2) {
                     args.push("--power-cycle-forgets".into());
                 }
                 // An MQTT device is named by its MQTT server's address in the paper log
