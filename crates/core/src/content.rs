@@ -22,6 +22,16 @@ impl Default for ContentLimits {
     }
 }
 
+/// The largest request body the broker takes by default (`max_body_bytes`), and the store
+/// agent's LAN listener with it: the listener takes what the broker would.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The message of a 413 `payload_too_large` answer, the same from the broker and from
+/// the store agent's LAN listener.
+pub fn body_too_large_message(limit: usize) -> String {
+    format!("the request body is larger than the limit of {limit} bytes")
+}
+
 /// Content as it arrives on the wire.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]

@@ -1,7 +1,8 @@
 //! Tasks the store agent accepted on the shop's LAN while the broker was unreachable
-//! (issue 14, `POST /v1/agent/offline-tasks`): what the agent reports, how its journal's
-//! records read as task states, and what the report does to a task the broker already
-//! has under the same idempotency key.
+//! (`POST /v1/agent/offline-tasks`): what the agent reports, how its journal's records
+//! read as task states, what the report does to a task the broker already has under the
+//! same idempotency key, and where a station's task goes, which the agent and the broker
+//! decide with the one function [`station_printer`].
 //!
 //! The decision is a pure function of the existing task's state, whether the content is
 //! the same, and the agent's outcome, so the rules of the wire spec (merge rules 2 and 3)
@@ -76,6 +77,10 @@ pub enum AliasKind {
     /// Other content under the same key (merge rule 3): the LAN id still answers with the
     /// task, which is held for a person.
     Conflict,
+    /// The broker did not know the key but kept the task under an id of its own, minted
+    /// from the acceptance time corrected for the agent's clock (merge rule 1 with a shop
+    /// PC whose clock was far off): the LAN id answers with it.
+    Renamed,
 }
 
 impl AliasKind {
@@ -83,6 +88,7 @@ impl AliasKind {
         match self {
             AliasKind::Merged => "merged",
             AliasKind::Conflict => "conflict",
+            AliasKind::Renamed => "renamed",
         }
     }
 
@@ -90,6 +96,7 @@ impl AliasKind {
         match s {
             "merged" => Some(AliasKind::Merged),
             "conflict" => Some(AliasKind::Conflict),
+            "renamed" => Some(AliasKind::Renamed),
             _ => None,
         }
     }
@@ -159,6 +166,30 @@ pub fn decide(existing: TaskState, same_content: bool, outcome: OfflineOutcome, 
     MergeDecision { kind: AliasKind::Merged, to, reason }
 }
 
+/// A printer of a station, as the choice of where a new task goes sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StationMember<'a> {
+    pub printer_id: &'a str,
+    pub enabled: bool,
+    /// Driven by the store agent (transport `agent`), which can print to it offline.
+    pub agent: bool,
+}
+
+/// The printer a new task for a station goes to, `members` in the station's order
+/// (primary first). A task submitted to the broker goes to the first enabled printer. A
+/// task taken by the store agent's LAN listener (`via_lan`) goes to the first enabled
+/// printer the agent drives, falling back to the first enabled one: that is where the
+/// agent prints it when it accepts it offline, so the broker's task and the agent's
+/// offline one, should both exist (a forward answered after the agent gave up waiting),
+/// share one printer and one delivery key, and the agent's journal prints it once. The
+/// agent and the broker both call this, never a copy of it. `None`: every printer is
+/// disabled (or there is none).
+pub fn station_printer<'a>(members: &[StationMember<'a>], via_lan: bool) -> Option<&'a str> {
+    let enabled = || members.iter().filter(|m| m.enabled);
+    let first = if via_lan { enabled().find(|m| m.agent).or_else(|| enabled().next()) } else { enabled().next() };
+    first.map(|m| m.printer_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,12 +249,24 @@ mod tests {
             assert_eq!(OfflineOutcome::parse(o.as_str()), Some(o));
             assert_eq!(o.state().as_str(), o.as_str());
         }
-        for k in [AliasKind::Merged, AliasKind::Conflict] {
+        for k in [AliasKind::Merged, AliasKind::Conflict, AliasKind::Renamed] {
             assert_eq!(AliasKind::parse(k.as_str()), Some(k));
         }
         for r in JOURNAL_STATES {
             assert!(journal_state(r).is_some(), "{r}");
         }
         assert_eq!(journal_state("bogus"), None);
+    }
+
+    #[test]
+    fn a_station_task_from_the_lan_goes_to_the_first_printer_the_agent_drives() {
+        let m = |printer_id, enabled, agent| StationMember { printer_id, enabled, agent };
+        let kitchen = [m("cloud", true, false), m("lan-1", false, true), m("lan-2", true, true)];
+        assert_eq!(station_printer(&kitchen, false), Some("cloud"), "from the cloud: the primary");
+        assert_eq!(station_printer(&kitchen, true), Some("lan-2"), "from the LAN: the first enabled agent printer");
+        let cloud_only = [m("c1", false, false), m("c2", true, false)];
+        assert_eq!(station_printer(&cloud_only, true), Some("c2"), "no agent printer: the first enabled");
+        assert_eq!(station_printer(&[m("x", false, true)], true), None);
+        assert_eq!(station_printer(&[], false), None);
     }
 }

@@ -27,8 +27,10 @@ pub const EVENT_TYPE_HEADER: &str = "x-onceprint-event-type";
 /// `printer.refused_message`: a printer's device (MQTT) sent an answer about a task that
 /// is not its printer's; it was refused.
 /// `printer.paused` / `printer.resumed`: a printer's own state (no paper, cover open, paper
-/// jam, offline) started or stopped holding its lane (issue 15), once per printer.
-pub const EVENT_KINDS: [&str; 10] = [
+/// jam, offline) started or stopped holding its lane, once per printer.
+/// `offline_task.rejected`: the broker could not take a task a store agent accepted on
+/// its shop's LAN while the broker was unreachable; the agent keeps it for a person.
+pub const EVENT_KINDS: [&str; 11] = [
     "task.failed",
     "task.in_doubt",
     "task.printed",
@@ -39,6 +41,7 @@ pub const EVENT_KINDS: [&str; 10] = [
     "printer.resumed",
     "printer.refused_message",
     "agent.offline",
+    "offline_task.rejected",
 ];
 
 /// A fresh, unique event id.

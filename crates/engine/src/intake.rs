@@ -8,12 +8,14 @@
 use std::sync::Arc;
 
 use onceprint_core::content::CanonicalContent;
+use onceprint_core::offline::{station_printer, StationMember};
 use onceprint_core::{
     ids::validate_biz_no, Content, ContentLimits, CoreError, IdempotencyKey, PolicyTable, Target, TaskState,
 };
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
 
 use crate::shared_gate::{GuardedSharedGate, SharedEntry, SharedGate, SharedGateConfig};
+use crate::transport::TransportConfig;
 use crate::{clock::now_ms, Directory, RecentTasks, StoreSignals};
 
 /// Tuning of intake.
@@ -53,10 +55,17 @@ pub struct SubmitRequest {
     pub station_id: Option<String>,
     pub print_type: Option<String>,
     pub content: Option<Content>,
-    /// A submission a store agent forwards from its shop's LAN (issue 14): the target must
-    /// be a printer or station of this store, the agent's own. Checked before the gates,
-    /// since it decides who may know about a task at all, not whether a task is valid.
+    /// A submission a store agent forwards from its shop's LAN: the target must be a
+    /// printer or station of this store, the agent's own. Checked before the gates, since
+    /// it decides who may know about a task at all, not whether a task is valid. A station
+    /// task of such a submission goes where the agent would print it offline
+    /// ([`onceprint_core::offline::station_printer`] with `via_lan`).
     pub store_scope: Option<String>,
+    /// For a forwarded station task: the printer the agent chose, the one it would print
+    /// on had it accepted the task offline. Honoured when it is an enabled printer of the
+    /// station, so that both paths share one delivery key even when the agent's copy of
+    /// the store's set-up is behind the broker's.
+    pub lan_printer: Option<String>,
     /// Who the audit trail names as the submitter; `tenant:{tenant_id}` when `None`.
     pub actor: Option<String>,
 }
@@ -357,7 +366,8 @@ impl Intake {
         // takes rendered receipts) is refused now, for a station's backups too, not found
         // out at failover.
         self.check_printable(&req.tenant_id, &target, canonical.content_type).await?;
-        let (printer_id, store_id, station_id) = match self.resolve(&req.tenant_id, &target).await? {
+        let via_lan = req.store_scope.is_some().then_some(req.lan_printer.as_deref());
+        let (printer_id, store_id, station_id) = match self.resolve(&req.tenant_id, &target, via_lan).await? {
             Resolved::To { printer_id, store_id, station_id } => (printer_id, store_id, station_id),
             Resolved::Disabled(why) => {
                 // Dedup still comes first (R3): a retry of a task made before the printer
@@ -499,9 +509,17 @@ impl Intake {
         Ok(same_key.then_some(found))
     }
 
-    /// The printer a new task for `target` goes to: the printer itself, or the first
-    /// enabled printer of the station (primary first; a disabled primary is skipped).
-    async fn resolve(&self, tenant_id: &str, target: &Target) -> Result<Resolved, IntakeError> {
+    /// The printer a new task for `target` goes to: the printer itself, or for a station
+    /// the printer [`onceprint_core::offline::station_printer`] chooses (the first enabled,
+    /// primary first; through the agent's LAN listener, `via_lan`, the first enabled one
+    /// the agent drives, or the one the agent named if it is an enabled printer of the
+    /// station).
+    async fn resolve(
+        &self,
+        tenant_id: &str,
+        target: &Target,
+        via_lan: Option<Option<&str>>,
+    ) -> Result<Resolved, IntakeError> {
         match target {
             Target::Printer(p) => {
                 let printer = self
@@ -526,14 +544,25 @@ impl Intake {
                 if station.printers.is_empty() {
                     return Err(IntakeError::UnknownTarget(format!("station_id: station {s:?} has no printers")));
                 }
+                let mut seen = Vec::with_capacity(station.printers.len());
                 for p in &station.printers {
-                    if self.directory.printer(tenant_id, p).await?.is_some_and(|printer| printer.enabled) {
-                        return Ok(Resolved::To {
-                            printer_id: p.clone(),
-                            store_id: station.store_id,
-                            station_id: Some(station.id),
-                        });
-                    }
+                    let info = self.directory.printer_info(tenant_id, p).await?;
+                    let enabled = info.as_ref().is_some_and(|i| i.row.enabled);
+                    let agent = info.is_some_and(|i| matches!(i.transport, Some(TransportConfig::Agent(_))));
+                    seen.push((p.as_str(), enabled, agent));
+                }
+                let members: Vec<StationMember<'_>> = seen
+                    .iter()
+                    .map(|(printer_id, enabled, agent)| StationMember { printer_id, enabled: *enabled, agent: *agent })
+                    .collect();
+                let named = via_lan.flatten().filter(|p| members.iter().any(|m| m.printer_id == *p && m.enabled));
+                let chosen = named.or_else(|| station_printer(&members, via_lan.is_some()));
+                if let Some(p) = chosen {
+                    return Ok(Resolved::To {
+                        printer_id: p.to_owned(),
+                        store_id: station.store_id.clone(),
+                        station_id: Some(station.id.clone()),
+                    });
                 }
                 Ok(Resolved::Disabled(format!(
                     "station_id: every printer of station {s:?} ({}) is disabled; enable one of them",

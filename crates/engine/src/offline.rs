@@ -1,4 +1,4 @@
-//! Offline operation, broker side (issue 14): what a store agent needs to take orders on
+//! Offline operation, broker side: what a store agent needs to take orders on
 //! the shop's LAN while the broker is unreachable ([`Offline::directory`]), and the sync
 //! of the tasks it took meanwhile ([`Offline::sync`], `POST /v1/agent/offline-tasks`).
 //!
@@ -13,9 +13,15 @@
 //! it read. The first gate learns every state the sync made or changed, and the store's
 //! agents are woken when a lane may move.
 //!
-//! What the agent cannot fix by sending the same report again (a printer deleted since,
-//! content that is not valid) is `rejected` with the reason; the agent stops retrying it.
-//! Database failures fail the whole request, so the agent retries it.
+//! What changed while the shop was cut off is not a reason to refuse: a station that no
+//! longer lists the printer the agent printed on keeps the task on that printer; a print
+//! type no longer configured keeps its name with the default policy; a shop PC's clock far
+//! off moves the reported times onto the broker's clock (the task then has an id of its
+//! own and the LAN id names it). What is left — a report the agent could not have written
+//! (a malformed id, an unknown outcome), content that does not parse, a target not of the
+//! store — is `rejected` with the reason, and an `offline_task.rejected` alert tells a
+//! person; the agent keeps the task and shows it. Database failures fail the whole
+//! request, so the agent retries it.
 
 use std::sync::Arc;
 
@@ -36,12 +42,34 @@ use crate::{Directory, RecentTasks, StoreSignals};
 pub const MAX_TASKS: usize = 500;
 /// Most journal records of one task.
 pub const MAX_HISTORY: usize = 200;
-/// How far into the future an acceptance time may lie (the agent's clock may be ahead).
-/// Task ids sort by it and a broker seeds its id generator with the greatest id it holds,
-/// so a task from far in the future would make every later task id sort before it.
+/// How far the agent's clock may be off the broker's before the times it reports are
+/// corrected. Task ids sort by their time and a broker seeds its id generator with the
+/// greatest id it holds, so a task from far in the future would make every later task id
+/// sort before it; a task from far in the past would be charged on a day long closed.
 pub const MAX_CLOCK_AHEAD_MS: Millis = 5 * 60 * 1000;
 /// Longest detail kept from the agent, in characters.
 const MAX_DETAIL: usize = 500;
+
+/// The lease naming the one store agent that takes a store's LAN orders. Two agents
+/// taking them for one store could each print a ticket a POS retried from one to the
+/// other while the line is cut (neither's outbox nor journal knows the other's), so the
+/// second listener refuses with the first one's name. The lease never expires on its
+/// own: only a person frees it (`DELETE /v1/stores/{id}/lan-listener`).
+pub fn lan_listener_lease(tenant_id: &str, store_id: &str) -> String {
+    format!("lan-listener/{tenant_id}/{store_id}")
+}
+
+/// How long a LAN listener lease lasts: for ever, in practice (about 31,000 years).
+const LAN_LISTENER_LEASE_MS: i64 = 1_000_000_000_000_000;
+
+/// The answer to an agent's claim of its store's LAN listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LanClaim {
+    /// The agent holds it (it did already, or took it now).
+    Held,
+    /// Another agent holds it.
+    TakenBy(String),
+}
 
 /// What the sync needs of intake's configuration.
 #[derive(Debug, Clone)]
@@ -82,6 +110,9 @@ pub struct OfflineReport {
     pub attempts: i32,
     pub detail: String,
     pub history: Vec<JournalRecord>,
+    /// Why the task could not be read at all (a field of the wrong type, content that
+    /// does not parse): it is rejected with this reason, the other tasks are taken.
+    pub unreadable: Option<String>,
 }
 
 /// What the sync did with one task.
@@ -151,6 +182,8 @@ pub struct StoreDirectory {
     /// The configured print types, by priority.
     pub print_types: Vec<String>,
     pub default_print_type: String,
+    /// The content limit after decoding, which the agent applies offline as intake does.
+    pub max_content_bytes: usize,
 }
 
 /// The offline service. Share it behind an `Arc`.
@@ -216,27 +249,105 @@ impl Offline {
                 .collect(),
             print_types: types.into_iter().map(|(k, _)| k.clone()).collect(),
             default_print_type: onceprint_core::policy::DEFAULT_PRINT_TYPE.to_owned(),
+            max_content_bytes: self.config.content_limits.max_bytes,
         })
+    }
+
+    /// Takes the store's LAN listener for `agent_id`, or names the agent holding it.
+    pub async fn claim_lan_listener(&self, agent: &AgentIdentity, agent_id: &str) -> Result<LanClaim, StoreError> {
+        let name = lan_listener_lease(&agent.tenant_id, &agent.store_id);
+        if self.store.acquire_lease(&name, agent_id, now_ms(), LAN_LISTENER_LEASE_MS).await?.is_some() {
+            return Ok(LanClaim::Held);
+        }
+        let holder = self.store.lease_row(&name).await?.map(|l| l.holder).unwrap_or_default();
+        Ok(LanClaim::TakenBy(holder))
     }
 
     /// Takes the agent's reports, one transaction per task, and answers each in order.
     /// A database failure fails the whole call (tasks merged before it stay merged, and
     /// answer the same when the agent sends them again).
+    ///
+    /// `sent_at` is the agent's clock when it sent the upload (agents that send it): the
+    /// broker compares it with its own and corrects the reported times when the two are
+    /// far apart, instead of refusing them. A task the broker cannot take (`rejected`) is
+    /// also written to the outbox as an `offline_task.rejected` alert, with the reason
+    /// and what the agent reported of it, for a person: the agent keeps it too.
     pub async fn sync(
         &self,
         agent: &AgentIdentity,
         agent_id: &str,
         reports: Vec<OfflineReport>,
+        sent_at: Option<Millis>,
     ) -> Result<Vec<SyncAnswer>, StoreError> {
+        let clock = AgentClock { now: now_ms(), sent_at };
         let mut out = Vec::with_capacity(reports.len());
         for report in reports {
-            let answer = match self.prepare(agent, agent_id, &report).await? {
-                Err(why) => rejected(&report.task_id, why),
-                Ok((task, key, outcome)) => self.merge(agent, agent_id, task, key, outcome).await?,
+            let answer = match self.prepare(agent, agent_id, &report, &clock).await? {
+                Err(why) => {
+                    self.alert_rejected(agent, agent_id, &report, &why, clock.now).await?;
+                    rejected(&report.task_id, why)
+                }
+                Ok((task, key, outcome)) => {
+                    let answer = self.merge(agent, agent_id, task, key, outcome).await?;
+                    if answer.result == SyncResult::Rejected {
+                        self.alert_rejected(agent, agent_id, &report, &answer.detail, clock.now).await?;
+                    }
+                    answer
+                }
             };
             out.push(answer);
         }
         Ok(out)
+    }
+
+    /// The `offline_task.rejected` alert for a report the broker could not take: what a
+    /// person needs to find the order and print it if it did not print.
+    async fn alert_rejected(
+        &self,
+        agent: &AgentIdentity,
+        agent_id: &str,
+        r: &OfflineReport,
+        why: &str,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        tracing::warn!(
+            tenant_id = %agent.tenant_id,
+            store_id = %agent.store_id,
+            agent_id,
+            lan_task_id = %r.task_id,
+            outcome = %r.outcome,
+            reason = why,
+            "an offline task could not be taken; the store agent keeps it"
+        );
+        let event_id = crate::alerts::new_event_id(now);
+        let payload = serde_json::json!({
+            "id": event_id,
+            "type": "offline_task.rejected",
+            "created_at": crate::clock::rfc3339(now),
+            "tenant_id": agent.tenant_id,
+            "data": {
+                "store_id": agent.store_id,
+                "agent_id": agent_id,
+                "lan_task_id": r.task_id,
+                "biz_no": r.biz_no,
+                "printer_id": r.printer_id,
+                "station_id": r.station_id,
+                "print_type": r.print_type,
+                "printed_on": r.printed_on,
+                "outcome": r.outcome,
+                "accepted_at": r.accepted_at,
+                "reason": why,
+            },
+        });
+        self.store
+            .record_alert(&onceprint_store::OutboxEvent {
+                event_id,
+                tenant_id: agent.tenant_id.clone(),
+                kind: "offline_task.rejected".into(),
+                payload: payload.to_string(),
+                now,
+            })
+            .await
     }
 
     async fn merge(
@@ -298,6 +409,8 @@ impl Offline {
                             if pruned { ", pruned" } else { "" }
                         ),
                     ),
+                    // The store answers a renamed task as created, never as an alias.
+                    AliasKind::Renamed => (SyncResult::Created, format!("kept as task {}", task.task_id)),
                     AliasKind::Conflict => (
                         SyncResult::Conflict,
                         format!(
@@ -316,8 +429,14 @@ impl Offline {
     }
 
     /// Checks one report as intake checks a submission and builds what the store writes.
-    async fn prepare(&self, agent: &AgentIdentity, agent_id: &str, r: &OfflineReport) -> Result<Prepared, StoreError> {
-        match self.check(agent, agent_id, r).await {
+    async fn prepare(
+        &self,
+        agent: &AgentIdentity,
+        agent_id: &str,
+        r: &OfflineReport,
+        clock: &AgentClock,
+    ) -> Result<Prepared, StoreError> {
+        match self.check(agent, agent_id, r, clock).await {
             Ok(p) => Ok(Ok(p)),
             Err(Check::Refused(why)) => Ok(Err(why)),
             Err(Check::Store(e)) => Err(e),
@@ -329,8 +448,12 @@ impl Offline {
         agent: &AgentIdentity,
         agent_id: &str,
         r: &OfflineReport,
+        clock: &AgentClock,
     ) -> Result<(OfflineTask, IdempotencyKey, OfflineOutcome), Check> {
-        let now = now_ms();
+        let now = clock.now;
+        if let Some(why) = &r.unreadable {
+            return Err(Check::refused(why.clone()));
+        }
         let (id_time, _) = TaskId::parts(&r.task_id)
             .ok_or_else(|| Check::refused("task_id: not a task id (26 characters of Crockford base32)"))?;
         if id_time != r.accepted_at {
@@ -339,17 +462,25 @@ impl Offline {
                 r.accepted_at
             )));
         }
-        if r.accepted_at <= 0 || r.accepted_at > now + MAX_CLOCK_AHEAD_MS {
-            return Err(Check::refused(format!(
-                "accepted_at: {} lies more than {} minutes ahead of the broker's clock ({now})",
-                r.accepted_at,
-                MAX_CLOCK_AHEAD_MS / 60_000
-            )));
+        if r.accepted_at <= 0 {
+            return Err(Check::refused(format!("accepted_at: {} is not a time after 1970", r.accepted_at)));
         }
         onceprint_core::validate_id("lan_key_id", &r.lan_key_id)?;
         let biz_no = validate_biz_no(r.biz_no.as_deref())?.to_owned();
         let target = Target::from_request(r.printer_id.as_deref(), r.station_id.as_deref())?;
-        let (print_type, policy) = self.config.policies.resolve(r.print_type.as_deref())?;
+        // A print type the broker no longer has (its configuration changed while the shop
+        // was cut off) keeps its name, which is part of the key, and the default's policy.
+        let mut notes: Vec<String> = Vec::new();
+        let (print_type, policy) = match self.config.policies.resolve(r.print_type.as_deref()) {
+            Ok(found) => found,
+            Err(e) => {
+                let name = r.print_type.as_deref().unwrap_or(onceprint_core::policy::DEFAULT_PRINT_TYPE);
+                onceprint_core::validate_id("print_type", name)?;
+                let (_, default) = self.config.policies.resolve(None)?;
+                notes.push(format!("{e}; it has the default print type's policy"));
+                (name, default)
+            }
+        };
         let content = r.content.as_ref().ok_or_else(|| CoreError::invalid("content", "is required"))?;
         let canonical = content.canonicalize(self.config.content_limits)?;
         let fingerprint = canonical.fingerprint();
@@ -363,23 +494,46 @@ impl Offline {
         if !(0..=1000).contains(&r.attempts) {
             return Err(Check::refused("attempts: must be 0–1000"));
         }
-        if r.history.len() > MAX_HISTORY {
-            return Err(Check::refused(format!("history: at most {MAX_HISTORY} records")));
-        }
         // The broker renders what it delivers: content it could not render is refused now,
         // as at intake, not failed later. What the agent printed already needs no check.
         if outcome == OfflineOutcome::Pending {
             crate::content::validate(canonical.content_type, &canonical.bytes)
                 .map_err(|e| Check::refused(e.to_string()))?;
         }
-        let (printer_id, station_id) = self.printer_of(agent, &target, r.printed_on.as_deref()).await?;
+        let placed = self.printer_of(agent, &target, r.printed_on.as_deref(), outcome).await?;
+        notes.extend(placed.note);
+        let (printer_id, station_id) = (placed.printer_id, placed.station_id);
+
+        // The agent's times, on the broker's clock: a shop PC's clock far off (set back by
+        // a flat CMOS battery, say, or hours ahead) moves every time it reported by what it
+        // was off when it uploaded. A small difference is only recorded.
+        let shift = clock.shift(r.accepted_at);
+        let at = |t: Millis| (t - shift).clamp(0, now);
+        let accepted_at = at(r.accepted_at);
+        if let Some(note) = clock.note(r.accepted_at) {
+            notes.push(note);
+        }
 
         let actor = format!("agent:{agent_id}");
-        let mut history = Vec::with_capacity(r.history.len() + 1);
+        // The journal records the broker keeps: the first, and the latest ones. The agent
+        // bounds what it keeps itself; an older agent's longer history is cut here, never
+        // refused.
+        let records: Vec<&JournalRecord> = if r.history.len() > MAX_HISTORY {
+            notes.push(format!(
+                "{} of the agent's {} journal records left out (the first and the latest {} kept)",
+                r.history.len() - MAX_HISTORY,
+                r.history.len(),
+                MAX_HISTORY - 1
+            ));
+            std::iter::once(&r.history[0]).chain(&r.history[r.history.len() - (MAX_HISTORY - 1)..]).collect()
+        } else {
+            r.history.iter().collect()
+        };
+        let mut history = Vec::with_capacity(records.len() + 1);
         let mut state = TaskState::Pending;
-        let mut last_at = r.accepted_at;
+        let mut last_at = accepted_at;
         let mut printed_at = None;
-        for (i, h) in r.history.iter().enumerate() {
+        for (i, h) in records.iter().enumerate() {
             let to = offline::journal_state(&h.state).ok_or_else(|| {
                 Check::refused(format!(
                     "history[{i}].state: {:?} is not one of {}",
@@ -389,12 +543,8 @@ impl Offline {
             })?;
             // An event dated before 1970, or an attempt below zero, is no journal record
             // the agent writes; it would only make the audit trail lie.
-            if h.at < 0 || h.at > now + MAX_CLOCK_AHEAD_MS {
-                return Err(Check::refused(format!(
-                    "history[{i}].at: {} is not a time between 1970 and {} minutes ahead of the broker's clock",
-                    h.at,
-                    MAX_CLOCK_AHEAD_MS / 60_000
-                )));
+            if h.at < 0 {
+                return Err(Check::refused(format!("history[{i}].at: {} is not a time after 1970", h.at)));
             }
             if h.attempt < 0 {
                 return Err(Check::refused(format!("history[{i}].attempt: {} is below 0", h.attempt)));
@@ -405,8 +555,11 @@ impl Offline {
             } else {
                 format!("store agent journal, offline: {} ({detail})", h.state)
             };
+            // On the broker's clock, and never before the acceptance or after now (a clock
+            // that stepped during the outage).
+            let h_at = at(h.at).max(accepted_at);
             history.push(TaskEvent {
-                at: h.at,
+                at: h_at,
                 from: Some(state),
                 to,
                 attempt: h.attempt,
@@ -414,10 +567,10 @@ impl Offline {
                 reason,
             });
             if to == TaskState::Printed {
-                printed_at = Some(h.at);
+                printed_at = Some(h_at);
             }
             state = to;
-            last_at = last_at.max(h.at);
+            last_at = last_at.max(h_at);
         }
         let detail = clip(&r.detail);
         if state != outcome.state() {
@@ -442,9 +595,26 @@ impl Offline {
         };
         let may_have_printed = outcome == OfflineOutcome::InDoubt || r.history.iter().any(|h| h.state == "in_doubt");
         let key = IdempotencyKey::new(&agent.tenant_id, &target, &biz_no, print_type);
+        // The task keeps the LAN id unless its time is off: then an id of the corrected
+        // acceptance time, and the LAN id names it as an alias (a task id carries its
+        // creation time; one far in the future would also seed the id generators of
+        // restarting brokers).
+        let task_id = if accepted_at == r.accepted_at {
+            r.task_id.clone()
+        } else {
+            TaskId::from_parts(accepted_at, rand::random::<[u8; 10]>()).into_string()
+        };
+        let mut reason = format!(
+            "accepted on the shop LAN (key {}) by store agent {agent_id} while the broker was unreachable",
+            r.lan_key_id
+        );
+        for note in &notes {
+            reason.push_str("; ");
+            reason.push_str(note);
+        }
         let task = OfflineTask {
             task: NewTask {
-                task_id: r.task_id.clone(),
+                task_id,
                 tenant_id: agent.tenant_id.clone(),
                 store_id: agent.store_id.clone(),
                 printer_id,
@@ -458,13 +628,11 @@ impl Offline {
                 fingerprint: fingerprint.0,
                 actor: format!("lan:{}@agent:{}", r.lan_key_id, agent.store_id),
                 charge: self.config.charge,
-                now: r.accepted_at,
+                now: accepted_at,
                 origin: None,
             },
-            reason: format!(
-                "accepted on the shop LAN (key {}) by store agent {agent_id} while the broker was unreachable",
-                r.lan_key_id
-            ),
+            lan_id: r.task_id.clone(),
+            reason,
             state: outcome.state(),
             attempts: r.attempts,
             last_error,
@@ -477,16 +645,22 @@ impl Offline {
         Ok((task, key, outcome))
     }
 
-    /// The printer the task goes to: `printed_on` when the agent chose one (it must be the
-    /// task's printer, or one of its station's), else as intake chooses (a station's first
-    /// enabled printer). The target must be of the agent's store; another store's printer
-    /// or station is answered as if it did not exist.
+    /// The printer the task goes to, the target being of the agent's store (another
+    /// store's printer or station is answered as if it did not exist):
+    /// - `printed_on`, when it is the task's printer or one of its station's;
+    /// - `printed_on` still, when the agent tried it there although the station no longer
+    ///   lists it (changed while the shop was cut off): that is where its paper is, and
+    ///   the task says so;
+    /// - else as a LAN submission's station task is placed ([`offline::station_printer`],
+    ///   the function the agent chose with), waiting on the first printer if all are
+    ///   disabled, as a disabled lane's tasks do.
     async fn printer_of(
         &self,
         agent: &AgentIdentity,
         target: &Target,
         printed_on: Option<&str>,
-    ) -> Result<(String, Option<String>), Check> {
+        outcome: OfflineOutcome,
+    ) -> Result<Placed, Check> {
         let tenant = &agent.tenant_id;
         let in_store = |store_id: &str| store_id == agent.store_id;
         let (candidates, station_id) = match target {
@@ -501,30 +675,105 @@ impl Offline {
                 _ => return Err(Check::refused(format!("station_id: no station {s:?} in store {:?}", agent.store_id))),
             },
         };
-        let chosen = match printed_on {
-            Some(p) if candidates.iter().any(|c| c == p) => p.to_owned(),
-            Some(p) => {
-                return Err(Check::refused(format!(
-                    "printed_on: {p:?} is not the task's printer ({})",
-                    candidates.join(", ")
-                )))
-            }
-            None => {
-                let mut first_enabled = None;
-                for c in &candidates {
-                    if self.directory.printer(tenant, c).await?.is_some_and(|p| p.enabled) {
-                        first_enabled = Some(c.clone());
-                        break;
-                    }
-                }
-                // All disabled: the task waits on the first, as a disabled lane's tasks do.
-                first_enabled.unwrap_or_else(|| candidates[0].clone())
-            }
+        let placed = |printer_id: &str, note: Option<String>| Placed {
+            printer_id: printer_id.to_owned(),
+            station_id: station_id.clone(),
+            note,
         };
-        match self.directory.printer(tenant, &chosen).await? {
-            Some(p) if in_store(&p.store_id) => Ok((chosen, station_id)),
-            _ => Err(Check::refused(format!("printed_on: no printer {chosen:?} in store {:?}", agent.store_id))),
+        if let Some(p) = printed_on {
+            if candidates.iter().any(|c| c == p) {
+                return Ok(placed(p, None));
+            }
+            let of_store = self.directory.printer(tenant, p).await?.is_some_and(|x| in_store(&x.store_id));
+            if outcome != OfflineOutcome::Pending && of_store {
+                return Ok(placed(
+                    p,
+                    Some(format!(
+                        "printed on {p:?}, which is no longer the task's printer ({}): kept where the agent printed it",
+                        candidates.join(", ")
+                    )),
+                ));
+            }
         }
+        let mut members = Vec::with_capacity(candidates.len());
+        for c in &candidates {
+            let info = self.directory.printer_info(tenant, c).await?;
+            let enabled = info.as_ref().is_some_and(|i| i.row.enabled);
+            let agent_driven = info.is_some_and(|i| matches!(i.transport, Some(TransportConfig::Agent(_))));
+            members.push((c.as_str(), enabled, agent_driven));
+        }
+        let members: Vec<offline::StationMember<'_>> = members
+            .iter()
+            .map(|(id, enabled, agent)| offline::StationMember { printer_id: id, enabled: *enabled, agent: *agent })
+            .collect();
+        let chosen = offline::station_printer(&members, true).unwrap_or(candidates[0].as_str()).to_owned();
+        let note = printed_on.filter(|p| *p != chosen).map(|p| {
+            format!("the agent had chosen {p:?}, which is no longer the task's printer; it waits on {chosen:?}")
+        });
+        Ok(placed(&chosen, note))
+    }
+}
+
+/// Where a synced task goes, and what the audit trail should say about it.
+struct Placed {
+    printer_id: String,
+    station_id: Option<String>,
+    note: Option<String>,
+}
+
+/// The agent's clock as its upload showed it: what it read when it sent the upload
+/// (`sent_at`, from agents that send it) against the broker's clock on arrival.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentClock {
+    /// The broker's clock when the upload arrived.
+    pub now: Millis,
+    /// The agent's clock when it sent the upload, if it said.
+    pub sent_at: Option<Millis>,
+}
+
+impl AgentClock {
+    /// How far the agent's clock is ahead of the broker's (negative: behind), when the
+    /// upload said; the time on the way is small against what is corrected.
+    fn ahead(&self) -> Option<Millis> {
+        self.sent_at.map(|s| s - self.now)
+    }
+
+    /// What to subtract from the agent's times of a task accepted at `accepted_at`: its
+    /// clock's lead when that lead is past [`MAX_CLOCK_AHEAD_MS`] either way, else
+    /// nothing. Without `sent_at`, only a time ahead of the broker's by more than that
+    /// tells, and the acceptance then counts as now.
+    fn shift(&self, accepted_at: Millis) -> Millis {
+        match self.ahead() {
+            Some(lead) if lead.abs() > MAX_CLOCK_AHEAD_MS => lead,
+            Some(_) => 0,
+            None if accepted_at > self.now + MAX_CLOCK_AHEAD_MS => accepted_at - self.now,
+            None => 0,
+        }
+    }
+
+    /// The audit note on the agent's clock, when it was off by a second or more.
+    fn note(&self, accepted_at: Millis) -> Option<String> {
+        let lead = self.ahead().unwrap_or(if self.shift(accepted_at) != 0 { accepted_at - self.now } else { 0 });
+        if lead.abs() < 1000 {
+            return None;
+        }
+        let way = if lead > 0 { "ahead of" } else { "behind" };
+        let amount = human_duration(lead.unsigned_abs());
+        Some(if self.shift(accepted_at) != 0 {
+            format!("the store agent's clock was {amount} {way} the broker's: its times are corrected by that much")
+        } else {
+            format!("the store agent's clock was {amount} {way} the broker's")
+        })
+    }
+}
+
+/// `1.5 s`, `12 min`, `3.0 h`, `2 days`.
+fn human_duration(ms: u64) -> String {
+    match ms {
+        ms if ms < 60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        ms if ms < 3_600_000 => format!("{} min", ms / 60_000),
+        ms if ms < 86_400_000 => format!("{:.1} h", ms as f64 / 3_600_000.0),
+        ms => format!("{} days", ms / 86_400_000),
     }
 }
 

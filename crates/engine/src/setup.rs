@@ -626,6 +626,34 @@ impl Setup {
         self.revoke_store_token(caller, store_id, key_id, TokenKind::Lan).await
     }
 
+    /// The store agent holding the store's LAN listener (the only one that takes the
+    /// store's LAN orders), if one does.
+    pub async fn lan_listener(&self, caller: Caller<'_>, store_id: &str) -> Result<Option<String>, SetupError> {
+        self.store_of(caller, store_id).await?;
+        let name = crate::offline::lan_listener_lease(caller.tenant_id, store_id);
+        Ok(self.store.lease_row(&name).await?.filter(|l| l.expires_at > now_ms()).map(|l| l.holder))
+    }
+
+    /// Frees the store's LAN listener, so that another store agent may take it (a shop PC
+    /// replaced, say); answers the agent that held it. The agent that held it refuses LAN
+    /// orders from its next refresh of the store's set-up on, or takes the listener
+    /// again if it asks first: stop it (or its `--listen`) before releasing.
+    pub async fn release_lan_listener(&self, caller: Caller<'_>, store_id: &str) -> Result<Option<String>, SetupError> {
+        self.store_of(caller, store_id).await?;
+        let name = crate::offline::lan_listener_lease(caller.tenant_id, store_id);
+        let now = now_ms();
+        let Some(held) = self.store.lease_row(&name).await?.filter(|l| l.expires_at > now) else { return Ok(None) };
+        if self.store.release_lease(&name, &held.holder, now).await? {
+            tracing::info!(
+                tenant_id = caller.tenant_id,
+                store_id,
+                agent_id = %held.holder,
+                "the store's LAN listener was released"
+            );
+        }
+        Ok(Some(held.holder))
+    }
+
     /// The active LAN keys of an agent's store, as the agent checks them: each key's id and
     /// the SHA-256 (hex) of the whole key string.
     pub async fn lan_key_hashes(&self, tenant_id: &str, store_id: &str) -> Result<Vec<TokenHash>, SetupError> {

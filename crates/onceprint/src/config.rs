@@ -404,7 +404,10 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
         admin_token: args.admin_token.or(file.admin_token).filter(|t| !t.is_empty()),
         postgres_pool_size: file.postgres_pool_size.unwrap_or(16).max(1),
         http: HttpConfig {
-            max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(1024 * 1024),
+            max_body_bytes: args
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(onceprint_core::content::DEFAULT_MAX_BODY_BYTES),
             intake: IntakeConfig {
                 policies,
                 content_limits,

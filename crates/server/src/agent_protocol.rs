@@ -26,7 +26,10 @@ pub const MIN: u32 = 1;
 /// only with a broker that names 2 in its range. Version 3: a poll may say how long the
 /// agent process has been running (`session_age_ms`), so that the broker orders an agent
 /// id's sessions on its own clock; an agent sends it only to a broker that names 3.
-pub const MAX: u32 = 3;
+/// Version 4: the upload of offline tasks may say the agent's clock (`sent_at`), so that
+/// the broker corrects the times of a shop PC whose clock is far off; an agent sends it
+/// only to a broker that names 4.
+pub const MAX: u32 = 4;
 
 /// The version a request names: the header's, or 1 without one. `Err` for a header that
 /// is not a number (an answer naming the range is as useful for it as for a wrong number).
@@ -76,7 +79,7 @@ pub(crate) fn stamp(resp: &mut Response) {
 }
 
 /// `MIN-MAX` as the header carries it; a test below keeps it in step with the constants.
-const RANGE: &str = "1-3";
+const RANGE: &str = "1-4";
 
 #[cfg(test)]
 mod tests {

@@ -74,7 +74,7 @@ impl ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            format!("the request body is larger than the limit of {limit} bytes"),
+            onceprint_core::content::body_too_large_message(limit),
         )
     }
 }

@@ -95,7 +95,7 @@ pub struct ClusterConfig {
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
-            max_body_bytes: 1024 * 1024,
+            max_body_bytes: onceprint_core::content::DEFAULT_MAX_BODY_BYTES,
             intake: IntakeConfig::default(),
             delivery: DeliveryConfig::default(),
             alerts: Default::default(),
@@ -214,6 +214,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stores/{id}/agent-tokens/{token_id}", delete(setup::revoke_agent_token))
         .route("/v1/stores/{id}/lan-keys", post(setup::create_lan_key).get(setup::list_lan_keys))
         .route("/v1/stores/{id}/lan-keys/{key_id}", delete(setup::revoke_lan_key))
+        .route("/v1/stores/{id}/lan-listener", get(setup::get_lan_listener).delete(setup::release_lan_listener))
         .route("/v1/printers", post(setup::create_printer).get(setup::list_printers))
         .route("/v1/printers/{id}", get(setup::get_printer).patch(setup::update_printer))
         .route("/v1/printers/{id}/disable", post(setup::disable_printer))
@@ -244,6 +245,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/print-tasks", post(agent::submit))
         .route("/v1/agent/lan-keys", get(offline::lan_keys))
         .route("/v1/agent/directory", get(offline::directory))
+        .route("/v1/agent/lan-listener", post(offline::lan_listener))
         .route("/v1/agent/offline-tasks", post(offline::offline_tasks))
         .route("/v1/agent/journal-digest", post(journal_digest::journal_digest))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))

@@ -206,20 +206,20 @@ async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &Tes
     let key = app.tenant("acme").await;
     let token = agent_token(app, &key, "s1").await;
     // Agents of releases before versioning send no header and must keep working, as 1.
-    // Version 2 (acks that take the next deliveries) and 3 (polls that say the session's
-    // age) are served beside it.
-    for version in [None, Some("1"), Some(" 1 "), Some("2"), Some("3")] {
+    // Version 2 (acks that take the next deliveries), 3 (polls that say the session's
+    // age) and 4 (uploads that say the agent's clock) are served beside it.
+    for version in [None, Some("1"), Some(" 1 "), Some("2"), Some("3"), Some("4")] {
         let (status, body, range) = poll_as_version(app, &token, version).await;
         assert_eq!(status, StatusCode::OK, "{version:?}: {body}");
-        assert_eq!(range.as_deref(), Some("1-3"), "every answer names the broker's range");
+        assert_eq!(range.as_deref(), Some("1-4"), "every answer names the broker's range");
     }
     // An agent newer than the broker is told to upgrade the broker (or run an older agent).
-    let (status, body, range) = poll_as_version(app, &token, Some("4")).await;
+    let (status, body, range) = poll_as_version(app, &token, Some("5")).await;
     assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
     assert_eq!(body["error"]["code"], "agent_protocol_unsupported", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("upgrade the broker") && message.contains('4'), "{message}");
-    assert_eq!(range.as_deref(), Some("1-3"));
+    assert!(message.contains("upgrade the broker") && message.contains('5'), "{message}");
+    assert_eq!(range.as_deref(), Some("1-4"));
     // An agent older than the broker serves is told to upgrade the agent.
     let (status, body, _) = poll_as_version(app, &token, Some("0")).await;
     assert_eq!(status, StatusCode::UPGRADE_REQUIRED, "{body}");
@@ -231,7 +231,7 @@ async fn agent_protocol_versions_outside_the_range_are_refused_clearly(app: &Tes
     );
     // Nothing of a refused request took effect, and other endpoints carry the range too.
     let a = app.http.get(format!("{}/healthz", app.base)).send().await.expect("healthz");
-    assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-3"));
+    assert_eq!(a.headers().get("onceprint-agent-protocols").and_then(|v| v.to_str().ok()), Some("1-4"));
 }
 
 /// Agent protocol 2: acks that ask for `next` get the next task of each lane they free in

@@ -1,8 +1,10 @@
-//! Offline operation, broker side (issue 14), through the HTTP API on both backends: LAN
-//! keys (created, listed, revoked; never a credential at the broker), the store directory
-//! an agent takes orders with while the broker is unreachable, and the sync of the tasks
-//! it took meanwhile (`POST /v1/agent/offline-tasks`) with the merge rules of the wire
-//! spec.
+//! Offline operation, broker side, through the HTTP API on both backends: LAN keys
+//! (created, listed, revoked; never a credential at the broker), the store directory an
+//! agent takes orders with while the broker is unreachable, the store's one LAN listener,
+//! forwarded station tasks placed where the agent would print them, and the sync of the
+//! tasks it took meanwhile (`POST /v1/agent/offline-tasks`) with the merge rules of the
+//! wire spec — what changed while the shop was cut off taken, not refused; what cannot be
+//! taken alerted to a person.
 
 mod common;
 
@@ -20,6 +22,11 @@ both_backends!(
     other_content_under_a_known_key_holds_the_cloud_task_and_prints_nothing,
     a_pending_task_joins_the_lane_and_is_delivered_to_the_agent,
     what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_400,
+    what_changed_while_the_shop_was_cut_off_is_taken_not_refused,
+    a_shop_pc_clock_far_off_is_corrected_and_recorded_not_refused,
+    a_rejected_task_is_alerted_and_an_unreadable_one_is_rejected_alone,
+    a_forwarded_station_task_goes_where_the_agent_would_print_it,
+    one_store_agent_takes_a_stores_lan_orders,
 );
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -395,8 +402,6 @@ async fn what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_4
     let wrong_time = printed(&lan_id(at - 1, 12), at, "R-3", "x");
     let mut no_biz_no = printed(&lan_id(at, 13), at, "R-4", "x");
     no_biz_no["biz_no"] = json!("");
-    let mut other_printer = printed(&lan_id(at, 14), at, "R-5", "x");
-    other_printer["printed_on"] = json!("p2");
     let mut bad_outcome = printed(&lan_id(at, 15), at, "R-6", "x");
     bad_outcome["outcome"] = json!("lost");
     let mut before_1970 = printed(&lan_id(at, 17), at, "R-8", "x");
@@ -405,26 +410,13 @@ async fn what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_4
     let r = sync(
         app,
         &agent,
-        vec![
-            unknown_printer,
-            other_store,
-            wrong_time,
-            no_biz_no,
-            other_printer,
-            bad_outcome,
-            before_1970,
-            good.clone(),
-        ],
+        vec![unknown_printer, other_store, wrong_time, no_biz_no, bad_outcome, before_1970, good.clone()],
     )
     .await;
     let results: Vec<&str> = r.iter().filter_map(|x| x["result"].as_str()).collect();
-    assert_eq!(
-        results,
-        ["rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "created"],
-        "{r:?}"
-    );
-    assert!(r[6]["detail"].as_str().unwrap_or("").contains("history[0].at"), "{r:?}");
-    assert!(r[..7].iter().all(|x| x["broker_task_id"].is_null() && !x["detail"].as_str().unwrap_or("").is_empty()));
+    assert_eq!(results, ["rejected", "rejected", "rejected", "rejected", "rejected", "rejected", "created"], "{r:?}");
+    assert!(r[5]["detail"].as_str().unwrap_or("").contains("history[0].at"), "{r:?}");
+    assert!(r[..6].iter().all(|x| x["broker_task_id"].is_null() && !x["detail"].as_str().unwrap_or("").is_empty()));
     assert!(r[1]["detail"].as_str().unwrap_or("").contains("no printer \"q1\" in store \"s1\""), "{r:?}");
     assert_eq!(app.all_tasks(&key).await.len(), 1, "only the good one");
 
@@ -437,4 +429,301 @@ async fn what_the_broker_can_never_take_is_rejected_and_a_malformed_request_is_4
     assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
     let a = app.post("/v1/agent/offline-tasks", &key, json!({"agent_id": "a1", "tasks": []})).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED, "a tenant key is no agent token");
+}
+
+/// The events of task `id` (its reasons joined), as the tenant reads them.
+async fn reasons(app: &TestApp, key: &str, id: &str) -> String {
+    let e = app.get(&format!("/v1/print-tasks/{id}/events"), key).await;
+    assert_eq!(e.status, StatusCode::OK, "{e:?}");
+    e.body["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// A report of the agent for station `st` (printed on `on`, or only accepted).
+fn station_report(id: &str, at: i64, biz_no: &str, on: &str, outcome: &str) -> Value {
+    let mut r = printed(id, at, biz_no, "station ticket");
+    r["printer_id"] = Value::Null;
+    r["station_id"] = json!("st");
+    r["printed_on"] = json!(on);
+    r["outcome"] = json!(outcome);
+    if outcome == "pending" {
+        r["attempts"] = json!(0);
+        r["history"] = json!([]);
+    }
+    r
+}
+
+/// The shop was cut off while a person changed the set-up: a station lost the printer the
+/// agent printed on, a print type left the configuration, and the agent's journal grew
+/// long behind a printer out of paper. None of it is a reason to refuse what the shop
+/// took: each task is kept, and its audit trail says what changed.
+async fn what_changed_while_the_shop_was_cut_off_is_taken_not_refused(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let a = app.post("/v1/stations", &key, json!({"id": "st", "store_id": "s1", "printers": ["p1", "p2"]})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    // While the shop is cut off, the station moves to p2 only.
+    let a = app.call("PATCH", "/v1/stations/st", Some(&key), Some(json!({"printers": ["p2"]}))).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let at = now_ms() - 60_000;
+    let printed_there = station_report(&lan_id(at, 1), at, "S-1", "p1", "printed");
+    let waiting = station_report(&lan_id(at, 2), at, "S-2", "p1", "pending");
+    let mut dessert = printed(&lan_id(at, 3), at, "S-3", "cake");
+    dessert["print_type"] = json!("dessert");
+    let mut long = printed(&lan_id(at, 4), at, "S-4", "soup");
+    let mut history: Vec<Value> =
+        (0..250).map(|i| json!({"at": at + 10 * i, "attempt": i + 1, "state": "no_paper", "detail": ""})).collect();
+    history.push(json!({"at": at + 5000, "attempt": 251, "state": "started", "detail": ""}));
+    history.push(json!({"at": at + 5100, "attempt": 251, "state": "printed", "detail": ""}));
+    long["history"] = json!(history);
+    long["attempts"] = json!(251);
+    let r = sync(app, &agent, vec![printed_there, waiting, dessert, long]).await;
+    let results: Vec<&str> = r.iter().filter_map(|x| x["result"].as_str()).collect();
+    assert_eq!(results, ["created", "created", "created", "created"], "{r:?}");
+
+    // Printed on p1: it stays on p1, where its paper is, and says why.
+    let t = app.get(&format!("/v1/print-tasks/{}", lan_id(at, 1)), &key).await.body;
+    assert_eq!((t["printer_id"].as_str(), t["state"].as_str()), (Some("p1"), Some("printed")), "{t}");
+    assert!(reasons(app, &key, &lan_id(at, 1)).await.contains("no longer the task's printer"));
+    // Not tried: it goes where a LAN submission to the station goes now, and prints there.
+    let t = app.get(&format!("/v1/print-tasks/{}", lan_id(at, 2)), &key).await.body;
+    assert_eq!((t["printer_id"].as_str(), t["state"].as_str()), (Some("p2"), Some("pending")), "{t}");
+    assert!(reasons(app, &key, &lan_id(at, 2)).await.contains("it waits on \"p2\""));
+    let delivered = agent.poll(app, 0).await;
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert_eq!(
+        (delivered[0]["task_id"].as_str(), delivered[0]["printer_id"].as_str()),
+        (Some(&*lan_id(at, 2)), Some("p2"))
+    );
+    // A print type no longer configured keeps its name, with the default's policy.
+    let t = app.get(&format!("/v1/print-tasks/{}", lan_id(at, 3)), &key).await.body;
+    assert_eq!(t["print_type"], "dessert", "{t}");
+    assert!(reasons(app, &key, &lan_id(at, 3)).await.contains("default print type's policy"));
+    // A history past 200 records keeps the first and the latest, and says so.
+    let events = app.get(&format!("/v1/print-tasks/{}/events", lan_id(at, 4)), &key).await.body;
+    let events = events["events"].as_array().cloned().unwrap_or_default();
+    assert_eq!(events.len(), 1 + 200, "the creation and 200 journal records");
+    assert_eq!(events.last().map(|e| e["to"].clone()), Some(json!("printed")));
+    assert!(events[0]["reason"].as_str().unwrap_or("").contains("52 of the agent's 252 journal records left out"));
+    assert_eq!(app.get(&format!("/v1/print-tasks/{}", lan_id(at, 4)), &key).await.body["state"], "printed");
+}
+
+/// Uploads `body` and answers its first result.
+async fn upload_first(app: &TestApp, agent: &Agent, body: Value) -> Value {
+    let a = app.post("/v1/agent/offline-tasks", &agent.token, body).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    a.body["results"][0].clone()
+}
+
+/// The printer of task `id`.
+async fn printer_of(app: &TestApp, key: &str, id: &str) -> Value {
+    app.get(&format!("/v1/print-tasks/{id}"), key).await.body["printer_id"].clone()
+}
+
+/// Forwards a station task as the agent does, naming the printer it would print on.
+async fn forward(app: &TestApp, agent: &Agent, biz_no: &str, named: Option<&str>) -> String {
+    let mut req =
+        app.http.post(format!("{}/v1/agent/print-tasks", app.base)).bearer_auth(&agent.token).json(
+            &json!({"biz_no": biz_no, "station_id": "kitchen", "content": {"type": "text", "text": "fish soup"}}),
+        );
+    if let Some(p) = named {
+        req = req.header("onceprint-lan-printer", p);
+    }
+    let res = req.send().await.expect("forward");
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let v: Value = res.json().await.expect("json");
+    v["task_id"].as_str().unwrap_or("").to_owned()
+}
+
+/// A shop PC's clock far ahead (or set back by a flat CMOS battery) moves the agent's
+/// times onto the broker's clock, by what the upload's `sent_at` shows; the task gets an
+/// id of the corrected time and its LAN id still names it. A small difference is only
+/// noted. Nothing is refused.
+async fn a_shop_pc_clock_far_off_is_corrected_and_recorded_not_refused(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let now = now_ms();
+    let upload = |sent_at: Option<i64>, tasks: Vec<Value>| {
+        let mut body = json!({"agent_id": agent.id, "tasks": tasks});
+        if let Some(s) = sent_at {
+            body["sent_at"] = json!(s);
+        }
+        body
+    };
+    let post = |body: Value| upload_first(app, &agent, body);
+    // Two hours ahead: accepted a minute before the upload, by the PC's clock.
+    let ahead = now + 2 * 3600 * 1000;
+    let id = lan_id(ahead - 60_000, 1);
+    let r = post(upload(Some(ahead), vec![printed(&id, ahead - 60_000, "C-1", "x")])).await;
+    assert_eq!(r["result"], "created", "{r}");
+    let broker_id = r["broker_task_id"].as_str().expect("broker id").to_owned();
+    assert_ne!(broker_id, id, "an id of the corrected time");
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
+    assert_eq!((t.status, t.body["task_id"].as_str()), (StatusCode::OK, Some(broker_id.as_str())), "{t:?}");
+    let (id_time, _) = TaskId::parts(&broker_id).expect("a task id");
+    assert!((id_time - (now - 60_000)).abs() < 10_000, "accepted about a minute ago: {id_time} vs {now}");
+    let created = TaskId::parts(&broker_id).map(|(t, _)| onceprint_engine::clock::rfc3339(t)).unwrap_or_default();
+    assert_eq!(t.body["created_at"].as_str(), Some(created.as_str()));
+    assert!(reasons(app, &key, &broker_id).await.contains("2.0 h ahead of the broker's: its times are corrected"));
+    // Sent again: the same answer, one task.
+    let again = post(upload(Some(ahead + 5_000), vec![printed(&id, ahead - 60_000, "C-1", "x")])).await;
+    assert_eq!((again["result"].as_str(), again["broker_task_id"].as_str()), (Some("created"), Some(&*broker_id)));
+
+    // Set back to 2001: accepted ten minutes before the upload.
+    let behind = 978_307_200_000;
+    let id2 = lan_id(behind - 600_000, 2);
+    let r = post(upload(Some(behind), vec![printed(&id2, behind - 600_000, "C-2", "x")])).await;
+    assert_eq!(r["result"], "created", "{r}");
+    let (t2, _) = TaskId::parts(r["broker_task_id"].as_str().unwrap_or("")).expect("a task id");
+    assert!((t2 - (now - 600_000)).abs() < 10_000, "charged today, not in 2001");
+    assert!(reasons(app, &key, r["broker_task_id"].as_str().unwrap_or("")).await.contains("days behind the broker's"));
+
+    // Three seconds ahead: kept as it came, the difference noted.
+    let id3 = lan_id(now - 1_000, 3);
+    let r = post(upload(Some(now + 3_000), vec![printed(&id3, now - 1_000, "C-3", "x")])).await;
+    assert_eq!((r["result"].as_str(), r["broker_task_id"].as_str()), (Some("created"), Some(&*id3)), "{r}");
+    assert!(reasons(app, &key, &id3).await.contains("s ahead of the broker's"));
+
+    // An older agent says nothing of its clock: a time far ahead counts as now.
+    let id4 = lan_id(now + DAY_MS, 4);
+    let r = post(upload(None, vec![printed(&id4, now + DAY_MS, "C-4", "x")])).await;
+    assert_eq!(r["result"], "created", "{r}");
+    assert_ne!(r["broker_task_id"].as_str(), Some(id4.as_str()));
+    assert_eq!(app.all_tasks(&key).await.len(), 4);
+}
+
+/// What the broker cannot take is `rejected` and an `offline_task.rejected` alert tells a
+/// person what the agent knows of it. A task that cannot even be read is rejected alone:
+/// the tasks beside it are taken.
+async fn a_rejected_task_is_alerted_and_an_unreadable_one_is_rejected_alone(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let (url, got) = common::receiver(0).await;
+    let w = app.post("/v1/webhooks", &key, json!({"id": "ops", "url": url, "events": ["offline_task.rejected"]})).await;
+    assert_eq!(w.status, StatusCode::CREATED, "{w:?}");
+    let at = now_ms() - 5_000;
+    let mut unreadable = printed(&lan_id(at, 1), at, "U-1", "x");
+    unreadable["content"] = json!({"type": "hologram", "text": "x"});
+    let mut elsewhere = printed(&lan_id(at, 2), at, "U-2", "x");
+    elsewhere["printer_id"] = json!("nope");
+    elsewhere["printed_on"] = json!("nope");
+    let good = printed(&lan_id(at, 3), at, "U-3", "x");
+    let r = sync(app, &agent, vec![unreadable, elsewhere, good]).await;
+    let results: Vec<&str> = r.iter().filter_map(|x| x["result"].as_str()).collect();
+    assert_eq!(results, ["rejected", "rejected", "created"], "{r:?}");
+    assert!(r[0]["detail"].as_str().unwrap_or("").contains("tasks[0]"), "{r:?}");
+
+    let start = std::time::Instant::now();
+    let alerts = loop {
+        let calls = got.lock().expect("lock").clone();
+        let bodies: Vec<Value> = calls.iter().filter_map(|(_, b)| serde_json::from_str(b).ok()).collect();
+        if bodies.len() >= 2 || start.elapsed() > std::time::Duration::from_secs(20) {
+            break bodies;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let mut seen: Vec<(String, String)> = alerts
+        .iter()
+        .map(|a| (a["type"].as_str().unwrap_or("").to_owned(), a["data"]["biz_no"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("offline_task.rejected".to_owned(), "U-1".to_owned()),
+            ("offline_task.rejected".to_owned(), "U-2".to_owned())
+        ]
+    );
+    let u2 = alerts.iter().find(|a| a["data"]["biz_no"] == "U-2").cloned().unwrap_or_default();
+    assert_eq!(
+        (u2["data"]["lan_task_id"].as_str(), u2["data"]["store_id"].as_str()),
+        (Some(&*lan_id(at, 2)), Some("s1"))
+    );
+    assert!(u2["data"]["reason"].as_str().unwrap_or("").contains("no printer \"nope\""), "{u2}");
+
+    // A task that does not even name itself cannot be answered: the request is 400.
+    let a =
+        app.post("/v1/agent/offline-tasks", &agent.token, json!({"agent_id": "a1", "tasks": [{"biz_no": "x"}]})).await;
+    assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{a:?}");
+}
+
+/// A station task the store agent forwards from its LAN goes where the agent would print
+/// it offline: the printer it names when that is an enabled printer of the station, else
+/// the station's first enabled printer the agent drives. From the cloud, the primary.
+async fn a_forwarded_station_task_goes_where_the_agent_would_print_it(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let agent = Agent::new(app, &key, "a1", "s1").await;
+    let a = app
+        .post(
+            "/v1/printers",
+            &key,
+            json!({"id": "cloud", "store_id": "s1", "transport":
+                   {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "0123456789abcdef0123"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let a = app
+        .post("/v1/stations", &key, json!({"id": "kitchen", "store_id": "s1", "printers": ["cloud", "p1", "p2"]}))
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    assert_eq!(
+        printer_of(app, &key, &forward(app, &agent, "K-1", None).await).await,
+        "p1",
+        "the first printer the agent drives"
+    );
+    assert_eq!(printer_of(app, &key, &forward(app, &agent, "K-2", Some("p2")).await).await, "p2", "the agent's choice");
+    assert_eq!(
+        printer_of(app, &key, &forward(app, &agent, "K-3", Some("elsewhere")).await).await,
+        "p1",
+        "not of the station: ignored"
+    );
+    let a = app.post("/v1/printers/p2/disable", &key, json!({"operator": "o", "reason": "r"})).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert_eq!(printer_of(app, &key, &forward(app, &agent, "K-4", Some("p2")).await).await, "p1", "disabled: ignored");
+    let cloud = app
+        .submit(&key, json!({"biz_no": "K-5", "station_id": "kitchen", "content": {"type": "text", "text": "x"}}))
+        .await;
+    assert_eq!(
+        printer_of(app, &key, cloud.body["task_id"].as_str().unwrap_or("")).await,
+        "cloud",
+        "from the cloud: the primary"
+    );
+}
+
+/// One store agent takes a store's LAN orders: the first to claim the listener holds it,
+/// another is refused with the holder's name, and only a person frees it.
+async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let first = Agent::new(app, &key, "a1", "s1").await;
+    let second = Agent::new(app, &key, "a2", "s1").await;
+    let claim = |agent: &Agent| {
+        let body = json!({"agent_id": agent.id});
+        let token = agent.token.clone();
+        async move { app.post("/v1/agent/lan-listener", &token, body).await }
+    };
+    assert_eq!(app.get("/v1/stores/s1/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
+    let a = claim(&first).await;
+    assert_eq!((a.status, a.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{a:?}");
+    let b = claim(&second).await;
+    assert_eq!((b.status, b.code()), (StatusCode::CONFLICT, "lan_listener_taken"), "{b:?}");
+    let message = b.body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("\"a1\"") && message.contains("DELETE /v1/stores/s1/lan-listener"), "{message}");
+    assert_eq!(claim(&first).await.status, StatusCode::OK, "the holder claims again");
+    let g = app.get("/v1/stores/s1/lan-listener", &key).await;
+    assert_eq!((g.status, g.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{g:?}");
+    let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&key), None).await;
+    assert_eq!((d.status, d.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{d:?}");
+    assert_eq!(app.get("/v1/stores/s1/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(claim(&second).await.status, StatusCode::OK, "freed: the other agent takes it");
+    assert_eq!(claim(&first).await.status, StatusCode::CONFLICT);
+    // Another tenant's store is not found.
+    let other = app.tenant("other").await;
+    let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&other), None).await;
+    assert_eq!(d.status, StatusCode::NOT_FOUND, "{d:?}");
 }

@@ -226,6 +226,20 @@ impl Store for PostgresStore {
         Ok(!rows.is_empty())
     }
 
+    async fn lease_row(&self, name: &str) -> StoreResult<Option<LeaseRow>> {
+        let row =
+            self.query_opt("SELECT name, holder, token, expires_at FROM leases WHERE name = $1", &[&name]).await?;
+        row.map(|r| {
+            Ok(LeaseRow {
+                name: rows::col(&r, 0)?,
+                holder: rows::col(&r, 1)?,
+                token: rows::col(&r, 2)?,
+                expires_at: rows::col(&r, 3)?,
+            })
+        })
+        .transpose()
+    }
+
     async fn put_agent_sessions(&self, sessions: &[AgentSessionRow]) -> StoreResult<()> {
         if sessions.is_empty() {
             return Ok(());

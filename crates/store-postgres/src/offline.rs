@@ -1,4 +1,4 @@
-//! Tasks the store agent accepted offline (issue 14): [`onceprint_store::Store::merge_offline`]
+//! Tasks the store agent accepted offline: [`onceprint_store::Store::merge_offline`]
 //! and the LAN task ids kept as aliases, for PostgreSQL.
 //!
 //! One merge is one short transaction (READ COMMITTED) that goes through the rules in
@@ -111,7 +111,7 @@ async fn insert_alias<C: GenericClient>(
     let stmt = client.prepare_cached(INSERT_ALIAS).await.map_err(pg_error)?;
     let t = &o.task;
     let row = client
-        .query_opt(&stmt, &[&t.task_id, &t.tenant_id, &task_id, &kind.as_str(), &o.now])
+        .query_opt(&stmt, &[&o.lan_id, &t.tenant_id, &task_id, &kind.as_str(), &o.now])
         .await
         .map_err(pg_error)?;
     Ok(row.is_some())
@@ -160,13 +160,16 @@ async fn merge_round<C: GenericClient>(
     // `None`: a race was lost, and the caller rolls this round back and starts again.
     let t = &o.task;
     // An upload of the same report again answers as the first did.
-    if let Some(a) = alias(tx, &t.tenant_id, &t.task_id).await? {
+    if let Some(a) = alias(tx, &t.tenant_id, &o.lan_id).await? {
         let (task, pruned) = task_or_tombstone(tx, &t.tenant_id, &a.task_id)
             .await?
             .ok_or_else(|| StoreError::Backend(format!("task alias {} names no task", a.alias_id)))?;
+        if a.kind == AliasKind::Renamed {
+            return Ok(Some(OfflineMerge::Created { task, again: true, pruned }));
+        }
         return Ok(Some(OfflineMerge::Aliased { kind: a.kind, task, pruned, changed: false, again: true }));
     }
-    if let Some((task, pruned)) = task_or_tombstone(tx, &t.tenant_id, &t.task_id).await? {
+    if let Some((task, pruned)) = task_or_tombstone(tx, &t.tenant_id, &o.lan_id).await? {
         let same_key = task.target == t.target && task.biz_no == t.biz_no && task.print_type == t.print_type;
         let out = if same_key { OfflineMerge::Created { task, again: true, pruned } } else { OfflineMerge::IdTaken };
         return Ok(Some(out));
@@ -181,7 +184,7 @@ async fn merge_round<C: GenericClient>(
         if !insert_alias(tx, o, &existing.task_id, step.kind).await? {
             // Another upload of this report made the alias meanwhile (it answers next
             // round), or the id is another tenant's alias.
-            return Ok(if alias(tx, &t.tenant_id, &t.task_id).await?.is_some() {
+            return Ok(if alias(tx, &t.tenant_id, &o.lan_id).await?.is_some() {
                 None
             } else {
                 Some(OfflineMerge::IdTaken)
@@ -213,7 +216,7 @@ async fn merge_round<C: GenericClient>(
         let b = rows::tombstone(&row)?;
         let step = planner(&b.task);
         if !insert_alias(tx, o, &b.task.task_id, step.kind).await? {
-            return Ok(if alias(tx, &t.tenant_id, &t.task_id).await?.is_some() {
+            return Ok(if alias(tx, &t.tenant_id, &o.lan_id).await?.is_some() {
                 None
             } else {
                 Some(OfflineMerge::IdTaken)
@@ -287,6 +290,12 @@ async fn merge_round<C: GenericClient>(
     if t.charge != 0 {
         let stmt = tx.prepare_cached(INSERT_CHARGE).await.map_err(pg_error)?;
         tx.execute(&stmt, &[&t.tenant_id, &t.task_id, &t.charge, &t.now]).await.map_err(pg_error)?;
+    }
+    // An id the broker minted instead of the LAN id (the agent's clock was far off): the
+    // LAN id names the task as an alias. Taken meanwhile (by this report's other upload,
+    // found next round, or as another tenant's alias): this round is rolled back.
+    if t.task_id != o.lan_id && !insert_alias(tx, o, &t.task_id, AliasKind::Renamed).await? {
+        return Ok(None);
     }
     let (task, _) = task_or_tombstone(tx, &t.tenant_id, &t.task_id)
         .await?

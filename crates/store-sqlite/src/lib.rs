@@ -390,6 +390,11 @@ impl Store for SqliteStore {
         self.write(move |c| sql::release_lease(c, &name, &holder, now)).await
     }
 
+    async fn lease_row(&self, name: &str) -> StoreResult<Option<LeaseRow>> {
+        let name = name.to_owned();
+        self.read(move |c| sql::lease_row(c, &name)).await
+    }
+
     async fn put_agent_sessions(&self, rows: &[AgentSessionRow]) -> StoreResult<()> {
         if rows.is_empty() {
             return Ok(());

@@ -1,4 +1,4 @@
-//! Tasks the store agent accepted offline (issue 14): [`onceprint_store::Store::merge_offline`]
+//! Tasks the store agent accepted offline: [`onceprint_store::Store::merge_offline`]
 //! and the LAN task ids kept as aliases, for SQLite.
 //!
 //! A merge is one job of the writer thread, which also runs every intake batch and every
@@ -59,9 +59,16 @@ fn insert_alias(c: &Connection, o: &OfflineTask, task_id: &str, kind: AliasKind)
             "INSERT INTO task_aliases (alias_id, tenant_id, task_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT DO NOTHING",
         )
-        .and_then(|mut s| s.execute(params![o.task.task_id, o.task.tenant_id, task_id, kind.as_str(), o.now]))
+        .and_then(|mut s| s.execute(params![o.lan_id, o.task.tenant_id, task_id, kind.as_str(), o.now]))
         .map_err(backend_err)?;
     Ok(n == 1)
+}
+
+/// Whether `alias_id` names a task of any tenant already.
+fn alias_taken(c: &Connection, alias_id: &str) -> StoreResult<bool> {
+    c.prepare_cached("SELECT 1 FROM task_aliases WHERE alias_id = ?1")
+        .and_then(|mut s| s.exists([alias_id]))
+        .map_err(backend_err)
 }
 
 fn insert_event(c: &Connection, task_id: &str, e: &TaskEvent) -> StoreResult<()> {
@@ -83,12 +90,15 @@ pub fn merge(
 ) -> StoreResult<OfflineMerge> {
     let t = &o.task;
     // An upload of the same report again answers as the first did.
-    if let Some(a) = alias(c, &t.tenant_id, &t.task_id)? {
+    if let Some(a) = alias(c, &t.tenant_id, &o.lan_id)? {
         let (task, pruned) = task_or_tombstone(c, &t.tenant_id, &a.task_id)?
             .ok_or_else(|| StoreError::Backend(format!("task alias {} names no task", a.alias_id)))?;
+        if a.kind == AliasKind::Renamed {
+            return Ok(OfflineMerge::Created { task, again: true, pruned });
+        }
         return Ok(OfflineMerge::Aliased { kind: a.kind, task, pruned, changed: false, again: true });
     }
-    if let Some((task, pruned)) = task_or_tombstone(c, &t.tenant_id, &t.task_id)? {
+    if let Some((task, pruned)) = task_or_tombstone(c, &t.tenant_id, &o.lan_id)? {
         let same_key = task.target == t.target && task.biz_no == t.biz_no && task.print_type == t.print_type;
         return Ok(if same_key { OfflineMerge::Created { task, again: true, pruned } } else { OfflineMerge::IdTaken });
     }
@@ -127,6 +137,11 @@ pub fn merge(
         return Ok(OfflineMerge::Aliased { kind: step.kind, task: b.task, pruned: true, changed: false, again: false });
     }
 
+    // A LAN id kept as another tenant's alias cannot name this task.
+    let renamed = t.task_id != o.lan_id;
+    if renamed && alias_taken(c, &o.lan_id)? {
+        return Ok(OfflineMerge::IdTaken);
+    }
     // The key is unknown: the task as the agent took it, under its LAN id. It takes the
     // next lane `seq` (the writer thread is the only one that inserts tasks), so it joins
     // its printer's lane behind what is waiting there already, as on PostgreSQL.
@@ -183,6 +198,9 @@ pub fn merge(
         c.prepare_cached("INSERT INTO ledger (tenant_id, task_id, kind, amount, at) VALUES (?1, ?2, 'charge', ?3, ?4)")
             .and_then(|mut s| s.execute(params![t.tenant_id, t.task_id, t.charge, t.now]))
             .map_err(backend_err)?;
+    }
+    if renamed && !insert_alias(c, o, &t.task_id, AliasKind::Renamed)? {
+        return Err(StoreError::Backend(format!("the alias {} was taken during its merge", o.lan_id)));
     }
     let task = get_task(c, &t.tenant_id, &t.task_id)?
         .ok_or_else(|| StoreError::Backend(format!("task {} was inserted but cannot be read", t.task_id)))?;

@@ -1150,6 +1150,14 @@ pub fn release_lease(c: &Connection, name: &str, holder: &str, now: i64) -> Stor
     .map_err(backend_err)
 }
 
+pub fn lease_row(c: &Connection, name: &str) -> StoreResult<Option<LeaseRow>> {
+    c.query_row("SELECT name, holder, token, expires_at FROM leases WHERE name = ?1", [name], |r| {
+        Ok(LeaseRow { name: r.get(0)?, holder: r.get(1)?, token: r.get(2)?, expires_at: r.get(3)? })
+    })
+    .optional()
+    .map_err(backend_err)
+}
+
 pub fn put_agent_sessions(c: &Connection, rows: &[AgentSessionRow]) -> StoreResult<()> {
     let mut stmt = c
         .prepare_cached(

@@ -26,7 +26,7 @@ pub use device_log::{device_log_is_read_by_store_and_task_id_range, device_log_k
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 pub use offline::{
-    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules, a_renamed_task_is_found_under_its_lan_id,
     an_offline_task_joins_the_lane_in_the_order_it_was_merged, an_unknown_key_becomes_a_task_under_the_lan_id,
     lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
 };
@@ -61,7 +61,7 @@ macro_rules! conformance_tests {
             lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
             an_unknown_key_becomes_a_task_under_the_lan_id,
             a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
-            an_offline_task_joins_the_lane_in_the_order_it_was_merged,
+            an_offline_task_joins_the_lane_in_the_order_it_was_merged, a_renamed_task_is_found_under_its_lan_id,
             device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
     };
     (@cases $factory:path; $($case:ident),*) => {
@@ -2265,6 +2265,13 @@ pub async fn expired_leases_go_to_the_next_holder_with_a_higher_token(s: Arc<dyn
     assert!(s.release_lease("push:webhook", "node-b", NOW + 7_000).await.unwrap());
     let third = s.acquire_lease("push:webhook", "node-a", NOW + 7_000, 5_000).await.unwrap().expect("released lease");
     assert!(third > second, "the token moves on with every change of holder: {second} then {third}");
+    // The lease as it stands names its holder, token and expiry.
+    let row = s.lease_row("push:webhook").await.unwrap().expect("taken");
+    assert_eq!(
+        (row.name.as_str(), row.holder.as_str(), row.token, row.expires_at),
+        ("push:webhook", "node-a", third, NOW + 12_000)
+    );
+    assert_eq!(s.lease_row("never-taken").await.unwrap(), None);
 }
 
 /// Sessions written by several nodes are merged: the latest `heard_at` wins, the start of

@@ -425,7 +425,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records one delivery attempt.
     async fn record_webhook_attempt(&self, attempt: &WebhookAttempt) -> StoreResult<()>;
 
-    // --- Several nodes on one database (issue 12) ---
+    // --- Several nodes on one database ---
 
     /// Takes or renews the lease `name` for `holder` until `now + ttl_ms`, as one
     /// compare-and-set: it succeeds when nobody holds the lease, when it expired by `now`,
@@ -443,6 +443,8 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the lease up at once (it expires now) if `holder` still holds it, so that
     /// another node may take it without waiting for its expiry. Returns whether it did.
     async fn release_lease(&self, name: &str, holder: &str, now: onceprint_core::Millis) -> StoreResult<bool>;
+    /// The lease `name` as it stands, expired or not; `None` if nobody ever took it.
+    async fn lease_row(&self, name: &str) -> StoreResult<Option<LeaseRow>>;
     /// Writes what this node heard of agent sessions, in one statement: a row per session,
     /// merged with what other nodes wrote (the latest `heard_at` wins; `started_at` is kept
     /// as first written).

@@ -1035,6 +1035,16 @@ pub struct RevokeOperatorSessions {
     pub audit: SetupAudit,
 }
 
+/// A lease as it stands (`Store::lease_row`): who holds it, its fencing token, and until
+/// when (it may have expired).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub name: String,
+    pub holder: String,
+    pub token: i64,
+    pub expires_at: Millis,
+}
+
 /// One agent session as a broker node heard it (issue 12), written to `agent_sessions` by
 /// every node of a cluster and merged by the others, so that a node knows the agents that
 /// poll the other nodes. Times are milliseconds of the writing node's clock.
@@ -1056,14 +1066,19 @@ pub struct AgentSessionRow {
 }
 
 /// A task the store agent accepted on the shop's LAN while the broker was unreachable,
-/// as the engine prepared it for [`crate::Store::merge_offline`] (issue 14).
+/// as the engine prepared it for [`crate::Store::merge_offline`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfflineTask {
-    /// The task under its LAN task id, as it is inserted when its key is unknown (merge
-    /// rule 1): `now` is the agent's acceptance time (its creation time and the time of
-    /// its charge, so its business day is the day the shop took the order), `actor` names
-    /// the LAN path, `printer_id` the printer the agent printed on.
+    /// The task as it is inserted when its key is unknown (merge rule 1), under its LAN
+    /// task id or, when the agent's clock was far off, under an id the broker minted from
+    /// the corrected acceptance time: `now` is the acceptance time (its creation time and
+    /// the time of its charge, so its business day is the day the shop took the order),
+    /// `actor` names the LAN path, `printer_id` the printer the agent printed on.
     pub task: NewTask,
+    /// The id the agent minted and answered the POS with. When it differs from
+    /// `task.task_id` it is kept as an alias of kind `renamed`, so that it still names
+    /// the task; a task found under the key keeps it as a `merged` or `conflict` alias.
+    pub lan_id: String,
     /// The creation event's reason.
     pub reason: String,
     /// The row as it is inserted: the state the agent's outcome gives, and its figures.

@@ -1,5 +1,6 @@
-//! The JSON shapes of offline operation (issue 14): LAN keys, the store directory an agent
-//! takes orders with while the broker is unreachable, and the sync of those orders.
+//! The JSON shapes of offline operation: LAN keys, the store directory an agent takes
+//! orders with while the broker is unreachable, the store's LAN listener, and the sync of
+//! those orders.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -96,6 +97,28 @@ pub struct AgentDirectory {
     /// The configured print types, highest priority first.
     pub print_types: Vec<String>,
     pub default_print_type: String,
+    /// The broker's request body limit (`max_body_bytes`): the agent's LAN listener takes
+    /// what the broker would, and answers a larger body 413 `payload_too_large` as it does.
+    pub max_body_bytes: usize,
+    /// The broker's content limit after decoding (`max_content_bytes`), which the LAN
+    /// listener applies to a task it accepts offline.
+    pub max_content_bytes: usize,
+}
+
+/// Body of `POST /v1/agent/lan-listener`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LanListenerClaim {
+    /// The agent that takes the store's LAN orders (its `agent_id`).
+    pub agent_id: String,
+}
+
+/// The store agent that takes a store's LAN orders.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LanListenerOut {
+    pub store_id: String,
+    /// The agent id holding the store's LAN listener.
+    pub agent_id: String,
 }
 
 /// One record of the agent's journal for an offline task.
@@ -135,8 +158,11 @@ pub struct OfflineTaskIn {
     pub accepted_at: i64,
     /// The LAN key the submission came with.
     pub lan_key_id: String,
-    /// The printer the agent chose (for a station, its first enabled printer); `null` for
-    /// a task it has not printed: the broker then chooses as for a submission.
+    /// The printer the agent chose (for a station, the first enabled printer it drives).
+    /// The task stays there when it is the task's printer or one of its station's, or
+    /// when the agent tried it there even though the station changed since; `null`, or a
+    /// printer no longer the task's for a task not tried: the broker chooses as for a
+    /// LAN submission.
     pub printed_on: Option<String>,
     /// `printed`, `in_doubt`, `failed` or `pending` (accepted, not printed yet: the broker
     /// takes it over and delivers it). Another value rejects the task.
@@ -150,14 +176,37 @@ pub struct OfflineTaskIn {
     pub history: Vec<JournalRecordIn>,
 }
 
+/// Tasks the store agent accepted on the shop's LAN while the broker was unreachable.
+// The handler reads the upload as `OfflineTasksWire`, one task at a time; this type
+// gives the published document its shape.
+#[allow(dead_code)]
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OfflineTasksIn {
     pub agent_id: String,
     /// The agent process's session, as in its polls (optional).
     pub session: Option<String>,
-    /// At most 500.
+    /// The agent's clock when it sent this upload (milliseconds since the epoch). When it
+    /// is off the broker's by more than 5 minutes, the tasks' times are moved onto the
+    /// broker's clock (and a task gets an id of the corrected time, its LAN id naming
+    /// it); a smaller difference is noted in the audit trail. Optional.
+    #[serde(default, deserialize_with = "integral::optional")]
+    pub sent_at: Option<i64>,
+    /// At most 500. A task that cannot be read (a field of the wrong type, content that
+    /// does not parse) is answered `rejected` on its own, if it has a string `task_id`.
     pub tasks: Vec<OfflineTaskIn>,
+}
+
+/// [`OfflineTasksIn`] as read: each task parsed on its own, so that one the broker
+/// cannot read is rejected alone instead of failing the upload.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfflineTasksWire {
+    pub agent_id: String,
+    pub session: Option<String>,
+    #[serde(default, deserialize_with = "integral::optional")]
+    pub sent_at: Option<i64>,
+    pub tasks: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -167,10 +216,11 @@ pub struct OfflineResultOut {
     /// `created` (the broker did not know the key: the task is kept under the LAN id),
     /// `merged` (the broker had the order: the LAN id is an alias of its task),
     /// `conflict` (the broker had other content under the key: the LAN id is an alias of
-    /// that task, now held for a person) or `rejected` (never taken; stop sending it).
+    /// that task, now held for a person) or `rejected` (never taken; stop sending it,
+    /// keep it for a person: an `offline_task.rejected` alert went out).
     pub result: String,
-    /// The broker's task the LAN id stands for (the LAN id itself when created);
-    /// `null` when rejected.
+    /// The broker's task the LAN id stands for (when created, the LAN id itself, or an id
+    /// of the corrected time when the agent's clock was far off); `null` when rejected.
     pub broker_task_id: Option<String>,
     /// That task's state after the sync; `null` when rejected.
     pub state: Option<String>,

@@ -137,12 +137,19 @@ pub async fn status(
     }))
 }
 
-/// Extension (issue 14): a task submission the store agent forwards from its shop's LAN
-/// (a POS pointed at the agent). The body and every answer are those of
-/// `POST /v1/print-tasks` — `missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch —
-/// for the agent's tenant; the target must be a printer or station of the agent's own
-/// store (any other is answered 400 `invalid_request` as if it did not exist). The audit trail names the
-/// agent's store as the submitter (`agent:STORE`).
+/// The request header of a forwarded LAN submission naming the printer the agent would
+/// print a station task on, had it accepted the task offline.
+pub const LAN_PRINTER_HEADER: &str = "onceprint-lan-printer";
+
+/// Extension: a task submission the store agent forwards from its shop's LAN (a POS
+/// pointed at the agent). The body and every answer are those of `POST /v1/print-tasks`
+/// — `missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch — for the agent's
+/// tenant; the target must be a printer or station of the agent's own store (any other is
+/// answered 400 `invalid_request` as if it did not exist). A station task goes where the
+/// agent would print it offline: the printer named in the `Onceprint-Lan-Printer` header
+/// when it is an enabled printer of the station, else the station's first enabled printer
+/// that the agent drives, else its first enabled one. The audit trail names the agent's
+/// store as the submitter (`agent:STORE`).
 #[utoipa::path(post, path = "/v1/agent/print-tasks", operation_id = "agent_submit", tag = "store agent",
     request_body = crate::dto::SubmitTask,
     security(("agent" = [])),
@@ -158,12 +165,22 @@ pub async fn status(
 pub async fn submit(
     State(st): State<AppState>,
     AgentAuth(agent): AgentAuth,
+    headers: axum::http::HeaderMap,
     crate::extract::JsonBytes(bytes): crate::extract::JsonBytes,
 ) -> Result<(axum::http::StatusCode, axum::http::HeaderMap, Json<crate::dto::SubmitOut>), ApiError> {
+    // The printer the agent would print a station task on offline: honoured when it is an
+    // enabled printer of the station, so both paths share one delivery key.
+    let lan_printer = headers
+        .get(LAN_PRINTER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|p| validate_id("printer_id", p).is_ok())
+        .map(str::to_owned);
     let who = crate::routes::tasks::Submitter {
         actor: Some(format!("agent:{}", agent.store_id)),
         store_scope: Some(agent.store_id),
         tenant_id: agent.tenant_id,
+        lan_printer,
     };
     crate::routes::tasks::submit_counted(&st, who, &bytes).await
 }

@@ -355,6 +355,42 @@ pub async fn revoke_lan_key(
     Ok(Json(st.setup.revoke_lan_key(auth.caller(), &id, &key_id).await?.into()))
 }
 
+/// Extension: the store agent that takes the store's LAN orders (it claimed the store's
+/// LAN listener: one agent per store). 404 when none does.
+#[utoipa::path(get, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn get_lan_listener(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
+    match st.setup.lan_listener(auth.caller(), &id).await? {
+        Some(agent_id) => Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id })),
+        None => Err(ApiError::not_found(format!("no store agent takes the LAN orders of store {id:?}"))),
+    }
+}
+
+/// Extension: frees the store's LAN listener so that another store agent may take it (a
+/// shop PC replaced, say); answers the agent that held it. Stop that agent's listener
+/// first: until it refreshes the store's set-up it still takes LAN orders, and if it asks
+/// before the new one it takes the listener again. 404 when no agent held it.
+#[utoipa::path(delete, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn release_lan_listener(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
+    match st.setup.release_lan_listener(auth.caller(), &id).await? {
+        Some(agent_id) => Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id })),
+        None => Err(ApiError::not_found(format!("no store agent takes the LAN orders of store {id:?}"))),
+    }
+}
+
 /// Create another API key of the calling tenant (shown once).
 #[utoipa::path(post, path = "/v1/api-keys", tag = "set-up", security(("tenant" = [])),
     responses((status = 201, body = ApiKeyCreated), (status = 401, body = ErrorBody)))]

@@ -47,7 +47,12 @@ pub async fn submit(
     crate::extract::TenantAuthForIntake(auth): crate::extract::TenantAuthForIntake,
     JsonBytes(bytes): JsonBytes,
 ) -> Result<(StatusCode, HeaderMap, Json<SubmitOut>), ApiError> {
-    submit_counted(&st, Submitter { tenant_id: auth.tenant_id, store_scope: None, actor: None }, &bytes).await
+    submit_counted(
+        &st,
+        Submitter { tenant_id: auth.tenant_id, store_scope: None, actor: None, lan_printer: None },
+        &bytes,
+    )
+    .await
 }
 
 /// Who submits: a tenant's API key, or a store agent forwarding from its shop's LAN
@@ -56,6 +61,8 @@ pub(crate) struct Submitter {
     pub tenant_id: String,
     pub store_scope: Option<String>,
     pub actor: Option<String>,
+    /// For a forwarded LAN submission: the printer the agent would print it on.
+    pub lan_printer: Option<String>,
 }
 
 /// One submission, answered and counted in the metrics: the one path of every submit
@@ -101,6 +108,7 @@ fn intake_request(who: Submitter, req: SubmitTask) -> (SubmitRequest, Echo) {
         content: req.content,
         store_scope: who.store_scope,
         actor: who.actor,
+        lan_printer: who.lan_printer,
     };
     (request, echo)
 }
@@ -213,7 +221,8 @@ pub async fn submit_batch(
     for raw in &batch.tasks {
         match parse_submission(raw.get().as_bytes()) {
             Ok(req) => {
-                let who = Submitter { tenant_id: auth.tenant_id.clone(), store_scope: None, actor: None };
+                let who =
+                    Submitter { tenant_id: auth.tenant_id.clone(), store_scope: None, actor: None, lan_printer: None };
                 let (request, echo) = intake_request(who, req);
                 requests.push(request);
                 echoes.push((slots.len(), echo));

@@ -118,6 +118,7 @@ fn report(t: &str, lan: &str, biz_no: &str, c: &str, at: i64, outcome: OfflineOu
         ],
     };
     OfflineTask {
+        lan_id: task.task_id.clone(),
         task,
         reason: "accepted on the shop LAN".into(),
         state,
@@ -344,4 +345,38 @@ pub async fn an_offline_task_joins_the_lane_in_the_order_it_was_merged(s: Arc<dy
     }
     assert_eq!(left, ["C1", "L1", "C2"]);
     assert!(s.lane("acme", "p1").await.unwrap().waiting.is_none());
+}
+
+/// A task whose LAN id the broker did not keep (the shop PC's clock was far off) is kept
+/// under the broker's id, and the LAN id names it: asked again, the same report answers
+/// as the first did; a LAN id another tenant's alias holds already is taken.
+pub async fn a_renamed_task_is_found_under_its_lan_id(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let mut o = report("acme", "LAN-SKEW-1", "R1", "x", NOW - 10_000, OfflineOutcome::Printed);
+    o.task.task_id = "BRK-0001".into();
+    let task = match merge(&s, &o, OfflineOutcome::Printed).await {
+        OfflineMerge::Created { task, again: false, pruned: false } => task,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((task.task_id.as_str(), task.state), ("BRK-0001", TaskState::Printed));
+    let alias = s.task_alias("acme", "LAN-SKEW-1").await.unwrap().expect("the LAN id is kept");
+    assert_eq!((alias.task_id.as_str(), alias.kind), ("BRK-0001", AliasKind::Renamed));
+    assert_eq!(s.get_task("acme", "LAN-SKEW-1").await.unwrap(), None, "no second task under the LAN id");
+
+    // Uploaded again (with an id minted afresh): the first answer, nothing written.
+    let mut again = o.clone();
+    again.task.task_id = "BRK-0002".into();
+    match merge(&s, &again, OfflineOutcome::Printed).await {
+        OfflineMerge::Created { task: t, again: true, pruned: false } => assert_eq!(t, task),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.get_task("acme", "BRK-0002").await.unwrap(), None);
+    assert_eq!(s.ledger_entries("BRK-0001").await.unwrap().len(), 1, "one charge");
+
+    // Another tenant's report under the same LAN id cannot take it.
+    let mut foreign = report("other", "LAN-SKEW-1", "R9", "x", NOW - 10_000, OfflineOutcome::Printed);
+    foreign.task.task_id = "BRK-0003".into();
+    assert_eq!(merge(&s, &foreign, OfflineOutcome::Printed).await, OfflineMerge::IdTaken);
+    assert_eq!(s.get_task("other", "BRK-0003").await.unwrap(), None, "nothing written");
 }
