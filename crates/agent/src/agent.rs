@@ -53,12 +53,13 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
     let state_path = args.state_dir.clone();
     let given_id = args.agent_id.clone();
     let capacity = usize::try_from(args.journal_size).unwrap_or(usize::MAX);
+    let listening = args.listen.is_some();
     let (state, agent_id, journal, outbox, cache) = tokio::task::spawn_blocking(move || -> Result<_, AgentError> {
         let state = StateDir::open(&state_path)?;
         let agent_id = state.agent_id(given_id.as_deref())?;
         let journal = Journal::open(state.path(), capacity)?;
         let outbox = Outbox::open(state.path())?;
-        let cache = OfflineCache::load(state.path());
+        let cache = OfflineCache::load(state.path(), listening.then(|| agent_id.clone()));
         Ok((state, agent_id, journal, outbox, cache))
     })
     .await
@@ -140,15 +141,15 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
             stopping_rx.clone(),
         )),
     ];
-    if args.digest_interval_ms > 0 {
-        background.push(tokio::spawn(offline::run_digest(
+    let digest = (args.digest_interval_ms > 0).then(|| {
+        tokio::spawn(offline::run_digest(
             client.clone(),
             agent_id.clone(),
             journal.clone(),
             Duration::from_millis(args.digest_interval_ms),
             stopping_rx.clone(),
-        )));
-    }
+        ))
+    });
     if let Some((addr, listener)) = listener {
         let bound = listener.local_addr().unwrap_or(addr);
         tracing::info!(listen = %bound, "LAN intake listening");
@@ -205,6 +206,11 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         let _ = task.await;
     }
     dispatcher.finish().await;
+    if let Some(digest) = digest {
+        if let Ok(mark) = digest.await {
+            offline::send_final_digest(&client, &agent_id, &journal, mark).await;
+        }
+    }
 
     // Every worker is gone, so the ack queue is closed and the sender stops once it is
     // empty.
@@ -337,7 +343,7 @@ async fn poll_loop(
                 }
                 drop(permits);
                 if empty && began.elapsed() < MIN_EMPTY_POLL {
-                    Some(MIN_EMPTY_POLL)
+                    Some((MIN_EMPTY_POLL, false))
                 } else {
                     None
                 }
@@ -366,14 +372,50 @@ async fn poll_loop(
                         tracing::warn!(error = %e, delay_ms, failures = backoff.failures(), "poll failed; backing off")
                     }
                 }
-                Some(delay)
+                // Probed only when no broker answered: one that answered (a 426, a 429)
+                // is there, and said how long to wait.
+                let unanswered = match &e {
+                    BrokerError::Transport(_) => true,
+                    BrokerError::Status { status, .. } => *status >= 500,
+                    _ => false,
+                };
+                Some((delay, unanswered))
             }
         };
-        if let Some(pause) = pause {
-            tokio::select! {
+        match pause {
+            // The broker did not answer: the pause ends early once it answers again, to
+            // this loop's probes or to any other request of the agent.
+            Some((pause, true)) => tokio::select! {
+                _ = &mut shutdown => return PollEnd::Shutdown,
+                _ = until_answered(client, pause) => {}
+            },
+            Some((pause, false)) => tokio::select! {
                 _ = &mut shutdown => return PollEnd::Shutdown,
                 _ = tokio::time::sleep(pause) => {}
-            }
+            },
+            None => {}
+        }
+    }
+}
+
+/// How often a poll loop that backs off asks whether the broker answers again.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// Waits `pause`, or less: until the broker answers a request again (a probe sent every
+/// [`PROBE_EVERY`] with a little jitter, or any other request of the agent, such as the
+/// upload of offline tasks). The backoff still spaces the polls of a broker that answers
+/// probes but fails polls; a broker that is back gets its agents' polls within seconds.
+async fn until_answered(client: &BrokerClient, pause: Duration) {
+    let end = Instant::now() + pause;
+    loop {
+        let jitter = Duration::from_millis(rand::random::<u64>() % 500);
+        let next = (Instant::now() + PROBE_EVERY + jitter).min(end);
+        tokio::select! {
+            _ = client.answered_again() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        if Instant::now() >= end || client.probe().await {
+            return;
         }
     }
 }

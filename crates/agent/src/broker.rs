@@ -25,8 +25,9 @@ use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
 use std::error::Error as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// The request header naming the agent protocol version the agent speaks.
 pub const PROTOCOL_HEADER: &str = "onceprint-agent-protocol";
@@ -37,9 +38,11 @@ pub const BROKER_PROTOCOLS_HEADER: &str = "onceprint-agent-protocols";
 /// before it (an agent that sends no header is taken to speak 1); version 2 adds `next` to
 /// the acks, whose answer then carries the printers' next deliveries; version 3 adds the
 /// process's age to the polls (`session_age_ms`), so that the broker orders this agent
-/// id's sessions on its own clock, whatever the shop PC's clock says. A version is raised
-/// only for a change an older broker would misread or refuse.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// id's sessions on its own clock, whatever the shop PC's clock says; version 4 adds the
+/// agent's clock to the upload of offline tasks (`sent_at`), so that the broker corrects
+/// the times of a shop PC whose clock is far off. A version is raised only for a change
+/// an older broker would misread or refuse.
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The oldest agent protocol this agent speaks, and the one it names to a broker whose
 /// range it has not heard yet. Every request names the newest version that both speak,
 /// as far as the broker's last answer (its [`BROKER_PROTOCOLS_HEADER`]) told.
@@ -47,6 +50,9 @@ pub const OLDEST_PROTOCOL: u32 = 1;
 /// The wait before asking again a broker that does not speak this agent's protocol: it
 /// will not learn to until it is upgraded, so asking often would only fill both logs.
 const PROTOCOL_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a probe of a broker that stopped answering may take (`GET /healthz`).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long an ack POST may take before it is treated as failed and retried.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -201,6 +207,89 @@ pub struct Forwarded {
     pub body: Vec<u8>,
 }
 
+/// Whether the brokers answer, as every request of every clone of the client found: the
+/// LAN listener's `/healthz` reports it, and the poll loop, backing off after failures,
+/// resumes as soon as any request (a sync, a forward, a probe) is answered again.
+#[derive(Debug)]
+struct Reach {
+    /// The monotonic origin of the two times below.
+    origin: std::time::Instant,
+    /// Milliseconds after `origin` (plus one, so that 0 means never) of the last answer:
+    /// any HTTP answer but a 5xx, since a 401 or a 409 comes from a broker that is there.
+    answered: AtomicU64,
+    /// The same for the last request that found no broker: no connection, a timeout, a 5xx.
+    failed: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    /// Woken when an answer follows a failure.
+    back: Notify,
+}
+
+/// What the agent knows of the brokers' reachability now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reachability {
+    /// `Some(true)` when the last request that ended was answered, `Some(false)` when it
+    /// found no broker, `None` before any request ended.
+    pub reachable: Option<bool>,
+    /// How long ago the last answer came, if one ever did.
+    pub last_answer_ago: Option<Duration>,
+    /// The last request's error, while the brokers do not answer.
+    pub last_error: Option<String>,
+}
+
+impl Reach {
+    fn new() -> Reach {
+        Reach {
+            origin: std::time::Instant::now(),
+            answered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            back: Notify::new(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Records how a request ended.
+    fn record<T>(&self, outcome: &Result<T, BrokerError>) {
+        let now = self.now();
+        match outcome {
+            Err(e) if e.fails_over() => {
+                self.failed.fetch_max(now, Ordering::Relaxed);
+                if let Ok(mut l) = self.last_error.lock() {
+                    *l = Some(e.to_string());
+                }
+            }
+            _ => {
+                let failing = self.failed.load(Ordering::Relaxed) > self.answered.load(Ordering::Relaxed);
+                self.answered.fetch_max(now, Ordering::Relaxed);
+                if failing {
+                    self.back.notify_waiters();
+                }
+            }
+        }
+    }
+
+    fn reachability(&self) -> Reachability {
+        let (answered, failed) = (self.answered.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed));
+        let reachable = match (answered, failed) {
+            (0, 0) => None,
+            (a, f) => Some(a >= f),
+        };
+        let now = self.now();
+        Reachability {
+            reachable,
+            last_answer_ago: (answered > 0).then(|| Duration::from_millis(now.saturating_sub(answered))),
+            last_error: if reachable == Some(false) {
+                self.last_error.lock().ok().and_then(|l| l.clone())
+            } else {
+                None
+            },
+        }
+    }
+}
+
 /// A client for one or more brokers with one agent token.
 #[derive(Clone)]
 pub struct BrokerClient {
@@ -215,6 +304,8 @@ pub struct BrokerClient {
     /// When this process's session began, on the monotonic clock: its age goes with the
     /// polls (agent protocol 3).
     started: std::time::Instant,
+    /// Whether the brokers answer, shared by every clone.
+    reach: Arc<Reach>,
 }
 
 impl std::fmt::Debug for BrokerClient {
@@ -277,7 +368,45 @@ impl BrokerClient {
             agent_id: None,
             session: None,
             started: std::time::Instant::now(),
+            reach: Arc::new(Reach::new()),
         })
+    }
+
+    /// Whether the brokers answer, as the last requests of this process found.
+    pub fn reachability(&self) -> Reachability {
+        self.reach.reachability()
+    }
+
+    /// Completes when a request is answered after requests failed (returns at once if the
+    /// last request that ended was answered).
+    pub async fn answered_again(&self) {
+        let back = self.reach.back.notified();
+        tokio::pin!(back);
+        back.as_mut().enable();
+        if self.reach.reachability().reachable != Some(false) {
+            return;
+        }
+        back.await;
+    }
+
+    /// Asks the broker in use whether it answers at all (`GET /healthz`, no token, a short
+    /// timeout), recording the outcome like any request. Used while the poll loop backs
+    /// off, so that polling resumes within seconds of the broker's return rather than at
+    /// the end of a backoff step of up to 30 s.
+    pub async fn probe(&self) -> bool {
+        let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
+        let answer = match self.brokers[used].url("/healthz") {
+            Ok(url) => match self.http.get(url).timeout(PROBE_TIMEOUT).send().await {
+                Ok(resp) if resp.status().is_server_error() => {
+                    Err(BrokerError::Status { status: resp.status().as_u16(), body: String::new() })
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(transport(e)),
+            },
+            Err(e) => Err(e),
+        };
+        self.reach.record(&answer);
+        answer.is_ok()
     }
 
     /// The same client, acknowledging as `agent_id` in `session`, which begins now.
@@ -336,6 +465,7 @@ impl BrokerClient {
             }
             Err(e) => Err(transport(e)),
         };
+        self.reach.record(&answer);
         if let Err(e) = &answer {
             self.fail_over(used, e);
         }
@@ -353,25 +483,31 @@ impl BrokerClient {
         resp.json().await.map_err(|e| BrokerError::Decode(e.to_string()))
     }
 
-    /// Forwards a LAN submission's body verbatim to `POST /v1/agent/print-tasks` and
+    /// Forwards a LAN submission's body verbatim to `POST /v1/agent/print-tasks` (naming
+    /// `lan_printer`, the printer this agent would print a station task on) and
     /// returns the broker's answer as it is (status, `Location`, body), whatever the
     /// status, so the POS gets exactly the broker's words. An error only when no answer
     /// came within `timeout` or the broker answered 5xx: the caller then takes the
     /// offline path.
-    pub async fn forward_submission(&self, body: Vec<u8>, timeout: Duration) -> Result<Forwarded, BrokerError> {
+    pub async fn forward_submission(
+        &self,
+        body: Vec<u8>,
+        lan_printer: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Forwarded, BrokerError> {
         let used = self.current.load(Ordering::Relaxed) % self.brokers.len();
         let broker = &self.brokers[used];
         let url = broker.url("/v1/agent/print-tasks")?;
-        let sent = self
+        let mut request = self
             .http
             .post(url)
             .bearer_auth(&self.token)
             .header(PROTOCOL_HEADER, broker.version())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .timeout(timeout)
-            .body(body)
-            .send()
-            .await;
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(p) = lan_printer {
+            request = request.header(crate::lan::LAN_PRINTER_HEADER, p);
+        }
+        let sent = request.timeout(timeout).body(body).send().await;
         let answer = async {
             let resp = sent.map_err(transport)?;
             broker.heard(resp.headers());
@@ -385,6 +521,7 @@ impl BrokerClient {
             Ok(Forwarded { status, location, body })
         }
         .await;
+        self.reach.record(&answer);
         if let Err(e) = &answer {
             self.fail_over(used, e);
         }
@@ -435,6 +572,7 @@ impl BrokerClient {
             }
             Err(e) => Err(transport(e)),
         };
+        self.reach.record(&answer);
         if let Err(e) = &answer {
             self.fail_over(used, e);
         }
@@ -458,6 +596,12 @@ impl BrokerClient {
                 "broker failed; failing over to the next broker"
             );
         }
+    }
+
+    /// Whether the broker in use speaks agent protocol `version` (as far as its last
+    /// answer told).
+    pub fn speaks(&self, version: u32) -> bool {
+        self.brokers[self.current.load(Ordering::Relaxed) % self.brokers.len()].version() >= version
     }
 
     /// Whether the broker in use hands out the next deliveries with acks (agent protocol

@@ -5,26 +5,37 @@
 //! While the broker answers, a submission is forwarded to it (`POST /v1/agent/print-tasks`)
 //! and the POS gets the broker's own answer, byte for byte. When no answer comes within
 //! `--offline-after-ms` (or the broker answers 5xx), the agent accepts the task itself:
-//! same answers (`missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch), durable in
-//! the offline outbox before the answer, printed through the same per-printer workers and
-//! the same journal, and handed to the broker once it is back (see `offline`).
+//! same answers (`missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch, 413 past
+//! the broker's body limit), durable in the offline outbox before the answer, printed
+//! through the same per-printer workers and the same journal, and handed to the broker
+//! once it is back (see `offline`).
 //!
-//! The idempotency key of an offline task is the broker's (target, business number,
-//! print type), and the key its deliveries carry is the broker's delivery key, so a task
-//! that reached both the cloud and the shop prints once: the outbox answers retries on the
-//! LAN, the journal answers the cloud's delivery by key, and the broker merges the two
-//! under one key on sync.
+//! One key, one copy, whichever path a ticket takes:
+//! - the idempotency key of an offline task is the broker's (target, business number,
+//!   print type), and the key its deliveries carry is the broker's delivery key;
+//! - a station task goes to the printer [`onceprint_core::offline::station_printer`]
+//!   chooses for a LAN submission, and the forward names it (`Onceprint-Lan-Printer`), so
+//!   that a task the broker took and the agent also took (its answer came too late) has
+//!   one printer and one delivery key: the journal prints it once;
+//! - the broker's answer to a forwarded submission is remembered, so a retry during an
+//!   outage gets the broker's task (200), not a new one;
+//! - one agent per store takes LAN orders (the broker's LAN listener claim); another
+//!   refuses them, naming the one that takes them.
+//!
+//! The outbox answers retries on the LAN, the journal answers the cloud's delivery by key,
+//! and the broker merges the two under one key on sync.
 
 use crate::broker::BrokerClient;
-use crate::cache::{OfflineCache, StoreDirectory};
-use crate::outbox::{Inserted, OfflineTask, Outbox};
+use crate::cache::{ListenerClaim, OfflineCache, StoreDirectory};
+use crate::outbox::{Forwarded, Inserted, OfflineTask, Outbox};
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use onceprint_core::{ids::validate_biz_no, Content, ContentLimits, CoreError, Target};
+use onceprint_core::offline::{station_printer, StationMember};
+use onceprint_core::{ids::validate_biz_no, Content, CoreError, Target};
 use serde::Deserialize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +45,10 @@ use tokio::time::Instant;
 /// After a forward failed, further submissions go straight to the offline path for this
 /// long instead of each waiting `--offline-after-ms` for a broker that just failed.
 const DOWN_FOR: Duration = Duration::from_secs(5);
+
+/// The request header of a forward naming the printer this agent would print a station
+/// task on (the broker's `LAN_PRINTER_HEADER`).
+pub(crate) const LAN_PRINTER_HEADER: &str = "onceprint-lan-printer";
 
 /// Everything a LAN request needs.
 #[derive(Clone)]
@@ -49,7 +64,13 @@ pub(crate) struct LanState {
 }
 
 pub(crate) fn router(state: LanState) -> Router {
-    Router::new().route("/v1/print-tasks", post(submit)).route("/healthz", get(health)).with_state(state)
+    // The body limit is the broker's (from the store directory), applied in the handler
+    // with the broker's 413 answer; the framework's own limit would answer in plain text.
+    Router::new()
+        .route("/v1/print-tasks", post(submit))
+        .route("/healthz", get(health))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
 }
 
 /// A submission's fields (CONTRACT.md); the content is kept as JSON for the upload.
@@ -78,56 +99,87 @@ fn core_error(e: CoreError) -> Response {
     }
 }
 
-/// The answer for a task the outbox holds (created now, or found under the key).
-fn answer(task: &OfflineTask, created: bool) -> Response {
-    let (status, message) = if created {
-        (
-            StatusCode::CREATED,
-            "task accepted by the store agent while the broker is unreachable; it prints on the shop's printer \
-             and is handed to the broker once it is back"
-                .to_owned(),
-        )
-    } else {
-        (
-            StatusCode::OK,
-            format!(
-                "duplicate of task {} (state {}), accepted by the store agent while the broker was unreachable; \
-                 nothing was created",
-                task.task_id,
-                task.state.task_state()
-            ),
-        )
-    };
+/// 413 `payload_too_large` as the broker answers it, closing the connection (the rest of
+/// the body is never read).
+fn too_large(limit: usize) -> Response {
+    let mut resp = error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        onceprint_core::content::body_too_large_message(limit),
+    );
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// An answer given by the agent itself while the broker is unreachable: 201 for a task it
+/// created, 200 for a retry of one it knows (its own, or the broker's answer to an earlier
+/// forward).
+fn answer(task_id: &str, state: &str, biz_no: &str, print_type: &str, created: bool, message: String) -> Response {
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let body = serde_json::json!({
-        "task_id": task.task_id,
-        "state": task.state.task_state(),
+        "task_id": task_id,
+        "state": state,
         "duplicate": !created,
         "message": message,
-        "biz_no": task.biz_no,
-        "print_type": task.print_type,
+        "biz_no": biz_no,
+        "print_type": print_type,
     });
     let mut resp = (status, axum::Json(body)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/print-tasks/{}", task.task_id)) {
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/print-tasks/{task_id}")) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     resp.headers_mut().insert("x-onceprint-offline", HeaderValue::from_static("accepted-by-agent"));
     resp
 }
 
+/// The answer for a task the outbox holds (created now, or found under the key).
+fn answer_task(task: &OfflineTask, created: bool) -> Response {
+    let message = if created {
+        "task accepted by the store agent while the broker is unreachable; it prints on the shop's printer \
+         and is handed to the broker once it is back"
+            .to_owned()
+    } else {
+        format!(
+            "duplicate of task {} (state {}), accepted by the store agent while the broker was unreachable; \
+             nothing was created",
+            task.task_id,
+            task.state.task_state()
+        )
+    };
+    answer(&task.task_id, task.state.task_state(), &task.biz_no, &task.print_type, created, message)
+}
+
+fn mismatch(task_id: &str) -> Response {
+    error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_mismatch",
+        format!(
+            "task {task_id} already exists for this biz_no, target and print_type with different content; send \
+             the same content to retry, or a new biz_no for a new print"
+        ),
+    )
+}
+
 /// A retry of a task the outbox holds: 200 with the same content, 422 with other.
 fn answer_existing(task: &OfflineTask, fingerprint: &str) -> Response {
     if task.fingerprint != fingerprint {
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency_mismatch",
-            format!(
-                "task {} already exists for this biz_no, target and print_type with different content; send \
-                 the same content to retry, or a new biz_no for a new print",
-                task.task_id
-            ),
-        );
+        return mismatch(&task.task_id);
     }
-    answer(task, false)
+    answer_task(task, false)
+}
+
+/// A retry, while the broker is unreachable, of a submission the broker answered through
+/// this agent: its task, never a new one.
+fn answer_forwarded(f: &Forwarded, fingerprint: &str) -> Response {
+    if f.fingerprint != fingerprint {
+        return mismatch(&f.task_id);
+    }
+    let message = format!(
+        "duplicate of task {} (state {} when the broker last answered), answered by the store agent while the \
+         broker is unreachable; nothing was created",
+        f.task_id, f.state
+    );
+    answer(&f.task_id, &f.state, &f.biz_no, &f.print_type, false, message)
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -136,19 +188,134 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
+/// `GET /healthz` of the LAN listener: whether the broker answers (as the agent's last
+/// requests found: polls, syncs, forwards, probes), what the agent holds for it, and
+/// whether this agent takes the store's LAN orders. Fields: README, "LAN listener".
 async fn health(State(st): State<LanState>) -> Response {
-    let down = st.down_until.lock().ok().and_then(|d| *d).is_some_and(|t| t > Instant::now());
+    let reach = st.client.reachability();
     let unsynced = st.outbox.unsynced().await.unwrap_or(0);
+    let rejected = st.outbox.rejected().await.unwrap_or(0);
+    let (listener, holder) = match st.cache.listener() {
+        Some(ListenerClaim::Held) => ("this_agent", None),
+        Some(ListenerClaim::TakenBy { agent_id, .. }) => ("other_agent", Some(agent_id)),
+        None => ("unknown", None),
+    };
     let body = serde_json::json!({
         "status": "ok",
-        "broker": if down { "unreachable" } else { "reachable" },
+        "broker": match reach.reachable {
+            Some(true) => "reachable",
+            Some(false) => "unreachable",
+            None => "unknown",
+        },
+        "broker_last_answer_ms_ago": reach.last_answer_ago.map(|d| d.as_millis() as u64),
+        "broker_error": reach.last_error,
         "offline_tasks_not_synced": unsynced,
+        "offline_tasks_rejected": rejected,
         "directory": st.cache.directory().is_some(),
+        "lan_keys": st.cache.knows_lan_keys(),
+        "lan_listener": listener,
+        "lan_listener_agent": holder,
     });
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> Response {
+/// Reads the body up to `limit` bytes; a larger one is answered 413. The rest of a larger
+/// body is read and dropped up to [`DRAIN_FACTOR`] times the limit, so that a POS that
+/// sent a little too much gets the answer rather than a broken connection; past that the
+/// connection is closed.
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, Response> {
+    use http_body_util::BodyExt;
+    let mut body = req.into_body();
+    let mut kept: Vec<u8> = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            error(StatusCode::BAD_REQUEST, "invalid_request", format!("the body could not be read: {e}"))
+        })?;
+        let Ok(data) = frame.into_data() else { continue };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            kept.extend_from_slice(&data);
+        } else if seen > limit.saturating_mul(DRAIN_FACTOR) {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(too_large(limit));
+    }
+    Ok(Bytes::from(kept))
+}
+
+/// How much of an oversize body is read (and dropped) before the 413, in limits.
+const DRAIN_FACTOR: usize = 4;
+
+/// Why a task cannot be taken, as its answer says it.
+struct Refusal(StatusCode, &'static str, String);
+
+impl From<Refusal> for Response {
+    fn from(r: Refusal) -> Response {
+        error(r.0, r.1, r.2)
+    }
+}
+
+/// The printer of the store directory a task for `target` prints on when this agent
+/// accepts it offline, or why none can; for a station, the one
+/// [`onceprint_core::offline::station_printer`] chooses for a LAN submission.
+fn printer_for<'d>(dir: &'d StoreDirectory, target: &Target) -> Result<&'d crate::cache::DirPrinter, Refusal> {
+    match target {
+        Target::Printer(p) => match dir.printers.iter().find(|x| x.printer_id == *p) {
+            None => Err(Refusal(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("printer_id: no printer {p:?} in store {:?}", dir.store_id),
+            )),
+            Some(x) if !x.enabled => Err(Refusal(
+                StatusCode::CONFLICT,
+                "printer_disabled",
+                format!("printer_id: printer {p:?} is disabled and takes no new tasks"),
+            )),
+            Some(x) => Ok(x),
+        },
+        Target::Station(s) => {
+            let Some(station) = dir.stations.iter().find(|x| x.station_id == *s) else {
+                return Err(Refusal(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("station_id: no station {s:?} in store {:?}", dir.store_id),
+                ));
+            };
+            let printers: Vec<&crate::cache::DirPrinter> =
+                station.printers.iter().filter_map(|id| dir.printers.iter().find(|x| x.printer_id == *id)).collect();
+            let members: Vec<StationMember<'_>> = printers
+                .iter()
+                .map(|p| StationMember { printer_id: &p.printer_id, enabled: p.enabled, agent: p.agent })
+                .collect();
+            let chosen = station_printer(&members, true).and_then(|id| printers.iter().find(|p| p.printer_id == id));
+            chosen.copied().ok_or_else(|| {
+                Refusal(
+                    StatusCode::CONFLICT,
+                    "printer_disabled",
+                    format!("station_id: every printer of station {s:?} is disabled"),
+                )
+            })
+        }
+    }
+}
+
+async fn submit(State(st): State<LanState>, req: Request) -> Response {
+    let directory = st.cache.directory();
+    let limit = directory.as_ref().map_or(onceprint_core::content::DEFAULT_MAX_BODY_BYTES, |d| d.body_limit());
+    let headers = req.headers().clone();
+    // A new agent that never reached the broker cannot tell a good LAN key from a wrong
+    // one: the POS is told to retry, not that its key is wrong.
+    if !st.cache.knows_lan_keys() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this store agent has not reached the broker yet, so it does not know the store's LAN keys; retry \
+             once it has (its GET /healthz shows \"lan_keys\": true)",
+        );
+    }
     let Some(lan_key_id) = bearer(&headers).and_then(|k| st.cache.lan_key_id(k)) else {
         return error(
             StatusCode::UNAUTHORIZED,
@@ -156,6 +323,13 @@ async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> 
             "send a LAN key of this store as `Authorization: Bearer opl_…` (created with \
              POST /v1/stores/{id}/lan-keys; the agent learns new keys within a minute while the broker is reachable)",
         );
+    };
+    if let Some(ListenerClaim::TakenBy { message, .. }) = st.cache.listener() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "lan_listener_taken", message);
+    }
+    let body = match read_body(req, limit).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     // The business number first (R1), whatever else is wrong with the body.
     let value: serde_json::Value = match serde_json::from_slice(&body) {
@@ -181,7 +355,6 @@ async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> 
         Ok(t) => t,
         Err(e) => return core_error(e),
     };
-    let directory = st.cache.directory();
     let default_type = directory
         .as_ref()
         .map(|d| d.default_print_type.clone())
@@ -192,7 +365,8 @@ async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> 
         Some(Err(e)) => return error(StatusCode::BAD_REQUEST, "invalid_request", format!("content: {e}")),
         None => return core_error(CoreError::invalid("content", "is required")),
     };
-    let canonical = match content.canonicalize(ContentLimits::default()) {
+    let limits = directory.as_ref().map(StoreDirectory::content_limits).unwrap_or_default();
+    let canonical = match content.canonicalize(limits) {
         Ok(c) => c,
         Err(e) => return core_error(e),
     };
@@ -207,14 +381,23 @@ async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> 
     if let Some(task) = known.as_ref().filter(|t| !t.synced) {
         return answer_existing(task, &fingerprint);
     }
+    // Where this agent would print it, should it accept it offline: the forward names it,
+    // so that the broker's task goes to the same printer.
+    let lan_printer = match (&target, directory.as_ref()) {
+        (Target::Station(_), Some(d)) => printer_for(d, &target).ok().map(|p| p.printer_id.clone()),
+        _ => None,
+    };
 
     // Online: the broker's own answer.
     let down = st.down_until.lock().ok().and_then(|d| *d).is_some_and(|t| t > Instant::now());
     if !down {
-        match st.client.forward_submission(body.to_vec(), st.offline_after).await {
+        match st.client.forward_submission(body.to_vec(), lan_printer.as_deref(), st.offline_after).await {
             Ok(f) => {
                 if let Ok(mut d) = st.down_until.lock() {
                     *d = None;
+                }
+                if f.status == 200 || f.status == 201 {
+                    remember(&st, &target, &biz_no, &print_type, &fingerprint, &f.body).await;
                 }
                 let mut resp =
                     (StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_GATEWAY), f.body).into_response();
@@ -236,7 +419,31 @@ async fn submit(State(st): State<LanState>, headers: HeaderMap, body: Bytes) -> 
     if let Some(task) = &known {
         return answer_existing(task, &fingerprint);
     }
+    // So is a submission the broker answered through this agent before the outage.
+    match st.outbox.forwarded(&target.key_part(), &biz_no, &print_type).await {
+        Ok(Some(f)) => return answer_forwarded(&f, &fingerprint),
+        Ok(None) => {}
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+    }
     accept_offline(&st, directory, lan_key_id, biz_no, target, print_type, &canonical, fingerprint, &body).await
+}
+
+/// Remembers the broker's answer to a forwarded submission (its task id and state).
+async fn remember(st: &LanState, target: &Target, biz_no: &str, print_type: &str, fingerprint: &str, body: &[u8]) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let (Some(task_id), Some(state)) = (v["task_id"].as_str(), v["state"].as_str()) else { return };
+    let f = Forwarded {
+        target: target.key_part(),
+        biz_no: biz_no.to_owned(),
+        print_type: print_type.to_owned(),
+        fingerprint: fingerprint.to_owned(),
+        task_id: task_id.to_owned(),
+        state: state.to_owned(),
+        at: now_ms(),
+    };
+    if let Err(e) = st.outbox.remember_forwarded(f).await {
+        tracing::warn!(error = %e, biz_no, "could not remember the broker's answer to a forwarded submission");
+    }
 }
 
 /// The offline path of a new submission: checked against the saved directory as the
@@ -268,48 +475,9 @@ async fn accept_offline(
             format!("print_type: unknown print type {print_type:?}; one of {}", dir.print_types.join(", ")),
         );
     }
-    let printer = match &target {
-        Target::Printer(p) => match dir.printers.iter().find(|x| x.printer_id == *p) {
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("printer_id: no printer {p:?} in store {:?}", dir.store_id),
-                )
-            }
-            Some(x) if !x.enabled => {
-                return error(
-                    StatusCode::CONFLICT,
-                    "printer_disabled",
-                    format!("printer_id: printer {p:?} is disabled and takes no new tasks"),
-                )
-            }
-            Some(x) => x.clone(),
-        },
-        Target::Station(s) => {
-            let Some(station) = dir.stations.iter().find(|x| x.station_id == *s) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("station_id: no station {s:?} in store {:?}", dir.store_id),
-                );
-            };
-            let first = station
-                .printers
-                .iter()
-                .filter_map(|id| dir.printers.iter().find(|x| x.printer_id == *id))
-                .find(|x| x.enabled && x.agent);
-            match first {
-                Some(x) => x.clone(),
-                None => {
-                    return error(
-                        StatusCode::CONFLICT,
-                        "printer_disabled",
-                        format!("station_id: no enabled printer of station {s:?} is driven by this store agent"),
-                    )
-                }
-            }
-        }
+    let printer = match printer_for(&dir, &target) {
+        Ok(p) => p.clone(),
+        Err(refusal) => return refusal.into(),
     };
     if !printer.agent {
         return error(
@@ -355,7 +523,7 @@ async fn accept_offline(
         Ok(Inserted::Created(t)) => {
             tracing::info!(task_id = %t.task_id, biz_no = %t.biz_no, printer_id = %t.printer_id, "accepted offline");
             st.wake.notify_one();
-            answer(&t, true)
+            answer_task(&t, true)
         }
         Ok(Inserted::Existing(t)) => answer_existing(&t, &fingerprint),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("not accepted: {e}")),

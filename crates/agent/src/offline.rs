@@ -83,12 +83,14 @@ async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, lo
             }
         },
     };
-    let printer = cache.directory().and_then(|d| d.printers.into_iter().find(|p| p.printer_id == t.printer_id));
+    let directory = cache.directory();
+    let limits = directory.as_ref().map(|d| d.content_limits()).unwrap_or_default();
+    let printer = directory.and_then(|d| d.printers.into_iter().find(|p| p.printer_id == t.printer_id));
     let Some(printer) = printer else {
         let why = format!("printer {:?} is no longer in the store's directory", t.printer_id);
         return fail_before_printing(outbox, &t, attempt, &why).await;
     };
-    let data = match render(&t, printer.profile.as_deref()) {
+    let data = match render(&t, printer.profile.as_deref(), limits) {
         Ok(d) => d,
         Err(why) => return fail_before_printing(outbox, &t, attempt, &format!("cannot render: {why}")).await,
     };
@@ -109,12 +111,13 @@ async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, lo
     feeder.dispatch(delivery);
 }
 
-/// The ESC/POS bytes of an offline task, rendered as the broker renders them.
-fn render(t: &OfflineTask, profile: Option<&str>) -> Result<Vec<u8>, String> {
+/// The ESC/POS bytes of an offline task, rendered as the broker renders them, within the
+/// broker's content limits (those it was accepted under).
+fn render(t: &OfflineTask, profile: Option<&str>, limits: onceprint_core::ContentLimits) -> Result<Vec<u8>, String> {
     let value: serde_json::Value = serde_json::from_str(&t.request).map_err(|e| e.to_string())?;
     let content: onceprint_core::Content =
         serde_json::from_value(value.get("content").cloned().unwrap_or_default()).map_err(|e| e.to_string())?;
-    let canonical = content.canonicalize(onceprint_core::ContentLimits::default()).map_err(|e| e.to_string())?;
+    let canonical = content.canonicalize(limits).map_err(|e| e.to_string())?;
     let (bytes, _warnings) =
         onceprint_render::stored::escpos_for(canonical.content_type, canonical.bytes, None, profile)?;
     Ok(bytes)
@@ -189,6 +192,9 @@ struct UploadTask {
 #[derive(Debug, Serialize)]
 struct UploadRequest<'a> {
     agent_id: &'a str,
+    /// This agent's clock now (agent protocol 4), so the broker can tell how far off it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sent_at: Option<i64>,
     tasks: Vec<UploadTask>,
 }
 
@@ -297,12 +303,15 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
         let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
         for chunk in chunks {
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
-            let body = UploadRequest { agent_id, tasks: chunk };
+            let sent_at = client.speaks(4).then(crate::lan::now_ms);
+            let body = UploadRequest { agent_id, sent_at, tasks: chunk };
             match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
                 Ok(answer) => {
                     let mut done = Vec::with_capacity(answer.results.len());
                     for r in answer.results {
-                        if r.result == "rejected" || r.result == "conflict" {
+                        if r.result == "rejected" {
+                            tracing::error!(task_id = %r.task_id, detail = ?r.detail, "the broker could not take an offline task; it is kept here (LAN /healthz: offline_tasks_rejected) and, if it did not print, it does not print: a person decides");
+                        } else if r.result == "conflict" {
                             tracing::warn!(task_id = %r.task_id, result = %r.result, detail = ?r.detail, "offline task synced: the broker could not take it as it was");
                         } else {
                             tracing::info!(task_id = %r.task_id, result = %r.result, broker_task_id = ?r.broker_task_id, "offline task synced");
@@ -381,61 +390,75 @@ fn printer_of_key(key: &str) -> Option<&str> {
 }
 
 /// Uploads the journal's latest record per task every `every` (the device log the store's
-/// reconciliation compares with the broker's), until `stopping`.
+/// reconciliation compares with the broker's), until `stopping`; answers the mark to send
+/// the final digest from ([`send_final_digest`], once the prints in flight have ended).
 pub(crate) async fn run_digest(
     client: BrokerClient,
     agent_id: String,
     journal: Arc<Journal>,
     every: Duration,
     mut stopping: watch::Receiver<bool>,
-) {
+) -> u64 {
     let mut mark = 0u64;
     loop {
-        let (records, next) = journal.latest_since(mark);
-        let digest: Vec<DigestRecord> = records
-            .into_iter()
-            .filter_map(|r| {
-                let printer_id = printer_of_key(&r.key)?.to_owned();
-                let state = match r.state {
-                    RecordState::Printed => "printed",
-                    RecordState::Started | RecordState::InDoubt => "in_doubt",
-                    _ => "failed",
-                };
-                let at = time::OffsetDateTime::parse(&r.at, &time::format_description::well_known::Rfc3339)
-                    .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
-                    .unwrap_or(0);
-                Some(DigestRecord { task_id: r.task_id, key: r.key, printer_id, state, at })
-            })
-            .collect();
-        let mut all_sent = true;
-        let mut chunks: Vec<Vec<DigestRecord>> = Vec::new();
-        for part in chunks_by_size(digest, MAX_BODY_BYTES) {
-            let mut part = part.into_iter().peekable();
-            while part.peek().is_some() {
-                chunks.push(part.by_ref().take(DIGEST_BATCH).collect());
-            }
-        }
-        for chunk in &chunks {
-            let body = DigestRequest { agent_id: &agent_id, records: chunk };
-            if let Err(e) =
-                client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, Duration::from_secs(10)).await
-            {
-                tracing::debug!(error = %e, "could not upload the device-log digest; trying again later");
-                all_sent = false;
-                break;
-            }
-        }
-        if all_sent {
-            mark = next;
-        }
+        mark = send_digest(&client, &agent_id, &journal, mark, Duration::from_secs(10)).await;
         tokio::select! {
-            _ = stopping.changed() => return,
+            _ = stopping.changed() => {}
             _ = tokio::time::sleep(every) => {}
         }
         if *stopping.borrow() {
-            return;
+            return mark;
         }
     }
+}
+
+/// The digest sent at shutdown, after the last prints ended: what printed just before
+/// the agent stopped is in the device log without waiting for its next start.
+pub(crate) async fn send_final_digest(client: &BrokerClient, agent_id: &str, journal: &Journal, mark: u64) {
+    let next = send_digest(client, agent_id, journal, mark, FINAL_DIGEST_TIMEOUT).await;
+    if next == mark && !journal.latest_since(mark).0.is_empty() {
+        tracing::warn!("could not send the device-log digest at shutdown; it goes at the next start");
+    }
+}
+
+/// How long the digest sent at shutdown may take per request: a broker that does not
+/// answer must not hold the agent's exit for long (the next start sends it all again).
+const FINAL_DIGEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Sends the journal's records since `mark`; answers the mark to send from next time
+/// (unchanged when a request failed, so nothing is skipped).
+async fn send_digest(client: &BrokerClient, agent_id: &str, journal: &Journal, mark: u64, timeout: Duration) -> u64 {
+    let (records, next) = journal.latest_since(mark);
+    let digest: Vec<DigestRecord> = records
+        .into_iter()
+        .filter_map(|r| {
+            let printer_id = printer_of_key(&r.key)?.to_owned();
+            let state = match r.state {
+                RecordState::Printed => "printed",
+                RecordState::Started | RecordState::InDoubt => "in_doubt",
+                _ => "failed",
+            };
+            let at = time::OffsetDateTime::parse(&r.at, &time::format_description::well_known::Rfc3339)
+                .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+                .unwrap_or(0);
+            Some(DigestRecord { task_id: r.task_id, key: r.key, printer_id, state, at })
+        })
+        .collect();
+    let mut chunks: Vec<Vec<DigestRecord>> = Vec::new();
+    for part in chunks_by_size(digest, MAX_BODY_BYTES) {
+        let mut part = part.into_iter().peekable();
+        while part.peek().is_some() {
+            chunks.push(part.by_ref().take(DIGEST_BATCH).collect());
+        }
+    }
+    for chunk in &chunks {
+        let body = DigestRequest { agent_id, records: chunk };
+        if let Err(e) = client.post_json::<serde_json::Value>("/v1/agent/journal-digest", &body, timeout).await {
+            tracing::debug!(error = %e, "could not upload the device-log digest; trying again later");
+            return mark;
+        }
+    }
+    next
 }
 
 #[cfg(test)]

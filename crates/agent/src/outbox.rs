@@ -13,8 +13,12 @@
 //! States of a row: `accepted` (waiting for its printer, or for the pause after a
 //! printer said it cannot print), `printing` (handed to the printer's worker; after a
 //! crash it is given to the worker again with the same attempt, and the journal answers
-//! for what may have happened), `printed`, `in_doubt` and `failed` (final), and `handed`
-//! (given to the broker while not printed: never printed here again).
+//! for what may have happened), `printed`, `in_doubt` and `failed` (final), `handed`
+//! (in an upload to the broker while not printed: it prints only through the broker once
+//! the broker took it, and goes back to `accepted` if the upload fails or the process
+//! stops before its answer), and `rejected` (handed, and the broker could not take it:
+//! kept for a person, never printed here). Nothing the agent answered 201 for leaves the
+//! outbox: a task the broker rejected stays, counted on the LAN `/healthz`.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -48,6 +52,10 @@ pub enum LocalState {
     InDoubt,
     Failed,
     Handed,
+    /// Handed to the broker, which could not take it (`rejected`), before it printed: it
+    /// is kept, never printed here, and shown (the LAN `/healthz`, the log, the broker's
+    /// `offline_task.rejected` alert) for a person to decide.
+    Rejected,
 }
 
 impl LocalState {
@@ -59,6 +67,7 @@ impl LocalState {
             LocalState::InDoubt => "in_doubt",
             LocalState::Failed => "failed",
             LocalState::Handed => "handed",
+            LocalState::Rejected => "rejected",
         }
     }
 
@@ -69,6 +78,7 @@ impl LocalState {
             "in_doubt" => LocalState::InDoubt,
             "failed" => LocalState::Failed,
             "handed" => LocalState::Handed,
+            "rejected" => LocalState::Rejected,
             _ => LocalState::Accepted,
         }
     }
@@ -80,7 +90,7 @@ impl LocalState {
             LocalState::Printing => "sent",
             LocalState::Printed => "printed",
             LocalState::InDoubt => "in_doubt",
-            LocalState::Failed => "failed",
+            LocalState::Failed | LocalState::Rejected => "failed",
         }
     }
 }
@@ -119,6 +129,19 @@ pub struct OfflineTask {
     pub detail: String,
     pub history: Vec<HistoryEntry>,
     pub synced: bool,
+}
+
+/// The most outcomes kept per task. A printer out of paper for a whole evening retries a
+/// task every half minute; its history keeps the first outcome and the latest ones, so
+/// that it stays small on disk and within what the broker takes in one upload.
+pub const MAX_HISTORY: usize = 100;
+
+/// Drops the oldest outcomes but the first beyond [`MAX_HISTORY`].
+fn bound_history(h: &mut Vec<HistoryEntry>) {
+    if h.len() > MAX_HISTORY {
+        let extra = h.len() - MAX_HISTORY;
+        h.drain(1..1 + extra);
+    }
 }
 
 /// What the broker made of a task accepted on the LAN, once it was synced.
@@ -168,7 +191,36 @@ CREATE TABLE IF NOT EXISTS lan_tasks (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS lan_tasks_key ON lan_tasks (target, biz_no, print_type);
 CREATE INDEX IF NOT EXISTS lan_tasks_open ON lan_tasks (synced, state);
+CREATE TABLE IF NOT EXISTS forwarded (
+    target TEXT NOT NULL,
+    biz_no TEXT NOT NULL,
+    print_type TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (target, biz_no, print_type)
+);
+CREATE INDEX IF NOT EXISTS forwarded_at ON forwarded (at);
 ";
+
+/// How long the answer to a forwarded submission is remembered: a POS retries a ticket
+/// within minutes, rarely hours; a week covers any outage a shop rides out.
+pub const FORWARDED_KEPT_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// A submission the broker answered through this agent (201 or 200): a retry of it while
+/// the broker is unreachable is answered with the broker's task, never accepted anew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forwarded {
+    pub target: String,
+    pub biz_no: String,
+    pub print_type: String,
+    pub fingerprint: String,
+    pub task_id: String,
+    /// The task's state in the broker's answer.
+    pub state: String,
+    pub at: i64,
+}
 
 const COLUMNS: &str = "task_id, target, biz_no, print_type, fingerprint, request, printer_id, delivery_key, \
                        lan_key_id, accepted_at, state, attempt, next_at, detail, history, synced";
@@ -207,6 +259,11 @@ impl Outbox {
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
+        // A process that stopped between marking tasks for an upload and hearing its
+        // answer left them `handed`: they go back to the local lane, as after a failed
+        // upload, and are uploaded again once the broker answers.
+        conn.execute("UPDATE lan_tasks SET state = 'accepted' WHERE state = 'handed' AND synced = 0", [])
+            .map_err(open_err)?;
         Ok(Outbox { conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -351,6 +408,7 @@ impl Outbox {
             let mut h: Vec<HistoryEntry> = serde_json::from_str(&history).unwrap_or_default();
             let detail = entry.detail.clone();
             h.push(entry);
+            bound_history(&mut h);
             let h = serde_json::to_string(&h).map_err(|e| OutboxError::Internal(e.to_string()))?;
             tx.execute(
                 "UPDATE lan_tasks SET state = ?2, next_at = ?3, detail = ?4, history = ?5 WHERE task_id = ?1",
@@ -362,22 +420,33 @@ impl Outbox {
         .await
     }
 
-    /// Tasks the broker has not taken yet, for the upload: the ones not printed are
-    /// marked `handed` first (in the same transaction), so that from now on they print
-    /// only through the broker. A task being printed right now waits for its outcome.
+    /// Tasks the broker has not taken yet, for the upload, at most `limit`: those of them
+    /// not printed are marked `handed` first (in the same transaction), so that from now
+    /// on they print only through the broker. Only the tasks of this upload are marked:
+    /// the others stay on the local lane until their own upload, so that a failing upload
+    /// leaves no task that can neither print here nor reach the broker. A task being
+    /// printed right now waits for its outcome.
     pub async fn take_for_sync(&self, limit: usize) -> Result<Vec<OfflineTask>, OutboxError> {
         self.with(move |c| {
             let tx = c.transaction()?;
-            tx.execute("UPDATE lan_tasks SET state = 'handed' WHERE synced = 0 AND state = 'accepted'", [])?;
             let rows = {
                 let mut st = tx.prepare(&format!(
-                    "SELECT {COLUMNS} FROM lan_tasks WHERE synced = 0 AND state <> 'printing' ORDER BY task_id LIMIT ?1"
+                    "SELECT {COLUMNS} FROM lan_tasks WHERE synced = 0 AND state NOT IN ('printing', 'rejected') \
+                     ORDER BY task_id LIMIT ?1"
                 ))?;
                 let rows = st.query_map(params![limit as i64], row_to_task)?.collect::<Result<Vec<_>, _>>()?;
                 rows
             };
+            let mut out = Vec::with_capacity(rows.len());
+            for mut t in rows {
+                if t.state == LocalState::Accepted {
+                    tx.execute("UPDATE lan_tasks SET state = 'handed' WHERE task_id = ?1", params![t.task_id])?;
+                    t.state = LocalState::Handed;
+                }
+                out.push(t);
+            }
             tx.commit()?;
-            Ok(rows)
+            Ok(out)
         })
         .await
     }
@@ -409,9 +478,74 @@ impl Outbox {
                     "UPDATE lan_tasks SET synced = 1, sync_result = ?2, broker_task_id = ?3 WHERE task_id = ?1",
                     params![id, result, broker_id],
                 )?;
+                if result == "rejected" {
+                    tx.execute(
+                        "UPDATE lan_tasks SET state = 'rejected' WHERE task_id = ?1 AND state = 'handed'",
+                        [id],
+                    )?;
+                }
             }
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Remembers the broker's answer to a forwarded submission (the latest one per key),
+    /// and forgets those older than [`FORWARDED_KEPT_MS`].
+    pub async fn remember_forwarded(&self, f: Forwarded) -> Result<(), OutboxError> {
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO forwarded (target, biz_no, print_type, fingerprint, task_id, state, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (target, biz_no, print_type) DO UPDATE SET fingerprint = excluded.fingerprint, \
+                 task_id = excluded.task_id, state = excluded.state, at = excluded.at",
+                params![f.target, f.biz_no, f.print_type, f.fingerprint, f.task_id, f.state, f.at],
+            )?;
+            c.execute("DELETE FROM forwarded WHERE at < ?1", params![f.at - FORWARDED_KEPT_MS])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The broker's answer to a forwarded submission under this key, if remembered.
+    pub async fn forwarded(
+        &self,
+        target: &str,
+        biz_no: &str,
+        print_type: &str,
+    ) -> Result<Option<Forwarded>, OutboxError> {
+        let (t, b, p) = (target.to_owned(), biz_no.to_owned(), print_type.to_owned());
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT target, biz_no, print_type, fingerprint, task_id, state, at FROM forwarded \
+                 WHERE target = ?1 AND biz_no = ?2 AND print_type = ?3",
+                params![t, b, p],
+                |r| {
+                    Ok(Forwarded {
+                        target: r.get(0)?,
+                        biz_no: r.get(1)?,
+                        print_type: r.get(2)?,
+                        fingerprint: r.get(3)?,
+                        task_id: r.get(4)?,
+                        state: r.get(5)?,
+                        at: r.get(6)?,
+                    })
+                },
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    /// How many tasks the broker answered `rejected`: kept here for a person.
+    pub async fn rejected(&self) -> Result<u64, OutboxError> {
+        self.with(|c| {
+            Ok(
+                c.query_row("SELECT COUNT(*) FROM lan_tasks WHERE sync_result = 'rejected'", [], |r| {
+                    r.get::<_, i64>(0)
+                })? as u64,
+            )
         })
         .await
     }
@@ -491,6 +625,58 @@ mod tests {
         assert!(o.finish("t1", 2, LocalState::Printed, 0, entry("printed")).await.expect("finish"));
         let t = o.get("t1").await.expect("get").expect("kept");
         assert_eq!((t.state, t.history.len()), (LocalState::Printed, 2));
+    }
+
+    #[tokio::test]
+    async fn only_the_tasks_of_an_upload_are_handed_and_a_crash_gives_them_back() {
+        let dir = tempfile::tempdir().expect("dir");
+        let o = Outbox::open(dir.path()).expect("open");
+        for (id, biz_no) in [("t1", "A1"), ("t2", "A2"), ("t3", "A3")] {
+            o.insert(task(id, biz_no, "f")).await.expect("insert");
+        }
+        let taken: Vec<String> = o.take_for_sync(2).await.expect("take").into_iter().map(|t| t.task_id).collect();
+        assert_eq!(taken, ["t1", "t2"]);
+        assert!(taken.iter().all(|id| id != "t3"));
+        // The task left out of this upload still prints here while the upload is pending.
+        assert_eq!(o.start("t3").await.ok(), Some(Some(1)), "not part of the upload: it prints here");
+        assert_eq!(o.start("t1").await.ok(), Some(None), "part of the upload: it waits for the answer");
+        // The process stops before the upload's answer: at the next start t1 and t2 are
+        // on the local lane again.
+        drop(o);
+        let o = Outbox::open(dir.path()).expect("reopen");
+        assert_eq!(o.start("t1").await.ok(), Some(Some(1)));
+        assert_eq!(o.start("t2").await.ok(), Some(Some(1)));
+    }
+
+    #[tokio::test]
+    async fn a_rejected_task_is_kept_and_counted_and_never_printed_here() {
+        let dir = tempfile::tempdir().expect("dir");
+        let o = Outbox::open(dir.path()).expect("open");
+        o.insert(task("t1", "A1", "f")).await.expect("insert");
+        o.take_for_sync(10).await.expect("take");
+        o.synced(vec![("t1".into(), "rejected".into(), None)]).await.expect("synced");
+        let t = o.get("t1").await.expect("get").expect("kept");
+        assert_eq!((t.state, t.synced), (LocalState::Rejected, true));
+        assert_eq!(t.state.task_state(), "failed", "a retry of it is told it will not print");
+        assert_eq!(o.rejected().await.ok(), Some(1));
+        assert_eq!(o.start("t1").await.ok(), Some(None));
+        assert!(o.due(i64::MAX).await.expect("due").is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_history_keeps_the_first_and_the_latest_outcomes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let o = Outbox::open(dir.path()).expect("open");
+        o.insert(task("t1", "A1", "f")).await.expect("insert");
+        for attempt in 1..=(MAX_HISTORY as u32 + 30) {
+            assert_eq!(o.start("t1").await.ok(), Some(Some(attempt)));
+            let e = HistoryEntry { at: i64::from(attempt), attempt, state: "no_paper".into(), detail: String::new() };
+            assert!(o.finish("t1", attempt, LocalState::Accepted, 0, e).await.expect("finish"));
+        }
+        let h = o.get("t1").await.expect("get").expect("kept").history;
+        assert_eq!(h.len(), MAX_HISTORY);
+        assert_eq!((h[0].attempt, h[1].attempt), (1, 32));
+        assert_eq!(h.last().map(|e| e.attempt), Some(MAX_HISTORY as u32 + 30));
     }
 
     #[tokio::test]

@@ -1,7 +1,9 @@
 //! What the tests of the real binary share: reading a child process's announcement lines,
-//! and (`broker`) a broker process that is restarted and talked to.
+//! (`broker`) a broker process that is restarted and talked to, and (`world`) a broker,
+//! an agent and a printer simulator with a chaos proxy and a POS, for delivery tests.
 
 pub mod broker;
+pub mod world;
 
 use std::io::{BufRead, BufReader};
 use std::process::Child;
