@@ -495,15 +495,15 @@ impl Outbox {
     /// and forgets those older than [`FORWARDED_KEPT_MS`].
     pub async fn remember_forwarded(&self, f: Forwarded) -> Result<(), OutboxError> {
         self.with(move |c| {
-            c.execute(
-                "INSERT INTO forwarded (target, biz_no, print_type, fingerprint, task_id, state, at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-                 ON CONFLICT (target, biz_no, print_type) DO UPDATE SET fingerprint = excluded.fingerprint, \
-                 task_id = excluded.task_id, state = excluded.state, at = excluded.at",
-                params![f.target, f.biz_no, f.print_type, f.fingerprint, f.task_id, f.state, f.at],
-            )?;
-            c.execute("DELETE FROM forwarded WHERE at < ?1", params![f.at - FORWARDED_KEPT_MS])?;
-            Ok(())
+            // Written on every forward the broker answered, so without an fsync of its own:
+            // a remembered answer lost to a power cut only means a retry during the next
+            // outage gets a LAN task id of its own, which the broker merges into its task
+            // (same key, same printer: the journal prints it once). The connection is back
+            // to a full sync before anything else writes.
+            c.pragma_update(None, "synchronous", "NORMAL")?;
+            let written = remember_forwarded(c, &f);
+            c.pragma_update(None, "synchronous", "FULL")?;
+            written
         })
         .await
     }
@@ -557,6 +557,19 @@ impl Outbox {
         })
         .await
     }
+}
+
+/// Writes a remembered forward, forgetting those past [`FORWARDED_KEPT_MS`].
+fn remember_forwarded(c: &Connection, f: &Forwarded) -> Result<(), OutboxError> {
+    c.execute(
+        "INSERT INTO forwarded (target, biz_no, print_type, fingerprint, task_id, state, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT (target, biz_no, print_type) DO UPDATE SET fingerprint = excluded.fingerprint, \
+         task_id = excluded.task_id, state = excluded.state, at = excluded.at",
+        params![f.target, f.biz_no, f.print_type, f.fingerprint, f.task_id, f.state, f.at],
+    )?;
+    c.execute("DELETE FROM forwarded WHERE at < ?1", params![f.at - FORWARDED_KEPT_MS])?;
+    Ok(())
 }
 
 #[cfg(test)]
