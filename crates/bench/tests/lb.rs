@@ -177,3 +177,48 @@ async fn an_uplink_cut_swallows_traffic_and_closes_its_connections_when_back() {
     let mut after = TcpStream::connect(lb.addr).await.expect("connect");
     assert_eq!(round_trip(&mut after, b"again", wait).await.as_deref(), Some(&b"again"[..]));
 }
+
+/// The shop line's other misbehaviours: while it holds answers they arrive that much
+/// later (and in order), and while it fails uploads `POST /v1/agent/offline-tasks` gets
+/// the proxy's own 502 (the backend never sees it) while every other request passes.
+#[tokio::test]
+async fn an_uplink_holds_answers_and_fails_uploads_only() {
+    use onceprint_bench::lb::{Uplink, UPLOAD_PATH};
+    use std::sync::atomic::Ordering;
+    let uplink = Uplink::default();
+    let lb = LoadBalancer::start_with_uplink("127.0.0.1:0".parse().unwrap(), &[echo().await], uplink.clone())
+        .await
+        .expect("balancer");
+    let mut s = TcpStream::connect(lb.addr).await.expect("connect");
+    let started = tokio::time::Instant::now();
+    assert_eq!(round_trip(&mut s, b"fast", Duration::from_secs(1)).await.as_deref(), Some(&b"fast"[..]));
+    assert!(started.elapsed() < Duration::from_millis(200));
+    uplink.set_hold(Duration::from_millis(300));
+    let started = tokio::time::Instant::now();
+    assert_eq!(round_trip(&mut s, b"slow", Duration::from_secs(2)).await.as_deref(), Some(&b"slow"[..]));
+    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+    uplink.set_hold(Duration::ZERO);
+    assert_eq!(uplink.hold(), Duration::ZERO);
+
+    let (named, _task) = backend("broker", flag(true)).await;
+    let lb = LoadBalancer::start_with_uplink("127.0.0.1:0".parse().unwrap(), &[named], uplink.clone())
+        .await
+        .expect("balancer");
+    let send = |request: String| async move {
+        let mut s = TcpStream::connect(lb.addr).await.expect("connect");
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut out)).await;
+        out
+    };
+    let upload = format!("POST {UPLOAD_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}");
+    uplink.set_fail_uploads(true);
+    assert!(uplink.fails_uploads());
+    let failed = send(upload.clone()).await;
+    assert!(failed.starts_with("HTTP/1.1 502") && failed.contains("bad_gateway"), "{failed}");
+    assert!(send("GET / HTTP/1.1\r\nhost: x\r\n\r\n".into()).await.ends_with("broker"));
+    uplink.set_fail_uploads(false);
+    assert!(send(upload).await.ends_with("broker"));
+    assert_eq!(uplink.counters.uploads_failed.load(Ordering::Relaxed), 1);
+    assert_eq!(uplink.counters.uploads_passed.load(Ordering::Relaxed), 1);
+}
