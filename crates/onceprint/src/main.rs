@@ -443,8 +443,46 @@ enum BenchCommand {
         max_resends: usize,
         /// SIGKILL the agent every this many seconds during the submissions (restarted at
         /// once on the same state directory and listener), whatever the line is doing.
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S", conflicts_with = "kill_agent_every_ms")]
         kill_agent_every: Option<f64>,
+        /// The same in milliseconds.
+        #[arg(long, value_name = "MS")]
+        kill_agent_every_ms: Option<u64>,
+        /// Every edge below at once (needs --kill-agent-every[-ms] for the clock skew).
+        #[arg(long)]
+        edges: bool,
+        /// In the second half of each online period the line holds the broker's answers
+        /// for --hold-ms, past the agent's patience: forwards the broker took are also
+        /// accepted offline, and merged at the sync.
+        #[arg(long)]
+        slow_forwards: bool,
+        /// How long the line holds answers in a slow period, in milliseconds.
+        #[arg(long, default_value_t = 1_500)]
+        hold_ms: u64,
+        /// A CloudPRNT printer polling through the shop's line and the station kitchen =
+        /// [that printer, p0], named by 8 % of the orders (one way each: cloud or LAN).
+        #[arg(long)]
+        mixed_station: bool,
+        /// The station bar (one agent printer), moved to another agent printer in the
+        /// middle of every cut; 8 % of the orders name it (one way each).
+        #[arg(long)]
+        station_change: bool,
+        /// 1 % of the LAN orders carry content over 4096 bytes; the broker is restarted
+        /// with max_content_bytes = 4096 in the last cut: their syncs are rejected
+        /// (alerted, kept by the agent) and later sends answered 400.
+        #[arg(long)]
+        rejected_merges: bool,
+        /// In the first half of every second online period the line answers 502 to the
+        /// agent's POST /v1/agent/offline-tasks and passes everything else.
+        #[arg(long)]
+        failing_uploads: bool,
+        /// A second agent of the store with a LAN listener; 5 % of the LAN re-sends go to
+        /// it once and must be answered 503 lan_listener_taken.
+        #[arg(long)]
+        second_agent: bool,
+        /// The agent's lives have their clock off by 0, +2 h and -1 day in turn.
+        #[arg(long)]
+        clock_skew: bool,
         /// Connections of each side (cloud and LAN).
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
@@ -771,6 +809,16 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             min_resends,
             max_resends,
             kill_agent_every,
+            kill_agent_every_ms,
+            edges,
+            slow_forwards,
+            hold_ms,
+            mixed_station,
+            station_change,
+            rejected_merges,
+            failing_uploads,
+            second_agent,
+            clock_skew,
             concurrency,
             seed,
             drain_timeout_secs,
@@ -792,12 +840,25 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 window: secs(window_secs)?,
                 mix,
                 resends: (min_resends, max_resends),
-                kill_agent_every: kill_agent_every.map(secs).transpose()?,
+                kill_agent_every: match kill_agent_every_ms {
+                    Some(ms) => Some(std::time::Duration::from_millis(ms)),
+                    None => kill_agent_every.map(secs).transpose()?,
+                },
                 concurrency,
                 seed,
                 drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 keep_dir,
+                edges: onceprint_bench::offline::Edges {
+                    slow_forwards: edges || slow_forwards,
+                    mixed_station: edges || mixed_station,
+                    station_change: edges || station_change,
+                    rejected_merges: edges || rejected_merges,
+                    failing_uploads: edges || failing_uploads,
+                    second_agent: edges || second_agent,
+                    clock_skew: edges || clock_skew,
+                },
+                hold: std::time::Duration::from_millis(hold_ms),
             })
             .await?;
             if let Some(path) = json_out {

@@ -110,6 +110,12 @@ impl<'a> AgentCtx<'a> {
         AgentCtx { exe, args, log, clocks, lives: std::sync::atomic::AtomicUsize::new(0) }
     }
 
+    /// The wall clock offset of each life started so far, in ms (all 0 without clocks).
+    pub fn offsets(&self) -> Vec<i64> {
+        let lives = self.lives.load(std::sync::atomic::Ordering::Relaxed);
+        (0..lives).map(|life| if self.clocks.is_empty() { 0 } else { self.clocks[life % self.clocks.len()] }).collect()
+    }
+
     /// Starts the next life of the agent, with its wall clock as [`AgentCtx::clocks`] say.
     pub fn spawn(&self) -> Result<Proc, BenchError> {
         let life = self.lives.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -69,6 +69,11 @@ impl EventSink {
         format!("http://{}/events", self.addr)
     }
 
+    /// Every body received so far, in arrival order.
+    pub fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+
     /// Distinct `task.printed` event task ids received so far.
     pub fn printed_tasks(&self) -> BTreeSet<String> {
         let bodies = self.bodies.lock().map(|b| b.clone()).unwrap_or_default();

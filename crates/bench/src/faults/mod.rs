@@ -824,15 +824,15 @@ fn injected_timeline(
 }
 
 /// One event of a task's audit trail, as the bench reads it.
-struct TrailEvent {
-    from: Option<String>,
-    to: String,
-    at_us: i64,
-    reason: String,
+pub(crate) struct TrailEvent {
+    pub from: Option<String>,
+    pub to: String,
+    pub at_us: i64,
+    pub reason: String,
 }
 
 /// `GET /v1/print-tasks/{id}/events`, oldest first.
-async fn events(conn: &mut Conn, auth: &HeaderValue, task_id: &str) -> Result<Vec<TrailEvent>, BenchError> {
+pub(crate) async fn events(conn: &mut Conn, auth: &HeaderValue, task_id: &str) -> Result<Vec<TrailEvent>, BenchError> {
     let path = format!("/v1/print-tasks/{}/events", pct_encode(task_id));
     let context = || format!("reading the audit trail ({path})");
     let (status, body) = conn

@@ -26,7 +26,7 @@
 //! When every submission is answered the line comes back for good, and the run waits (up
 //! to the drain timeout) until the agent's `/healthz` counts no offline task left to
 //! sync, no task of the store is `pending`, `sent` or `retrying`, and every answered order
-//! has its task at the broker. The verdict comes from the paper log first: no order on
+//! has its task at the broker (or, with rejected merges, an `offline_task.rejected` alert). The verdict comes from the paper log first: no order on
 //! paper twice, and every order on paper once or, if not, `in_doubt` or `failed` at the
 //! broker (listed by name); an order on paper once that the broker holds `in_doubt` is
 //! honest doubt (the agent was killed before the printer confirmed: a person looks), listed
@@ -37,9 +37,22 @@
 //! lists (`device_printed_broker_not`, `broker_printed_device_not`) empty, and one ledger
 //! charge per order.
 //!
+//! With [`Edges`] it adds the edges of offline operation ([`edges`]): answers the line
+//! holds past the agent's patience, a station over a CloudPRNT printer and an agent
+//! printer, a station moved while the shop is cut off, content the broker stops taking
+//! while the shop is cut off (the broker restarted with a lower `max_content_bytes`),
+//! uploads the line fails, a second agent of the store with a LAN listener, and the agent's
+//! clock off by hours or a day. Their orders are judged by the same verdict, with two
+//! more ways for an order to be accounted for: a LAN order whose sync the broker rejected
+//! (an `offline_task.rejected` alert received, the agent keeping it) and a large order
+//! every send of which came after the lower limit (`400`, never taken). Either is still a
+//! problem if it is on paper twice.
+//!
 //! Like the other runs it talks to nothing but the processes it started, on 127.0.0.1,
 //! and the PostgreSQL database it was given (inside a schema of its own, dropped after),
 //! and leaves nothing running.
+
+pub mod edges;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -54,8 +67,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::broker::{Broker, Launch};
-use crate::e2e::task_body_for;
 use crate::faults::chaos::{self, AgentCtx, KillRecord};
+use crate::faults::events::EventSink;
+use crate::faults::fleet;
 use crate::faults::schedule::{broker_config_with, Kill, Submissions};
 use crate::faults::submit::{submit_all, SubmitRun};
 use crate::http::{bearer, pct_encode, snippet, Conn};
@@ -69,6 +83,7 @@ use crate::setup::{self, Deployment};
 use crate::sim::{free_port_run, start_sim, Sim, MAX_PRINTERS};
 use crate::verify::{self, ListedTask};
 use crate::{random_hex, BenchError, STORE_ID};
+pub use edges::{Destination, Edges};
 
 /// The shop's print types: name, priority and how often an order gets it (out of 100).
 /// All three are in the broker's default configuration too.
@@ -89,6 +104,9 @@ const DRAIN_POLL: Duration = Duration::from_millis(250);
 const RESOLVE_CONNECTIONS: usize = 4;
 /// Entries of each per-order list the text report shows (the JSON has them all).
 const TEXT_EXAMPLES: usize = 10;
+/// How long after the drain the last rejection alerts may still arrive (webhooks go out
+/// after their change commits, with retries).
+const ALERTS_WAIT: Duration = Duration::from_secs(15);
 
 /// The share of orders sent to each side, as percentages (or any weights).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -193,6 +211,10 @@ pub struct OfflineOptions {
     pub timeout: Duration,
     /// Keep the run's directory (logs, paper log, agent state, SQLite file) and name it.
     pub keep_dir: bool,
+    /// The edges of offline operation the run adds ([`edges`]).
+    pub edges: Edges,
+    /// How long the line holds the broker's answers in a slow period (slow forwards).
+    pub hold: Duration,
 }
 
 impl OfflineOptions {
@@ -214,6 +236,8 @@ impl OfflineOptions {
             drain_timeout: Duration::from_secs(180),
             timeout: Duration::from_secs(300),
             keep_dir: false,
+            edges: Edges::default(),
+            hold: edges::DEFAULT_HOLD,
         }
     }
 }
@@ -250,6 +274,24 @@ fn validate(opts: &OfflineOptions) -> Result<(), BenchError> {
     if opts.drain_timeout.is_zero() || opts.timeout.is_zero() {
         return bad("the drain timeout and the timeout must be positive".into());
     }
+    let e = opts.edges;
+    if e.slow_forwards
+        && !(Duration::from_millis(edges::OFFLINE_AFTER_MS + 100)..=Duration::from_secs(10)).contains(&opts.hold)
+    {
+        return bad(format!(
+            "the hold of a slow period must be 0.1–10 s longer than the agent's --offline-after-ms ({} ms)",
+            edges::OFFLINE_AFTER_MS
+        ));
+    }
+    if e.station_change && opts.printers < 2 {
+        return bad("the station change moves a station between two agent printers: --printers 2 at least".into());
+    }
+    if e.clock_skew && opts.kill_agent_every.is_none() {
+        return bad("the clock skew changes the agent's clock between its lives: it needs --kill-agent-every".into());
+    }
+    if e.second_agent && opts.mix.lan + opts.mix.both == 0 {
+        return bad("the second agent gets LAN re-sends: the mix must send some orders to the LAN".into());
+    }
     crate::validate_database(opts.database.as_deref())
 }
 
@@ -257,29 +299,49 @@ fn validate(opts: &OfflineOptions) -> Result<(), BenchError> {
 #[derive(Debug, Clone, Copy)]
 struct Order {
     channel: Channel,
+    to: Destination,
+    /// Its content is over the limit the broker is restarted with (rejected merges).
+    large: bool,
 }
 
-/// The seeded plan: per order its side, and the sends of each side in sending order.
+impl Order {
+    #[cfg(test)]
+    fn new(channel: Channel) -> Order {
+        Order { channel, to: Destination::Printer(0), large: false }
+    }
+}
+
+/// The seeded plan: per order its side, and the sends of each side in sending order;
+/// `second` are the LAN re-sends that go to the second agent.
 struct OfflinePlan {
     orders: Vec<Order>,
     cloud: Submissions,
     lan: Submissions,
+    second: Submissions,
 }
 
 /// Draws the orders and their sends. The order `n` has `biz_no` `E<n>` and prints the
 /// marker `E2E <n>` (the bodies of `bench e2e`), so the paper log tells orders apart.
+///
+/// The edges draw from a stream of their own, so that switching them changes nothing else
+/// of the plan: per order whether it goes to a station (a station order that the mix sends
+/// both ways goes one way instead, half to each: see [`edges`]) and whether its content is
+/// large; per LAN re-send whether it goes to the second agent instead.
 fn plan(opts: &OfflineOptions) -> OfflinePlan {
     let mut rng = SplitMix64::new(opts.seed ^ 0x004f_4646_4c49_4e45);
+    let mut edge_rng = SplitMix64::new(opts.seed ^ 0x0045_4447_4553);
+    let e = opts.edges;
     let window_ms = opts.window.as_millis() as u64;
     let mut orders = Vec::with_capacity(opts.tasks);
     let mut printer_of = Vec::with_capacity(opts.tasks);
     let mut print_type_of = Vec::with_capacity(opts.tasks);
-    // (send time, order of drawing, request, racing) per side.
-    let mut sends: [Vec<(u64, usize, PlannedRequest, bool)>; 2] = [Vec::new(), Vec::new()];
+    // (send time, order of drawing, request, racing) per side: cloud, LAN, second agent.
+    let mut sends: [Vec<(u64, usize, PlannedRequest, bool)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let total_weight: u32 = PRINT_TYPES.iter().map(|(_, _, w)| w).sum();
     for n in 0..opts.tasks {
         let at = n as u64 * window_ms / opts.tasks as u64;
-        let channel = opts.mix.pick(&mut rng);
+        let drawn = opts.mix.pick(&mut rng);
+        let mut channel = drawn;
         let printer = rng.below(opts.printers);
         let mut pick = rng.below(total_weight as usize) as u32;
         let mut print_type = PRINT_TYPES[0].0;
@@ -290,26 +352,48 @@ fn plan(opts: &OfflineOptions) -> OfflinePlan {
             }
             pick -= weight;
         }
-        orders.push(Order { channel });
+        let (station, one_way, large) = (edge_rng.next_f64(), edge_rng.next_f64(), edge_rng.next_f64());
+        let to = if e.mixed_station && station < edges::KITCHEN_SHARE {
+            Destination::Kitchen
+        } else if e.station_change && station >= 1.0 - edges::BAR_SHARE {
+            Destination::Bar
+        } else {
+            Destination::Printer(printer)
+        };
+        if to != Destination::Printer(printer) && channel == Channel::Both {
+            channel = if one_way < 0.5 { Channel::Cloud } else { Channel::Lan };
+        }
+        let large = e.rejected_merges && channel.lan() && large < edges::LARGE_SHARE;
+        orders.push(Order { channel, to, large });
         printer_of.push(printer);
         print_type_of.push(print_type);
-        let body = task_body_for(n as u32, printer, print_type);
-        for (side, used) in [(0, channel.cloud()), (1, channel.lan())] {
-            if !used {
+        let body = edges::order_body(n as u32, to, print_type, large);
+        // The re-sends are drawn for the sides the mix chose, also one a station order
+        // does not use, so that the rest of the plan stays as it is without the edges.
+        for (side, was, used) in [(0, drawn.cloud(), channel.cloud()), (1, drawn.lan(), channel.lan())] {
+            if !was {
                 continue;
             }
-            let list = &mut sends[side];
             let key = n as u32;
-            list.push((at, list.len(), PlannedRequest { key, repeat: false, body: body.clone() }, false));
+            let first = sends[side].len();
+            if used {
+                sends[side].push((at, first, PlannedRequest { key, repeat: false, body: body.clone() }, false));
+            }
             let (lo, hi) = opts.resends;
             for _ in 0..lo + rng.below(hi - lo + 1) {
                 let racing = rng.next_f64() < RACING_SHARE;
                 let when = if racing { at } else { at + 1 + rng.below(RESEND_SPREAD_MS) as u64 };
-                list.push((when, list.len(), PlannedRequest { key, repeat: true, body: body.clone() }, racing));
+                if !used {
+                    continue;
+                }
+                let to_second = side == 1 && e.second_agent && edge_rng.next_f64() < edges::SECOND_AGENT_SHARE;
+                let list = &mut sends[if to_second { 2 } else { side }];
+                let order = list.len();
+                list.push((when, order, PlannedRequest { key, repeat: true, body: body.clone() }, racing));
             }
         }
     }
-    let [cloud, lan] = sends.map(|mut list| {
+    let [cloud, lan, second] = sends.map(|mut list| {
         list.sort_by_key(|(at, order, _, _)| (*at, *order));
         let distinct: BTreeSet<u32> = list.iter().map(|(_, _, r, _)| r.key).collect();
         let mut s = Submissions {
@@ -326,7 +410,7 @@ fn plan(opts: &OfflineOptions) -> OfflinePlan {
         }
         s
     });
-    OfflinePlan { orders, cloud, lan }
+    OfflinePlan { orders, cloud, lan, second }
 }
 
 /// The moments of the agent kills: every `every` from the start of the window to its end.
@@ -360,9 +444,11 @@ pub struct SideStats {
     pub duplicate: usize,
     /// Answers carrying `X-Onceprint-Offline: accepted-by-agent`.
     pub accepted_offline: usize,
-    /// Final answers other than 201 and 200 (none expected), and sends that got no final
-    /// answer before the deadline (status 0).
+    /// Final answers other than 201 and 200, and sends that got no final answer before
+    /// the deadline (status 0); of them, `400`s for content over the lowered limit (the
+    /// only ones expected, with rejected merges).
     pub other: usize,
+    pub over_limit: usize,
     pub retried_no_answer: usize,
     pub retried_5xx: usize,
 }
@@ -378,6 +464,7 @@ fn side_stats(orders: usize, subs: &Submissions, run: &SubmitRun) -> SideStats {
         duplicate,
         accepted_offline: run.outcomes.iter().filter(|o| o.offline).count(),
         other: run.outcomes.len() - created - duplicate,
+        over_limit: run.outcomes.iter().filter(|o| edges::over_limit(o)).count(),
         retried_no_answer: run.failed_attempts.iter().filter(|a| a.status == 0).count(),
         retried_5xx: run.failed_attempts.iter().filter(|a| a.status != 0).count(),
     }
@@ -410,6 +497,12 @@ pub struct PaperCounts {
     pub not_printed_accounted: usize,
     /// Orders never on paper that the broker does not account for.
     pub lost: usize,
+    /// Orders whose LAN task the broker rejected at the sync (alerted) and holds no task
+    /// for: kept by the agent, on paper once (printed offline) or never.
+    pub rejected_kept: usize,
+    /// Large orders every send of which was refused (`400`, content over the lowered
+    /// limit): never taken, never on paper.
+    pub refused_over_limit: usize,
     /// Orders on paper once that the broker holds `in_doubt` (honest doubt: the agent
     /// could not prove the sheet, e.g. it was killed before the printer confirmed).
     pub in_doubt_on_paper: usize,
@@ -434,6 +527,89 @@ pub struct ReconciliationCheck {
     pub broker_printed_device_not: Option<Vec<Value>>,
     /// Seconds after the drain until the device-log lists were empty (or the last look).
     pub waited_s: f64,
+    /// The ledger charges expected: one per order the broker holds a task for (every order
+    /// but those rejected and kept by the agent, or refused over the lowered limit).
+    pub expected_charges: u64,
+    /// Entries of `device_printed_broker_not` that are LAN tasks the broker rejected and
+    /// the agent keeps (printed offline): explained, left out of the lists above.
+    pub device_explained: usize,
+}
+
+/// What the edges did; each part `None` when its edge was off.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EdgeReport {
+    pub on: Vec<&'static str>,
+    pub slow_forwards: Option<SlowReport>,
+    pub mixed_station: Option<StationReport>,
+    pub station_change: Option<StationChangeReport>,
+    pub rejected_merges: Option<RejectedReport>,
+    pub failing_uploads: Option<UploadReport>,
+    pub second_agent: Option<edges::SecondAgentStats>,
+    /// The wall clock offset of each life of the agent, in ms.
+    pub clock_offsets_ms: Option<Vec<i64>>,
+}
+
+/// Slow forwards: the line held the broker's answers in these spans.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SlowReport {
+    pub hold_ms: u64,
+    pub periods: Vec<Cut>,
+    /// LAN answers accepted offline whose send began while the line was slow (up).
+    pub lan_offline_while_slow: usize,
+    /// Orders the broker took from a forward whose answer came too late and the agent
+    /// accepted offline too (the broker's task has the agent's LAN task merged into it):
+    /// one order, two tasks, one printer and one delivery key.
+    pub doubles: usize,
+    pub examples: Vec<String>,
+}
+
+/// The mixed station.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StationReport {
+    pub station: &'static str,
+    pub printers: Vec<String>,
+    pub orders_cloud: usize,
+    pub orders_lan: usize,
+    /// The broker's tasks of the station's orders, per printer.
+    pub tasks_per_printer: BTreeMap<String, usize>,
+}
+
+/// The station moved during the cuts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StationChangeReport {
+    pub station: &'static str,
+    pub orders_cloud: usize,
+    pub orders_lan: usize,
+    pub moves: Vec<edges::StationMove>,
+    pub tasks_per_printer: BTreeMap<String, usize>,
+}
+
+/// Rejected merges.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RejectedReport {
+    /// Orders with content over the lowered limit.
+    pub large_orders: usize,
+    pub restart: Option<edges::Restart>,
+    /// Distinct LAN tasks the broker alerted as rejected.
+    pub alerts: usize,
+    pub alert_examples: Vec<edges::RejectedAlert>,
+    /// Orders kept by the agent with no task at the broker.
+    pub rejected_kept: usize,
+    /// Orders never taken (every send `400` over the limit).
+    pub refused: usize,
+    /// `400` answers over the limit, both sides.
+    pub answers_over_limit: usize,
+    /// The agent's `offline_tasks_rejected` at the end.
+    pub agent_rejected: Option<u64>,
+}
+
+/// Failing uploads.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UploadReport {
+    pub periods: Vec<Cut>,
+    /// Uploads the line answered `502`, and uploads it carried.
+    pub failed: u64,
+    pub passed: u64,
 }
 
 /// The report of one offline run.
@@ -476,6 +652,11 @@ pub struct OfflineReport {
     pub broker_differs: Vec<OrderFinding>,
     /// Answered task ids that are not a task's own id, resolved through the broker.
     pub resolved_lan_ids: usize,
+    /// Orders the agent keeps because the broker rejected their sync (alerted), and large
+    /// orders never taken: accounted for.
+    pub rejected_kept: Vec<OrderFinding>,
+    pub refused: Vec<OrderFinding>,
+    pub edges: EdgeReport,
     pub reconciliation: ReconciliationCheck,
     /// What the run could not check, and why.
     pub notes: Vec<String>,
@@ -518,34 +699,50 @@ pub async fn run_offline(opts: OfflineOptions) -> Result<OfflineReport, BenchErr
 struct Running {
     broker: Option<Broker>,
     agent: Option<Proc>,
+    /// The second agent of the store, with its own LAN listener (second agent).
+    second: Option<Proc>,
     sim: Option<Sim>,
+    /// The CloudPRNT printer of the mixed station.
+    callers: Vec<Proc>,
+}
+
+/// How the broker is started, first and after its restart with the lowered limit.
+struct Launches {
+    first: Launch,
+    restart: Launch,
 }
 
 async fn run_on(opts: &OfflineOptions, database_url: &str, dir: &Path) -> Result<OfflineReport, BenchError> {
     let started = Instant::now();
     let sim = start_sim(&opts.exe, opts.printers, dir).await?;
-    let config = dir.join("broker.toml");
-    std::fs::write(&config, broker_config_with(PRINT_TYPES.iter().map(|(name, priority, _)| (*name, *priority))))
-        .map_err(|e| BenchError::io(format!("writing {}", config.display()), e))?;
+    let toml = broker_config_with(PRINT_TYPES.iter().map(|(name, priority, _)| (*name, *priority)));
+    let (config, lowered) = (dir.join("broker.toml"), dir.join("broker-lowered.toml"));
+    for (path, text) in [(&config, toml.clone()), (&lowered, edges::lowered_config(&toml))] {
+        std::fs::write(path, text).map_err(|e| BenchError::io(format!("writing {}", path.display()), e))?;
+    }
     let admin_token = random_hex(24)?;
-    let launch = Launch {
+    // A fixed port: the restarted broker comes back where the proxy and the submitters
+    // still look for it.
+    let first = Launch {
         exe: opts.exe.clone(),
         database_url: database_url.to_string(),
         admin_token: admin_token.clone(),
         log_path: dir.join("broker.log"),
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        listen: SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?)),
         config: Some(config),
         extra_args: Vec::new(),
     };
-    let broker = Broker::launch(&launch).await?;
+    let launches = Launches { restart: Launch { config: Some(lowered), ..first.clone() }, first };
+    let broker = Broker::launch(&launches.first).await?;
     let broker_addr = broker.addr;
-    let mut running = Running { broker: Some(broker), agent: None, sim: Some(sim) };
+    let mut running = Running { broker: Some(broker), agent: None, second: None, sim: Some(sim), callers: Vec::new() };
     let uplink = Uplink::default();
     let proxy =
         LoadBalancer::start_with_uplink(SocketAddr::from(([127, 0, 0, 1], 0)), &[broker_addr], uplink.clone()).await;
     let result = match proxy {
         Ok(proxy) => {
-            let r = drive(opts, &mut running, broker_addr, proxy.addr, &uplink, dir, &admin_token, started).await;
+            let at = Addrs { broker: broker_addr, proxy: proxy.addr };
+            let r = drive(opts, &mut running, &launches, at, &uplink, dir, &admin_token, started).await;
             drop(proxy);
             r
         }
@@ -555,17 +752,25 @@ async fn run_on(opts: &OfflineOptions, database_url: &str, dir: &Path) -> Result
         let tail = |p: Option<&Proc>| p.map_or("(not running)".to_string(), Proc::log_tail);
         format!(
             "\n--- broker log (last lines) ---\n{}\n--- agent log ---\n{}\n--- printer-sim log ---\n{}",
-            crate::procs::log_tail(&launch.log_path, 40),
+            crate::procs::log_tail(&launches.first.log_path, 40),
             tail(running.agent.as_ref()),
             tail(running.sim.as_ref().map(|s| &s.proc))
         )
     });
+    // The agents first (they hand back what they hold and flush their acks), then the
+    // printers, then the broker.
     let mut stop_problems = Vec::new();
     if let Some(agent) = running.agent.take() {
         note_stop("agent", agent.stop().await, &mut stop_problems);
     }
+    if let Some(agent) = running.second.take() {
+        note_stop("second agent", agent.stop().await, &mut stop_problems);
+    }
     if let Some(sim) = running.sim.take() {
         note_stop("printer-sim", sim.proc.stop().await, &mut stop_problems);
+    }
+    for caller in running.callers.drain(..) {
+        note_stop("printer-sim (CloudPRNT)", caller.stop().await, &mut stop_problems);
     }
     if let Some(broker) = running.broker.take() {
         note_stop("broker", broker.stop().await, &mut stop_problems);
@@ -574,18 +779,6 @@ async fn run_on(opts: &OfflineOptions, database_url: &str, dir: &Path) -> Result
     report.problems.extend(stop_problems);
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok(report)
-}
-
-/// The agent's `GET /healthz` on its LAN listener, as JSON; `None` while it does not answer.
-async fn agent_health(listen: SocketAddr) -> Option<Value> {
-    let mut conn = Conn::connect(listen).await.ok()?;
-    let none = HeaderValue::from_static("Bearer none");
-    let (status, body) =
-        conn.request_within(Method::GET, "/healthz", &none, None, Duration::from_secs(5)).await.ok()?;
-    if !status.is_success() {
-        return None;
-    }
-    serde_json::from_slice(&body).ok()
 }
 
 /// Waits until the agent listens, has its store's directory and reaches the broker.
@@ -599,7 +792,7 @@ async fn wait_agent_ready(listen: SocketAddr, agent: &mut Option<Proc>, log: &Pa
                 detail: format!("it exited with {status}:\n{}", crate::procs::log_tail(log, 40)),
             });
         }
-        if let Some(h) = agent_health(listen).await {
+        if let Some(h) = edges::health(listen).await {
             if h.get("directory") == Some(&Value::Bool(true))
                 && h.get("broker").and_then(Value::as_str) == Some("reachable")
             {
@@ -618,39 +811,31 @@ async fn wait_agent_ready(listen: SocketAddr, agent: &mut Option<Proc>, log: &Pa
     })
 }
 
-/// Takes the line down and brings it back, period after period, from `t0` (starting
-/// online) until `done`; then brings it back for good. Returns the cuts.
-async fn toggle_line(
-    uplink: &Uplink,
-    online: Duration,
-    offline: Duration,
-    t0: Instant,
-    mut done: tokio::sync::watch::Receiver<bool>,
-) -> Vec<Cut> {
-    let mut cuts = Vec::new();
-    let mut at = t0;
-    let secs = |i: Instant| i.saturating_duration_since(t0).as_secs_f64();
-    loop {
-        let up = uplink.is_up();
-        at += if up { online } else { offline };
-        tokio::select! {
-            _ = tokio::time::sleep_until(at.into()) => {}
-            _ = done.wait_for(|d| *d) => break,
-        }
-        uplink.set_up(!up);
-        if up {
-            cuts.push(Cut { from_s: secs(Instant::now()), to_s: f64::NAN });
-        } else if let Some(c) = cuts.last_mut() {
-            c.to_s = secs(Instant::now());
-        }
-    }
-    if !uplink.is_up() {
-        uplink.set_up(true);
-        if let Some(c) = cuts.last_mut() {
-            c.to_s = secs(Instant::now());
-        }
-    }
-    cuts
+/// The broker's own address (the cloud side, the bench's reads) and the shop line's.
+#[derive(Debug, Clone, Copy)]
+struct Addrs {
+    broker: SocketAddr,
+    proxy: SocketAddr,
+}
+
+/// The agent's flags besides those of every bench agent: its LAN listener on `listen`,
+/// and the short timings of this run.
+fn lan_agent_args(proxy: SocketAddr, token: &str, state_dir: &Path, id: &str, listen: SocketAddr) -> Vec<String> {
+    let mut args = agent_args(proxy, token, state_dir, Some(id));
+    args.extend(
+        [
+            "--listen",
+            &listen.to_string(),
+            "--offline-after-ms",
+            &edges::OFFLINE_AFTER_MS.to_string(),
+            "--directory-refresh-ms",
+            "500",
+            "--digest-interval-ms",
+            "1000",
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 /// Set-up, the submissions while the line comes and goes, the drain and the verdict.
@@ -658,13 +843,15 @@ async fn toggle_line(
 async fn drive(
     opts: &OfflineOptions,
     running: &mut Running,
-    broker_addr: SocketAddr,
-    proxy_addr: SocketAddr,
+    launches: &Launches,
+    at: Addrs,
     uplink: &Uplink,
     dir: &Path,
     admin_token: &str,
     started: Instant,
 ) -> Result<OfflineReport, BenchError> {
+    let e = opts.edges;
+    let broker_addr = at.broker;
     let (first_port, paper_log) = match &running.sim {
         Some(s) => (s.first_port, s.paper_log.clone()),
         None => return Err(BenchError::Protocol { context: "set-up".into(), detail: "no simulator".into() }),
@@ -679,88 +866,152 @@ async fn drive(
         detail: format!("no key in {lan}"),
     })?;
     let lan_auth = bearer(lan_key).map_err(|m| BenchError::Protocol { context: "the LAN key".into(), detail: m })?;
+    // The alert receiver: a rejected merge must raise `offline_task.rejected`.
+    let sink = if e.rejected_merges {
+        let sink = EventSink::start().await?;
+        setup::setup_call(
+            &mut conn,
+            &auth,
+            "/v1/webhooks",
+            json!({"id": "bench-alerts", "url": sink.url(), "events": ["offline_task.rejected"]}),
+        )
+        .await?;
+        Some(sink)
+    } else {
+        None
+    };
+    // The mixed station's CloudPRNT printer polls the broker through the shop's line, like
+    // the agent, and prints onto the run's paper log.
+    let cloudprnt = if e.mixed_station {
+        let place = fleet::Place { exe: &opts.exe, broker: at.proxy, mqtt_port: None, paper_log: &paper_log, dir };
+        let one = fleet::Fleet { cloudprnt: 1, ..fleet::Fleet::default() };
+        for (proc, _, _) in fleet::start(&mut conn, &auth, one, opts.printers, place).await? {
+            running.callers.push(proc);
+        }
+        Some(format!("p{}", opts.printers))
+    } else {
+        None
+    };
+    edges::create_stations(&mut conn, &auth, e, cloudprnt.as_deref(), opts.printers).await?;
 
     // The agent's listener keeps its port over restarts: the POS knows it by address.
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?));
-    let mut args = agent_args(proxy_addr, &agent_token, &dir.join("agent"), Some(AGENT_ID));
-    args.extend(
-        [
-            "--listen",
-            &listen.to_string(),
-            "--offline-after-ms",
-            "500",
-            "--directory-refresh-ms",
-            "500",
-            "--digest-interval-ms",
-            "1000",
-        ]
-        .map(String::from),
-    );
+    let args = lan_agent_args(at.proxy, &agent_token, &dir.join("agent"), AGENT_ID, listen);
     let agent_log = dir.join("agent.log");
-    let agent_ctx = AgentCtx::new(&opts.exe, &args, &agent_log, &[]);
+    let clocks: &[i64] = if e.clock_skew { &edges::CLOCKS } else { &[] };
+    let agent_ctx = AgentCtx::new(&opts.exe, &args, &agent_log, clocks);
     running.agent = Some(agent_ctx.spawn()?);
     wait_agent_ready(listen, &mut running.agent, &agent_log).await?;
+    // The second agent starts once the first holds the store's LAN listener.
+    let second_listen = if e.second_agent {
+        edges::wait_listener(listen, "this_agent", &agent_log, AGENT_READY).await?;
+        let listen2 = SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?));
+        let args2 = lan_agent_args(at.proxy, &agent_token, &dir.join("agent-2"), edges::SECOND_AGENT_ID, listen2);
+        let log2 = dir.join("agent-2.log");
+        running.second = Some(Proc::spawn("second agent", &opts.exe, &args2, &log2)?);
+        edges::wait_listener(listen2, "other_agent", &log2, AGENT_READY).await?;
+        Some(listen2)
+    } else {
+        None
+    };
 
     let watcher =
         PaperWatcher::start(paper_log, opts.tasks).map_err(|e| BenchError::io("starting the paper-log reader", e))?;
     let plan = plan(opts);
-    let (cloud_subs, lan_subs) = (Arc::new(plan.cloud), Arc::new(plan.lan));
+    let (cloud_subs, lan_subs, second_subs) = (Arc::new(plan.cloud), Arc::new(plan.lan), Arc::new(plan.second));
     let kills = agent_kill_plan(opts.kill_agent_every, opts.window);
+    let timeline = edges::Timeline::new(opts.online, opts.offline, opts.window, e);
 
     let t0 = Instant::now();
     let first_date = utc_date(time::OffsetDateTime::now_utc());
     let deadline = t0 + opts.window + opts.timeout;
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
-    let mut kill_notes = Vec::new();
+    let (mut kill_notes, mut line_notes) = (Vec::new(), Vec::new());
     let submissions = async {
-        let both = tokio::join!(
+        let all = tokio::join!(
             submit_all(broker_addr, auth.clone(), cloud_subs.clone(), opts.concurrency, t0, deadline),
             submit_all(listen, lan_auth.clone(), lan_subs.clone(), opts.concurrency, t0, deadline),
+            async {
+                match second_listen {
+                    Some(l) => edges::send_once_all(l, lan_auth.clone(), second_subs.clone(), 2, t0).await,
+                    None => Vec::new(),
+                }
+            },
         );
         done_tx.send_replace(true);
-        both
+        all
     };
-    let ((cloud_run, lan_run), cuts, agent_kills) = tokio::join!(
+    let line_ctx = edges::LineCtx {
+        uplink,
+        timeline,
+        hold: opts.hold,
+        broker: &mut running.broker,
+        restart: &launches.restart,
+        broker_addr,
+        auth: &auth,
+        printers: opts.printers,
+    };
+    let ((cloud_run, lan_run, second_run), line, agent_kills) = tokio::join!(
         submissions,
-        toggle_line(uplink, opts.online, opts.offline, t0, done_rx.clone()),
+        edges::drive_line(line_ctx, t0, done_rx.clone(), &mut line_notes),
         chaos::agent_kills(&mut running.agent, &agent_ctx, &kills, t0, &mut kill_notes),
     );
-    let agent_kills = agent_kills?;
+    let (line, agent_kills) = (line?, agent_kills?);
     let submit_seconds = cloud_run.last_answer_us.max(lan_run.last_answer_us) as f64 / 1e6;
-    let mut problems: Vec<String> = kill_notes;
+    let mut problems: Vec<String> = kill_notes.into_iter().chain(line_notes).collect();
     let mut notes: Vec<String> = Vec::new();
-    if cuts.is_empty() {
+    if line.cuts.is_empty() {
         notes.push("the line never went down: the submissions ended within the first online period".into());
     }
     if lan_run.outcomes.iter().all(|o| !o.offline) && !lan_subs.plan.requests.is_empty() {
         notes.push("no LAN answer was accepted offline: the agent's offline path was not exercised".into());
     }
+    if e.rejected_merges && line.restart.is_none() {
+        notes.push("the submissions ended before the broker's planned restart: no merge could be rejected".into());
+    }
+    if e.mixed_station || e.station_change {
+        notes.push(
+            "station orders go to the cloud or to the LAN, never both: the same order sent both ways to a station \
+             whose first printer the agent does not drive, or whose printers changed while the shop was cut off, \
+             can print on two printers (the documented limit)"
+                .into(),
+        );
+    }
 
-    // The line is back for good (toggle_line saw to it); the agent must run to drain.
-    uplink.set_up(true);
+    // The line is back for good (drive_line saw to it); the agents must run to drain.
     let agent_status = running.agent.as_mut().map(Proc::exited);
     if !matches!(agent_status, Some(None)) {
         problems.push(format!("the agent had exited on its own ({agent_status:?}) when the submissions ended"));
         running.agent = Some(agent_ctx.spawn()?);
     }
+    if let Some(status) = running.second.as_mut().and_then(Proc::exited) {
+        problems.push(format!("the second agent had exited on its own ({status}) when the submissions ended"));
+    }
 
-    // Every order that got an answer somewhere must end up as a task at the broker.
+    // Every order that got an answer somewhere must end up as a task at the broker, or as
+    // a LAN task the broker rejected (alerted) and the agent keeps.
+    let alerts_now = || sink.as_ref().map(|s| edges::rejected_alerts(&s.bodies())).unwrap_or_default();
     let answered_orders: BTreeSet<u32> =
         answered(&cloud_subs, &cloud_run).chain(answered(&lan_subs, &lan_run)).collect();
     let drain_start = Instant::now();
     let mut conn = crate::faults::connect(broker_addr, "draining").await?;
     let mut last_wait = String::new();
+    let mut last_health = None;
     let drained = loop {
-        let health = agent_health(listen).await;
+        let health = edges::health(listen).await;
         let unsynced = health.as_ref().and_then(|h| h.get("offline_tasks_not_synced")).and_then(Value::as_u64);
+        if health.is_some() {
+            last_health = health.clone();
+        }
         if unsynced == Some(0) && !verify::any_active(&mut conn, &auth).await? {
             let listed = verify::list_states(&mut conn, &auth, &format!("store_id={STORE_ID}"), opts.tasks).await?;
-            let have: BTreeSet<&str> = listed.iter().map(|t| t.biz_no.as_str()).collect();
-            let missing = answered_orders.iter().filter(|n| !have.contains(format!("E{n}").as_str())).count();
+            let mut have: BTreeSet<String> = listed.into_iter().map(|t| t.biz_no).collect();
+            have.extend(alerts_now().into_iter().map(|a| a.biz_no));
+            let missing = answered_orders.iter().filter(|n| !have.contains(&format!("E{n}"))).count();
             if missing == 0 {
                 break true;
             }
-            last_wait = format!("{missing} answered orders have no task at the broker yet");
+            last_wait = format!("{missing} answered orders have no task at the broker (nor a rejection alert) yet");
         } else {
             last_wait = format!("the agent's /healthz: {}", health.map_or("no answer".to_string(), |h| h.to_string()));
         }
@@ -776,6 +1027,14 @@ async fn drive(
             opts.drain_timeout.as_secs()
         ));
     }
+    // Every task the agent keeps as rejected is alerted: the alerts of those with a task
+    // at the broker too (an order also sent to the cloud) may still be on their way.
+    let agent_rejected = last_health.as_ref().and_then(|h| h.get("offline_tasks_rejected")).and_then(Value::as_u64);
+    let alerts_by = Instant::now() + ALERTS_WAIT;
+    while sink.is_some() && Instant::now() < alerts_by && (alerts_now().len() as u64) < agent_rejected.unwrap_or(0) {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let alerts = alerts_now();
     crate::faults::wait_for_quiet_paper(&watcher).await;
     let tally =
         watcher.finish().map_err(|detail| BenchError::Protocol { context: "reading the paper log".into(), detail })?;
@@ -798,13 +1057,87 @@ async fn drive(
         .map(str::to_string)
         .collect();
     let resolved = resolve_ids(broker_addr, &auth, foreign.iter().cloned().collect()).await?;
+    let rejected = rejected_by_order(&alerts, &plan.orders, &mut problems);
+    if let Some(n) = agent_rejected.filter(|&n| n != alerts.len() as u64) {
+        problems.push(format!(
+            "the agent keeps {n} offline tasks as rejected (LAN /healthz) but {} were alerted (offline_task.rejected)",
+            alerts.len()
+        ));
+    }
 
-    let verdict = judge(&plan.orders, &tally, &listed, &answers, &resolved);
+    let verdict = judge(&Judged {
+        orders: &plan.orders,
+        tally: &tally,
+        listed: &listed,
+        answers: &answers,
+        resolved: &resolved,
+        rejected: &rejected,
+    });
     problems.extend(verdict.problems.iter().cloned());
 
     let last_date = utc_date(time::OffsetDateTime::now_utc());
-    let reconciliation =
-        reconcile(&mut conn, &auth, &first_date, &last_date, opts.tasks, &mut problems, &mut notes).await?;
+    let explained: BTreeSet<String> = alerts.iter().map(|a| a.lan_task_id.clone()).collect();
+    let expected_charges = (opts.tasks - verdict.rejected_kept.len() - verdict.refused.len()) as u64;
+    let reconciliation = reconcile(
+        &mut conn,
+        &auth,
+        (&first_date, &last_date),
+        (expected_charges, &explained),
+        &mut problems,
+        &mut notes,
+    )
+    .await?;
+
+    let slow = match e.slow_forwards {
+        true => Some(slow_report(&mut conn, &auth, opts, &line, (&lan_subs, &lan_run), &plan.orders, &listed).await?),
+        false => None,
+    };
+    let by_printer = |to: Destination| {
+        let mut per: BTreeMap<String, usize> = BTreeMap::new();
+        for t in
+            listed.iter().filter(|t| order_of(&t.biz_no).and_then(|n| plan.orders.get(n)).is_some_and(|o| o.to == to))
+        {
+            *per.entry(t.printer_id.clone()).or_default() += 1;
+        }
+        per
+    };
+    let count =
+        |to: Destination, channel: Channel| plan.orders.iter().filter(|o| o.to == to && o.channel == channel).count();
+    let edge_report = EdgeReport {
+        on: e.names(),
+        slow_forwards: slow,
+        mixed_station: e.mixed_station.then(|| StationReport {
+            station: edges::KITCHEN,
+            printers: vec![cloudprnt.clone().unwrap_or_default(), "p0".into()],
+            orders_cloud: count(Destination::Kitchen, Channel::Cloud),
+            orders_lan: count(Destination::Kitchen, Channel::Lan),
+            tasks_per_printer: by_printer(Destination::Kitchen),
+        }),
+        station_change: e.station_change.then(|| StationChangeReport {
+            station: edges::BAR,
+            orders_cloud: count(Destination::Bar, Channel::Cloud),
+            orders_lan: count(Destination::Bar, Channel::Lan),
+            moves: line.station_moves.clone(),
+            tasks_per_printer: by_printer(Destination::Bar),
+        }),
+        rejected_merges: e.rejected_merges.then(|| RejectedReport {
+            large_orders: plan.orders.iter().filter(|o| o.large).count(),
+            restart: line.restart.clone(),
+            alerts: alerts.len(),
+            alert_examples: alerts.iter().take(TEXT_EXAMPLES).cloned().collect(),
+            rejected_kept: verdict.rejected_kept.len(),
+            refused: verdict.refused.len(),
+            answers_over_limit: answers.iter().flatten().filter(|o| edges::over_limit(o)).count(),
+            agent_rejected,
+        }),
+        failing_uploads: e.failing_uploads.then(|| UploadReport {
+            periods: line.failing_uploads.clone(),
+            failed: uplink.counters.uploads_failed.load(std::sync::atomic::Ordering::Relaxed),
+            passed: uplink.counters.uploads_passed.load(std::sync::atomic::Ordering::Relaxed),
+        }),
+        second_agent: e.second_agent.then(|| edges::second_agent_stats(&second_subs, &second_run, &mut problems)),
+        clock_offsets_ms: e.clock_skew.then(|| agent_ctx.offsets()),
+    };
 
     Ok(OfflineReport {
         backend: String::new(),
@@ -817,7 +1150,7 @@ async fn drive(
         offline_s: opts.offline.as_secs_f64(),
         window_s: opts.window.as_secs_f64(),
         kill_agent_every_s: opts.kill_agent_every.map(|d| d.as_secs_f64()),
-        cuts,
+        cuts: line.cuts,
         agent_kills,
         cloud: side_stats(plan.orders.iter().filter(|o| o.channel.cloud()).count(), &cloud_subs, &cloud_run),
         lan: side_stats(plan.orders.iter().filter(|o| o.channel.lan()).count(), &lan_subs, &lan_run),
@@ -833,12 +1166,98 @@ async fn drive(
         inconsistent: verdict.inconsistent,
         broker_differs: verdict.broker_differs,
         resolved_lan_ids: resolved.values().filter(|r| r.is_some()).count(),
+        rejected_kept: verdict.rejected_kept,
+        refused: verdict.refused,
+        edges: edge_report,
         reconciliation,
         notes,
         total_seconds: started.elapsed().as_secs_f64(),
         kept_dir: None,
         problems,
     })
+}
+
+/// The order number of a `biz_no` of this run (`E<n>`).
+fn order_of(biz_no: &str) -> Option<usize> {
+    crate::e2e::marker_of(biz_no).map(|n| n as usize)
+}
+
+/// The rejected LAN task ids per order. An alert for an order that is not large (nothing
+/// else should be rejected in this run), or for no order of the run, is a problem.
+fn rejected_by_order(
+    alerts: &[edges::RejectedAlert],
+    orders: &[Order],
+    problems: &mut Vec<String>,
+) -> BTreeMap<usize, BTreeSet<String>> {
+    let mut out: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    let mut unexpected = Vec::new();
+    for a in alerts {
+        match order_of(&a.biz_no).filter(|&n| orders.get(n).is_some_and(|o| o.large)) {
+            Some(n) => {
+                out.entry(n).or_default().insert(a.lan_task_id.clone());
+            }
+            None => unexpected.push(format!("{} (LAN task {}): {}", a.biz_no, a.lan_task_id, a.reason)),
+        }
+    }
+    if !unexpected.is_empty() {
+        problems.push(format!(
+            "the broker rejected {} offline tasks of orders whose content is within every limit, e.g. {}",
+            unexpected.len(),
+            unexpected.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    out
+}
+
+/// Slow forwards: the LAN answers accepted offline while the line was slow, and of their
+/// orders those the broker took from the forward as well (its task's audit trail shows
+/// the agent's LAN task merged into a task it had).
+async fn slow_report(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    opts: &OfflineOptions,
+    line: &edges::LineLog,
+    (subs, run): (&Submissions, &SubmitRun),
+    orders: &[Order],
+    listed: &[ListedTask],
+) -> Result<SlowReport, BenchError> {
+    let slow_at = |us: u64| {
+        let s = us as f64 / 1e6;
+        line.slow.iter().any(|c| s >= c.from_s && s < c.to_s)
+    };
+    let mut candidates: BTreeMap<usize, String> = BTreeMap::new();
+    let mut while_slow = 0;
+    for (req, o) in subs.plan.requests.iter().zip(&run.outcomes) {
+        if o.offline && slow_at(o.start_us) {
+            while_slow += 1;
+            if let (201, Some(id)) = (o.status, o.task_id.as_deref()) {
+                candidates.entry(req.key as usize).or_insert_with(|| id.to_string());
+            }
+        }
+    }
+    let by_biz: HashMap<&str, &ListedTask> = listed.iter().map(|t| (t.biz_no.as_str(), t)).collect();
+    let mut report = SlowReport {
+        hold_ms: opts.hold.as_millis() as u64,
+        periods: line.slow.clone(),
+        lan_offline_while_slow: while_slow,
+        ..SlowReport::default()
+    };
+    for (n, lan_id) in candidates {
+        if orders.get(n).is_none_or(|o| o.channel != Channel::Lan) {
+            continue;
+        }
+        let Some(task) = by_biz.get(format!("E{n}").as_str()).filter(|t| t.task_id != lan_id) else { continue };
+        let trail = crate::faults::events(conn, auth, &task.task_id).await?;
+        let merged = trail.iter().skip(1).any(|e| e.reason.contains(&lan_id))
+            && trail.first().is_some_and(|e| !e.reason.contains(&lan_id));
+        if merged {
+            report.doubles += 1;
+            if report.examples.len() < TEXT_EXAMPLES {
+                report.examples.push(format!("E{n}: LAN task {lan_id} merged into {} ({})", task.task_id, task.state));
+            }
+        }
+    }
+    Ok(report)
 }
 
 /// The orders one of whose sends got a 201 or 200.
@@ -918,33 +1337,56 @@ struct Verdict {
     in_doubt_on_paper: Vec<OrderFinding>,
     inconsistent: Vec<OrderFinding>,
     broker_differs: Vec<OrderFinding>,
+    rejected_kept: Vec<OrderFinding>,
+    refused: Vec<OrderFinding>,
     problems: Vec<String>,
 }
 
+/// What the verdict judges.
+struct Judged<'a> {
+    orders: &'a [Order],
+    tally: &'a Tally,
+    listed: &'a [ListedTask],
+    /// Per order, the final answers of its sends (both sides).
+    answers: &'a [Vec<&'a Outcome>],
+    resolved: &'a BTreeMap<String, Option<Resolved>>,
+    /// Per order, its LAN tasks the broker rejected at the sync (alerted).
+    rejected: &'a BTreeMap<usize, BTreeSet<String>>,
+}
+
 /// Judges every order by the paper log, the broker's tasks and the answers it got.
-fn judge(
-    orders: &[Order],
-    tally: &Tally,
-    listed: &[ListedTask],
-    answers: &[Vec<&Outcome>],
-    resolved: &BTreeMap<String, Option<Resolved>>,
-) -> Verdict {
+///
+/// Two more ways for an order to be accounted for come with rejected merges: a LAN task
+/// the broker rejected at the sync (alerted) is kept by the agent, on paper once if it
+/// printed offline and never otherwise, and names no task at the broker; and a large order
+/// every send of which came after the lower limit was refused (`400`) and never taken.
+/// Either on paper twice is a duplicate like any other.
+fn judge(j: &Judged<'_>) -> Verdict {
     let mut by_biz: HashMap<&str, Vec<&ListedTask>> = HashMap::new();
-    for t in listed {
+    for t in j.listed {
         by_biz.entry(t.biz_no.as_str()).or_default().push(t);
     }
-    let own: HashMap<&str, &ListedTask> = listed.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    let mut v = Verdict { paper: PaperCounts { jobs: tally.lines, ..PaperCounts::default() }, ..Verdict::default() };
-    for (n, order) in orders.iter().enumerate() {
+    let own: HashMap<&str, &ListedTask> = j.listed.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    let no_rejects = BTreeSet::new();
+    let mut v = Verdict { paper: PaperCounts { jobs: j.tally.lines, ..PaperCounts::default() }, ..Verdict::default() };
+    for (n, order) in j.orders.iter().enumerate() {
         let biz_no = format!("E{n}");
-        let on_paper = tally.counts.get(n).copied().unwrap_or(0);
+        let on_paper = j.tally.counts.get(n).copied().unwrap_or(0);
         let tasks = by_biz.get(biz_no.as_str()).cloned().unwrap_or_default();
+        let answers = j.answers.get(n).map_or(&[][..], Vec::as_slice);
+        let rejected = j.rejected.get(&n).unwrap_or(&no_rejects);
         let mut answered_ids: Vec<String> = Vec::new();
-        for id in answers[n].iter().filter_map(|o| o.task_id.as_deref()) {
+        for id in answers.iter().filter_map(|o| o.task_id.as_deref()) {
             if !answered_ids.iter().any(|a| a == id) {
                 answered_ids.push(id.to_string());
             }
         }
+        let accepted = answers.iter().any(|o| matches!(o.status, 200 | 201));
+        // Never taken: every send refused over the lowered limit (the only refusal the run
+        // expects, and only for large orders).
+        let refused = order.large && !answers.is_empty() && answers.iter().all(|o| edges::over_limit(o));
+        // Kept by the agent: its LAN task rejected at the sync, and no task at the broker.
+        let kept = !rejected.is_empty() && tasks.is_empty();
         let finding = |detail: String| OrderFinding {
             biz_no: biz_no.clone(),
             channel: order.channel,
@@ -962,6 +1404,8 @@ fn judge(
                     v.paper.not_printed_accounted += 1;
                     v.not_printed.push(finding(format!("never on paper; the broker holds it {s}")));
                 }
+                None if kept => {}
+                None if refused => {}
                 other => {
                     v.paper.lost += 1;
                     v.lost.push(finding(match other {
@@ -977,9 +1421,22 @@ fn judge(
                 v.duplicates.push(finding(format!("on paper {k} times")));
             }
         }
+        if kept {
+            v.paper.rejected_kept += 1;
+            v.rejected_kept.push(finding(format!(
+                "LAN task {} rejected at the sync and kept by the agent; on paper {on_paper} times",
+                join(rejected)
+            )));
+        } else if refused && tasks.is_empty() {
+            v.paper.refused_over_limit += 1;
+            v.refused
+                .push(finding(format!("every send refused over the lowered content limit; on paper {on_paper} times")));
+        }
 
         // Then the broker's record against the paper.
         let broker_note = match tasks.as_slice() {
+            // Printed offline, kept by the agent: the broker rightly has no task.
+            [] if kept && on_paper == 1 => None,
             [] if on_paper > 0 => Some("on paper, but the broker has no task for it".to_string()),
             [] => None,
             // Honest doubt: the agent could not prove the sheet (killed between sending
@@ -1001,14 +1458,17 @@ fn judge(
             v.broker_differs.push(finding(note));
         }
 
-        // Then the answers: all of one task, directly or through an id the broker resolves.
+        // Then the answers: all of one task, directly or through an id the broker resolves;
+        // a LAN task the broker rejected names none.
         let mut why: Vec<String> = Vec::new();
-        let unanswered = answers[n].iter().filter(|o| o.status == 0).count();
+        let unanswered = answers.iter().filter(|o| o.status == 0).count();
         if unanswered > 0 {
             why.push(format!("{unanswered} sends got no final answer"));
         }
-        for o in answers[n].iter().filter(|o| !matches!(o.status, 0 | 200 | 201)) {
-            why.push(format!("answered {}: {}", o.status, o.detail.as_deref().unwrap_or("")));
+        for o in answers.iter().filter(|o| !matches!(o.status, 0 | 200 | 201)) {
+            if !(order.large && edges::over_limit(o)) {
+                why.push(format!("answered {}", edges::describe(o)));
+            }
         }
         let mut canonical: BTreeSet<String> = BTreeSet::new();
         for id in &answered_ids {
@@ -1017,11 +1477,12 @@ fn judge(
                     canonical.insert(t.task_id.clone());
                 }
                 Some(t) => why.push(format!("answered task {id} is the broker's task of {}", t.biz_no)),
-                None => match resolved.get(id) {
+                None => match j.resolved.get(id) {
                     Some(Some(r)) if r.biz_no == biz_no => {
                         canonical.insert(r.task_id.clone());
                     }
                     Some(Some(r)) => why.push(format!("answered id {id} resolves to {} of {}", r.task_id, r.biz_no)),
+                    _ if rejected.contains(id) => {}
                     _ => why.push(format!("answered id {id} is unknown to the broker (GET /v1/print-tasks/{id}: 404)")),
                 },
             }
@@ -1029,7 +1490,7 @@ fn judge(
         if canonical.len() > 1 {
             why.push(format!("the answers name {} different tasks: {}", canonical.len(), join(&canonical)));
         }
-        if answers[n].iter().all(|o| o.status != 200 && o.status != 201) {
+        if !accepted && !refused {
             why.push("no send of the order was accepted".into());
         }
         if !why.is_empty() {
@@ -1076,18 +1537,25 @@ const DEVICE_LOG_WAIT: Duration = Duration::from_secs(15);
 /// Reads the reconciliation of the run's day(s) and checks it; the device log's lists are
 /// read again until they are empty (the digest runs every second) or
 /// [`DEVICE_LOG_WAIT`] passed.
+///
+/// `expected` is the ledger charges the day(s) must have and the LAN task ids the device
+/// log may name without the broker having them (printed offline, rejected, kept by the
+/// agent): those entries of `device_printed_broker_not` are explained and left out.
 async fn reconcile(
     conn: &mut Conn,
     auth: &HeaderValue,
-    first: &str,
-    last: &str,
-    orders: usize,
+    (first, last): (&str, &str),
+    (charges, explained): (u64, &BTreeSet<String>),
     problems: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) -> Result<ReconciliationCheck, BenchError> {
     let since = Instant::now();
     loop {
-        let mut check = ReconciliationCheck { dates: dates_between(first, last), ..ReconciliationCheck::default() };
+        let mut check = ReconciliationCheck {
+            dates: dates_between(first, last),
+            expected_charges: charges,
+            ..ReconciliationCheck::default()
+        };
         for date in check.dates.clone() {
             let path = format!("/v1/stores/{STORE_ID}/reconciliation?date={date}");
             let (status, body) = conn
@@ -1103,6 +1571,11 @@ async fn reconcile(
             let r: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             add_day(&mut check, &r);
         }
+        if let Some(list) = check.device_printed_broker_not.as_mut() {
+            let before = list.len();
+            list.retain(|d| d.get("task_id").and_then(Value::as_str).is_none_or(|id| !explained.contains(id)));
+            check.device_explained = before - list.len();
+        }
         check.waited_s = since.elapsed().as_secs_f64();
         let device_empty = |l: &Option<Vec<Value>>| l.as_ref().is_none_or(Vec::is_empty);
         let settled = check.device_log.is_none()
@@ -1110,7 +1583,7 @@ async fn reconcile(
                 && device_empty(&check.device_printed_broker_not)
                 && device_empty(&check.broker_printed_device_not));
         if settled || since.elapsed() >= DEVICE_LOG_WAIT {
-            check_day(&check, orders, problems, notes);
+            check_day(&check, problems, notes);
             return Ok(check);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1145,7 +1618,7 @@ fn add_day(check: &mut ReconciliationCheck, r: &Value) {
     }
 }
 
-fn check_day(check: &ReconciliationCheck, orders: usize, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+fn check_day(check: &ReconciliationCheck, problems: &mut Vec<String>, notes: &mut Vec<String>) {
     if !check.printed_more_than_once.is_empty() {
         problems.push(format!(
             "the reconciliation lists {} keys printed more than once: {}",
@@ -1153,8 +1626,11 @@ fn check_day(check: &ReconciliationCheck, orders: usize, problems: &mut Vec<Stri
             check.printed_more_than_once.iter().take(10).cloned().collect::<Vec<_>>().join("; ")
         ));
     }
-    if check.ledger_charges != orders as u64 {
-        problems.push(format!("the ledger has {} charges for {orders} orders (one each)", check.ledger_charges));
+    if check.ledger_charges != check.expected_charges {
+        problems.push(format!(
+            "the ledger has {} charges for {} orders the broker holds (one each)",
+            check.ledger_charges, check.expected_charges
+        ));
     }
     match check.device_log.as_deref() {
         None if check.device_printed_broker_not.is_none() && check.broker_printed_device_not.is_none() => notes.push(
@@ -1196,6 +1672,9 @@ impl OfflineReport {
         );
         let cuts: Vec<String> = self.cuts.iter().map(|c| format!("{:.1}–{:.1}", c.from_s, c.to_s)).collect();
         let _ = writeln!(s, "  line down (s): {}", if cuts.is_empty() { "never".into() } else { cuts.join(", ") });
+        if !self.edges.on.is_empty() {
+            let _ = writeln!(s, "  edges: {}", self.edges.on.join(", "));
+        }
         if let Some(every) = self.kill_agent_every_s {
             let at: Vec<String> = self.agent_kills.iter().map(|k| format!("{:.1}", k.at_s)).collect();
             let _ = writeln!(
@@ -1221,6 +1700,7 @@ impl OfflineReport {
                 side.retried_5xx
             );
         }
+        self.render_edges(&mut s);
         let _ = writeln!(
             s,
             "  submissions answered in {:.1} s; drain {} in {:.1} s (timeout {:.0} s)",
@@ -1233,14 +1713,17 @@ impl OfflineReport {
         let _ = writeln!(
             s,
             "  paper: {} jobs; {} orders once, {} more than once ({} extra sheets), {} not printed and accounted \
-             for (in_doubt/failed), {} lost; {} on paper once and in doubt at the broker",
+             for (in_doubt/failed), {} lost; {} on paper once and in doubt at the broker; {} rejected at the sync \
+             and kept by the agent, {} refused over the lowered limit",
             p.jobs,
             p.printed_once,
             p.printed_twice_or_more,
             p.extra_sheets,
             p.not_printed_accounted,
             p.lost,
-            p.in_doubt_on_paper
+            p.in_doubt_on_paper,
+            p.rejected_kept,
+            p.refused_over_limit
         );
         let _ = writeln!(s, "  LAN task ids resolved through the broker: {}", self.resolved_lan_ids);
         for (what, list) in [
@@ -1250,6 +1733,8 @@ impl OfflineReport {
             ("on paper once, in doubt at the broker (honest doubt)", &self.in_doubt_on_paper),
             ("inconsistent answers", &self.inconsistent),
             ("broker differs from paper", &self.broker_differs),
+            ("rejected at the sync, kept by the agent (accounted for)", &self.rejected_kept),
+            ("refused over the lowered content limit (accounted for)", &self.refused),
         ] {
             if list.is_empty() {
                 continue;
@@ -1267,8 +1752,9 @@ impl OfflineReport {
         let len = |l: &Option<Vec<Value>>| l.as_ref().map_or("absent".to_string(), |l| l.len().to_string());
         let _ = writeln!(
             s,
-            "  reconciliation {}: submitted {}, printed {}, in_doubt {}, failed {}, open {}, ledger charges {}, \
-             printed_more_than_once {}, device log {}, device_printed_broker_not {}, broker_printed_device_not {}",
+            "  reconciliation {}: submitted {}, printed {}, in_doubt {}, failed {}, open {}, ledger charges {} \
+             (expected {}), printed_more_than_once {}, device log {}, device_printed_broker_not {} (+{} explained: \
+             rejected LAN tasks the agent printed and keeps), broker_printed_device_not {}",
             r.dates.join(" + "),
             r.submitted,
             r.printed,
@@ -1276,9 +1762,11 @@ impl OfflineReport {
             r.failed,
             r.open,
             r.ledger_charges,
+            r.expected_charges,
             r.printed_more_than_once.len(),
             r.device_log.as_deref().unwrap_or("absent"),
             len(&r.device_printed_broker_not),
+            r.device_explained,
             len(&r.broker_printed_device_not)
         );
         for n in &self.notes {
@@ -1297,6 +1785,104 @@ impl OfflineReport {
             }
         }
         s
+    }
+}
+
+/// Spans as `from–to` seconds.
+fn spans(list: &[Cut]) -> String {
+    let all: Vec<String> = list.iter().map(|c| format!("{:.1}–{:.1}", c.from_s, c.to_s)).collect();
+    if all.is_empty() {
+        "none".into()
+    } else {
+        all.join(", ")
+    }
+}
+
+/// A clock offset in ms, as a person reads it: `0`, `+2 h`, `-1 d`, `+90 s`.
+fn offset(ms: i64) -> String {
+    let sign = if ms < 0 { "-" } else { "+" };
+    let a = ms.unsigned_abs();
+    match a {
+        0 => "0".into(),
+        a if a % 86_400_000 == 0 => format!("{sign}{} d", a / 86_400_000),
+        a if a % 3_600_000 == 0 => format!("{sign}{} h", a / 3_600_000),
+        a => format!("{sign}{:.0} s", a as f64 / 1000.0),
+    }
+}
+
+impl OfflineReport {
+    /// The lines of the edges that were on.
+    fn render_edges(&self, s: &mut String) {
+        let e = &self.edges;
+        if let Some(r) = &e.slow_forwards {
+            let _ = writeln!(
+                s,
+                "  slow forwards: answers held {} ms in {}; {} LAN answers accepted offline while the line was slow; \
+                 {} orders taken by the broker from a late forward and by the agent offline (merged into one task)",
+                r.hold_ms,
+                spans(&r.periods),
+                r.lan_offline_while_slow,
+                r.doubles
+            );
+        }
+        if let Some(r) = &e.mixed_station {
+            let _ = writeln!(
+                s,
+                "  station {} {:?}: {} cloud and {} LAN orders; tasks per printer {:?}",
+                r.station, r.printers, r.orders_cloud, r.orders_lan, r.tasks_per_printer
+            );
+        }
+        if let Some(r) = &e.station_change {
+            let moves: Vec<String> = r.moves.iter().map(|m| format!("{:.1} s → {:?}", m.at_s, m.printers)).collect();
+            let _ = writeln!(
+                s,
+                "  station {} moved during the cuts: {}; {} cloud and {} LAN orders; tasks per printer {:?}",
+                r.station,
+                if moves.is_empty() { "never".into() } else { moves.join(", ") },
+                r.orders_cloud,
+                r.orders_lan,
+                r.tasks_per_printer
+            );
+        }
+        if let Some(r) = &e.rejected_merges {
+            let restart = r.restart.as_ref().map_or("never restarted".to_string(), |x| {
+                format!(
+                    "broker restarted at {:.1} s ({:.0} ms down) with max_content_bytes {}",
+                    x.at_s, x.down_ms, x.max_content_bytes
+                )
+            });
+            let _ = writeln!(
+                s,
+                "  rejected merges: {} large orders; {restart}; {} rejected LAN tasks alerted (the agent keeps {}); \
+                 {} orders kept by the agent only, {} refused, {} answers 400 over the limit",
+                r.large_orders,
+                r.alerts,
+                r.agent_rejected.map_or("?".to_string(), |n| n.to_string()),
+                r.rejected_kept,
+                r.refused,
+                r.answers_over_limit
+            );
+        }
+        if let Some(r) = &e.failing_uploads {
+            let _ = writeln!(
+                s,
+                "  failing uploads in {}: {} uploads answered 502 by the line, {} carried",
+                spans(&r.periods),
+                r.failed,
+                r.passed
+            );
+        }
+        if let Some(r) = &e.second_agent {
+            let _ = writeln!(
+                s,
+                "  second agent: {} LAN re-sends, {} answered 503 lan_listener_taken, {} otherwise",
+                r.sends, r.refused_taken, r.other
+            );
+        }
+        if let Some(c) = &e.clock_offsets_ms {
+            let all: Vec<String> = c.iter().map(|&ms| offset(ms)).collect();
+            let _ = writeln!(s, "  agent clock per life: {}", all.join(", "));
+        }
     }
 }
 
@@ -1388,7 +1974,7 @@ mod tests {
 
     #[test]
     fn the_verdict_finds_duplicates_losses_and_split_answers() {
-        let orders = vec![Order { channel: Channel::Both }; 5];
+        let orders = vec![Order::new(Channel::Both); 5];
         // E0 once; E1 twice; E2 never but in doubt; E3 never and pending; E4 once.
         let tally = Tally::with_prints(&[(0, 1), (1, 2), (4, 1)], 5);
         let listed = vec![
@@ -1411,7 +1997,15 @@ mod tests {
             ("lan4".to_string(), None),
         ]
         .into();
-        let v = judge(&orders, &tally, &listed, &answers, &resolved);
+        let none = BTreeMap::new();
+        let v = judge(&Judged {
+            orders: &orders,
+            tally: &tally,
+            listed: &listed,
+            answers: &answers,
+            resolved: &resolved,
+            rejected: &none,
+        });
         assert_eq!((v.paper.printed_once, v.paper.printed_twice_or_more, v.paper.extra_sheets), (2, 1, 1));
         assert_eq!((v.paper.not_printed_accounted, v.paper.lost), (1, 1));
         assert_eq!(v.duplicates.iter().map(|f| f.biz_no.as_str()).collect::<Vec<_>>(), ["E1"]);
@@ -1425,7 +2019,7 @@ mod tests {
 
     #[test]
     fn the_verdict_compares_the_broker_with_the_paper() {
-        let orders = vec![Order { channel: Channel::Cloud }; 4];
+        let orders = vec![Order::new(Channel::Cloud); 4];
         let tally = Tally::with_prints(&[(0, 1), (2, 1), (3, 1)], 4);
         let listed = vec![
             task("E0", "t0", "failed"),
@@ -1437,7 +2031,15 @@ mod tests {
         let answers_owned =
             [vec![out(201, "t0")], vec![out(201, "t1")], vec![out(201, "t2"), out(200, "t2b")], vec![out(201, "t3")]];
         let answers: Vec<Vec<&Outcome>> = answers_owned.iter().map(|a| a.iter().collect()).collect();
-        let v = judge(&orders, &tally, &listed, &answers, &BTreeMap::new());
+        let (resolved, rejected) = (BTreeMap::new(), BTreeMap::new());
+        let v = judge(&Judged {
+            orders: &orders,
+            tally: &tally,
+            listed: &listed,
+            answers: &answers,
+            resolved: &resolved,
+            rejected: &rejected,
+        });
         let differs: Vec<&str> = v.broker_differs.iter().map(|f| f.biz_no.as_str()).collect();
         assert_eq!(differs, ["E0", "E1", "E2"]);
         assert!(v.inconsistent.iter().any(|f| f.biz_no == "E2" && f.detail.contains("2 different tasks")));
@@ -1448,15 +2050,115 @@ mod tests {
     }
 
     #[test]
+    fn rejected_and_refused_orders_are_accounted_for_but_never_twice() {
+        let large = Order { large: true, ..Order::new(Channel::Lan) };
+        let mut orders = vec![large; 5];
+        orders[3].channel = Channel::Cloud;
+        orders[4] = Order::new(Channel::Cloud);
+        // E0 printed offline and kept; E1 never printed and kept; E2 kept but on paper
+        // twice; E3 refused at every send; E4 not large, refused all the same.
+        let tally = Tally::with_prints(&[(0, 1), (2, 2)], 5);
+        let over = || Outcome {
+            status: 400,
+            detail: Some(r#"{"error":{"message":"content: is 6324 bytes, the limit is 4096 bytes"}}"#.into()),
+            ..Outcome::default()
+        };
+        let answers_owned: Vec<Vec<Outcome>> = vec![
+            vec![out(201, "L0"), over()],
+            vec![out(201, "L1"), out(200, "L1")],
+            vec![out(201, "L2")],
+            vec![over(), over()],
+            vec![over()],
+        ];
+        let answers: Vec<Vec<&Outcome>> = answers_owned.iter().map(|a| a.iter().collect()).collect();
+        let rejected: BTreeMap<usize, BTreeSet<String>> =
+            (0..3).map(|n| (n, BTreeSet::from([format!("L{n}")]))).collect();
+        let resolved = BTreeMap::new();
+        let v = judge(&Judged {
+            orders: &orders,
+            tally: &tally,
+            listed: &[],
+            answers: &answers,
+            resolved: &resolved,
+            rejected: &rejected,
+        });
+        let names = |l: &[OrderFinding]| l.iter().map(|f| f.biz_no.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&v.rejected_kept), ["E0", "E1", "E2"]);
+        assert_eq!(names(&v.refused), ["E3"]);
+        assert_eq!((v.paper.rejected_kept, v.paper.refused_over_limit), (3, 1));
+        assert_eq!(names(&v.duplicates), ["E2"]);
+        assert_eq!(names(&v.lost), ["E4"]);
+        assert_eq!(names(&v.inconsistent), ["E4"], "{:?}", v.inconsistent);
+        assert!(v.inconsistent[0].detail.contains("answered 400"));
+        assert!(
+            names(&v.broker_differs).contains(&"E2".to_string())
+                && !names(&v.broker_differs).contains(&"E0".to_string())
+        );
+    }
+
+    #[test]
+    fn the_edges_change_the_plan_only_where_they_say() {
+        let base = OfflineOptions { tasks: 4_000, ..OfflineOptions::new("x") };
+        let with =
+            OfflineOptions { edges: Edges::all(), kill_agent_every: Some(Duration::from_secs(5)), ..base.clone() };
+        assert!(validate(&with).is_ok());
+        let (a, b) = (plan(&base), plan(&with));
+        let count = |to: Destination| b.orders.iter().filter(|o| o.to == to).count();
+        let (kitchen, bar) = (count(Destination::Kitchen), count(Destination::Bar));
+        assert!((200..450).contains(&kitchen) && (200..450).contains(&bar), "{kitchen} {bar}");
+        for (x, y) in a.orders.iter().zip(&b.orders) {
+            match y.to {
+                Destination::Printer(_) => assert_eq!(x.channel, y.channel, "a printer order keeps its side"),
+                _ => assert_ne!(y.channel, Channel::Both, "a station order goes one way"),
+            }
+            assert!(!y.large || y.channel.lan(), "a large order has a LAN side");
+        }
+        let large = b.orders.iter().filter(|o| o.large).count();
+        assert!((10..80).contains(&large), "{large}");
+        // The second agent gets LAN re-sends only, about 5 % of them.
+        assert!(b.second.plan.requests.iter().all(|r| r.repeat && b.orders[r.key as usize].channel.lan()));
+        let lan_resends = b.lan.plan.requests.iter().filter(|r| r.repeat).count() + b.second.plan.requests.len();
+        let second = b.second.plan.requests.len() as f64 / lan_resends as f64;
+        assert!((0.03..0.07).contains(&second), "{second}");
+        assert!(a.second.plan.requests.is_empty());
+        let body = String::from_utf8_lossy(
+            &b.lan.plan.requests.iter().find(|r| b.orders[r.key as usize].large).expect("a large LAN send").body,
+        )
+        .into_owned();
+        assert!(body.len() > edges::LOWERED_LIMIT);
+    }
+
+    #[test]
+    fn edges_need_what_they_work_on() {
+        let check = |f: &dyn Fn(&mut OfflineOptions)| {
+            let mut o = OfflineOptions {
+                edges: Edges::all(),
+                kill_agent_every: Some(Duration::from_secs(5)),
+                ..OfflineOptions::new("x")
+            };
+            f(&mut o);
+            validate(&o).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        assert!(check(&|o| o.kill_agent_every = None).contains("--kill-agent-every"));
+        assert!(check(&|o| o.printers = 1).contains("--printers 2"));
+        assert!(check(&|o| o.hold = Duration::from_millis(300)).contains("offline-after-ms"));
+        assert!(check(&|o| o.mix = Mix { cloud: 1, lan: 0, both: 0 }).contains("LAN"));
+        assert_eq!(check(&|_| {}), "");
+        assert_eq!(offset(7_200_000), "+2 h");
+        assert_eq!(offset(-86_400_000), "-1 d");
+        assert_eq!(offset(0), "0");
+    }
+
+    #[test]
     fn reconciliation_days_add_up_and_absent_device_fields_are_a_note() {
-        let mut c = ReconciliationCheck::default();
+        let mut c = ReconciliationCheck { expected_charges: 3, ..ReconciliationCheck::default() };
         add_day(
             &mut c,
             &json!({"counts": {"submitted": 3, "printed": 2, "in_doubt": 1}, "ledger": {"charges": 3},
                                 "printed_more_than_once": []}),
         );
         let (mut problems, mut notes) = (Vec::new(), Vec::new());
-        check_day(&c, 3, &mut problems, &mut notes);
+        check_day(&c, &mut problems, &mut notes);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(notes.len(), 1);
         add_day(
@@ -1466,7 +2168,7 @@ mod tests {
                                 "device_printed_broker_not": [{"task_id": "x"}], "broker_printed_device_not": []}),
         );
         let (mut problems, mut notes) = (Vec::new(), Vec::new());
-        check_day(&c, 3, &mut problems, &mut notes);
+        check_day(&c, &mut problems, &mut notes);
         let all = problems.join("\n");
         assert!(
             all.contains("printed more than once")
