@@ -252,6 +252,11 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
             "description": "Long-poll wait in milliseconds (default 25000); longer waits are cut to 60000."})),
         ("PollIn", "max", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX,
             "description": "Most deliveries in one answer (default 16); taken as 1–256."})),
+        ("PollIn", "session_age_ms", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX,
+            "description": "Extension (agent protocol 3): how long this agent process has been running, in \
+                milliseconds of its monotonic clock. Of two sessions of one agent id the one that started later on \
+                the broker's clock (first heard, less this age) is the newer; the agent's wall clock never counts. \
+                Without it, a session starts when the broker first hears it."})),
         // Any item is part of a valid batch: each is checked as the body of a single
         // submission (`SubmitTask`) and a bad one is refused in its own result (400 in
         // `results`), not by refusing the batch, whose other items go on.
@@ -272,11 +277,12 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("StatusIn", "printers", json!({"type": "array", "maxItems": onceprint_engine::printer_watch::MAX_REPORTS,
             "items": {"$ref": "#/components/schemas/PrinterStatusIn"}})),
         ("PrinterStatusIn", "status", json!({"type": "string", "enum": ["ready", "no_paper", "cover_open", "paper_jam", "offline"]})),
-        // Offline operation (issue 14). What the broker refuses per task with a `rejected`
+        // Offline operation. What the broker refuses per task with a `rejected`
         // result (200) stays plain here: a report the broker cannot take is answered, not
         // refused, so that the agent stops sending it. What refuses the whole request is
         // in the schema.
         ("CreateLanKey", "id", nullable(id())),
+        ("LanListenerClaim", "agent_id", agent_id()),
         ("OfflineTasksIn", "agent_id", agent_id()),
         ("OfflineTasksIn", "session", session()),
         ("OfflineTasksIn", "tasks", json!({"type": "array", "maxItems": onceprint_engine::offline::MAX_TASKS,
