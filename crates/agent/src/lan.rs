@@ -501,6 +501,7 @@ async fn accept_offline(
         return error(StatusCode::BAD_REQUEST, "invalid_content", format!("content: {e}"));
     }
     let now = now_ms();
+    let (clock_origin, clock_ms) = crate::boot_clock();
     let task = OfflineTask {
         task_id: onceprint_core::TaskId::from_parts(now, rand::random::<[u8; 10]>()).into_string(),
         target: target.key_part(),
@@ -518,6 +519,8 @@ async fn accept_offline(
         detail: String::new(),
         history: Vec::new(),
         synced: false,
+        clock_origin: clock_origin.to_owned(),
+        clock_ms,
     };
     match st.outbox.insert(task).await {
         Ok(Inserted::Created(t)) => {

@@ -203,6 +203,47 @@ pub(crate) fn wall_ms() -> i64 {
     now + CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The machine's clock since boot in milliseconds, with the boot it counts from: a clock
+/// that no setting of the wall clock moves. On Linux it is `CLOCK_BOOTTIME` under the
+/// kernel's boot id, so it also holds across restarts of the agent; elsewhere, this
+/// process's monotonic clock under an id of the process. Offline tickets record it when
+/// they are accepted, so that the upload can say how long ago that was (`age_ms`) and the
+/// broker place the acceptance on its own clock exactly, whatever the wall clock did.
+pub(crate) fn boot_clock() -> (&'static str, i64) {
+    boot::now()
+}
+
+#[cfg(target_os = "linux")]
+mod boot {
+    use std::sync::OnceLock;
+
+    static BOOT_ID: OnceLock<String> = OnceLock::new();
+
+    pub(super) fn now() -> (&'static str, i64) {
+        let id = BOOT_ID.get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| format!("boot:{}", s.trim()))
+                .unwrap_or_else(|_| format!("process:{}:{}", std::process::id(), super::wall_ms()))
+        });
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+        (id.as_str(), t.tv_sec.saturating_mul(1000).saturating_add(t.tv_nsec / 1_000_000))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod boot {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    static START: OnceLock<(String, Instant)> = OnceLock::new();
+
+    pub(super) fn now() -> (&'static str, i64) {
+        let (id, start) =
+            START.get_or_init(|| (format!("process:{}:{}", std::process::id(), super::wall_ms()), Instant::now()));
+        (id.as_str(), start.elapsed().as_millis() as i64)
+    }
+}
+
 /// The agent token; its `Debug` output is redacted so that logging the arguments never
 /// leaks it.
 #[derive(Clone, PartialEq, Eq)]

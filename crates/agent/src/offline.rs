@@ -187,6 +187,10 @@ struct UploadTask {
     attempts: u32,
     detail: String,
     history: Vec<HistoryEntry>,
+    /// How long ago the task was accepted by the machine's clock since boot, when it was
+    /// accepted in this boot (agent protocol 4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    age_ms: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -214,7 +218,11 @@ struct UploadAnswer {
     results: Vec<UploadResult>,
 }
 
-fn upload_task(t: OfflineTask) -> UploadTask {
+fn upload_task(t: OfflineTask, protocol_4: bool) -> UploadTask {
+    let (origin, clock_ms) = crate::boot_clock();
+    let age_ms = (protocol_4 && !t.clock_origin.is_empty() && t.clock_origin == origin)
+        .then_some(clock_ms - t.clock_ms)
+        .filter(|age| *age >= 0);
     let value: serde_json::Value = serde_json::from_str(&t.request).unwrap_or_default();
     let outcome = match t.state {
         LocalState::Printed => "printed",
@@ -236,6 +244,7 @@ fn upload_task(t: OfflineTask) -> UploadTask {
         attempts: t.attempt,
         detail: t.detail,
         history: t.history,
+        age_ms,
     }
 }
 
@@ -299,7 +308,8 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
         };
         // The broker takes at most 1 MiB per request: a batch of large tickets goes in
         // several requests.
-        let chunks = chunks_by_size(batch.into_iter().map(upload_task).collect(), MAX_BODY_BYTES);
+        let protocol_4 = client.speaks(4);
+        let chunks = chunks_by_size(batch.into_iter().map(|t| upload_task(t, protocol_4)).collect(), MAX_BODY_BYTES);
         let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
         for chunk in chunks {
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();

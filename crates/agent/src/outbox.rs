@@ -129,6 +129,10 @@ pub struct OfflineTask {
     pub detail: String,
     pub history: Vec<HistoryEntry>,
     pub synced: bool,
+    /// The boot the acceptance was timed in, and the machine's clock since that boot then
+    /// (`crate::boot_clock`); empty and 0 for a task an older agent accepted.
+    pub clock_origin: String,
+    pub clock_ms: i64,
 }
 
 /// The most outcomes kept per task. A printer out of paper for a whole evening retries a
@@ -223,7 +227,8 @@ pub struct Forwarded {
 }
 
 const COLUMNS: &str = "task_id, target, biz_no, print_type, fingerprint, request, printer_id, delivery_key, \
-                       lan_key_id, accepted_at, state, attempt, next_at, detail, history, synced";
+                       lan_key_id, accepted_at, state, attempt, next_at, detail, history, synced, clock_origin, \
+                       clock_ms";
 
 fn row_to_task(r: &rusqlite::Row<'_>) -> rusqlite::Result<OfflineTask> {
     let history: String = r.get(14)?;
@@ -244,6 +249,8 @@ fn row_to_task(r: &rusqlite::Row<'_>) -> rusqlite::Result<OfflineTask> {
         detail: r.get(13)?,
         history: serde_json::from_str(&history).unwrap_or_default(),
         synced: r.get::<_, i64>(15)? != 0,
+        clock_origin: r.get(16)?,
+        clock_ms: r.get(17)?,
     })
 }
 
@@ -259,6 +266,20 @@ impl Outbox {
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
+        // Columns later releases added to an outbox an earlier one created.
+        let has = |column: &str| -> rusqlite::Result<bool> {
+            conn.query_row("SELECT COUNT(*) FROM pragma_table_info('lan_tasks') WHERE name = ?1", [column], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n > 0)
+        };
+        if !has("clock_origin").map_err(open_err)? {
+            conn.execute_batch(
+                "ALTER TABLE lan_tasks ADD COLUMN clock_origin TEXT NOT NULL DEFAULT ''; \
+                 ALTER TABLE lan_tasks ADD COLUMN clock_ms INTEGER NOT NULL DEFAULT 0;",
+            )
+            .map_err(open_err)?;
+        }
         // A process that stopped between marking tasks for an upload and hearing its
         // answer left them `handed`: they go back to the local lane, as after a failed
         // upload, and are uploaded again once the broker answers.
@@ -325,8 +346,8 @@ impl Outbox {
         self.with(move |c| {
             let n = c.execute(
                 "INSERT INTO lan_tasks (task_id, target, biz_no, print_type, fingerprint, request, printer_id, \
-                 delivery_key, lan_key_id, accepted_at, state, attempt, next_at, detail) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'accepted', 0, ?10, '') \
+                 delivery_key, lan_key_id, accepted_at, state, attempt, next_at, detail, clock_origin, clock_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'accepted', 0, ?10, '', ?11, ?12) \
                  ON CONFLICT (target, biz_no, print_type) DO NOTHING",
                 params![
                     task.task_id,
@@ -338,7 +359,9 @@ impl Outbox {
                     task.printer_id,
                     task.delivery_key,
                     task.lan_key_id,
-                    task.accepted_at
+                    task.accepted_at,
+                    task.clock_origin,
+                    task.clock_ms
                 ],
             )?;
             let found = c.query_row(
@@ -594,6 +617,8 @@ mod tests {
             detail: String::new(),
             history: Vec::new(),
             synced: false,
+            clock_origin: "boot:test".into(),
+            clock_ms: 500,
         }
     }
 
@@ -659,6 +684,39 @@ mod tests {
         let o = Outbox::open(dir.path()).expect("reopen");
         assert_eq!(o.start("t1").await.ok(), Some(Some(1)));
         assert_eq!(o.start("t2").await.ok(), Some(Some(1)));
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_an_earlier_release_is_opened_and_keeps_its_tasks() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            // The tables as the release before the clock columns created them (`SCHEMA`
+            // itself is unchanged since: the columns are added when the outbox opens).
+            let c = Connection::open(dir.path().join(FILE)).expect("open");
+            c.execute_batch(SCHEMA).expect("schema");
+            c.execute(
+                "INSERT INTO lan_tasks (task_id, target, biz_no, print_type, fingerprint, request, printer_id, \
+                 delivery_key, lan_key_id, accepted_at, state, next_at) \
+                 VALUES ('t0', 'printer:p1', 'A0', 'receipt', 'f', '{}', 'p1', 'A0#p1', 'k1', 1000, 'accepted', 1000)",
+                [],
+            )
+            .expect("insert");
+        }
+        let o = Outbox::open(dir.path()).expect("open an earlier outbox");
+        let t = o.get("t0").await.expect("get").expect("kept");
+        assert_eq!((t.clock_origin.as_str(), t.clock_ms), ("", 0), "an older task has no boot clock");
+        o.insert(task("t1", "A1", "f")).await.expect("insert");
+        let t = o.get("t1").await.expect("get").expect("kept");
+        assert_eq!((t.clock_origin.as_str(), t.clock_ms), ("boot:test", 500));
+    }
+
+    #[test]
+    fn the_boot_clock_goes_on_with_its_origin() {
+        let (origin, a) = crate::boot_clock();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (again, b) = crate::boot_clock();
+        assert_eq!(origin, again);
+        assert!(b - a >= 20 && !origin.is_empty(), "{a} then {b}");
     }
 
     #[tokio::test]

@@ -570,6 +570,8 @@ async fn a_key_printed_for_a_lan_ticket_leaves_the_cloud_task_in_doubt_until_the
             detail: String::new(),
             history: Vec::new(),
             synced: false,
+            clock_origin: String::new(),
+            clock_ms: 0,
         };
         outbox.insert(lan).await.expect("insert");
         assert_eq!(outbox.start("L1").await.expect("start"), Some(1));

@@ -85,6 +85,8 @@ pub struct Directory {
     printers: Cache<(String, String), Arc<PrinterInfo>>,
     stations: Cache<(String, String), Station>,
     logins: Cache<String, PrinterCredential>,
+    /// The agent holding each store's LAN listener (`None`: no agent does).
+    lan_listeners: Cache<(String, String), Option<String>>,
     /// Where forgets for the other nodes go, once the cluster link is attached.
     outbox: OnceLock<Arc<Outbox>>,
 }
@@ -103,6 +105,7 @@ impl Directory {
             printers: Cache::new(),
             stations: Cache::new(),
             logins: Cache::new(),
+            lan_listeners: Cache::new(),
             outbox: OnceLock::new(),
         }
     }
@@ -193,6 +196,27 @@ impl Directory {
         Ok(found)
     }
 
+    /// The store agent holding the store's LAN listener, if one does (a released lease
+    /// holds nothing). Asked on every agent poll, so cached like the rest.
+    pub async fn lan_listener(&self, tenant_id: &str, store_id: &str) -> StoreResult<Option<String>> {
+        let k = (tenant_id.to_owned(), store_id.to_owned());
+        if let Some(holder) = self.lan_listeners.get(&k, self.ttl) {
+            return Ok(holder);
+        }
+        let name = crate::offline::lan_listener_lease(tenant_id, store_id);
+        let now = crate::clock::now_ms();
+        let holder = self.store.lease_row(&name).await?.filter(|l| l.expires_at > now).map(|l| l.holder);
+        self.lan_listeners.put(k, holder.clone());
+        Ok(holder)
+    }
+
+    /// After a store's LAN listener was taken or freed: the next look reads it again, on
+    /// every node (the others forget all they hold of the tenant).
+    pub fn forget_lan_listener(&self, tenant_id: &str, store_id: &str) {
+        self.lan_listeners.forget(&(tenant_id.to_owned(), store_id.to_owned()));
+        self.tell_others(Word::Tenant { tenant_id: tenant_id.to_owned() });
+    }
+
     /// After a printer changed: the next look reads it again, on every node.
     pub fn forget_printer(&self, tenant_id: &str, printer_id: &str) {
         self.forget_printer_here(tenant_id, printer_id);
@@ -239,6 +263,7 @@ impl Directory {
         self.printers.forget_where(|(t, _), _| t == tenant_id);
         self.stations.forget_where(|(t, _), _| t == tenant_id);
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id);
+        self.lan_listeners.forget_where(|(t, _), _| t == tenant_id);
     }
 
     /// Forgets every entry of this process (forgets from other nodes may have been lost).
@@ -248,5 +273,6 @@ impl Directory {
         self.printers.clear();
         self.stations.clear();
         self.logins.clear();
+        self.lan_listeners.clear();
     }
 }

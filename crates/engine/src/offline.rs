@@ -50,10 +50,12 @@ pub const MAX_CLOCK_AHEAD_MS: Millis = 5 * 60 * 1000;
 /// Longest detail kept from the agent, in characters.
 const MAX_DETAIL: usize = 500;
 
-/// The lease naming the one store agent that takes a store's LAN orders. Two agents
-/// taking them for one store could each print a ticket a POS retried from one to the
-/// other while the line is cut (neither's outbox nor journal knows the other's), so the
-/// second listener refuses with the first one's name. The lease never expires on its
+/// The lease naming the one store agent that takes a store's LAN orders. A ticket it
+/// printed offline is known to its journal alone until its upload reaches the broker, so
+/// it must be the only agent that prints the store's tickets: another agent could print
+/// the cloud's copy of that ticket first (both back online after a cut). So a second
+/// listener refuses LAN orders with the first one's name, and the store's deliveries go
+/// to the holder only; other agents of the store stand by. The lease never expires on its
 /// own: only a person frees it (`DELETE /v1/stores/{id}/lan-listener`).
 pub fn lan_listener_lease(tenant_id: &str, store_id: &str) -> String {
     format!("lan-listener/{tenant_id}/{store_id}")
@@ -113,6 +115,11 @@ pub struct OfflineReport {
     /// Why the task could not be read at all (a field of the wrong type, content that
     /// does not parse): it is rejected with this reason, the other tasks are taken.
     pub unreadable: Option<String>,
+    /// How long before the upload the agent accepted the task, by a clock that no setting
+    /// of the wall clock moves (the machine's time since boot): when the agent knows it,
+    /// the acceptance time on the broker's clock is exact, whatever the shop PC's clock
+    /// said then or says now.
+    pub age_ms: Option<Millis>,
 }
 
 /// What the sync did with one task.
@@ -257,6 +264,12 @@ impl Offline {
     pub async fn claim_lan_listener(&self, agent: &AgentIdentity, agent_id: &str) -> Result<LanClaim, StoreError> {
         let name = lan_listener_lease(&agent.tenant_id, &agent.store_id);
         if self.store.acquire_lease(&name, agent_id, now_ms(), LAN_LISTENER_LEASE_MS).await?.is_some() {
+            // The store's deliveries go to this agent alone from now on (agent polls ask
+            // the directory); a renewal by the holder changes nothing to forget.
+            let known = self.directory.lan_listener(&agent.tenant_id, &agent.store_id).await?;
+            if known.as_deref() != Some(agent_id) {
+                self.directory.forget_lan_listener(&agent.tenant_id, &agent.store_id);
+            }
             return Ok(LanClaim::Held);
         }
         let holder = self.store.lease_row(&name).await?.map(|l| l.holder).unwrap_or_default();
@@ -358,7 +371,9 @@ impl Offline {
         key: IdempotencyKey,
         outcome: OfflineOutcome,
     ) -> Result<SyncAnswer, StoreError> {
-        let lan_id = task.task.task_id.clone();
+        // The answer names the task by the id the agent sent: the broker's task may have an
+        // id of its own (a clock far off), which the answer gives as `broker_task_id`.
+        let lan_id = task.lan_id.clone();
         let fingerprint = task.task.fingerprint.clone();
         let planner = planner(fingerprint.clone(), outcome, lan_id.clone(), format!("agent:{agent_id}"), task.now);
         let merged = match self.store.merge_offline(task, planner).await {
@@ -507,10 +522,10 @@ impl Offline {
         // The agent's times, on the broker's clock: a shop PC's clock far off (set back by
         // a flat CMOS battery, say, or hours ahead) moves every time it reported by what it
         // was off when it uploaded. A small difference is only recorded.
-        let shift = clock.shift(r.accepted_at);
+        let (lead, shift) = clock.of_task(r.accepted_at, r.age_ms);
         let at = |t: Millis| (t - shift).clamp(0, now);
         let accepted_at = at(r.accepted_at);
-        if let Some(note) = clock.note(r.accepted_at) {
+        if let Some(note) = clock_note(lead, shift) {
             notes.push(note);
         }
 
@@ -722,7 +737,8 @@ struct Placed {
 }
 
 /// The agent's clock as its upload showed it: what it read when it sent the upload
-/// (`sent_at`, from agents that send it) against the broker's clock on arrival.
+/// (`sent_at`, from agents that send it) against the broker's clock on arrival; a task's
+/// own age, when the agent sends it, tells more ([`AgentClock::of_task`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AgentClock {
     /// The broker's clock when the upload arrived.
@@ -732,48 +748,54 @@ pub struct AgentClock {
 }
 
 impl AgentClock {
-    /// How far the agent's clock is ahead of the broker's (negative: behind), when the
-    /// upload said; the time on the way is small against what is corrected.
-    fn ahead(&self) -> Option<Millis> {
-        self.sent_at.map(|s| s - self.now)
-    }
-
-    /// What to subtract from the agent's times of a task accepted at `accepted_at`: its
-    /// clock's lead when that lead is past [`MAX_CLOCK_AHEAD_MS`] either way, else
-    /// nothing. Without `sent_at`, only a time ahead of the broker's by more than that
-    /// tells, and the acceptance then counts as now.
-    fn shift(&self, accepted_at: Millis) -> Millis {
-        match self.ahead() {
+    /// How far the agent's clock was ahead of the broker's for a task accepted at
+    /// `accepted_at` by that clock (negative: behind), when it can be told, and what to
+    /// subtract from the task's times: that lead when it is past [`MAX_CLOCK_AHEAD_MS`]
+    /// either way, else nothing. Best first: the task's age by the agent's clock since
+    /// boot (exact, also across a wall-clock step or a restart of the agent); then the
+    /// upload's `sent_at` (right unless the clock changed between the acceptance and the
+    /// upload); without either, only a time ahead of the broker's by more than the
+    /// tolerance tells, and the acceptance then counts as now.
+    fn of_task(&self, accepted_at: Millis, age_ms: Option<Millis>) -> (Option<Millis>, Millis) {
+        let lead = match age_ms.filter(|a| (0..=MAX_AGE_MS).contains(a)) {
+            Some(age) => Some(accepted_at - (self.now - age)),
+            None => self.sent_at.map(|s| s - self.now),
+        };
+        let shift = match lead {
             Some(lead) if lead.abs() > MAX_CLOCK_AHEAD_MS => lead,
             Some(_) => 0,
             None if accepted_at > self.now + MAX_CLOCK_AHEAD_MS => accepted_at - self.now,
             None => 0,
-        }
-    }
-
-    /// The audit note on the agent's clock, when it was off by a second or more.
-    fn note(&self, accepted_at: Millis) -> Option<String> {
-        let lead = self.ahead().unwrap_or(if self.shift(accepted_at) != 0 { accepted_at - self.now } else { 0 });
-        if lead.abs() < 1000 {
-            return None;
-        }
-        let way = if lead > 0 { "ahead of" } else { "behind" };
-        let amount = human_duration(lead.unsigned_abs());
-        Some(if self.shift(accepted_at) != 0 {
-            format!("the store agent's clock was {amount} {way} the broker's: its times are corrected by that much")
-        } else {
-            format!("the store agent's clock was {amount} {way} the broker's")
-        })
+        };
+        (lead, shift)
     }
 }
 
-/// `1.5 s`, `12 min`, `3.0 h`, `2 days`.
+/// The longest age of a task the broker believes: a year (an older one is a clock error).
+const MAX_AGE_MS: Millis = 366 * 24 * 3600 * 1000;
+
+/// The audit note on the agent's clock, when it was off by a second or more.
+fn clock_note(lead: Option<Millis>, shift: Millis) -> Option<String> {
+    let lead = lead.unwrap_or(shift);
+    if lead.abs() < 1000 {
+        return None;
+    }
+    let way = if lead > 0 { "ahead of" } else { "behind" };
+    let amount = human_duration(lead.unsigned_abs());
+    Some(if shift != 0 {
+        format!("the store agent's clock was {amount} {way} the broker's: its times are corrected by that much")
+    } else {
+        format!("the store agent's clock was {amount} {way} the broker's")
+    })
+}
+
+/// `1.5 s`, `12 min`, `3.0 h`, `2.5 days`.
 fn human_duration(ms: u64) -> String {
     match ms {
         ms if ms < 60_000 => format!("{:.1} s", ms as f64 / 1000.0),
         ms if ms < 3_600_000 => format!("{} min", ms / 60_000),
         ms if ms < 86_400_000 => format!("{:.1} h", ms as f64 / 3_600_000.0),
-        ms => format!("{} days", ms / 86_400_000),
+        ms => format!("{:.1} days", ms as f64 / 86_400_000.0),
     }
 }
 

@@ -644,6 +644,7 @@ impl Setup {
         let now = now_ms();
         let Some(held) = self.store.lease_row(&name).await?.filter(|l| l.expires_at > now) else { return Ok(None) };
         if self.store.release_lease(&name, &held.holder, now).await? {
+            self.directory.forget_lan_listener(caller.tenant_id, store_id);
             tracing::info!(
                 tenant_id = caller.tenant_id,
                 store_id,

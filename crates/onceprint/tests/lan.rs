@@ -311,3 +311,66 @@ async fn polling_resumes_within_seconds_and_a_stop_sends_the_device_log() {
     assert_eq!(day["device_log"], "present", "{day}");
     assert_eq!(day["broker_printed_device_not"], json!([]), "{day}");
 }
+
+/// Two agents of one store behind the same shop line, the first taking LAN orders. During
+/// a cut the first prints a LAN ticket that the cloud also took; when the line is back the
+/// cloud's copy goes to the first agent only (the other stands by), whose journal knows
+/// it: one copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stand_by_agent_never_prints_what_the_lan_agent_printed_offline() {
+    let Some(mut w) = World::start("standby", false, 1).await else { return };
+    let (faults, pos) = w.with_lan_listener().await;
+    let proxy = w.agent_server.clone().expect("the shop line");
+    let (_second, pos2) = w.another_lan_agent("agent2", &proxy, &pos.key);
+    wait_health(&w, &pos2, |h| h["lan_listener"] == "other_agent", 20).await;
+
+    faults.blackhole.store(true, Ordering::SeqCst);
+    for i in 0..5 {
+        let m = format!("CUT{i}");
+        let (status, offline, _) = pos.ticket(&m, &ticket_text(&m)).await;
+        assert_eq!((status, offline), (201, true));
+        let body = json!({"biz_no": m, "printer_id": "p0", "content": {"type": "text", "text": ticket_text(&m)}});
+        w.post("/v1/print-tasks", body).await;
+    }
+    for i in 0..5 {
+        w.wait_printed(&format!("CUT{i}"), 20).await;
+    }
+    faults.blackhole.store(false, Ordering::SeqCst);
+    wait_health(&w, &pos, |h| h["offline_tasks_not_synced"] == 0, 40).await;
+    for i in 0..5 {
+        let t = task_of(&w, &format!("CUT{i}")).await.expect("the broker's task");
+        w.wait_state(t["task_id"].as_str().unwrap_or(""), &["printed"], 30).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 0..5 {
+        assert_eq!(w.printed_count(&format!("CUT{i}")), 1, "CUT{i} once\n{}", w.logs());
+    }
+}
+
+/// The shop PC's clock is a day behind when the agent takes a ticket offline, and right
+/// again (the agent restarted) when it uploads it: the ticket's age by the machine's
+/// clock since boot places it today on the broker's clock, charged today.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_taken_under_a_wrong_clock_is_placed_by_the_broker_clock() {
+    let Some(mut w) = World::start("clock", false, 1).await else { return };
+    let (faults, pos) = w.with_lan_listener_flags(&[("--test-clock-offset-ms", "-86400000")]).await;
+    faults.blackhole.store(true, Ordering::SeqCst);
+    let (status, offline, lan) = pos.ticket("CLK1", &ticket_text("CLK1")).await;
+    assert_eq!((status, offline), (201, true), "{lan}");
+    let lan_id = lan["task_id"].as_str().expect("id").to_owned();
+    w.wait_printed("CLK1", 20).await;
+    // The clock is put right; the agent restarts before the line is back.
+    World::kill9(&mut w.agent);
+    for pair in w.agent_extra.chunks_mut(2) {
+        if pair[0] == "--test-clock-offset-ms" {
+            pair[1] = "0".into();
+        }
+    }
+    w.start_agent();
+    faults.blackhole.store(false, Ordering::SeqCst);
+    let t = w.wait_known(&lan_id, &["printed"], 40).await;
+    let today = w.get("/v1/stores/s1/reconciliation").await["date"].as_str().unwrap_or("").to_owned();
+    assert_eq!(t["created_at"].as_str().and_then(|c| c.get(..10)), Some(today.as_str()), "{t}");
+    let events = w.get(&format!("/v1/print-tasks/{lan_id}/events")).await.to_string();
+    assert!(events.contains("1.0 days behind the broker's"), "{events}");
+}

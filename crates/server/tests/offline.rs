@@ -562,6 +562,7 @@ async fn a_shop_pc_clock_far_off_is_corrected_and_recorded_not_refused(app: &Tes
     let id = lan_id(ahead - 60_000, 1);
     let r = post(upload(Some(ahead), vec![printed(&id, ahead - 60_000, "C-1", "x")])).await;
     assert_eq!(r["result"], "created", "{r}");
+    assert_eq!(r["task_id"], id.as_str(), "the answer names the task by the id the agent sent: {r}");
     let broker_id = r["broker_task_id"].as_str().expect("broker id").to_owned();
     assert_ne!(broker_id, id, "an id of the corrected time");
     let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await;
@@ -590,12 +591,26 @@ async fn a_shop_pc_clock_far_off_is_corrected_and_recorded_not_refused(app: &Tes
     assert_eq!((r["result"].as_str(), r["broker_task_id"].as_str()), (Some("created"), Some(&*id3)), "{r}");
     assert!(reasons(app, &key, &id3).await.contains("s ahead of the broker's"));
 
+    // The clock was a day behind when the agent accepted the task and right when it
+    // uploaded (set back, then corrected, while the line was down): the task's age by
+    // the clock since boot places it, where `sent_at` alone could not.
+    let id5 = lan_id(now - DAY_MS - 120_000, 5);
+    let mut aged = printed(&id5, now - DAY_MS - 120_000, "C-5", "x");
+    aged["age_ms"] = json!(120_000);
+    let r = post(upload(Some(now), vec![aged])).await;
+    assert_eq!((r["result"].as_str(), r["task_id"].as_str()), (Some("created"), Some(id5.as_str())), "{r}");
+    let (t5, _) = TaskId::parts(r["broker_task_id"].as_str().unwrap_or("")).expect("a task id");
+    assert!((t5 - (now - 120_000)).abs() < 10_000, "accepted two minutes ago, today");
+    assert!(reasons(app, &key, r["broker_task_id"].as_str().unwrap_or(""))
+        .await
+        .contains("1.0 days behind the broker's"));
+
     // An older agent says nothing of its clock: a time far ahead counts as now.
     let id4 = lan_id(now + DAY_MS, 4);
     let r = post(upload(None, vec![printed(&id4, now + DAY_MS, "C-4", "x")])).await;
     assert_eq!(r["result"], "created", "{r}");
     assert_ne!(r["broker_task_id"].as_str(), Some(id4.as_str()));
-    assert_eq!(app.all_tasks(&key).await.len(), 4);
+    assert_eq!(app.all_tasks(&key).await.len(), 5);
 }
 
 /// What the broker cannot take is `rejected` and an `offline_task.rejected` alert tells a
@@ -715,6 +730,16 @@ async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
     let message = b.body["error"]["message"].as_str().unwrap_or("");
     assert!(message.contains("\"a1\"") && message.contains("DELETE /v1/stores/s1/lan-listener"), "{message}");
     assert_eq!(claim(&first).await.status, StatusCode::OK, "the holder claims again");
+    // Only the holder prints the store's tickets: a ticket it printed offline is known to
+    // its journal alone until its upload arrives. The other agent stands by.
+    let t = app.submit(&key, order("SB-1", "x")).await;
+    assert_eq!(t.status, StatusCode::CREATED, "{t:?}");
+    assert!(second.poll(app, 300).await.is_empty(), "a stand-by agent is handed nothing");
+    let got = first.poll(app, 0).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["task_id"], t.body["task_id"]);
+    let (id, attempt) = common::task_of(&got[0]);
+    assert_eq!(first.ack(app, &id, attempt, "printed").await, "applied");
     let g = app.get("/v1/stores/s1/lan-listener", &key).await;
     assert_eq!((g.status, g.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{g:?}");
     let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&key), None).await;
@@ -722,6 +747,10 @@ async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
     assert_eq!(app.get("/v1/stores/s1/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
     assert_eq!(claim(&second).await.status, StatusCode::OK, "freed: the other agent takes it");
     assert_eq!(claim(&first).await.status, StatusCode::CONFLICT);
+    let t = app.submit(&key, order("SB-2", "x")).await;
+    assert!(first.poll(app, 300).await.is_empty(), "now the first agent stands by");
+    let got = second.poll(app, 0).await;
+    assert_eq!(got.iter().filter(|d| d["task_id"] == t.body["task_id"]).count(), 1, "{got:?}");
     // Another tenant's store is not found.
     let other = app.tenant("other").await;
     let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&other), None).await;

@@ -5,7 +5,9 @@
 //!
 //! A poll names the agent id and its session (one per agent process). A session older
 //! than the agent id's newest is refused ([`PollError::Superseded`]): two live processes
-//! with one agent id must not both print, so the older is told to stop.
+//! with one agent id must not both print, so the older is told to stop. In a store whose
+//! LAN orders one agent takes, only that agent is handed the store's deliveries; the
+//! others stand by (`offline::lan_listener_lease`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +104,15 @@ impl AgentTransport {
         let start = tokio::time::Instant::now();
         let deadline = start + wait;
         let notify = signals.get(&who.tenant_id, &who.store_id);
+        if self.stands_by(who, agent_id).await? {
+            // Another agent takes the store's LAN orders, and only it may print the store's
+            // tickets (`offline::lan_listener_lease`): this one waits out its poll.
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = signals.shutdown() => {}
+            }
+            return Ok(Vec::new());
+        }
         loop {
             if let Some(newer) = registry.is_superseded(&who.tenant_id, &who.store_id, agent_id, session) {
                 return Err(Superseded { agent_id: agent_id.to_owned(), newer }.into());
@@ -143,6 +154,14 @@ impl AgentTransport {
         }
     }
 
+    /// Whether another agent of the store holds its LAN listener: then this one is handed
+    /// nothing. Whatever it was handed before keeps its deliveries' own course (acks and
+    /// redeliveries to it, whose journal answers).
+    async fn stands_by(&self, who: &AgentIdentity, agent_id: &str) -> Result<bool, StoreError> {
+        let holder = self.lanes.directory().lan_listener(&who.tenant_id, &who.store_id).await?;
+        Ok(holder.is_some_and(|h| h != agent_id))
+    }
+
     /// How deliveries are handed to an agent: it answers within the redelivery deadline,
     /// its journal always answers, so nothing is given up on.
     fn rules(&self, max: usize) -> ClaimRules {
@@ -181,7 +200,8 @@ impl AgentTransport {
     ) -> Result<(Vec<AckResult>, Vec<AgentDelivery>), DeliveryError> {
         let registry = self.lanes.agents();
         registry.heard(&who.tenant_id, &who.store_id, agent_id, session);
-        let current = registry.is_superseded(&who.tenant_id, &who.store_id, agent_id, session).is_none();
+        let current = registry.is_superseded(&who.tenant_id, &who.store_id, agent_id, session).is_none()
+            && !self.stands_by(who, agent_id).await?;
         let next = (next > 0 && current).then(|| HandOutNext { kind: TransportKind::Agent, rules: self.rules(next) });
         let acked = self.lanes.ack_and_hand_out(who, &Claimant::agent(agent_id, session), acks, next).await?;
         Ok((acked.results, acked.deliveries.into_iter().map(AgentDelivery::from).collect()))

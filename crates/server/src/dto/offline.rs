@@ -174,6 +174,12 @@ pub struct OfflineTaskIn {
     /// The agent journal's records for it, oldest first.
     #[serde(default)]
     pub history: Vec<JournalRecordIn>,
+    /// How long before this upload the agent accepted the task, in milliseconds, by a
+    /// clock that no setting of the wall clock moves (the machine's time since boot), when
+    /// the agent knows it (agent protocol 4): the broker then places the acceptance on its
+    /// own clock exactly. Optional.
+    #[serde(default, deserialize_with = "integral::optional")]
+    pub age_ms: Option<i64>,
 }
 
 /// Tasks the store agent accepted on the shop's LAN while the broker was unreachable.

@@ -293,6 +293,11 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("OfflineTaskIn", "accepted_at", json!({"type": "integer", "minimum": 0, "maximum": i64::MAX,
             "description": "When the agent accepted it (milliseconds since the epoch): the task's creation time, \
                 its business day and the time of its charge."})),
+        ("OfflineTaskIn", "age_ms", json!({"type": ["integer", "null"], "minimum": i64::MIN, "maximum": i64::MAX,
+            "description": "How long before this upload the agent accepted the task, in milliseconds, by a clock \
+                that no setting of the wall clock moves (the machine's time since boot), when the agent knows it \
+                (agent protocol 4): the broker then places the acceptance on its own clock exactly. A value \
+                outside 0 to a year is ignored. Optional."})),
         ("OfflineTaskIn", "attempts", json!({"type": ["integer", "null"], "minimum": 0, "maximum": 1000,
             "description": "Attempts the agent made (default 0)."})),
         ("JournalRecordIn", "at", json!({"type": "integer", "minimum": 0, "maximum": i64::MAX,

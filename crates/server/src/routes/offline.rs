@@ -205,5 +205,6 @@ fn report(i: usize, value: serde_json::Value) -> Result<OfflineReport, ApiError>
             })
             .collect(),
         unreadable: None,
+        age_ms: t.age_ms,
     })
 }
