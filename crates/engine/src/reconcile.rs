@@ -392,6 +392,7 @@ pub async fn reconcile(
     // transport during the day is judged by its new one.
     let mut records = store.device_log_between(tenant_id, store_id, &from_id, &to_id).await?;
     resolve_aliases(store, tenant_id, &tasks, &mut records).await?;
+    add_aliases_outside_the_day(store, tenant_id, store_id, &tasks, &mut records).await?;
     let agent_printers: BTreeSet<String> = store
         .list_printers(tenant_id, Some(store_id))
         .await?
@@ -404,7 +405,7 @@ pub async fn reconcile(
 }
 
 /// Puts each device record whose task id is no task of the day but a LAN task id the broker
-/// merged into one of them (issue 14: the order reached the cloud and the shop) under that
+/// merged into one of them (the order reached the cloud and the shop) under that
 /// task's id, so that the device's "printed" under its own id counts for the broker's
 /// task. Only the few records that match no task are looked up. Of two records that end
 /// up under one task, the one that says most is kept (printed over in doubt over failed).
@@ -416,6 +417,7 @@ async fn resolve_aliases(
 ) -> Result<(), ReconcileError> {
     let known: std::collections::HashSet<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
     let mut moved = false;
+    let mut elsewhere: std::collections::HashSet<String> = std::collections::HashSet::new();
     for r in records.iter_mut() {
         if known.contains(r.task_id.as_str()) {
             continue;
@@ -424,13 +426,47 @@ async fn resolve_aliases(
             if known.contains(alias.task_id.as_str()) {
                 r.task_id = alias.task_id;
                 moved = true;
+            } else {
+                // Merged into a task of another day (the agent's clock was off): it counts
+                // on that task's day (`add_aliases_outside_the_day`), not as a print the
+                // broker does not know.
+                elsewhere.insert(r.task_id.clone());
             }
         }
+    }
+    if !elsewhere.is_empty() {
+        records.retain(|r| !elsewhere.contains(&r.task_id));
     }
     if moved {
         records.sort_by(|a, b| a.task_id.cmp(&b.task_id).then(b.state.cmp(&a.state)));
         records.dedup_by(|later, kept| later.task_id == kept.task_id);
     }
+    Ok(())
+}
+
+/// Adds, for the day's tasks the device log does not show printed, the records kept under
+/// the LAN task ids merged into them that lie outside the day's id range: a LAN id sorts
+/// by the acceptance time of the agent's clock, which a shop PC's clock far off puts on
+/// another day than the task it was merged into. Of two records under one task the one
+/// that says most is kept, as in [`resolve_aliases`].
+async fn add_aliases_outside_the_day(
+    store: &dyn Store,
+    tenant_id: &str,
+    store_id: &str,
+    tasks: &[Task],
+    records: &mut Vec<DeviceLogRecord>,
+) -> Result<(), ReconcileError> {
+    let printed: std::collections::HashSet<&str> =
+        records.iter().filter(|r| r.state == DeviceLogState::Printed).map(|r| r.task_id.as_str()).collect();
+    let open: Vec<String> =
+        tasks.iter().filter(|t| !printed.contains(t.task_id.as_str())).map(|t| t.task_id.clone()).collect();
+    let found = store.device_log_of_aliases(tenant_id, store_id, &open).await?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    records.extend(found);
+    records.sort_by(|a, b| a.task_id.cmp(&b.task_id).then(b.state.cmp(&a.state)));
+    records.dedup_by(|later, kept| later.task_id == kept.task_id);
     Ok(())
 }
 

@@ -817,6 +817,16 @@ impl Store for PostgresStore {
         device_log::device_log_between(&client, tenant_id, store_id, from_id, to_id).await
     }
 
+    async fn device_log_of_aliases(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        task_ids: &[String],
+    ) -> StoreResult<Vec<DeviceLogRecord>> {
+        let client = self.client().await?;
+        device_log::device_log_of_aliases(&client, tenant_id, store_id, task_ids).await
+    }
+
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32> {
         let client = self.client().await?;
         operations::reprint_count(&client, task_id).await

@@ -820,6 +820,16 @@ impl Store for SqliteStore {
         self.read(move |c| device_log::device_log_between(c, &t, &s, &f, &to)).await
     }
 
+    async fn device_log_of_aliases(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        task_ids: &[String],
+    ) -> StoreResult<Vec<DeviceLogRecord>> {
+        let (t, st, ids) = (tenant_id.to_owned(), store_id.to_owned(), task_ids.to_vec());
+        self.read(move |c| device_log::device_log_of_aliases(c, &t, &st, &ids)).await
+    }
+
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook> {
         self.write(move |c| sql::create_webhook(c, webhook)).await
     }

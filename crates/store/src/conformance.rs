@@ -28,6 +28,7 @@ pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 pub use offline::{
     a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules, a_renamed_task_is_found_under_its_lan_id,
     an_offline_task_joins_the_lane_in_the_order_it_was_merged, an_unknown_key_becomes_a_task_under_the_lan_id,
+    device_records_under_lan_ids_are_found_from_the_task_they_were_merged_into,
     lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
 };
 
@@ -62,6 +63,7 @@ macro_rules! conformance_tests {
             an_unknown_key_becomes_a_task_under_the_lan_id,
             a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
             an_offline_task_joins_the_lane_in_the_order_it_was_merged, a_renamed_task_is_found_under_its_lan_id,
+            device_records_under_lan_ids_are_found_from_the_task_they_were_merged_into,
             device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
     };
     (@cases $factory:path; $($case:ident),*) => {

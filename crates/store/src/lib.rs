@@ -382,6 +382,17 @@ pub trait Store: Send + Sync + 'static {
         from_id: &str,
         to_id: &str,
     ) -> StoreResult<Vec<DeviceLogRecord>>;
+    /// The device log records kept under the LAN task ids merged into `task_ids` (their
+    /// aliases), each given the id of the task it names, in one statement. A LAN id sorts
+    /// by the acceptance time the agent's clock gave it, which a shop PC's clock far off
+    /// puts outside the day of the task it was merged into, so the day's id range misses
+    /// it.
+    async fn device_log_of_aliases(
+        &self,
+        tenant_id: &str,
+        store_id: &str,
+        task_ids: &[String],
+    ) -> StoreResult<Vec<DeviceLogRecord>>;
 
     /// Records printer health reported by agents (`online`, `last_seen_at`, `last_error`).
     /// When `online` flips, a `printer.online` / `printer.offline` alert is written to the

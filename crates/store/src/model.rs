@@ -1190,13 +1190,17 @@ pub struct DeviceLogRecord {
 }
 
 impl DeviceLogRecord {
-    /// Whether `self` is a later word on its task than `other`: the later `at` wins, and at
-    /// the same instant the stronger state (printed over in doubt over failed, since a
-    /// printer's confirmation is the truth). Two records where neither is later are the
-    /// same word, and the one stored first stays. Backends apply the same order in their
-    /// upsert, so the stored record does not depend on the order uploads arrive in.
+    /// Whether `self` is a later word on its task than `other`: the stronger state wins
+    /// (printed over in doubt over failed), and within one state the later `at`. A task's
+    /// records on a device only ever climb that order — a printer's confirmation is the
+    /// truth, and a ticket that may have printed is never printed again — so the state
+    /// decides, not the agent's clock, which a shop PC may have had wrong for some of the
+    /// records (set back, or different after a restart). Two records where neither is
+    /// later are the same word, and the one stored first stays. Backends apply the same
+    /// order in their upsert, so the stored record does not depend on the order uploads
+    /// arrive in.
     pub fn supersedes(&self, other: &DeviceLogRecord) -> bool {
-        (self.at, self.state) > (other.at, other.state)
+        (self.state, self.at) > (other.state, other.at)
     }
 
     /// The records of `records` that can be stored together: for each (tenant, store, task

@@ -1,5 +1,5 @@
-//! Conformance cases of the device log digest (issue 14): store agents' latest journal
-//! record per task, and the reconciliation read.
+//! Conformance cases of the device log digest: store agents' latest journal record per
+//! task, and the reconciliation read.
 
 use std::sync::Arc;
 
@@ -37,8 +37,9 @@ pub async fn device_log_keeps_the_latest_record_per_task(s: Arc<dyn Store>) {
     assert_eq!(s.put_device_log(&first).await.unwrap(), 0, "the same records again change nothing");
     assert_eq!(s.put_device_log(&[]).await.unwrap(), 0);
 
-    // An older record loses; a later one wins, with everything it says.
+    // A weaker or older record loses; a stronger one wins, with everything it says.
     assert_eq!(s.put_device_log(&[record("acme", "s1", "T1", InDoubt, 90)]).await.unwrap(), 0);
+    assert_eq!(s.put_device_log(&[record("acme", "s1", "T1", InDoubt, 190)]).await.unwrap(), 0, "printed stays");
     let mut later = record("acme", "s1", "T2", Printed, 200);
     later.key = "B-T2#p2".into();
     later.printer_id = "p2".into();
@@ -71,10 +72,21 @@ pub async fn device_log_keeps_the_latest_record_per_task(s: Arc<dyn Store>) {
     }
     assert_eq!(s.put_device_log(&steps).await.unwrap(), 0);
     let t3_t4 = s.device_log_between("acme", "s1", "T3", "T5").await.unwrap();
-    assert_eq!(t3_t4.iter().map(|r| (r.state, r.at)).collect::<Vec<_>>(), vec![(Printed, 50), (InDoubt, 30)]);
+    assert_eq!(
+        t3_t4.iter().map(|r| (r.state, r.at)).collect::<Vec<_>>(),
+        vec![(Printed, 50), (Printed, 20)],
+        "the printer's confirmation, whatever the agent's clock said of the other records"
+    );
+    // Within one state the later record wins.
+    let failed = [record("acme", "s1", "T5", Failed, 10), record("acme", "s1", "T5", Failed, 40)];
+    assert_eq!(s.put_device_log(&failed).await.unwrap(), 1);
+    assert_eq!(s.put_device_log(&[record("acme", "s1", "T5", Failed, 20)]).await.unwrap(), 0);
+    let t5 = s.device_log_between("acme", "s1", "T5", "T6").await.unwrap();
+    assert_eq!(t5.iter().map(|r| (r.state, r.at)).collect::<Vec<_>>(), vec![(Failed, 40)]);
     // The rule of the backends is the Rust one.
     assert!(record("t", "s", "x", InDoubt, 30).supersedes(&record("t", "s", "x", Failed, 30)));
-    assert!(!record("t", "s", "x", Printed, 20).supersedes(&record("t", "s", "x", Failed, 30)));
+    assert!(record("t", "s", "x", Printed, 20).supersedes(&record("t", "s", "x", InDoubt, 30)));
+    assert!(!record("t", "s", "x", Failed, 90).supersedes(&record("t", "s", "x", InDoubt, 30)));
 }
 
 pub async fn device_log_is_read_by_store_and_task_id_range(s: Arc<dyn Store>) {

@@ -380,3 +380,36 @@ pub async fn a_renamed_task_is_found_under_its_lan_id(s: Arc<dyn Store>) {
     assert_eq!(merge(&s, &foreign, OfflineOutcome::Printed).await, OfflineMerge::IdTaken);
     assert_eq!(s.get_task("other", "BRK-0003").await.unwrap(), None, "nothing written");
 }
+
+/// What a store agent reports under a LAN task id that was merged into a cloud task is
+/// found from the cloud task's id, whatever the LAN id's time (a shop PC's clock far off
+/// puts it on another day).
+pub async fn device_records_under_lan_ids_are_found_from_the_task_they_were_merged_into(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let cloud = new_task("acme", "K1", "x", 1);
+    s.submit_batch(vec![cloud.clone()]).await.unwrap();
+    // The agent's clock was a day behind: its LAN id sorts on the day before.
+    let lan = report("acme", "LAN-OLD-1", "K1", "x", NOW - 86_400_000, OfflineOutcome::Printed);
+    assert!(matches!(merge(&s, &lan, OfflineOutcome::Printed).await, OfflineMerge::Aliased { .. }));
+    let device = |tenant: &str, task_id: &str| DeviceLogRecord {
+        tenant_id: tenant.into(),
+        store_id: "s1".into(),
+        task_id: task_id.into(),
+        key: "K1#p1".into(),
+        printer_id: "p1".into(),
+        state: DeviceLogState::Printed,
+        at: NOW - 86_400_000,
+        agent_id: "a1".into(),
+        received_at: NOW,
+    };
+    s.put_device_log(&[device("acme", "LAN-OLD-1"), device("other", "LAN-OLD-1")]).await.unwrap();
+    let found = s.device_log_of_aliases("acme", "s1", std::slice::from_ref(&cloud.task_id)).await.unwrap();
+    assert_eq!(
+        found.iter().map(|r| (r.task_id.as_str(), r.state)).collect::<Vec<_>>(),
+        [(cloud.task_id.as_str(), DeviceLogState::Printed)]
+    );
+    assert!(s.device_log_of_aliases("acme", "s9", std::slice::from_ref(&cloud.task_id)).await.unwrap().is_empty());
+    assert!(s.device_log_of_aliases("other", "s1", std::slice::from_ref(&cloud.task_id)).await.unwrap().is_empty());
+    assert!(s.device_log_of_aliases("acme", "s1", &[]).await.unwrap().is_empty());
+}
