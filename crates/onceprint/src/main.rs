@@ -124,7 +124,7 @@ enum Command {
     },
 }
 
-/// A full database for `bench submit` and `bench e2e` (issue 13, flat cost).
+/// A full database for `bench submit` and `bench e2e` (whose cost must stay flat).
 #[derive(clap::Args, Debug, Clone, Copy)]
 struct PreloadArgs {
     /// Finished tasks (printed, some failed or cancelled, with their audit events and
@@ -223,7 +223,7 @@ enum BenchCommand {
     /// login and connection): polls/s, poll latency, broker CPU per poll and peak RSS;
     /// with --tasks, jobs are fetched and confirmed as a printer does.
     /// Fairness under a retry storm: one tenant's submission latency alone and while
-    /// another tenant sends at many times its rate limit (issue 11).
+    /// another tenant sends at many times its rate limit.
     Fairness {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://….
         #[arg(long)]
@@ -259,7 +259,7 @@ enum BenchCommand {
         backends: Vec<String>,
     },
     /// Many idle store agents long-polling one broker (one store each): the broker's
-    /// memory and CPU while they wait, and intake with and without them (issue 13).
+    /// memory and CPU while they wait, and intake with and without them.
     Idle {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
         /// fresh schema is created there and dropped afterwards).
@@ -312,7 +312,7 @@ enum BenchCommand {
     },
     /// Two nodes on one PostgreSQL schema: how fast a task committed on node A wakes a
     /// long poll waiting on node B (percentiles over the rounds), and intake on A with the
-    /// node link off and on (issue 12).
+    /// node link off and on.
     Wakeup {
         /// The PostgreSQL database (postgres://…); a fresh schema is created there and
         /// dropped afterwards.
@@ -406,7 +406,7 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The issue 14 acceptance run: a shop whose internet line keeps dropping. Broker,
+    /// A shop whose internet line keeps dropping. Broker,
     /// store agent with its LAN listener (reaching the broker through a proxy the run cuts
     /// and restores) and simulated printers as processes; orders submitted to the cloud,
     /// to the agent's LAN listener or to both, each sent again 1–3 times. Judged by the
@@ -901,7 +901,7 @@ fn render(to: &str, profile: Option<&str>, markup: bool, out: Option<PathBuf>, f
 /// Asks the kernel not to back this process's memory with transparent huge pages.
 /// mimalloc marks its arenas for huge pages, so one small allocation in a fresh 2 MiB
 /// region made the whole 2 MiB resident: with 10,000 agents' long polls spread over the
-/// arenas, that was a third of the broker's RSS (issue 13, `bench idle`). Intake measured
+/// arenas, that was a third of the broker's RSS (`bench idle`). Intake measured
 /// no slower without them. Only `serve` does this; failing (an old kernel) changes nothing.
 fn no_transparent_huge_pages() {
     // prctl is Linux's alone; elsewhere (an agent built for Windows) there is nothing to do.

@@ -1,4 +1,4 @@
-//! The issue 14 acceptance run behind `onceprint bench offline`: a shop whose internet
+//! The run behind `onceprint bench offline`: a shop whose internet
 //! connection keeps dropping, proving (or refuting) that every order prints exactly once
 //! and is accounted for once the line is back.
 //!
@@ -531,7 +531,8 @@ pub struct ReconciliationCheck {
     /// but those rejected and kept by the agent, or refused over the lowered limit).
     pub expected_charges: u64,
     /// Entries of `device_printed_broker_not` that are LAN tasks the broker rejected and
-    /// the agent keeps (printed offline): explained, left out of the lists above.
+    /// the agent keeps (printed offline), or orders on paper once that the broker holds in
+    /// doubt for a person: explained, left out of the lists above.
     pub device_explained: usize,
 }
 
@@ -1076,7 +1077,15 @@ async fn drive(
     problems.extend(verdict.problems.iter().cloned());
 
     let last_date = utc_date(time::OffsetDateTime::now_utc());
-    let explained: BTreeSet<String> = alerts.iter().map(|a| a.lan_task_id.clone()).collect();
+    // What the device printed and the broker does not hold printed, for a reason the run
+    // knows: a LAN task the broker rejected (the agent keeps it), and honest doubt (on
+    // paper once, held in doubt for a person: the agent was killed before the printer's
+    // confirmation reached the broker, which is what the reconciliation shows a person).
+    let explained: BTreeSet<String> = alerts
+        .iter()
+        .map(|a| a.lan_task_id.clone())
+        .chain(verdict.in_doubt_on_paper.iter().flat_map(|f| f.broker_tasks.iter().cloned()))
+        .collect();
     let expected_charges = (opts.tasks - verdict.rejected_kept.len() - verdict.refused.len()) as u64;
     let reconciliation = reconcile(
         &mut conn,
@@ -1754,7 +1763,7 @@ impl OfflineReport {
             s,
             "  reconciliation {}: submitted {}, printed {}, in_doubt {}, failed {}, open {}, ledger charges {} \
              (expected {}), printed_more_than_once {}, device log {}, device_printed_broker_not {} (+{} explained: \
-             rejected LAN tasks the agent printed and keeps), broker_printed_device_not {}",
+             rejected LAN tasks the agent printed and keeps, honest doubt), broker_printed_device_not {}",
             r.dates.join(" + "),
             r.submitted,
             r.printed,
