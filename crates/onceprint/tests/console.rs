@@ -1,4 +1,4 @@
-//! The staff console in a real browser (issue 10): headless Chromium driven over WebDriver
+//! The staff console in a real browser: headless Chromium driven over WebDriver
 //! (chromedriver) against the real binary — `onceprint serve`, `onceprint agent` and
 //! `onceprint printer-sim` as separate processes — so that what is checked is what a
 //! cashier sees, and "printed" is what the simulator's paper log says.
@@ -40,11 +40,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("onceprint-console-{name}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
-}
-
-/// A free TCP port on 127.0.0.1 (bound and released; good enough on a quiet machine).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 fn spawn(program: &str, args: &[String], log: &Path) -> Child {
@@ -93,23 +88,8 @@ impl Drop for World {
 impl World {
     async fn start(name: &str) -> World {
         let dir = temp_dir(name);
-        let sim_port = free_port();
-        let control = format!("127.0.0.1:{}", free_port());
-        let sim = spawn(
-            BIN,
-            &strings(&[
-                "printer-sim",
-                "--listen",
-                &format!("127.0.0.1:{sim_port}"),
-                "--count",
-                "1",
-                "--paper-log",
-                &dir.join("paper.jsonl").display().to_string(),
-                "--control",
-                &control,
-            ]),
-            &dir.join("sim.log"),
-        );
+        let common::world::Sim { child: sim, first_port: sim_port, control } =
+            common::world::start_sim(&dir, 1, &[]).await;
         std::fs::write(dir.join("broker.toml"), CONFIG).expect("config");
         let mut broker = spawn(
             BIN,
@@ -138,14 +118,13 @@ impl World {
             control,
             http: reqwest::Client::new(),
         };
-        w.wait_sim().await;
         let t = w.call("POST", "/v1/tenants", Some(ADMIN), json!({"id": "shop", "name": "Noodle Bar"})).await;
         w.key = t["api_key"].as_str().expect("api key").to_owned();
         w.post("/v1/stores", json!({"id": "s1", "name": "Main Street", "timezone": "Asia/Shanghai"})).await;
         w.post("/v1/stores", json!({"id": "s2", "name": "Harbour", "timezone": "Asia/Shanghai"})).await;
         // p1 points at a port where nothing listens: a dead printer, for the reprint on
         // another printer and for the attention list.
-        let dead = free_port();
+        let dead = common::world::free_ports(1);
         for (id, store, port, name) in
             [("p0", "s1", sim_port, "Kitchen"), ("p1", "s1", dead, "Front counter"), ("q0", "s2", dead, "Bar")]
         {
@@ -192,14 +171,6 @@ impl World {
         if let Some(mut a) = self.agent.take() {
             let _ = a.kill();
             let _ = a.wait();
-        }
-    }
-
-    async fn wait_sim(&self) {
-        let start = Instant::now();
-        while self.http.get(format!("http://{}/healthz", self.control)).send().await.is_err() {
-            assert!(start.elapsed() < WAIT, "simulator did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -373,7 +344,7 @@ async fn browser(dir: &Path) -> Option<(Client, Child)> {
         eprintln!("SKIPPED: the console browser test needs chromium and chromedriver (apt-get install chromium chromium-driver)");
         return None;
     };
-    let port = free_port();
+    let port = common::world::free_ports(1);
     let child = spawn(driver, &[format!("--port={port}")], &dir.join("chromedriver.log"));
     let mut caps = serde_json::Map::new();
     caps.insert(

@@ -38,16 +38,66 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// `count` consecutive free TCP ports on 127.0.0.1.
+/// `count` consecutive free TCP ports on 127.0.0.1, below the kernel's ephemeral range
+/// (32768 and up on Linux), so that no outgoing connection of another test takes one of
+/// them between this check and the bind of the process that is to listen there.
 pub fn free_ports(count: u16) -> u16 {
     for _ in 0..200 {
-        let base = 20_000 + (rand_u16() % 40_000);
+        let base = 20_000 + (rand_u16() % 12_000);
         let ok = (0..count).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if ok {
             return base;
         }
     }
     panic!("no {count} consecutive free ports");
+}
+
+/// A running `onceprint printer-sim`: `count` printers on consecutive ports from
+/// `first_port`, its control endpoint at `control`.
+pub struct Sim {
+    pub child: Child,
+    pub first_port: u16,
+    pub control: String,
+}
+
+/// Starts `printer-sim` with `count` printers (paper log `dir/paper.jsonl`, log
+/// `dir/sim.log`, `flags` added) and waits until its control endpoint answers. A port
+/// found free can still be taken by a test running alongside before the simulator binds
+/// it; the simulator then exits, and it is started again on other ports.
+pub async fn start_sim(dir: &Path, count: u16, flags: &[&str]) -> Sim {
+    let http = reqwest::Client::new();
+    for _ in 0..5 {
+        let first_port = free_ports(count + 1);
+        let control = format!("127.0.0.1:{}", first_port + count);
+        let mut args: Vec<String> = vec![
+            "printer-sim".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{first_port}"),
+            "--count".into(),
+            count.to_string(),
+            "--paper-log".into(),
+            dir.join("paper.jsonl").display().to_string(),
+            "--control".into(),
+            control.clone(),
+        ];
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let mut child = spawn(&args, &dir.join("sim.log"));
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if http.get(format!("http://{control}/healthz")).send().await.is_ok() {
+                return Sim { child, first_port, control };
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("simulator did not answer on {control} within 20 s; see {}", dir.join("sim.log").display());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    panic!("simulator exited five times on start; see {}", dir.join("sim.log").display());
 }
 
 pub fn rand_u16() -> u16 {
@@ -123,22 +173,7 @@ impl World {
             Some(h) => h.url.clone(),
             None => format!("sqlite://{}/broker.db", dir.display()),
         };
-        let sim_base_port = free_ports(printers);
-        let control_port = free_ports(1);
-        let control = format!("127.0.0.1:{control_port}");
-        let mut sim_args: Vec<String> = vec![
-            "printer-sim".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{sim_base_port}"),
-            "--count".into(),
-            printers.to_string(),
-            "--paper-log".into(),
-            dir.join("paper.jsonl").display().to_string(),
-            "--control".into(),
-            control.clone(),
-        ];
-        sim_args.extend(sim_flags.iter().map(|s| s.to_string()));
-        let sim = spawn(&sim_args, &dir.join("sim.log"));
+        let Sim { child: sim, first_port: sim_base_port, control } = start_sim(&dir, printers, sim_flags).await;
         // Top-level keys first: a key after a table header would belong to the table.
         std::fs::write(dir.join("broker.toml"), format!("{config}\n{FAST}")).expect("config");
         let mut w = World {
@@ -158,7 +193,6 @@ impl World {
             _pg: pg,
         };
         w.start_broker();
-        w.wait_sim().await;
         let t = w.post_admin("/v1/tenants", json!({"id": "shop", "name": "Shop"})).await;
         w.key = t["api_key"].as_str().expect("api key").to_owned();
         w.post("/v1/stores", json!({"id": "s1", "name": "Main"})).await;
@@ -235,14 +269,6 @@ impl World {
         if let Some(mut c) = child.take() {
             c.kill().expect("kill -9");
             let _ = c.wait();
-        }
-    }
-
-    pub async fn wait_sim(&self) {
-        let start = Instant::now();
-        while self.http.get(format!("http://{}/healthz", self.control)).send().await.is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "simulator did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
