@@ -14,9 +14,10 @@ use onceprint_core::{
 };
 use onceprint_store::{GroupCommitConfig, GroupCommitter, NewTask, Store, StoreError, SubmitOutcome, Task};
 
+use crate::clock::{Clock, SystemClock};
 use crate::shared_gate::{GuardedSharedGate, SharedEntry, SharedGate, SharedGateConfig};
 use crate::transport::TransportConfig;
-use crate::{clock::now_ms, Directory, RecentTasks, StoreSignals};
+use crate::{Directory, RecentTasks, StoreSignals};
 
 /// Tuning of intake.
 #[derive(Debug, Clone)]
@@ -171,6 +172,7 @@ pub struct Intake {
     signals: Arc<StoreSignals>,
     config: IntakeConfig,
     limiter: Option<Arc<crate::limits::RateLimiter>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Intake {
@@ -192,7 +194,14 @@ impl Intake {
             signals,
             config,
             limiter,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system's (a simulation's clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Intake {
+        self.clock = clock;
+        self
     }
 
     /// Consults `gate` after the in-process gate missed (several nodes on one database).
@@ -353,7 +362,7 @@ impl Intake {
         // other tenants nothing but this check.
         if let Some(limiter) = &self.limiter {
             limiter
-                .check(&req.tenant_id, now_ms())
+                .check(&req.tenant_id, self.clock.now_ms())
                 .map_err(|l| IntakeError::RateLimited { retry_after_secs: l.retry_after_secs })?;
         }
 
@@ -384,7 +393,7 @@ impl Intake {
             }
         };
 
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let new = NewTask {
             task_id: crate::ids::next_task_id(now).into_string(),
             tenant_id: req.tenant_id.clone(),

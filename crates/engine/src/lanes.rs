@@ -1313,6 +1313,7 @@ impl LaneEngine {
             reason: format!("failover of {} from {} ({why}) to {next}", task.task_id, task.printer_id),
             priority: task.priority,
             charge: 0,
+            now: self.now(),
         };
         Ok(crate::operations::successor(self.store.as_ref(), task, spec).await?)
     }

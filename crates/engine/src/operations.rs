@@ -13,7 +13,7 @@ use onceprint_core::manual::{original_goes_to, ManualAction, ManualTask, NotAllo
 use onceprint_core::{CoreError, PolicyTable, TaskState};
 use onceprint_store::{ManualChange, NewTask, Origin, OriginKind, Store, StoreError, Task, Transition};
 
-use crate::clock::now_ms;
+use crate::clock::{Clock, SystemClock};
 use crate::{Directory, RecentTasks, Shared, StoreSignals};
 
 /// Why an action was refused.
@@ -98,6 +98,7 @@ pub struct Operations {
     signals: Arc<StoreSignals>,
     policies: PolicyTable,
     config: OperationsConfig,
+    clock: Arc<dyn Clock>,
 }
 
 fn new_task_id(now: i64) -> String {
@@ -123,18 +124,19 @@ pub(crate) struct SuccessorSpec<'a> {
     pub reason: String,
     pub priority: i32,
     pub charge: i64,
+    /// When it is created, by the clock of whoever creates it.
+    pub now: i64,
 }
 
 /// A successor of `task` (a reprint, a transfer or a failover), with the original's
 /// business number, print type and content, keyed so it can never collide with a
 /// submission: `reprint:ORIGIN:N`, `transfer:ORIGIN`, `failover:ORIGIN`.
 pub(crate) async fn successor(store: &dyn Store, task: &Task, spec: SuccessorSpec<'_>) -> Result<NewTask, StoreError> {
-    let SuccessorSpec { kind, printer_id, reprint_no, actor, reason, priority, charge } = spec;
+    let SuccessorSpec { kind, printer_id, reprint_no, actor, reason, priority, charge, now } = spec;
     let content = store
         .task_content(&task.task_id)
         .await?
         .ok_or_else(|| StoreError::Backend(format!("task {} has no content", task.task_id)))?;
-    let now = now_ms();
     let target = match (kind, reprint_no) {
         (OriginKind::Reprint, Some(n)) => format!("reprint:{}:{n}", task.task_id),
         _ => format!("{}:{}", kind.as_str(), task.task_id),
@@ -209,7 +211,13 @@ impl Operations {
 
     pub fn new(shared: Shared, config: OperationsConfig) -> Operations {
         let Shared { store, directory, gate, signals, policies } = shared;
-        Operations { store, directory, gate, signals, policies, config }
+        Operations { store, directory, gate, signals, policies, config, clock: Arc::new(SystemClock) }
+    }
+
+    /// Reads the time from `clock` instead of the system's (a simulation's clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Operations {
+        self.clock = clock;
+        self
     }
 
     /// Carries out one operator action.
@@ -230,7 +238,7 @@ impl Operations {
             Actor::Operator(_) => req.reason.clone(),
             Actor::ApiKey { name, .. } => format!("{} (by {name:?})", req.reason),
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let transition = to.map(|to| Transition {
             task_id: task.task_id.clone(),
             from: task.state,
@@ -266,6 +274,7 @@ impl Operations {
                     reason: format!("reprint {n} of {}{on} by {actor}: {reason}", task.task_id),
                     priority,
                     charge: self.config.charge,
+                    now,
                 };
                 Some(successor(self.store.as_ref(), &task, spec).await?)
             }
@@ -287,6 +296,7 @@ impl Operations {
                     priority: task.priority,
                     // The order was charged once, on the original.
                     charge: 0,
+                    now,
                 };
                 Some(successor(self.store.as_ref(), &task, spec).await?)
             }
