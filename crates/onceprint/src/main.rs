@@ -117,6 +117,11 @@ enum Command {
         #[arg(long)]
         exit: bool,
     },
+    /// Simulation testing: fault schedules drawn from seeds, played against the real
+    /// broker code (intake, lanes, transports, manual actions, failover) under a simulated
+    /// clock and network, checked against the promise after every step. Exits 1 with the
+    /// failing seed and a shrunk schedule when a run breaks the promise (docs/SIMULATION.md).
+    Sim(onceprint_sim::cli::SimArgs),
     /// Benchmarks against a fresh broker started by this command.
     Bench {
         #[command(subcommand)]
@@ -507,9 +512,9 @@ enum BenchCommand {
     },
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     if format == LogFormat::Json {
         // One JSON object per line; the request's span (with its request_id and task_id)
         // is in "span", the chain of spans in "spans".
@@ -949,7 +954,10 @@ async fn demo(port: u16, tickets: u64, exit: bool) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // A simulation runs the broker's code thousands of times a second: its own report is
+    // the output, the broker's log lines only with RUST_LOG.
+    let default_level = if matches!(cli.command, Command::Sim(_)) { "error" } else { "info" };
+    init_logging(cli.log_format, default_level);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     let command = match cli.command {
@@ -961,6 +969,15 @@ fn main() -> anyhow::Result<()> {
             runtime.worker_threads(cfg.worker_threads);
             return runtime.build()?.block_on(serve(cfg));
         }
+        Command::Sim(args) => {
+            // The simulation runs a runtime of its own per run, on threads of its own.
+            let report = onceprint_sim::cli::run(&args)?;
+            println!("{report}");
+            if report.failure.is_some() {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
         Command::Agent { worker_threads, .. } | Command::PrinterSim { worker_threads, .. } => {
             runtime.worker_threads(usize::from(worker_threads));
             cli.command
@@ -969,7 +986,7 @@ fn main() -> anyhow::Result<()> {
     };
     runtime.build()?.block_on(async {
         match command {
-            Command::Serve(_) => unreachable!("serve returned above"),
+            Command::Serve(_) | Command::Sim(_) => unreachable!("returned above"),
             Command::MqttAcl { serve, out } => mqtt_acl(serve, out).await,
             Command::Render { to, profile, markup, out, file } => render(&to, profile.as_deref(), markup, out, &file),
             Command::Reconcile(args) => {

@@ -1,0 +1,217 @@
+//! A fault schedule: the steps of one simulated run, drawn from a seed. Every step names
+//! what it acts on by small indexes that the world resolves at that moment (the n-th
+//! submission, the n-th message on the network), so that a schedule with steps removed
+//! still means something: that is what shrinking relies on.
+
+use std::fmt;
+
+use onceprint_core::Outcome;
+
+use crate::rng::Rng;
+
+/// What a store agent's printer does with a job (the agent follows its own rules first:
+/// its journal answers for anything already started or printed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentPrint {
+    /// Paper out, `GS ( H` confirmed.
+    Printed,
+    /// The status check before the job (`DLE EOT`) showed the printer could not print:
+    /// nothing was sent, nothing printed.
+    Blocked(Outcome),
+    /// The job went out and paper came out, but the confirmation never came: `in_doubt`.
+    LostAfterPaper,
+    /// The agent process dies after journaling `started`, with or without paper out.
+    Crash { paper: bool },
+}
+
+/// How a CloudPRNT printer's print of a fetched job ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloudPrint {
+    /// Paper out, confirmed with this code (`OK`, `200 OK`).
+    Printed { code: &'static str },
+    /// Confirmed with a code of Star's table or an undocumented one; `paper` says whether
+    /// anything came out, which the simulated printer only may do where the code's row
+    /// allows it (a code that proves nothing printed never comes with paper).
+    Code { code: &'static str, paper: bool },
+    /// Paper out, the confirmation lost on the way; the printer forgets the job.
+    ConfirmLost,
+    /// Paper out, confirmed twice (a retried DELETE).
+    ConfirmTwice,
+}
+
+/// One step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// The POS submits a new ticket (a new key) to target `target` with print type `kind`.
+    Submit { target: usize, kind: usize },
+    /// The POS retries an earlier submission: same key, same content.
+    Retry { pick: usize },
+    /// The POS sends an earlier key with other content (a bug at the POS): refused.
+    Conflict { pick: usize },
+    /// A store agent polls; the answer may be lost on the way back.
+    Poll { agent: usize, answer_lost: bool },
+    /// A store agent's worker takes its next delivery to the printer.
+    Handle { agent: usize, print: AgentPrint },
+    /// A store agent sends its acks (with `next`: asking for the next deliveries, protocol
+    /// 2); the request goes onto the network.
+    SendAcks { agent: usize, next: bool },
+    /// A request on the network reaches the broker (the `pick`-th in flight); it may stay
+    /// on the network to arrive again (`dup`), and its answer may be lost.
+    Deliver { pick: usize, dup: bool, answer_lost: bool },
+    /// A request on the network is lost.
+    Drop { pick: usize },
+    /// kill -9 of a store agent, and it starts again: memory gone, the journal kept.
+    RestartAgent { agent: usize },
+    /// The CloudPRNT printer polls, reporting its state: 0 ready, 1 out of paper, 2 cover
+    /// open.
+    CloudPoll { status: usize },
+    /// The CloudPRNT printer GETs the job it was offered; the data may be lost on the way.
+    CloudFetch { lost: bool },
+    /// The CloudPRNT printer prints the job it fetched and confirms.
+    CloudPrint { print: CloudPrint },
+    /// The CloudPRNT printer loses power: the job it held, printed or not, is forgotten.
+    CloudPowerCycle { paper: bool },
+    /// The broker looks for printers that poll and fell silent.
+    OfflineCheck,
+    /// Time passes.
+    Advance { ms: i64 },
+    /// The broker's wall clock steps (NTP), forwards or backwards.
+    StepClock { ms: i64 },
+    /// The sweeper's round: deliveries of agents gone.
+    Sweep,
+    /// The paused printers' round: station tickets moved on by time.
+    SweepPaused,
+    /// kill -9 of the broker and a new process on the same database.
+    RestartBroker,
+    /// An operator's action on the `pick`-th task: 0 cancel, 1 reprint, 2 mark printed,
+    /// 3 transfer to printer `to`.
+    Manual { pick: usize, action: usize, to: usize },
+}
+
+impl Op {
+    /// Steps that make a delivery's fate unknown to the broker: an `in_doubt` must follow
+    /// one of them.
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Op::Poll { answer_lost: true, .. }
+                | Op::Handle { print: AgentPrint::LostAfterPaper | AgentPrint::Crash { .. }, .. }
+                | Op::Deliver { answer_lost: true, .. }
+                | Op::Drop { .. }
+                | Op::RestartAgent { .. }
+                | Op::CloudFetch { lost: true }
+                | Op::CloudPrint { print: CloudPrint::Code { .. } | CloudPrint::ConfirmLost }
+                | Op::CloudPowerCycle { .. }
+                | Op::RestartBroker
+                | Op::StepClock { .. }
+        ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
+    }
+}
+
+/// Time without a word that counts as a participant falling silent (a store agent's
+/// delivery is offered again after 2 s in the simulated broker's settings).
+pub const SILENCE_MS: i64 = 2_000;
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// The result codes a simulated CloudPRNT printer draws from: Star's table (a row's class
+/// written as a code of it) and one code no document covers.
+pub const STAR_CODES: [&str; 12] =
+    ["410", "411", "412", "413", "420", "421", "430", "510", "511", "520", "521", "599 Undocumented"];
+
+fn agent_print(r: &mut Rng) -> AgentPrint {
+    match r.weighted(&[10, 1, 1, 1, 1, 1, 1, 1, 1]) {
+        0 => AgentPrint::Printed,
+        1 => AgentPrint::Blocked(Outcome::NoPaper),
+        2 => AgentPrint::Blocked(Outcome::CoverOpen),
+        3 => AgentPrint::Blocked(Outcome::Offline),
+        4 => AgentPrint::Blocked(Outcome::PaperJam),
+        5 => AgentPrint::Blocked(Outcome::Error),
+        6 => AgentPrint::LostAfterPaper,
+        7 => AgentPrint::Crash { paper: true },
+        _ => AgentPrint::Crash { paper: false },
+    }
+}
+
+fn cloud_print(r: &mut Rng) -> CloudPrint {
+    match r.weighted(&[10, 3, 1, 1]) {
+        0 => CloudPrint::Printed { code: if r.chance(50) { "OK" } else { "200 OK" } },
+        1 => CloudPrint::Code { code: STAR_CODES[r.below(STAR_CODES.len() as u64) as usize], paper: r.chance(50) },
+        2 => CloudPrint::ConfirmLost,
+        _ => CloudPrint::ConfirmTwice,
+    }
+}
+
+/// Targets the POS submits to: agent printers `a1`, `a2`, the CloudPRNT printer `c1`, the
+/// station `st-a` (`a1`, then `a2`) and the station `st-x` (`c1`, then `a1`: across
+/// transports).
+pub const TARGETS: usize = 5;
+/// Print types (see `world::TYPES`).
+pub const KINDS: usize = 4;
+/// Store agents of the one store (two processes compete for it, as after a replacement).
+pub const AGENTS: usize = 2;
+/// Printers a transfer may name.
+pub const PRINTERS: usize = 3;
+
+/// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`.
+pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
+    let mut r = Rng::new(seed);
+    let lo = (max_steps / 4).max(1) as u64;
+    let n = lo + r.below(max_steps as u64 - lo + 1);
+    // Each schedule leans on some kinds of step more than others, so that runs differ in
+    // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
+    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2];
+    for w in weights.iter_mut() {
+        if r.chance(25) {
+            *w *= 3;
+        } else if r.chance(15) {
+            *w = 0;
+        }
+    }
+    weights[0] = weights[0].max(4);
+    (0..n)
+        .map(|_| match r.weighted(&weights) {
+            0 => Op::Submit { target: r.below(TARGETS as u64) as usize, kind: r.below(KINDS as u64) as usize },
+            1 => Op::Retry { pick: r.below(1 << 16) as usize },
+            2 => Op::Conflict { pick: r.below(1 << 16) as usize },
+            3 => Op::Poll { agent: r.below(AGENTS as u64) as usize, answer_lost: r.chance(10) },
+            4 => Op::Handle { agent: r.below(AGENTS as u64) as usize, print: agent_print(&mut r) },
+            5 => Op::SendAcks { agent: r.below(AGENTS as u64) as usize, next: r.chance(50) },
+            6 => Op::Deliver { pick: r.below(1 << 16) as usize, dup: r.chance(10), answer_lost: r.chance(10) },
+            7 => Op::Drop { pick: r.below(1 << 16) as usize },
+            8 => Op::RestartAgent { agent: r.below(AGENTS as u64) as usize },
+            9 => Op::CloudPoll { status: if r.chance(80) { 0 } else { 1 + r.below(2) as usize } },
+            10 => Op::CloudFetch { lost: r.chance(10) },
+            11 => Op::CloudPrint { print: cloud_print(&mut r) },
+            12 => Op::CloudPowerCycle { paper: r.chance(50) },
+            13 => Op::OfflineCheck,
+            14 => Op::Advance { ms: r.range(50, 3_000) },
+            15 => Op::StepClock { ms: r.range(-20_000, 20_000) },
+            16 => Op::Sweep,
+            17 => Op::SweepPaused,
+            18 => Op::RestartBroker,
+            _ => Op::Manual {
+                pick: r.below(1 << 16) as usize,
+                action: r.below(4) as usize,
+                to: r.below(PRINTERS as u64) as usize,
+            },
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_names_one_schedule() {
+        assert_eq!(generate(9, 80), generate(9, 80));
+        assert_ne!(generate(9, 80), generate(10, 80));
+        let s = generate(9, 80);
+        assert!((20..=80).contains(&s.len()), "{}", s.len());
+    }
+}

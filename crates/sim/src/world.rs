@@ -1,0 +1,953 @@
+//! The simulated world of one run: the real broker (intake, lane engine, agent transport,
+//! CloudPRNT adapter on the polled mechanism, manual channel, sweeps) on a real store, under
+//! a clock only the schedule moves; around it a POS, two store agents and a CloudPRNT
+//! printer simulated by their documented rules, and a network of requests that may be
+//! lost, repeated, reordered or lose their answers. The world knows what the broker cannot:
+//! what came out on paper. `check` compares the two after every step.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceprint_core::content::Content;
+use onceprint_core::manual::ManualAction;
+use onceprint_core::results::star;
+use onceprint_core::{Outcome, PolicyTable, Proof, TaskState};
+use onceprint_engine::clock::{Clock, ManualClock};
+use onceprint_engine::transport::cloudprnt::{CloudPrnt, CloudPrntError, PollIn};
+use onceprint_engine::transport::polled::{Polled, PolledConfig};
+use onceprint_engine::transport::TransportKind;
+use onceprint_engine::{
+    AckIn, ActionError, ActionRequest, Actor, AgentDelivery, AgentRegistry, AgentTransport, DeliveryConfig, Directory,
+    Intake, IntakeConfig, IntakeError, LaneEngine, Operations, OperationsConfig, PollError, RegistryConfig, Shared,
+    StoreSignals, SubmitKind, SubmitRequest,
+};
+use onceprint_store::testing::Harness;
+use onceprint_store::{
+    AgentIdentity, NewPrinter, NewStation, NewStore, NewTenant, OriginKind, SetupAudit, Store, Task, TaskQuery,
+};
+use tokio::runtime::Runtime;
+
+use crate::schedule::{AgentPrint, CloudPrint, Op, AGENTS, SILENCE_MS};
+
+const TENANT: &str = "t";
+const STORE: &str = "s";
+const AGENT_PRINTERS: [&str; 2] = ["a1", "a2"];
+const CLOUD: &str = "c1";
+const CLOUD_MAC: &str = "00:11:62:00:00:01";
+/// Printers a transfer names, by the schedule's index.
+const TRANSFER_TO: [&str; 3] = ["a1", "a2", "c1"];
+/// The schedule's targets: printers, then stations.
+const TARGETS: [(&str, bool); 5] = [("a1", false), ("a2", false), ("c1", false), ("st-a", true), ("st-x", true)];
+/// Print types of three priorities; `kitchen` reprints on doubt.
+pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
+const MAX_ATTEMPTS: u32 = 3;
+/// Simulated time starts here (2027-01-15), whatever the machine's clock says.
+const START: i64 = 1_800_000_000_000;
+/// Simulated seconds the lanes get to drain once faults stop, beyond any backward clock
+/// steps of the run.
+const DRAIN_ROUNDS: i64 = 120;
+
+/// A broken promise or an engine error, at a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The step after which it was seen (`None`: while draining after the last step).
+    pub step: Option<usize>,
+    pub what: String,
+}
+
+/// What a run did, for the report.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub steps: u64,
+    pub tasks: u64,
+    pub printed: u64,
+    pub in_doubt: u64,
+    pub failed: u64,
+    pub copies: u64,
+    pub faults: u64,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, o: Tally) {
+        self.steps += o.steps;
+        self.tasks += o.tasks;
+        self.printed += o.printed;
+        self.in_doubt += o.in_doubt;
+        self.failed += o.failed;
+        self.copies += o.copies;
+        self.faults += o.faults;
+    }
+}
+
+type Fail = String;
+
+/// The broker process: everything that a kill -9 loses is in here.
+struct Broker {
+    lanes: Arc<LaneEngine>,
+    agents: AgentTransport,
+    intake: Intake,
+    operations: Operations,
+    cloudprnt: CloudPrnt,
+}
+
+impl Broker {
+    /// Must run inside the runtime (intake starts its group committer there).
+    fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable) -> Broker {
+        let config = DeliveryConfig {
+            redeliver_after_ms: SILENCE_MS,
+            agent_gone_after_ms: 5_000,
+            takeover_quiet_ms: 1_000,
+            station_failover_after_ms: 5_000,
+            ..DeliveryConfig::default()
+        };
+        let registry = AgentRegistry::new(
+            clock.clone() as Arc<dyn Clock>,
+            RegistryConfig {
+                gone_after_ms: config.agent_gone_after_ms,
+                takeover_quiet_ms: config.takeover_quiet_ms,
+                remote_lag_ms: 0,
+            },
+        );
+        let directory = Arc::new(Directory::new(store.clone()));
+        let intake_config = IntakeConfig { policies: policies.clone(), ..IntakeConfig::default() };
+        let intake = Intake::start(store.clone(), directory.clone(), Arc::new(StoreSignals::default()), intake_config)
+            .with_clock(clock.clone());
+        let shared = Shared {
+            store: store.clone(),
+            directory,
+            gate: intake.gate().clone(),
+            signals: Arc::new(StoreSignals::default()),
+            policies: policies.clone(),
+        };
+        let lanes = Arc::new(LaneEngine::new(shared.clone(), config, clock.clone(), registry));
+        let polled = Polled::new(
+            lanes.clone(),
+            TransportKind::Cloudprnt,
+            PolledConfig { answer_within_ms: 30_000, ..PolledConfig::default() },
+        );
+        Broker {
+            agents: AgentTransport::new(lanes.clone()),
+            cloudprnt: CloudPrnt::new(polled),
+            operations: Operations::new(shared, OperationsConfig::default()).with_clock(clock.clone()),
+            intake,
+            lanes,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Journal {
+    Started,
+    Printed,
+    InDoubt,
+    Blocked(Outcome),
+}
+
+/// A store agent as the real one behaves (crates/agent/src/worker.rs), without sockets.
+struct SimAgent {
+    id: &'static str,
+    session: String,
+    inbox: VecDeque<AgentDelivery>,
+    outbox: Vec<AckIn>,
+    /// Kept across restarts (the state directory).
+    journal: HashMap<String, (i32, Journal)>,
+}
+
+/// A request of an agent on its way to the broker.
+#[derive(Clone)]
+struct Msg {
+    agent: usize,
+    session: String,
+    acks: Vec<AckIn>,
+    next: bool,
+}
+
+/// A CloudPRNT printer as Star's protocol reference describes it: it polls, GETs the job
+/// it was offered, prints, and confirms with a DELETE and a result code.
+#[derive(Default)]
+struct SimCloud {
+    offered: Option<String>,
+    fetched: Option<String>,
+}
+
+/// One submission of the POS and the task its answer named.
+struct Submission {
+    req: SubmitRequest,
+    task_id: String,
+}
+
+/// What the world knows that the broker does not.
+#[derive(Default)]
+struct Facts {
+    /// Copies on paper per task id.
+    paper: BTreeMap<String, u32>,
+    /// Tasks an operator marked printed.
+    marked: HashSet<String>,
+    /// Tasks that were in flight when a fault struck, or went unanswered past a silence:
+    /// only they may end `in_doubt`.
+    exposed: HashSet<String>,
+    /// When each task in flight was first seen `sent`, by the broker's clock.
+    sent_since: HashMap<String, i64>,
+    /// (printer, priority) → the last task handed out there for the first time.
+    first_out: HashMap<(String, i32), String>,
+    seen: HashSet<String>,
+}
+
+/// One run's world.
+pub struct World {
+    rt: Runtime,
+    _harness: Harness,
+    store: Arc<dyn Store>,
+    clock: Arc<ManualClock>,
+    broker: Broker,
+    agents: Vec<SimAgent>,
+    cloud: SimCloud,
+    net: Vec<Msg>,
+    pos: Vec<Submission>,
+    facts: Facts,
+    sessions: u64,
+    back_steps: i64,
+    policies: PolicyTable,
+    tally: Tally,
+    /// Print each step and the tasks after it (a replay).
+    trace: bool,
+}
+
+fn policies() -> PolicyTable {
+    let mut p = PolicyTable::default();
+    p.types.retain(|name, _| TYPES.iter().any(|(t, _)| t == name));
+    for (name, prio) in TYPES {
+        let t = p.types.get_mut(name).expect("the default policies have every print type used here");
+        t.priority = prio;
+        t.max_attempts = MAX_ATTEMPTS;
+        t.reprint_on_doubt = name == "kitchen";
+        // No jitter: the seed alone decides every time in the run.
+        t.backoff = onceprint_core::Backoff { initial_ms: 100, factor: 2.0, cap_ms: 1_000, jitter: 0.0 };
+    }
+    p
+}
+
+fn engine_err(what: &str, e: impl std::fmt::Display) -> Fail {
+    format!("engine error in {what}: {e}")
+}
+
+impl World {
+    /// A world on the store `harness` holds (fresh and migrated).
+    pub fn new(rt: Runtime, harness: Harness, trace: bool) -> Result<World, Fail> {
+        let store = harness.store.clone();
+        let clock = Arc::new(ManualClock::new(START));
+        rt.block_on(set_up(&store)).map_err(|e| engine_err("set-up", e))?;
+        let policies = policies();
+        let broker = rt.block_on(async { Broker::start(&store, &clock, &policies) });
+        let mut w = World {
+            rt,
+            _harness: harness,
+            store,
+            clock,
+            broker,
+            agents: Vec::new(),
+            cloud: SimCloud::default(),
+            net: Vec::new(),
+            pos: Vec::new(),
+            facts: Facts::default(),
+            sessions: 0,
+            back_steps: 0,
+            policies,
+            tally: Tally::default(),
+            trace,
+        };
+        for id in ["agent-1", "agent-2"].into_iter().take(AGENTS) {
+            let session = w.new_session();
+            w.agents.push(SimAgent {
+                id,
+                session,
+                inbox: VecDeque::new(),
+                outbox: Vec::new(),
+                journal: HashMap::new(),
+            });
+        }
+        Ok(w)
+    }
+
+    /// Runs the steps, checking after each; then faults stop and every lane must drain.
+    pub fn run(mut self, ops: &[Op]) -> Result<Tally, Violation> {
+        for (i, op) in ops.iter().enumerate() {
+            let result = self.step(op).and_then(|()| self.check());
+            if self.trace {
+                self.print_trace(&format!("{i:>4}  {op}"));
+            }
+            result.map_err(|what| Violation { step: Some(i), what })?;
+        }
+        if self.trace {
+            self.print_trace("drain");
+        }
+        self.drain().map_err(|what| Violation { step: None, what })?;
+        self.final_check().map_err(|what| Violation { step: None, what })?;
+        self.tally.steps = ops.len() as u64;
+        Ok(self.tally)
+    }
+
+    fn print_trace(&self, head: &str) {
+        println!("{head}  (clock +{} ms)", self.clock.now_ms() - START);
+        for t in self.tasks().unwrap_or_default() {
+            let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
+            println!(
+                "        {} {:<8} {:<11} {} attempt {} paper {paper}{}{}",
+                t.task_id,
+                t.biz_no,
+                t.state.as_str(),
+                t.printer_id,
+                t.attempts,
+                t.origin_kind
+                    .map(|k| format!(" {} of {}", k.as_str(), t.origin_task_id.as_deref().unwrap_or("?")))
+                    .unwrap_or_default(),
+                t.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(),
+            );
+        }
+    }
+
+    fn new_session(&mut self) -> String {
+        self.sessions += 1;
+        onceprint_core::ids::agent_session_id(self.clock.now_ms(), self.sessions)
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output, Fail> {
+        self.rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), f).await })
+            .map_err(|_| "a step took longer than 30 s of real time (a hang)".to_owned())
+    }
+
+    fn who() -> AgentIdentity {
+        AgentIdentity { tenant_id: TENANT.into(), store_id: STORE.into() }
+    }
+
+    fn tasks(&self) -> Result<Vec<Task>, Fail> {
+        let q = TaskQuery { tenant_id: TENANT.into(), limit: 100_000, ..TaskQuery::default() };
+        self.block_on(self.store.list_tasks(&q))?.map_err(|e| engine_err("list_tasks", e))
+    }
+
+    fn task(&self, id: &str) -> Result<Option<Task>, Fail> {
+        self.block_on(self.store.get_task(TENANT, id))?.map_err(|e| engine_err("get_task", e))
+    }
+
+    /// Every task in flight now is exposed to the fault about to strike (and to what it
+    /// leaves behind).
+    fn expose_in_flight(&mut self) -> Result<(), Fail> {
+        for t in self.tasks()? {
+            if t.state == TaskState::Sent {
+                self.facts.exposed.insert(t.task_id);
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), Fail> {
+        if op.is_fault() {
+            self.tally.faults += 1;
+            self.expose_in_flight()?;
+        }
+        match *op {
+            Op::Submit { target, kind } => {
+                let n = self.pos.len();
+                let (name, station) = TARGETS[target];
+                let req = SubmitRequest {
+                    tenant_id: TENANT.into(),
+                    biz_no: Some(format!("B{n}")),
+                    printer_id: (!station).then(|| name.to_owned()),
+                    station_id: station.then(|| name.to_owned()),
+                    print_type: Some(TYPES[kind].0.to_owned()),
+                    content: Some(Content::Text { text: format!("ticket B{n}\n") }),
+                    ..SubmitRequest::default()
+                };
+                self.submit(req, None)?;
+            }
+            Op::Retry { pick } => {
+                if !self.pos.is_empty() {
+                    let s = &self.pos[pick % self.pos.len()];
+                    let (req, id) = (s.req.clone(), s.task_id.clone());
+                    self.submit(req, Some(id))?;
+                }
+            }
+            Op::Conflict { pick } => {
+                if !self.pos.is_empty() {
+                    let s = &self.pos[pick % self.pos.len()];
+                    let mut req = s.req.clone();
+                    let id = s.task_id.clone();
+                    req.content = Some(Content::Text { text: "another order under the same number\n".into() });
+                    match self.block_on(self.broker.intake.submit(req))? {
+                        Err(IntakeError::Mismatch { task_id }) if task_id == id => {}
+                        other => return Err(format!("a key sent again with other content was answered {other:?}")),
+                    }
+                }
+            }
+            Op::Poll { agent, answer_lost } => self.poll(agent, answer_lost)?,
+            Op::Handle { agent, print } => self.handle(agent, print)?,
+            Op::SendAcks { agent, next } => {
+                let a = &self.agents[agent];
+                if !a.outbox.is_empty() {
+                    self.net.push(Msg { agent, session: a.session.clone(), acks: a.outbox.clone(), next });
+                }
+            }
+            Op::Deliver { pick, dup, answer_lost } => {
+                if !self.net.is_empty() {
+                    let i = pick % self.net.len();
+                    let msg = if dup { self.net[i].clone() } else { self.net.remove(i) };
+                    self.deliver(msg, answer_lost)?;
+                }
+            }
+            Op::Drop { pick } => {
+                if !self.net.is_empty() {
+                    let i = pick % self.net.len();
+                    self.net.remove(i);
+                }
+            }
+            Op::RestartAgent { agent } => self.restart_agent(agent),
+            Op::CloudPoll { status } => self.cloud_poll(status)?,
+            Op::CloudFetch { lost } => self.cloud_fetch(lost)?,
+            Op::CloudPrint { print } => self.cloud_print(print)?,
+            Op::CloudPowerCycle { paper } => {
+                if let Some(token) = self.cloud.fetched.take() {
+                    if paper {
+                        self.paper(&token_task(&token));
+                    }
+                }
+                self.cloud.offered = None;
+            }
+            Op::OfflineCheck => {
+                self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
+                    .map_err(|e| engine_err("check_offline_once", e))?;
+            }
+            Op::Advance { ms } => self.clock.advance(ms),
+            Op::StepClock { ms } => {
+                if ms < 0 {
+                    self.back_steps += -ms;
+                }
+                self.clock.advance(ms);
+            }
+            Op::Sweep => {
+                self.block_on(self.broker.lanes.sweep_once())?.map_err(|e| engine_err("sweep_once", e))?;
+            }
+            Op::SweepPaused => {
+                self.block_on(self.broker.lanes.sweep_paused())?.map_err(|e| engine_err("sweep_paused", e))?;
+            }
+            Op::RestartBroker => {
+                // What was in the process's memory is gone; the database stays. Requests
+                // on the network reach the new process.
+                let broker = self.rt.block_on(async { Broker::start(&self.store, &self.clock, &self.policies) });
+                self.broker = broker;
+            }
+            Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, req: SubmitRequest, earlier: Option<String>) -> Result<(), Fail> {
+        let answer = self.block_on(self.broker.intake.submit(req.clone()))?;
+        let answer = answer.map_err(|e| format!("a valid submission was refused: {e}"))?;
+        match earlier {
+            // The same task, or (README, "Failover") the live task of its chain when it
+            // was transferred.
+            Some(id) if answer.kind != SubmitKind::Duplicate || !self.chain(&id)?.contains(&answer.task_id) => {
+                return Err(format!(
+                    "a retry of {:?} was answered {:?} {} instead of the task {id} or its successors",
+                    req.biz_no, answer.kind, answer.task_id
+                ));
+            }
+            Some(_) => {}
+            None => {
+                if answer.kind != SubmitKind::Created {
+                    return Err(format!("a new key {:?} was answered {:?}", req.biz_no, answer.kind));
+                }
+                // A 201 means durable: the task is there.
+                if self.task(&answer.task_id)?.is_none() {
+                    return Err(format!("201 for {} but no such task", answer.task_id));
+                }
+                self.pos.push(Submission { req, task_id: answer.task_id });
+            }
+        }
+        Ok(())
+    }
+
+    /// A task and its successors (transfers, failovers), in order.
+    fn chain(&self, id: &str) -> Result<Vec<String>, Fail> {
+        let mut chain = vec![id.to_owned()];
+        while let Some(next) = self.task(chain.last().map_or(id, |s| s.as_str()))?.and_then(|t| t.successor_task_id) {
+            if chain.contains(&next) || chain.len() > 16 {
+                return Err(format!("the successors of {id} go round: {chain:?}"));
+            }
+            chain.push(next);
+        }
+        Ok(chain)
+    }
+
+    fn poll(&mut self, agent: usize, answer_lost: bool) -> Result<(), Fail> {
+        let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
+        let answer = self.block_on(self.broker.agents.poll(
+            &Self::who(),
+            id,
+            Some(&session),
+            None,
+            Duration::from_millis(0),
+            16,
+        ))?;
+        let deliveries = match answer {
+            Ok(d) => d,
+            // A newer process of this agent took over: this one stops and starts again.
+            Err(PollError::Superseded(_)) => {
+                self.restart_agent(agent);
+                return Ok(());
+            }
+            Err(e) => return Err(engine_err("poll", e)),
+        };
+        if answer_lost {
+            for d in &deliveries {
+                self.facts.exposed.insert(d.task_id.clone());
+            }
+            return Ok(());
+        }
+        self.receive(agent, deliveries)
+    }
+
+    fn first_out(&mut self, task: &Task) -> Result<(), Fail> {
+        if self.facts.seen.insert(task.task_id.clone()) {
+            let k = (task.printer_id.clone(), task.priority);
+            if let Some(prev) = self.facts.first_out.get(&k) {
+                if *prev > task.task_id {
+                    return Err(format!(
+                        "FIFO within a priority broken on {}: {} handed out after {prev}",
+                        task.printer_id, task.task_id
+                    ));
+                }
+            }
+            self.facts.first_out.insert(k, task.task_id.clone());
+        }
+        Ok(())
+    }
+
+    /// Deliveries reach an agent (from a poll, or with the answer to its acks).
+    fn receive(&mut self, agent: usize, deliveries: Vec<AgentDelivery>) -> Result<(), Fail> {
+        for d in deliveries {
+            if let Some(t) = self.task(&d.task_id)? {
+                self.first_out(&t)?;
+            }
+            self.agents[agent].inbox.push_back(d);
+        }
+        Ok(())
+    }
+
+    fn paper(&mut self, task_id: &str) {
+        *self.facts.paper.entry(task_id.to_owned()).or_default() += 1;
+        self.tally.copies += 1;
+    }
+
+    /// The agent's worker, as crates/agent/src/worker.rs: the journal answers first.
+    fn handle(&mut self, agent: usize, print: AgentPrint) -> Result<(), Fail> {
+        let Some(d) = self.agents[agent].inbox.pop_front() else { return Ok(()) };
+        let ack = |outcome| AckIn::agent(d.task_id.clone(), d.attempt, outcome, String::new());
+        let journal = &mut self.agents[agent].journal;
+        if let Some((attempt, j)) = journal.get(&d.task_id).copied() {
+            let authorised = d.reprint && attempt < d.attempt;
+            let answer = match j {
+                Journal::Printed => Some(Outcome::Printed),
+                Journal::Started | Journal::InDoubt if authorised => None,
+                Journal::Started => {
+                    journal.insert(d.task_id.clone(), (d.attempt, Journal::InDoubt));
+                    Some(Outcome::InDoubt)
+                }
+                Journal::InDoubt => Some(Outcome::InDoubt),
+                Journal::Blocked(o) if attempt >= d.attempt => Some(o),
+                Journal::Blocked(_) => None,
+            };
+            if let Some(o) = answer {
+                self.agents[agent].outbox.push(ack(o));
+                return Ok(());
+            }
+        }
+        let (record, paper, reply) = match print {
+            AgentPrint::Printed => (Journal::Printed, true, Some(Outcome::Printed)),
+            AgentPrint::Blocked(o) => (Journal::Blocked(o), false, Some(o)),
+            AgentPrint::LostAfterPaper => (Journal::InDoubt, true, Some(Outcome::InDoubt)),
+            AgentPrint::Crash { paper } => (Journal::Started, paper, None),
+        };
+        self.agents[agent].journal.insert(d.task_id.clone(), (d.attempt, record));
+        if paper {
+            self.paper(&d.task_id);
+        }
+        match reply {
+            Some(o) => self.agents[agent].outbox.push(ack(o)),
+            None => {
+                self.facts.exposed.insert(d.task_id.clone());
+                self.restart_agent(agent);
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, msg: Msg, answer_lost: bool) -> Result<(), Fail> {
+        let id = self.agents[msg.agent].id;
+        let next = if msg.next { 16 } else { 0 };
+        let answer = self.block_on(self.broker.agents.ack_and_take(
+            &Self::who(),
+            id,
+            Some(&msg.session),
+            msg.acks.clone(),
+            next,
+        ))?;
+        let (_, deliveries) = answer.map_err(|e| engine_err("ack_and_take", e))?;
+        if answer_lost || self.agents[msg.agent].session != msg.session {
+            // The answer reaches nobody: its deliveries are in flight with no one to print.
+            for d in &deliveries {
+                self.facts.exposed.insert(d.task_id.clone());
+            }
+            return Ok(());
+        }
+        let a = &mut self.agents[msg.agent];
+        a.outbox.retain(|x| !msg.acks.iter().any(|y| y.task_id == x.task_id && y.attempt == x.attempt));
+        self.receive(msg.agent, deliveries)
+    }
+
+    /// kill -9 and start again: what was in memory is gone, the journal stays.
+    fn restart_agent(&mut self, agent: usize) {
+        let session = self.new_session();
+        let a = &mut self.agents[agent];
+        for d in a.inbox.drain(..) {
+            self.facts.exposed.insert(d.task_id);
+        }
+        a.outbox.clear();
+        a.session = session;
+    }
+
+    async fn cloud_info(&self) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
+        self.broker
+            .lanes
+            .directory()
+            .printer_info(TENANT, CLOUD)
+            .await
+            .map_err(|e| engine_err("printer_info", e))?
+            .ok_or_else(|| "the CloudPRNT printer is gone".to_owned())
+    }
+
+    fn cloud_poll(&mut self, status: usize) -> Result<(), Fail> {
+        let printing = self.cloud.fetched.clone();
+        let status_code = match (printing.is_some(), status) {
+            // A printer at work reports itself busy with its job.
+            (true, _) | (false, 0) => "200%20OK",
+            (false, 1) => "410%20Out%20of%20Paper",
+            (false, _) => "420%20Cover%20Open",
+        };
+        let poll = PollIn {
+            status_code: status_code.into(),
+            mac: Some(CLOUD_MAC.into()),
+            job_token: printing.clone(),
+            printing_in_progress: Some(printing.is_some()),
+        };
+        let answer = self.block_on(async {
+            let info = self.cloud_info().await?;
+            self.broker.cloudprnt.poll(&info, &poll).await.map_err(|e| engine_err("CloudPRNT poll", e))
+        })??;
+        if let Some(token) = answer.job_token.filter(|_| answer.job_ready) {
+            if let Some(t) = self.task(&token_task(&token))? {
+                self.first_out(&t)?;
+            }
+            self.cloud.offered = Some(token);
+        }
+        Ok(())
+    }
+
+    fn cloud_fetch(&mut self, lost: bool) -> Result<(), Fail> {
+        if self.cloud.fetched.is_some() {
+            return Ok(());
+        }
+        let Some(token) = self.cloud.offered.clone() else { return Ok(()) };
+        let got = self.block_on(async {
+            let info = self.cloud_info().await?;
+            Ok::<_, Fail>(self.broker.cloudprnt.fetch(&info, Some(CLOUD_MAC), Some("text/plain"), Some(&token)).await)
+        })??;
+        match got {
+            Ok(_) if lost => self.facts.exposed.insert(token_task(&token)),
+            Ok(_) => {
+                self.cloud.fetched = Some(token);
+                self.cloud.offered = None;
+                true
+            }
+            Err(CloudPrntError::NoSuchJob(_)) => {
+                self.cloud.offered = None;
+                false
+            }
+            Err(e) => return Err(engine_err("CloudPRNT fetch", e)),
+        };
+        Ok(())
+    }
+
+    fn cloud_print(&mut self, print: CloudPrint) -> Result<(), Fail> {
+        let Some(token) = self.cloud.fetched.take() else { return Ok(()) };
+        let task = token_task(&token);
+        let (paper, confirms): (bool, Vec<&str>) = match print {
+            CloudPrint::Printed { code } => (true, vec![code]),
+            CloudPrint::Code { code, paper } => {
+                // The simulated printer keeps to the table: a code that proves nothing
+                // printed never comes with paper, one that says printed always does.
+                let paper = match star::job_result(code).proof {
+                    Proof::NotPrinted | Proof::Refused => false,
+                    Proof::Printed => true,
+                    Proof::MayHavePrinted => paper,
+                };
+                (paper, vec![code])
+            }
+            CloudPrint::ConfirmLost => (true, vec![]),
+            CloudPrint::ConfirmTwice => (true, vec!["OK", "OK"]),
+        };
+        if paper {
+            self.paper(&task);
+        }
+        for code in confirms {
+            let result = self.block_on(async {
+                let info = self.cloud_info().await?;
+                Ok::<_, Fail>(self.broker.cloudprnt.confirm(&info, Some(CLOUD_MAC), Some(code), Some(&token)).await)
+            })??;
+            match result {
+                Ok(_) | Err(CloudPrntError::NoSuchJob(_)) => {}
+                Err(e) => return Err(engine_err("CloudPRNT confirm", e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn manual(&mut self, pick: usize, action: usize, to: usize) -> Result<(), Fail> {
+        let tasks = self.tasks()?;
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let t = &tasks[pick % tasks.len()];
+        let action = [ManualAction::Cancel, ManualAction::Reprint, ManualAction::MarkPrinted, ManualAction::Transfer]
+            [action % 4];
+        let req = ActionRequest {
+            tenant_id: TENANT.into(),
+            task_id: t.task_id.clone(),
+            actor: Actor::Operator("sim".into()),
+            reason: "simulated operator".into(),
+            printer_id: (action == ManualAction::Transfer).then(|| TRANSFER_TO[to % TRANSFER_TO.len()].to_owned()),
+        };
+        match self.block_on(self.broker.operations.act(action, req))? {
+            Ok(_) if action == ManualAction::MarkPrinted => {
+                self.facts.marked.insert(t.task_id.clone());
+            }
+            Ok(_) => {}
+            // Refusals (a task in flight, a finished one, a transfer of a ticket that may
+            // have printed) are what the manual channel is for; they change nothing.
+            Err(ActionError::NotAllowed(_) | ActionError::Raced(_) | ActionError::PrinterDisabled(_)) => {}
+            Err(ActionError::Invalid(_)) => {}
+            Err(e) => return Err(engine_err("manual action", e)),
+        }
+        Ok(())
+    }
+
+    /// The promise, as far as it can be seen after any step.
+    fn check(&mut self) -> Result<(), Fail> {
+        let tasks = self.tasks()?;
+        let now = self.clock.now_ms();
+        let mut in_flight: HashMap<&str, usize> = HashMap::new();
+        let by_id: HashMap<&str, &Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+        // Copies on paper and copies allowed, per original ticket (a transfer, failover or
+        // reprint hangs on its original).
+        let mut copies: HashMap<&str, (u32, u32)> = HashMap::new();
+        let mut sent_now = HashSet::new();
+        for t in &tasks {
+            let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
+            if t.state == TaskState::Sent {
+                *in_flight.entry(t.printer_id.as_str()).or_default() += 1;
+                sent_now.insert(t.task_id.clone());
+                let since = *self.facts.sent_since.entry(t.task_id.clone()).or_insert(now);
+                if now - since >= SILENCE_MS {
+                    self.facts.exposed.insert(t.task_id.clone());
+                }
+            }
+            let mut root = t;
+            while let Some(o) = root.origin_task_id.as_deref().and_then(|id| by_id.get(id)) {
+                root = o;
+            }
+            let policy = self.policies.policy_for(&t.print_type);
+            let mut allowed = u32::from(t.origin_kind == Some(OriginKind::Reprint) || t.origin_task_id.is_none());
+            if policy.reprint_on_doubt {
+                allowed += (t.attempts - t.refusals - 1).max(0) as u32;
+            }
+            let c = copies.entry(root.task_id.as_str()).or_default();
+            c.0 += paper;
+            c.1 += allowed;
+            if t.state == TaskState::Printed && paper == 0 && !self.facts.marked.contains(&t.task_id) {
+                return Err(format!("{} is printed, but nothing of it came out on paper", t.task_id));
+            }
+            if t.state == TaskState::Failed && paper > 0 && !policy.reprint_on_doubt {
+                return Err(format!("{} failed although {paper} copies of it came out", t.task_id));
+            }
+            if t.state == TaskState::InDoubt && !self.facts.exposed.contains(&t.task_id) {
+                return Err(format!(
+                    "{} is in doubt, but no fault struck it and nothing went unanswered ({:?})",
+                    t.task_id, t.last_error
+                ));
+            }
+        }
+        self.facts.sent_since.retain(|id, _| sent_now.contains(id));
+        for (root, (paper, allowed)) in copies {
+            if paper > allowed {
+                return Err(format!(
+                    "ticket {root} came out {paper} times; {allowed} allowed (reprints asked for, doubt reprints)"
+                ));
+            }
+        }
+        for (p, n) in in_flight {
+            if n > 1 {
+                return Err(format!("{n} tasks in flight on {p}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Faults stop: the network delivers what it holds, agents and the printer work
+    /// normally, time moves a second per round; every lane must drain.
+    fn drain(&mut self) -> Result<(), Fail> {
+        let rounds = DRAIN_ROUNDS + self.back_steps / 1_000 + 1;
+        for msg in std::mem::take(&mut self.net) {
+            self.deliver(msg, false)?;
+        }
+        for round in 0..rounds {
+            let open: Vec<Task> = self
+                .tasks()?
+                .into_iter()
+                .filter(|t| matches!(t.state, TaskState::Pending | TaskState::Sent | TaskState::Retrying))
+                .collect();
+            if open.is_empty() {
+                return Ok(());
+            }
+            if round == rounds - 1 {
+                let list: Vec<String> = open
+                    .iter()
+                    .map(|t| format!("{} {} on {} ({:?})", t.task_id, t.state, t.printer_id, t.last_error))
+                    .collect();
+                return Err(format!("lanes did not drain within {rounds} simulated seconds: {}", list.join("; ")));
+            }
+            self.clock.advance(1_000);
+            self.step(&Op::Sweep)?;
+            self.step(&Op::SweepPaused)?;
+            for agent in 0..self.agents.len() {
+                self.poll(agent, false)?;
+                while !self.agents[agent].inbox.is_empty() {
+                    self.handle(agent, AgentPrint::Printed)?;
+                }
+                let a = &self.agents[agent];
+                if !a.outbox.is_empty() {
+                    let msg = Msg { agent, session: a.session.clone(), acks: a.outbox.clone(), next: true };
+                    self.deliver(msg, false)?;
+                }
+            }
+            self.cloud_print(CloudPrint::Printed { code: "OK" })?;
+            self.cloud_poll(0)?;
+            self.cloud_fetch(false)?;
+            self.cloud_print(CloudPrint::Printed { code: "OK" })?;
+            self.check()?;
+        }
+        Ok(())
+    }
+
+    /// At the end: every answered submission has its task, each charged once.
+    fn final_check(&mut self) -> Result<(), Fail> {
+        let tasks = self.tasks()?;
+        for s in &self.pos {
+            let t = self
+                .task(&s.task_id)?
+                .ok_or_else(|| format!("the POS got {} for {:?}, and it is gone", s.task_id, s.req.biz_no))?;
+            if t.biz_no != *s.req.biz_no.as_ref().unwrap_or(&String::new()) {
+                return Err(format!("{} answered for {:?} belongs to {}", t.task_id, s.req.biz_no, t.biz_no));
+            }
+        }
+        let keys: HashSet<(&str, &str, &str)> = tasks
+            .iter()
+            .filter(|t| t.origin_task_id.is_none())
+            .map(|t| (t.target.as_str(), t.biz_no.as_str(), t.print_type.as_str()))
+            .collect();
+        if keys.len() != tasks.iter().filter(|t| t.origin_task_id.is_none()).count() {
+            return Err("two tasks under one idempotency key".into());
+        }
+        for t in tasks.iter().filter(|t| t.origin_task_id.is_none()) {
+            let ledger =
+                self.block_on(self.store.ledger_entries(&t.task_id))?.map_err(|e| engine_err("ledger_entries", e))?;
+            let charges = ledger.iter().filter(|e| e.kind == "charge").count();
+            if charges != 1 {
+                return Err(format!("{} is charged {charges} times", t.task_id));
+            }
+        }
+        self.tally.tasks = tasks.len() as u64;
+        for t in &tasks {
+            match t.state {
+                TaskState::Printed => self.tally.printed += 1,
+                TaskState::InDoubt => self.tally.in_doubt += 1,
+                TaskState::Failed => self.tally.failed += 1,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The task a CloudPRNT job token names (`TASKID.ATTEMPT`).
+fn token_task(token: &str) -> String {
+    token.split('.').next().unwrap_or(token).to_owned()
+}
+
+async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreError> {
+    let now = START;
+    store
+        .create_tenant(NewTenant {
+            id: TENANT.into(),
+            name: "Simulated shop".into(),
+            api_key_hash: "unused".into(),
+            api_key_id: "key-t".into(),
+            now,
+            audit: SetupAudit::default(),
+        })
+        .await?;
+    store
+        .create_store(NewStore {
+            tenant_id: TENANT.into(),
+            id: STORE.into(),
+            name: "Main".into(),
+            timezone: "UTC".into(),
+            now,
+            audit: SetupAudit::default(),
+        })
+        .await?;
+    let printers = [
+        (AGENT_PRINTERS[0], r#"{"kind":"agent","address":"tcp://127.0.0.1:9101"}"#.to_owned()),
+        (AGENT_PRINTERS[1], r#"{"kind":"agent","address":"tcp://127.0.0.1:9102"}"#.to_owned()),
+        (CLOUD, format!(r#"{{"kind":"cloudprnt","mac":"{CLOUD_MAC}","poll_interval_s":2}}"#)),
+    ];
+    for (id, transport) in printers {
+        store
+            .create_printer(NewPrinter {
+                tenant_id: TENANT.into(),
+                id: id.into(),
+                store_id: STORE.into(),
+                name: id.into(),
+                transport,
+                credential: None,
+                now,
+                audit: SetupAudit::default(),
+            })
+            .await?;
+    }
+    for (id, printers) in [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"])] {
+        store
+            .create_station(NewStation {
+                tenant_id: TENANT.into(),
+                id: id.into(),
+                store_id: STORE.into(),
+                printers: printers.iter().map(|p| p.to_string()).collect(),
+                failover_after_ms: Some(5_000),
+                now,
+                audit: SetupAudit::default(),
+            })
+            .await?;
+    }
+    Ok(())
+}
