@@ -514,6 +514,50 @@ async fn a_silent_polled_printer_fails_over_and_its_tickets_run_out_of_time_post
     silent_printer(common::Backend::Postgres).await
 }
 
+/// A printer that is set up and never polls (never switched on, or never given the
+/// broker's URL) holds its station's tickets no longer than one that fell silent: 2 × its
+/// poll interval + the grace after it was set up it is offline, and a station ticket moves
+/// to the backup after the station's threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_printer_that_never_calls_in_fails_over_sqlite() {
+    never_calls_in(common::Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_printer_that_never_calls_in_fails_over_postgres() {
+    never_calls_in(common::Backend::Postgres).await
+}
+
+async fn never_calls_in(backend: common::Backend) {
+    let mut config = common::fast_polled();
+    config.delivery.sweep_interval_ms = 100;
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let _star = Star::new(&app, &key, "star", MAC).await;
+    let s = app
+        .post(
+            "/v1/stations",
+            &key,
+            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let hot = app
+        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
+        .await
+        .body["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let t = wait_state(&app, &key, &hot, "transferred", Duration::from_secs(15)).await;
+    let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
+    let next = task(&app, &key, &succ).await;
+    assert_eq!((next["printer_id"].as_str(), next["origin_kind"].as_str()), (Some("p2"), Some("failover")));
+    let p = printer(&app, &key, "star").await;
+    assert_eq!((p["online"].as_bool(), p["last_error"].as_str()), (Some(false), Some("offline")), "{p}");
+    app.stop().await;
+}
+
 async fn silent_printer(backend: common::Backend) {
     let mut config = common::fast_polled();
     config.delivery.sweep_interval_ms = 100;

@@ -424,10 +424,18 @@ impl Polled {
         let printers = self.lanes.store().printers_by_transport(self.kind.as_str()).await?;
         let mut offline = 0;
         for row in printers {
-            let Some(seen) = row.last_seen_at else { continue };
-            if !row.online {
+            // A printer that never polled counts as last seen when it was set up: one that
+            // was never switched on, or never given the broker's URL, holds its station's
+            // tickets no longer than one that fell silent.
+            let (seen, ever_seen) = match row.last_seen_at {
+                Some(at) => (at, true),
+                None => (row.created_at, false),
+            };
+            let judged = if ever_seen { !row.online } else { row.last_error.as_deref() == Some("offline") };
+            if judged {
                 continue;
             }
+            let last_seen_at = row.last_seen_at;
             let printer = PrinterInfo::new(row);
             let silent_for = now - seen;
             if silent_for <= 2 * self.interval_ms(&printer) + self.config.offline_grace_ms {
@@ -436,7 +444,7 @@ impl Polled {
             let _turn = self.lock(&printer).await;
             // A poll may have come in since the list was read.
             let fresh = self.lanes.store().get_printer(&printer.row.tenant_id, &printer.row.id).await?;
-            if fresh.is_none_or(|p| !p.online || p.last_seen_at != Some(seen)) {
+            if fresh.is_none_or(|p| p.last_seen_at != last_seen_at || (ever_seen && !p.online)) {
                 continue;
             }
             offline += 1;
