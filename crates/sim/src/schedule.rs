@@ -71,6 +71,9 @@ pub enum Op {
     CloudPrint { print: CloudPrint },
     /// The CloudPRNT printer loses power: the job it held, printed or not, is forgotten.
     CloudPowerCycle { paper: bool },
+    /// The CloudPRNT printer is switched off for good: it never polls again, not even
+    /// once faults stop. Its station's tickets must move on, and its own must end, by time.
+    CloudDies,
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -102,6 +105,7 @@ impl Op {
                 | Op::CloudFetch { lost: true }
                 | Op::CloudPrint { print: CloudPrint::Code { .. } | CloudPrint::ConfirmLost }
                 | Op::CloudPowerCycle { .. }
+                | Op::CloudDies
                 | Op::RestartBroker
                 | Op::StepClock { .. }
         ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
@@ -164,7 +168,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let n = lo + r.below(max_steps as u64 - lo + 1);
     // Each schedule leans on some kinds of step more than others, so that runs differ in
     // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
-    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2];
+    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1];
     for w in weights.iter_mut() {
         if r.chance(25) {
             *w *= 3;
@@ -194,11 +198,14 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
             16 => Op::Sweep,
             17 => Op::SweepPaused,
             18 => Op::RestartBroker,
-            _ => Op::Manual {
+            19 => Op::Manual {
                 pick: r.below(1 << 16) as usize,
                 action: r.below(4) as usize,
                 to: r.below(PRINTERS as u64) as usize,
             },
+            // Rarely: most runs keep their CloudPRNT printer.
+            _ if r.chance(20) => Op::CloudDies,
+            _ => Op::OfflineCheck,
         })
         .collect()
 }

@@ -42,6 +42,8 @@ const TARGETS: [(&str, bool); 5] = [("a1", false), ("a2", false), ("c1", false),
 /// Print types of three priorities; `kitchen` reprints on doubt.
 pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
 const MAX_ATTEMPTS: u32 = 3;
+/// How long a ticket may wait for a paused printer (the default is ten minutes).
+const MAX_WAIT_MS: i64 = 30_000;
 /// Simulated time starts here (2027-01-15), whatever the machine's clock says.
 const START: i64 = 1_800_000_000_000;
 /// Simulated seconds the lanes get to drain once faults stop, beyond any backward clock
@@ -169,6 +171,8 @@ struct Msg {
 struct SimCloud {
     offered: Option<String>,
     fetched: Option<String>,
+    /// Switched off for good.
+    dead: bool,
 }
 
 /// One submission of the POS and the task its answer named.
@@ -222,6 +226,8 @@ fn policies() -> PolicyTable {
         t.priority = prio;
         t.max_attempts = MAX_ATTEMPTS;
         t.reprint_on_doubt = name == "kitchen";
+        // A printer that is gone fails its own tickets within the drain's bound.
+        t.max_wait_ms = MAX_WAIT_MS;
         // No jitter: the seed alone decides every time in the run.
         t.backoff = onceprint_core::Backoff { initial_ms: 100, factor: 2.0, cap_ms: 1_000, jitter: 0.0 };
     }
@@ -403,9 +409,18 @@ impl World {
                 }
             }
             Op::RestartAgent { agent } => self.restart_agent(agent),
+            Op::CloudPoll { .. } | Op::CloudFetch { .. } | Op::CloudPrint { .. } | Op::CloudPowerCycle { .. }
+                if self.cloud.dead => {}
             Op::CloudPoll { status } => self.cloud_poll(status)?,
             Op::CloudFetch { lost } => self.cloud_fetch(lost)?,
             Op::CloudPrint { print } => self.cloud_print(print)?,
+            Op::CloudDies => {
+                // What it held is gone with it; it may have printed.
+                if let Some(token) = self.cloud.fetched.take() {
+                    self.facts.exposed.insert(token_task(&token));
+                }
+                self.cloud = SimCloud { dead: true, ..SimCloud::default() };
+            }
             Op::CloudPowerCycle { paper } => {
                 if let Some(token) = self.cloud.fetched.take() {
                     if paper {
@@ -841,10 +856,13 @@ impl World {
                     self.deliver(msg, false)?;
                 }
             }
-            self.cloud_print(CloudPrint::Printed { code: "OK" })?;
-            self.cloud_poll(0)?;
-            self.cloud_fetch(false)?;
-            self.cloud_print(CloudPrint::Printed { code: "OK" })?;
+            if !self.cloud.dead {
+                self.cloud_print(CloudPrint::Printed { code: "OK" })?;
+                self.cloud_poll(0)?;
+                self.cloud_fetch(false)?;
+                self.cloud_print(CloudPrint::Printed { code: "OK" })?;
+            }
+            self.step(&Op::OfflineCheck)?;
             self.check()?;
         }
         Ok(())
