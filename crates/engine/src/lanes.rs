@@ -937,11 +937,11 @@ impl LaneEngine {
     /// fetch does not count: `may_have_printed` is recorded when an attempt ends, so the
     /// same attempt renders the same bytes however often it is fetched.
     pub fn render_as(&self, task: &Task, content: TaskContent, encoding: &Encoding) -> Result<Vec<u8>, String> {
-        let banner = match (task.origin_kind, task.reprint_no) {
-            (Some(onceprint_store::OriginKind::Reprint), Some(n)) => {
-                Some(self.config.reprint_banner.replace("{n}", &n.to_string()))
-            }
-            _ if task.may_have_printed => {
+        // A reprint moved to another printer (a transfer, a failover) is still that
+        // reprint: its successor keeps the number, and so the banner.
+        let banner = match task.reprint_no {
+            Some(n) => Some(self.config.reprint_banner.replace("{n}", &n.to_string())),
+            None if task.may_have_printed => {
                 Some(self.config.doubt_reprint_banner.replace("{n}", &task.attempts.to_string()))
             }
             _ => None,

@@ -141,6 +141,12 @@ pub(crate) async fn successor(store: &dyn Store, task: &Task, spec: SuccessorSpe
         (OriginKind::Reprint, Some(n)) => format!("reprint:{}:{n}", task.task_id),
         _ => format!("{}:{}", kind.as_str(), task.task_id),
     };
+    // A moved reprint stays a reprint: its copy carries the same numbered banner, never
+    // comes out as if it were the first.
+    let reprint_no = match kind {
+        OriginKind::Reprint => reprint_no,
+        OriginKind::Transfer | OriginKind::Failover => task.reprint_no,
+    };
     Ok(NewTask {
         task_id: new_task_id(now),
         tenant_id: task.tenant_id.clone(),

@@ -558,6 +558,68 @@ async fn never_calls_in(backend: common::Backend) {
     app.stop().await;
 }
 
+/// A reprint is a reprint wherever it prints: when its printer dies and the station
+/// moves it to the backup, the copy still carries its numbered banner. Without it, a
+/// ticket whose first copy may have come out would come out a second time unmarked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprint_that_fails_over_keeps_its_banner_sqlite() {
+    reprint_fails_over(common::Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprint_that_fails_over_keeps_its_banner_postgres() {
+    reprint_fails_over(common::Backend::Postgres).await
+}
+
+async fn reprint_fails_over(backend: common::Backend) {
+    use base64::Engine as _;
+    let mut config = common::fast_polled();
+    config.delivery.sweep_interval_ms = 100;
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let star = Star::new(&app, &key, "star", MAC).await;
+    let s = app
+        .post(
+            "/v1/stations",
+            &key,
+            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let hot = app
+        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
+        .await
+        .body["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // The printer fetches the ticket and reports an error it does not document: it may
+    // have printed, so it goes to a person, who asks for a reprint.
+    let token = star.next_job().await;
+    assert_eq!(star.get("text/plain", &token).await.0, StatusCode::OK);
+    assert_eq!(star.delete("599 Something new", &token).await.1["result"], "applied");
+    assert_eq!(task(&app, &key, &hot).await["state"], "in_doubt");
+    let r = app
+        .post(&format!("/v1/print-tasks/{hot}/reprint"), &key, json!({"operator": "alice", "reason": "not sure"}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let reprint = r.body["created"]["task_id"].as_str().expect("reprint id").to_owned();
+    // The printer is switched off before it takes the reprint: offline, and the reprint
+    // moves to the backup.
+    let t = wait_state(&app, &key, &reprint, "transferred", Duration::from_secs(15)).await;
+    let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
+    let agent = app.call("POST", "/v1/stores/s1/agent-tokens", Some(&key), None).await.body["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let d = app.post("/v1/agent/poll", &agent, json!({"agent_id": "a1", "session": "s", "wait_ms": 2000})).await;
+    let job = &d.body["deliveries"][0];
+    assert_eq!(job["task_id"], succ.as_str(), "{:?}", d.body);
+    let data = base64::engine::general_purpose::STANDARD.decode(job["data"].as_str().unwrap_or("")).expect("data");
+    assert!(data.windows(17).any(|w| w == b"*** REPRINT 1 ***"), "the moved reprint still says it is one");
+    app.stop().await;
+}
+
 async fn silent_printer(backend: common::Backend) {
     let mut config = common::fast_polled();
     config.delivery.sweep_interval_ms = 100;
