@@ -170,7 +170,8 @@ struct Msg {
 #[derive(Default)]
 struct SimCloud {
     offered: Option<String>,
-    fetched: Option<String>,
+    /// The token of the job it fetched, and the job's data.
+    fetched: Option<(String, Vec<u8>)>,
     /// Switched off for good.
     dead: bool,
 }
@@ -186,6 +187,9 @@ struct Submission {
 struct Facts {
     /// Copies on paper per task id.
     paper: BTreeMap<String, u32>,
+    /// Of those, copies without a reprint banner (`*** REPRINT …`): a ticket may come out
+    /// unmarked once, whatever else happens.
+    unmarked: BTreeMap<String, u32>,
     /// Tasks an operator marked printed.
     marked: HashSet<String>,
     /// Tasks that were in flight when a fault struck, or went unanswered past a silence:
@@ -416,15 +420,15 @@ impl World {
             Op::CloudPrint { print } => self.cloud_print(print)?,
             Op::CloudDies => {
                 // What it held is gone with it; it may have printed.
-                if let Some(token) = self.cloud.fetched.take() {
+                if let Some((token, _)) = self.cloud.fetched.take() {
                     self.facts.exposed.insert(token_task(&token));
                 }
                 self.cloud = SimCloud { dead: true, ..SimCloud::default() };
             }
             Op::CloudPowerCycle { paper } => {
-                if let Some(token) = self.cloud.fetched.take() {
+                if let Some((token, data)) = self.cloud.fetched.take() {
                     if paper {
-                        self.paper(&token_task(&token));
+                        self.paper(&token_task(&token), &data);
                     }
                 }
                 self.cloud.offered = None;
@@ -551,8 +555,11 @@ impl World {
         Ok(())
     }
 
-    fn paper(&mut self, task_id: &str) {
+    fn paper(&mut self, task_id: &str, data: &[u8]) {
         *self.facts.paper.entry(task_id.to_owned()).or_default() += 1;
+        if !contains(data, b"*** REPRINT") {
+            *self.facts.unmarked.entry(task_id.to_owned()).or_default() += 1;
+        }
         self.tally.copies += 1;
     }
 
@@ -587,7 +594,7 @@ impl World {
         };
         self.agents[agent].journal.insert(d.task_id.clone(), (d.attempt, record));
         if paper {
-            self.paper(&d.task_id);
+            self.paper(&d.task_id, &d.data);
         }
         match reply {
             Some(o) => self.agents[agent].outbox.push(ack(o)),
@@ -644,7 +651,7 @@ impl World {
     }
 
     fn cloud_poll(&mut self, status: usize) -> Result<(), Fail> {
-        let printing = self.cloud.fetched.clone();
+        let printing = self.cloud.fetched.as_ref().map(|(token, _)| token.clone());
         let status_code = match (printing.is_some(), status) {
             // A printer at work reports itself busy with its job.
             (true, _) | (false, 0) => "200%20OK",
@@ -681,8 +688,8 @@ impl World {
         })??;
         match got {
             Ok(_) if lost => self.facts.exposed.insert(token_task(&token)),
-            Ok(_) => {
-                self.cloud.fetched = Some(token);
+            Ok(job) => {
+                self.cloud.fetched = Some((token, job.bytes));
                 self.cloud.offered = None;
                 true
             }
@@ -696,7 +703,7 @@ impl World {
     }
 
     fn cloud_print(&mut self, print: CloudPrint) -> Result<(), Fail> {
-        let Some(token) = self.cloud.fetched.take() else { return Ok(()) };
+        let Some((token, data)) = self.cloud.fetched.take() else { return Ok(()) };
         let task = token_task(&token);
         let (paper, confirms): (bool, Vec<&str>) = match print {
             CloudPrint::Printed { code } => (true, vec![code]),
@@ -714,7 +721,7 @@ impl World {
             CloudPrint::ConfirmTwice => (true, vec!["OK", "OK"]),
         };
         if paper {
-            self.paper(&task);
+            self.paper(&task, &data);
         }
         for code in confirms {
             let result = self.block_on(async {
@@ -767,6 +774,7 @@ impl World {
         // Copies on paper and copies allowed, per original ticket (a transfer, failover or
         // reprint hangs on its original).
         let mut copies: HashMap<&str, (u32, u32)> = HashMap::new();
+        let mut unmarked: HashMap<&str, u32> = HashMap::new();
         let mut sent_now = HashSet::new();
         for t in &tasks {
             let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
@@ -790,6 +798,8 @@ impl World {
             let c = copies.entry(root.task_id.as_str()).or_default();
             c.0 += paper;
             c.1 += allowed;
+            *unmarked.entry(root.task_id.as_str()).or_default() +=
+                self.facts.unmarked.get(&t.task_id).copied().unwrap_or(0);
             if t.state == TaskState::Printed && paper == 0 && !self.facts.marked.contains(&t.task_id) {
                 return Err(format!("{} is printed, but nothing of it came out on paper", t.task_id));
             }
@@ -809,6 +819,11 @@ impl World {
                 return Err(format!(
                     "ticket {root} came out {paper} times; {allowed} allowed (reprints asked for, doubt reprints)"
                 ));
+            }
+        }
+        for (root, n) in unmarked {
+            if n > 1 {
+                return Err(format!("ticket {root} came out {n} times without a reprint banner"));
             }
         }
         for (p, n) in in_flight {
@@ -906,6 +921,10 @@ impl World {
         }
         Ok(())
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The task a CloudPRNT job token names (`TASKID.ATTEMPT`).
