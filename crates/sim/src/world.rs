@@ -737,11 +737,24 @@ impl World {
     }
 
     fn manual(&mut self, pick: usize, action: usize, to: usize) -> Result<(), Fail> {
-        let tasks = self.tasks()?;
+        // An operator acts on what is open or needs attention (what the console lists),
+        // now and then on a finished ticket.
+        let all = self.tasks()?;
+        let open: Vec<Task> = all
+            .iter()
+            .filter(|t| {
+                !matches!(
+                    t.state,
+                    TaskState::Printed | TaskState::Closed | TaskState::Cancelled | TaskState::Transferred
+                )
+            })
+            .cloned()
+            .collect();
+        let tasks = if open.is_empty() || pick % 5 == 0 { all } else { open };
         if tasks.is_empty() {
             return Ok(());
         }
-        let t = &tasks[pick % tasks.len()];
+        let t = &tasks[(pick / 5) % tasks.len()];
         let action = [ManualAction::Cancel, ManualAction::Reprint, ManualAction::MarkPrinted, ManualAction::Transfer]
             [action % 4];
         let req = ActionRequest {

@@ -1,0 +1,73 @@
+//! Schedules the simulation found or that name a defect once fixed, kept as they were
+//! shrunk: each must keep the promise, and each broke it before its fix.
+
+use onceprint_core::Outcome;
+use onceprint_sim::schedule::{AgentPrint, CloudPrint, Op};
+use onceprint_sim::{run_schedule, Options};
+
+fn holds(ops: &[Op]) {
+    match run_schedule(ops, &Options::default()).expect("the simulation runs") {
+        Ok(_) => {}
+        Err(v) => panic!("broke the promise at {:?}: {}", v.step, v.what),
+    }
+}
+
+/// A CloudPRNT printer confirms a fetched job with a code that does not prove nothing
+/// printed (Star's 4xx): the ticket goes to a person, never to the printer again.
+#[test]
+fn a_vendor_code_after_the_fetch_never_prints_a_second_copy() {
+    holds(&[
+        Op::Submit { target: 4, kind: 0 },
+        Op::CloudPoll { status: 0 },
+        Op::CloudFetch { lost: false },
+        Op::CloudPrint { print: CloudPrint::Code { code: "421", paper: true } },
+    ]);
+}
+
+/// A CloudPRNT printer that never polls at all: its station's ticket moves on by time.
+#[test]
+fn a_printer_that_never_calls_in_lets_its_station_move_on() {
+    holds(&[Op::CloudDies, Op::Submit { target: 2, kind: 2 }, Op::Submit { target: 4, kind: 1 }]);
+}
+
+/// A reprint of a ticket in doubt, whose printer then dies, prints on the station's
+/// backup with its banner.
+#[test]
+fn a_reprint_that_fails_over_keeps_its_banner() {
+    holds(&[
+        Op::Submit { target: 4, kind: 0 },
+        Op::CloudPoll { status: 0 },
+        Op::CloudFetch { lost: false },
+        Op::CloudPrint { print: CloudPrint::Code { code: "430", paper: true } },
+        Op::Manual { pick: 5, action: 1, to: 1 },
+        Op::CloudDies,
+    ]);
+}
+
+/// A kitchen ticket (reprints on doubt) whose first copy may have come out waits for its
+/// marked reprint; an operator's transfer of it is refused, so no unmarked copy follows.
+#[test]
+fn a_ticket_that_may_have_printed_is_never_transferred() {
+    holds(&[
+        Op::Submit { target: 0, kind: 2 },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::Handle { agent: 0, print: AgentPrint::LostAfterPaper },
+        Op::SendAcks { agent: 0, next: false },
+        Op::Deliver { pick: 0, dup: false, answer_lost: false },
+        Op::Manual { pick: 5, action: 3, to: 1 },
+    ]);
+}
+
+/// A printer out of paper before the job proves nothing printed: the ticket waits and
+/// prints once after the refill.
+#[test]
+fn paper_out_before_the_job_prints_once_after_the_refill() {
+    holds(&[
+        Op::Submit { target: 0, kind: 1 },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::Handle { agent: 0, print: AgentPrint::Blocked(Outcome::NoPaper) },
+        Op::SendAcks { agent: 0, next: true },
+        Op::Deliver { pick: 0, dup: true, answer_lost: false },
+        Op::Advance { ms: 1_000 },
+    ]);
+}
