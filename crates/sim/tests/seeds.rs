@@ -17,7 +17,7 @@ fn threads() -> usize {
 #[test]
 fn fixed_seeds_keep_the_promise_on_sqlite() {
     let options = Options { backend: Backend::Sqlite, ..Options::default() };
-    let report = run_range(0, seeds(400), threads(), &options).expect("the simulation runs");
+    let report = run_range(0, seeds(2_000), threads(), &options).expect("the simulation runs");
     eprintln!("{report}");
     if let Some(f) = &report.failure {
         panic!("{f}");
@@ -32,7 +32,7 @@ fn fixed_seeds_keep_the_promise_on_postgres() {
         return;
     }
     let options = Options { backend: Backend::Postgres, ..Options::default() };
-    let report = run_range(1_000_000, seeds(400) / 10, threads(), &options).expect("the simulation runs");
+    let report = run_range(1_000_000, seeds(2_000) / 10, threads(), &options).expect("the simulation runs");
     eprintln!("{report}");
     if let Some(f) = &report.failure {
         panic!("{f}");
