@@ -193,11 +193,16 @@ struct SessionState {
 struct AgentState {
     current: Option<String>,
     sessions: HashMap<String, SessionState>,
+    /// When acks of this agent id last reached this broker process, from any session,
+    /// known here or not. Only polls make a session known (and decide which one is
+    /// current), but an agent whose acks arrive is not gone: after a broker restart an
+    /// agent busy printing may ack (and take its next jobs with the acks) before it polls.
+    acked: Option<Millis>,
 }
 
 impl AgentState {
     fn last_heard(&self) -> Option<Millis> {
-        self.sessions.values().map(|s| s.heard).max()
+        self.sessions.values().map(|s| s.heard).chain(self.acked).max()
     }
 
     fn last_heard_remote(&self) -> Millis {
@@ -319,14 +324,13 @@ impl AgentRegistry {
     /// session, heard as its current one). Acks of a superseded session are still taken
     /// (they tell the truth about its own deliveries); they keep its deliveries with it.
     /// Only polls make a session known: an ack of a session this broker has not seen yet
-    /// changes nothing here.
+    /// only tells that the agent id is alive.
     pub fn heard(&self, tenant_id: &str, store_id: &str, agent_id: &str, session: Option<&str>) {
         let now = self.clock.now_ms();
         let mut all = self.lock();
-        let Some(agent) = all.get_mut(&(tenant_id.to_owned(), store_id.to_owned())).and_then(|a| a.get_mut(agent_id))
-        else {
-            return;
-        };
+        let agent =
+            all.entry((tenant_id.to_owned(), store_id.to_owned())).or_default().entry(agent_id.to_owned()).or_default();
+        agent.acked = agent.acked.max(Some(now));
         let name = match session {
             Some(s) => s.to_owned(),
             None => agent.current.clone().unwrap_or_default(),
@@ -689,6 +693,23 @@ mod tests {
             RegistryConfig { gone_after_ms: 60_000, takeover_quiet_ms: 3_000, remote_lag_ms: 0 },
         );
         (clock, r)
+    }
+
+    #[test]
+    fn an_agent_whose_acks_reach_a_restarted_broker_before_its_polls_is_not_gone() {
+        // A broker process that has been up past the gone time and has never seen a poll
+        // of agent b: b is gone, unless its acks (which may take its next jobs) arrive.
+        let (clock, r) = registry();
+        clock.advance(59_000);
+        r.heard("t", "s", "b", Some("old"));
+        clock.advance(2_000);
+        let seen_by_a = r.holder("t", "s", "b", Some("old"), Some(("a", Some("x"))));
+        assert_eq!(seen_by_a, Holder::Other { gone: false }, "acked 2 s ago");
+        clock.advance(60_000);
+        let seen_by_a = r.holder("t", "s", "b", Some("old"), Some(("a", Some("x"))));
+        assert_eq!(seen_by_a, Holder::Other { gone: true }, "silent for the gone time");
+        // An ack of an unknown session decides nothing about which session is current.
+        assert_eq!(r.is_superseded("t", "s", "b", Some("old")), None);
     }
 
     #[test]
