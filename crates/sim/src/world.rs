@@ -46,6 +46,12 @@ const MAX_ATTEMPTS: u32 = 3;
 const MAX_WAIT_MS: i64 = 30_000;
 /// Simulated time starts here (2027-01-15), whatever the machine's clock says.
 const START: i64 = 1_800_000_000_000;
+/// The simulated broker's settings that decide when silence lets it give up on a
+/// delivery: a store agent is gone after 5 s; the CloudPRNT printer (polling every 2 s) is
+/// offline after 2 × 2 s + 5 s; a job it fetched must be answered within 30 s.
+const AGENT_GONE_MS: i64 = 5_000;
+const CLOUD_OFFLINE_MS: i64 = 9_000;
+const CLOUD_ANSWER_WITHIN_MS: i64 = 30_000;
 /// Simulated seconds the lanes get to drain once faults stop, beyond any backward clock
 /// steps of the run.
 const DRAIN_ROUNDS: i64 = 120;
@@ -98,7 +104,7 @@ impl Broker {
     fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable) -> Broker {
         let config = DeliveryConfig {
             redeliver_after_ms: SILENCE_MS,
-            agent_gone_after_ms: 5_000,
+            agent_gone_after_ms: AGENT_GONE_MS,
             takeover_quiet_ms: 1_000,
             station_failover_after_ms: 5_000,
             ..DeliveryConfig::default()
@@ -126,7 +132,7 @@ impl Broker {
         let polled = Polled::new(
             lanes.clone(),
             TransportKind::Cloudprnt,
-            PolledConfig { answer_within_ms: 30_000, ..PolledConfig::default() },
+            PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
         );
         Broker {
             agents: AgentTransport::new(lanes.clone()),
@@ -196,7 +202,12 @@ struct Facts {
     /// only they may end `in_doubt`.
     exposed: HashSet<String>,
     /// When each task in flight was first seen `sent`, by the broker's clock.
-    sent_since: HashMap<String, i64>,
+    sent_since: HashMap<String, (i64, i64)>,
+    /// When the broker last heard from each store agent (a poll or acks reached it), and
+    /// from the CloudPRNT printer, by the broker's clock.
+    heard: HashMap<&'static str, (i64, i64)>,
+    /// Time that really passed in the run (the broker's clock also steps).
+    elapsed: i64,
     /// (printer, priority) → the last task handed out there for the first time.
     first_out: HashMap<(String, i32), String>,
     seen: HashSet<String>,
@@ -314,7 +325,25 @@ impl World {
                     .unwrap_or_default(),
                 t.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(),
             );
+            if matches!(t.state, TaskState::InDoubt | TaskState::Failed) {
+                let events =
+                    self.block_on(self.store.task_events(TENANT, &t.task_id)).ok().and_then(|e| e.ok()).flatten();
+                if let Some(e) = events.and_then(|e| e.last().cloned()) {
+                    println!("            by {}: {}", e.actor, e.reason);
+                }
+            }
         }
+    }
+
+    /// Time passes: the broker's clock and the time that really passed.
+    fn advance(&mut self, ms: i64) {
+        self.clock.advance(ms);
+        self.facts.elapsed += ms;
+    }
+
+    /// (the broker's clock, the time that really passed)
+    fn times(&self) -> (i64, i64) {
+        (self.clock.now_ms(), self.facts.elapsed)
     }
 
     fn new_session(&mut self) -> String {
@@ -341,21 +370,10 @@ impl World {
         self.block_on(self.store.get_task(TENANT, id))?.map_err(|e| engine_err("get_task", e))
     }
 
-    /// Every task in flight now is exposed to the fault about to strike (and to what it
-    /// leaves behind).
-    fn expose_in_flight(&mut self) -> Result<(), Fail> {
-        for t in self.tasks()? {
-            if t.state == TaskState::Sent {
-                self.facts.exposed.insert(t.task_id);
-            }
-        }
-        Ok(())
-    }
-
     fn step(&mut self, op: &Op) -> Result<(), Fail> {
+        self.observe()?;
         if op.is_fault() {
             self.tally.faults += 1;
-            self.expose_in_flight()?;
         }
         match *op {
             Op::Submit { target, kind } => {
@@ -427,6 +445,7 @@ impl World {
             }
             Op::CloudPowerCycle { paper } => {
                 if let Some((token, data)) = self.cloud.fetched.take() {
+                    self.facts.exposed.insert(token_task(&token));
                     if paper {
                         self.paper(&token_task(&token), &data);
                     }
@@ -437,7 +456,7 @@ impl World {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
             }
-            Op::Advance { ms } => self.clock.advance(ms),
+            Op::Advance { ms } => self.advance(ms),
             Op::StepClock { ms } => {
                 if ms < 0 {
                     self.back_steps += -ms;
@@ -502,6 +521,7 @@ impl World {
 
     fn poll(&mut self, agent: usize, answer_lost: bool) -> Result<(), Fail> {
         let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
+        self.facts.heard.insert(id, self.times());
         let answer = self.block_on(self.broker.agents.poll(
             &Self::who(),
             id,
@@ -520,9 +540,8 @@ impl World {
             Err(e) => return Err(engine_err("poll", e)),
         };
         if answer_lost {
-            for d in &deliveries {
-                self.facts.exposed.insert(d.task_id.clone());
-            }
+            // The broker offers them again when they are overdue; nothing may be in doubt
+            // for it.
             return Ok(());
         }
         self.receive(agent, deliveries)
@@ -596,6 +615,9 @@ impl World {
         if paper {
             self.paper(&d.task_id, &d.data);
         }
+        if print == AgentPrint::LostAfterPaper {
+            self.facts.exposed.insert(d.task_id.clone());
+        }
         match reply {
             Some(o) => self.agents[agent].outbox.push(ack(o)),
             None => {
@@ -608,6 +630,7 @@ impl World {
 
     fn deliver(&mut self, msg: Msg, answer_lost: bool) -> Result<(), Fail> {
         let id = self.agents[msg.agent].id;
+        self.facts.heard.insert(id, self.times());
         let next = if msg.next { 16 } else { 0 };
         let answer = self.block_on(self.broker.agents.ack_and_take(
             &Self::who(),
@@ -618,10 +641,7 @@ impl World {
         ))?;
         let (_, deliveries) = answer.map_err(|e| engine_err("ack_and_take", e))?;
         if answer_lost || self.agents[msg.agent].session != msg.session {
-            // The answer reaches nobody: its deliveries are in flight with no one to print.
-            for d in &deliveries {
-                self.facts.exposed.insert(d.task_id.clone());
-            }
+            // The answer reaches nobody: its deliveries are offered again when overdue.
             return Ok(());
         }
         let a = &mut self.agents[msg.agent];
@@ -633,11 +653,17 @@ impl World {
     fn restart_agent(&mut self, agent: usize) {
         let session = self.new_session();
         let a = &mut self.agents[agent];
-        for d in a.inbox.drain(..) {
-            self.facts.exposed.insert(d.task_id);
-        }
+        // Deliveries it had not started are offered to the new process; its journal
+        // answers for what it had.
+        a.inbox.clear();
         a.outbox.clear();
         a.session = session;
+    }
+
+    /// The broker counts a polling printer's polls as its sign of life (docs/ARCHITECTURE.md:
+    /// offline when silent past 2 × its interval + the grace).
+    fn cloud_heard(&mut self) {
+        self.facts.heard.insert(CLOUD, self.times());
     }
 
     async fn cloud_info(&self) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
@@ -651,6 +677,7 @@ impl World {
     }
 
     fn cloud_poll(&mut self, status: usize) -> Result<(), Fail> {
+        self.cloud_heard();
         let printing = self.cloud.fetched.as_ref().map(|(token, _)| token.clone());
         let status_code = match (printing.is_some(), status) {
             // A printer at work reports itself busy with its job.
@@ -723,6 +750,9 @@ impl World {
         if paper {
             self.paper(&task, &data);
         }
+        if confirms.is_empty() || star::job_result(confirms[0]).proof == Proof::MayHavePrinted {
+            self.facts.exposed.insert(task.clone());
+        }
         for code in confirms {
             let result = self.block_on(async {
                 let info = self.cloud_info().await?;
@@ -778,26 +808,59 @@ impl World {
         Ok(())
     }
 
+    /// Marks the deliveries in flight that silence has exposed: the broker may give up on
+    /// them from now on. Runs before every step and every check, so that no sweep or poll
+    /// acts on a silence the world has not noted.
+    fn observe(&mut self) -> Result<(), Fail> {
+        let now = self.clock.now_ms();
+        let mut sent_now = HashSet::new();
+        for t in self.tasks()? {
+            if t.state != TaskState::Sent {
+                continue;
+            }
+            sent_now.insert(t.task_id.clone());
+            let times = self.times();
+            let since = *self.facts.sent_since.entry(t.task_id.clone()).or_insert(times);
+            // Silence the broker may act on: a store agent not heard for its gone
+            // time holds the delivery; a polling printer not heard past its offline
+            // threshold, or not answering a job it fetched within the answer time.
+            let holder = match t.sent_to.as_deref().and_then(|s| s.strip_prefix("agent:")) {
+                Some(agent) => self.agents.iter().map(|a| a.id).find(|id| *id == agent),
+                None if t.printer_id == CLOUD => Some(CLOUD),
+                None => None,
+            };
+            let (heard, limit) = match holder {
+                Some(CLOUD) => (self.facts.heard.get(CLOUD).copied(), CLOUD_OFFLINE_MS),
+                Some(agent) => (self.facts.heard.get(agent).copied(), AGENT_GONE_MS),
+                None => (None, 0),
+            };
+            // Past a limit by the broker's clock (which may have stepped forwards) or by
+            // the time that really passed (when it stepped backwards).
+            let past =
+                |(clock, real): (i64, i64), limit: i64| now - clock >= limit || self.facts.elapsed - real >= limit;
+            let silent = heard.is_none_or(|h| past(h, limit));
+            if silent || (holder == Some(CLOUD) && past(since, CLOUD_ANSWER_WITHIN_MS)) {
+                self.facts.exposed.insert(t.task_id.clone());
+            }
+        }
+        self.facts.sent_since.retain(|id, _| sent_now.contains(id));
+        Ok(())
+    }
+
     /// The promise, as far as it can be seen after any step.
     fn check(&mut self) -> Result<(), Fail> {
+        self.observe()?;
         let tasks = self.tasks()?;
-        let now = self.clock.now_ms();
         let mut in_flight: HashMap<&str, usize> = HashMap::new();
         let by_id: HashMap<&str, &Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         // Copies on paper and copies allowed, per original ticket (a transfer, failover or
         // reprint hangs on its original).
         let mut copies: HashMap<&str, (u32, u32)> = HashMap::new();
         let mut unmarked: HashMap<&str, u32> = HashMap::new();
-        let mut sent_now = HashSet::new();
         for t in &tasks {
             let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
             if t.state == TaskState::Sent {
                 *in_flight.entry(t.printer_id.as_str()).or_default() += 1;
-                sent_now.insert(t.task_id.clone());
-                let since = *self.facts.sent_since.entry(t.task_id.clone()).or_insert(now);
-                if now - since >= SILENCE_MS {
-                    self.facts.exposed.insert(t.task_id.clone());
-                }
             }
             let mut root = t;
             while let Some(o) = root.origin_task_id.as_deref().and_then(|id| by_id.get(id)) {
@@ -826,7 +889,6 @@ impl World {
                 ));
             }
         }
-        self.facts.sent_since.retain(|id, _| sent_now.contains(id));
         for (root, (paper, allowed)) in copies {
             if paper > allowed {
                 return Err(format!(
@@ -870,7 +932,7 @@ impl World {
                     .collect();
                 return Err(format!("lanes did not drain within {rounds} simulated seconds: {}", list.join("; ")));
             }
-            self.clock.advance(1_000);
+            self.advance(1_000);
             self.step(&Op::Sweep)?;
             self.step(&Op::SweepPaused)?;
             for agent in 0..self.agents.len() {
@@ -891,6 +953,9 @@ impl World {
                 self.cloud_print(CloudPrint::Printed { code: "OK" })?;
             }
             self.step(&Op::OfflineCheck)?;
+            if self.trace {
+                self.print_trace(&format!("drain round {round}"));
+            }
             self.check()?;
         }
         Ok(())

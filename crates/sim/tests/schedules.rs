@@ -71,3 +71,21 @@ fn paper_out_before_the_job_prints_once_after_the_refill() {
         Op::Advance { ms: 1_000 },
     ]);
 }
+
+/// After a broker restart a store agent's late acks reach the new process before any poll
+/// of it, and take the next ticket with them; the other agent's poll must not judge the
+/// agent gone (it was heard a moment ago) and put that ticket in doubt.
+#[test]
+fn an_agent_heard_only_through_its_acks_is_not_gone() {
+    holds(&[
+        Op::Submit { target: 0, kind: 0 },
+        Op::Poll { agent: 1, answer_lost: false },
+        Op::RestartBroker,
+        Op::Handle { agent: 1, print: AgentPrint::Printed },
+        Op::SendAcks { agent: 1, next: true },
+        Op::Submit { target: 0, kind: 0 },
+        Op::Advance { ms: 2492 },
+        Op::RestartAgent { agent: 1 },
+        Op::Advance { ms: 2840 },
+    ]);
+}
