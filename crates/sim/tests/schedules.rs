@@ -89,3 +89,18 @@ fn an_agent_heard_only_through_its_acks_is_not_gone() {
         Op::Advance { ms: 2840 },
     ]);
 }
+
+/// The lane stall of the delivery core: a low-priority ticket in flight when its agent
+/// restarts while a higher-priority ticket arrives. The ticket in flight is offered to the
+/// new process, then the other prints.
+#[test]
+fn a_restart_with_a_higher_priority_ticket_waiting_never_stalls_the_lane() {
+    holds(&[
+        Op::Submit { target: 0, kind: 3 },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::RestartAgent { agent: 0 },
+        Op::Submit { target: 0, kind: 0 },
+        Op::Advance { ms: 1_500 },
+        Op::Poll { agent: 0, answer_lost: false },
+    ]);
+}
