@@ -80,6 +80,10 @@ pub enum Op {
     Advance { ms: i64 },
     /// The broker's wall clock steps (NTP), forwards or backwards.
     StepClock { ms: i64 },
+    /// A shop PC's wall clock steps (NTP, a dead CMOS battery): what the agent's next
+    /// process names its session with. Its monotonic clock, which measures the process's
+    /// age, does not step.
+    StepAgentClock { agent: usize, ms: i64 },
     /// The sweeper's round: deliveries of agents gone.
     Sweep,
     /// The paused printers' round: station tickets moved on by time.
@@ -108,6 +112,7 @@ impl Op {
                 | Op::CloudDies
                 | Op::RestartBroker
                 | Op::StepClock { .. }
+                | Op::StepAgentClock { .. }
         ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
     }
 }
@@ -168,7 +173,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let n = lo + r.below(max_steps as u64 - lo + 1);
     // Each schedule leans on some kinds of step more than others, so that runs differ in
     // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
-    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1];
+    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1];
     for w in weights.iter_mut() {
         if r.chance(25) {
             *w *= 3;
@@ -204,8 +209,12 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
                 to: r.below(PRINTERS as u64) as usize,
             },
             // Rarely: most runs keep their CloudPRNT printer.
-            _ if r.chance(20) => Op::CloudDies,
-            _ => Op::OfflineCheck,
+            20 if r.chance(20) => Op::CloudDies,
+            20 => Op::OfflineCheck,
+            _ => Op::StepAgentClock {
+                agent: r.below(AGENTS as u64) as usize,
+                ms: if r.chance(50) { -3_600_000 } else { r.range(-60_000, 3_600_000) },
+            },
         })
         .collect()
 }

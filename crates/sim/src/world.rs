@@ -156,6 +156,10 @@ enum Journal {
 struct SimAgent {
     id: &'static str,
     session: String,
+    /// How far the shop PC's wall clock is from the broker's.
+    clock_offset: i64,
+    /// When this process started, in the time that really passed (its monotonic clock).
+    started: i64,
     inbox: VecDeque<AgentDelivery>,
     outbox: Vec<AckIn>,
     /// Kept across restarts (the state directory).
@@ -279,10 +283,12 @@ impl World {
             trace,
         };
         for id in ["agent-1", "agent-2"].into_iter().take(AGENTS) {
-            let session = w.new_session();
+            let session = w.new_session(0);
             w.agents.push(SimAgent {
                 id,
                 session,
+                clock_offset: 0,
+                started: 0,
                 inbox: VecDeque::new(),
                 outbox: Vec::new(),
                 journal: HashMap::new(),
@@ -346,9 +352,11 @@ impl World {
         (self.clock.now_ms(), self.facts.elapsed)
     }
 
-    fn new_session(&mut self) -> String {
+    /// A new process's session id, named by the shop PC's wall clock as the real agent
+    /// names it.
+    fn new_session(&mut self, clock_offset: i64) -> String {
         self.sessions += 1;
-        onceprint_core::ids::agent_session_id(self.clock.now_ms(), self.sessions)
+        onceprint_core::ids::agent_session_id(self.clock.now_ms() + clock_offset, self.sessions)
     }
 
     fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output, Fail> {
@@ -458,11 +466,19 @@ impl World {
             }
             Op::Advance { ms } => self.advance(ms),
             Op::StepClock { ms } => {
+                // The broker judges silence by its own clock: after a step, a delivery in
+                // flight may look abandoned to it. Doubt is then a safe answer.
+                for t in self.tasks()? {
+                    if t.state == TaskState::Sent {
+                        self.facts.exposed.insert(t.task_id);
+                    }
+                }
                 if ms < 0 {
                     self.back_steps += -ms;
                 }
                 self.clock.advance(ms);
             }
+            Op::StepAgentClock { agent, ms } => self.agents[agent].clock_offset += ms,
             Op::Sweep => {
                 self.block_on(self.broker.lanes.sweep_once())?.map_err(|e| engine_err("sweep_once", e))?;
             }
@@ -522,11 +538,13 @@ impl World {
     fn poll(&mut self, agent: usize, answer_lost: bool) -> Result<(), Fail> {
         let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
         self.facts.heard.insert(id, self.times());
+        // The process's age on its monotonic clock (agent protocol 3).
+        let age = (self.facts.elapsed - self.agents[agent].started).max(0) as u64;
         let answer = self.block_on(self.broker.agents.poll(
             &Self::who(),
             id,
             Some(&session),
-            None,
+            Some(age),
             Duration::from_millis(0),
             16,
         ))?;
@@ -651,8 +669,10 @@ impl World {
 
     /// kill -9 and start again: what was in memory is gone, the journal stays.
     fn restart_agent(&mut self, agent: usize) {
-        let session = self.new_session();
+        let session = self.new_session(self.agents[agent].clock_offset);
+        let elapsed = self.facts.elapsed;
         let a = &mut self.agents[agent];
+        a.started = elapsed;
         // Deliveries it had not started are offered to the new process; its journal
         // answers for what it had.
         a.inbox.clear();
