@@ -72,7 +72,7 @@ pub struct DeliveryConfig {
     pub stall_after_ms: i64,
     /// A station's printer paused by its own state (no paper, cover open, paper jam,
     /// offline) for this long hands its station tickets to the station's next printer
-    /// (issue 15); shorter pauses wait, like any lane.
+    /// (README, "Failover"); shorter pauses wait, like any lane.
     pub station_failover_after_ms: i64,
 }
 
@@ -886,8 +886,8 @@ impl LaneEngine {
 
     /// A station task whose printer refused it with a pausing status waits like any other
     /// while the printer has been paused for less than the station threshold; past it, the
-    /// refusal fails the task so that it fails over to the station's next printer (R25,
-    /// issue 15). The pause counts from the printer row's `paused_since` (this refusal
+    /// refusal fails the task so that it fails over to the station's next printer (README,
+    /// "Failover"). The pause counts from the printer row's `paused_since` (this refusal
     /// starts it when the row does not show a pause yet). Without a backup to move to, the
     /// task keeps waiting: failing it would only hand a paper change to a person.
     async fn station_threshold(&self, task: &Task, c: &mut AckChange, now: Millis) -> Result<(), DeliveryError> {
