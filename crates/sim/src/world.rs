@@ -800,7 +800,7 @@ impl World {
             })
             .cloned()
             .collect();
-        let tasks = if open.is_empty() || pick % 5 == 0 { all } else { open };
+        let tasks = if open.is_empty() || pick.is_multiple_of(5) { all } else { open };
         if tasks.is_empty() {
             return Ok(());
         }
