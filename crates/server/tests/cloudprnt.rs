@@ -514,6 +514,40 @@ async fn a_silent_polled_printer_fails_over_and_its_tickets_run_out_of_time_post
     silent_printer(common::Backend::Postgres).await
 }
 
+/// A broker with fast polled-printer timings, tenant `acme`, the CloudPRNT printer `star`
+/// (no poll yet) and the station `hot` (`star`, then the agent printer `p2`, failing over
+/// after `failover_after_ms`) with one ticket submitted to it, `H1`.
+async fn hot_station(
+    backend: common::Backend,
+    failover_after_ms: i64,
+    max_wait_ms: Option<i64>,
+) -> Option<(TestApp, String, Star, String)> {
+    let mut config = common::fast_polled();
+    config.delivery.sweep_interval_ms = 100;
+    if let Some(ms) = max_wait_ms {
+        config.intake.policies.types.get_mut("receipt").expect("receipt").max_wait_ms = ms;
+    }
+    let app = TestApp::spawn_with(backend, config).await?;
+    let key = app.tenant("acme").await;
+    let star = Star::new(&app, &key, "star", MAC).await;
+    let s = app
+        .post(
+            "/v1/stations",
+            &key,
+            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": failover_after_ms}),
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
+    let hot = app
+        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
+        .await
+        .body["task_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    Some((app, key, star, hot))
+}
+
 /// A printer that is set up and never polls (never switched on, or never given the
 /// broker's URL) holds its station's tickets no longer than one that fell silent: 2 × its
 /// poll interval + the grace after it was set up it is offline, and a station ticket moves
@@ -529,26 +563,7 @@ async fn a_polled_printer_that_never_calls_in_fails_over_postgres() {
 }
 
 async fn never_calls_in(backend: common::Backend) {
-    let mut config = common::fast_polled();
-    config.delivery.sweep_interval_ms = 100;
-    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
-    let key = app.tenant("acme").await;
-    let _star = Star::new(&app, &key, "star", MAC).await;
-    let s = app
-        .post(
-            "/v1/stations",
-            &key,
-            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 1000}),
-        )
-        .await;
-    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
-    let hot = app
-        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
-        .await
-        .body["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let Some((app, key, _star, hot)) = hot_station(backend, 1000, None).await else { return };
     let t = wait_state(&app, &key, &hot, "transferred", Duration::from_secs(15)).await;
     let succ = t["successor_task_id"].as_str().expect("successor").to_owned();
     let next = task(&app, &key, &succ).await;
@@ -573,26 +588,7 @@ async fn a_reprint_that_fails_over_keeps_its_banner_postgres() {
 
 async fn reprint_fails_over(backend: common::Backend) {
     use base64::Engine as _;
-    let mut config = common::fast_polled();
-    config.delivery.sweep_interval_ms = 100;
-    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
-    let key = app.tenant("acme").await;
-    let star = Star::new(&app, &key, "star", MAC).await;
-    let s = app
-        .post(
-            "/v1/stations",
-            &key,
-            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 1000}),
-        )
-        .await;
-    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
-    let hot = app
-        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
-        .await
-        .body["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let Some((app, key, star, hot)) = hot_station(backend, 1000, None).await else { return };
     // The printer fetches the ticket and reports an error it does not document: it may
     // have printed, so it goes to a person, who asks for a reprint.
     let token = star.next_job().await;
@@ -621,27 +617,7 @@ async fn reprint_fails_over(backend: common::Backend) {
 }
 
 async fn silent_printer(backend: common::Backend) {
-    let mut config = common::fast_polled();
-    config.delivery.sweep_interval_ms = 100;
-    config.intake.policies.types.get_mut("receipt").expect("receipt").max_wait_ms = 6_000;
-    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
-    let key = app.tenant("acme").await;
-    let star = Star::new(&app, &key, "star", MAC).await;
-    let s = app
-        .post(
-            "/v1/stations",
-            &key,
-            json!({"id": "hot", "store_id": "s1", "printers": ["star", "p2"], "failover_after_ms": 2000}),
-        )
-        .await;
-    assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
-    let hot = app
-        .submit(&key, json!({"biz_no": "H1", "station_id": "hot", "content": {"type": "text", "text": "hot dish\n"}}))
-        .await
-        .body["task_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let Some((app, key, star, hot)) = hot_station(backend, 2000, Some(6_000)).await else { return };
     let plain = submit(&app, &key, "star", "R1").await;
     // The printer is told about the station ticket, and is switched off before it fetches.
     let token = star.next_job().await;
