@@ -39,6 +39,22 @@ pub enum CloudPrint {
     ConfirmTwice,
 }
 
+/// How an Epson TM printer's print of the job it was handed ends (ePOS-Print XML User's
+/// Manual, `<response>`; Server Direct Print User's Manual, SetResponse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpsonPrint {
+    /// Paper out, `success="true"`.
+    Printed,
+    /// `success="false"` with a code of Epson's table or an undocumented one; paper only
+    /// where the code's row allows it. A printer whose roll is empty prints nothing and
+    /// answers `EPTR_REC_EMPTY`, whatever is drawn here.
+    Code { code: &'static str, paper: bool },
+    /// Paper out, the SetResponse lost; the printer forgets the job.
+    ResultLost,
+    /// Paper out, the SetResponse sent twice.
+    ResultTwice,
+}
+
 /// One step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -74,6 +90,16 @@ pub enum Op {
     /// The CloudPRNT printer is switched off for good: it never polls again, not even
     /// once faults stop. Its station's tickets must move on, and its own must end, by time.
     CloudDies,
+    /// The Epson printer sends a GetRequest; the answer (with the job's data) may be lost.
+    EpsonGet { lost: bool },
+    /// The Epson printer prints the job it was handed and sends its SetResponse.
+    EpsonPrint { print: EpsonPrint },
+    /// The Epson printer's roll runs out, or is replaced.
+    EpsonPaper { empty: bool },
+    /// The Epson printer loses power: the job it held, printed or not, is forgotten.
+    EpsonPowerCycle { paper: bool },
+    /// The Epson printer is switched off for good.
+    EpsonDies,
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -110,6 +136,10 @@ impl Op {
                 | Op::CloudPrint { print: CloudPrint::Code { .. } | CloudPrint::ConfirmLost }
                 | Op::CloudPowerCycle { .. }
                 | Op::CloudDies
+                | Op::EpsonGet { lost: true }
+                | Op::EpsonPrint { print: EpsonPrint::Code { .. } | EpsonPrint::ResultLost }
+                | Op::EpsonPowerCycle { .. }
+                | Op::EpsonDies
                 | Op::RestartBroker
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
@@ -131,6 +161,33 @@ impl fmt::Display for Op {
 /// written as a code of it) and one code no document covers.
 pub const STAR_CODES: [&str; 12] =
     ["410", "411", "412", "413", "420", "421", "430", "510", "511", "520", "521", "599 Undocumented"];
+
+/// The result codes a simulated Epson printer draws from: Epson's table and one code no
+/// document covers.
+pub const EPSON_CODES: [&str; 13] = [
+    "EPTR_AUTOMATICAL",
+    "EPTR_COVER_OPEN",
+    "EPTR_CUTTER",
+    "EPTR_MECHANICAL",
+    "EPTR_REC_EMPTY",
+    "EPTR_UNRECOVERABLE",
+    "SchemaError",
+    "DeviceNotFound",
+    "PrintSystemError",
+    "EX_TIMEOUT",
+    "EX_DEVICE_BUSY",
+    "ERROR_WAIT_EJECT",
+    "EPTR_SOMETHING_NEW",
+];
+
+fn epson_print(r: &mut Rng) -> EpsonPrint {
+    match r.weighted(&[10, 3, 1, 1]) {
+        0 => EpsonPrint::Printed,
+        1 => EpsonPrint::Code { code: EPSON_CODES[r.below(EPSON_CODES.len() as u64) as usize], paper: r.chance(50) },
+        2 => EpsonPrint::ResultLost,
+        _ => EpsonPrint::ResultTwice,
+    }
+}
 
 fn agent_print(r: &mut Rng) -> AgentPrint {
     match r.weighted(&[10, 1, 1, 1, 1, 1, 1, 1, 1]) {
@@ -156,15 +213,16 @@ fn cloud_print(r: &mut Rng) -> CloudPrint {
 }
 
 /// Targets the POS submits to: agent printers `a1`, `a2`, the CloudPRNT printer `c1`, the
-/// station `st-a` (`a1`, then `a2`) and the station `st-x` (`c1`, then `a1`: across
-/// transports).
-pub const TARGETS: usize = 5;
+/// station `st-a` (`a1`, then `a2`), the station `st-x` (`c1`, then `a1`: across
+/// transports), the Epson printer `e1` and the station `st-y` (`e1`, then `c1`: two
+/// vendors' printers that both poll).
+pub const TARGETS: usize = 7;
 /// Print types (see `world::TYPES`).
 pub const KINDS: usize = 4;
 /// Store agents of the one store (two processes compete for it, as after a replacement).
 pub const AGENTS: usize = 2;
 /// Printers a transfer may name.
-pub const PRINTERS: usize = 3;
+pub const PRINTERS: usize = 4;
 
 /// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`.
 pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
@@ -173,7 +231,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let n = lo + r.below(max_steps as u64 - lo + 1);
     // Each schedule leans on some kinds of step more than others, so that runs differ in
     // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
-    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1];
+    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1, 4, 4, 1, 1, 1];
     for w in weights.iter_mut() {
         if r.chance(25) {
             *w *= 3;
@@ -211,10 +269,17 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
             // Rarely: most runs keep their CloudPRNT printer.
             20 if r.chance(20) => Op::CloudDies,
             20 => Op::OfflineCheck,
-            _ => Op::StepAgentClock {
+            21 => Op::StepAgentClock {
                 agent: r.below(AGENTS as u64) as usize,
                 ms: if r.chance(50) { -3_600_000 } else { r.range(-60_000, 3_600_000) },
             },
+            22 => Op::EpsonGet { lost: r.chance(10) },
+            23 => Op::EpsonPrint { print: epson_print(&mut r) },
+            24 => Op::EpsonPaper { empty: r.chance(50) },
+            25 => Op::EpsonPowerCycle { paper: r.chance(50) },
+            // Rarely: most runs keep their Epson printer.
+            _ if r.chance(20) => Op::EpsonDies,
+            _ => Op::OfflineCheck,
         })
         .collect()
 }

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use onceprint_core::content::Content;
 use onceprint_core::manual::ManualAction;
+use onceprint_core::results::epson;
 use onceprint_core::results::star;
 use onceprint_core::{Outcome, PolicyTable, Proof, TaskState};
 use onceprint_engine::clock::{Clock, ManualClock};
 use onceprint_engine::transport::cloudprnt::{CloudPrnt, CloudPrntError, PollIn};
+use onceprint_engine::transport::epson_sdp::EpsonSdp;
 use onceprint_engine::transport::polled::{Polled, PolledConfig};
 use onceprint_engine::transport::TransportKind;
 use onceprint_engine::{
@@ -28,17 +30,19 @@ use onceprint_store::{
 };
 use tokio::runtime::Runtime;
 
-use crate::schedule::{AgentPrint, CloudPrint, Op, AGENTS, SILENCE_MS};
+use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS};
 
 const TENANT: &str = "t";
 const STORE: &str = "s";
 const AGENT_PRINTERS: [&str; 2] = ["a1", "a2"];
 const CLOUD: &str = "c1";
 const CLOUD_MAC: &str = "00:11:62:00:00:01";
+const EPSON: &str = "e1";
 /// Printers a transfer names, by the schedule's index.
-const TRANSFER_TO: [&str; 3] = ["a1", "a2", "c1"];
-/// The schedule's targets: printers, then stations.
-const TARGETS: [(&str, bool); 5] = [("a1", false), ("a2", false), ("c1", false), ("st-a", true), ("st-x", true)];
+const TRANSFER_TO: [&str; 4] = ["a1", "a2", "c1", "e1"];
+/// The schedule's targets (see `schedule::TARGETS`): the name, and whether it is a station.
+const TARGETS: [(&str, bool); 7] =
+    [("a1", false), ("a2", false), ("c1", false), ("st-a", true), ("st-x", true), ("e1", false), ("st-y", true)];
 /// Print types of three priorities; `kitchen` reprints on doubt.
 pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
 const MAX_ATTEMPTS: u32 = 3;
@@ -97,6 +101,7 @@ struct Broker {
     intake: Intake,
     operations: Operations,
     cloudprnt: CloudPrnt,
+    epson: EpsonSdp,
 }
 
 impl Broker {
@@ -134,9 +139,15 @@ impl Broker {
             TransportKind::Cloudprnt,
             PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
         );
+        let epson = Polled::new(
+            lanes.clone(),
+            TransportKind::EpsonSdp,
+            PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
+        );
         Broker {
             agents: AgentTransport::new(lanes.clone()),
             cloudprnt: CloudPrnt::new(polled),
+            epson: EpsonSdp::new(epson),
             operations: Operations::new(shared, OperationsConfig::default()).with_clock(clock.clone()),
             intake,
             lanes,
@@ -186,6 +197,18 @@ struct SimCloud {
     dead: bool,
 }
 
+/// An Epson TM printer with Server Direct Print as Epson's manuals describe it: it asks for
+/// work (GetRequest), the answer carries the job; it prints and reports the result
+/// (SetResponse).
+#[derive(Default)]
+struct SimEpson {
+    /// The job it holds: its `printjobid` and its ePOS-Print data.
+    job: Option<(String, Vec<u8>)>,
+    /// The roll is empty: nothing comes out.
+    empty: bool,
+    dead: bool,
+}
+
 /// One submission of the POS and the task its answer named.
 struct Submission {
     req: SubmitRequest,
@@ -226,6 +249,7 @@ pub struct World {
     broker: Broker,
     agents: Vec<SimAgent>,
     cloud: SimCloud,
+    epson: SimEpson,
     net: Vec<Msg>,
     pos: Vec<Submission>,
     facts: Facts,
@@ -273,6 +297,7 @@ impl World {
             broker,
             agents: Vec::new(),
             cloud: SimCloud::default(),
+            epson: SimEpson::default(),
             net: Vec::new(),
             pos: Vec::new(),
             facts: Facts::default(),
@@ -460,8 +485,29 @@ impl World {
                 }
                 self.cloud.offered = None;
             }
+            Op::EpsonGet { .. } | Op::EpsonPrint { .. } | Op::EpsonPaper { .. } | Op::EpsonPowerCycle { .. }
+                if self.epson.dead => {}
+            Op::EpsonGet { lost } => self.epson_get(lost)?,
+            Op::EpsonPrint { print } => self.epson_print(print)?,
+            Op::EpsonPaper { empty } => self.epson.empty = empty,
+            Op::EpsonPowerCycle { paper } => {
+                if let Some((jobid, data)) = self.epson.job.take() {
+                    self.facts.exposed.insert(token_task(&jobid));
+                    if paper && !self.epson.empty {
+                        self.paper(&token_task(&jobid), &data);
+                    }
+                }
+            }
+            Op::EpsonDies => {
+                if let Some((jobid, _)) = self.epson.job.take() {
+                    self.facts.exposed.insert(token_task(&jobid));
+                }
+                self.epson = SimEpson { dead: true, ..SimEpson::default() };
+            }
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
+                    .map_err(|e| engine_err("check_offline_once", e))?;
+                self.block_on(self.broker.epson.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
             }
             Op::Advance { ms } => self.advance(ms),
@@ -786,6 +832,85 @@ impl World {
         Ok(())
     }
 
+    async fn epson_info(&self) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
+        self.broker
+            .lanes
+            .directory()
+            .printer_info(TENANT, EPSON)
+            .await
+            .map_err(|e| engine_err("printer_info", e))?
+            .ok_or_else(|| "the Epson printer is gone".to_owned())
+    }
+
+    /// A GetRequest: asking for work is the printer's sign of life, and says it holds
+    /// nothing (a printer that still holds a job prints it first).
+    fn epson_get(&mut self, lost: bool) -> Result<(), Fail> {
+        if self.epson.job.is_some() {
+            return Ok(());
+        }
+        self.facts.heard.insert(EPSON, self.times());
+        let handed = self.block_on(async {
+            let info = self.epson_info().await?;
+            self.broker.epson.get_request(&info, None).await.map_err(|e| engine_err("GetRequest", e))
+        })??;
+        let Some(h) = handed else { return Ok(()) };
+        let task = token_task(&h.printjobid);
+        if let Some(t) = self.task(&task)? {
+            self.first_out(&t)?;
+        }
+        if lost {
+            // The job's data left the broker with the answer.
+            self.facts.exposed.insert(task);
+        } else {
+            self.epson.job = Some((h.printjobid, h.xml.into_bytes()));
+        }
+        Ok(())
+    }
+
+    fn epson_print(&mut self, print: EpsonPrint) -> Result<(), Fail> {
+        let Some((jobid, data)) = self.epson.job.take() else { return Ok(()) };
+        let task = token_task(&jobid);
+        let (paper, results): (bool, Vec<(bool, &str)>) = if self.epson.empty {
+            // An empty roll: nothing comes out, and the printer says why.
+            (false, vec![(false, "EPTR_REC_EMPTY")])
+        } else {
+            match print {
+                EpsonPrint::Printed => (true, vec![(true, "")]),
+                EpsonPrint::Code { code, paper } => {
+                    let paper = match epson::job_result(false, code).proof {
+                        Proof::NotPrinted | Proof::Refused => false,
+                        Proof::Printed => true,
+                        Proof::MayHavePrinted => paper,
+                    };
+                    (paper, vec![(false, code)])
+                }
+                EpsonPrint::ResultLost => (true, vec![]),
+                EpsonPrint::ResultTwice => (true, vec![(true, ""), (true, "")]),
+            }
+        };
+        if paper {
+            self.paper(&task, &data);
+        }
+        if results.is_empty()
+            || results.iter().any(|(ok, code)| !ok && epson::job_result(false, code).proof == Proof::MayHavePrinted)
+        {
+            self.facts.exposed.insert(task.clone());
+        }
+        for (ok, code) in results {
+            let file = format!(
+                "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<PrintResponseInfo Version=\"2.00\"><ePOSPrint><Parameter>\
+                 <devid>local_printer</devid><printjobid>{jobid}</printjobid></Parameter><PrintResponse>\
+                 <response xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\" success=\"{ok}\" code=\"{code}\" \
+                 status=\"251658262\" battery=\"0\"/></PrintResponse></ePOSPrint></PrintResponseInfo>"
+            );
+            self.block_on(async {
+                let info = self.epson_info().await?;
+                self.broker.epson.set_response(&info, None, &file).await.map_err(|e| engine_err("SetResponse", e))
+            })??;
+        }
+        Ok(())
+    }
+
     fn manual(&mut self, pick: usize, action: usize, to: usize) -> Result<(), Fail> {
         // An operator acts on what is open or needs attention (what the console lists),
         // now and then on a finished ticket.
@@ -847,10 +972,11 @@ impl World {
             let holder = match t.sent_to.as_deref().and_then(|s| s.strip_prefix("agent:")) {
                 Some(agent) => self.agents.iter().map(|a| a.id).find(|id| *id == agent),
                 None if t.printer_id == CLOUD => Some(CLOUD),
+                None if t.printer_id == EPSON => Some(EPSON),
                 None => None,
             };
             let (heard, limit) = match holder {
-                Some(CLOUD) => (self.facts.heard.get(CLOUD).copied(), CLOUD_OFFLINE_MS),
+                Some(CLOUD) | Some(EPSON) => (self.facts.heard.get(holder.unwrap_or(CLOUD)).copied(), CLOUD_OFFLINE_MS),
                 Some(agent) => (self.facts.heard.get(agent).copied(), AGENT_GONE_MS),
                 None => (None, 0),
             };
@@ -859,7 +985,8 @@ impl World {
             let past =
                 |(clock, real): (i64, i64), limit: i64| now - clock >= limit || self.facts.elapsed - real >= limit;
             let silent = heard.is_none_or(|h| past(h, limit));
-            if silent || (holder == Some(CLOUD) && past(since, CLOUD_ANSWER_WITHIN_MS)) {
+            let polled = matches!(holder, Some(CLOUD) | Some(EPSON));
+            if silent || (polled && past(since, CLOUD_ANSWER_WITHIN_MS)) {
                 self.facts.exposed.insert(t.task_id.clone());
             }
         }
@@ -972,6 +1099,12 @@ impl World {
                 self.cloud_fetch(false)?;
                 self.cloud_print(CloudPrint::Printed { code: "OK" })?;
             }
+            if !self.epson.dead {
+                self.epson.empty = false;
+                self.epson_print(EpsonPrint::Printed)?;
+                self.epson_get(false)?;
+                self.epson_print(EpsonPrint::Printed)?;
+            }
             self.step(&Op::OfflineCheck)?;
             if self.trace {
                 self.print_trace(&format!("drain round {round}"));
@@ -1056,6 +1189,7 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
         (AGENT_PRINTERS[0], r#"{"kind":"agent","address":"tcp://127.0.0.1:9101"}"#.to_owned()),
         (AGENT_PRINTERS[1], r#"{"kind":"agent","address":"tcp://127.0.0.1:9102"}"#.to_owned()),
         (CLOUD, format!(r#"{{"kind":"cloudprnt","mac":"{CLOUD_MAC}","poll_interval_s":2}}"#)),
+        (EPSON, r#"{"kind":"epson_sdp","poll_interval_s":2}"#.to_owned()),
     ];
     for (id, transport) in printers {
         store
@@ -1071,7 +1205,7 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
             })
             .await?;
     }
-    for (id, printers) in [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"])] {
+    for (id, printers) in [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"]), ("st-y", ["e1", "c1"])] {
         store
             .create_station(NewStation {
                 tenant_id: TENANT.into(),

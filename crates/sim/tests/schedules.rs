@@ -2,7 +2,7 @@
 //! shrunk: each must keep the promise, and each broke it before its fix.
 
 use onceprint_core::Outcome;
-use onceprint_sim::schedule::{AgentPrint, CloudPrint, Op};
+use onceprint_sim::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op};
 use onceprint_sim::{run_schedule, Options};
 
 fn holds(ops: &[Op]) {
@@ -102,5 +102,34 @@ fn a_restart_with_a_higher_priority_ticket_waiting_never_stalls_the_lane() {
         Op::Submit { target: 0, kind: 0 },
         Op::Advance { ms: 1_500 },
         Op::Poll { agent: 0, answer_lost: false },
+    ]);
+}
+
+/// An Epson printer reports an autocutter error for the job it was handed (the slip is
+/// printed, not cut): the ticket goes to a person, never to the printer again.
+#[test]
+fn an_epson_error_after_the_hand_out_never_prints_a_second_copy() {
+    holds(&[
+        Op::Submit { target: 5, kind: 1 },
+        Op::EpsonGet { lost: false },
+        Op::EpsonPrint { print: EpsonPrint::Code { code: "EPTR_CUTTER", paper: true } },
+        Op::Advance { ms: 500 },
+        Op::EpsonGet { lost: false },
+    ]);
+}
+
+/// An Epson printer whose roll is empty prints nothing and says so; the ticket prints once
+/// after the refill, and a ticket for its station moves on meanwhile.
+#[test]
+fn an_empty_epson_roll_prints_nothing_and_the_ticket_once_after_the_refill() {
+    holds(&[
+        Op::EpsonPaper { empty: true },
+        Op::Submit { target: 5, kind: 1 },
+        Op::Submit { target: 6, kind: 0 },
+        Op::EpsonGet { lost: false },
+        Op::EpsonPrint { print: EpsonPrint::Printed },
+        Op::Advance { ms: 3_000 },
+        Op::SweepPaused,
+        Op::EpsonPaper { empty: false },
     ]);
 }
