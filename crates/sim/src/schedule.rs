@@ -100,6 +100,16 @@ pub enum Op {
     EpsonPowerCycle { paper: bool },
     /// The Epson printer is switched off for good.
     EpsonDies,
+    /// The push driver's round: the webhook printer's jobs sent, asked about, sent again.
+    HookPass,
+    /// The webhook receiver prints its next job and calls back with the status word
+    /// `WEBHOOK_STATUS[status]`; paper only where the word allows it; the callback may be
+    /// lost.
+    HookPrint { status: usize, paper: bool, callback_lost: bool },
+    /// The webhook receiver's reachability: 0 up, 1 refusing connections (nothing
+    /// arrives), 2 a connection that breaks while the job is handed over (it arrives or
+    /// not, and the driver cannot tell).
+    HookMode { mode: usize, arrives: bool },
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -140,6 +150,8 @@ impl Op {
                 | Op::EpsonPrint { print: EpsonPrint::Code { .. } | EpsonPrint::ResultLost }
                 | Op::EpsonPowerCycle { .. }
                 | Op::EpsonDies
+                | Op::HookPrint { callback_lost: true, .. }
+                | Op::HookMode { mode: 2, .. }
                 | Op::RestartBroker
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
@@ -161,6 +173,10 @@ impl fmt::Display for Op {
 /// written as a code of it) and one code no document covers.
 pub const STAR_CODES: [&str; 12] =
     ["410", "411", "412", "413", "420", "421", "430", "510", "511", "520", "521", "599 Undocumented"];
+
+/// The status words a webhook receiver calls back with (docs/RESULT-CODES.md, webhooks).
+pub const WEBHOOK_STATUS: [&str; 7] =
+    ["printed", "no_paper", "cover_open", "paper_jam", "offline", "error", "in_doubt"];
 
 /// The result codes a simulated Epson printer draws from: Epson's table and one code no
 /// document covers.
@@ -215,14 +231,14 @@ fn cloud_print(r: &mut Rng) -> CloudPrint {
 /// Targets the POS submits to: agent printers `a1`, `a2`, the CloudPRNT printer `c1`, the
 /// station `st-a` (`a1`, then `a2`), the station `st-x` (`c1`, then `a1`: across
 /// transports), the Epson printer `e1` and the station `st-y` (`e1`, then `c1`: two
-/// vendors' printers that both poll).
-pub const TARGETS: usize = 7;
+/// vendors' printers that both poll), and the webhook printer `w1`.
+pub const TARGETS: usize = 8;
 /// Print types (see `world::TYPES`).
 pub const KINDS: usize = 4;
 /// Store agents of the one store (two processes compete for it, as after a replacement).
 pub const AGENTS: usize = 2;
 /// Printers a transfer may name.
-pub const PRINTERS: usize = 4;
+pub const PRINTERS: usize = 5;
 
 /// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`.
 pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
@@ -231,7 +247,8 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let n = lo + r.below(max_steps as u64 - lo + 1);
     // Each schedule leans on some kinds of step more than others, so that runs differ in
     // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
-    let mut weights: Vec<u64> = vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1, 4, 4, 1, 1, 1];
+    let mut weights: Vec<u64> =
+        vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1, 4, 4, 1, 1, 3, 3, 1, 1];
     for w in weights.iter_mut() {
         if r.chance(25) {
             *w *= 3;
@@ -277,6 +294,13 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
             23 => Op::EpsonPrint { print: epson_print(&mut r) },
             24 => Op::EpsonPaper { empty: r.chance(50) },
             25 => Op::EpsonPowerCycle { paper: r.chance(50) },
+            26 => Op::HookPass,
+            27 => Op::HookPrint {
+                status: if r.chance(70) { 0 } else { r.below(WEBHOOK_STATUS.len() as u64) as usize },
+                paper: r.chance(50),
+                callback_lost: r.chance(10),
+            },
+            28 => Op::HookMode { mode: if r.chance(50) { 0 } else { 1 + r.below(2) as usize }, arrives: r.chance(50) },
             // Rarely: most runs keep their Epson printer.
             _ if r.chance(20) => Op::EpsonDies,
             _ => Op::OfflineCheck,

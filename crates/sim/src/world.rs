@@ -18,7 +18,9 @@ use onceprint_engine::clock::{Clock, ManualClock};
 use onceprint_engine::transport::cloudprnt::{CloudPrnt, CloudPrntError, PollIn};
 use onceprint_engine::transport::epson_sdp::EpsonSdp;
 use onceprint_engine::transport::polled::{Polled, PolledConfig};
+use onceprint_engine::transport::push::{Asked, PushConfig, PushDriver, PushTransport, Sent};
 use onceprint_engine::transport::TransportKind;
+use onceprint_engine::Claimant;
 use onceprint_engine::{
     AckIn, ActionError, ActionRequest, Actor, AgentDelivery, AgentRegistry, AgentTransport, DeliveryConfig, Directory,
     Intake, IntakeConfig, IntakeError, LaneEngine, Operations, OperationsConfig, PollError, RegistryConfig, Shared,
@@ -30,7 +32,7 @@ use onceprint_store::{
 };
 use tokio::runtime::Runtime;
 
-use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS};
+use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
 const TENANT: &str = "t";
 const STORE: &str = "s";
@@ -38,11 +40,20 @@ const AGENT_PRINTERS: [&str; 2] = ["a1", "a2"];
 const CLOUD: &str = "c1";
 const CLOUD_MAC: &str = "00:11:62:00:00:01";
 const EPSON: &str = "e1";
+const HOOK: &str = "w1";
 /// Printers a transfer names, by the schedule's index.
-const TRANSFER_TO: [&str; 4] = ["a1", "a2", "c1", "e1"];
+const TRANSFER_TO: [&str; crate::schedule::PRINTERS] = ["a1", "a2", "c1", "e1", "w1"];
 /// The schedule's targets (see `schedule::TARGETS`): the name, and whether it is a station.
-const TARGETS: [(&str, bool); 7] =
-    [("a1", false), ("a2", false), ("c1", false), ("st-a", true), ("st-x", true), ("e1", false), ("st-y", true)];
+const TARGETS: [(&str, bool); crate::schedule::TARGETS] = [
+    ("a1", false),
+    ("a2", false),
+    ("c1", false),
+    ("st-a", true),
+    ("st-x", true),
+    ("e1", false),
+    ("st-y", true),
+    ("w1", false),
+];
 /// Print types of three priorities; `kitchen` reprints on doubt.
 pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
 const MAX_ATTEMPTS: u32 = 3;
@@ -56,6 +67,8 @@ const START: i64 = 1_800_000_000_000;
 const AGENT_GONE_MS: i64 = 5_000;
 const CLOUD_OFFLINE_MS: i64 = 9_000;
 const CLOUD_ANSWER_WITHIN_MS: i64 = 30_000;
+/// A webhook delivery without an answer this long goes to a person.
+const PUSH_DOUBT_AFTER_MS: i64 = 20_000;
 /// Simulated seconds the lanes get to drain once faults stop, beyond any backward clock
 /// steps of the run.
 const DRAIN_ROUNDS: i64 = 120;
@@ -102,11 +115,12 @@ struct Broker {
     operations: Operations,
     cloudprnt: CloudPrnt,
     epson: EpsonSdp,
+    push: PushDriver,
 }
 
 impl Broker {
     /// Must run inside the runtime (intake starts its group committer there).
-    fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable) -> Broker {
+    fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable, hook: &Arc<SimHook>) -> Broker {
         let config = DeliveryConfig {
             redeliver_after_ms: SILENCE_MS,
             agent_gone_after_ms: AGENT_GONE_MS,
@@ -144,7 +158,13 @@ impl Broker {
             TransportKind::EpsonSdp,
             PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
         );
+        let push = PushDriver::new(
+            lanes.clone(),
+            hook.clone() as Arc<dyn PushTransport>,
+            PushConfig { recheck_after_ms: SILENCE_MS, doubt_after_ms: PUSH_DOUBT_AFTER_MS, ..PushConfig::default() },
+        );
         Broker {
+            push,
             agents: AgentTransport::new(lanes.clone()),
             cloudprnt: CloudPrnt::new(polled),
             epson: EpsonSdp::new(epson),
@@ -204,9 +224,95 @@ struct SimCloud {
 struct SimEpson {
     /// The job it holds: its `printjobid` and its ePOS-Print data.
     job: Option<(String, Vec<u8>)>,
-    /// The roll is empty: nothing comes out.
-    empty: bool,
+    /// The roll is empty, or the cover open: nothing comes out, and the printer says
+    /// which (`EPTR_REC_EMPTY`, `EPTR_COVER_OPEN`) until a person fixes it.
+    stopped: Option<&'static str>,
+    /// A person has just put in a new roll: it cannot run out within the next ticket.
+    fresh_roll: bool,
     dead: bool,
+}
+
+/// A webhook printer's receiver as the README's webhook transport describes it: it takes a
+/// job (`POST` with the idempotency key), prints each key once however often it is sent,
+/// calls back with a status word, and answers the status URL. It is the push driver's
+/// `PushTransport` here, so the driver's own code sends, asks and sends again.
+#[derive(Default)]
+pub struct SimHook(std::sync::Mutex<HookState>);
+
+#[derive(Default)]
+struct HookState {
+    /// 0 up, 1 refusing connections, 2 breaking while a job is handed over.
+    mode: usize,
+    /// With mode 2: whether the job gets there all the same.
+    arrives: bool,
+    /// Jobs by idempotency key: the task and attempt first sent under it, its data, and
+    /// its status word once printed.
+    jobs: BTreeMap<String, HookJob>,
+    /// Keys in the order they arrived.
+    order: Vec<String>,
+}
+
+#[derive(Clone)]
+struct HookJob {
+    task_id: String,
+    attempt: i32,
+    data: Vec<u8>,
+    done: Option<&'static str>,
+}
+
+impl SimHook {
+    fn state(&self) -> std::sync::MutexGuard<'_, HookState> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl PushTransport for SimHook {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Webhook
+    }
+
+    async fn send(&self, d: &onceprint_engine::lanes::Delivery) -> Sent {
+        let mut st = self.state();
+        let arrives = match st.mode {
+            0 => true,
+            1 => {
+                return Sent::Failed {
+                    outcome: Outcome::Offline,
+                    proof: Proof::NotPrinted,
+                    detail: "connection refused".into(),
+                }
+            }
+            _ => st.arrives,
+        };
+        if arrives && !st.jobs.contains_key(&d.idempotency_key) {
+            st.order.push(d.idempotency_key.clone());
+            st.jobs.insert(
+                d.idempotency_key.clone(),
+                HookJob { task_id: d.task.task_id.clone(), attempt: d.attempt, data: d.data.clone(), done: None },
+            );
+        }
+        if st.mode == 2 {
+            Sent::NotNow { detail: "the connection broke while the job was sent".into() }
+        } else {
+            Sent::Accepted
+        }
+    }
+
+    async fn query(&self, d: &onceprint_engine::lanes::Delivery) -> Asked {
+        let st = self.state();
+        if st.mode != 0 {
+            return Asked::Unknown;
+        }
+        match st.jobs.get(&d.idempotency_key).map(|j| j.done) {
+            Some(Some(word)) => match onceprint_core::results::webhook::status(word) {
+                Some(c) => Asked::Done { outcome: c.outcome, proof: c.proof, detail: format!("status {word}") },
+                None => Asked::Unknown,
+            },
+            Some(None) => Asked::Pending,
+            None => Asked::Unknown,
+        }
+    }
 }
 
 /// One submission of the POS and the task its answer named.
@@ -250,6 +356,7 @@ pub struct World {
     agents: Vec<SimAgent>,
     cloud: SimCloud,
     epson: SimEpson,
+    hook: Arc<SimHook>,
     net: Vec<Msg>,
     pos: Vec<Submission>,
     facts: Facts,
@@ -288,7 +395,8 @@ impl World {
         let clock = Arc::new(ManualClock::new(START));
         rt.block_on(set_up(&store)).map_err(|e| engine_err("set-up", e))?;
         let policies = policies();
-        let broker = rt.block_on(async { Broker::start(&store, &clock, &policies) });
+        let hook = Arc::new(SimHook::default());
+        let broker = rt.block_on(async { Broker::start(&store, &clock, &policies, &hook) });
         let mut w = World {
             rt,
             _harness: harness,
@@ -298,6 +406,7 @@ impl World {
             agents: Vec::new(),
             cloud: SimCloud::default(),
             epson: SimEpson::default(),
+            hook,
             net: Vec::new(),
             pos: Vec::new(),
             facts: Facts::default(),
@@ -489,11 +598,16 @@ impl World {
                 if self.epson.dead => {}
             Op::EpsonGet { lost } => self.epson_get(lost)?,
             Op::EpsonPrint { print } => self.epson_print(print)?,
-            Op::EpsonPaper { empty } => self.epson.empty = empty,
+            Op::EpsonPaper { empty } => {
+                // The roll runs out between tickets, or a person puts in a new one (and
+                // closes the cover).
+                self.epson.stopped = empty.then_some("EPTR_REC_EMPTY");
+                self.epson.fresh_roll = !empty;
+            }
             Op::EpsonPowerCycle { paper } => {
                 if let Some((jobid, data)) = self.epson.job.take() {
                     self.facts.exposed.insert(token_task(&jobid));
-                    if paper && !self.epson.empty {
+                    if paper && self.epson.stopped.is_none() {
                         self.paper(&token_task(&jobid), &data);
                     }
                 }
@@ -503,6 +617,15 @@ impl World {
                     self.facts.exposed.insert(token_task(&jobid));
                 }
                 self.epson = SimEpson { dead: true, ..SimEpson::default() };
+            }
+            Op::HookPass => {
+                self.block_on(self.broker.push.pass())?.map_err(|e| engine_err("push pass", e))?;
+            }
+            Op::HookPrint { status, paper, callback_lost } => self.hook_print(status, paper, callback_lost)?,
+            Op::HookMode { mode, arrives } => {
+                let mut st = self.hook.state();
+                st.mode = mode;
+                st.arrives = arrives;
             }
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
@@ -534,7 +657,8 @@ impl World {
             Op::RestartBroker => {
                 // What was in the process's memory is gone; the database stays. Requests
                 // on the network reach the new process.
-                let broker = self.rt.block_on(async { Broker::start(&self.store, &self.clock, &self.policies) });
+                let broker =
+                    self.rt.block_on(async { Broker::start(&self.store, &self.clock, &self.policies, &self.hook) });
                 self.broker = broker;
             }
             Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
@@ -870,11 +994,14 @@ impl World {
     fn epson_print(&mut self, print: EpsonPrint) -> Result<(), Fail> {
         let Some((jobid, data)) = self.epson.job.take() else { return Ok(()) };
         let task = token_task(&jobid);
-        let (paper, results): (bool, Vec<(bool, &str)>) = if self.epson.empty {
-            // An empty roll: nothing comes out, and the printer says why.
-            (false, vec![(false, "EPTR_REC_EMPTY")])
+        let fresh_roll = std::mem::take(&mut self.epson.fresh_roll);
+        let (paper, results): (bool, Vec<(bool, &str)>) = if let Some(why) = self.epson.stopped {
+            // Stopped before the job: nothing comes out, and the printer says why.
+            (false, vec![(false, why)])
         } else {
             match print {
+                // A new roll does not run out within one ticket.
+                EpsonPrint::Code { code: "EPTR_REC_EMPTY", .. } if fresh_roll => (true, vec![(true, "")]),
                 EpsonPrint::Printed => (true, vec![(true, "")]),
                 EpsonPrint::Code { code, paper } => {
                     let paper = match epson::job_result(false, code).proof {
@@ -882,6 +1009,10 @@ impl World {
                         Proof::Printed => true,
                         Proof::MayHavePrinted => paper,
                     };
+                    // The roll ran out or the cover opened during the job: it stays so.
+                    if matches!(code, "EPTR_REC_EMPTY" | "EPTR_COVER_OPEN") {
+                        self.epson.stopped = Some(code);
+                    }
                     (paper, vec![(false, code)])
                 }
                 EpsonPrint::ResultLost => (true, vec![]),
@@ -908,6 +1039,48 @@ impl World {
                 self.broker.epson.set_response(&info, None, &file).await.map_err(|e| engine_err("SetResponse", e))
             })??;
         }
+        Ok(())
+    }
+
+    /// The webhook receiver prints the first job it has not printed and calls back.
+    fn hook_print(&mut self, status: usize, paper: bool, callback_lost: bool) -> Result<(), Fail> {
+        let word = WEBHOOK_STATUS[status % WEBHOOK_STATUS.len()];
+        let job = {
+            let mut st = self.hook.state();
+            let Some(key) = st.order.iter().find(|k| st.jobs.get(*k).is_some_and(|j| j.done.is_none())).cloned() else {
+                return Ok(());
+            };
+            let job = st.jobs.get_mut(&key).map(|j| {
+                j.done = Some(word);
+                j.clone()
+            });
+            job
+        };
+        let Some(job) = job else { return Ok(()) };
+        let c = onceprint_core::results::webhook::status(word).ok_or_else(|| format!("unknown status {word}"))?;
+        let paper = match c.proof {
+            Proof::NotPrinted | Proof::Refused => false,
+            Proof::Printed => true,
+            Proof::MayHavePrinted => paper,
+        };
+        if paper {
+            self.paper(&job.task_id, &job.data);
+        }
+        if c.proof == Proof::MayHavePrinted || callback_lost {
+            self.facts.exposed.insert(job.task_id.clone());
+        }
+        if callback_lost {
+            return Ok(());
+        }
+        let ack = AckIn {
+            task_id: job.task_id.clone(),
+            attempt: job.attempt,
+            outcome: c.outcome,
+            detail: format!("callback {word}"),
+            proof: c.proof,
+        };
+        self.block_on(self.broker.lanes.ack(&Self::who(), &Claimant::push("webhook"), vec![ack]))?
+            .map_err(|e| engine_err("webhook callback", e))?;
         Ok(())
     }
 
@@ -973,10 +1146,14 @@ impl World {
                 Some(agent) => self.agents.iter().map(|a| a.id).find(|id| *id == agent),
                 None if t.printer_id == CLOUD => Some(CLOUD),
                 None if t.printer_id == EPSON => Some(EPSON),
+                None if t.printer_id == HOOK => Some(HOOK),
                 None => None,
             };
             let (heard, limit) = match holder {
                 Some(CLOUD) | Some(EPSON) => (self.facts.heard.get(holder.unwrap_or(CLOUD)).copied(), CLOUD_OFFLINE_MS),
+                // A receiver is never silent: the driver asks it; only no answer for the
+                // doubt time lets the broker give up.
+                Some(HOOK) => (Some(since), PUSH_DOUBT_AFTER_MS),
                 Some(agent) => (self.facts.heard.get(agent).copied(), AGENT_GONE_MS),
                 None => (None, 0),
             };
@@ -1099,8 +1276,13 @@ impl World {
                 self.cloud_fetch(false)?;
                 self.cloud_print(CloudPrint::Printed { code: "OK" })?;
             }
+            self.hook.state().mode = 0;
+            self.step(&Op::HookPass)?;
+            while self.hook.state().jobs.values().any(|j| j.done.is_none()) {
+                self.hook_print(0, true, false)?;
+            }
             if !self.epson.dead {
-                self.epson.empty = false;
+                self.epson.stopped = None;
                 self.epson_print(EpsonPrint::Printed)?;
                 self.epson_get(false)?;
                 self.epson_print(EpsonPrint::Printed)?;
@@ -1190,6 +1372,7 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
         (AGENT_PRINTERS[1], r#"{"kind":"agent","address":"tcp://127.0.0.1:9102"}"#.to_owned()),
         (CLOUD, format!(r#"{{"kind":"cloudprnt","mac":"{CLOUD_MAC}","poll_interval_s":2}}"#)),
         (EPSON, r#"{"kind":"epson_sdp","poll_interval_s":2}"#.to_owned()),
+        (HOOK, r#"{"kind":"webhook","url":"http://127.0.0.1:9/jobs","secret":"simulated-receiver-secret"}"#.to_owned()),
     ];
     for (id, transport) in printers {
         store

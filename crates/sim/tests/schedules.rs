@@ -133,3 +133,21 @@ fn an_empty_epson_roll_prints_nothing_and_the_ticket_once_after_the_refill() {
         Op::EpsonPaper { empty: false },
     ]);
 }
+
+/// A webhook job whose hand-over broke arrives all the same; the driver asks, sends it
+/// again under the same key, and the receiver prints the key once; a lost callback is made
+/// up for by the status URL.
+#[test]
+fn a_webhook_job_sent_twice_under_one_key_prints_once() {
+    holds(&[
+        Op::HookMode { mode: 2, arrives: true },
+        Op::Submit { target: 7, kind: 1 },
+        Op::HookPass,
+        Op::HookMode { mode: 0, arrives: true },
+        Op::Advance { ms: 2_500 },
+        Op::HookPass,
+        Op::HookPrint { status: 0, paper: true, callback_lost: true },
+        Op::Advance { ms: 2_500 },
+        Op::HookPass,
+    ]);
+}
