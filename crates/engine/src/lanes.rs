@@ -411,6 +411,15 @@ impl LaneEngine {
         // The store whose waiting claimants hear of a settled delivery.
         let mut store_of_lanes: Option<String> = None;
         let mut plan = ClaimPlan::default();
+        // The agent that takes the store's LAN orders, if one does: only it prints the
+        // store's tickets, and the others stand by (`offline::lan_listener_lease`).
+        let listener = match scope {
+            Scope::Store { store_id, kind: TransportKind::Agent }
+            | Scope::Reachable { store_id, kind: TransportKind::Agent, .. } => {
+                self.directory.lan_listener(tenant_id, store_id).await?
+            }
+            _ => None,
+        };
         for Lane { printer_id, in_flight, waiting } in lanes {
             let Some(printer) = self.directory.printer_info(tenant_id, &printer_id).await? else { continue };
             store_of_lanes.get_or_insert_with(|| printer.row.store_id.clone());
@@ -420,7 +429,7 @@ impl LaneEngine {
                 }
                 continue;
             }
-            self.plan_lane(&mut plan, claimant, printer, in_flight, waiting, &rules, now);
+            self.plan_lane(&mut plan, claimant, printer, in_flight, waiting, &rules, now, listener.as_deref());
         }
         let ClaimPlan { mut changes, offers, held, mut next_look } = plan;
         changes.extend(Self::most_urgent(offers, rules.max, now, &mut next_look));
@@ -498,9 +507,24 @@ impl LaneEngine {
         waiting: Option<Task>,
         rules: &ClaimRules,
         now: Millis,
+        listener: Option<&str>,
     ) {
         let flight = in_flight.as_ref().map(|t| {
             let mut holder = self.holder(t, &printer, Some(claimant));
+            // An agent that stands by (another takes the store's LAN orders) is handed
+            // nothing, so a delivery it holds and has not answered by its deadline is
+            // never offered to it again: it may have printed it, and nobody else may.
+            // Past the deadline it goes to a person instead of holding the lane for ever.
+            if let (Holder::Other { gone: false }, Some(l)) = (holder, listener) {
+                let standing_by = t
+                    .sent_to
+                    .as_deref()
+                    .map(Claimant::holder_of)
+                    .is_some_and(|(kind, id)| kind == ClaimantKind::Agent && id != l);
+                if standing_by && t.next_attempt_at.is_some_and(|d| d <= now) {
+                    holder = Holder::Other { gone: true };
+                }
+            }
             let mut deadline = t.next_attempt_at;
             if let (Holder::Me, Some(limit)) = (holder, rules.give_up_after_ms) {
                 // A delivery nobody answers is not asked about for ever.
@@ -1166,7 +1190,7 @@ impl LaneEngine {
                         continue;
                     };
                     if Self::serves(&printer, n.kind, None) {
-                        self.plan_lane(&mut plan, claimant, printer, None, Some(head), &n.rules, now);
+                        self.plan_lane(&mut plan, claimant, printer, None, Some(head), &n.rules, now, None);
                     }
                 }
                 let mut unused = None;

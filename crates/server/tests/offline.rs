@@ -711,6 +711,41 @@ async fn a_forwarded_station_task_goes_where_the_agent_would_print_it(app: &Test
     );
 }
 
+/// A delivery an agent holds when another agent takes the store's LAN orders: the first
+/// stands by from then on and is never offered it again, so once it is overdue it goes to
+/// a person (it may have printed, and only the listener may print), and the lane moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_held_by_an_agent_that_stands_by_goes_to_a_person_sqlite() {
+    stand_by_holder(common::Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_held_by_an_agent_that_stands_by_goes_to_a_person_postgres() {
+    stand_by_holder(common::Backend::Postgres).await
+}
+
+async fn stand_by_holder(backend: common::Backend) {
+    let mut config = common::default_config();
+    config.delivery.redeliver_after_ms = 500;
+    let Some(app) = TestApp::spawn_with(backend, config).await else { return };
+    let key = app.tenant("acme").await;
+    let first = Agent::new(&app, &key, "a1", "s1").await;
+    let second = Agent::new(&app, &key, "a2", "s1").await;
+    let held = app.submit(&key, order("SB-1", "x")).await.body["task_id"].as_str().expect("id").to_owned();
+    // The second agent is handed the ticket (its answer may be lost on the way).
+    let got = second.poll(&app, 0).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let c = app.post("/v1/agent/lan-listener", &first.token, json!({"agent_id": first.id})).await;
+    assert_eq!(c.status, StatusCode::OK, "{c:?}");
+    let next = app.submit(&key, order("SB-2", "y")).await.body["task_id"].as_str().expect("id").to_owned();
+    assert!(second.poll(&app, 300).await.is_empty(), "the second agent stands by");
+    let got = first.poll_until(&app, std::time::Duration::from_secs(10)).await;
+    assert_eq!(got.first().map(|d| d["task_id"].clone()), Some(json!(next)), "{got:?}");
+    let t = app.get(&format!("/v1/print-tasks/{held}"), &key).await;
+    assert_eq!(t.body["state"], "in_doubt", "{t:?}");
+    app.stop().await;
+}
+
 /// One store agent takes a store's LAN orders: the first to claim the listener holds it,
 /// another is refused with the holder's name, and only a person frees it.
 async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
