@@ -34,7 +34,7 @@ use onceprint_store::{
     AgentIdentity, MergeStep, NewTask, OfflineMerge, OfflineTask, Store, StoreError, Task, TaskEvent, Transition,
 };
 
-use crate::clock::now_ms;
+use crate::clock::{now_ms, Clock, SystemClock};
 use crate::transport::TransportConfig;
 use crate::{Directory, RecentTasks, StoreSignals};
 
@@ -200,6 +200,8 @@ pub struct Offline {
     gate: Arc<RecentTasks>,
     signals: Arc<StoreSignals>,
     config: OfflineConfig,
+    /// The broker's clock an upload's times are compared with and corrected to.
+    clock: Arc<dyn Clock>,
 }
 
 /// A report checked and made ready for the store, or why it cannot be taken.
@@ -227,7 +229,15 @@ impl Offline {
         signals: Arc<StoreSignals>,
         config: OfflineConfig,
     ) -> Offline {
-        Offline { store, directory, gate, signals, config }
+        Offline { store, directory, gate, signals, config, clock: Arc::new(SystemClock) }
+    }
+
+    /// Compares and corrects uploads' times with `clock` instead of the system's (a
+    /// simulation's clock). The LAN listener's lease keeps the system's clock, as every
+    /// lease of the cluster does.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Offline {
+        self.clock = clock;
+        self
     }
 
     /// The agent's store as it needs it offline: its printers, stations and print types.
@@ -292,7 +302,7 @@ impl Offline {
         reports: Vec<OfflineReport>,
         sent_at: Option<Millis>,
     ) -> Result<Vec<SyncAnswer>, StoreError> {
-        let clock = AgentClock { now: now_ms(), sent_at };
+        let clock = AgentClock { now: self.clock.now_ms(), sent_at };
         let mut out = Vec::with_capacity(reports.len());
         for report in reports {
             let answer = match self.prepare(agent, agent_id, &report, &clock).await? {
