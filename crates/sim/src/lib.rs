@@ -169,7 +169,10 @@ fn harness(rt: &tokio::runtime::Runtime, backend: Backend) -> Result<Harness, Si
 pub fn run_schedule(ops: &[Op], options: &Options) -> Result<Result<Tally, Violation>, SimError> {
     let rt = runtime();
     let harness = harness(&rt, options.backend)?;
-    let world = World::new(rt, harness, options.trace).map_err(SimError::Store)?;
+    let agent_dir = scratch_dir("agent");
+    std::fs::create_dir_all(&agent_dir).map_err(|e| SimError::Store(format!("{}: {e}", agent_dir.display())))?;
+    let _agent_dir = DirGuard(agent_dir.clone());
+    let world = World::new(rt, harness, options.trace, &agent_dir).map_err(SimError::Store)?;
     Ok(world.run(ops))
 }
 

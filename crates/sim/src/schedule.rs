@@ -110,6 +110,21 @@ pub enum Op {
     /// arrives), 2 a connection that breaks while the job is handed over (it arrives or
     /// not, and the driver cannot tell).
     HookMode { mode: usize, arrives: bool },
+    /// The shop's line to the broker goes down or comes back: the store agent that holds
+    /// the LAN listener (the first) can no longer reach the broker, nor it the agent.
+    Line { up: bool },
+    /// A POS in the shop submits a new ticket to the agent's LAN listener: to `a1`, `a2`
+    /// or the station `st-a` (`target` 0–2), print type `kind`.
+    LanSubmit { target: usize, kind: usize },
+    /// The shop's POS retries an earlier LAN submission (same key, same content).
+    LanRetry { pick: usize },
+    /// The same order as an earlier LAN submission arrives through the cloud API (an
+    /// online ordering channel, or a POS that falls back to the cloud).
+    LanToCloud { pick: usize },
+    /// The agent prints the next ticket it accepted offline that is due.
+    LocalPrint { print: AgentPrint },
+    /// The agent uploads its offline tickets; the answer may be lost.
+    Sync { answer_lost: bool },
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -152,6 +167,9 @@ impl Op {
                 | Op::EpsonDies
                 | Op::HookPrint { callback_lost: true, .. }
                 | Op::HookMode { mode: 2, .. }
+                | Op::Line { up: false }
+                | Op::LocalPrint { print: AgentPrint::LostAfterPaper | AgentPrint::Crash { .. } }
+                | Op::Sync { answer_lost: true }
                 | Op::RestartBroker
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
@@ -247,8 +265,9 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let n = lo + r.below(max_steps as u64 - lo + 1);
     // Each schedule leans on some kinds of step more than others, so that runs differ in
     // shape and not only in order (a run of mostly CloudPRNT, one of many restarts …).
-    let mut weights: Vec<u64> =
-        vec![8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1, 4, 4, 1, 1, 3, 3, 1, 1];
+    let mut weights: Vec<u64> = vec![
+        8, 2, 1, 6, 7, 4, 5, 1, 1, 4, 3, 3, 1, 1, 4, 1, 2, 1, 1, 2, 1, 1, 4, 4, 1, 1, 3, 3, 1, 2, 4, 2, 1, 4, 2, 1,
+    ];
     for w in weights.iter_mut() {
         if r.chance(25) {
             *w *= 3;
@@ -301,6 +320,12 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
                 callback_lost: r.chance(10),
             },
             28 => Op::HookMode { mode: if r.chance(50) { 0 } else { 1 + r.below(2) as usize }, arrives: r.chance(50) },
+            29 => Op::Line { up: r.chance(50) },
+            30 => Op::LanSubmit { target: r.below(3) as usize, kind: r.below(KINDS as u64) as usize },
+            31 => Op::LanRetry { pick: r.below(1 << 16) as usize },
+            32 => Op::LanToCloud { pick: r.below(1 << 16) as usize },
+            33 => Op::LocalPrint { print: agent_print(&mut r) },
+            34 => Op::Sync { answer_lost: r.chance(15) },
             // Rarely: most runs keep their Epson printer.
             _ if r.chance(20) => Op::EpsonDies,
             _ => Op::OfflineCheck,

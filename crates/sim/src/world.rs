@@ -34,7 +34,12 @@ use tokio::runtime::Runtime;
 
 use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
+mod lan;
+
 const TENANT: &str = "t";
+/// The store agents' ids; the first holds the store's LAN listener once the shop's POS
+/// uses it.
+const AGENT_IDS: [&str; AGENTS] = ["agent-1", "agent-2"];
 const STORE: &str = "s";
 const AGENT_PRINTERS: [&str; 2] = ["a1", "a2"];
 const CLOUD: &str = "c1";
@@ -116,6 +121,7 @@ struct Broker {
     cloudprnt: CloudPrnt,
     epson: EpsonSdp,
     push: PushDriver,
+    offline: onceprint_engine::Offline,
 }
 
 impl Broker {
@@ -147,6 +153,18 @@ impl Broker {
             signals: Arc::new(StoreSignals::default()),
             policies: policies.clone(),
         };
+        let offline = onceprint_engine::Offline::new(
+            store.clone(),
+            shared.directory.clone(),
+            shared.gate.clone(),
+            shared.signals.clone(),
+            onceprint_engine::OfflineConfig {
+                policies: policies.clone(),
+                content_limits: onceprint_core::content::ContentLimits::default(),
+                charge: 1,
+            },
+        )
+        .with_clock(clock.clone());
         let lanes = Arc::new(LaneEngine::new(shared.clone(), config, clock.clone(), registry));
         let polled = Polled::new(
             lanes.clone(),
@@ -165,6 +183,7 @@ impl Broker {
         );
         Broker {
             push,
+            offline,
             agents: AgentTransport::new(lanes.clone()),
             cloudprnt: CloudPrnt::new(polled),
             epson: EpsonSdp::new(epson),
@@ -334,6 +353,9 @@ struct Facts {
     /// Tasks that were in flight when a fault struck, or went unanswered past a silence:
     /// only they may end `in_doubt`.
     exposed: HashSet<String>,
+    /// Keys (target, biz_no, print_type) a fault of the LAN path struck: the broker's task
+    /// under such a key may end in doubt.
+    exposed_keys: HashSet<(String, String, String)>,
     /// When each task in flight was first seen `sent`, by the broker's clock.
     sent_since: HashMap<String, (i64, i64)>,
     /// When the broker last heard from each store agent (a poll or acks reached it), and
@@ -342,7 +364,13 @@ struct Facts {
     /// Time that really passed in the run (the broker's clock also steps).
     elapsed: i64,
     /// (printer, priority) → the last task handed out there for the first time.
-    first_out: HashMap<(String, i32), String>,
+    first_out: HashMap<(String, i32), ((u64, String), String)>,
+    /// The order in which the world first saw each task in the store (then by id): the
+    /// order of creation, which a lane keeps within a priority. Task ids cannot tell it:
+    /// a task the agent accepted offline carries the shop PC's time.
+    created: HashMap<String, (u64, String)>,
+    /// Observations so far.
+    looks: u64,
     seen: HashSet<String>,
 }
 
@@ -366,6 +394,11 @@ pub struct World {
     tally: Tally,
     /// Print each step and the tasks after it (a replay).
     trace: bool,
+    /// Whether the shop's line to the broker is up.
+    line_up: bool,
+    /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
+    outbox: onceprint_agent::outbox::Outbox,
+    lan: lan::LanFacts,
 }
 
 fn policies() -> PolicyTable {
@@ -390,8 +423,9 @@ fn engine_err(what: &str, e: impl std::fmt::Display) -> Fail {
 
 impl World {
     /// A world on the store `harness` holds (fresh and migrated).
-    pub fn new(rt: Runtime, harness: Harness, trace: bool) -> Result<World, Fail> {
+    pub fn new(rt: Runtime, harness: Harness, trace: bool, agent_dir: &std::path::Path) -> Result<World, Fail> {
         let store = harness.store.clone();
+        let outbox = onceprint_agent::outbox::Outbox::open(agent_dir).map_err(|e| engine_err("outbox", e))?;
         let clock = Arc::new(ManualClock::new(START));
         rt.block_on(set_up(&store)).map_err(|e| engine_err("set-up", e))?;
         let policies = policies();
@@ -415,8 +449,11 @@ impl World {
             policies,
             tally: Tally::default(),
             trace,
+            line_up: true,
+            outbox,
+            lan: lan::LanFacts::default(),
         };
-        for id in ["agent-1", "agent-2"].into_iter().take(AGENTS) {
+        for id in AGENT_IDS {
             let session = w.new_session(0);
             w.agents.push(SimAgent {
                 id,
@@ -473,6 +510,10 @@ impl World {
                 }
             }
         }
+    }
+
+    fn clock_now(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// Time passes: the broker's clock and the time that really passed.
@@ -562,6 +603,10 @@ impl World {
             Op::Deliver { pick, dup, answer_lost } => {
                 if !self.net.is_empty() {
                     let i = pick % self.net.len();
+                    if self.net[i].agent == lan::LISTENER && !self.line_up {
+                        // The shop's line is down: it waits on the agent's side.
+                        return Ok(());
+                    }
                     let msg = if dup { self.net[i].clone() } else { self.net.remove(i) };
                     self.deliver(msg, answer_lost)?;
                 }
@@ -627,6 +672,12 @@ impl World {
                 st.mode = mode;
                 st.arrives = arrives;
             }
+            Op::Line { up } => self.line_up = up,
+            Op::LanSubmit { target, kind } => self.lan_submit(target, kind)?,
+            Op::LanRetry { pick } => self.lan_retry(pick)?,
+            Op::LanToCloud { pick } => self.lan_to_cloud(pick)?,
+            Op::LocalPrint { print } => self.local_print(print)?,
+            Op::Sync { answer_lost } => self.sync(answer_lost)?,
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
@@ -706,6 +757,9 @@ impl World {
     }
 
     fn poll(&mut self, agent: usize, answer_lost: bool) -> Result<(), Fail> {
+        if agent == lan::LISTENER && !self.line_up {
+            return Ok(());
+        }
         let (id, session) = (self.agents[agent].id, self.agents[agent].session.clone());
         self.facts.heard.insert(id, self.times());
         // The process's age on its monotonic clock (agent protocol 3).
@@ -738,15 +792,20 @@ impl World {
     fn first_out(&mut self, task: &Task) -> Result<(), Fail> {
         if self.facts.seen.insert(task.task_id.clone()) {
             let k = (task.printer_id.clone(), task.priority);
-            if let Some(prev) = self.facts.first_out.get(&k) {
-                if *prev > task.task_id {
+            let looks = self.facts.looks;
+            let order =
+                self.facts.created.entry(task.task_id.clone()).or_insert_with(|| (looks, task.task_id.clone())).clone();
+            if let Some((prev, prev_id)) = self.facts.first_out.get(&k) {
+                // Tasks first seen in one look were made by one step (an upload of several,
+                // say), in an order only the store's sequence knows: no verdict between them.
+                if prev.0 > order.0 {
                     return Err(format!(
-                        "FIFO within a priority broken on {}: {} handed out after {prev}",
+                        "FIFO within a priority broken on {}: {} handed out after {prev_id}, which came later",
                         task.printer_id, task.task_id
                     ));
                 }
             }
-            self.facts.first_out.insert(k, task.task_id.clone());
+            self.facts.first_out.insert(k, (order, task.task_id.clone()));
         }
         Ok(())
     }
@@ -774,6 +833,12 @@ impl World {
     fn handle(&mut self, agent: usize, print: AgentPrint) -> Result<(), Fail> {
         let Some(d) = self.agents[agent].inbox.pop_front() else { return Ok(()) };
         let ack = |outcome| AckIn::agent(d.task_id.clone(), d.attempt, outcome, String::new());
+        if agent == lan::LISTENER && !self.agents[agent].journal.contains_key(&d.task_id) {
+            if let Some(o) = self.lan_journal_answer(&d.idempotency_key, &d.task_id)? {
+                self.agents[agent].outbox.push(ack(o));
+                return Ok(());
+            }
+        }
         let journal = &mut self.agents[agent].journal;
         if let Some((attempt, j)) = journal.get(&d.task_id).copied() {
             let authorised = d.reprint && attempt < d.attempt;
@@ -1132,7 +1197,10 @@ impl World {
     fn observe(&mut self) -> Result<(), Fail> {
         let now = self.clock.now_ms();
         let mut sent_now = HashSet::new();
+        self.facts.looks += 1;
+        let looks = self.facts.looks;
         for t in self.tasks()? {
+            self.facts.created.entry(t.task_id.clone()).or_insert_with(|| (looks, t.task_id.clone()));
             if t.state != TaskState::Sent {
                 continue;
             }
@@ -1162,8 +1230,12 @@ impl World {
             let past =
                 |(clock, real): (i64, i64), limit: i64| now - clock >= limit || self.facts.elapsed - real >= limit;
             let silent = heard.is_none_or(|h| past(h, limit));
+            // Once the first agent takes the store's LAN orders the other stands by: a
+            // delivery it holds is never offered to it again, and goes to a person.
+            let stands_by =
+                self.lan.claimed && holder.is_some_and(|h| AGENT_IDS.contains(&h) && h != AGENT_IDS[lan::LISTENER]);
             let polled = matches!(holder, Some(CLOUD) | Some(EPSON));
-            if silent || (polled && past(since, CLOUD_ANSWER_WITHIN_MS)) {
+            if silent || stands_by || (polled && past(since, CLOUD_ANSWER_WITHIN_MS)) {
                 self.facts.exposed.insert(t.task_id.clone());
             }
         }
@@ -1181,8 +1253,21 @@ impl World {
         // reprint hangs on its original).
         let mut copies: HashMap<&str, (u32, u32)> = HashMap::new();
         let mut unmarked: HashMap<&str, u32> = HashMap::new();
+        // What came out on the LAN path, by key, and which keys the broker has a task of.
+        let lan_copies = |ids: &[String], except: &str, of: &BTreeMap<String, u32>| -> u32 {
+            ids.iter().filter(|id| id.as_str() != except).map(|id| of.get(id).copied().unwrap_or(0)).sum()
+        };
+        let mut keys_seen: HashSet<(String, String, String)> = HashSet::new();
         for t in &tasks {
-            let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
+            let key = (t.target.clone(), t.biz_no.clone(), t.print_type.clone());
+            let lan_ids: &[String] =
+                if t.origin_task_id.is_none() { self.lan.lan_ids.get(&key).map_or(&[], |v| v.as_slice()) } else { &[] };
+            if t.origin_task_id.is_none() {
+                keys_seen.insert(key.clone());
+            }
+            let lan_paper = lan_copies(lan_ids, &t.task_id, &self.facts.paper);
+            let lan_unmarked = lan_copies(lan_ids, &t.task_id, &self.facts.unmarked);
+            let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0) + lan_paper;
             if t.state == TaskState::Sent {
                 *in_flight.entry(t.printer_id.as_str()).or_default() += 1;
             }
@@ -1199,18 +1284,26 @@ impl World {
             c.0 += paper;
             c.1 += allowed;
             *unmarked.entry(root.task_id.as_str()).or_default() +=
-                self.facts.unmarked.get(&t.task_id).copied().unwrap_or(0);
+                self.facts.unmarked.get(&t.task_id).copied().unwrap_or(0) + lan_unmarked;
             if t.state == TaskState::Printed && paper == 0 && !self.facts.marked.contains(&t.task_id) {
                 return Err(format!("{} is printed, but nothing of it came out on paper", t.task_id));
             }
             if t.state == TaskState::Failed && paper > 0 && !policy.reprint_on_doubt {
                 return Err(format!("{} failed although {paper} copies of it came out", t.task_id));
             }
-            if t.state == TaskState::InDoubt && !self.facts.exposed.contains(&t.task_id) {
+            let exposed = self.facts.exposed.contains(&t.task_id)
+                || (t.origin_task_id.is_none() && self.facts.exposed_keys.contains(&key));
+            if t.state == TaskState::InDoubt && !exposed {
                 return Err(format!(
                     "{} is in doubt, but no fault struck it and nothing went unanswered ({:?})",
                     t.task_id, t.last_error
                 ));
+            }
+        }
+        // Tickets only the agent has so far.
+        for (key, ids) in &self.lan.lan_ids {
+            if !keys_seen.contains(key) && lan_copies(ids, "", &self.facts.unmarked) > 1 {
+                return Err(format!("LAN order {} came out more than once without a reprint banner", key.1));
             }
         }
         for (root, (paper, allowed)) in copies {
@@ -1237,6 +1330,7 @@ impl World {
     /// normally, time moves a second per round; every lane must drain.
     fn drain(&mut self) -> Result<(), Fail> {
         let rounds = DRAIN_ROUNDS + self.back_steps / 1_000 + 1;
+        self.line_up = true;
         for msg in std::mem::take(&mut self.net) {
             self.deliver(msg, false)?;
         }
@@ -1246,8 +1340,13 @@ impl World {
                 .into_iter()
                 .filter(|t| matches!(t.state, TaskState::Pending | TaskState::Sent | TaskState::Retrying))
                 .collect();
-            if open.is_empty() {
+            let outbox = self.outbox.clone();
+            let unsynced = self.block_on(outbox.unsynced())?.map_err(|e| engine_err("outbox", e))?;
+            if open.is_empty() && unsynced == 0 {
                 return Ok(());
+            }
+            if round == rounds - 1 && unsynced > 0 {
+                return Err(format!("{unsynced} tickets taken on the LAN were never uploaded"));
             }
             if round == rounds - 1 {
                 let list: Vec<String> = open
@@ -1257,6 +1356,11 @@ impl World {
                 return Err(format!("lanes did not drain within {rounds} simulated seconds: {}", list.join("; ")));
             }
             self.advance(1_000);
+            // The agent finishes what its local lane holds, then uploads.
+            for _ in 0..16 {
+                self.local_print(AgentPrint::Printed)?;
+            }
+            self.sync(false)?;
             self.step(&Op::Sweep)?;
             self.step(&Op::SweepPaused)?;
             for agent in 0..self.agents.len() {
@@ -1298,6 +1402,7 @@ impl World {
 
     /// At the end: every answered submission has its task, each charged once.
     fn final_check(&mut self) -> Result<(), Fail> {
+        self.lan_final_check()?;
         let tasks = self.tasks()?;
         for s in &self.pos {
             let t = self

@@ -151,3 +151,47 @@ fn a_webhook_job_sent_twice_under_one_key_prints_once() {
         Op::HookPass,
     ]);
 }
+
+/// A LAN order taken offline and printed by the agent, sent again through the cloud while
+/// the line is down, then uploaded: one task for the key, one copy on paper.
+#[test]
+fn a_lan_order_printed_offline_and_sent_through_the_cloud_prints_once() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 0, kind: 1 },
+        Op::LocalPrint { print: AgentPrint::Printed },
+        Op::LanToCloud { pick: 0 },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::Line { up: true },
+        Op::Sync { answer_lost: false },
+        Op::LanRetry { pick: 0 },
+    ]);
+}
+
+/// An upload whose answer is lost: the tickets go back to the agent's lane, the broker has
+/// them too; the journal by key keeps them to one copy.
+#[test]
+fn an_upload_whose_answer_is_lost_prints_each_ticket_once() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 2, kind: 0 },
+        Op::LanSubmit { target: 1, kind: 1 },
+        Op::Line { up: true },
+        Op::Sync { answer_lost: true },
+        Op::LocalPrint { print: AgentPrint::Printed },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::Handle { agent: 0, print: AgentPrint::Printed },
+        Op::Sync { answer_lost: false },
+    ]);
+}
+
+/// A delivery held by the agent that then stands by (the other takes the store's LAN
+/// orders) goes to a person once overdue, and the lane moves on.
+#[test]
+fn a_delivery_held_by_an_agent_that_stands_by_never_holds_the_lane() {
+    holds(&[
+        Op::Submit { target: 3, kind: 3 },
+        Op::Poll { agent: 1, answer_lost: true },
+        Op::LanSubmit { target: 1, kind: 3 },
+    ]);
+}
