@@ -214,6 +214,9 @@ struct SimAgent {
     outbox: Vec<AckIn>,
     /// Kept across restarts (the state directory).
     journal: HashMap<String, (i32, Journal)>,
+    /// The same records by delivery key (the journal's `lookup_key`): the local lane of
+    /// offline tickets asks it before it prints a key.
+    journal_keys: HashMap<String, Journal>,
 }
 
 /// A request of an agent on its way to the broker.
@@ -463,6 +466,7 @@ impl World {
                 inbox: VecDeque::new(),
                 outbox: Vec::new(),
                 journal: HashMap::new(),
+                journal_keys: HashMap::new(),
             });
         }
         Ok(w)
@@ -865,6 +869,7 @@ impl World {
             AgentPrint::Crash { paper } => (Journal::Started, paper, None),
         };
         self.agents[agent].journal.insert(d.task_id.clone(), (d.attempt, record));
+        self.agents[agent].journal_keys.insert(d.idempotency_key.clone(), record);
         if paper {
             self.paper(&d.task_id, &d.data);
         }

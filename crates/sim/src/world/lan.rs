@@ -237,6 +237,21 @@ impl World {
         let Some(attempt) = self.block_on(outbox.start(&t.task_id))?.map_err(|e| engine_err("outbox", e))? else {
             return Ok(());
         };
+        // The journal answers for a key the agent printed (or started) for the broker.
+        let known = self.agents[LISTENER].journal_keys.get(&t.delivery_key).copied();
+        let answered = match known {
+            Some(super::Journal::Printed) => Some(LocalState::Printed),
+            Some(super::Journal::Started | super::Journal::InDoubt) => Some(LocalState::InDoubt),
+            Some(super::Journal::Blocked(_)) | None => None,
+        };
+        if let Some(to) = answered {
+            let e = entry(attempt, if to == LocalState::Printed { "printed" } else { "in_doubt" });
+            self.block_on(outbox.finish(&t.task_id, attempt, to, 0, e))?.map_err(|e| engine_err("outbox", e))?;
+            if to == LocalState::InDoubt {
+                self.facts.exposed_keys.insert((t.target.clone(), t.biz_no.clone(), t.print_type.clone()));
+            }
+            return Ok(());
+        }
         let key = (t.target.clone(), t.biz_no.clone(), t.print_type.clone());
         let data = t.request.as_bytes().to_vec();
         let (to, paper, word) = match print {
