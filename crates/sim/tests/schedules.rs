@@ -195,3 +195,16 @@ fn a_delivery_held_by_an_agent_that_stands_by_never_holds_the_lane() {
         Op::LanSubmit { target: 1, kind: 3 },
     ]);
 }
+
+/// A kitchen order taken offline, the same order through the cloud, and the cloud task moved
+/// to another printer by an operator: once the line is back, the upload of the LAN copy
+/// settles the task the order lives on, and nothing prints a second time.
+#[test]
+fn the_upload_of_a_lan_copy_settles_the_task_the_order_lives_on() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 2, kind: 2 },
+        Op::LanToCloud { pick: 0 },
+        Op::Manual { pick: 5, action: 3, to: 2 },
+    ]);
+}
