@@ -179,7 +179,24 @@ async fn merge_round<C: GenericClient>(
     let key: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&t.tenant_id, &t.target, &t.biz_no, &t.print_type];
     let stmt = tx.prepare_cached(&TASK_BY_KEY_FOR_UPDATE.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
     if let Some(row) = tx.query_opt(&stmt, &key).await.map_err(pg_error)? {
-        let existing = rows::task(&row)?;
+        let mut existing = rows::task(&row)?;
+        // The order may have moved on (a transfer, a failover): the LAN id names the task
+        // it lives on now, as a retry's answer does, read `FOR UPDATE` like the first.
+        // Chains are a hop per move; the bound only guards against a cycle.
+        for _ in 0..64 {
+            let Some(next) = existing.successor_task_id.clone().filter(|_| existing.state == TaskState::Transferred)
+            else {
+                break;
+            };
+            let by_id = tx
+                .prepare_cached(&format!("{} FOR UPDATE", TASK_BY_ID.replace("{cols}", TASK_COLUMNS)))
+                .await
+                .map_err(pg_error)?;
+            match tx.query_opt(&by_id, &[&next, &t.tenant_id]).await.map_err(pg_error)? {
+                Some(row) => existing = rows::task(&row)?,
+                None => break,
+            }
+        }
         let step = planner(&existing);
         if !insert_alias(tx, o, &existing.task_id, step.kind).await? {
             // Another upload of this report made the alias meanwhile (it answers next

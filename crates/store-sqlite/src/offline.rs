@@ -9,6 +9,7 @@
 //! writes.
 
 use onceprint_core::offline::AliasKind;
+use onceprint_core::TaskState;
 use onceprint_store::*;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -104,7 +105,20 @@ pub fn merge(
     }
 
     // The key is known: the LAN id becomes another name of the broker's task.
-    if let Some(existing) = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
+    if let Some(mut existing) = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
+        // The order may have moved on (a transfer, a failover): the LAN id names the task
+        // it lives on now, as a retry's answer does. Chains are a hop per move; the bound
+        // only guards against a cycle the store never makes.
+        for _ in 0..64 {
+            let Some(next) = existing.successor_task_id.clone().filter(|_| existing.state == TaskState::Transferred)
+            else {
+                break;
+            };
+            match get_task(c, &t.tenant_id, &next)? {
+                Some(live) => existing = live,
+                None => break,
+            }
+        }
         let step = planner(&existing);
         if !insert_alias(c, o, &existing.task_id, step.kind)? {
             return Ok(OfflineMerge::IdTaken);

@@ -26,7 +26,8 @@ pub use device_log::{device_log_is_read_by_store_and_task_id_range, device_log_k
 
 pub use idempotency::{idempotency_property, HarnessFactory, IDEMPOTENCY_CASES};
 pub use offline::{
-    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules, a_renamed_task_is_found_under_its_lan_id,
+    a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+    a_lan_copy_merges_into_the_task_the_order_lives_on, a_renamed_task_is_found_under_its_lan_id,
     an_offline_task_joins_the_lane_in_the_order_it_was_merged, an_unknown_key_becomes_a_task_under_the_lan_id,
     device_records_under_lan_ids_are_found_from_the_task_they_were_merged_into,
     lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
@@ -62,6 +63,7 @@ macro_rules! conformance_tests {
             lan_keys_share_the_agent_token_mechanism_and_authenticate_nothing, stations_are_listed_per_store,
             an_unknown_key_becomes_a_task_under_the_lan_id,
             a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules,
+            a_lan_copy_merges_into_the_task_the_order_lives_on,
             an_offline_task_joins_the_lane_in_the_order_it_was_merged, a_renamed_task_is_found_under_its_lan_id,
             device_records_under_lan_ids_are_found_from_the_task_they_were_merged_into,
             device_log_keeps_the_latest_record_per_task, device_log_is_read_by_store_and_task_id_range);
@@ -81,7 +83,7 @@ macro_rules! conformance_tests {
 pub const NOW: i64 = 1_764_000_000_000;
 
 /// Printer p2 of tenant acme, in store s1 next to p1.
-async fn second_printer(s: &Arc<dyn Store>) {
+pub(crate) async fn second_printer(s: &Arc<dyn Store>) {
     s.create_printer(NewPrinter {
         tenant_id: "acme".into(),
         id: "p2".into(),
@@ -1341,7 +1343,7 @@ fn hook(id: &str, events: &[&str]) -> NewWebhook {
     }
 }
 
-fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState, now: i64) -> Transition {
+pub(crate) fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState, now: i64) -> Transition {
     Transition {
         task_id: t.task_id.clone(),
         from,
@@ -1361,7 +1363,7 @@ fn manual_transition(t: &NewTask, from: TaskState, attempts: i32, to: TaskState,
     }
 }
 
-fn successor_of(t: &NewTask, kind: OriginKind, n: Option<i32>, printer: &str, seq: u64) -> NewTask {
+pub(crate) fn successor_of(t: &NewTask, kind: OriginKind, n: Option<i32>, printer: &str, seq: u64) -> NewTask {
     let mut s = new_task("acme", &t.biz_no, "x", seq);
     s.printer_id = printer.into();
     s.target = match kind {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use onceprint_core::offline::{decide, AliasKind, OfflineOutcome};
 use onceprint_core::TaskState;
 
-use super::{by, new_task, print, prune_of, send, tenant, NOW};
+use super::{by, manual_transition, new_task, print, prune_of, second_printer, send, successor_of, tenant, NOW};
 use crate::*;
 
 fn token(tenant: &str, id: &str, kind: TokenKind, hash: &str) -> NewAgentToken {
@@ -321,6 +321,36 @@ pub async fn a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules(s:
     }
     assert!(s.ledger_entries("LAN-D").await.unwrap().is_empty());
     assert_eq!(s.find_task(&super::key("acme", "K4")).await.unwrap(), None, "no task comes back from a tombstone");
+}
+
+/// The order a LAN copy belongs to was moved to another printer (a transfer, a failover)
+/// while the shop was cut off: the upload settles the task the order lives on now, the
+/// live end of the chain, not the original that moved.
+pub async fn a_lan_copy_merges_into_the_task_the_order_lives_on(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    let t = new_task("acme", "M1", "x", 1);
+    s.submit_batch(vec![t.clone()]).await.unwrap();
+    let moved = manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5);
+    let succ = successor_of(&t, crate::OriginKind::Transfer, None, "p2", 2);
+    let m = ManualChange {
+        task_id: t.task_id.clone(),
+        transitions: vec![moved],
+        refund: None,
+        successor: Some(succ.clone()),
+        now: NOW + 5,
+    };
+    assert!(s.apply_manual(&m).await.unwrap());
+    let a = report("acme", "LAN-M", "M1", "x", NOW - 50, OfflineOutcome::Printed);
+    match merge(&s, &a, OfflineOutcome::Printed).await {
+        OfflineMerge::Aliased { kind: AliasKind::Merged, task, changed: true, .. } => {
+            assert_eq!((task.task_id.as_str(), task.state), (succ.task_id.as_str(), TaskState::Printed));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.task_alias("acme", "LAN-M").await.unwrap().map(|a| a.task_id), Some(succ.task_id.clone()));
+    let orig = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
+    assert_eq!(orig.state, TaskState::Transferred, "the original stays as it was");
 }
 
 /// A task the agent accepted offline and did not print joins its printer's lane behind
