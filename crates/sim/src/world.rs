@@ -1264,15 +1264,6 @@ impl World {
         };
         let mut keys_seen: HashSet<(String, String, String)> = HashSet::new();
         for t in &tasks {
-            let key = (t.target.clone(), t.biz_no.clone(), t.print_type.clone());
-            let lan_ids: &[String] =
-                if t.origin_task_id.is_none() { self.lan.lan_ids.get(&key).map_or(&[], |v| v.as_slice()) } else { &[] };
-            if t.origin_task_id.is_none() {
-                keys_seen.insert(key.clone());
-            }
-            let lan_paper = lan_copies(lan_ids, &t.task_id, &self.facts.paper);
-            let lan_unmarked = lan_copies(lan_ids, &t.task_id, &self.facts.unmarked);
-            let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0) + lan_paper;
             if t.state == TaskState::Sent {
                 *in_flight.entry(t.printer_id.as_str()).or_default() += 1;
             }
@@ -1280,13 +1271,37 @@ impl World {
             while let Some(o) = root.origin_task_id.as_deref().and_then(|id| by_id.get(id)) {
                 root = o;
             }
+            // A LAN copy belongs to the order under its key: it counts once in the
+            // original's tree, and as the paper of whichever task of the chain the order
+            // lives on (an upload settles that one).
+            let key = (root.target.clone(), root.biz_no.clone(), root.print_type.clone());
+            let lan_ids: &[String] = self.lan.lan_ids.get(&key).map_or(&[], |v| v.as_slice());
+            keys_seen.insert(key.clone());
+            let is_root = t.origin_task_id.is_none();
+            let (lan_paper, lan_unmarked) = if is_root {
+                (
+                    lan_copies(lan_ids, &t.task_id, &self.facts.paper),
+                    lan_copies(lan_ids, &t.task_id, &self.facts.unmarked),
+                )
+            } else {
+                (0, 0)
+            };
+            let chain_lan_paper = if t.state != TaskState::Transferred && t.origin_kind != Some(OriginKind::Reprint) {
+                lan_copies(lan_ids, &root.task_id, &self.facts.paper)
+            } else {
+                0
+            };
+            let own = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
+            // Counted once per order (the LAN copy with the original); judged per task.
+            let counted = own + lan_paper;
+            let paper = own + lan_paper.max(chain_lan_paper);
             let policy = self.policies.policy_for(&t.print_type);
             let mut allowed = u32::from(t.origin_kind == Some(OriginKind::Reprint) || t.origin_task_id.is_none());
             if policy.reprint_on_doubt {
                 allowed += (t.attempts - t.refusals - 1).max(0) as u32;
             }
             let c = copies.entry(root.task_id.as_str()).or_default();
-            c.0 += paper;
+            c.0 += counted;
             c.1 += allowed;
             *unmarked.entry(root.task_id.as_str()).or_default() +=
                 self.facts.unmarked.get(&t.task_id).copied().unwrap_or(0) + lan_unmarked;

@@ -198,12 +198,9 @@ fn a_delivery_held_by_an_agent_that_stands_by_never_holds_the_lane() {
 
 /// A kitchen order taken offline and printed by the agent, the same order through the
 /// cloud, and the cloud task moved to another printer by an operator: once the line is
-/// back, the upload of the LAN copy should settle the task the order lives on (the moved
-/// one) before it prints. Today the upload merges into the original, which is
-/// `transferred`, and the moved task prints a second copy (docs/SIMULATION.md, "Found, not
-/// fixed yet").
+/// back, the upload of the LAN copy settles the task the order lives on (the moved one)
+/// before it prints.
 #[test]
-#[ignore = "open defect: the offline merge does not follow a transferred task to its successor"]
 fn the_upload_of_a_lan_copy_settles_the_task_the_order_lives_on() {
     holds(&[
         Op::Line { up: false },
