@@ -2,17 +2,19 @@
 //!
 //! This crate owns `onceprint sim` and the seeds `cargo test` runs: a fault schedule drawn
 //! from a seed ([`schedule`]) is played against the real broker code — intake, the lane
-//! engine and its agent transport, the CloudPRNT adapter on the polled mechanism, the
-//! manual channel, failover, the sweeps — on a real store, under a clock only the schedule
-//! moves, with a POS, store agents, a CloudPRNT printer and the network between them
-//! simulated by their documented rules ([`world`]). After every step the world checks the
-//! promise against what it knows and the broker does not: the paper. A failing run names
-//! its seed and a shrunk schedule that still fails, and a seed replays the same run.
+//! engine and its agent transport, the CloudPRNT and Epson Server Direct Print adapters on
+//! the polled mechanism, the push driver, the manual channel, failover, the sweeps, the
+//! offline sync — on a real store, under a clock only the schedule moves, with a POS,
+//! store agents (and the agent's own offline outbox), printers of every kind but MQTT, a
+//! webhook receiver, the shop's line and the network between them simulated by their
+//! documented rules ([`world`]). After every step the world checks the promise against
+//! what it knows and the broker does not: the paper. A failing run names its seed and a
+//! shrunk schedule that still fails, and a seed replays the same run.
 //!
 //! It must never be linked into the broker or the agent, reach for the machine's clock
 //! or randomness in deciding what a run does (the seed alone decides), or hold rules of
-//! its own about what the broker should do: the invariants are the promise as
-//! docs/GUARANTEES.md states it, not the engine's code restated.
+//! its own about what the broker should do: the invariants are the promise as the README
+//! and docs/SIMULATION.md state it, not the engine's code restated.
 
 pub mod cli;
 pub mod rng;
