@@ -928,14 +928,15 @@ impl World {
         self.facts.heard.insert(CLOUD, self.times());
     }
 
-    async fn cloud_info(&self) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
+    /// A printer as the broker's directory has it (what a printer's login finds).
+    async fn printer_info(&self, id: &str) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
         self.broker
             .lanes
             .directory()
-            .printer_info(TENANT, CLOUD)
+            .printer_info(TENANT, id)
             .await
             .map_err(|e| engine_err("printer_info", e))?
-            .ok_or_else(|| "the CloudPRNT printer is gone".to_owned())
+            .ok_or_else(|| format!("printer {id} is gone"))
     }
 
     fn cloud_poll(&mut self, status: usize) -> Result<(), Fail> {
@@ -954,7 +955,7 @@ impl World {
             printing_in_progress: Some(printing.is_some()),
         };
         let answer = self.block_on(async {
-            let info = self.cloud_info().await?;
+            let info = self.printer_info(CLOUD).await?;
             self.broker.cloudprnt.poll(&info, &poll).await.map_err(|e| engine_err("CloudPRNT poll", e))
         })??;
         if let Some(token) = answer.job_token.filter(|_| answer.job_ready) {
@@ -972,7 +973,7 @@ impl World {
         }
         let Some(token) = self.cloud.offered.clone() else { return Ok(()) };
         let got = self.block_on(async {
-            let info = self.cloud_info().await?;
+            let info = self.printer_info(CLOUD).await?;
             Ok::<_, Fail>(self.broker.cloudprnt.fetch(&info, Some(CLOUD_MAC), Some("text/plain"), Some(&token)).await)
         })??;
         match got {
@@ -1017,7 +1018,7 @@ impl World {
         }
         for code in confirms {
             let result = self.block_on(async {
-                let info = self.cloud_info().await?;
+                let info = self.printer_info(CLOUD).await?;
                 Ok::<_, Fail>(self.broker.cloudprnt.confirm(&info, Some(CLOUD_MAC), Some(code), Some(&token)).await)
             })??;
             match result {
@@ -1028,16 +1029,6 @@ impl World {
         Ok(())
     }
 
-    async fn epson_info(&self) -> Result<Arc<onceprint_engine::directory::PrinterInfo>, Fail> {
-        self.broker
-            .lanes
-            .directory()
-            .printer_info(TENANT, EPSON)
-            .await
-            .map_err(|e| engine_err("printer_info", e))?
-            .ok_or_else(|| "the Epson printer is gone".to_owned())
-    }
-
     /// A GetRequest: asking for work is the printer's sign of life, and says it holds
     /// nothing (a printer that still holds a job prints it first).
     fn epson_get(&mut self, lost: bool) -> Result<(), Fail> {
@@ -1046,7 +1037,7 @@ impl World {
         }
         self.facts.heard.insert(EPSON, self.times());
         let handed = self.block_on(async {
-            let info = self.epson_info().await?;
+            let info = self.printer_info(EPSON).await?;
             self.broker.epson.get_request(&info, None).await.map_err(|e| engine_err("GetRequest", e))
         })??;
         let Some(h) = handed else { return Ok(()) };
@@ -1107,7 +1098,7 @@ impl World {
                  status=\"251658262\" battery=\"0\"/></PrintResponse></ePOSPrint></PrintResponseInfo>"
             );
             self.block_on(async {
-                let info = self.epson_info().await?;
+                let info = self.printer_info(EPSON).await?;
                 self.broker.epson.set_response(&info, None, &file).await.map_err(|e| engine_err("SetResponse", e))
             })??;
         }
