@@ -757,7 +757,9 @@ async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
         let token = agent.token.clone();
         async move { app.post("/v1/agent/lan-listener", &token, body).await }
     };
-    assert_eq!(app.get("/v1/stores/s1/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
+    let none = app.get("/v1/stores/s1/lan-listener", &key).await;
+    assert_eq!((none.status, &none.body["agent_id"]), (StatusCode::OK, &serde_json::Value::Null), "{none:?}");
+    assert_eq!(app.get("/v1/stores/nope/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
     let a = claim(&first).await;
     assert_eq!((a.status, a.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{a:?}");
     let b = claim(&second).await;
@@ -779,15 +781,20 @@ async fn one_store_agent_takes_a_stores_lan_orders(app: &TestApp) {
     assert_eq!((g.status, g.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{g:?}");
     let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&key), None).await;
     assert_eq!((d.status, d.body["agent_id"].as_str()), (StatusCode::OK, Some("a1")), "{d:?}");
-    assert_eq!(app.get("/v1/stores/s1/lan-listener", &key).await.status, StatusCode::NOT_FOUND);
+    let g = app.get("/v1/stores/s1/lan-listener", &key).await;
+    assert_eq!((g.status, &g.body["agent_id"]), (StatusCode::OK, &serde_json::Value::Null), "freed: {g:?}");
+    let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&key), None).await;
+    assert_eq!((d.status, &d.body["agent_id"]), (StatusCode::OK, &serde_json::Value::Null), "freed again: {d:?}");
     assert_eq!(claim(&second).await.status, StatusCode::OK, "freed: the other agent takes it");
     assert_eq!(claim(&first).await.status, StatusCode::CONFLICT);
     let t = app.submit(&key, order("SB-2", "x")).await;
     assert!(first.poll(app, 300).await.is_empty(), "now the first agent stands by");
     let got = second.poll(app, 0).await;
     assert_eq!(got.iter().filter(|d| d["task_id"] == t.body["task_id"]).count(), 1, "{got:?}");
-    // Another tenant's store is not found.
+    // Another tenant's store of the same name is its own: freeing it leaves this one held.
     let other = app.tenant("other").await;
     let d = app.call("DELETE", "/v1/stores/s1/lan-listener", Some(&other), None).await;
-    assert_eq!(d.status, StatusCode::NOT_FOUND, "{d:?}");
+    assert_eq!((d.status, &d.body["agent_id"]), (StatusCode::OK, &serde_json::Value::Null), "{d:?}");
+    let g = app.get("/v1/stores/s1/lan-listener", &key).await;
+    assert_eq!(g.body["agent_id"].as_str(), Some("a2"), "{g:?}");
 }

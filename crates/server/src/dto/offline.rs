@@ -117,8 +117,9 @@ pub struct LanListenerClaim {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LanListenerOut {
     pub store_id: String,
-    /// The agent id holding the store's LAN listener.
-    pub agent_id: String,
+    /// The agent id holding the store's LAN listener; null while no agent holds it.
+    #[schema(required = true)]
+    pub agent_id: Option<String>,
 }
 
 /// One record of the agent's journal for an offline task.

@@ -85,7 +85,7 @@ pub async fn lan_listener(
 ) -> Result<Json<LanListenerOut>, ApiError> {
     validate_id("agent_id", &req.agent_id)?;
     match st.offline.claim_lan_listener(&who, &req.agent_id).await? {
-        LanClaim::Held => Ok(Json(LanListenerOut { store_id: who.store_id, agent_id: req.agent_id })),
+        LanClaim::Held => Ok(Json(LanListenerOut { store_id: who.store_id, agent_id: Some(req.agent_id) })),
         LanClaim::TakenBy(holder) => Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
             "lan_listener_taken",

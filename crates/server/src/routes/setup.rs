@@ -356,7 +356,8 @@ pub async fn revoke_lan_key(
 }
 
 /// Extension: the store agent that takes the store's LAN orders (it claimed the store's
-/// LAN listener: one agent per store). 404 when none does.
+/// LAN listener: one agent per store); `agent_id` is null while none does. 404 only for a
+/// store the tenant does not have.
 #[utoipa::path(get, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
@@ -366,16 +367,15 @@ pub async fn get_lan_listener(
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    match st.setup.lan_listener(auth.caller(), &id).await? {
-        Some(agent_id) => Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id })),
-        None => Err(ApiError::not_found(format!("no store agent takes the LAN orders of store {id:?}"))),
-    }
+    let agent_id = st.setup.lan_listener(auth.caller(), &id).await?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
 }
 
 /// Extension: frees the store's LAN listener so that another store agent may take it (a
 /// shop PC replaced, say); answers the agent that held it. Stop that agent's listener
 /// first: until it refreshes the store's set-up it still takes LAN orders, and if it asks
-/// before the new one it takes the listener again. 404 when no agent held it.
+/// before the new one it takes the listener again. Freeing a free listener answers
+/// `agent_id` null (a retried release is harmless); 404 only for an unknown store.
 #[utoipa::path(delete, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
@@ -385,10 +385,8 @@ pub async fn release_lan_listener(
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    match st.setup.release_lan_listener(auth.caller(), &id).await? {
-        Some(agent_id) => Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id })),
-        None => Err(ApiError::not_found(format!("no store agent takes the LAN orders of store {id:?}"))),
-    }
+    let agent_id = st.setup.release_lan_listener(auth.caller(), &id).await?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
 }
 
 /// Create another API key of the calling tenant (shown once).
