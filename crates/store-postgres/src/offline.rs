@@ -175,14 +175,26 @@ async fn merge_round<C: GenericClient>(
         return Ok(Some(out));
     }
 
-    // The key is known: the LAN id becomes another name of the broker's task.
+    // The key is known, as a kept task or (merge rule 4) a pruned one's tombstone: the LAN
+    // id becomes another name of the broker's task.
     let key: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&t.tenant_id, &t.target, &t.biz_no, &t.print_type];
     let stmt = tx.prepare_cached(&TASK_BY_KEY_FOR_UPDATE.replace("{cols}", TASK_COLUMNS)).await.map_err(pg_error)?;
-    if let Some(row) = tx.query_opt(&stmt, &key).await.map_err(pg_error)? {
-        let mut existing = rows::task(&row)?;
+    let known = match tx.query_opt(&stmt, &key).await.map_err(pg_error)? {
+        Some(row) => Some((rows::task(&row)?, false)),
+        None => {
+            let stmt =
+                tx.prepare_cached(&TOMBSTONE_BY_KEY.replace("{cols}", TOMBSTONE_COLUMNS_B)).await.map_err(pg_error)?;
+            match tx.query_opt(&stmt, &key).await.map_err(pg_error)? {
+                Some(row) => Some((rows::tombstone(&row)?.task, true)),
+                None => None,
+            }
+        }
+    };
+    if let Some((mut existing, mut pruned)) = known {
         // The order may have moved on (a transfer, a failover): the LAN id names the task
-        // it lives on now, as a retry's answer does, read `FOR UPDATE` like the first.
-        // Chains are a hop per move; the bound only guards against a cycle.
+        // it lives on now, as a retry's answer does, whether or not retention pruned the
+        // tasks it moved through; a kept task is read `FOR UPDATE` like the first. Chains
+        // are a hop per move; the bound only guards against a cycle.
         for _ in 0..64 {
             let Some(next) = existing.successor_task_id.clone().filter(|_| existing.state == TaskState::Transferred)
             else {
@@ -193,8 +205,11 @@ async fn merge_round<C: GenericClient>(
                 .await
                 .map_err(pg_error)?;
             match tx.query_opt(&by_id, &[&next, &t.tenant_id]).await.map_err(pg_error)? {
-                Some(row) => existing = rows::task(&row)?,
-                None => break,
+                Some(row) => (existing, pruned) = (rows::task(&row)?, false),
+                None => match retention::get_tombstone(tx, &t.tenant_id, &next).await? {
+                    Some(b) => (existing, pruned) = (b.task, true),
+                    None => break,
+                },
             }
         }
         let step = planner(&existing);
@@ -206,6 +221,16 @@ async fn merge_round<C: GenericClient>(
             } else {
                 Some(OfflineMerge::IdTaken)
             });
+        }
+        // A tombstone keeps the task's final state: nothing to change.
+        if pruned {
+            return Ok(Some(OfflineMerge::Aliased {
+                kind: step.kind,
+                task: existing,
+                pruned,
+                changed: false,
+                again: false,
+            }));
         }
         let mut changed = false;
         if let Some(change) = &step.transition {
@@ -227,27 +252,6 @@ async fn merge_round<C: GenericClient>(
             .ok_or_else(|| StoreError::Backend(format!("task {} vanished during a merge", existing.task_id)))?;
         return Ok(Some(OfflineMerge::Aliased { kind: step.kind, task, pruned: false, changed, again: false }));
     }
-    // A pruned task keeps its key (merge rule 4).
-    let stmt = tx.prepare_cached(&TOMBSTONE_BY_KEY.replace("{cols}", TOMBSTONE_COLUMNS_B)).await.map_err(pg_error)?;
-    if let Some(row) = tx.query_opt(&stmt, &key).await.map_err(pg_error)? {
-        let b = rows::tombstone(&row)?;
-        let step = planner(&b.task);
-        if !insert_alias(tx, o, &b.task.task_id, step.kind).await? {
-            return Ok(if alias(tx, &t.tenant_id, &o.lan_id).await?.is_some() {
-                None
-            } else {
-                Some(OfflineMerge::IdTaken)
-            });
-        }
-        return Ok(Some(OfflineMerge::Aliased {
-            kind: step.kind,
-            task: b.task,
-            pruned: true,
-            changed: false,
-            again: false,
-        }));
-    }
-
     // The key is unknown: the task as the agent took it, under its LAN id; `seq` comes
     // from its default (the sequence), so it joins its printer's lane behind what waits.
     let stmt = tx.prepare_cached(INSERT_TASK).await.map_err(pg_error)?;

@@ -104,24 +104,34 @@ pub fn merge(
         return Ok(if same_key { OfflineMerge::Created { task, again: true, pruned } } else { OfflineMerge::IdTaken });
     }
 
-    // The key is known: the LAN id becomes another name of the broker's task.
-    if let Some(mut existing) = find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
+    // The key is known, as a kept task or (merge rule 4) a pruned one's tombstone: the LAN
+    // id becomes another name of the broker's task.
+    let known = match find_task(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
+        Some(task) => Some((task, false)),
+        None => find_tombstone_parts(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)?.map(|b| (b.task, true)),
+    };
+    if let Some((mut existing, mut pruned)) = known {
         // The order may have moved on (a transfer, a failover): the LAN id names the task
-        // it lives on now, as a retry's answer does. Chains are a hop per move; the bound
-        // only guards against a cycle the store never makes.
+        // it lives on now, as a retry's answer does, whether or not retention pruned the
+        // tasks it moved through. Chains are a hop per move; the bound only guards against
+        // a cycle the store never makes.
         for _ in 0..64 {
             let Some(next) = existing.successor_task_id.clone().filter(|_| existing.state == TaskState::Transferred)
             else {
                 break;
             };
-            match get_task(c, &t.tenant_id, &next)? {
-                Some(live) => existing = live,
+            match task_or_tombstone(c, &t.tenant_id, &next)? {
+                Some((task, was_pruned)) => (existing, pruned) = (task, was_pruned),
                 None => break,
             }
         }
         let step = planner(&existing);
         if !insert_alias(c, o, &existing.task_id, step.kind)? {
             return Ok(OfflineMerge::IdTaken);
+        }
+        // A tombstone keeps the task's final state: nothing to change.
+        if pruned {
+            return Ok(OfflineMerge::Aliased { kind: step.kind, task: existing, pruned, changed: false, again: false });
         }
         let mut changed = false;
         if let Some(change) = &step.transition {
@@ -142,15 +152,6 @@ pub fn merge(
             .ok_or_else(|| StoreError::Backend(format!("task {} vanished during a merge", existing.task_id)))?;
         return Ok(OfflineMerge::Aliased { kind: step.kind, task, pruned: false, changed, again: false });
     }
-    // A pruned task keeps its key (merge rule 4).
-    if let Some(b) = find_tombstone_parts(c, &t.tenant_id, &t.target, &t.biz_no, &t.print_type)? {
-        let step = planner(&b.task);
-        if !insert_alias(c, o, &b.task.task_id, step.kind)? {
-            return Ok(OfflineMerge::IdTaken);
-        }
-        return Ok(OfflineMerge::Aliased { kind: step.kind, task: b.task, pruned: true, changed: false, again: false });
-    }
-
     // A LAN id kept as another tenant's alias cannot name this task.
     let renamed = t.task_id != o.lan_id;
     if renamed && alias_taken(c, &o.lan_id)? {

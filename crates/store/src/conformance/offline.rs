@@ -351,6 +351,32 @@ pub async fn a_lan_copy_merges_into_the_task_the_order_lives_on(s: Arc<dyn Store
     assert_eq!(s.task_alias("acme", "LAN-M").await.unwrap().map(|a| a.task_id), Some(succ.task_id.clone()));
     let orig = s.get_task("acme", &t.task_id).await.unwrap().unwrap();
     assert_eq!(orig.state, TaskState::Transferred, "the original stays as it was");
+
+    // The same, once retention pruned the original (an end state) while its successor
+    // still waits: the key is found in the tombstone, and the chain followed from there.
+    let t2 = new_task("acme", "M2", "x", 3);
+    s.submit_batch(vec![t2.clone()]).await.unwrap();
+    let moved = manual_transition(&t2, TaskState::Pending, 0, TaskState::Transferred, NOW + 5);
+    let succ2 = successor_of(&t2, crate::OriginKind::Transfer, None, "p2", 4);
+    let m = ManualChange {
+        task_id: t2.task_id.clone(),
+        transitions: vec![moved],
+        refund: None,
+        successor: Some(succ2.clone()),
+        now: NOW + 5,
+    };
+    assert!(s.apply_manual(&m).await.unwrap());
+    let orig2 = s.get_task("acme", &t2.task_id).await.unwrap().unwrap();
+    let pruned = s.prune_tasks(&[prune_of(&orig2, "2025-11-24")], NOW + 50).await.unwrap();
+    assert_eq!(pruned.task_ids, vec![t2.task_id.clone()]);
+    let b = report("acme", "LAN-M2", "M2", "x", NOW - 50, OfflineOutcome::Printed);
+    match merge(&s, &b, OfflineOutcome::Printed).await {
+        OfflineMerge::Aliased { kind: AliasKind::Merged, task, pruned: false, changed: true, .. } => {
+            assert_eq!((task.task_id.as_str(), task.state), (succ2.task_id.as_str(), TaskState::Printed));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.task_alias("acme", "LAN-M2").await.unwrap().map(|a| a.task_id), Some(succ2.task_id.clone()));
 }
 
 /// A task the agent accepted offline and did not print joins its printer's lane behind
