@@ -61,8 +61,8 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{} steps ({} faults), {} tasks: {} printed, {} in doubt, {} failed; {} copies on paper",
-            t.steps, t.faults, t.tasks, t.printed, t.in_doubt, t.failed, t.copies
+            "{} steps ({} faults), {} tasks: {} printed, {} in doubt, {} failed; {} copies on paper; {} pruned",
+            t.steps, t.faults, t.tasks, t.printed, t.in_doubt, t.failed, t.copies, t.pruned
         )?;
         match &self.failure {
             Some(fail) => write!(f, "FAILED\n{fail}"),

@@ -144,6 +144,10 @@ pub enum Op {
     /// An operator's action on the `pick`-th task: 0 cancel, 1 reprint, 2 mark printed,
     /// 3 transfer to printer `to`.
     Manual { pick: usize, action: usize, to: usize },
+    /// Retention runs as if two days had passed, with `retention_days = 1`: every task in an
+    /// end state is pruned to its tombstone. Later retries of its key, uploads of the
+    /// shop's offline copies and operators all meet the tombstone.
+    Prune,
 }
 
 impl Op {
@@ -258,7 +262,8 @@ pub const AGENTS: usize = 2;
 /// Printers a transfer may name.
 pub const PRINTERS: usize = 5;
 
-/// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`.
+/// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`, and
+/// up to three runs of retention.
 pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     let mut r = Rng::new(seed);
     let lo = (max_steps / 4).max(1) as u64;
@@ -276,7 +281,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
         }
     }
     weights[0] = weights[0].max(4);
-    (0..n)
+    let mut ops = (0..n)
         .map(|_| match r.weighted(&weights) {
             0 => Op::Submit { target: r.below(TARGETS as u64) as usize, kind: r.below(KINDS as u64) as usize },
             1 => Op::Retry { pick: r.below(1 << 16) as usize },
@@ -330,18 +335,38 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
             _ if r.chance(20) => Op::EpsonDies,
             _ => Op::OfflineCheck,
         })
-        .collect()
+        .collect::<Vec<Op>>();
+    // Retention runs in a third of the schedules, drawn from a stream of its own so that
+    // the other two thirds are the very schedules their seeds named before retention was
+    // simulated.
+    let mut p = Rng::new(seed ^ PRUNE_STREAM);
+    if p.chance(33) {
+        for _ in 0..1 + p.below(3) {
+            let at = p.below(ops.len() as u64 + 1) as usize;
+            ops.insert(at, Op::Prune);
+        }
+    }
+    ops
 }
+
+/// Salt of the random stream that places retention's runs.
+const PRUNE_STREAM: u64 = 0x7265_7465_6e74_696f;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn retention_runs_in_some_schedules_only() {
+        let with = (0..300).filter(|&seed| generate(seed, 80).contains(&Op::Prune)).count();
+        assert!((50..150).contains(&with), "{with} of 300");
+    }
+
+    #[test]
     fn a_seed_names_one_schedule() {
         assert_eq!(generate(9, 80), generate(9, 80));
         assert_ne!(generate(9, 80), generate(10, 80));
         let s = generate(9, 80);
-        assert!((20..=80).contains(&s.len()), "{}", s.len());
+        assert!((20..=83).contains(&s.len()), "{}", s.len());
     }
 }

@@ -17,6 +17,7 @@ use onceprint_core::results::epson;
 use onceprint_core::results::star;
 use onceprint_core::{Outcome, PolicyTable, Proof, TaskState};
 use onceprint_engine::clock::{Clock, ManualClock};
+use onceprint_engine::retention::{Retention, RetentionConfig};
 use onceprint_engine::transport::cloudprnt::{CloudPrnt, CloudPrntError, PollIn};
 use onceprint_engine::transport::epson_sdp::EpsonSdp;
 use onceprint_engine::transport::polled::{Polled, PolledConfig};
@@ -98,6 +99,8 @@ pub struct Tally {
     pub failed: u64,
     pub copies: u64,
     pub faults: u64,
+    /// Tasks retention pruned to their tombstones.
+    pub pruned: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -109,6 +112,7 @@ impl std::ops::AddAssign for Tally {
         self.failed += o.failed;
         self.copies += o.copies;
         self.faults += o.faults;
+        self.pruned += o.pruned;
     }
 }
 
@@ -124,6 +128,18 @@ struct Broker {
     epson: EpsonSdp,
     push: PushDriver,
     offline: onceprint_engine::Offline,
+    retention: Arc<Retention>,
+}
+
+/// Retention's clock: the simulated wall clock two days on, so that with
+/// `retention_days = 1` every task finished by now is due, even one stamped by the clock
+/// before it stepped back (a run's steps add up to far less than a day).
+struct DaysLater(Arc<ManualClock>);
+
+impl Clock for DaysLater {
+    fn now_ms(&self) -> i64 {
+        self.0.now_ms() + 2 * 86_400_000
+    }
 }
 
 impl Broker {
@@ -183,9 +199,16 @@ impl Broker {
             hook.clone() as Arc<dyn PushTransport>,
             PushConfig { recheck_after_ms: SILENCE_MS, doubt_after_ms: PUSH_DOUBT_AFTER_MS, ..PushConfig::default() },
         );
+        let retention = Retention::new(
+            store.clone(),
+            shared.gate.clone(),
+            Arc::new(DaysLater(clock.clone())),
+            RetentionConfig { days: 1, ..RetentionConfig::default() },
+        );
         Broker {
             push,
             offline,
+            retention,
             agents: AgentTransport::new(lanes.clone()),
             cloudprnt: CloudPrnt::new(polled),
             epson: EpsonSdp::new(epson),
@@ -487,6 +510,10 @@ impl World {
             self.print_trace("drain");
         }
         self.drain().map_err(|what| Violation { step: None, what })?;
+        self.after_retention().map_err(|what| Violation { step: None, what })?;
+        if self.trace {
+            self.print_trace("after retention, every order sent again");
+        }
         self.final_check().map_err(|what| Violation { step: None, what })?;
         self.tally.steps = ops.len() as u64;
         Ok(self.tally)
@@ -550,13 +577,29 @@ impl World {
         AgentIdentity { tenant_id: TENANT.into(), store_id: STORE.into() }
     }
 
+    /// Every task, the pruned ones as their tombstones keep them.
     fn tasks(&self) -> Result<Vec<Task>, Fail> {
         let q = TaskQuery { tenant_id: TENANT.into(), limit: 100_000, ..TaskQuery::default() };
-        self.block_on(self.store.list_tasks(&q))?.map_err(|e| engine_err("list_tasks", e))
+        let mut tasks = self.block_on(self.store.list_tasks(&q))?.map_err(|e| engine_err("list_tasks", e))?;
+        if self.tally.pruned > 0 {
+            // Task ids are ASCII letters and digits: "~" sorts after every one of them.
+            let (_, tombstones) = self
+                .block_on(self.store.tasks_and_tombstones_created_between(TENANT, STORE, "", "~"))?
+                .map_err(|e| engine_err("tasks_and_tombstones_created_between", e))?;
+            tasks.extend(tombstones.into_iter().map(|b| b.task));
+        }
+        Ok(tasks)
     }
 
+    /// A task, or its tombstone once retention pruned it.
     fn task(&self, id: &str) -> Result<Option<Task>, Fail> {
-        self.block_on(self.store.get_task(TENANT, id))?.map_err(|e| engine_err("get_task", e))
+        if let Some(t) = self.block_on(self.store.get_task(TENANT, id))?.map_err(|e| engine_err("get_task", e))? {
+            return Ok(Some(t));
+        }
+        Ok(self
+            .block_on(self.store.get_tombstone(TENANT, id))?
+            .map_err(|e| engine_err("get_tombstone", e))?
+            .map(|b| b.task))
     }
 
     fn step(&mut self, op: &Op) -> Result<(), Fail> {
@@ -719,6 +762,12 @@ impl World {
                 self.broker = broker;
             }
             Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
+            Op::Prune => {
+                let report = self
+                    .block_on(self.broker.retention.run_once(&|| false))?
+                    .map_err(|e| engine_err("retention", e))?;
+                self.tally.pruned += report.tasks;
+            }
         }
         Ok(())
     }
@@ -1184,6 +1233,9 @@ impl World {
             // have printed) are what the manual channel is for; they change nothing.
             Err(ActionError::NotAllowed(_) | ActionError::Raced(_) | ActionError::PrinterDisabled(_)) => {}
             Err(ActionError::Invalid(_)) => {}
+            // A pruned task is only its tombstone: nothing to act on.
+            Err(ActionError::NotFound(_))
+                if self.block_on(self.store.get_tombstone(TENANT, &t.task_id))?.is_ok_and(|b| b.is_some()) => {}
             Err(e) => return Err(engine_err("manual action", e)),
         }
         Ok(())
@@ -1408,6 +1460,31 @@ impl World {
             if self.trace {
                 self.print_trace(&format!("drain round {round}"));
             }
+            self.check()?;
+        }
+        Ok(())
+    }
+
+    /// Once the lanes drained, retention prunes every finished task, and every order is
+    /// sent again, by the POS to the broker and through the shop's LAN (whose agent then
+    /// uploads): each must be answered with its task, from the tombstone where it was
+    /// pruned, never with a new task or a second charge (`final_check`).
+    /// Sent again once to the process that pruned (its gate remembers the keys) and once
+    /// to a new one (only the database does).
+    fn after_retention(&mut self) -> Result<(), Fail> {
+        self.step(&Op::Prune)?;
+        for restart in [false, true] {
+            if restart {
+                self.step(&Op::RestartBroker)?;
+            }
+            for i in 0..self.pos.len() {
+                let (req, id) = (self.pos[i].req.clone(), self.pos[i].task_id.clone());
+                self.submit(req, Some(id))?;
+            }
+            for i in 0..self.lan.subs.len() {
+                self.lan_send(i)?;
+            }
+            self.sync(false)?;
             self.check()?;
         }
         Ok(())

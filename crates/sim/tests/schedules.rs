@@ -209,3 +209,17 @@ fn the_upload_of_a_lan_copy_settles_the_task_the_order_lives_on() {
         Op::Manual { pick: 5, action: 3, to: 2 },
     ]);
 }
+
+/// The same, with retention run while the shop is still cut off: the moved-from task (an
+/// end state) is pruned to its tombstone, its successor still waits. The upload finds the
+/// key in the tombstone and follows the chain from there to the task the order lives on.
+#[test]
+fn the_upload_of_a_lan_copy_follows_the_chain_through_a_pruned_task() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 0, kind: 3 },
+        Op::LanToCloud { pick: 35065 },
+        Op::Manual { pick: 2868, action: 3, to: 4 },
+        Op::Prune,
+    ]);
+}

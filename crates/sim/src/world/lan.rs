@@ -123,7 +123,7 @@ impl World {
     /// The agent's LAN listener answers submission `i`: from its outbox when it accepted
     /// the key offline, forwarded to the broker while the line is up, accepted offline
     /// (or answered from a remembered forward) while it is down.
-    fn lan_send(&mut self, i: usize) -> Result<(), Fail> {
+    pub(super) fn lan_send(&mut self, i: usize) -> Result<(), Fail> {
         if !self.lan.claimed {
             self.block_on(self.claim_listener())??;
             self.lan.claimed = true;
