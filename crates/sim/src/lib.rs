@@ -4,7 +4,7 @@
 //! from a seed ([`schedule`]) is played against the real broker code — intake, the lane
 //! engine and its agent transport, the CloudPRNT and Epson Server Direct Print adapters on
 //! the polled mechanism, the push driver, the manual channel, failover, the sweeps, the
-//! offline sync — on a real store, under a clock only the schedule moves, with a POS,
+//! offline sync, retention — on a real store, under a clock only the schedule moves, with a POS,
 //! store agents (and the agent's own offline outbox), printers of every kind but MQTT, a
 //! webhook receiver, the shop's line and the network between them simulated by their
 //! documented rules ([`world`]). After every step the world checks the promise against

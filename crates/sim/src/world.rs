@@ -1,11 +1,11 @@
 //! The simulated world of one run: the real broker (intake, lane engine, agent transport,
 //! CloudPRNT and Epson adapters on the polled mechanism, the push driver, manual channel,
-//! sweeps, offline sync) on a real store, under a clock only the schedule moves; around it
-//! a POS, two store agents, a CloudPRNT printer, an Epson printer and a webhook receiver
-//! simulated by their documented rules, the shop's LAN path (`lan`), and a network of
-//! requests that may be lost, repeated, reordered or lose their answers. The world knows
-//! what the broker cannot: what came out on paper. `check` compares the two after every
-//! step.
+//! sweeps, offline sync, retention) on a real store, under a clock only the schedule
+//! moves; around it a POS, two store agents, a CloudPRNT printer, an Epson printer and a
+//! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), and
+//! a network of requests that may be lost, repeated, reordered or lose their answers. The
+//! world knows what the broker cannot: what came out on paper. `check` compares the two
+//! after every step.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
