@@ -1,6 +1,7 @@
 //! A read-through cache of the set-up objects that every request needs: tenants by API
-//! key hash, agent identities by token hash, printers (with their transport parsed once,
-//! here) and stations.
+//! key hash, agent identities by token hash, printer logins by password hash and (for
+//! HTTP Digest) by user name, printers (with their transport parsed once, here) and
+//! stations.
 //!
 //! Entries are forgotten when this process changes the object (set-up calls
 //! [`Directory::forget_printer`] and friends after the change is durable), when another
@@ -13,7 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use onceprint_store::{AgentIdentity, Printer, PrinterCredential, Station, Store, StoreResult, TenantKey};
+use onceprint_store::{
+    AgentIdentity, Printer, PrinterCredential, PrinterDigestLogin, Station, Store, StoreResult, TenantKey,
+};
 
 use crate::cluster::{Outbox, Word};
 use crate::transport::TransportConfig;
@@ -85,6 +88,8 @@ pub struct Directory {
     printers: Cache<(String, String), Arc<PrinterInfo>>,
     stations: Cache<(String, String), Station>,
     logins: Cache<String, PrinterCredential>,
+    /// Printer logins by user name, with their Digest keys (HTTP Digest names the user).
+    digest_logins: Cache<String, PrinterDigestLogin>,
     /// The agent holding each store's LAN listener (`None`: no agent does).
     lan_listeners: Cache<(String, String), Option<String>>,
     /// Where forgets for the other nodes go, once the cluster link is attached.
@@ -105,6 +110,7 @@ impl Directory {
             printers: Cache::new(),
             stations: Cache::new(),
             logins: Cache::new(),
+            digest_logins: Cache::new(),
             lan_listeners: Cache::new(),
             outbox: OnceLock::new(),
         }
@@ -142,6 +148,27 @@ impl Directory {
             return Ok(None);
         }
         self.printer_info(&login.tenant_id, &login.printer_id).await
+    }
+
+    /// The login named `username` with its Digest keys, and its printer (HTTP Digest
+    /// sign-in, which never sends the password): `None` for an unknown or replaced login.
+    /// Cached like [`Self::printer_by_login`]; an unknown name is asked again each time.
+    pub async fn printer_by_digest_username(
+        &self,
+        username: &str,
+    ) -> StoreResult<Option<(PrinterDigestLogin, Arc<PrinterInfo>)>> {
+        let login = match self.digest_logins.get(&username.to_owned(), self.ttl) {
+            Some(l) => l,
+            None => match self.store.printer_login_by_username(username).await? {
+                Some(l) => {
+                    self.digest_logins.put(username.to_owned(), l.clone());
+                    l
+                }
+                None => return Ok(None),
+            },
+        };
+        let printer = self.printer_info(&login.tenant_id, &login.printer_id).await?;
+        Ok(printer.map(|p| (login, p)))
     }
 
     /// The tenant of an active API key, and which key it is.
@@ -227,6 +254,7 @@ impl Directory {
         self.printers.forget(&(tenant_id.to_owned(), printer_id.to_owned()));
         // A rotated login must stop working on this node at once.
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
+        self.digest_logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
     }
 
     pub fn forget_station(&self, tenant_id: &str, station_id: &str) {
@@ -263,6 +291,7 @@ impl Directory {
         self.printers.forget_where(|(t, _), _| t == tenant_id);
         self.stations.forget_where(|(t, _), _| t == tenant_id);
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id);
+        self.digest_logins.forget_where(|_, l| l.tenant_id == tenant_id);
         self.lan_listeners.forget_where(|(t, _), _| t == tenant_id);
     }
 
@@ -273,6 +302,7 @@ impl Directory {
         self.printers.clear();
         self.stations.clear();
         self.logins.clear();
+        self.digest_logins.clear();
         self.lan_listeners.clear();
     }
 }

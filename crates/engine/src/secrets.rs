@@ -1,7 +1,10 @@
-//! API keys, agent tokens and the admin token: generated from the OS random source and
-//! stored only as SHA-256 hashes. The secrets are 256-bit random strings, so a fast hash
-//! is enough; a slow password hash would only add latency to every request.
+//! API keys, agent tokens, the admin token and printer passwords: generated from the OS
+//! random source and stored only as SHA-256 hashes. The secrets are 256-bit random strings,
+//! so a fast hash is enough; a slow password hash would only add latency to every request. HTTP
+//! Digest's `HA1` of a printer login is kept beside its SHA-256 for the printers that
+//! sign in with Digest.
 
+use md5::Digest as _;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
@@ -30,10 +33,61 @@ fn random_hex<const N: usize>(prefix: &str) -> String {
     out
 }
 
+/// The realm of HTTP Digest sign-in (RFC 7616). It is part of every stored `HA1`, so it
+/// never changes: a new realm would turn every printer's Digest login away.
+pub const DIGEST_REALM: &str = "onceprint";
+
+/// The hash of an HTTP Digest exchange (RFC 7616 §3.3, `algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestAlgorithm {
+    Md5,
+    Sha256,
+}
+
+impl DigestAlgorithm {
+    /// As the `algorithm` parameter names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DigestAlgorithm::Md5 => "MD5",
+            DigestAlgorithm::Sha256 => "SHA-256",
+        }
+    }
+
+    /// The algorithm a parameter value names (case-insensitive, as RFC 7616 compares
+    /// tokens); `None` for any other, the `-sess` variants among them.
+    pub fn from_name(name: &str) -> Option<DigestAlgorithm> {
+        if name.eq_ignore_ascii_case("MD5") {
+            Some(DigestAlgorithm::Md5)
+        } else if name.eq_ignore_ascii_case("SHA-256") {
+            Some(DigestAlgorithm::Sha256)
+        } else {
+            None
+        }
+    }
+
+    /// `H(data)` in lowercase hex, as RFC 7616 §3.4.1 writes every hash of the exchange.
+    pub fn hex(self, data: &str) -> String {
+        match self {
+            DigestAlgorithm::Md5 => to_hex(&md5::Md5::digest(data.as_bytes())),
+            DigestAlgorithm::Sha256 => to_hex(&Sha256::digest(data.as_bytes())),
+        }
+    }
+}
+
+/// RFC 7616's `HA1 = H(username ":" realm ":" password)` of a printer login in the
+/// [`DIGEST_REALM`]: what the broker keeps to check Digest answers without the password.
+pub fn digest_ha1(algorithm: DigestAlgorithm, username: &str, password: &str) -> String {
+    algorithm.hex(&format!("{username}:{DIGEST_REALM}:{password}"))
+}
+
+/// Bytes in lowercase hex.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Hex SHA-256 of a secret, the only form in which secrets are stored.
 pub fn hash(secret: &str) -> String {
-    let digest = Sha256::digest(secret.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    to_hex(&Sha256::digest(secret.as_bytes()))
 }
 
 /// The password line Mosquitto's password file keeps for `password` (`$7$`: PBKDF2 with
@@ -95,6 +149,17 @@ mod tests {
         assert_eq!(hash(&a), hash(&a));
         assert!(hashes_equal(&hash(&a), &hash(&a)));
         assert!(!hashes_equal(&hash(&a), &hash(&b)));
+    }
+
+    #[test]
+    fn digest_ha1_is_rfc_7616s() {
+        // RFC 7616 §3.9.1: Mufasa in http-auth@example.org, password "Circle of Life".
+        let a1 = "Mufasa:http-auth@example.org:Circle of Life";
+        assert_eq!(DigestAlgorithm::Md5.hex(a1), "3d78807defe7de2157e2b0b6573a855f");
+        assert_eq!(DigestAlgorithm::Sha256.hex(a1), "7987c64c30e25f1b74be53f966b49b90f2808aa92faf9a00262392d7b4794232");
+        assert_eq!(digest_ha1(DigestAlgorithm::Md5, "u", "p"), DigestAlgorithm::Md5.hex("u:onceprint:p"));
+        assert_eq!(DigestAlgorithm::from_name("sha-256"), Some(DigestAlgorithm::Sha256));
+        assert_eq!(DigestAlgorithm::from_name("MD5-sess"), None);
     }
 
     #[test]

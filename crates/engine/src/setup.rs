@@ -101,8 +101,9 @@ pub struct TenantCreated {
 }
 
 /// A printer's login, as shown once when it is made: the user name and the password the
-/// printer presents (HTTP Basic auth on `/cloudprnt` and `/epson-sdp`, or on the MQTT
-/// server). Only the password's SHA-256 is kept.
+/// printer presents (HTTP Basic on `/cloudprnt` and `/epson-sdp`, HTTP Digest too on
+/// `/epson-sdp`, or on the MQTT server). Only the password's SHA-256 is kept, and for an
+/// Epson Server Direct Print printer its Digest `HA1`s.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PrinterLogin {
     pub username: String,
@@ -122,13 +123,20 @@ impl PrinterLogin {
         PrinterLogin { username: secrets::short_id("prn_"), password: secrets::generate("opp_") }
     }
 
-    /// The login as kept: the SHA-256 the broker checks, and for a printer that logs in to
-    /// the MQTT server the hash that server checks (written to its password file).
+    /// The login as kept: the SHA-256 the broker checks, for a printer that logs in to
+    /// the MQTT server the hash that server checks (written to its password file), and for
+    /// an Epson Server Direct Print printer, which may sign in with HTTP Digest, the `HA1`s
+    /// that Digest answers are checked with. Those are password equivalents for Digest, so
+    /// no other kind of printer gets them.
     fn stored(&self, kind: TransportKind) -> PrinterSecret {
+        let digest = kind == TransportKind::EpsonSdp;
+        let ha1 = |algorithm| digest.then(|| secrets::digest_ha1(algorithm, &self.username, &self.password));
         PrinterSecret {
             username: self.username.clone(),
             secret_hash: secrets::hash(&self.password),
             mqtt_hash: (kind == TransportKind::Mqtt).then(|| secrets::mosquitto_hash(&self.password)),
+            ha1_md5: ha1(secrets::DigestAlgorithm::Md5),
+            ha1_sha256: ha1(secrets::DigestAlgorithm::Sha256),
         }
     }
 }

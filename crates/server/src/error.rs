@@ -245,27 +245,63 @@ impl From<EpsonSdpError> for ApiError {
     }
 }
 
-/// An error answer to a printer that logs in with HTTP Basic: the same body, and on a 401
-/// the `WWW-Authenticate: Basic` challenge, since embedded HTTP clients often send their
-/// credentials only after being challenged.
+/// An error answer to a printer that logs in itself: the same body, and on a 401 the
+/// challenges, since embedded HTTP clients often send their credentials only after being
+/// challenged. Every printer route challenges for Basic; routes of printers that may sign
+/// in with HTTP Digest (Epson Server Direct Print) offer Digest first (`crate::digest`).
 #[derive(Debug)]
-pub struct PrinterError(pub ApiError);
+pub struct PrinterError {
+    pub error: ApiError,
+    challenge: Challenge,
+}
 
-impl<E: Into<ApiError>> From<E> for PrinterError {
-    fn from(e: E) -> Self {
-        PrinterError(e.into())
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Challenge {
+    Basic,
+    /// Digest (SHA-256, then MD5) and Basic; `stale`: the answer was right, its nonce not.
+    Digest {
+        stale: bool,
+    },
+}
+
+impl PrinterError {
+    /// The same error, challenging for Digest too.
+    pub fn offering_digest(self) -> PrinterError {
+        match self.challenge {
+            Challenge::Basic => PrinterError { challenge: Challenge::Digest { stale: false }, ..self },
+            Challenge::Digest { .. } => self,
+        }
+    }
+
+    /// A refused Digest answer; `stale` as RFC 7616 §3.3 means it.
+    pub fn digest(error: ApiError, stale: bool) -> PrinterError {
+        PrinterError { error, challenge: Challenge::Digest { stale } }
     }
 }
 
+impl<E: Into<ApiError>> From<E> for PrinterError {
+    fn from(e: E) -> Self {
+        PrinterError { error: e.into(), challenge: Challenge::Basic }
+    }
+}
+
+/// The Basic challenge of every printer route.
+const BASIC_CHALLENGE: &str = "Basic realm=\"onceprint printers\", charset=\"UTF-8\"";
+
 impl IntoResponse for PrinterError {
     fn into_response(self) -> Response {
-        let challenge = self.0.status == StatusCode::UNAUTHORIZED;
-        let mut res = self.0.into_response();
-        if challenge {
-            res.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Basic realm=\"onceprint printers\", charset=\"UTF-8\""),
-            );
+        let challenge = (self.error.status == StatusCode::UNAUTHORIZED).then_some(self.challenge);
+        let mut res = self.error.into_response();
+        let headers = res.headers_mut();
+        if let Some(Challenge::Digest { stale }) = challenge {
+            // Most preferred first (RFC 7616 §3.7); Basic last for the printers that only
+            // know Basic.
+            for value in crate::digest::challenges(stale) {
+                headers.append(header::WWW_AUTHENTICATE, value);
+            }
+        }
+        if challenge.is_some() {
+            headers.append(header::WWW_AUTHENTICATE, header::HeaderValue::from_static(BASIC_CHALLENGE));
         }
         res
     }

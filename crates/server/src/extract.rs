@@ -1,7 +1,7 @@
 //! Request extractors: JSON bodies with our error body, the kinds of bearer
 //! authentication (admin token, tenant API key, store agent token, and — for the calls an
-//! operator may make — an operator token, see [`Principal`]), and the HTTP Basic login of
-//! printers that poll the broker.
+//! operator may make — an operator token, see [`Principal`]), and the login of printers
+//! that poll the broker (HTTP Basic, and HTTP Digest for Epson Server Direct Print).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -341,27 +341,108 @@ impl FromRequestParts<AppState> for AgentAuth {
     }
 }
 
-/// A printer that logs in with HTTP Basic (CloudPRNT, Epson Server Direct Print): the
-/// login made when the printer was created. Missing or wrong → 401 with a challenge.
-pub struct PrinterAuth(pub std::sync::Arc<onceprint_engine::directory::PrinterInfo>);
+/// A printer that logs in itself (CloudPRNT, Epson Server Direct Print) with the login
+/// made when the printer was created: HTTP Basic, and where `DIGEST` is set (the routes of
+/// Epson Server Direct Print, whose manual describes Digest access authentication) HTTP
+/// Digest too (`crate::digest`). Missing or wrong → 401 with the challenges.
+pub struct PrinterAuth<const DIGEST: bool = false>(pub std::sync::Arc<onceprint_engine::directory::PrinterInfo>);
 
-impl FromRequestParts<AppState> for PrinterAuth {
+impl<const DIGEST: bool> FromRequestParts<AppState> for PrinterAuth<DIGEST> {
     type Rejection = crate::error::PrinterError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        use base64::Engine as _;
-        let refused = || ApiError::unauthorized("this endpoint needs the printer's login (HTTP Basic)");
-        let value =
-            parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(refused)?;
-        let encoded = value.strip_prefix("Basic ").or_else(|| value.strip_prefix("basic ")).ok_or_else(refused)?;
-        let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| refused())?;
-        let text = String::from_utf8(decoded).map_err(|_| refused())?;
-        let (user, password) = text.split_once(':').ok_or_else(refused)?;
-        match state.directory.printer_by_login(user, password).await? {
-            Some(p) => Ok(PrinterAuth(p)),
-            None => Err(ApiError::unauthorized("unknown printer login").into()),
+        let found = printer_login::<DIGEST>(parts, state).await.map(PrinterAuth);
+        if DIGEST {
+            found.map_err(crate::error::PrinterError::offering_digest)
+        } else {
+            found
         }
     }
+}
+
+/// The value of an `Authorization` header after `scheme` and a space (the scheme is
+/// case-insensitive, RFC 7235 §2.1).
+fn after_scheme<'a>(value: &'a str, scheme: &str) -> Option<&'a str> {
+    let (given, rest) = value.split_once(' ')?;
+    given.eq_ignore_ascii_case(scheme).then_some(rest)
+}
+
+async fn printer_login<const DIGEST: bool>(
+    parts: &Parts,
+    state: &AppState,
+) -> Result<std::sync::Arc<onceprint_engine::directory::PrinterInfo>, crate::error::PrinterError> {
+    use base64::Engine as _;
+    let refused = || {
+        ApiError::unauthorized(if DIGEST {
+            "this endpoint needs the printer's login (HTTP Digest or Basic)"
+        } else {
+            "this endpoint needs the printer's login (HTTP Basic)"
+        })
+    };
+    let value =
+        parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(refused)?;
+    if let Some(answer) = after_scheme(value, "Digest") {
+        if !DIGEST {
+            return Err(ApiError::unauthorized("this endpoint takes the printer's login with HTTP Basic only").into());
+        }
+        return digest_login(parts, state, answer).await;
+    }
+    let encoded = after_scheme(value, "Basic").ok_or_else(refused)?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| refused())?;
+    let text = String::from_utf8(decoded).map_err(|_| refused())?;
+    let (user, password) = text.split_once(':').ok_or_else(refused)?;
+    match state.directory.printer_by_login(user, password).await? {
+        Some(p) => Ok(p),
+        None => Err(ApiError::unauthorized("unknown printer login").into()),
+    }
+}
+
+/// An HTTP Digest answer (RFC 7616 §3.4, `qop=auth`), checked against the `HA1` kept with
+/// the login its user name names.
+async fn digest_login(
+    parts: &Parts,
+    state: &AppState,
+    answer: &str,
+) -> Result<std::sync::Arc<onceprint_engine::directory::PrinterInfo>, crate::error::PrinterError> {
+    use crate::digest::{check_form, Answer, Refusal};
+    use crate::error::PrinterError;
+    use onceprint_engine::secrets::DigestAlgorithm;
+    let refuse = |r: Refusal| PrinterError::digest(ApiError::unauthorized(r.message), r.stale);
+    let answer = Answer::parse(answer).map_err(|m| {
+        refuse(Refusal { message: format!("malformed Digest Authorization header: {m}"), stale: false })
+    })?;
+    let request_uri = parts.uri.path_and_query().map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let checked = check_form(&answer, request_uri).map_err(refuse)?;
+    let unknown = || refuse(Refusal { message: "unknown printer login".into(), stale: false });
+    let Some((login, printer)) = state.directory.printer_by_digest_username(checked.username).await? else {
+        return Err(unknown());
+    };
+    let ha1 = match checked.algorithm {
+        DigestAlgorithm::Md5 => login.ha1_md5.as_deref(),
+        DigestAlgorithm::Sha256 => login.ha1_sha256.as_deref(),
+    };
+    let Some(ha1) = ha1 else {
+        let epson =
+            printer.transport.as_ref().map(|t| t.kind()) == Some(onceprint_engine::transport::TransportKind::EpsonSdp);
+        let now = onceprint_engine::clock::now_ms();
+        if state.digest.log_missing_key(&login.username, now) {
+            tracing::warn!(
+                tenant = %login.tenant_id, printer = %login.printer_id, username = %login.username,
+                "a printer signs in with HTTP Digest, but its login has no Digest key: rotate its credentials"
+            );
+        }
+        let message = if epson {
+            "this printer's login was made before the broker offered HTTP Digest and has no Digest key: rotate the \
+             printer's credentials (POST /v1/printers/{id}/credentials) and enter the new password in the printer, \
+             or sign in with HTTP Basic"
+        } else {
+            "HTTP Digest is offered to Epson Server Direct Print printers only: this printer signs in with HTTP Basic"
+        };
+        return Err(refuse(Refusal { message: message.into(), stale: false }));
+    };
+    let now = onceprint_engine::clock::now_ms();
+    state.digest.verify(&checked, ha1, parts.method.as_str(), now).map_err(refuse)?;
+    Ok(printer)
 }
 
 /// Prefix of operator tokens (`POST /v1/operator-sessions`), which tells them apart from

@@ -10,6 +10,7 @@
 pub mod agent_protocol;
 mod around;
 pub mod console;
+mod digest;
 mod dto;
 mod error;
 mod extract;
@@ -76,6 +77,8 @@ pub struct HttpConfig {
     /// Tests of the real binary only: task ids are minted from a clock this far off the
     /// wall clock (0 in production), to show that lanes do not order by ids.
     pub id_clock_offset_ms: i64,
+    /// How long a nonce of an HTTP Digest challenge to a printer is good for.
+    pub printer_nonce_ttl_ms: u64,
 }
 
 /// How this node takes part in a cluster of nodes sharing one PostgreSQL.
@@ -115,6 +118,7 @@ impl Default for HttpConfig {
                 ..Default::default()
             },
             id_clock_offset_ms: 0,
+            printer_nonce_ttl_ms: digest::DEFAULT_NONCE_TTL_MS,
         }
     }
 }
@@ -140,6 +144,8 @@ pub struct AppState {
     pub(crate) leases: Arc<onceprint_engine::Leases>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) admin_token_hash: Arc<str>,
+    /// HTTP Digest sign-in of printers: nonce lifetime and the answers already taken.
+    pub(crate) digest: Arc<digest::DigestAuth>,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) agent_limiter: Option<Arc<onceprint_engine::limits::RateLimiter>>,
     /// The word to and from the other nodes on the same database, when there are any.
@@ -374,6 +380,7 @@ pub async fn bind(
         leases,
         metrics: metrics::Metrics::new(),
         admin_token_hash: admin_token_hash.into(),
+        digest: Arc::new(digest::DigestAuth::new(config.printer_nonce_ttl_ms)),
         agent_limiter: config.agent_rate.map(|l| Arc::new(onceprint_engine::limits::RateLimiter::new(l))),
         cluster,
         config: Arc::new(config),

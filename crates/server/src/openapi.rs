@@ -46,6 +46,20 @@ impl Modify for Security {
                     .build(),
             ),
         );
+        components.add_security_scheme(
+            "printer_digest",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Digest)
+                    .description(Some(
+                        "The same printer login by HTTP Digest (RFC 7616, qop=auth, realm \"onceprint\", \
+                         SHA-256 or MD5), as Epson's Server Direct Print manual describes: the first request \
+                         without credentials is answered 401 with the challenges. Logins made before the broker \
+                         offered Digest must be rotated first.",
+                    ))
+                    .build(),
+            ),
+        );
     }
 }
 

@@ -440,6 +440,10 @@ impl Store for PostgresStore {
         self.setup_printer_by_secret_hash(secret_hash).await
     }
 
+    async fn printer_login_by_username(&self, username: &str) -> StoreResult<Option<PrinterDigestLogin>> {
+        self.setup_printer_login_by_username(username).await
+    }
+
     async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool> {
         self.setup_set_printer_secret(change).await
     }

@@ -48,6 +48,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (19, V19_DEVICE_LOG),
     (20, V20_PAUSED_LANES),
     (21, V21_PAUSED_PRINTERS),
+    (22, V22_DIGEST_LOGINS),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -625,6 +626,15 @@ UPDATE printers SET paused_since = last_seen_at
 /// the printer says nothing; this index holds only those. Additive.
 const V21_PAUSED_PRINTERS: &str = r#"
 CREATE INDEX printers_paused ON printers (paused_since) WHERE paused_since IS NOT NULL;
+"#;
+
+/// HTTP Digest sign-in for Epson Server Direct Print printers. Digest never sends the
+/// password, so the SHA-256 kept since V10 cannot check it; a login made from now on also
+/// keeps RFC 7616's `HA1` (`H(username:realm:password)`) with MD5 and with SHA-256. Logins
+/// made before have none and sign in with Basic until they are rotated. Additive.
+const V22_DIGEST_LOGINS: &str = r#"
+ALTER TABLE printer_credentials ADD COLUMN ha1_md5 TEXT;
+ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -250,6 +250,29 @@ impl PostgresStore {
         }
     }
 
+    pub(crate) async fn setup_printer_login_by_username(
+        &self,
+        username: &str,
+    ) -> StoreResult<Option<PrinterDigestLogin>> {
+        let row = self
+            .query_opt(
+                "SELECT tenant_id, printer_id, username, ha1_md5, ha1_sha256 FROM printer_credentials
+                 WHERE username = $1",
+                &[&username],
+            )
+            .await?;
+        match row {
+            Some(r) => Ok(Some(PrinterDigestLogin {
+                tenant_id: rows::col(&r, 0)?,
+                printer_id: rows::col(&r, 1)?,
+                username: rows::col(&r, 2)?,
+                ha1_md5: rows::col(&r, 3)?,
+                ha1_sha256: rows::col(&r, 4)?,
+            })),
+            None => Ok(None),
+        }
+    }
+
     pub(crate) async fn setup_update_printer(&self, u: PrinterUpdate) -> StoreResult<Option<Printer>> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
@@ -555,15 +578,29 @@ async fn put_printer_secret<C: GenericClient>(
 ) -> StoreResult<()> {
     let stmt = tx
         .prepare_cached(
-            "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO printer_credentials
+             (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash, ha1_md5, ha1_sha256)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = EXCLUDED.username,
-             secret_hash = EXCLUDED.secret_hash, created_at = EXCLUDED.created_at, mqtt_hash = EXCLUDED.mqtt_hash",
+             secret_hash = EXCLUDED.secret_hash, created_at = EXCLUDED.created_at, mqtt_hash = EXCLUDED.mqtt_hash,
+             ha1_md5 = EXCLUDED.ha1_md5, ha1_sha256 = EXCLUDED.ha1_sha256",
         )
         .await
         .map_err(pg_error)?;
-    tx.execute(&stmt, &[&tenant_id, &printer_id, &secret.username, &secret.secret_hash, &now, &secret.mqtt_hash])
-        .await
-        .map_err(|e| create_error(e, |_| format!("login {}", secret.username), |_| format!("printer {printer_id}")))?;
+    tx.execute(
+        &stmt,
+        &[
+            &tenant_id,
+            &printer_id,
+            &secret.username,
+            &secret.secret_hash,
+            &now,
+            &secret.mqtt_hash,
+            &secret.ha1_md5,
+            &secret.ha1_sha256,
+        ],
+    )
+    .await
+    .map_err(|e| create_error(e, |_| format!("login {}", secret.username), |_| format!("printer {printer_id}")))?;
     Ok(())
 }

@@ -494,6 +494,11 @@ impl Store for SqliteStore {
         self.read(move |c| setup::printer_by_secret_hash(c, &h)).await
     }
 
+    async fn printer_login_by_username(&self, username: &str) -> StoreResult<Option<PrinterDigestLogin>> {
+        let u = username.to_owned();
+        self.read(move |c| setup::printer_login_by_username(c, &u)).await
+    }
+
     async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool> {
         self.write(move |c| setup::set_printer_secret(c, &change)).await
     }

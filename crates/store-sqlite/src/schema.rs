@@ -478,4 +478,13 @@ CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id,
     r#"
 CREATE INDEX printers_paused ON printers(paused_since) WHERE paused_since IS NOT NULL;
 "#,
+    // 23 (22 on PostgreSQL): HTTP Digest sign-in for Epson Server Direct Print printers.
+    // Digest never sends the password, so the SHA-256 kept since migration 10 cannot check
+    // it; a login made from now on also keeps RFC 7616's `HA1` (`H(username:realm:password)`)
+    // with MD5 and with SHA-256. Logins made before have none and sign in with Basic until
+    // they are rotated. Nullable columns only: an older broker neither reads nor writes them.
+    r#"
+ALTER TABLE printer_credentials ADD COLUMN ha1_md5 TEXT;
+ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
+"#,
 ];

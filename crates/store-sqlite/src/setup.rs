@@ -296,13 +296,24 @@ pub fn put_printer_secret(
     now: Millis,
 ) -> StoreResult<()> {
     c.prepare_cached(
-        "INSERT INTO printer_credentials (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+        "INSERT INTO printer_credentials \
+         (tenant_id, printer_id, username, secret_hash, created_at, mqtt_hash, ha1_md5, ha1_sha256) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
          ON CONFLICT (tenant_id, printer_id) DO UPDATE SET username = excluded.username, \
-         secret_hash = excluded.secret_hash, created_at = excluded.created_at, mqtt_hash = excluded.mqtt_hash",
+         secret_hash = excluded.secret_hash, created_at = excluded.created_at, mqtt_hash = excluded.mqtt_hash, \
+         ha1_md5 = excluded.ha1_md5, ha1_sha256 = excluded.ha1_sha256",
     )
     .and_then(|mut s| {
-        s.execute(params![tenant_id, printer_id, secret.username, secret.secret_hash, now, secret.mqtt_hash])
+        s.execute(params![
+            tenant_id,
+            printer_id,
+            secret.username,
+            secret.secret_hash,
+            now,
+            secret.mqtt_hash,
+            secret.ha1_md5,
+            secret.ha1_sha256
+        ])
     })
     .map(|_| ())
     .map_err(|e| constraint_err(e, &format!("login {}", secret.username), &format!("printer {printer_id}")))
@@ -332,6 +343,25 @@ pub fn printer_by_secret_hash(c: &Connection, secret_hash: &str) -> StoreResult<
             .optional()
         })
         .map_err(backend_err)
+}
+
+pub fn printer_login_by_username(c: &Connection, username: &str) -> StoreResult<Option<PrinterDigestLogin>> {
+    c.prepare_cached(
+        "SELECT tenant_id, printer_id, username, ha1_md5, ha1_sha256 FROM printer_credentials WHERE username = ?1",
+    )
+    .and_then(|mut s| {
+        s.query_row([username], |r| {
+            Ok(PrinterDigestLogin {
+                tenant_id: r.get(0)?,
+                printer_id: r.get(1)?,
+                username: r.get(2)?,
+                ha1_md5: r.get(3)?,
+                ha1_sha256: r.get(4)?,
+            })
+        })
+        .optional()
+    })
+    .map_err(backend_err)
 }
 
 pub fn mqtt_logins(c: &Connection) -> StoreResult<Vec<MqttLogin>> {

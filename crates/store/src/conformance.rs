@@ -56,6 +56,7 @@ macro_rules! conformance_tests {
             api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
             setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
+            digest_keys_of_printer_logins_are_found_by_user_name,
             operators_log_in_with_sessions_that_can_be_revoked,
             retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again,
             one_holder_of_a_lease_at_a_time, expired_leases_go_to_the_next_holder_with_a_higher_token,
@@ -1878,7 +1879,13 @@ pub async fn setup_changes_are_audited_per_tenant_newest_first(s: Arc<dyn Store>
 pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     tenant(&s, "other").await;
-    let secret = |u: &str, h: &str| PrinterSecret { username: u.into(), secret_hash: h.into(), mqtt_hash: None };
+    let secret = |u: &str, h: &str| PrinterSecret {
+        username: u.into(),
+        secret_hash: h.into(),
+        mqtt_hash: None,
+        ha1_md5: None,
+        ha1_sha256: None,
+    };
     let cp = |t: &str, id: &str, login: PrinterSecret| NewPrinter {
         tenant_id: t.into(),
         id: id.into(),
@@ -1946,6 +1953,62 @@ pub async fn printer_logins_are_found_by_hash_and_rotated(s: Arc<dyn Store>) {
         logins.iter().map(|l| (l.username.as_str(), l.mqtt_hash.as_str())).collect::<Vec<_>>(),
         vec![("u-dev-2", "$7$101$c$d")]
     );
+}
+
+pub async fn digest_keys_of_printer_logins_are_found_by_user_name(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let secret = |u: &str, h: &str, ha1: Option<(&str, &str)>| PrinterSecret {
+        username: u.into(),
+        secret_hash: h.into(),
+        mqtt_hash: None,
+        ha1_md5: ha1.map(|(m, _)| m.into()),
+        ha1_sha256: ha1.map(|(_, s)| s.into()),
+    };
+    let epson = |id: &str, login: PrinterSecret| NewPrinter {
+        tenant_id: "acme".into(),
+        id: id.into(),
+        store_id: "s1".into(),
+        name: "TM".into(),
+        transport: r#"{"kind":"epson_sdp"}"#.into(),
+        credential: Some(login),
+        now: NOW,
+        audit: SetupAudit::default(),
+    };
+    s.create_printer(epson("tm", secret("u-tm", "h-1", Some(("md5-1", "sha-1"))))).await.unwrap();
+    // A login made before Digest keys were kept has none; it is still found by name.
+    s.create_printer(epson("old", secret("u-old", "h-2", None))).await.unwrap();
+    assert_eq!(
+        s.printer_login_by_username("u-tm").await.unwrap(),
+        Some(PrinterDigestLogin {
+            tenant_id: "acme".into(),
+            printer_id: "tm".into(),
+            username: "u-tm".into(),
+            ha1_md5: Some("md5-1".into()),
+            ha1_sha256: Some("sha-1".into()),
+        })
+    );
+    let old = s.printer_login_by_username("u-old").await.unwrap().expect("the older login");
+    assert_eq!((old.printer_id.as_str(), old.ha1_md5, old.ha1_sha256), ("old", None, None));
+    assert_eq!(s.printer_login_by_username("u-nobody").await.unwrap(), None);
+    // User names are compared exactly: another case is another (unknown) user.
+    assert_eq!(s.printer_login_by_username("U-TM").await.unwrap(), None);
+    // A rotation replaces the keys with the name: the old name finds nothing, and the
+    // rotated older login now has keys.
+    let rotate = |id: &str, login: PrinterSecret| PrinterSecretChange {
+        tenant_id: "acme".into(),
+        printer_id: id.into(),
+        secret: login,
+        now: NOW + 5,
+        audit: by("rotate"),
+    };
+    assert!(s.set_printer_secret(rotate("old", secret("u-old-2", "h-3", Some(("md5-3", "sha-3"))))).await.unwrap());
+    assert_eq!(s.printer_login_by_username("u-old").await.unwrap(), None);
+    let rotated = s.printer_login_by_username("u-old-2").await.unwrap().expect("the rotated login");
+    assert_eq!((rotated.ha1_md5.as_deref(), rotated.ha1_sha256.as_deref()), (Some("md5-3"), Some("sha-3")));
+    // A rotation without keys takes the old keys away with the old password.
+    assert!(s.set_printer_secret(rotate("tm", secret("u-tm-2", "h-4", None))).await.unwrap());
+    let rotated = s.printer_login_by_username("u-tm-2").await.unwrap().expect("the rotated login");
+    assert_eq!((rotated.ha1_md5, rotated.ha1_sha256), (None, None));
 }
 
 pub async fn operators_log_in_with_sessions_that_can_be_revoked(s: Arc<dyn Store>) {

@@ -106,6 +106,10 @@ pub trait Store: Send + Sync + 'static {
     /// The printer whose login has this password hash (none for an unknown or replaced one).
     async fn printer_by_secret_hash(&self, secret_hash: &str) -> StoreResult<Option<PrinterCredential>>;
 
+    /// The login with this user name and its Digest keys (none for an unknown or replaced
+    /// one): HTTP Digest names the user but never sends the password.
+    async fn printer_login_by_username(&self, username: &str) -> StoreResult<Option<PrinterDigestLogin>>;
+
     /// Replaces a printer's login; `false` when the printer does not exist.
     async fn set_printer_secret(&self, change: PrinterSecretChange) -> StoreResult<bool>;
 

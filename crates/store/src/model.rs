@@ -131,6 +131,26 @@ pub struct PrinterSecret {
     /// file can be written again from the database at any time. A salted slow hash of a
     /// 256-bit random password, never the password.
     pub mqtt_hash: Option<String>,
+    /// For a printer that may sign in with HTTP Digest (Epson Server Direct Print): the
+    /// RFC 7616 `HA1` of the login, `H(username:realm:password)` in lowercase hex, with MD5
+    /// and with SHA-256. The broker cannot check a Digest answer against [`Self::secret_hash`],
+    /// so it keeps these instead. Each one is a password equivalent for Digest sign-in (not
+    /// for Basic, and it does not give back the random password), so it is kept only for
+    /// the printers that use it. `None` for logins made before Digest was offered.
+    pub ha1_md5: Option<String>,
+    pub ha1_sha256: Option<String>,
+}
+
+/// A printer's login as HTTP Digest sign-in needs it, found by user name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterDigestLogin {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub username: String,
+    /// [`PrinterSecret::ha1_md5`].
+    pub ha1_md5: Option<String>,
+    /// [`PrinterSecret::ha1_sha256`].
+    pub ha1_sha256: Option<String>,
 }
 
 /// A printer's login to the MQTT server, as its password file needs it.

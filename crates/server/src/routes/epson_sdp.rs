@@ -1,5 +1,5 @@
 //! Epson Server Direct Print at `/epson-sdp`: the printer POSTs form-encoded requests with
-//! HTTP Basic (the printer's login). Handlers parse the form and call
+//! its login, by HTTP Digest (as Epson's manual describes) or Basic. Handlers parse the form and call
 //! `onceprint_engine::transport::epson_sdp`.
 
 use axum::extract::State;
@@ -51,25 +51,35 @@ fn xml(body: String) -> Response {
 /// doubt, unless the printer had stopped before the job went out); data the printer
 /// refused fails. A Version 3.00 refusal of the print data fails the job in flight. A
 /// late result for an older job id is stale and changes nothing else. A `ResponseFile`
-/// that cannot be read is 400, noted on the job in flight. Wrong login or ID: 401,
-/// nothing changes.
+/// that cannot be read is 400, noted on the job in flight. The printer signs in with HTTP
+/// Digest (SHA-256 or MD5, `qop=auth`) or Basic. No login, a wrong or expired one (Digest:
+/// `stale=true`) or a wrong ID: 401 with the Digest and Basic challenges, nothing changes.
 #[utoipa::path(post, path = "/epson-sdp", operation_id = "epson_sdp_request", tag = "printers that poll",
     request_body(content = EpsonSdpRequest, content_type = "application/x-www-form-urlencoded"),
-    security(("printer" = [])),
+    security(("printer_digest" = []), ("printer" = [])),
     responses((status = 200, description = "PrintRequestInfo XML (GetRequest; empty when there is nothing to print), \
                                              or empty (SetResponse)", content_type = "text/xml",
                headers(("x-onceprint-idempotency-key" = String), ("x-onceprint-results" = String))),
               (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn request(
     State(st): State<AppState>,
-    PrinterAuth(printer): PrinterAuth,
+    PrinterAuth(printer): PrinterAuth<true>,
     Body(body): Body,
 ) -> Result<Response, PrinterError> {
+    // A 401 after sign-in (a wrong ID) challenges as the sign-in does.
+    answer(&st, &printer, &body).await.map_err(PrinterError::offering_digest)
+}
+
+async fn answer(
+    st: &AppState,
+    printer: &onceprint_engine::directory::PrinterInfo,
+    body: &[u8],
+) -> Result<Response, PrinterError> {
     let req: EpsonSdpRequest =
-        serde_urlencoded::from_bytes(&body).map_err(|e| ApiError::invalid(format!("invalid form body: {e}")))?;
+        serde_urlencoded::from_bytes(body).map_err(|e| ApiError::invalid(format!("invalid form body: {e}")))?;
     match req.connection_type.as_str() {
         "GetRequest" => {
-            let handed = st.epson_sdp.get_request(&printer, req.id.as_deref()).await?;
+            let handed = st.epson_sdp.get_request(printer, req.id.as_deref()).await?;
             let Some(h) = handed else { return Ok(xml(String::new())) };
             let mut res = xml(h.xml);
             if let Ok(v) = HeaderValue::from_str(&h.idempotency_key) {
@@ -80,7 +90,7 @@ pub async fn request(
         "SetResponse" => {
             let file =
                 req.response_file.ok_or_else(|| ApiError::invalid("ResponseFile is required for SetResponse"))?;
-            let credited = st.epson_sdp.set_response(&printer, req.id.as_deref(), &file).await?;
+            let credited = st.epson_sdp.set_response(printer, req.id.as_deref(), &file).await?;
             let summary: Vec<String> = credited
                 .iter()
                 .map(|c| format!("{}={}", c.printjobid, c.result.map_or("unknown", |r| r.as_str())))
