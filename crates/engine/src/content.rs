@@ -34,26 +34,54 @@ pub fn document_for(content_type: &str, content: &[u8], banner: Option<&str>) ->
     Ok(doc)
 }
 
-/// The PNG image a rendered-receipt printer prints (CloudPRNT's `image/png`).
+/// The image a printer that prints pictures prints (CloudPRNT's `image/png`): the print
+/// area only, at `dots` when the printer reported its own width, else the profile's.
 pub fn render_png_for(
     content_type: &str,
     content: &[u8],
     banner: Option<&str>,
     profile: Option<&str>,
+    dots: Option<u16>,
 ) -> Result<Vec<u8>, String> {
     let doc = document_for(content_type, content, banner)?;
-    onceprint_render::to_png(&doc, &profile_for(profile, Some(&doc))).map_err(|e| e.to_string())
+    let mut profile = profile_for(profile, Some(&doc));
+    if let Some(dots) = dots {
+        profile = profile.at_dots(dots);
+    }
+    onceprint_render::to_print_png(&doc, &profile).map(|i| i.png).map_err(|e| e.to_string())
 }
 
-/// Plain text of a receipt (CloudPRNT's `text/plain`).
-pub fn render_text_for(
-    content_type: &str,
-    content: &[u8],
-    banner: Option<&str>,
-    profile: Option<&str>,
-) -> Result<String, String> {
-    let doc = document_for(content_type, content, banner)?;
-    Ok(onceprint_render::to_text(&doc, &profile_for(profile, Some(&doc))))
+/// How the printed image of stored content ends (Star CloudPRNT's `X-Star-Cut`); a
+/// reprint's banner on top does not change it.
+pub fn final_cut_for(content_type: &str, content: &[u8]) -> Result<onceprint_render::FinalCut, String> {
+    let doc = document_for(content_type, content, None)?;
+    onceprint_render::to_print_png(&doc, &profile_for(None, Some(&doc))).map(|i| i.cut).map_err(|e| e.to_string())
+}
+
+/// Plain text a printer prints as it is, in its own font and code page (CloudPRNT's
+/// `text/plain`): only `text` content of printable ASCII (and line breaks, tabs), with a
+/// reprint's banner line on top. Anything else would come out garbled or as markup
+/// characters, and is refused: such a printer gets the image.
+pub fn render_text_for(content_type: &str, content: &[u8], banner: Option<&str>) -> Result<String, String> {
+    let refused = || format!("{content_type} content is not plain ASCII text a printer prints in its own code page");
+    if content_type != "text" {
+        return Err(refused());
+    }
+    let text = std::str::from_utf8(content).map_err(|_| refused())?;
+    let plain = |s: &str| s.chars().all(|c| c == '\n' || c == '\r' || c == '\t' || (' '..='~').contains(&c));
+    if !plain(text) || banner.is_some_and(|b| !plain(b)) {
+        return Err(refused());
+    }
+    let mut out = String::with_capacity(text.len() + 32);
+    if let Some(b) = banner {
+        out.push_str(b);
+        out.push('\n');
+    }
+    out.push_str(text);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 /// Epson ePOS-Print XML of a receipt (Server Direct Print). Plain text made of printable

@@ -977,19 +977,17 @@ impl LaneEngine {
                 banner.as_deref(),
                 profile.as_deref(),
             ),
-            Encoding::Png { profile } => crate::content::render_png_for(
+            Encoding::Png { profile, dots } => crate::content::render_png_for(
                 &content.content_type,
                 &content.content,
                 banner.as_deref(),
                 profile.as_deref(),
+                dots,
             ),
-            Encoding::Text { profile } => crate::content::render_text_for(
-                &content.content_type,
-                &content.content,
-                banner.as_deref(),
-                profile.as_deref(),
-            )
-            .map(String::into_bytes),
+            Encoding::Text { .. } => {
+                crate::content::render_text_for(&content.content_type, &content.content, banner.as_deref())
+                    .map(String::into_bytes)
+            }
             Encoding::EposXml { profile } => crate::content::render_epos_for(
                 &content.content_type,
                 &content.content,

@@ -232,6 +232,12 @@ impl Ctx {
             return Ok(None);
         }
         let token = answer["jobToken"].as_str().unwrap_or_default().to_owned();
+        // A Star printer picks the job's media type from those the server offers
+        // (CloudPRNT Protocol Guide, "Polling the server (POST)", `mediaTypes`): the one it
+        // is set to prefer when offered, else the server's first.
+        let offered: Vec<&str> =
+            answer["mediaTypes"].as_array().map(|a| a.iter().filter_map(|m| m.as_str()).collect()).unwrap_or_default();
+        let media = if offered.is_empty() || offered.contains(&media) { media } else { offered[0] };
         let res = self
             .http
             .get(&self.printer.url)

@@ -61,7 +61,7 @@ pub use epos::{to_epos_xml, EPOS_PRINT_NS};
 pub use error::{RenderError, Warning, WarningKind};
 pub use escpos::{to_escpos, Rendered};
 pub use markup::parse_markup;
-pub use preview::to_png;
+pub use preview::{to_png, to_print_png, FinalCut, PrintImage};
 pub use profile::{Encoding, Profile, DEFAULT_PROFILE};
 pub use schema::{schema, schema_with_ref_prefix};
 pub use text::to_text;

@@ -64,6 +64,8 @@ pub(crate) struct Raster {
     pub height: usize,
     /// Rows of `width / 8` bytes, most significant bit leftmost, 1 = ink.
     pub bits: Vec<u8>,
+    /// Where the document cuts the paper (the row below the feed), and whether partially.
+    pub cuts: Vec<(usize, bool)>,
 }
 
 /// Renders `doc` as the raster [`to_png`] draws its slip from.
@@ -73,11 +75,85 @@ pub(crate) fn to_raster(doc: &Document, profile: &Profile) -> Result<Raster, Ren
     let width = usize::from(layout.dots).max(usize::from(layout.columns) * cell_w).next_multiple_of(8);
     let mut p = Painter { canvas: Canvas::new(width), cell_w, y: 0, cuts: Vec::new(), layout: &layout };
     p.paint()?;
-    let Painter { mut canvas, y, .. } = p;
+    let Painter { mut canvas, y, cuts, .. } = p;
     canvas.grow(y);
     let stride = canvas.stride;
     canvas.bits.truncate(y * stride);
-    Ok(Raster { width: canvas.width, height: y, bits: canvas.bits })
+    Ok(Raster { width: canvas.width, height: y, bits: canvas.bits, cuts })
+}
+
+/// How a printed image ends: what a printer that takes a picture and cuts on a separate
+/// instruction (Star CloudPRNT's `X-Star-Cut` response header) is told to do after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalCut {
+    /// The document ends without a cut.
+    None,
+    Full,
+    Partial,
+}
+
+impl FinalCut {
+    /// The value of Star's `X-Star-Cut` header (Star CloudPRNT Protocol Guide, "Print job
+    /// requests (GET)", "Response (GET)": `none`, `full`, `partial`).
+    pub fn star_header(self) -> &'static str {
+        match self {
+            FinalCut::None => "none",
+            FinalCut::Full => "full",
+            FinalCut::Partial => "partial",
+        }
+    }
+}
+
+/// What a printer that prints pictures gets: the print area as an image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrintImage {
+    /// A 1-bit greyscale PNG of the print area only: exactly the profile's dots wide (a
+    /// multiple of 8), no paper margin, no frame, no cut drawn.
+    pub png: Vec<u8>,
+    pub width: usize,
+    pub height: usize,
+    /// How the document ends. A cut inside the document cannot be told to such a printer:
+    /// its feed stays as blank paper, and the slip is cut once, at its end.
+    pub cut: FinalCut,
+}
+
+/// Renders `doc` as the image a printer that prints pictures prints: the print area at
+/// `profile.dots`, one bit per dot, and how it ends (Star CloudPRNT's `image/png` job,
+/// FIELD-NOTES "What real printers expect": the print area only, the cut as a header).
+pub fn to_print_png(doc: &Document, profile: &Profile) -> Result<PrintImage, RenderError> {
+    let raster = to_raster(doc, profile)?;
+    let cut = match raster.cuts.last() {
+        Some(&(y, partial)) if y >= raster.height => {
+            if partial {
+                FinalCut::Partial
+            } else {
+                FinalCut::Full
+            }
+        }
+        _ => FinalCut::None,
+    };
+    // A PNG must have at least one row.
+    let height = raster.height.max(1);
+    let stride = raster.width / 8;
+    let mut rows = raster.bits;
+    rows.resize(height * stride, 0);
+    // In 1-bit greyscale 0 is black: ink is a cleared bit.
+    for b in rows.iter_mut() {
+        *b = !*b;
+    }
+    let mut out = Vec::with_capacity(rows.len() / 8);
+    {
+        let err = |e: png::EncodingError| RenderError::Encode(e.to_string());
+        let mut enc = png::Encoder::new(&mut out, raster.width as u32, height as u32);
+        enc.set_color(png::ColorType::Grayscale);
+        enc.set_depth(png::BitDepth::One);
+        enc.set_compression(png::Compression::Fast);
+        enc.set_filter(png::Filter::Up);
+        let mut writer = enc.write_header().map_err(err)?;
+        writer.write_image_data(&rows).map_err(err)?;
+        writer.finish().map_err(err)?;
+    }
+    Ok(PrintImage { png: out, width: raster.width, height, cut })
 }
 
 /// A 1-bit drawing surface that grows downwards: rows of bytes, most significant bit

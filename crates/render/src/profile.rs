@@ -246,6 +246,24 @@ impl Profile {
         Profile { name, columns: paper.columns(), dots: paper.dots(), encoding, code_table: None }
     }
 
+    /// This printer as one whose print area is `dots` wide (what a printer reports of its
+    /// own paper, such as Star's `X-Star-Print-Width`): the same encoding, a column of
+    /// font A (12 dots) per 12 dots. Widths below a 58 mm roll's 384 dots, above 1,024 or
+    /// equal to this profile's give this profile back.
+    pub fn at_dots(&self, dots: u16) -> Profile {
+        let dots = dots - dots % 8;
+        if dots == self.dots || !(384..=1024).contains(&dots) {
+            return self.clone();
+        }
+        Profile {
+            name: format!("{}@{dots}", self.name),
+            columns: dots / 12,
+            dots,
+            encoding: self.encoding,
+            code_table: self.code_table,
+        }
+    }
+
     /// A built-in profile by name: `escpos-{58|80}-{encoding}` with encoding one of
     /// `gb18030`, `gbk`, `big5`, `shift-jis`, `cp437`, `cp850`, `cp858`.
     pub fn builtin(name: &str) -> Option<Profile> {

@@ -19,7 +19,8 @@ both_backends!(
     a_job_is_polled_fetched_as_png_and_confirmed_once,
     paper_out_before_the_job_waits_and_paper_out_after_the_fetch_goes_to_a_person,
     result_codes_after_a_fetch_follow_stars_table,
-    a_printer_that_polls_idle_after_fetching_leaves_the_task_in_doubt,
+    a_job_for_a_printer_is_the_print_area_at_its_width_with_the_cut_in_a_header,
+    idle_polls_after_the_fetch_leave_the_job_in_progress_until_its_result_or_deadline,
     a_stale_or_foreign_token_changes_nothing,
     raw_escpos_is_refused_for_cloudprnt_printers_and_stations_that_reach_one,
     a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person,
@@ -76,9 +77,21 @@ impl Star {
     }
 
     async fn get(&self, media: &str, token: &str) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-        let res = self
-            .http
-            .get(&self.url)
+        self.get_with(media, token, &[]).await
+    }
+
+    /// A job GET with request headers of Star's ("Client HTTP Request Headers").
+    async fn get_with(
+        &self,
+        media: &str,
+        token: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+        let mut req = self.http.get(&self.url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = req
             .basic_auth(&self.user, Some(&self.pass))
             .query(&[("mac", self.mac.as_str()), ("type", media), ("token", token)])
             .send()
@@ -202,10 +215,13 @@ async fn a_job_is_polled_fetched_as_png_and_confirmed_once(app: &TestApp) {
     // GET again (and as text) is the same job and remembers nothing new.
     let (s, _, png2) = star.get("image/png", &token).await;
     assert_eq!((s, png2 == png), (StatusCode::OK, true));
+    // Plain ASCII text goes as it is, under a media type without parameters (firmware may
+    // refuse `; charset=…`), for the printer's own font and code page.
     let (s, headers, text) = star.get("text/plain", &token).await;
     assert_eq!(s, StatusCode::OK);
-    assert!(headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/plain")));
-    assert!(String::from_utf8_lossy(&text).contains("order A1"), "{}", String::from_utf8_lossy(&text));
+    assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("text/plain"));
+    assert_eq!(String::from_utf8_lossy(&text), "order A1\n");
+    assert!(headers.get("x-star-cut").is_none(), "text ends with the printer's own cut");
     let n = events_of(app, &key, &id).await.iter().filter(|e| e.2.contains("fetched")).count();
     assert_eq!(n, 1);
     let (s, _, _) = star.get("application/vnd.star.starprnt", &token).await;
@@ -312,32 +328,41 @@ async fn result_codes_after_a_fetch_follow_stars_table(app: &TestApp) {
     assert_eq!(task(app, &key, &unknown).await["attempts"], 1);
 }
 
-async fn a_printer_that_polls_idle_after_fetching_leaves_the_task_in_doubt(app: &TestApp) {
+/// Width, bit depth and colour type from a PNG's header (IHDR, the first chunk). The
+/// pixels are the render crate's to check (`crates/render/tests/print_image.rs`).
+fn png_header(png: &[u8]) -> (u32, u8, u8) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&png[12..16], b"IHDR");
+    (u32::from_be_bytes([png[16], png[17], png[18], png[19]]), png[24], png[25])
+}
+
+/// A Star printer prints an `image/png` job at its own dot width (FIELD-NOTES "What real
+/// printers expect"): the print area only, no preview frame, the cut as `X-Star-Cut`; text
+/// in Chinese or markup is not offered as `text/plain`, which it would print literally.
+async fn a_job_for_a_printer_is_the_print_area_at_its_width_with_the_cut_in_a_header(app: &TestApp) {
     let key = app.tenant("acme").await;
     let star = Star::new(app, &key, "star", MAC).await;
-    let first = submit(app, &key, "star", "A1").await;
-    let second = submit(app, &key, "star", "A2").await;
-    let token = star.next_job().await;
-    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
-    // The printer rebooted: it polls idle, not naming the job it fetched.
+    let a = app
+        .submit(&key, json!({"biz_no": "K1", "printer_id": "star", "content": {"type": "markup", "markup": "[center]Table 4\n1 x 鱼汤\n"}}))
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
     let v = star.poll("200 OK", None, Some(false)).await;
-    let t = task(app, &key, &first).await;
-    assert_eq!(t["state"], "in_doubt", "{t}");
-    let events = events_of(app, &key, &first).await;
-    assert!(events.last().is_some_and(|e| e.2.contains("polled again idle")), "{events:?}");
-    // The lane moves on to the next task; the first is never offered again.
-    let next = v["jobToken"].as_str().unwrap_or_default().to_owned();
-    assert!(next.starts_with(&second), "{v}");
-    for _ in 0..3 {
-        let v = star.poll("200 OK", None, Some(false)).await;
-        assert!(!v["jobToken"].as_str().unwrap_or_default().starts_with(&first), "{v}");
-    }
-    let (s, _, _) = star.get("image/png", &token).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "a job in doubt is fetched no more");
-    assert_eq!(task(app, &key, &first).await["attempts"], 1);
-    // Its late confirmation is still the truth: paper did come out.
-    assert_eq!(star.delete("200 OK", &token).await.1["result"], "applied");
-    assert_eq!(task(app, &key, &first).await["state"], "printed");
+    assert_eq!(v["mediaTypes"], json!(["image/png"]), "markup is not plain text: {v}");
+    let token = v["jobToken"].as_str().expect("token").to_owned();
+    let (s, _, _) = star.get("text/plain", &token).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    // No width said: the render profile's, 576 dots on 80 mm.
+    let (s, headers, png) = star.get("image/png", &token).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(headers.get("x-star-cut").and_then(|v| v.to_str().ok()), Some("partial"), "markup ends with a cut");
+    assert_eq!(png_header(&png), (576, 1, 0), "576 dots wide, 1 bit per dot, greyscale");
+    // A 58 mm printer says so: 48 mm × 8 dots/mm.
+    let narrow = [("X-Star-Print-Width", "48"), ("X-Star-Horizontal-Resolution", "8")];
+    let (s, _, png) = star.get_with("image/png", &token, &narrow).await;
+    assert_eq!((s, png_header(&png).0), (StatusCode::OK, 384));
+    let (s, v) = star.delete("200 OK", &token).await;
+    assert_eq!((s, v["result"].as_str()), (StatusCode::OK, Some("applied")), "{v}");
 }
 
 async fn a_stale_or_foreign_token_changes_nothing(app: &TestApp) {
@@ -480,7 +505,8 @@ async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &T
     // Paper in: A1 prints (confirmed twice: the second is a duplicate).
     sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
     wait_state(app, &key, &a1, "printed", Duration::from_secs(5)).await;
-    // The next job prints, then the printer crashes before confirming: in doubt.
+    // The next job prints, then the printer crashes before confirming: in doubt once the
+    // answer deadline passes (its idle polls alone do not end a fetched job).
     sim.faults().update_all(FaultUpdate { crash_mid_job: Some(1), ..FaultUpdate::default() });
     let a2 = submit(app, &key, "star", "A2").await;
     wait_state(app, &key, &a2, "in_doubt", Duration::from_secs(5)).await;
@@ -653,4 +679,48 @@ async fn silent_printer(backend: common::Backend) {
     assert_eq!(star.get("image/png", &token).await.0, StatusCode::NOT_FOUND);
     assert_eq!(task(&app, &key, &hot).await["state"], "transferred");
     app.stop().await;
+}
+
+/// Star: "a server can assume that the print is in progress after the GET, until a
+/// DELETE, or POST with error code is received" (CloudPRNT Protocol Guide, "Polling the
+/// server (POST)"): firmware may poll idle between downloading a job and printing it.
+async fn idle_polls_after_the_fetch_leave_the_job_in_progress_until_its_result_or_deadline(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    let first = submit(app, &key, "star", "A1").await;
+    let second = submit(app, &key, "star", "A2").await;
+    let token = star.next_job().await;
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    // Idle polls between download and print: the job is in progress, nothing else goes.
+    for _ in 0..3 {
+        let v = star.poll("200 OK", None, Some(false)).await;
+        assert_eq!(v["jobReady"], false, "{v}");
+    }
+    assert_eq!(task(app, &key, &first).await["state"], "sent");
+    let (_, v) = star.delete("200 OK", &token).await;
+    assert_eq!(v["result"], "applied", "{v}");
+    let t = task(app, &key, &first).await;
+    assert_eq!((t["state"].as_str(), t["attempts"].as_i64()), (Some("printed"), Some(1)), "{t}");
+
+    // The next job is fetched, and the printer (rebooted, say) only ever polls idle:
+    // past the answer deadline it is in doubt, never offered again.
+    let token = star.next_job().await;
+    assert!(token.starts_with(&second), "{token}");
+    assert_eq!(star.get("image/png", &token).await.0, StatusCode::OK);
+    let start = Instant::now();
+    loop {
+        let v = star.poll("200 OK", None, Some(false)).await;
+        assert!(!v["jobToken"].as_str().unwrap_or_default().starts_with(&second), "offered again: {v}");
+        if task(app, &key, &second).await["state"] == "in_doubt" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _, _) = star.get("image/png", &token).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "a job in doubt is fetched no more");
+    assert_eq!(task(app, &key, &second).await["attempts"], 1);
+    // Its late confirmation is still the truth: paper did come out.
+    assert_eq!(star.delete("200 OK", &token).await.1["result"], "applied");
+    assert_eq!(task(app, &key, &second).await["state"], "printed");
 }

@@ -1023,7 +1023,9 @@ impl World {
         let Some(token) = self.cloud.offered.clone() else { return Ok(()) };
         let got = self.block_on(async {
             let info = self.printer_info(CLOUD).await?;
-            Ok::<_, Fail>(self.broker.cloudprnt.fetch(&info, Some(CLOUD_MAC), Some("text/plain"), Some(&token)).await)
+            Ok::<_, Fail>(
+                self.broker.cloudprnt.fetch(&info, Some(CLOUD_MAC), Some("text/plain"), Some(&token), None).await,
+            )
         })??;
         match got {
             Ok(_) if lost => self.facts.exposed.insert(token_task(&token)),

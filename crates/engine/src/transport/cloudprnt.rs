@@ -20,7 +20,11 @@ use crate::directory::PrinterInfo;
 use crate::lanes::{AckResult, DeliveryError};
 use crate::transport::{Encoding, TransportConfig};
 
-/// The media types the broker offers, in its order of preference.
+/// The media types the broker offers, in its order of preference: the print area as an
+/// image for every job, and plain text only for a job that is plain ASCII text (a Star
+/// printer prints `text/plain` as it is, in its own font and code page: FIELD-NOTES "What
+/// real printers expect"). The text type carries no parameter: some firmware refuses
+/// `; charset=…` in it.
 pub const MEDIA_TYPES: [&str; 2] = ["image/png", "text/plain"];
 
 /// Why a CloudPRNT request was refused.
@@ -65,6 +69,10 @@ pub struct JobData {
     pub content_type: &'static str,
     pub bytes: Vec<u8>,
     pub idempotency_key: String,
+    /// The value of the `X-Star-Cut` response header: how the slip ends (Star CloudPRNT
+    /// Protocol Guide, "Print job requests (GET)", "Response (GET)"), for an image. Plain
+    /// text ends with the printer's own cut.
+    pub cut: Option<&'static str>,
 }
 
 /// `%XX` escapes decoded (`200%20OK` → `200 OK`); a malformed escape is kept as it is.
@@ -160,31 +168,41 @@ impl CloudPrnt {
             health: health_of(&poll.status_code),
             token: poll.job_token.clone().filter(|t| !t.is_empty()),
             printing: poll.printing_in_progress,
+            idle_ends_fetched: false,
         };
         let job = self.polled.poll(printer, &report, false).await?;
         Ok(match job {
             Some(j) => {
-                PollOut { job_ready: true, media_types: MEDIA_TYPES.to_vec(), job_token: Some(j.token.to_string()) }
+                let text = Encoding::Text { profile: Self::profile(printer) };
+                let media_types = if self.polled.renders_as(&j.task, &text).await? {
+                    MEDIA_TYPES.to_vec()
+                } else {
+                    vec![MEDIA_TYPES[0]]
+                };
+                PollOut { job_ready: true, media_types, job_token: Some(j.token.to_string()) }
             }
             None => PollOut { job_ready: false, media_types: Vec::new(), job_token: None },
         })
     }
 
     /// `GET /cloudprnt?mac=&type=&token=`: the job in the media type asked for (the
-    /// broker's first choice when none is named).
+    /// broker's first choice when none is named); an image at `dots`, the print width the
+    /// printer reported (`X-Star-Print-Width` × `X-Star-Horizontal-Resolution`), else at
+    /// its profile's.
     pub async fn fetch(
         &self,
         printer: &PrinterInfo,
         mac: Option<&str>,
         media: Option<&str>,
         token: Option<&str>,
+        dots: Option<u16>,
     ) -> Result<JobData, CloudPrntError> {
         self.check(printer, mac, true)?;
         let media = media.map(percent_decode).unwrap_or_else(|| MEDIA_TYPES[0].to_owned());
         let profile = Self::profile(printer);
         let (content_type, encoding) = match media.trim() {
-            "image/png" => ("image/png", Encoding::Png { profile }),
-            "text/plain" => ("text/plain; charset=utf-8", Encoding::Text { profile }),
+            "image/png" => ("image/png", Encoding::Png { profile, dots }),
+            "text/plain" => ("text/plain", Encoding::Text { profile }),
             other => {
                 return Err(CloudPrntError::UnsupportedMedia(format!(
                     "media type {other:?} is not offered; one of {}",
@@ -195,7 +213,12 @@ impl CloudPrnt {
         let token = Self::token(token)?;
         let what = content_type.split(';').next().unwrap_or(content_type);
         match self.polled.fetch(printer, &token, &encoding, what).await? {
-            Fetched::Data { bytes, idempotency_key } => Ok(JobData { content_type, bytes, idempotency_key }),
+            Fetched::Data { bytes, idempotency_key, cut } => Ok(JobData {
+                content_type,
+                bytes,
+                idempotency_key,
+                cut: cut.map(onceprint_render::FinalCut::star_header),
+            }),
             Fetched::NoSuchJob => Err(CloudPrntError::NoSuchJob(format!("no job {token} for this printer"))),
             Fetched::Unrenderable(why) => {
                 Err(CloudPrntError::UnsupportedMedia(format!("the job cannot be rendered as {what}: {why}")))

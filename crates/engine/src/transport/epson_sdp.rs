@@ -277,7 +277,8 @@ impl EpsonSdp {
     pub async fn get_request(&self, printer: &PrinterInfo, id: Option<&str>) -> Result<Option<Handed>, EpsonSdpError> {
         self.check(printer, id)?;
         // Asking for work says the printer is not working on anything it was given.
-        let report = PollReport { health: Health::Unknown, token: None, printing: Some(false) };
+        let report =
+            PollReport { health: Health::Unknown, token: None, printing: Some(false), idle_ends_fetched: true };
         let Some(job) = self.polled.poll(printer, &report, true).await? else { return Ok(None) };
         let printjobid = job.token.to_string();
         let Some(data) = job.data else { return Ok(None) };

@@ -219,10 +219,12 @@ impl TransportKind {
 pub enum Encoding {
     /// ESC/POS for a thermal printer, documents rendered with this profile (or the default).
     EscPos { profile: Option<String> },
-    /// A PNG image of the receipt at the profile's paper width (CloudPRNT's `image/png`);
-    /// such printers cannot take raw ESC/POS.
-    Png { profile: Option<String> },
-    /// The receipt as plain text laid out for the profile (CloudPRNT's `text/plain`).
+    /// The print area as a 1-bit PNG (CloudPRNT's `image/png`): `dots` wide as the printer
+    /// reports its own width, else the profile's; no frame, the cut told apart. Such
+    /// printers cannot take raw ESC/POS.
+    Png { profile: Option<String>, dots: Option<u16> },
+    /// Plain text the printer prints as it is, in its own font and code page (CloudPRNT's
+    /// `text/plain`): only `text` content of printable ASCII, with a reprint's banner line.
     Text { profile: Option<String> },
     /// Epson ePOS-Print XML (`<epos-print>`: text, or a raster image of the receipt, then
     /// a cut), the print data of Server Direct Print.
@@ -234,7 +236,7 @@ impl Encoding {
     pub fn profile(&self) -> Option<&str> {
         match self {
             Encoding::EscPos { profile }
-            | Encoding::Png { profile }
+            | Encoding::Png { profile, .. }
             | Encoding::Text { profile }
             | Encoding::EposXml { profile } => profile.as_deref(),
         }
@@ -306,11 +308,11 @@ impl TransportConfig {
         match self {
             TransportConfig::Agent(a) => Encoding::EscPos { profile: a.profile.clone() },
             TransportConfig::Webhook(w) => Encoding::EscPos { profile: w.profile.clone() },
-            TransportConfig::Cloudprnt(c) => Encoding::Png { profile: c.profile.clone() },
+            TransportConfig::Cloudprnt(c) => Encoding::Png { profile: c.profile.clone(), dots: None },
             // A Star printer over MQTT gets the same rendering as over HTTP; an onceprint
             // device's firmware prints ESC/POS.
             TransportConfig::Mqtt(m) => match m.protocol {
-                MqttProtocol::Cloudprnt => Encoding::Png { profile: m.profile.clone() },
+                MqttProtocol::Cloudprnt => Encoding::Png { profile: m.profile.clone(), dots: None },
                 MqttProtocol::Onceprint => Encoding::EscPos { profile: m.profile.clone() },
             },
             TransportConfig::EpsonSdp(e) => Encoding::EposXml { profile: e.profile.clone() },

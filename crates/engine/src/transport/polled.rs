@@ -86,6 +86,15 @@ pub struct PollReport {
     pub token: Option<String>,
     /// Whether it says it is printing (CloudPRNT's `printingInProgress`), if it says.
     pub printing: Option<bool>,
+    /// Whether a poll that does not name the job the printer fetched ends that job. An
+    /// Epson printer asks for work (GetRequest) only once it has reported the result of
+    /// the job it holds (SetResponse), so asking again without one means the result was
+    /// lost. A Star printer may poll idle between downloading a job and printing it, and
+    /// Star says "a server can assume that the print is in progress after the GET, until
+    /// a DELETE, or POST with error code is received" (CloudPRNT Protocol Guide, "Polling
+    /// the server (POST)", `printingInProgress`): its fetched job waits for the result or
+    /// for the answer deadline (`answer_within_ms`).
+    pub idle_ends_fetched: bool,
 }
 
 impl PollReport {
@@ -93,7 +102,7 @@ impl PollReport {
     /// it prints nor which job it has (firmware without these fields) says nothing: its
     /// fetched job waits for its confirmation or its deadline.
     fn idle_for(&self, token: &str) -> bool {
-        if self.printing == Some(true) || self.token.as_deref() == Some(token) {
+        if !self.idle_ends_fetched || self.printing == Some(true) || self.token.as_deref() == Some(token) {
             return false;
         }
         self.printing == Some(false) || self.token.is_some()
@@ -137,13 +146,16 @@ pub struct Job {
     /// The job's data in the transport's encoding, when this poll handed it out (a
     /// printer that fetches separately asks for it by token).
     pub data: Option<Vec<u8>>,
+    /// The task as it is in flight (what the job's media types depend on).
+    pub task: Task,
 }
 
 /// What a fetch found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fetched {
-    /// The data, now remembered as fetched.
-    Data { bytes: Vec<u8>, idempotency_key: String },
+    /// The data, now remembered as fetched, and for an image how the slip ends (the
+    /// printer is told apart from the image).
+    Data { bytes: Vec<u8>, idempotency_key: String, cut: Option<onceprint_render::FinalCut> },
     /// The token names no job of this printer that is in flight at this attempt.
     NoSuchJob,
     /// The job cannot be rendered in the encoding asked for.
@@ -253,7 +265,7 @@ impl Polled {
                     self.ack(printer, &token, outcome, Proof::NotPrinted, detail).await?;
                     return Ok(None);
                 }
-                return Ok(Some(Job { token, idempotency_key: d.idempotency_key, data: Some(d.data) }));
+                return Ok(Some(Job { token, idempotency_key: d.idempotency_key, data: Some(d.data), task: d.task }));
             }
             let Some(task) = claimed.held.into_iter().next() else { return Ok(None) };
             let token = JobToken::of(&task);
@@ -277,7 +289,7 @@ impl Polled {
                 }
                 (None, false) => {
                     let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);
-                    return Ok(Some(Job { token, idempotency_key, data: None }));
+                    return Ok(Some(Job { token, idempotency_key, data: None, task: task.clone() }));
                 }
                 (_, true) if report.idle_for(&text) => {
                     let detail = format!(
@@ -317,6 +329,13 @@ impl Polled {
             return Ok(Fetched::NoSuchJob);
         }
         let Some(content) = store.task_content(&task.task_id).await? else { return Ok(Fetched::NoSuchJob) };
+        let cut = match encoding {
+            Encoding::Png { .. } => match crate::content::final_cut_for(&content.content_type, &content.content) {
+                Ok(cut) => Some(cut),
+                Err(why) => return Ok(Fetched::Unrenderable(why)),
+            },
+            _ => None,
+        };
         // Rendered before it is marked fetched: a job whose data never left cannot have
         // printed.
         let bytes = match self.lanes.render_as(&task, content, encoding) {
@@ -327,7 +346,14 @@ impl Polled {
             return Ok(Fetched::NoSuchJob);
         }
         let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);
-        Ok(Fetched::Data { bytes, idempotency_key })
+        Ok(Fetched::Data { bytes, idempotency_key, cut })
+    }
+
+    /// Whether `task` can be rendered in `encoding` (a media type a printer may be offered
+    /// for it). Reads the task's content; nothing is written.
+    pub async fn renders_as(&self, task: &Task, encoding: &Encoding) -> Result<bool, DeliveryError> {
+        let Some(content) = self.lanes.store().task_content(&task.task_id).await? else { return Ok(false) };
+        Ok(self.lanes.render_as(task, content, encoding).is_ok())
     }
 
     /// The printer's result for the job `token` names, as the protocol's table classified
@@ -540,11 +566,14 @@ mod tests {
             health: Health::Ready,
             token: token.map(str::to_owned),
             printing,
+            idle_ends_fetched: true,
         };
         assert!(r(None, Some(false)).idle_for("T"));
         assert!(r(Some("OLD"), None).idle_for("T"));
         assert!(!r(Some("T"), Some(false)).idle_for("T"), "it names the job");
         assert!(!r(None, Some(true)).idle_for("T"), "it is printing");
         assert!(!r(None, None).idle_for("T"), "firmware that says nothing");
+        let star = PollReport { idle_ends_fetched: false, ..r(None, Some(false)) };
+        assert!(!star.idle_for("T"), "a Star printer's fetched job is in progress until its result");
     }
 }

@@ -42,7 +42,8 @@ pub struct CloudPrntPoll {
 pub struct CloudPrntPollAnswer {
     #[serde(rename = "jobReady")]
     pub job_ready: bool,
-    /// Offered for the job: `image/png` (at the printer's paper width) and `text/plain`.
+    /// Offered for the job: `image/png` (the print area at the printer's width) always,
+    /// and `text/plain` only for a job of plain ASCII text.
     #[serde(rename = "mediaTypes", skip_serializing_if = "Vec::is_empty")]
     pub media_types: Vec<String>,
     /// Names the job (task and attempt) in the GET and the confirmation.
@@ -85,10 +86,12 @@ pub struct CloudPrntConfirmed {
 
 /// CloudPRNT poll. Updates the printer's `online`, `last_seen_at` and `last_error` (410 no
 /// paper, 411 paper jam, 420 cover open) and says whether a job is ready for it. A printer
-/// reporting an error gets no job; the attempt it holds unfetched ends with that reason.
-/// A job it fetched and no longer names (not printing, no matching `jobToken`) is in
-/// doubt: it is never offered again. Wrong login or another printer's MAC: 401, nothing
-/// changes.
+/// reporting an error gets no job; the attempt it holds unfetched ends with that reason,
+/// and a stop reported on the job it fetched sends that job to a person. A job it fetched
+/// is in progress until its result, whatever idle polls come between (Star: "a server can
+/// assume that the print is in progress after the GET, until a DELETE, or POST with error
+/// code is received"), or until the answer deadline, when it is in doubt; it is never
+/// offered again. Wrong login or another printer's MAC: 401, nothing changes.
 #[utoipa::path(post, path = "/cloudprnt", operation_id = "cloudprnt_poll", tag = "printers that poll", request_body = CloudPrntPoll,
     security(("printer" = [])),
     responses((status = 200, body = CloudPrntPollAnswer), (status = 400, body = ErrorBody),
@@ -114,33 +117,58 @@ pub async fn poll(
     }))
 }
 
-/// CloudPRNT job GET: the job the token names, as `image/png` or `text/plain`. No side
-/// effect the printer can see (it may GET again), but the broker records durably that
-/// the job was fetched, since a fetched job may print. 404: no such job or token for this
-/// printer; 415: a media type not offered. With `&delete` it is the confirmation instead
-/// (as `DELETE`).
+/// CloudPRNT job GET: the job the token names, as `image/png` (the print area only, 1 bit
+/// per dot, as wide as the printer's `X-Star-Print-Width` × `X-Star-Horizontal-Resolution`
+/// or its render profile; how the slip ends in `X-Star-Cut`) or, for plain ASCII text,
+/// `text/plain`. No side effect the printer can see (it may GET again), but the broker
+/// records durably that the job was fetched, since a fetched job may print. 404: no such
+/// job or token for this printer; 415: a media type not offered for the job. With
+/// `&delete` it is the confirmation instead (as `DELETE`).
 #[utoipa::path(get, path = "/cloudprnt", operation_id = "cloudprnt_get_job", tag = "printers that poll", params(CloudPrntQuery),
     security(("printer" = [])),
     responses((status = 200, description = "The job, in the media type asked for",
-               content_type = "image/png", headers(("x-onceprint-idempotency-key" = String))),
+               content_type = "image/png",
+               headers(("x-onceprint-idempotency-key" = String),
+                       ("x-star-cut" = String, description = "`full`, `partial` or `none`: how the slip ends (images only)"))),
               (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 415, body = ErrorBody)))]
 pub async fn get(
     State(st): State<AppState>,
     PrinterAuth(printer): PrinterAuth,
+    request_headers: axum::http::HeaderMap,
     Query(q): Query<CloudPrntQuery>,
 ) -> Result<Response, PrinterError> {
     if q.delete.is_some() {
         return confirm(&st, &printer, &q).await;
     }
-    let job = st.cloudprnt.fetch(&printer, q.mac.as_deref(), q.media_type.as_deref(), q.token.as_deref()).await?;
+    let dots = print_dots(&request_headers);
+    let job = st.cloudprnt.fetch(&printer, q.mac.as_deref(), q.media_type.as_deref(), q.token.as_deref(), dots).await?;
     let mut res = job.bytes.into_response();
     let headers = res.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(job.content_type));
     if let Ok(v) = HeaderValue::from_str(&job.idempotency_key) {
         headers.insert(IDEMPOTENCY_KEY_HEADER, v);
     }
+    if let Some(cut) = job.cut {
+        headers.insert("x-star-cut", HeaderValue::from_static(cut));
+    }
     Ok(res)
+}
+
+/// The printable width in dots a Star printer reports with its job GET: `X-Star-Print-Width`
+/// (millimetres, PageInfo's `printWidth`) times `X-Star-Horizontal-Resolution` (dots per
+/// millimetre, 8 when left out), as Star's CloudPRNT Protocol Guide ("Client HTTP Request
+/// Headers") defines them and Star's sample server multiplies them. `None` when the
+/// printer does not say, or says something no roll is (the render profile's width then).
+fn print_dots(headers: &axum::http::HeaderMap) -> Option<u16> {
+    let number = |name: &str| -> Option<f64> {
+        let v: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        (v.is_finite() && v > 0.0).then_some(v)
+    };
+    let mm = number("x-star-print-width")?;
+    let per_mm = number("x-star-horizontal-resolution").unwrap_or(8.0);
+    let dots = (mm * per_mm).round();
+    (1.0..=4096.0).contains(&dots).then_some(dots as u16)
 }
 
 /// CloudPRNT job confirmation: `code` is the printer's result for the job the token
