@@ -1,6 +1,7 @@
 //! API keys, agent tokens, the admin token and printer passwords: generated from the OS
-//! random source and stored only as SHA-256 hashes. The secrets are 256-bit random strings,
-//! so a fast hash is enough; a slow password hash would only add latency to every request. HTTP
+//! random source and stored only as SHA-256 hashes. The secrets are 256-bit random strings
+//! (printer passwords 180 bits, what fits in the 30 characters a TM printer holds), so a
+//! fast hash is enough; a slow password hash would only add latency to every request. HTTP
 //! Digest's `HA1` of a printer login is kept beside its SHA-256 for the printers that
 //! sign in with Digest.
 
@@ -31,6 +32,24 @@ fn random_hex<const N: usize>(prefix: &str) -> String {
         out.push_str(&format!("{b:02x}"));
     }
     out
+}
+
+/// The symbols of a printer password: letters, digits, `_` and `-`. Exactly 64, so that
+/// six bits of a random byte pick one without bias; every one of them is among those TM
+/// Web Config accepts in a password (letters, digits, `_`, `.`, `-`).
+const PRINTER_PASSWORD_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
+
+/// The length of a printer password: the most TM Web Config takes (30 characters).
+pub const PRINTER_PASSWORD_LEN: usize = 30;
+
+/// A new printer password: [`PRINTER_PASSWORD_LEN`] symbols of `[A-Za-z0-9_-]` from the OS
+/// random source, 180 random bits, without a prefix (a prefix would spend characters a
+/// TM printer does not have to spare). The alphabet has 64 symbols and 256 is a multiple
+/// of 64, so taking the low six bits of each random byte favours no symbol.
+pub fn printer_password() -> String {
+    let mut bytes = [0u8; PRINTER_PASSWORD_LEN];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| char::from(PRINTER_PASSWORD_ALPHABET[usize::from(b & 63)])).collect()
 }
 
 /// The realm of HTTP Digest sign-in (RFC 7616). It is part of every stored `HA1`, so it
@@ -149,6 +168,19 @@ mod tests {
         assert_eq!(hash(&a), hash(&a));
         assert!(hashes_equal(&hash(&a), &hash(&a)));
         assert!(!hashes_equal(&hash(&a), &hash(&b)));
+    }
+
+    #[test]
+    fn printer_passwords_are_thirty_symbols_of_the_alphabet() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let p = printer_password();
+            assert_eq!(p.len(), PRINTER_PASSWORD_LEN, "{p}");
+            assert!(p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{p}");
+            seen.extend(p.bytes());
+        }
+        // 6,000 draws from 64 symbols: every symbol turns up (a miss is about 64 × e^-94).
+        assert_eq!(seen.len(), 64);
     }
 
     #[test]

@@ -117,10 +117,14 @@ impl std::fmt::Debug for PrinterLogin {
 }
 
 impl PrinterLogin {
-    /// A new login: a random user name (unique across tenants, so that it alone says whose
-    /// printer calls) and a random 256-bit password.
+    /// A new login: a random user name (`prn_` and 16 hex digits, unique across tenants,
+    /// so that it alone says whose printer calls) and a random password of 30 characters
+    /// of `[A-Za-z0-9_-]` (180 bits, [`secrets::printer_password`]): TM Web Config takes
+    /// at most 30 characters of letters, digits, `_`, `.` and `-`, and every kind of
+    /// printer gets the same kind of password. Logins made earlier (`opp_` and 64 hex
+    /// digits) keep working until they are rotated.
     pub fn generate() -> PrinterLogin {
-        PrinterLogin { username: secrets::short_id("prn_"), password: secrets::generate("opp_") }
+        PrinterLogin { username: secrets::short_id("prn_"), password: secrets::printer_password() }
     }
 
     /// The login as kept: the SHA-256 the broker checks, for a printer that logs in to

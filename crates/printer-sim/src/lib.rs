@@ -171,7 +171,14 @@ pub struct SimArgs {
     /// --cloudprnt, --epson-sdp and --mqtt.
     #[arg(long, value_name = "USER")]
     pub username: Option<String>,
-    #[arg(long, value_name = "PASSWORD", env = "ONCEPRINT_PRINTER_PASSWORD", hide_env_values = true)]
+    /// Printer passwords may begin with `-`, so a value that does is taken as the value.
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "ONCEPRINT_PRINTER_PASSWORD",
+        hide_env_values = true,
+        allow_hyphen_values = true
+    )]
     pub password: Option<String>,
     /// The CloudPRNT printer's MAC address.
     #[arg(long, value_name = "MAC")]

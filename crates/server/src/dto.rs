@@ -206,11 +206,16 @@ pub struct PrinterOut {
     pub credentials: Option<PrinterCredentialsOut>,
 }
 
-/// The login a printer presents: HTTP Basic auth on `/cloudprnt` and `/epson-sdp`, or
-/// the user name and password on the MQTT server.
+/// The login a printer presents: HTTP Basic on `/cloudprnt` and `/epson-sdp`, HTTP Digest
+/// on `/epson-sdp` too, or the user name and password on the MQTT server.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PrinterCredentialsOut {
+    /// `prn_` and 16 lowercase hex digits (20 characters), unique across tenants.
     pub username: String,
+    /// Exactly 30 characters of `[A-Za-z0-9_-]` (180 random bits, no prefix), which TM Web
+    /// Config takes (at most 30 characters of letters, digits, `_`, `.` and `-`). It may
+    /// begin with `-`: on a command line give it as `--password=…`. Logins made by earlier
+    /// versions (`opp_` and 64 hex digits) keep working until rotated.
     pub password: String,
 }
 
