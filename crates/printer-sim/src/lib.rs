@@ -38,6 +38,7 @@
 //! named `pty:N` in the paper log and the control endpoint.
 
 mod control;
+mod digest;
 mod faults;
 mod jobs;
 pub mod mqtt;
@@ -165,6 +166,9 @@ pub struct SimArgs {
     pub cloudprnt: Option<String>,
     /// Be an Epson Server Direct Print printer polling this URL (`https://broker/epson-sdp`);
     /// needs --username and --password, and --id when the printer is configured with one.
+    /// It signs in as a TM printer does, by HTTP Digest after the server's challenge, and
+    /// refuses a password TM Web Config would not take (more than 30 characters, or others
+    /// than letters, digits, `_`, `.` and `-`).
     #[arg(long, value_name = "URL")]
     pub epson_sdp: Option<String>,
     /// The printer's login (from the broker's answer when the printer was created), for
@@ -240,7 +244,12 @@ impl SimArgs {
                     Protocol::CloudPrnt { mac: need(&self.mac, "--mac")?, media_type: self.media_type.clone() };
                 (url.clone(), protocol)
             }
-            (None, Some(url)) => (url.clone(), Protocol::EpsonSdp { id: self.id.clone() }),
+            (None, Some(url)) => {
+                if let Some(password) = &self.password {
+                    digest::check_password(password).map_err(SimError::Usage)?;
+                }
+                (url.clone(), Protocol::EpsonSdp { id: self.id.clone() })
+            }
             (None, None) => return Ok(None),
         };
         Ok(Some(PolledPrinter {
@@ -668,6 +677,15 @@ mod tests {
         let epson =
             Cli::try_parse_from(["sim", "--epson-sdp", "http://b/epson-sdp", "--username", "u", "--password", "p"]);
         assert_eq!(epson.unwrap().args.polled().unwrap().map(|p| p.name()), Some("epson_sdp:u".into()));
+        // A password TM Web Config would not take is refused, as a usage error.
+        for password in ["opp_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "with space"] {
+            let args = ["sim", "--epson-sdp", "http://b/epson-sdp", "--username", "u", "--password", password];
+            let refused = Cli::try_parse_from(args).expect("parses").args.polled();
+            assert!(matches!(refused, Err(SimError::Usage(m)) if m.contains("TM Web Config")), "{password}");
+        }
+        // A password may begin with '-'.
+        let args = ["sim", "--epson-sdp", "http://b/epson-sdp", "--username", "u", "--password", "-a_b.c"];
+        assert!(Cli::try_parse_from(args).expect("parses").args.polled().is_ok_and(|p| p.is_some()));
         assert!(
             Cli::try_parse_from(["sim", "--cloudprnt", "a", "--epson-sdp", "b"]).is_err(),
             "one protocol at a time"

@@ -77,6 +77,8 @@ struct Ctx {
     recorder: Arc<Recorder>,
     http: reqwest::Client,
     seq: std::sync::atomic::AtomicU64,
+    /// An Epson printer's HTTP Digest sign-in (its challenge and count).
+    digest: crate::digest::Session,
 }
 
 /// A confirmation that still has to go out.
@@ -100,7 +102,23 @@ pub(crate) async fn run(
         }
     };
     let name = printer.name();
-    let ctx = Ctx { printer, name, faults, recorder, http, seq: std::sync::atomic::AtomicU64::new(0) };
+    // TM Web Config does not take a longer password or other characters, so a real
+    // printer could never have been set up with one.
+    if let Protocol::EpsonSdp { .. } = printer.protocol {
+        if let Err(e) = crate::digest::check_password(&printer.password) {
+            tracing::error!(printer = %name, error = %e, "the Epson printer's password cannot be set on a TM printer");
+            return;
+        }
+    }
+    let ctx = Ctx {
+        printer,
+        name,
+        faults,
+        recorder,
+        http,
+        seq: std::sync::atomic::AtomicU64::new(0),
+        digest: crate::digest::Session::default(),
+    };
     let mut late: Vec<Confirmation> = Vec::new();
     loop {
         let sleep = tokio::time::sleep(ctx.printer.poll_interval);
@@ -258,20 +276,20 @@ impl Ctx {
         Ok(Some((token, printout)))
     }
 
+    /// Epson: a form POST signed in as a TM printer signs in, by HTTP Digest (Epson Server
+    /// Direct Print User's Manual, authentication): without credentials until challenged.
+    async fn epson_post<T: serde::Serialize + ?Sized>(&self, form: &T) -> Result<reqwest::Response, String> {
+        let p = &self.printer;
+        self.digest.post_form(&self.http, &p.url, &p.username, &p.password, form).await
+    }
+
     /// Epson: one GetRequest, and the job it carries, if any.
     async fn epson_fetch(&self, id: Option<&str>) -> Result<Option<(String, Printout)>, String> {
         let mut form = vec![("ConnectionType", "GetRequest")];
         if let Some(id) = id {
             form.push(("ID", id));
         }
-        let res = self
-            .http
-            .post(&self.printer.url)
-            .basic_auth(&self.printer.username, Some(&self.printer.password))
-            .form(&form)
-            .send()
-            .await
-            .map_err(|e| format!("GetRequest: {e}"))?;
+        let res = self.epson_post(&form).await.map_err(|e| format!("GetRequest: {e}"))?;
         if !res.status().is_success() {
             return Err(format!("GetRequest answered {}", res.status()));
         }
@@ -303,7 +321,11 @@ impl Ctx {
                 if let Protocol::EpsonSdp { id: Some(id) } = &self.printer.protocol {
                     form.push(("ID", id.clone()));
                 }
-                self.http.post(&self.printer.url).form(&form)
+                let res = self.epson_post(&form).await.map_err(|e| format!("confirmation: {e}"))?;
+                if !res.status().is_success() {
+                    return Err(format!("confirmation answered {}", res.status()));
+                }
+                return Ok(());
             }
         };
         let res = req

@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{printer_with_login, TestApp};
+use common::{printer_with_login, wait_state, TestApp};
 use onceprint_engine::secrets::{digest_ha1, DigestAlgorithm};
 use onceprint_store::{PrinterSecret, PrinterSecretChange, SetupAudit};
 use reqwest::StatusCode;
@@ -26,6 +26,7 @@ both_backends!(
     replayed_and_expired_nonces_are_stale,
     basic_still_signs_in_and_a_login_from_before_digest_is_told_to_rotate,
     only_epson_routes_and_logins_take_digest,
+    the_simulated_tm_printer_signs_in_with_digest_and_prints_once,
 );
 
 /// One challenge of a `WWW-Authenticate` header: the scheme and its parameters.
@@ -415,4 +416,51 @@ async fn only_epson_routes_and_logins_take_digest(app: &TestApp) {
     let a = tm.get_request(&star).await;
     a.assert_challenged(false, "a CloudPRNT login by Digest");
     assert!(a.message().contains("Epson Server Direct Print printers only"), "{}", a.message());
+}
+
+/// The printer simulator in its Epson mode signs in as a TM printer does (first request
+/// without credentials, then Digest); it has no Basic path, so a login without Digest keys
+/// leaves its tickets unprinted.
+async fn the_simulated_tm_printer_signs_in_with_digest_and_prints_once(app: &TestApp) {
+    use onceprint_printer_sim::{PolledPrinter, Protocol, SimConfig, Simulator};
+    let key = app.tenant("acme").await;
+    let (user, pass) = printer_with_login(app, &key, "tm", json!({"kind": "epson_sdp"})).await;
+    let printer = |user: &str, pass: &str| PolledPrinter {
+        url: format!("{}/epson-sdp", app.base),
+        username: user.into(),
+        password: pass.into(),
+        protocol: Protocol::EpsonSdp { id: None },
+        poll_interval: Duration::from_millis(100),
+    };
+    let sim = Simulator::start_polled(printer(&user, &pass), SimConfig::ephemeral()).await.expect("sim");
+    let ids = [submit(app, &key, "tm", "A1").await, submit(app, &key, "tm", "A2").await];
+    for id in &ids {
+        wait_state(app, &key, id, "printed", Duration::from_secs(5)).await;
+    }
+    assert_eq!(sim.jobs().all().len(), 2, "each ticket once");
+    sim.shutdown().await;
+    // The same password without Digest keys (a login as made before Digest was offered).
+    let (user, pass) = printer_with_login(app, &key, "old", json!({"kind": "epson_sdp"})).await;
+    let old = PrinterSecret {
+        username: user.clone(),
+        secret_hash: onceprint_engine::secrets::hash(&pass),
+        mqtt_hash: None,
+        ha1_md5: None,
+        ha1_sha256: None,
+    };
+    let change = PrinterSecretChange {
+        tenant_id: "acme".into(),
+        printer_id: "old".into(),
+        secret: old,
+        now: 1,
+        audit: SetupAudit::default(),
+    };
+    assert!(app.store.set_printer_secret(change).await.expect("store"));
+    let sim = Simulator::start_polled(printer(&user, &pass), SimConfig::ephemeral()).await.expect("sim");
+    let id = submit(app, &key, "old", "B1").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let t = app.get(&format!("/v1/print-tasks/{id}"), &key).await.body;
+    assert_eq!(t["state"], "pending", "{t}");
+    assert!(sim.jobs().all().is_empty());
+    sim.shutdown().await;
 }
