@@ -489,6 +489,8 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 }
             },
             id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),
+            // Epson printers' Digest nonces: the server's lifetime, not a setting.
+            printer_nonce_ttl_ms: HttpConfig::default().printer_nonce_ttl_ms,
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {
