@@ -193,10 +193,16 @@ pub struct SimArgs {
     /// How often a polling printer polls.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
-    /// The media type a CloudPRNT printer asks for (text/plain shows the text in the
-    /// paper log; image/png as most Star printers do).
+    /// The media type a CloudPRNT printer asks for when the poll offers it (text/plain
+    /// shows the text in the paper log; image/png as most Star printers do); otherwise it
+    /// takes the first type offered.
     #[arg(long, value_name = "TYPE", default_value = "text/plain")]
     pub media_type: String,
+    /// A CloudPRNT printer's print width in millimetres (72 on an 80 mm roll, 48 on 58 mm):
+    /// reported with each job GET at 8 dots per millimetre, and the only image width it
+    /// prints.
+    #[arg(long, value_name = "MM", default_value_t = 72, value_parser = clap::value_parser!(u16).range(40..=112))]
+    pub print_width_mm: u16,
     /// A polling printer confirms the next N jobs twice.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub duplicate_confirm: u32,
@@ -240,8 +246,11 @@ impl SimArgs {
         };
         let (url, protocol) = match (&self.cloudprnt, &self.epson_sdp) {
             (Some(url), _) => {
-                let protocol =
-                    Protocol::CloudPrnt { mac: need(&self.mac, "--mac")?, media_type: self.media_type.clone() };
+                let protocol = Protocol::CloudPrnt {
+                    mac: need(&self.mac, "--mac")?,
+                    media_type: self.media_type.clone(),
+                    print_width_mm: self.print_width_mm,
+                };
                 (url.clone(), protocol)
             }
             (None, Some(url)) => {

@@ -36,8 +36,11 @@ use crate::jobs::{Cut, PrintedJob, Recorder};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Protocol {
     /// Star CloudPRNT (HTTP): `mac` is sent in every request; `media_type` is asked for
-    /// in the job GET (`text/plain` lets the paper log show the text).
-    CloudPrnt { mac: String, media_type: String },
+    /// in the job GET when the poll offers it (`text/plain` lets the paper log show the
+    /// text), else the first type offered; `print_width_mm` × 8 dots per millimetre is the
+    /// print width it reports with the GET and the only image width it prints (72 mm, 576
+    /// dots, on an 80 mm roll; 48 mm, 384 dots, on 58 mm).
+    CloudPrnt { mac: String, media_type: String, print_width_mm: u16 },
     /// Epson Server Direct Print: `id` is the `ID` form field.
     EpsonSdp { id: Option<String> },
 }
@@ -68,7 +71,25 @@ struct Printout {
     text: String,
     bytes: usize,
     images: usize,
+    cut: Cut,
+    /// The printer could not use the data: nothing printed, and it confirms with this
+    /// code of Star's table instead.
+    refused: Option<&'static str>,
 }
+
+impl Printout {
+    fn printed(text: String, bytes: usize, images: usize, cut: Cut) -> Printout {
+        Printout { text, bytes, images, cut, refused: None }
+    }
+
+    fn refused(code: &'static str, why: String, name: &str) -> Printout {
+        tracing::warn!(printer = %name, code, "{why}: the printer refuses the job, nothing printed");
+        Printout { text: String::new(), bytes: 0, images: 0, cut: Cut::Uncut, refused: Some(code) }
+    }
+}
+
+/// Dots per millimetre of a Star thermal printer's head (203 dpi).
+const STAR_DOTS_PER_MM: u16 = 8;
 
 struct Ctx {
     printer: PolledPrinter,
@@ -149,7 +170,9 @@ impl Ctx {
     async fn round(&self, f: Faults, late: &mut Vec<Confirmation>) -> Result<(), String> {
         let held: Vec<Confirmation> = std::mem::take(late);
         let fetched = match &self.printer.protocol {
-            Protocol::CloudPrnt { mac, media_type } => self.cloudprnt_fetch(&f, mac, media_type).await?,
+            Protocol::CloudPrnt { mac, media_type, print_width_mm } => {
+                self.cloudprnt_fetch(&f, mac, media_type, *print_width_mm).await?
+            }
             Protocol::EpsonSdp { id } => self.epson_fetch(id.as_deref()).await?,
         };
         // Confirmations lost last round go out now, after this poll: late.
@@ -172,7 +195,11 @@ impl Ctx {
             tokio::time::sleep(Duration::from_millis(f.slow_ms)).await;
         }
         let now = self.faults.current(0);
-        let confirmation = if let Some((star, epson)) = blocking_code(&now) {
+        let confirmation = if let Some(code) = printout.refused {
+            // Data it cannot use: nothing printed (CloudPRNT Protocol Guide, "Printer
+            // Status Codes", 5xx).
+            self.result(&jobid, false, code, "")
+        } else if let Some((star, epson)) = blocking_code(&now) {
             // Out of paper (or the cover open) before anything printed.
             self.result(&jobid, false, star, epson)
         } else {
@@ -219,7 +246,7 @@ impl Ctx {
             qr: Vec::new(),
             barcodes: Vec::new(),
             images: p.images,
-            cut: Cut::Full,
+            cut: p.cut,
             device: None,
             job: None,
         };
@@ -227,7 +254,22 @@ impl Ctx {
     }
 
     /// CloudPRNT: one poll and, when a job is ready, its GET.
-    async fn cloudprnt_fetch(&self, f: &Faults, mac: &str, media: &str) -> Result<Option<(String, Printout)>, String> {
+    /// The job GET and what the printer makes of the answer, as Star documents it (Star
+    /// CloudPRNT Protocol Guide, "Print job requests (GET)" and "Client HTTP Request
+    /// Headers"; FIELD-NOTES "What real printers expect"): it says its print width; an
+    /// answer other than 200 is confirmed with 520 (nothing printed); the body must be of
+    /// the media type asked for, without parameters (some firmware refuses `; charset=…`),
+    /// else 510; an image must decode, else 511, and be exactly its print width (stricter
+    /// than a printer, which would scale or crop it: a server that does not render for the
+    /// printer shows here), else 511; plain text prints as it is; the `X-Star-Cut` header
+    /// says how the slip ends (`full` when it is left out).
+    async fn cloudprnt_fetch(
+        &self,
+        f: &Faults,
+        mac: &str,
+        media: &str,
+        print_width_mm: u16,
+    ) -> Result<Option<(String, Printout)>, String> {
         let status = blocking_code(f).map_or("200 OK", |(s, _)| s);
         let body = serde_json::json!({
             "statusCode": status.replace(' ', "%20"),
@@ -256,22 +298,44 @@ impl Ctx {
         let offered: Vec<&str> =
             answer["mediaTypes"].as_array().map(|a| a.iter().filter_map(|m| m.as_str()).collect()).unwrap_or_default();
         let media = if offered.is_empty() || offered.contains(&media) { media } else { offered[0] };
+        let dots = usize::from(print_width_mm) * usize::from(STAR_DOTS_PER_MM);
         let res = self
             .http
             .get(&self.printer.url)
+            .header("X-Star-Print-Width", print_width_mm.to_string())
+            .header("X-Star-Horizontal-Resolution", STAR_DOTS_PER_MM.to_string())
             .basic_auth(&self.printer.username, Some(&self.printer.password))
             .query(&[("mac", mac), ("type", media), ("token", token.as_str())])
             .send()
             .await
             .map_err(|e| format!("job GET: {e}"))?;
-        if !res.status().is_success() {
-            return Err(format!("job GET answered {}", res.status()));
+        let name = &self.name;
+        if res.status() != reqwest::StatusCode::OK {
+            return Ok(Some((token, Printout::refused("520", format!("the job GET answered {}", res.status()), name))));
         }
+        let content_type = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let cut = match res.headers().get("x-star-cut").and_then(|v| v.to_str().ok()) {
+            Some("partial") => Cut::Partial,
+            Some("none") => Cut::Uncut,
+            _ => Cut::Full,
+        };
         let bytes = res.bytes().await.map_err(|e| format!("job GET body: {e}"))?;
-        let printout = if media.starts_with("text/") {
-            Printout { text: String::from_utf8_lossy(&bytes).into_owned(), bytes: bytes.len(), images: 0 }
+        if content_type != media {
+            let why = format!("asked for {media}, got content type {content_type:?}");
+            return Ok(Some((token, Printout::refused("510", why, name))));
+        }
+        let printout = if media == "text/plain" {
+            Printout::printed(String::from_utf8_lossy(&bytes).into_owned(), bytes.len(), 0, cut)
+        } else if media == "image/png" {
+            match png_width(&bytes) {
+                Err(e) => Printout::refused("511", format!("the image does not decode: {e}"), name),
+                Ok(w) if w != dots => {
+                    Printout::refused("511", format!("the image is {w} dots wide; this printer prints {dots}"), name)
+                }
+                Ok(_) => Printout::printed(String::new(), bytes.len(), 1, cut),
+            }
         } else {
-            Printout { text: String::new(), bytes: bytes.len(), images: 1 }
+            Printout::refused("510", format!("{media} is not a media type this printer takes"), name)
         };
         Ok(Some((token, printout)))
     }
@@ -340,6 +404,15 @@ impl Ctx {
     }
 }
 
+/// The width of a PNG, read by decoding it whole, as a printer must to print it.
+fn png_width(bytes: &[u8]) -> Result<usize, String> {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().map_err(|e| e.to_string())?;
+    let size = reader.output_buffer_size().ok_or("an image too large to hold")?;
+    let mut buf = vec![0; size];
+    let info = reader.next_frame(&mut buf).map_err(|e| e.to_string())?;
+    Ok(info.width as usize)
+}
+
 /// The job id and what prints of the first `ePOSPrint` of a `PrintRequestInfo`: the text
 /// of its `<text>` elements, and its `<image>` rasters.
 fn parse_print_request(xml: &str) -> Result<(String, Printout), String> {
@@ -384,7 +457,7 @@ fn parse_print_request(xml: &str) -> Result<(String, Printout), String> {
     }
     let jobid = jobid.ok_or("a print request without printjobid")?;
     bytes += text.len();
-    Ok((jobid, Printout { text, bytes, images }))
+    Ok((jobid, Printout::printed(text, bytes, images, Cut::Full)))
 }
 
 #[cfg(test)]

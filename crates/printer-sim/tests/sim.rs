@@ -451,6 +451,7 @@ async fn run_serves_until_shutdown() {
         id: None,
         poll_interval_ms: 1000,
         media_type: "text/plain".into(),
+        print_width_mm: 72,
         duplicate_confirm: 0,
         lost_result: 0,
     };

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{events_of, printer_with_login, wait_state, TestApp};
-use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
+use onceprint_printer_sim::{Cut, FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -21,6 +21,7 @@ both_backends!(
     result_codes_after_a_fetch_follow_stars_table,
     a_job_for_a_printer_is_the_print_area_at_its_width_with_the_cut_in_a_header,
     idle_polls_after_the_fetch_leave_the_job_in_progress_until_its_result_or_deadline,
+    a_strict_simulated_printer_prints_documents_as_images_at_its_own_width,
     a_stale_or_foreign_token_changes_nothing,
     raw_escpos_is_refused_for_cloudprnt_printers_and_stations_that_reach_one,
     a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person,
@@ -493,7 +494,7 @@ async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &T
         url: format!("{}/cloudprnt", app.base),
         username: user,
         password: pass,
-        protocol: Protocol::CloudPrnt { mac: MAC.to_lowercase(), media_type: "text/plain".into() },
+        protocol: Protocol::CloudPrnt { mac: MAC.to_lowercase(), media_type: "text/plain".into(), print_width_mm: 72 },
         // Slow enough that the test puts paper in before the attempts run out.
         poll_interval: Duration::from_millis(200),
     };
@@ -723,4 +724,56 @@ async fn idle_polls_after_the_fetch_leave_the_job_in_progress_until_its_result_o
     // Its late confirmation is still the truth: paper did come out.
     assert_eq!(star.delete("200 OK", &token).await.1["result"], "applied");
     assert_eq!(task(app, &key, &second).await["state"], "printed");
+}
+
+/// The simulator prints as a Star printer does (it refuses an image that is not its print
+/// width, a media type it did not ask for, a content type with parameters): a receipt
+/// document and Chinese markup print once each, as images, on an 80 mm and a 58 mm
+/// printer, cut as the documents say; an ASCII text ticket prints as text.
+async fn a_strict_simulated_printer_prints_documents_as_images_at_its_own_width(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let mut sims = Vec::new();
+    for (id, mac, mm) in [("star80", "00:11:62:00:00:80", 72u16), ("star58", "00:11:62:00:00:58", 48)] {
+        let (user, pass) =
+            printer_with_login(app, &key, id, json!({"kind": "cloudprnt", "mac": mac, "poll_interval_s": 1})).await;
+        let printer = PolledPrinter {
+            url: format!("{}/cloudprnt", app.base),
+            username: user,
+            password: pass,
+            protocol: Protocol::CloudPrnt {
+                mac: mac.to_lowercase(),
+                media_type: "text/plain".into(),
+                print_width_mm: mm,
+            },
+            poll_interval: Duration::from_millis(100),
+        };
+        let sim = Simulator::start_polled(printer, SimConfig::ephemeral()).await.expect("sim");
+        let doc = json!({"type": "doc", "doc": {"blocks": [
+            {"type": "text", "text": "Table 7", "bold": true},
+            {"type": "text", "text": "1 x noodles"},
+            {"type": "cut", "mode": "full"}]}});
+        let mut ids = Vec::new();
+        for (biz, content) in [
+            ("D1", doc),
+            ("M1", json!({"type": "markup", "markup": "[center]桌 7\n1 x 鱼汤\n"})),
+            ("T1", json!({"type": "text", "text": "order T1\n"})),
+        ] {
+            let a = app.submit(&key, json!({"biz_no": biz, "printer_id": id, "content": content})).await;
+            assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+            ids.push(a.body["task_id"].as_str().expect("task_id").to_owned());
+        }
+        for t in &ids {
+            wait_state(app, &key, t, "printed", Duration::from_secs(10)).await;
+        }
+        sims.push((id, sim));
+    }
+    for (id, sim) in sims {
+        let jobs = sim.jobs().all();
+        assert_eq!(jobs.len(), 3, "{id}: each ticket once: {jobs:?}");
+        let images: Vec<_> = jobs.iter().filter(|j| j.images == 1).collect();
+        assert_eq!(images.len(), 2, "{id}: the document and the markup as images: {jobs:?}");
+        let cuts: Vec<_> = images.iter().map(|j| j.cut).collect();
+        assert_eq!(cuts, [Cut::Full, Cut::Partial], "{id}: the document's full cut, markup's partial one");
+        assert!(jobs.iter().any(|j| j.images == 0 && j.text == "order T1\n"), "{id}: {jobs:?}");
+    }
 }
