@@ -52,8 +52,13 @@ pub fn render_png_for(
 }
 
 /// How the printed image of stored content ends (Star CloudPRNT's `X-Star-Cut`); a
-/// reprint's banner on top does not change it.
+/// reprint's banner on top does not change it. Plain text ends with a partial cut, as it
+/// does on an ESC/POS printer (`onceprint_escpos::text::text_job`); a document or markup
+/// as its author wrote it.
 pub fn final_cut_for(content_type: &str, content: &[u8]) -> Result<onceprint_render::FinalCut, String> {
+    if content_type == "text" {
+        return Ok(onceprint_render::FinalCut::Partial);
+    }
     let doc = document_for(content_type, content, None)?;
     onceprint_render::to_print_png(&doc, &profile_for(None, Some(&doc))).map(|i| i.cut).map_err(|e| e.to_string())
 }

@@ -206,6 +206,8 @@ async fn a_job_is_polled_fetched_as_png_and_confirmed_once(app: &TestApp) {
     assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("image/png"));
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(headers.get("x-onceprint-idempotency-key").and_then(|v| v.to_str().ok()), Some("A1#star"));
+    // Plain text ends with a partial cut, as on an ESC/POS printer.
+    assert_eq!(headers.get("x-star-cut").and_then(|v| v.to_str().ok()), Some("partial"));
     let fetched: Vec<_> = events_of(app, &key, &id)
         .await
         .into_iter()
