@@ -196,9 +196,10 @@ impl Ctx {
         }
         let now = self.faults.current(0);
         let confirmation = if let Some(code) = printout.refused {
-            // Data it cannot use: nothing printed (CloudPRNT Protocol Guide, "Printer
-            // Status Codes", 5xx).
-            self.result(&jobid, false, code, "")
+            // Data it cannot use: nothing printed (Star's 5xx codes, CloudPRNT Protocol
+            // Guide "Printer Status Codes"; Epson's `SchemaError`, ePOS-Print XML User's
+            // Manual).
+            self.result(&jobid, false, code, code)
         } else if let Some((star, epson)) = blocking_code(&now) {
             // Out of paper (or the cover open) before anything printed.
             self.result(&jobid, false, star, epson)
@@ -413,49 +414,149 @@ fn png_width(bytes: &[u8]) -> Result<usize, String> {
     Ok(info.width as usize)
 }
 
-/// The job id and what prints of the first `ePOSPrint` of a `PrintRequestInfo`: the text
-/// of its `<text>` elements, and its `<image>` rasters.
+/// The namespace of ePOS-Print XML (ePOS-Print XML User's Manual, `epos-print`).
+const EPOS_PRINT_NS: &str = "http://www.epson-pos.com/schemas/2011/03/epos-print";
+
+/// The elements an `epos-print` document may hold (ePOS-Print XML User's Manual, the
+/// print elements); anything else is a schema error.
+const EPOS_ELEMENTS: [&str; 22] = [
+    "text",
+    "feed",
+    "image",
+    "logo",
+    "barcode",
+    "symbol",
+    "hline",
+    "vline-begin",
+    "vline-end",
+    "page",
+    "area",
+    "direction",
+    "position",
+    "line",
+    "rectangle",
+    "cut",
+    "pulse",
+    "sound",
+    "command",
+    "layout",
+    "recovery",
+    "reset",
+];
+
+/// The job id and what prints of the first `ePOSPrint` of a `PrintRequestInfo`, read as
+/// a TM printer reads it (Epson Server Direct Print User's Manual, "Print Data
+/// Configuration" and "Print Data Details"): a `Parameter` with `devid`, a numeric
+/// `timeout` and a `printjobid` of 1 to 30 letters, digits, `_`, `-` and `.`; `PrintData`
+/// holding one `epos-print` document in Epson's namespace, whose elements are the manual's
+/// and whose `image` data is `width` / 8 × `height` bytes. A job id that cannot be read
+/// is an error (there is nothing to answer under); any other deviation is refused with
+/// `SchemaError` ("there is a syntax error in the XML"), nothing printed.
 fn parse_print_request(xml: &str) -> Result<(String, Printout), String> {
     let mut reader = quick_xml::Reader::from_str(xml);
-    let mut jobid = None;
+    let mut path: Vec<String> = Vec::new();
+    let (mut jobid, mut devid, mut timeout) = (None::<String>, None::<String>, None::<String>);
     let mut text = String::new();
-    let mut images = 0;
-    let mut bytes = 0;
-    let mut inside: Option<&'static str> = None;
+    let (mut images, mut bytes, mut documents) = (0usize, 0usize, 0usize);
+    let mut image_size: Option<usize> = None;
+    let mut schema: Option<String> = None;
+    let mut fault = |why: String| {
+        schema.get_or_insert(why);
+    };
     loop {
-        match reader.read_event() {
-            Ok(Event::Start(e)) => match e.local_name().as_ref() {
-                b"printjobid" => inside = Some("printjobid"),
-                b"text" => inside = Some("text"),
-                b"image" => {
-                    images += 1;
-                    inside = Some("image");
+        let event = reader.read_event().map_err(|e| format!("PrintRequestInfo is not readable XML: {e}"))?;
+        let (start, name) = match &event {
+            Event::Start(e) => (Some(e), String::from_utf8_lossy(e.local_name().as_ref()).into_owned()),
+            Event::Empty(e) => (Some(e), String::from_utf8_lossy(e.local_name().as_ref()).into_owned()),
+            _ => (None, String::new()),
+        };
+        if let Some(e) = start {
+            let parent = path.last().map(String::as_str).unwrap_or("");
+            match (parent, name.as_str()) {
+                ("", "PrintRequestInfo")
+                | ("PrintRequestInfo", "ePOSPrint")
+                | ("ePOSPrint", "Parameter" | "PrintData") => {}
+                ("Parameter", "devid" | "timeout" | "printjobid") => {}
+                ("PrintData", "epos-print") => {
+                    documents += 1;
+                    let ns = e
+                        .attributes()
+                        .flatten()
+                        .find(|a| a.key.as_ref() == b"xmlns")
+                        .map(|a| String::from_utf8_lossy(&a.value).into_owned());
+                    if ns.as_deref() != Some(EPOS_PRINT_NS) {
+                        fault(format!("epos-print in namespace {ns:?}"));
+                    }
                 }
-                _ => {}
-            },
-            Ok(Event::Text(t)) => {
+                ("epos-print", element) if EPOS_ELEMENTS.contains(&element) => {
+                    if element == "image" {
+                        images += 1;
+                        let attr = |k: &[u8]| {
+                            e.attributes()
+                                .flatten()
+                                .find(|a| a.key.as_ref() == k)
+                                .and_then(|a| String::from_utf8_lossy(&a.value).parse::<usize>().ok())
+                        };
+                        match (attr(b"width"), attr(b"height")) {
+                            (Some(w), Some(h)) if w > 0 && h > 0 => image_size = Some(w.div_ceil(8) * h),
+                            _ => fault("an image without its width and height".into()),
+                        }
+                    }
+                }
+                (_, element) if path.iter().any(|p| p == "epos-print") => {
+                    fault(format!("<{element}> is not an element of ePOS-Print XML"))
+                }
+                (parent, element) => fault(format!("<{element}> inside <{parent}>")),
+            }
+        }
+        match event {
+            Event::Start(_) => path.push(name),
+            Event::Text(t) => {
                 let s = t.unescape().map_err(|e| format!("print data: {e}"))?;
-                match inside {
+                match path.last().map(String::as_str) {
                     Some("printjobid") => jobid = Some(s.trim().to_owned()),
+                    Some("devid") => devid = Some(s.trim().to_owned()),
+                    Some("timeout") => timeout = Some(s.trim().to_owned()),
                     Some("text") => text.push_str(&s),
                     Some("image") => {
-                        bytes += base64::engine::general_purpose::STANDARD.decode(s.trim()).map_or(0, |b| b.len())
+                        let data = base64::engine::general_purpose::STANDARD.decode(s.trim()).unwrap_or_default();
+                        if image_size != Some(data.len()) {
+                            fault(format!("image data of {} bytes for {image_size:?}", data.len()));
+                        }
+                        bytes += data.len();
                     }
                     _ => {}
                 }
             }
-            Ok(Event::End(e)) => {
+            Event::End(e) => {
+                path.pop();
                 if e.local_name().as_ref() == b"ePOSPrint" {
                     break;
                 }
-                inside = None;
             }
-            Ok(Event::Eof) => break,
-            Ok(_) => {}
-            Err(e) => return Err(format!("PrintRequestInfo is not readable XML: {e}")),
+            Event::Eof => break,
+            _ => {}
         }
     }
     let jobid = jobid.ok_or("a print request without printjobid")?;
+    if jobid.is_empty()
+        || jobid.len() > 30
+        || !jobid.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(format!("printjobid {jobid:?} is not 1 to 30 letters, digits, _, - and ."));
+    }
+    if devid.as_deref().is_none_or(str::is_empty) {
+        fault("no devid".into());
+    }
+    if timeout.as_deref().and_then(|t| t.parse::<u64>().ok()).is_none() {
+        fault(format!("timeout {timeout:?} is not a number of milliseconds"));
+    }
+    if documents != 1 {
+        fault(format!("{documents} epos-print documents in PrintData"));
+    }
+    if let Some(why) = schema {
+        return Ok((jobid, Printout::refused("SchemaError", why, "epson_sdp")));
+    }
     bytes += text.len();
     Ok((jobid, Printout::printed(text, bytes, images, Cut::Full)))
 }
@@ -475,5 +576,20 @@ mod tests {
         let (id, p) = parse_print_request(xml).expect("parses");
         assert_eq!((id.as_str(), p.text.as_str(), p.images), ("T.1", "Table 5\n1 x Noodles & rice\n", 0));
         assert!(parse_print_request("<PrintRequestInfo><ePOSPrint></ePOSPrint></PrintRequestInfo>").is_err());
+        // What a TM printer would refuse: nothing prints, and it answers SchemaError.
+        let refused = |from: &str, to: &str| {
+            let bad = xml.replace(from, to);
+            let (id, p) = parse_print_request(&bad).expect("a job id to answer under");
+            assert_eq!((id.as_str(), p.refused), ("T.1", Some("SchemaError")), "{bad}");
+        };
+        refused("<feed line=\"3\"/>", "<blink/>");
+        refused("2011/03/epos-print", "2011/03/other");
+        refused("<timeout>60000</timeout>", "<timeout>soon</timeout>");
+        refused("<devid>local_printer</devid>", "");
+        refused("<text>Table 5", "<image width=\"16\" height=\"2\">AAAA</image><text>Table 5");
+        // A job id Epson does not allow cannot be answered at all.
+        assert!(parse_print_request(&xml.replace("T.1", "T 1")).is_err());
+        let image = xml.replace("<text>Table 5", "<image width=\"16\" height=\"2\">AAAAAA==</image><text>Table 5");
+        assert_eq!(parse_print_request(&image).expect("parses").1.images, 1, "4 bytes for 16 × 2 dots");
     }
 }

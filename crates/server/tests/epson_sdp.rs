@@ -20,6 +20,7 @@ both_backends!(
     a_get_request_while_a_job_is_unconfirmed_puts_it_in_doubt,
     wrong_logins_and_ids_are_refused_and_raw_escpos_is_refused,
     the_simulated_tm_printer_prints_every_task_once,
+    a_strict_simulated_tm_printer_prints_documents_markup_and_text_once,
 );
 
 /// A TM printer played over HTTP.
@@ -340,4 +341,39 @@ async fn the_simulated_tm_printer_prints_every_task_once(app: &TestApp) {
     assert_eq!(task(app, &key, &a1).await["state"], "in_doubt");
     assert!(jobs.iter().all(|j| j.printer == "epson_sdp:TM-1"));
     sim.shutdown().await;
+}
+
+/// The simulated TM printer reads the print request as Epson's manuals define it and
+/// refuses anything else with `SchemaError` (nothing printed): a receipt document and
+/// Chinese markup print once each as one raster image, an ASCII text ticket as text.
+async fn a_strict_simulated_tm_printer_prints_documents_markup_and_text_once(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let (user, pass) = printer_with_login(app, &key, "tm", json!({"kind": "epson_sdp", "printer_id": "TM-1"})).await;
+    let printer = PolledPrinter {
+        url: format!("{}/epson-sdp", app.base),
+        username: user,
+        password: pass,
+        protocol: Protocol::EpsonSdp { id: Some("TM-1".into()) },
+        poll_interval: Duration::from_millis(100),
+    };
+    let sim = Simulator::start_polled(printer, SimConfig::ephemeral()).await.expect("sim");
+    let doc = json!({"type": "doc", "doc": {"blocks": [
+        {"type": "text", "text": "Table 7", "bold": true}, {"type": "cut", "mode": "full"}]}});
+    let mut ids = Vec::new();
+    for (biz, content) in [
+        ("D1", doc),
+        ("M1", json!({"type": "markup", "markup": "[center]桌 7\n1 x 鱼汤\n"})),
+        ("T1", json!({"type": "text", "text": "order T1\n"})),
+    ] {
+        let a = app.submit(&key, json!({"biz_no": biz, "printer_id": "tm", "content": content})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        ids.push(a.body["task_id"].as_str().expect("task_id").to_owned());
+    }
+    for t in &ids {
+        wait_state(app, &key, t, "printed", Duration::from_secs(10)).await;
+    }
+    let jobs = sim.jobs().all();
+    assert_eq!(jobs.len(), 3, "each ticket once: {jobs:?}");
+    assert_eq!(jobs.iter().filter(|j| j.images == 1).count(), 2, "{jobs:?}");
+    assert!(jobs.iter().any(|j| j.images == 0 && j.text.trim_end() == "order T1"), "{jobs:?}");
 }
