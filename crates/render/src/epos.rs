@@ -23,7 +23,9 @@ pub fn to_epos_xml(doc: &Document, profile: &Profile, as_text: bool) -> Result<S
     let mut out = format!("<epos-print xmlns=\"{EPOS_PRINT_NS}\">");
     let text = crate::to_text(doc, profile);
     if as_text && text.chars().all(|c| c == '\n' || (' '..='~').contains(&c)) {
-        let body = if text.ends_with('\n') { text } else { format!("{text}\n") };
+        // One line break at the end: the text's own last line break would otherwise print
+        // as an empty line before the feed (a text block ends its line already).
+        let body = format!("{}\n", text.trim_end_matches('\n'));
         out.push_str("<text>");
         out.push_str(&escape(&body));
         out.push_str("</text>");
