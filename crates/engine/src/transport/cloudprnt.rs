@@ -168,7 +168,7 @@ impl CloudPrnt {
             health: health_of(&poll.status_code),
             token: poll.job_token.clone().filter(|t| !t.is_empty()),
             printing: poll.printing_in_progress,
-            idle_ends_fetched: false,
+            idle_while_starting: true,
         };
         let job = self.polled.poll(printer, &report, false).await?;
         Ok(match job {

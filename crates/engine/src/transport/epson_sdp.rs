@@ -278,7 +278,7 @@ impl EpsonSdp {
         self.check(printer, id)?;
         // Asking for work says the printer is not working on anything it was given.
         let report =
-            PollReport { health: Health::Unknown, token: None, printing: Some(false), idle_ends_fetched: true };
+            PollReport { health: Health::Unknown, token: None, printing: Some(false), idle_while_starting: false };
         let Some(job) = self.polled.poll(printer, &report, true).await? else { return Ok(None) };
         let printjobid = job.token.to_string();
         let Some(data) = job.data else { return Ok(None) };

@@ -86,15 +86,18 @@ pub struct PollReport {
     pub token: Option<String>,
     /// Whether it says it is printing (CloudPRNT's `printingInProgress`), if it says.
     pub printing: Option<bool>,
-    /// Whether a poll that does not name the job the printer fetched ends that job. An
+    /// Whether idle polls right after the fetch are the printer's way of working. An
     /// Epson printer asks for work (GetRequest) only once it has reported the result of
     /// the job it holds (SetResponse), so asking again without one means the result was
-    /// lost. A Star printer may poll idle between downloading a job and printing it, and
-    /// Star says "a server can assume that the print is in progress after the GET, until
-    /// a DELETE, or POST with error code is received" (CloudPRNT Protocol Guide, "Polling
-    /// the server (POST)", `printingInProgress`): its fetched job waits for the result or
-    /// for the answer deadline (`answer_within_ms`).
-    pub idle_ends_fetched: bool,
+    /// lost: `false`, such a poll ends the job at once. A Star printer may poll idle
+    /// between downloading a job and printing it, and Star says "a server can assume that
+    /// the print is in progress after the GET, until a DELETE, or POST with error code is
+    /// received" (CloudPRNT Protocol Guide, "Polling the server (POST)",
+    /// `printingInProgress`): `true`, idle polls end its fetched job only once they go on
+    /// past the printer's offline threshold after the fetch (2 × its poll interval + the
+    /// offline grace), when it is polling but not printing (it lost power, say) and its
+    /// lane must move on rather than wait for the answer deadline.
+    pub idle_while_starting: bool,
 }
 
 impl PollReport {
@@ -102,7 +105,7 @@ impl PollReport {
     /// it prints nor which job it has (firmware without these fields) says nothing: its
     /// fetched job waits for its confirmation or its deadline.
     fn idle_for(&self, token: &str) -> bool {
-        if !self.idle_ends_fetched || self.printing == Some(true) || self.token.as_deref() == Some(token) {
+        if self.printing == Some(true) || self.token.as_deref() == Some(token) {
             return false;
         }
         self.printing == Some(false) || self.token.is_some()
@@ -291,7 +294,7 @@ impl Polled {
                     let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);
                     return Ok(Some(Job { token, idempotency_key, data: None, task: task.clone() }));
                 }
-                (_, true) if report.idle_for(&text) => {
+                (_, true) if report.idle_for(&text) && self.idle_settles(printer, &task, report) => {
                     let detail = format!(
                         "the printer fetched attempt {} and then polled again idle (not printing, not naming \
                          its job) without confirming it",
@@ -304,6 +307,14 @@ impl Polled {
             }
         }
         Ok(None)
+    }
+
+    /// Whether an idle poll ends the fetched `task` now (see
+    /// [`PollReport::idle_while_starting`]). The fetch was the task's last change, so its
+    /// `updated_at` says when it happened.
+    fn idle_settles(&self, printer: &PrinterInfo, task: &Task, report: &PollReport) -> bool {
+        !report.idle_while_starting
+            || self.lanes.now() - task.updated_at >= 2 * self.interval_ms(printer) + self.config.offline_grace_ms
     }
 
     /// The data of the job `token` names, in `encoding`, for the printer that holds it;
@@ -566,14 +577,12 @@ mod tests {
             health: Health::Ready,
             token: token.map(str::to_owned),
             printing,
-            idle_ends_fetched: true,
+            idle_while_starting: false,
         };
         assert!(r(None, Some(false)).idle_for("T"));
         assert!(r(Some("OLD"), None).idle_for("T"));
         assert!(!r(Some("T"), Some(false)).idle_for("T"), "it names the job");
         assert!(!r(None, Some(true)).idle_for("T"), "it is printing");
         assert!(!r(None, None).idle_for("T"), "firmware that says nothing");
-        let star = PollReport { idle_ends_fetched: false, ..r(None, Some(false)) };
-        assert!(!star.idle_for("T"), "a Star printer's fetched job is in progress until its result");
     }
 }

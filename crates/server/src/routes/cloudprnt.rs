@@ -88,10 +88,11 @@ pub struct CloudPrntConfirmed {
 /// paper, 411 paper jam, 420 cover open) and says whether a job is ready for it. A printer
 /// reporting an error gets no job; the attempt it holds unfetched ends with that reason,
 /// and a stop reported on the job it fetched sends that job to a person. A job it fetched
-/// is in progress until its result, whatever idle polls come between (Star: "a server can
-/// assume that the print is in progress after the GET, until a DELETE, or POST with error
-/// code is received"), or until the answer deadline, when it is in doubt; it is never
-/// offered again. Wrong login or another printer's MAC: 401, nothing changes.
+/// is in progress until its result (Star: "a server can assume that the print is in
+/// progress after the GET, until a DELETE, or POST with error code is received"); idle
+/// polls in between are the firmware's way until they go on past the printer's offline
+/// threshold after the fetch, or the answer deadline passes: then it is in doubt. It is
+/// never offered again. Wrong login or another printer's MAC: 401, nothing changes.
 #[utoipa::path(post, path = "/cloudprnt", operation_id = "cloudprnt_poll", tag = "printers that poll", request_body = CloudPrntPoll,
     security(("printer" = [])),
     responses((status = 200, body = CloudPrntPollAnswer), (status = 400, body = ErrorBody),

@@ -404,13 +404,12 @@ pub fn default_config() -> HttpConfig {
 }
 
 /// Short timings for printers that poll: retries due at once, a printer polling every
-/// second is offline after 2.3 s of silence, a fetched job without a result is in doubt
-/// after 2 s.
+/// second is offline after 2.3 s of silence (and its fetched job in doubt after 2.3 s of
+/// idle polls).
 #[allow(dead_code)]
 pub fn fast_polled() -> HttpConfig {
     let mut c = HttpConfig::default();
     c.polled.default_poll_interval_s = 1;
-    c.polled.answer_within_ms = 2_000;
     c.polled.offline_grace_ms = 300;
     c.polled.check_interval_ms = 50;
     for p in c.intake.policies.types.values_mut() {
