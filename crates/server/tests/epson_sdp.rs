@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{events_of, printer_with_login, wait_state, TestApp};
+use common::{events_of, job_id, printer_with_login, wait_state, TestApp};
 use onceprint_printer_sim::{FaultUpdate, Faults, PolledPrinter, Protocol, SimConfig, Simulator};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -85,15 +85,6 @@ impl Tm {
 }
 
 /// The `printjobid` of a PrintRequestInfo.
-fn job_id(xml: &str) -> String {
-    let start = xml.find("<printjobid>").map(|i| i + "<printjobid>".len());
-    let end = xml.find("</printjobid>");
-    match (start, end) {
-        (Some(s), Some(e)) if s <= e => xml[s..e].to_owned(),
-        _ => panic!("no printjobid in {xml}"),
-    }
-}
-
 async fn submit(app: &TestApp, key: &str, printer: &str, biz_no: &str) -> String {
     let a = app
         .submit(key, json!({"biz_no": biz_no, "printer_id": printer, "content": {"type": "text", "text": format!("order {biz_no}\n")}}))
@@ -306,18 +297,23 @@ async fn wrong_logins_and_ids_are_refused_and_raw_escpos_is_refused(app: &TestAp
     assert!(a.body["error"]["message"].as_str().is_some_and(|m| m.contains("epson_sdp")), "{a:?}");
 }
 
-async fn the_simulated_tm_printer_prints_every_task_once(app: &TestApp) {
-    let key = app.tenant("acme").await;
-    let (user, pass) = printer_with_login(app, &key, "tm", json!({"kind": "epson_sdp", "printer_id": "TM-1"})).await;
+/// Printer `tm` (`TM-1`) and the simulated TM printer that polls for it.
+async fn simulated_tm(app: &TestApp, key: &str, poll: Duration, faults: Faults) -> Simulator {
+    let (user, pass) = printer_with_login(app, key, "tm", json!({"kind": "epson_sdp", "printer_id": "TM-1"})).await;
     let printer = PolledPrinter {
         url: format!("{}/epson-sdp", app.base),
         username: user,
         password: pass,
         protocol: Protocol::EpsonSdp { id: Some("TM-1".into()) },
-        poll_interval: Duration::from_millis(200),
+        poll_interval: poll,
     };
+    Simulator::start_polled(printer, SimConfig { faults, ..SimConfig::ephemeral() }).await.expect("sim")
+}
+
+async fn the_simulated_tm_printer_prints_every_task_once(app: &TestApp) {
+    let key = app.tenant("acme").await;
     let faults = Faults { paper_out: true, ..Faults::default() };
-    let sim = Simulator::start_polled(printer, SimConfig { faults, ..SimConfig::ephemeral() }).await.expect("sim");
+    let sim = simulated_tm(app, &key, Duration::from_millis(200), faults).await;
     // The broker cannot know the roll is empty before the first job's result: that ticket
     // goes to a person (nothing came out: a reprint settles it). The next one meets a
     // printer known to be empty and waits for the paper.
@@ -348,15 +344,7 @@ async fn the_simulated_tm_printer_prints_every_task_once(app: &TestApp) {
 /// Chinese markup print once each as one raster image, an ASCII text ticket as text.
 async fn a_strict_simulated_tm_printer_prints_documents_markup_and_text_once(app: &TestApp) {
     let key = app.tenant("acme").await;
-    let (user, pass) = printer_with_login(app, &key, "tm", json!({"kind": "epson_sdp", "printer_id": "TM-1"})).await;
-    let printer = PolledPrinter {
-        url: format!("{}/epson-sdp", app.base),
-        username: user,
-        password: pass,
-        protocol: Protocol::EpsonSdp { id: Some("TM-1".into()) },
-        poll_interval: Duration::from_millis(100),
-    };
-    let sim = Simulator::start_polled(printer, SimConfig::ephemeral()).await.expect("sim");
+    let sim = simulated_tm(app, &key, Duration::from_millis(100), Faults::default()).await;
     let doc = json!({"type": "doc", "doc": {"blocks": [
         {"type": "text", "text": "Table 7", "bold": true}, {"type": "cut", "mode": "full"}]}});
     let mut ids = Vec::new();

@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{printer_with_login, wait_state, TestApp};
+use common::{job_id, printer_with_login, wait_state, TestApp};
 use onceprint_engine::secrets::{digest_ha1, DigestAlgorithm};
 use onceprint_store::{PrinterSecret, PrinterSecretChange, SetupAudit};
 use reqwest::StatusCode;
@@ -115,6 +115,13 @@ impl Tm {
         Tm { base: app.base.clone(), user, pass, http: reqwest::Client::new() }
     }
 
+    /// A GetRequest signed in with HTTP Basic: its status.
+    async fn basic_get_request(&self) -> StatusCode {
+        let url = format!("{}/epson-sdp", self.base);
+        let req = self.http.post(url).basic_auth(&self.user, Some(&self.pass)).form(&get_request());
+        req.send().await.expect("post").status()
+    }
+
     /// The first request, without credentials: 401 with the challenges.
     async fn challenge(&self) -> reqwest::header::HeaderMap {
         let res = self.http.post(format!("{}/epson-sdp", self.base)).form(&get_request()).send().await.expect("post");
@@ -207,15 +214,6 @@ fn set_response(jobid: &str) -> String {
          xmlns=\"http://www.epson-pos.com/schemas/2011/03/epos-print\" success=\"true\" code=\"\" \
          status=\"251658262\" battery=\"0\"/></PrintResponse></ePOSPrint></PrintResponseInfo>"
     )
-}
-
-fn job_id(xml: &str) -> String {
-    let start = xml.find("<printjobid>").map(|i| i + "<printjobid>".len());
-    let end = xml.find("</printjobid>");
-    match (start, end) {
-        (Some(s), Some(e)) if s <= e => xml[s..e].to_owned(),
-        _ => panic!("no printjobid in {xml}"),
-    }
 }
 
 async fn submit(app: &TestApp, key: &str, printer: &str, biz_no: &str) -> String {
@@ -337,15 +335,7 @@ async fn replayed_and_expired_nonces_are_stale(app: &TestApp) {
 async fn basic_still_signs_in_and_a_login_from_before_digest_is_told_to_rotate(app: &TestApp) {
     let key = app.tenant("acme").await;
     let tm = Tm::new(app, &key, "tm").await;
-    let res = tm
-        .http
-        .post(format!("{}/epson-sdp", app.base))
-        .basic_auth(&tm.user, Some(&tm.pass))
-        .form(&get_request())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(res.status(), StatusCode::OK, "Basic");
+    assert_eq!(tm.basic_get_request().await, StatusCode::OK, "Basic");
     // A login made before the broker kept Digest keys: the same password, no HA1.
     let old = PrinterSecret {
         username: tm.user.clone(),
@@ -368,15 +358,7 @@ async fn basic_still_signs_in_and_a_login_from_before_digest_is_told_to_rotate(a
     a.assert_challenged(false, "a login without Digest keys");
     assert!(a.message().contains("rotate the printer's credentials"), "{}", a.message());
     assert!(a.message().contains("/credentials"), "{}", a.message());
-    let res = tm
-        .http
-        .post(format!("{}/epson-sdp", app.base))
-        .basic_auth(&tm.user, Some(&tm.pass))
-        .form(&get_request())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(res.status(), StatusCode::OK, "Basic still works for the older login");
+    assert_eq!(tm.basic_get_request().await, StatusCode::OK, "Basic still works for the older login");
     // Rotating gives the login its keys.
     let c = app.post("/v1/printers/tm/credentials", &key, json!({})).await;
     assert_eq!(c.status, StatusCode::OK, "{c:?}");

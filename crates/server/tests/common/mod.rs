@@ -465,3 +465,14 @@ pub async fn wait_state(app: &TestApp, key: &str, id: &str, state: &str, within:
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
 }
+
+/// The `printjobid` of an Epson PrintRequestInfo.
+#[allow(dead_code)]
+pub fn job_id(xml: &str) -> String {
+    let start = xml.find("<printjobid>").map(|i| i + "<printjobid>".len());
+    let end = xml.find("</printjobid>");
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e => xml[s..e].to_owned(),
+        _ => panic!("no printjobid in {xml}"),
+    }
+}

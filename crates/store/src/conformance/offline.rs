@@ -329,18 +329,26 @@ pub async fn a_known_key_keeps_the_lan_id_as_an_alias_and_merges_by_the_rules(s:
 pub async fn a_lan_copy_merges_into_the_task_the_order_lives_on(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     second_printer(&s).await;
-    let t = new_task("acme", "M1", "x", 1);
-    s.submit_batch(vec![t.clone()]).await.unwrap();
-    let moved = manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5);
-    let succ = successor_of(&t, crate::OriginKind::Transfer, None, "p2", 2);
-    let m = ManualChange {
-        task_id: t.task_id.clone(),
-        transitions: vec![moved],
-        refund: None,
-        successor: Some(succ.clone()),
-        now: NOW + 5,
+    // Order `biz` submitted as lane entry `seq` and moved to `p2`: the task and its successor.
+    let moved_order = |biz: &'static str, seq: u64| {
+        let s = s.clone();
+        async move {
+            let t = new_task("acme", biz, "x", seq);
+            s.submit_batch(vec![t.clone()]).await.unwrap();
+            let moved = manual_transition(&t, TaskState::Pending, 0, TaskState::Transferred, NOW + 5);
+            let succ = successor_of(&t, crate::OriginKind::Transfer, None, "p2", seq + 1);
+            let m = ManualChange {
+                task_id: t.task_id.clone(),
+                transitions: vec![moved],
+                refund: None,
+                successor: Some(succ.clone()),
+                now: NOW + 5,
+            };
+            assert!(s.apply_manual(&m).await.unwrap());
+            (t, succ)
+        }
     };
-    assert!(s.apply_manual(&m).await.unwrap());
+    let (t, succ) = moved_order("M1", 1).await;
     let a = report("acme", "LAN-M", "M1", "x", NOW - 50, OfflineOutcome::Printed);
     match merge(&s, &a, OfflineOutcome::Printed).await {
         OfflineMerge::Aliased { kind: AliasKind::Merged, task, changed: true, .. } => {
@@ -354,18 +362,7 @@ pub async fn a_lan_copy_merges_into_the_task_the_order_lives_on(s: Arc<dyn Store
 
     // The same, once retention pruned the original (an end state) while its successor
     // still waits: the key is found in the tombstone, and the chain followed from there.
-    let t2 = new_task("acme", "M2", "x", 3);
-    s.submit_batch(vec![t2.clone()]).await.unwrap();
-    let moved = manual_transition(&t2, TaskState::Pending, 0, TaskState::Transferred, NOW + 5);
-    let succ2 = successor_of(&t2, crate::OriginKind::Transfer, None, "p2", 4);
-    let m = ManualChange {
-        task_id: t2.task_id.clone(),
-        transitions: vec![moved],
-        refund: None,
-        successor: Some(succ2.clone()),
-        now: NOW + 5,
-    };
-    assert!(s.apply_manual(&m).await.unwrap());
+    let (t2, succ2) = moved_order("M2", 3).await;
     let orig2 = s.get_task("acme", &t2.task_id).await.unwrap().unwrap();
     let pruned = s.prune_tasks(&[prune_of(&orig2, "2025-11-24")], NOW + 50).await.unwrap();
     assert_eq!(pruned.task_ids, vec![t2.task_id.clone()]);
