@@ -375,7 +375,7 @@ async fn poll_loop(
                 // Probed only when no broker answered: one that answered (a 426, a 429)
                 // is there, and said how long to wait.
                 let unanswered = match &e {
-                    BrokerError::Transport(_) => true,
+                    BrokerError::Unreachable(_) | BrokerError::Transport(_) => true,
                     BrokerError::Status { status, .. } => *status >= 500,
                     _ => false,
                 };

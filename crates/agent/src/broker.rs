@@ -69,7 +69,12 @@ const MIN_RETRY_AFTER: Duration = Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
+    /// No connection to the broker could be made: the request was never sent.
     #[error("cannot reach the broker: {0}")]
+    Unreachable(String),
+    /// The request may have reached the broker, but no answer came back (a timeout, a
+    /// connection that broke after the request went out).
+    #[error("no answer from the broker: {0}")]
     Transport(String),
     #[error(
         "the broker refused the agent token (401): check --token; a store's token is issued \
@@ -111,9 +116,17 @@ impl BrokerError {
     /// the list may: no connection or a timeout, a 5xx, or a protocol version it does not
     /// speak (during a rolling upgrade another node may). A 4xx about the request itself
     /// (401, 409, 429) would be the same on every node.
+    /// Whether the request may have reached the broker and taken effect although no
+    /// answer says so: the answer was lost (a timeout, a connection that broke after the
+    /// request went out) or could not be read. A connection never made, and any answer
+    /// the broker gave (an error status included), say what became of the request.
+    pub fn answer_lost(&self) -> bool {
+        matches!(self, BrokerError::Transport(_) | BrokerError::Decode(_))
+    }
+
     pub fn fails_over(&self) -> bool {
         match self {
-            BrokerError::Transport(_) | BrokerError::ProtocolUnsupported { .. } => true,
+            BrokerError::Unreachable(_) | BrokerError::Transport(_) | BrokerError::ProtocolUnsupported { .. } => true,
             BrokerError::Status { status, .. } => *status >= 500,
             _ => false,
         }
@@ -130,7 +143,11 @@ fn transport(e: reqwest::Error) -> BrokerError {
         msg.push_str(&s.to_string());
         src = s.source();
     }
-    BrokerError::Transport(msg)
+    if e.is_connect() {
+        BrokerError::Unreachable(msg)
+    } else {
+        BrokerError::Transport(msg)
+    }
 }
 
 /// One broker of the list: its base URL (for log lines), its three endpoints, and the
@@ -694,7 +711,7 @@ mod tests {
         assert_eq!(huge.retry_delay(&mut b), MAX_RETRY_AFTER);
         assert_eq!(BrokerError::Unauthorized.retry_delay(&mut b), UNAUTHORIZED_WAIT);
         assert_eq!(b.failures(), 0, "told waits do not grow the backoff");
-        let down = BrokerError::Transport("refused".into());
+        let down = BrokerError::Unreachable("refused".into());
         assert!(down.retry_delay(&mut b) <= Duration::from_millis(500));
         assert!(down.retry_delay(&mut b) <= Duration::from_secs(1));
         assert_eq!(b.failures(), 2);

@@ -311,6 +311,7 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
         let protocol_4 = client.speaks(4);
         let chunks = chunks_by_size(batch.into_iter().map(|t| upload_task(t, protocol_4)).collect(), MAX_BODY_BYTES);
         let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
+        let mut failed = false;
         for chunk in chunks {
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
             let sent_at = client.speaks(4).then(crate::lan::now_ms);
@@ -337,8 +338,19 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
                         break;
                     }
                 }
+                Err(e) if e.answer_lost() => {
+                    // The broker may have taken these and given them to a printer (or a
+                    // person may have moved them): printing them here as well could make a
+                    // second copy. They stay handed to the broker, print only through it,
+                    // and go in the next upload, whose answer is the first one's.
+                    tracing::warn!(error = %e, tasks = ids.len(), "the upload of offline tasks got no answer; the broker may have taken them: they wait for its answer and do not print here");
+                    left.retain(|id| !ids.contains(id));
+                    failed = true;
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not upload offline tasks; trying again");
+                    failed = true;
                     break;
                 }
             }
@@ -347,6 +359,9 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
             if let Err(e) = outbox.sync_failed(left).await {
                 tracing::error!(error = %e, "offline outbox: cannot give the tasks back to the local lane");
             }
+            return;
+        }
+        if failed {
             return;
         }
     }

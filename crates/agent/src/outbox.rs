@@ -474,9 +474,10 @@ impl Outbox {
         .await
     }
 
-    /// A failed upload: `handed` tasks go back to `accepted` and print here again. The
-    /// broker may have taken them all the same (an answer lost on the way); it then
-    /// delivers them under the same task id, and the journal answers that delivery.
+    /// A failed upload that the broker did not take (it was never sent, or the broker
+    /// answered that it failed): `handed` tasks go back to `accepted` and print here again.
+    /// An upload whose answer was lost is not this: the broker may have taken it, so its
+    /// tasks stay `handed` until an upload is answered.
     pub async fn sync_failed(&self, task_ids: Vec<String>) -> Result<(), OutboxError> {
         self.with(move |c| {
             let tx = c.transaction()?;

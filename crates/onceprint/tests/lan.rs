@@ -386,3 +386,47 @@ async fn a_ticket_taken_under_a_wrong_clock_is_placed_by_the_broker_clock() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// The upload reaches the broker, which merges the shop's ticket into the order's cloud
+/// task, and its answer is lost on the way back; a person then moves that task to the
+/// other printer. The agent does not print the ticket on its own lane while the broker
+/// may have taken it: it uploads again, learns the broker has it, and the moved task is
+/// the order's one copy on paper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_answer_is_lost_never_prints_beside_the_brokers_copy() {
+    let Some(mut w) = World::start("lostanswer", false, 2).await else { return };
+    let (faults, pos) = w.with_lan_listener().await;
+    w.faults(0, json!({"paper_out": true})).await;
+    faults.blackhole.store(true, Ordering::SeqCst);
+    let (status, offline, lan) = pos.ticket("LA1", &ticket_text("LA1")).await;
+    assert_eq!((status, offline), (201, true), "{lan}");
+    // The same order through the cloud while the shop is cut off.
+    let cloud = w
+        .post(
+            "/v1/print-tasks",
+            json!({"biz_no": "LA1", "printer_id": "p0", "content": {"type": "text", "text": ticket_text("LA1")}}),
+        )
+        .await;
+    let cloud_id = cloud["task_id"].as_str().expect("cloud task").to_owned();
+    // The line comes back; the upload gets there, its answer does not.
+    faults.lose_upload_answers.store(true, Ordering::SeqCst);
+    faults.blackhole.store(false, Ordering::SeqCst);
+    let start = Instant::now();
+    while faults.upload_answers_lost.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no upload\n{}", w.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A person moves the order's task to the printer that has paper.
+    w.post(
+        &format!("/v1/print-tasks/{cloud_id}/transfer"),
+        json!({"operator": "ops", "reason": "p0 is out of paper", "printer_id": "p1"}),
+    )
+    .await;
+    w.wait_printed("LA1", 30).await;
+    // Paper back in p0, and uploads answered again: the shop's ticket is the broker's.
+    w.faults(0, json!({"paper_out": false})).await;
+    faults.lose_upload_answers.store(false, Ordering::SeqCst);
+    wait_health(&w, &pos, |h| h["offline_tasks_not_synced"] == 0, 30).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(w.printed_count("LA1"), 1, "{}", w.logs());
+}

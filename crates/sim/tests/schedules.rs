@@ -223,3 +223,28 @@ fn the_upload_of_a_lan_copy_follows_the_chain_through_a_pruned_task() {
         Op::Prune,
     ]);
 }
+
+/// The shop's upload is merged by the broker, its answer lost; an operator then moves the
+/// order's cloud task to another printer. The agent does not print the uploaded tickets
+/// on its own lane while the broker may have taken them: it uploads them again and learns
+/// the broker has them, so the moved task is the order's only copy.
+#[test]
+fn an_upload_whose_answer_is_lost_stays_with_the_broker_when_the_order_is_moved() {
+    holds(&[
+        Op::Line { up: false },
+        Op::Submit { target: 1, kind: 0 },
+        Op::Submit { target: 7, kind: 2 },
+        Op::Submit { target: 4, kind: 3 },
+        Op::LanSubmit { target: 1, kind: 0 },
+        Op::Submit { target: 4, kind: 1 },
+        Op::Submit { target: 4, kind: 0 },
+        Op::LanSubmit { target: 1, kind: 1 },
+        Op::LanToCloud { pick: 962 },
+        Op::LanToCloud { pick: 49477 },
+        Op::Submit { target: 5, kind: 0 },
+        Op::Submit { target: 6, kind: 3 },
+        Op::Line { up: true },
+        Op::Sync { answer_lost: true },
+        Op::Manual { pick: 27960, action: 3, to: 4 },
+    ]);
+}

@@ -400,6 +400,11 @@ pub struct ProxyFaults {
     /// The uplink is down: connections are taken, and whatever is sent either way is
     /// dropped, so requests time out (a dead 4G link, not a refused connection).
     pub blackhole: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The upload of offline tasks reaches the broker, and its answer is lost: the
+    /// connection is cut as the answer comes back.
+    pub lose_upload_answers: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How many upload answers were lost so.
+    pub upload_answers_lost: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A TCP proxy between agent and broker that injects `faults`.
@@ -431,6 +436,8 @@ pub async fn chaos_proxy(upstream: String, faults: ProxyFaults) -> String {
                 let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else { return };
                 let (mut cr, mut cw) = client.split();
                 let (mut sr, mut sw) = server.split();
+                // An upload went up on this connection whose answer is to be lost.
+                let losing = std::sync::atomic::AtomicBool::new(false);
                 let up = async {
                     let mut buf = vec![0u8; 64 * 1024];
                     loop {
@@ -449,6 +456,11 @@ pub async fn chaos_proxy(upstream: String, faults: ProxyFaults) -> String {
                         {
                             return true; // answered 502 below
                         }
+                        if faults.lose_upload_answers.load(Ordering::SeqCst)
+                            && chunk.windows(UPLOAD.len()).any(|w| w == UPLOAD)
+                        {
+                            losing.store(true, Ordering::SeqCst);
+                        }
                         if hole() {
                             continue;
                         }
@@ -466,6 +478,10 @@ pub async fn chaos_proxy(upstream: String, faults: ProxyFaults) -> String {
                         };
                         if hole() {
                             continue;
+                        }
+                        if losing.load(Ordering::SeqCst) {
+                            faults.upload_answers_lost.fetch_add(1, Ordering::SeqCst);
+                            return; // the connection is cut as the answer comes back
                         }
                         let delay = faults.delay_answers_ms.load(Ordering::SeqCst);
                         if delay > 0 {

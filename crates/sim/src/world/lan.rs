@@ -309,13 +309,12 @@ impl World {
             }
         }
         if answer_lost {
-            // The broker took them, the agent does not know: they go back to its lane, and
-            // the broker may deliver them too; the journal by key answers for both.
+            // The broker took them, the agent does not know: as crates/agent/src/offline.rs
+            // does, they stay handed to the broker (never printed here) and go in the next
+            // upload, whose answer is this one's.
             for t in &tasks {
                 self.facts.exposed_keys.insert((t.target.clone(), t.biz_no.clone(), t.print_type.clone()));
             }
-            let ids = tasks.iter().map(|t| t.task_id.clone()).collect();
-            self.block_on(outbox.sync_failed(ids))?.map_err(|e| engine_err("outbox", e))?;
             return Ok(());
         }
         let results =
