@@ -281,10 +281,9 @@ impl Outbox {
             .map_err(open_err)?;
         }
         // A process that stopped between marking tasks for an upload and hearing its
-        // answer left them `handed`: they go back to the local lane, as after a failed
-        // upload, and are uploaded again once the broker answers.
-        conn.execute("UPDATE lan_tasks SET state = 'accepted' WHERE state = 'handed' AND synced = 0", [])
-            .map_err(open_err)?;
+        // answer left them `handed`: the broker may have taken them, as after a lost
+        // answer, so they stay with it and go in the next upload (`take_for_sync` takes
+        // them again), whose answer is the first one's.
         Ok(Outbox { conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -667,7 +666,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_the_tasks_of_an_upload_are_handed_and_a_crash_gives_them_back() {
+    async fn only_the_tasks_of_an_upload_are_handed_and_stay_handed_over_a_crash() {
         let dir = tempfile::tempdir().expect("dir");
         let o = Outbox::open(dir.path()).expect("open");
         for (id, biz_no) in [("t1", "A1"), ("t2", "A2"), ("t3", "A3")] {
@@ -679,12 +678,14 @@ mod tests {
         // The task left out of this upload still prints here while the upload is pending.
         assert_eq!(o.start("t3").await.ok(), Some(Some(1)), "not part of the upload: it prints here");
         assert_eq!(o.start("t1").await.ok(), Some(None), "part of the upload: it waits for the answer");
-        // The process stops before the upload's answer: at the next start t1 and t2 are
-        // on the local lane again.
+        // The process stops before the upload's answer: the broker may have taken t1 and
+        // t2, so at the next start they still wait for it, and go in the next upload.
         drop(o);
         let o = Outbox::open(dir.path()).expect("reopen");
-        assert_eq!(o.start("t1").await.ok(), Some(Some(1)));
-        assert_eq!(o.start("t2").await.ok(), Some(Some(1)));
+        assert_eq!(o.start("t1").await.ok(), Some(None));
+        assert_eq!(o.start("t2").await.ok(), Some(None));
+        let again: Vec<String> = o.take_for_sync(10).await.expect("take").into_iter().map(|t| t.task_id).collect();
+        assert_eq!(again, ["t1", "t2"], "t3 is being printed here: it goes up once it has an outcome");
     }
 
     #[tokio::test]
