@@ -175,18 +175,15 @@ fn star(mac: &str) -> Value {
 }
 
 async fn sim(w: &World, protocol: Protocol, device: &str, login: (String, String), faults: Faults) -> MqttPrinter {
-    MqttPrinter::start(MqttSimConfig {
-        host: "127.0.0.1".into(),
-        port: w.mosquitto.port,
-        protocol,
-        device: device.into(),
-        username: Some(login.0),
-        password: Some(login.1),
-        paper_log: None,
-        faults,
-    })
-    .await
-    .expect("simulated printer")
+    let config = match protocol {
+        // A Star printer is set up with the server URL and its HTTP login only; it takes
+        // its MQTT server and login from the broker's settings answer.
+        Protocol::Cloudprnt => {
+            MqttSimConfig::cloudprnt(&format!("{}/cloudprnt", w.app.base), device, &login.0, &login.1)
+        }
+        Protocol::Onceprint => MqttSimConfig::onceprint("127.0.0.1", w.mosquitto.port, device, &login.0, &login.1),
+    };
+    MqttPrinter::start(MqttSimConfig { faults, ..config }).await.expect("simulated printer")
 }
 
 /// Submits a text task to `printer`; returns its id.
