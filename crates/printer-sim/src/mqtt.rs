@@ -165,6 +165,7 @@ impl MqttPrinter {
             tokens: VecDeque::new(),
             journal: HashMap::new(),
             connection: 0,
+            current: None,
         };
         let task = tokio::spawn(device.run(stop_rx));
         Ok(MqttPrinter { faults, jobs, name, problem, stop, task: Some(task) })
@@ -230,6 +231,8 @@ struct Device {
     tokens: VecDeque<String>,
     journal: HashMap<String, Journal>,
     connection: u64,
+    /// A Star printer's MQTT settings of the current connection.
+    current: Option<MqttServer>,
 }
 
 /// What handling one job asks of the connection.
@@ -239,6 +242,9 @@ enum After {
     Drop,
     /// Acknowledge the job (PUBACK), then lose power before anything else goes out.
     AckThenDrop,
+    /// Acknowledge the message, leave the MQTT server with a DISCONNECT and connect again
+    /// with new settings.
+    Reconnect,
 }
 
 /// What a Star printer puts on paper for one job, as the paper log records it.
@@ -471,6 +477,7 @@ impl Device {
                 Protocol::Cloudprnt => match self.server_settings().await {
                     Ok(s) => {
                         self.set_problem(None);
+                        self.current = Some(s.clone());
                         (s.host, s.port, s.username, s.password)
                     }
                     Err(e) => {
@@ -554,6 +561,21 @@ impl Device {
                         }
                         After::Ack => {
                             let _ = client.try_ack(&p);
+                        }
+                        After::Reconnect => {
+                            let _ = client.try_ack(&p);
+                            let _ = client.try_disconnect();
+                            let left = async {
+                                loop {
+                                    match eventloop.poll().await {
+                                        Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) | Err(_) => return,
+                                        Ok(_) => {}
+                                    }
+                                }
+                            };
+                            let _ = tokio::time::timeout(Duration::from_millis(500), left).await;
+                            tracing::info!(device = %self.config.device, "new MQTT settings: connecting again");
+                            break;
                         }
                     },
                     Ok(_) => {}
@@ -665,6 +687,19 @@ impl Device {
                 self.publish_status(client);
                 After::Ack
             }
+            // "Make a printer perform Server setting information request (GET)" ("MQTT
+            // Message Payload Specification", request-get-server-info): settings that name
+            // another MQTT server or login take effect at once; settings it cannot use are
+            // reported, and it stays where it is.
+            (Protocol::Cloudprnt, "request-get-server-info") => match self.server_settings().await {
+                Ok(s) if self.current.as_ref() != Some(&s) => After::Reconnect,
+                Ok(_) => After::Ack,
+                Err(e) => {
+                    tracing::error!(device = %self.config.device, error = %e, "the settings asked for cannot be used");
+                    self.set_problem(Some(e));
+                    After::Ack
+                }
+            },
             _ => After::Ack,
         }
     }

@@ -450,6 +450,20 @@ async fn a_star_mqtt_printer_does_what_stars_documents_say() {
         (json!(false), json!("410%20Out%20of%20paper"))
     );
 
+    // request-get-server-info: settings naming another login take effect at once; it
+    // leaves with a DISCONNECT (no will) and comes back with the new login.
+    let asked = stub.seen("/cloudprnt-setting.json").len();
+    let mut moved = mqtt_settings(mosquitto.port);
+    moved["settingForMQTT"]["mqttConnectionSetting"]["authenticationSetting"] =
+        json!({"username": SERVER_USER, "password": SERVER_PASSWORD});
+    *stub.settings.lock().unwrap() = Some(moved);
+    server.publish("request-get-server-info", json!({"title": "request-get-server-info"})).await;
+    assert_eq!(server.next("client-status").await["statusCode"], "410%20Out%20of%20paper");
+    assert!(stub.seen("/cloudprnt-setting.json").len() > asked);
+    while let Ok((topic, _)) = server.heard.try_recv() {
+        assert!(!topic.ends_with("/client-will"), "a planned reconnection is not a lost printer");
+    }
+
     // Its will announces it gone when it stops without a goodbye.
     printer.shutdown().await;
     let will = server.next("client-will").await;
