@@ -204,9 +204,9 @@ pub struct SimArgs {
     /// takes the first type offered.
     #[arg(long, value_name = "TYPE", default_value = "text/plain")]
     pub media_type: String,
-    /// A CloudPRNT printer's print width in millimetres (72 on an 80 mm roll, 48 on 58 mm):
-    /// reported with each job GET at 8 dots per millimetre, and the only image width it
-    /// prints.
+    /// A CloudPRNT printer's print width in millimetres (72 on an 80 mm roll, 48 on 58 mm),
+    /// polling or in MQTT mode: reported with each job GET at 8 dots per millimetre, and
+    /// the only image width it prints.
     #[arg(long, value_name = "MM", default_value_t = 72, value_parser = clap::value_parser!(u16).range(40..=112))]
     pub print_width_mm: u16,
     /// A polling printer confirms the next N jobs twice.

@@ -275,9 +275,14 @@ const SETTINGS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How long a Star printer gives a job download before it reports `520` ("Timeout, client
 /// could not download the job within an internal timeout limit", "Printer Status Codes").
-/// Star does not give the limit; this one is short enough for the MQTT connection's keep
-/// alive to survive it.
-const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(4);
+/// Star does not give the limit; this is the polling printer's.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A Star printer's MQTT keep alive. Star does not document it; the simulator does not
+/// answer the MQTT server while it downloads and prints a job, so the keep alive must
+/// outlast a slow download and a slow print, or the MQTT server would drop the printer
+/// in the middle of every slow job.
+const STAR_KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// The media types this printer prints from a `url` job: the two whose rendering the
 /// paper log can check (Star CloudPRNT Protocol Guide, "Content Media Types").
@@ -495,7 +500,10 @@ impl Device {
             // MQTT 3.1.1 with QoS 1, client id = the MAC for a Star printer, a will; Star's
             // printers do not use Retain ("MQTT General Specification").
             let mut options = MqttOptions::new(self.config.device.clone(), host, port);
-            options.set_keep_alive(Duration::from_secs(5));
+            options.set_keep_alive(match self.config.protocol {
+                Protocol::Cloudprnt => STAR_KEEP_ALIVE,
+                Protocol::Onceprint => Duration::from_secs(5),
+            });
             options.set_clean_session(false);
             options.set_manual_acks(true);
             options.set_max_packet_size(4 * 1024 * 1024, 4 * 1024 * 1024);
