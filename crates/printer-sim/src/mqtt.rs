@@ -766,12 +766,17 @@ impl Device {
             .unwrap_or_default();
         let data = job.get("printData").and_then(Value::as_str).unwrap_or_default();
         let slip = match job.get("jobType").and_then(Value::as_str) {
+            // The printer chooses "the type that it prefers to handle from those
+            // available" ("Print job requests (GET)", `type`); this one takes the first of
+            // the server's list that it prints, so the server's order decides.
             Some("url") => match media.iter().find(|m| STAR_MEDIA.contains(m)) {
                 Some(m) => self.download(data, m, &token).await,
                 None => Err(("510", format!("none of the media types {media:?} is one this printer takes"))),
             },
             Some("raw") => match media.as_slice() {
                 ["text/plain"] => {
+                    // Star's sample server asks for the cut with `printerControl.cutter`
+                    // (`mqtt_publish.php`: `{"type": "full", "feed": true}`).
                     let cut = match job.pointer("/printerControl/cutter/type").and_then(Value::as_str) {
                         Some("partial") => Cut::Partial,
                         _ => Cut::Full,
