@@ -187,8 +187,9 @@ impl MqttPrinter {
     }
 
     /// Why the printer is not working now, as a Star printer's display or self-print would
-    /// say: the settings request failed, the server supports only HTTP, or its MQTT
-    /// settings are ones this printer cannot use. `None` once it has its settings.
+    /// say: the settings request failed, the server supports only HTTP, its MQTT settings
+    /// are ones this printer cannot use, or the MQTT server they name refused it or does
+    /// not answer. `None` once it is connected.
     pub fn last_error(&self) -> Option<String> {
         self.problem.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
@@ -481,7 +482,6 @@ impl Device {
                 // (GET)", Request execution timing).
                 Protocol::Cloudprnt => match self.server_settings().await {
                     Ok(s) => {
-                        self.set_problem(None);
                         self.current = Some(s.clone());
                         (s.host, s.port, s.username, s.password)
                     }
@@ -540,6 +540,7 @@ impl Device {
                 };
                 match event {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        self.set_problem(None);
                         let (down, _) = self.topics();
                         let _ = client.try_subscribe(down, QoS::AtLeastOnce);
                         self.publish_status(&client);
@@ -589,8 +590,15 @@ impl Device {
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(device = %self.config.device, error = %e, "MQTT connection lost");
-                        // A Star printer asks for its settings again before it reconnects.
+                        // A Star printer asks for its settings again before it reconnects,
+                        // and says why it is not working meanwhile (a refused login, an
+                        // MQTT server that does not answer).
                         if self.config.protocol == Protocol::Cloudprnt {
+                            let server = self.current.as_ref().map(|s| format!("{}:{}", s.host, s.port));
+                            self.set_problem(Some(format!(
+                                "the MQTT server {} of the settings: {e}",
+                                server.unwrap_or_default()
+                            )));
                             break;
                         }
                         tokio::select! {

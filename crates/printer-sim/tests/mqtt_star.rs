@@ -491,5 +491,12 @@ async fn settings_a_star_printer_cannot_use_are_errors() {
         printer.last_error().is_some_and(|e| e.contains("not MQTT"))
     })
     .await;
+    // Settings it can use, naming an MQTT server that does not answer.
+    let nobody = free_port();
+    *stub.settings.lock().unwrap() = Some(mqtt_settings(nobody));
+    wait_until(Duration::from_secs(10), "the silent MQTT server is reported", || {
+        printer.last_error().is_some_and(|e| e.contains(&format!("MQTT server 127.0.0.1:{nobody}")))
+    })
+    .await;
     printer.shutdown().await;
 }
