@@ -240,6 +240,7 @@ per_backend!(
     a_result_is_acknowledged_only_once_it_is_durable,
     a_star_printer_learns_the_mqtt_server_and_its_login_from_its_server_settings,
     a_star_printer_in_mqtt_mode_fetches_its_url_jobs_and_prints_each_once,
+    a_star_printer_out_of_paper_waits_and_prints_once_after_refill,
 );
 
 async fn an_mqtt_printer_needs_an_mqtt_server(backend: Backend) {
@@ -769,6 +770,34 @@ async fn a_star_printer_in_mqtt_mode_fetches_its_url_jobs_and_prints_each_once(b
     // The job GET names the printer's own jobs only: a token of no job of its is 404.
     let p = w.app.get("/v1/printers/star", &w.key).await;
     assert_eq!(p.body["online"], true, "{p:?}");
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+/// A Star printer that reports "410 Out of paper" (client-status) prints nothing: each
+/// attempt it answers with 410 before fetching ends with nothing printed and the ticket
+/// waits for the next, and it prints once after the roll is changed. A result that
+/// arrives twice changes nothing more.
+async fn a_star_printer_out_of_paper_waits_and_prints_once_after_refill(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:aa:bb:cd";
+    let login = printer(&w, "star", star(mac)).await;
+    let faults = Faults { paper_out: true, duplicate_result: 1, ..Faults::default() };
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, faults).await;
+    wait_until(Duration::from_secs(20), "the printer reports no paper", || async {
+        w.app.get("/v1/printers/star", &w.key).await.body["last_error"] == "no_paper"
+    })
+    .await;
+    let id = submit(&w, "star", "P1").await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let t = task(&w, &id).await;
+    assert!(t["state"] == "pending" || t["state"] == "retrying", "no job while out of paper: {t}");
+    assert_eq!(sim.jobs().count(), 0);
+    sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
+    wait_state(&w, &id, "printed", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(task(&w, &id).await["state"], "printed");
+    assert_eq!(sim.jobs().count(), 1, "printed once: {:?}", sim.jobs().all());
     sim.shutdown().await;
     w.app.stop().await;
 }
