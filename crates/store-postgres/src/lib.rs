@@ -647,7 +647,7 @@ impl Store for PostgresStore {
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>> {
-        // One statement per combination of filters (at most 16, each prepared once per
+        // One statement per combination of filters (at most 48, each prepared once per
         // connection) instead of `$n IS NULL OR …`, so that the planner can use the index
         // that fits each combination.
         let state = query.state.map(TaskState::as_str);
@@ -665,6 +665,17 @@ impl Store for PostgresStore {
         if let Some(biz_no) = &query.biz_no {
             params.push(biz_no);
             sql.push_str(&format!(" AND biz_no = ${}", params.len()));
+        }
+        // A prefix is a range of `tasks_biz_no_prefix_idx`, compared in the "C" collation
+        // (code point order) in which the range is exactly the strings with the prefix.
+        let upper = query.biz_no_prefix.as_deref().and_then(onceprint_store::prefix_upper_bound);
+        if let Some(prefix) = &query.biz_no_prefix {
+            params.push(prefix);
+            sql.push_str(&format!(" AND biz_no COLLATE \"C\" >= ${}", params.len()));
+            if let Some(upper) = &upper {
+                params.push(upper);
+                sql.push_str(&format!(" AND biz_no COLLATE \"C\" < ${}", params.len()));
+            }
         }
         if let Some(cursor) = &query.cursor {
             params.push(cursor);

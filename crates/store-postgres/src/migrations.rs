@@ -49,6 +49,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (20, V20_PAUSED_LANES),
     (21, V21_PAUSED_PRINTERS),
     (22, V22_DIGEST_LOGINS),
+    (23, V23_BIZ_NO_PREFIX),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -635,6 +636,15 @@ CREATE INDEX printers_paused ON printers (paused_since) WHERE paused_since IS NO
 const V22_DIGEST_LOGINS: &str = r#"
 ALTER TABLE printer_credentials ADD COLUMN ha1_md5 TEXT;
 ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
+"#;
+
+/// The console finds tickets by the start of their business number (`A1003` finds
+/// `A1003#kitchen`). `tasks_tenant_biz_no_idx` compares in the database's collation, in
+/// which the strings with a prefix need not be one range; this index compares in "C"
+/// (code point order), where they are, and the prefix query names that collation. An
+/// index only: brokers of the previous version neither read nor need it.
+const V23_BIZ_NO_PREFIX: &str = r#"
+CREATE INDEX tasks_biz_no_prefix_idx ON tasks (tenant_id, biz_no COLLATE "C");
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

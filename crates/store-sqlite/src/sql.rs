@@ -475,14 +475,20 @@ pub fn task_content(c: &Connection, id: &str) -> StoreResult<Option<TaskContent>
 }
 
 pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
-    // One statement per combination of filters (at most 16, each cached once per
+    // One statement per combination of filters (at most 48, each cached once per
     // connection) instead of `?n IS NULL OR …`, which SQLite cannot plan around: with it
     // every list walked the tenant's whole index, so a store's list, or a search by
     // `biz_no`, read every task of the tenant before the page was full (a second per
     // call with a million finished tasks). Now a store's list walks `tasks_by_store` and a
     // `biz_no` search `tasks_by_biz_no`, as on PostgreSQL.
     let state = q.state.map(TaskState::as_str);
-    let mut sql = format!("SELECT {TASK_COLS} FROM tasks WHERE tenant_id = ?1");
+    let upper = q.biz_no_prefix.as_deref().and_then(onceprint_store::prefix_upper_bound);
+    // A prefix search reads the range of `tasks_by_biz_no` that starts with the prefix,
+    // named so that the planner does not walk a whole store by id instead (which it may
+    // prefer for a store's list and a small limit) and read every task of it for a rare
+    // prefix. Its matches are then sorted by id: as many as start with the prefix.
+    let index = if q.biz_no_prefix.is_some() { " INDEXED BY tasks_by_biz_no" } else { "" };
+    let mut sql = format!("SELECT {TASK_COLS} FROM tasks{index} WHERE tenant_id = ?1");
     let mut args: Vec<&dyn rusqlite::ToSql> = vec![&q.tenant_id];
     if let Some(store) = &q.store_id {
         args.push(store);
@@ -495,6 +501,14 @@ pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
     if let Some(biz_no) = &q.biz_no {
         args.push(biz_no);
         sql.push_str(&format!(" AND biz_no = ?{}", args.len()));
+    }
+    if let Some(prefix) = &q.biz_no_prefix {
+        args.push(prefix);
+        sql.push_str(&format!(" AND biz_no >= ?{}", args.len()));
+        if let Some(upper) = &upper {
+            args.push(upper);
+            sql.push_str(&format!(" AND biz_no < ?{}", args.len()));
+        }
     }
     if let Some(cursor) = &q.cursor {
         args.push(cursor);

@@ -42,7 +42,7 @@ macro_rules! conformance_tests {
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
             a_large_batch_writes_one_event_and_one_charge_per_created_task,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
-            list_tasks_filters_and_pages, transition_is_compare_and_set, count_by_state_counts,
+            list_tasks_filters_and_pages, business_numbers_are_found_by_their_start, transition_is_compare_and_set, count_by_state_counts,
             lanes_show_the_task_in_flight_and_the_first_waiting, lanes_follow_insertion_not_ids,
             lane_heads_and_an_ack_that_hands_out_the_next_in_one_change,
             the_may_have_printed_mark_stays,
@@ -589,6 +589,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         state,
         cursor: cursor.map(Into::into),
         limit,
+        biz_no_prefix: None,
     };
     let ids = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.task_id).collect::<Vec<_>>();
     assert_eq!(
@@ -619,6 +620,81 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(none.is_empty());
+}
+
+/// A search by the start of the business number finds every task whose number begins
+/// with it (the exact number, one with a suffix such as `#kitchen`), no other, newest
+/// first, within the store and state asked for; characters that are wildcards elsewhere
+/// (`%`, `_`) are plain characters here, and case counts.
+pub async fn business_numbers_are_found_by_their_start(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    s.create_store(NewStore {
+        tenant_id: "acme".into(),
+        id: "s2".into(),
+        name: "Two".into(),
+        timezone: "UTC".into(),
+        now: NOW,
+        audit: SetupAudit::default(),
+    })
+    .await
+    .unwrap();
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p9".into(),
+        store_id: "s2".into(),
+        name: "x".into(),
+        transport: "{}".into(),
+        credential: None,
+        now: NOW,
+        audit: SetupAudit::default(),
+    })
+    .await
+    .unwrap();
+    let numbers =
+        ["A1003", "A1003#kitchen", "A10030", "A1004", "B1003", "a1003", "A100", "A1%3", "A1_03", "A1003\u{10FFFF}x"];
+    let mut tasks: Vec<NewTask> = numbers.iter().enumerate().map(|(i, b)| new_task("acme", b, "x", i as u64)).collect();
+    let mut elsewhere = new_task("acme", "A1003#bar", "x", 40);
+    elsewhere.store_id = "s2".into();
+    elsewhere.printer_id = "p9".into();
+    elsewhere.target = "printer:p9".into();
+    tasks.push(elsewhere);
+    tenant(&s, "zeta").await;
+    tasks.push(new_task("zeta", "A1003", "x", 41));
+    s.submit_batch(tasks).await.unwrap();
+    let find = |prefix: &str, store: Option<&str>, limit: i64| TaskQuery {
+        tenant_id: "acme".into(),
+        store_id: store.map(Into::into),
+        biz_no_prefix: Some(prefix.into()),
+        limit,
+        ..Default::default()
+    };
+    let numbers_of = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.biz_no).collect::<Vec<_>>();
+    assert_eq!(
+        numbers_of(s.list_tasks(&find("A1003", Some("s1"), 10)).await.unwrap()),
+        vec!["A1003\u{10FFFF}x", "A10030", "A1003#kitchen", "A1003"],
+        "newest first, the store's own"
+    );
+    assert_eq!(
+        numbers_of(s.list_tasks(&find("A1003", None, 10)).await.unwrap()),
+        vec!["A1003#bar", "A1003\u{10FFFF}x", "A10030", "A1003#kitchen", "A1003"],
+        "the tenant's, every store"
+    );
+    assert_eq!(
+        numbers_of(s.list_tasks(&find("A1003", Some("s1"), 2)).await.unwrap()),
+        vec!["A1003\u{10FFFF}x", "A10030"]
+    );
+    assert_eq!(numbers_of(s.list_tasks(&find("A1%", Some("s1"), 10)).await.unwrap()), vec!["A1%3"]);
+    assert_eq!(numbers_of(s.list_tasks(&find("A1_", Some("s1"), 10)).await.unwrap()), vec!["A1_03"]);
+    assert_eq!(numbers_of(s.list_tasks(&find("a1", Some("s1"), 10)).await.unwrap()), vec!["a1003"]);
+    assert!(s.list_tasks(&find("C", None, 10)).await.unwrap().is_empty());
+    let by_state = TaskQuery { state: Some(TaskState::Printed), ..find("A1003", Some("s1"), 10) };
+    assert!(s.list_tasks(&by_state).await.unwrap().is_empty(), "the state filter still holds");
+    let exact = TaskQuery { biz_no: Some("A1003".into()), ..find("A1003", Some("s1"), 10) };
+    assert_eq!(numbers_of(s.list_tasks(&exact).await.unwrap()), vec!["A1003"]);
+    assert_eq!(crate::prefix_upper_bound("A1003").as_deref(), Some("A1004"));
+    assert_eq!(crate::prefix_upper_bound("a\u{10FFFF}").as_deref(), Some("b"));
+    assert_eq!(crate::prefix_upper_bound("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    assert_eq!(crate::prefix_upper_bound(""), None);
 }
 
 pub async fn transition_is_compare_and_set(s: Arc<dyn Store>) {

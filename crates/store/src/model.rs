@@ -649,8 +649,31 @@ pub struct TaskQuery {
     pub store_id: Option<String>,
     pub state: Option<TaskState>,
     pub biz_no: Option<String>,
+    /// Only tasks whose business number starts with this (`A1003` finds `A1003` and
+    /// `A1003#kitchen`), compared character by character, case and all. Both backends
+    /// read it as a range of their `(tenant, business number)` index, so it costs what
+    /// the matching tasks cost, not what the tenant's tasks cost.
+    pub biz_no_prefix: Option<String>,
     pub limit: i64,
     pub cursor: Option<String>,
+}
+
+/// The smallest string above every string that starts with `prefix`, in the order of
+/// code points (the order of UTF-8 bytes, which SQLite's `BINARY` and PostgreSQL's `"C"`
+/// collations use): `prefix` with its last character replaced by the next one. `None`
+/// when there is no such string (an empty prefix, or one made only of `char::MAX`), and
+/// then the range has no upper end.
+pub fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next code point that is a `char` (the surrogates are skipped).
+        let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
 }
 
 /// One line of the audit trail (R8). `from` is `None` for the creation event.

@@ -405,7 +405,7 @@ pub async fn tickets(
                     state,
                     biz_no: (!text.is_empty()).then(|| text.clone()),
                     limit: 100,
-                    cursor: None,
+                    ..Default::default()
                 })
                 .await?
         }
@@ -486,6 +486,7 @@ async fn chain_of(st: &AppState, task: &Task) -> Result<Vec<Task>, ConsoleError>
             store_id: Some(task.store_id.clone()),
             state: None,
             biz_no: Some(task.biz_no.clone()),
+            biz_no_prefix: None,
             limit: 200,
             cursor: None,
         })

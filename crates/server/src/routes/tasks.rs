@@ -344,6 +344,7 @@ pub async fn list_tasks(
             store_id,
             state,
             biz_no: q.biz_no.filter(|s| !s.is_empty()),
+            biz_no_prefix: None,
             limit,
             cursor,
         })
