@@ -20,6 +20,7 @@ both_backends!(
     console_actions_need_the_csrf_token_and_an_allowed_state,
     staff_of_one_store_cannot_open_another_stores_tickets,
     the_consoles_day_shows_the_device_log_differences,
+    a_language_switch_to_an_unusable_path_goes_to_the_start_page,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -552,4 +553,23 @@ async fn no_transfer_offered(backend: common::Backend) {
     let page = b.get(&format!("/console/stores/s1/tickets/{clean}")).await;
     assert!(page.body.contains("data-action=\"transfer\""), "nothing printed: it may move");
     app.stop().await;
+}
+
+/// The language switch comes back only to console paths made of URL characters; any other
+/// target (a decoded control character here) goes to the start page, always with a
+/// `Location`.
+async fn a_language_switch_to_an_unusable_path_goes_to_the_start_page(app: &TestApp) {
+    setup(app).await;
+    let mut b = Browser::new(app);
+    for next in
+        ["/console/%7f", "/console/%0d%0aSet-Cookie:%20x=y", "/console/%E4%B8%AD", "https://evil.example/", "//evil"]
+    {
+        let page = b.get(&format!("/console/lang?to=zh&next={next}")).await;
+        assert_eq!((page.status, page.location.as_str()), (StatusCode::SEE_OTHER, "/console/"), "next={next}");
+        assert!(!page.set_cookies.iter().any(|c| c.starts_with("x=")), "no header injection");
+    }
+    let page = b.get("/console/lang?to=zh&next=%2Fconsole%2Fstores%2Fs1%2Ftickets%3Fq%3DA1").await;
+    assert_eq!(page.location, "/console/stores/s1/tickets?q=A1");
+    let page = b.get("/console/lang?to=en&next=%2Fconsole%2Flogin%3Fnext%3D%252Fconsole%252F").await;
+    assert_eq!(page.location, "/console/login?next=%2Fconsole%2F");
 }

@@ -129,10 +129,20 @@ pub struct LoginQuery {
     pub expired: Option<String>,
 }
 
-/// Only paths of the console itself are followed after login (no open redirect).
-fn safe_next(next: Option<&str>) -> String {
+/// Only paths of the console itself are followed after login or a language switch (no
+/// open redirect), and only in the characters a URL is made of: a decoded control
+/// character, space or non-ASCII letter could not be sent back in `Location`, so such a
+/// target becomes the console's start page.
+pub fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with("/console/") && !n.contains("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with("/console/")
+                && !n.contains("//")
+                && !n.contains('\\')
+                && n.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            n.to_owned()
+        }
         _ => "/console/".to_owned(),
     }
 }
@@ -285,10 +295,9 @@ pub struct LangQuery {
 /// how pages are shown, never data, so it needs neither a login nor a CSRF token.
 pub async fn switch_lang(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<LangQuery>) -> Response {
     let lang = Lang::parse(&q.to).unwrap_or(Lang::En);
-    let next = match q.next.as_deref() {
-        Some(n) if n.starts_with("/console/login") => n.to_owned(),
-        other => safe_next(other),
-    };
+    // The same rule as after a login (the login page itself is a console path too): a
+    // target with a character that cannot go back in `Location` becomes the start page.
+    let next = safe_next(q.next.as_deref());
     let mut res = (StatusCode::SEE_OTHER, [(header::LOCATION, next)]).into_response();
     let c = set_cookie(LANG_COOKIE, lang.code(), Some(365 * 24 * 3600), false, secure(&st, &headers));
     if let Ok(v) = HeaderValue::from_str(&c) {

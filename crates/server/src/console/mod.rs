@@ -82,8 +82,17 @@ impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
         match self {
             ConsoleError::Redirect(to) => {
-                (StatusCode::SEE_OTHER, [(header::LOCATION, to), (header::CACHE_CONTROL, "no-store".into())])
-                    .into_response()
+                // A target that cannot be a header value (a control character that came
+                // in through a query) would leave a 303 without `Location`, which no
+                // browser can follow; the console's start page is the safe place instead.
+                let location = header::HeaderValue::from_str(&to).unwrap_or_else(|_| {
+                    tracing::warn!("console redirect target is not a valid header value; going to /console/");
+                    header::HeaderValue::from_static("/console/")
+                });
+                let mut res = StatusCode::SEE_OTHER.into_response();
+                res.headers_mut().insert(header::LOCATION, location);
+                res.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+                res
             }
             ConsoleError::Api(e) => {
                 // Error pages are English and Chinese at once: the request's language is
