@@ -352,6 +352,8 @@ async fn browser(dir: &Path) -> Option<(Client, Child)> {
         json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                         "--window-size=1280,900", "--lang=en-US", "--force-device-scale-factor=1"]}),
     );
+    // The browser's console log, where content security policy violations are reported.
+    caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
     let start = Instant::now();
     loop {
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -368,6 +370,32 @@ async fn browser(dir: &Path) -> Option<(Client, Child)> {
             Err(e) => panic!("cannot start a browser session: {e}"),
         }
     }
+}
+
+/// chromedriver's `se/log` command: the browser's console log since the last call.
+#[derive(Debug)]
+struct BrowserLog;
+
+impl fantoccini::wd::WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+        base.join(&format!("session/{}/se/log", session.unwrap_or("")))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (axum::http::Method, Option<String>) {
+        (axum::http::Method::POST, Some(json!({"type": "browser"}).to_string()))
+    }
+}
+
+/// The messages of the browser's console log about the content security policy.
+async fn csp_violations(c: &Client) -> Vec<String> {
+    let log = c.issue_cmd(BrowserLog).await.expect("the browser log (chromedriver se/log)");
+    log.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.contains("Content Security Policy") || m.contains("Refused to"))
+        .map(str::to_owned)
+        .collect()
 }
 
 async fn text_of(c: &Client, css: &str) -> String {
@@ -652,6 +680,10 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     c.goto(&format!("{base}/console/lang?to=zh&next=%2Fconsole%2Fstores%2Fs1%2Fattention")).await.expect("goto");
     shot(c, shots, "attention-desktop-zh").await;
     c.goto(&format!("{base}/console/lang?to=en&next=%2Fconsole%2Fstores%2Fs1%2F")).await.expect("goto");
+
+    // No page broke the content security policy (no inline script or style anywhere).
+    let violations = csp_violations(c).await;
+    assert!(violations.is_empty(), "content security policy violations: {violations:?}");
 
     // An ended session (here revoked, as a manager would) sends the open page back to the
     // login page by itself.

@@ -20,6 +20,7 @@ both_backends!(
     console_actions_need_the_csrf_token_and_an_allowed_state,
     staff_of_one_store_cannot_open_another_stores_tickets,
     the_consoles_day_shows_the_device_log_differences,
+    every_console_answer_forbids_framing_and_foreign_content,
     a_language_switch_to_an_unusable_path_goes_to_the_start_page,
 );
 
@@ -182,7 +183,14 @@ struct Page {
     status: StatusCode,
     location: String,
     set_cookies: Vec<String>,
+    headers: reqwest::header::HeaderMap,
     body: String,
+}
+
+impl Page {
+    fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
 }
 
 impl Browser {
@@ -214,7 +222,8 @@ impl Browser {
                 }
             }
         }
-        Page { status, location, set_cookies, body: res.text().await.unwrap_or_default() }
+        let headers = res.headers().clone();
+        Page { status, location, set_cookies, headers, body: res.text().await.unwrap_or_default() }
     }
 
     async fn get(&mut self, path: &str) -> Page {
@@ -553,6 +562,47 @@ async fn no_transfer_offered(backend: common::Backend) {
     let page = b.get(&format!("/console/stores/s1/tickets/{clean}")).await;
     assert!(page.body.contains("data-action=\"transfer\""), "nothing printed: it may move");
     app.stop().await;
+}
+
+/// Every console answer — page, error page, redirect, login page, asset — forbids being
+/// framed by another site and loading anything but the console's own files.
+async fn every_console_answer_forbids_framing_and_foreign_content(app: &TestApp) {
+    let key = setup(app).await;
+    let id = in_doubt(app, &key, "s1", "p1", "F1").await;
+    let mut b = Browser::new(app);
+    let mut answers = vec![
+        ("login page", b.get("/console/login").await),
+        ("redirect to the login", b.get("/console/stores/s1/").await),
+        ("stylesheet", b.get("/console/assets/console.css").await),
+        ("script", b.get("/console/assets/console.js").await),
+    ];
+    b.login("amy", PASSWORD).await;
+    answers.push(("printers", b.get("/console/stores/s1/").await));
+    answers.push(("ticket", b.get(&format!("/console/stores/s1/tickets/{id}")).await));
+    answers.push(("error page", b.get("/console/stores/s2/").await));
+    answers.push(("unknown page", b.get("/console/nothing/here").await));
+    let by_get = b.get(&format!("/console/stores/s1/tickets/{id}/cancel")).await;
+    assert_eq!(
+        (by_get.status, by_get.location.clone()),
+        (StatusCode::SEE_OTHER, format!("/console/stores/s1/tickets/{id}"))
+    );
+    answers.push(("action by GET", by_get));
+    for (what, page) in &answers {
+        let csp = page.header("content-security-policy");
+        for directive in ["default-src 'self'", "frame-ancestors 'none'", "script-src 'self'", "style-src 'self'"] {
+            assert!(csp.contains(directive), "{what}: {directive} in {csp:?}");
+        }
+        assert!(!csp.contains("unsafe-inline"), "{what}: {csp}");
+        assert_eq!(page.header("x-frame-options"), "DENY", "{what}");
+    }
+    // Nothing inline for the policy to refuse: no script element with a body, no style
+    // attribute, no event handler attribute.
+    for (what, page) in &answers {
+        let body = page.body.to_ascii_lowercase();
+        for inline in ["<script>", " style=", " onclick=", " onload=", "<style", "javascript:"] {
+            assert!(!body.contains(inline), "{what} has inline {inline}");
+        }
+    }
 }
 
 /// The language switch comes back only to console paths made of URL characters; any other

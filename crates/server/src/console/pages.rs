@@ -680,6 +680,15 @@ pub async fn act(
     Err(ConsoleError::Redirect(back))
 }
 
+/// An action's URL opened as a page (a bookmark, a link shared, an old history entry): the
+/// action takes only POST, so the browser is sent to the ticket instead of an error.
+pub async fn action_by_get(
+    _user: ConsoleUser,
+    Path((store_id, task_id, _action)): Path<(String, String, String)>,
+) -> ConsoleError {
+    ConsoleError::Redirect(format!("/console/stores/{}/tickets/{}", url_encode(&store_id), url_encode(&task_id)))
+}
+
 #[derive(Debug, Deserialize)]
 pub struct DayQuery {
     pub date: Option<String>,
