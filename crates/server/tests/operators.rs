@@ -22,6 +22,7 @@ both_backends!(
     the_consoles_day_shows_the_device_log_differences,
     every_console_answer_forbids_framing_and_foreign_content,
     a_language_switch_to_an_unusable_path_goes_to_the_start_page,
+    an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_undone,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -622,4 +623,58 @@ async fn a_language_switch_to_an_unusable_path_goes_to_the_start_page(app: &Test
     assert_eq!(page.location, "/console/stores/s1/tickets?q=A1");
     let page = b.get("/console/lang?to=en&next=%2Fconsole%2Flogin%3Fnext%3D%252Fconsole%252F").await;
     assert_eq!(page.location, "/console/login?next=%2Fconsole%2F");
+}
+
+/// An action whose session ended before it arrived (here revoked) is not done, and the
+/// login afterwards lands on the page the form was on — never on the action's URL, which
+/// takes only POST — and says so.
+async fn an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_undone(app: &TestApp) {
+    let key = setup(app).await;
+    let id = in_doubt(app, &key, "s1", "p1", "U1").await;
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let csrf = hidden(&b.get("/console/stores/s1/attention").await.body, "csrf");
+    let r = app.call("DELETE", "/v1/operators/amy/sessions", Some(&key), None).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let action = format!("/console/stores/s1/tickets/{id}/mark-printed");
+    let page =
+        b.post(&action, &[("csrf", &csrf), ("reason", "on the pass"), ("back", "/console/stores/s1/attention")]).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER);
+    assert_eq!(page.location, "/console/login?next=%2Fconsole%2Fstores%2Fs1%2Fattention&expired=1&undone=1");
+    assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "in_doubt", "not done");
+    let login = b.get(&page.location).await;
+    assert!(login.body.contains("it was NOT done"), "{}", login.body);
+    assert_eq!(hidden(&login.body, "next"), "/console/stores/s1/attention");
+    let csrf = hidden(&login.body, "csrf");
+    let done = b
+        .post(
+            "/console/login",
+            &[
+                ("csrf", &csrf),
+                ("next", "/console/stores/s1/attention"),
+                ("tenant", "acme"),
+                ("operator", "amy"),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!((done.status, done.location.as_str()), (StatusCode::SEE_OTHER, "/console/stores/s1/attention"));
+    assert_eq!(b.get(&done.location).await.status, StatusCode::OK);
+
+    // A form without a `back` field: the page it was sent from (`Referer`), if it is a
+    // console page of this host; another site's page counts for nothing.
+    app.call("DELETE", "/v1/operators/amy/sessions", Some(&key), None).await;
+    let (http, base) = (b.http.clone(), b.base.clone());
+    let from = |referer: String| {
+        http.post(format!("{base}{action}")).header("referer", referer).form(&[("csrf", "x"), ("reason", "y")])
+    };
+    let req = from(format!("{base}/console/stores/s1/tickets/{id}"));
+    let page = b.send(req).await;
+    assert_eq!(
+        page.location,
+        format!("/console/login?next=%2Fconsole%2Fstores%2Fs1%2Ftickets%2F{id}&expired=1&undone=1")
+    );
+    let page = b.send(from("https://evil.example/console/stores/s1/".into())).await;
+    assert_eq!(page.location, "/console/login?next=%2Fconsole%2F&expired=1&undone=1");
+    assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "in_doubt", "not done");
 }

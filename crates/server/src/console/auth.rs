@@ -12,7 +12,7 @@
 
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Form;
 use onceprint_engine::secrets;
@@ -99,13 +99,42 @@ fn csrf_refused() -> ConsoleError {
 }
 
 /// Where a page that needs a login sends a browser without one.
+///
+/// A page asked for with GET is asked for again after the login. A form sent with POST
+/// cannot be: its URL only takes POST, and the form's fields are gone. So after the login
+/// the browser lands on the page the form was on (the `Referer`, when it is a page of this
+/// console on this host), and the login page says that the action was not done.
 fn to_login(parts: &Parts, expired: bool) -> ConsoleError {
-    let next = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/console/");
-    let mut target = format!("/console/login?next={}", html::url_encode(next));
+    if parts.method == Method::GET || parts.method == Method::HEAD {
+        let next = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/console/");
+        return ConsoleError::Redirect(login_target(next, expired, false));
+    }
+    let from = referer_path(&parts.headers).unwrap_or_else(|| "/console/".to_owned());
+    ConsoleError::Redirect(login_target(&from, expired, true))
+}
+
+/// The login page's URL that comes back to `next` (a console path) afterwards; with
+/// `undone`, it says that an action was not done.
+pub fn login_target(next: &str, expired: bool, undone: bool) -> String {
+    let mut target = format!("/console/login?next={}", html::url_encode(&safe_next(Some(next))));
     if expired {
         target.push_str("&expired=1");
     }
-    ConsoleError::Redirect(target)
+    if undone {
+        target.push_str("&undone=1");
+    }
+    target
+}
+
+/// The path and query of the request's `Referer` when it is a page of this console on
+/// the host the request was sent to; anything else (another site, no header) is `None`.
+fn referer_path(headers: &HeaderMap) -> Option<String> {
+    let referer = headers.get(header::REFERER)?.to_str().ok()?;
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let rest = referer.strip_prefix("http://").or_else(|| referer.strip_prefix("https://"))?;
+    let path = rest.strip_prefix(host)?;
+    let path = path.split('#').next().unwrap_or("");
+    (safe_next(Some(path)) == path).then(|| path.to_owned())
 }
 
 impl FromRequestParts<AppState> for ConsoleUser {
@@ -127,6 +156,8 @@ impl FromRequestParts<AppState> for ConsoleUser {
 pub struct LoginQuery {
     pub next: Option<String>,
     pub expired: Option<String>,
+    /// Set when the session ended while an action was being sent: it was not done.
+    pub undone: Option<String>,
 }
 
 /// Only paths of the console itself are followed after login or a language switch (no
@@ -177,7 +208,11 @@ pub async fn login_form(State(st): State<AppState>, headers: HeaderMap, Query(q)
     let lang = Lang::of(&headers);
     let next = safe_next(q.next.as_deref());
     let csrf = secrets::generate("lcsrf_");
-    let message = q.expired.is_some().then(|| lang.t("login.expired").to_owned());
+    let message = if q.undone.is_some() {
+        Some(lang.t("login.undone").to_owned())
+    } else {
+        q.expired.is_some().then(|| lang.t("login.expired").to_owned())
+    };
     let page = login_page(lang, &next, &csrf, message, "", "");
     let cookie = set_cookie(LOGIN_CSRF_COOKIE, &csrf, Some(3600), true, secure(&st, &headers));
     with_cookies(StatusCode::OK, &[cookie], page)

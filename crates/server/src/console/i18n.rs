@@ -137,6 +137,11 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("login.bad", "Wrong tenant, operator or password.", "租户、操作员或密码错误。"),
     ("login.throttled", "Too many failed logins. Wait and try again in", "登录失败次数过多。请稍后再试，等待"),
     ("login.expired", "Your session ended. Please log in again.", "会话已结束，请重新登录。"),
+    (
+        "login.undone",
+        "Your session ended before your action reached the server: it was NOT done. Log in, check the ticket and do it again if it is still needed.",
+        "操作提交前会话已结束：该操作未执行。请重新登录，查看小票，如仍需要请再操作一次。",
+    ),
     ("seconds", "seconds", "秒"),
     ("logout", "Log out", "退出"),
     ("lang.switch", "中文", "English"),

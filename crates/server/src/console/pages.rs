@@ -647,12 +647,29 @@ pub struct ActForm {
 }
 
 /// A manual action from a console form, recorded as the logged-in operator.
+///
+/// When the session ended before the form came (expired, logged out elsewhere, revoked),
+/// the login sends the browser back to the page the form was on (its `back` field, a page
+/// of the same store), never to the action's URL, which only takes POST; the login page
+/// says that the action was not done.
 pub async fn act(
     State(st): State<AppState>,
-    user: ConsoleUser,
+    user: Result<ConsoleUser, ConsoleError>,
     Path((store_id, task_id, action)): Path<(String, String, String)>,
     Form(f): Form<ActForm>,
 ) -> Result<Response, ConsoleError> {
+    let user = match user {
+        Ok(user) => user,
+        Err(ConsoleError::Redirect(to)) => {
+            let store_prefix = format!("/console/stores/{}/", url_encode(&store_id));
+            let back = f.back.as_deref().filter(|b| b.starts_with(&store_prefix));
+            return Err(ConsoleError::Redirect(match back {
+                Some(b) => super::auth::login_target(b, true, true),
+                None => to,
+            }));
+        }
+        Err(e) => return Err(e),
+    };
     user.check_csrf(&f.csrf)?;
     let shop = shop(&st, &user, &store_id).await?;
     let task = task_of(&st, &user, &shop, &task_id).await?;
