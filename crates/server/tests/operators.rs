@@ -23,6 +23,7 @@ both_backends!(
     every_console_answer_forbids_framing_and_foreign_content,
     a_language_switch_to_an_unusable_path_goes_to_the_start_page,
     an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_undone,
+    ticket_search_finds_the_start_of_a_number_and_the_days_text,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -677,4 +678,53 @@ async fn an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_und
     let page = b.send(from("https://evil.example/console/stores/s1/".into())).await;
     assert_eq!(page.location, "/console/login?next=%2Fconsole%2F&expired=1&undone=1");
     assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "in_doubt", "not done");
+}
+
+/// Search finds a ticket by the start of its business number across the store, and by
+/// any part of its number or text within the day.
+async fn ticket_search_finds_the_start_of_a_number_and_the_days_text(app: &TestApp) {
+    let key = setup(app).await;
+    let mut ids = std::collections::HashMap::new();
+    for (biz, text) in [("A1003", "Table 4\n"), ("A1003#kitchen", "Table 4\nBeef noodles\n"), ("B77", "Table 12\n")] {
+        let made = app.submit(&key, order(biz, text)).await;
+        ids.insert(biz, made.body["task_id"].as_str().expect("id").to_owned());
+    }
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let found = |body: &str| {
+        let mut f: Vec<&str> =
+            ids.iter().filter(|(_, id)| body.contains(&format!("data-task=\"{id}\""))).map(|(b, _)| *b).collect();
+        f.sort();
+        f
+    };
+    for (q, expected) in [
+        ("A1003", vec!["A1003", "A1003#kitchen"]),
+        ("A100", vec!["A1003", "A1003#kitchen"]),
+        ("kitchen", vec!["A1003#kitchen"]),
+        ("noodles", vec!["A1003#kitchen"]),
+        ("table+12", vec!["B77"]),
+        ("Z9", vec![]),
+    ] {
+        let page = b.get(&format!("/console/stores/s1/tickets?q={q}")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert_eq!(found(&page.body), expected, "q={q}");
+    }
+    // Within a day asked for, and the state filter still applies.
+    let today = b.get("/console/stores/s1/reconciliation").await;
+    let date = hidden_value(&today.body, "date");
+    let page = b.get(&format!("/console/stores/s1/tickets?q=1003&day={date}")).await;
+    assert_eq!(found(&page.body), vec!["A1003", "A1003#kitchen"], "{date}");
+    let page = b.get("/console/stores/s1/tickets?q=A1003&state=printed").await;
+    assert_eq!(found(&page.body), Vec::<&str>::new());
+}
+
+/// The value of the input whose `name` is given, whatever comes between.
+fn hidden_value(body: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\"");
+    body.find(&needle)
+        .map(|i| &body[i..])
+        .and_then(|rest| rest.split("value=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("")
+        .to_owned()
 }

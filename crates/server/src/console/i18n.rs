@@ -217,6 +217,11 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("action.done", "Done.", "已完成。"),
     ("tickets.title", "Tickets", "小票"),
     ("tickets.search", "Search", "搜索"),
+    (
+        "tickets.query",
+        "Order number (or its start), or a table or dish of the day",
+        "单号（或开头部分），或当天的桌号、菜品",
+    ),
     ("tickets.any", "any", "全部"),
     ("tickets.day", "Day", "日期"),
     ("tickets.none", "No ticket matches.", "没有符合条件的小票。"),

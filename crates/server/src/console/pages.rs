@@ -387,40 +387,70 @@ pub async fn tickets(
     let state = q.state.as_deref().filter(|s| !s.is_empty()).and_then(TaskState::parse);
     let printer = q.printer.clone().filter(|p| !p.is_empty());
     let day = q.day.clone().filter(|d| !d.is_empty());
-    let mut tasks: Vec<Task> = match &day {
-        Some(d) => {
-            let window = onceprint_engine::reconcile::day_window(d, &shop.zone)
+    // Two ways to find a ticket, so that a person can type what they see:
+    // - the start of the business number (`A1003` finds `A1003#kitchen`), over the whole
+    //   store, read as a range of the business-number index on both backends;
+    // - any part of the business number or of the ticket's text (a table, a dish), within
+    //   one business day of the store: the day asked for, else today. That reads every
+    //   ticket of the day and its content, which is bounded by what one shop prints in a
+    //   day, and is why it is not offered over all time.
+    let day_tasks = |d: String| {
+        let st = &st;
+        let shop = &shop;
+        async move {
+            let window = onceprint_engine::reconcile::day_window(&d, &shop.zone)
                 .ok_or_else(|| ApiError::invalid(format!("day: {d:?} is not a date YYYY-MM-DD")))?;
             let from = TaskId::from_parts(window.from, [0; 10]).into_string();
             let to = TaskId::from_parts(window.to, [0; 10]).into_string();
-            let mut day_tasks = st.store.tasks_created_between(tenant, &shop.row.id, &from, &to).await?;
-            day_tasks.reverse();
-            day_tasks
+            Ok::<Vec<Task>, ConsoleError>(st.store.tasks_created_between(tenant, &shop.row.id, &from, &to).await?)
         }
-        None => {
+    };
+    let mut tasks: Vec<Task> = match &day {
+        Some(d) => {
+            let in_day = day_tasks(d.clone()).await?;
+            if text.is_empty() {
+                in_day
+            } else {
+                containing(&st, in_day, &text).await?
+            }
+        }
+        None if text.is_empty() => {
             st.store
                 .list_tasks(&TaskQuery {
                     tenant_id: tenant.clone(),
                     store_id: Some(shop.row.id.clone()),
                     state,
-                    biz_no: (!text.is_empty()).then(|| text.clone()),
                     limit: 100,
                     ..Default::default()
                 })
                 .await?
         }
+        None => {
+            let mut found = st
+                .store
+                .list_tasks(&TaskQuery {
+                    tenant_id: tenant.clone(),
+                    store_id: Some(shop.row.id.clone()),
+                    state,
+                    biz_no_prefix: Some(text.clone()),
+                    limit: 100,
+                    ..Default::default()
+                })
+                .await?;
+            let today = day_tasks(shop.zone.local_date(now_ms())).await?;
+            found.extend(containing(&st, today, &text).await?);
+            found
+        }
     };
-    tasks.retain(|t| {
-        state.is_none_or(|s| t.state == s)
-            && printer.as_ref().is_none_or(|p| &t.printer_id == p)
-            && (text.is_empty() || t.biz_no.contains(&text))
-    });
+    tasks.sort_by(|a, b| b.task_id.cmp(&a.task_id));
+    tasks.dedup_by(|a, b| a.task_id == b.task_id);
+    tasks.retain(|t| state.is_none_or(|s| t.state == s) && printer.as_ref().is_none_or(|p| &t.printer_id == p));
     tasks.truncate(100);
     let mut body = format!(
         "<form class=\"search card\" method=\"get\" role=\"search\">\
          <label>{biz_l}<input name=\"q\" id=\"q\" value=\"{text}\" inputmode=\"search\"></label>\
          <label>{state_l}<select name=\"state\" id=\"state\"><option value=\"\">{any}</option>",
-        biz_l = esc(lang.t("ticket.biz_no")),
+        biz_l = esc(lang.t("tickets.query")),
         text = esc(&text),
         state_l = esc(lang.t("ticket.state")),
         any = esc(lang.t("tickets.any")),
@@ -474,6 +504,26 @@ pub async fn tickets(
         live: false,
     };
     Ok(render(r, &headers, &body))
+}
+
+/// The tickets among `tasks` whose business number or printed text contains `text`,
+/// ignoring case. The text is the stored content read as UTF-8 (plain text, or the markup
+/// document with its strings), fetched in batches.
+async fn containing(st: &AppState, tasks: Vec<Task>, text: &str) -> Result<Vec<Task>, ConsoleError> {
+    let needle = text.to_lowercase();
+    let mut by_text = std::collections::HashSet::new();
+    let ids: Vec<String> = tasks.iter().map(|t| t.task_id.clone()).collect();
+    for chunk in ids.chunks(500) {
+        for (id, content) in st.store.task_contents(chunk).await? {
+            if String::from_utf8_lossy(&content.content).to_lowercase().contains(&needle) {
+                by_text.insert(id);
+            }
+        }
+    }
+    Ok(tasks
+        .into_iter()
+        .filter(|t| t.biz_no.to_lowercase().contains(&needle) || by_text.contains(&t.task_id))
+        .collect())
 }
 
 /// The chain a ticket belongs to: the original and every reprint, transfer and failover
