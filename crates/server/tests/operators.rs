@@ -24,6 +24,7 @@ both_backends!(
     a_language_switch_to_an_unusable_path_goes_to_the_start_page,
     an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_undone,
     ticket_search_finds_the_start_of_a_number_and_the_days_text,
+    the_consoles_day_counts_the_tickets_still_waiting,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -727,4 +728,29 @@ fn hidden_value(body: &str, name: &str) -> String {
         .and_then(|rest| rest.split('"').next())
         .unwrap_or("")
         .to_owned()
+}
+
+/// The day's page counts the tickets still waiting, so that its counts add up to the
+/// tickets submitted, as the API's and the CSV's do.
+async fn the_consoles_day_counts_the_tickets_still_waiting(app: &TestApp) {
+    let key = setup(app).await;
+    in_doubt(app, &key, "s1", "p1", "W1").await;
+    for biz in ["W2", "W3"] {
+        app.submit(&key, order(biz, "waiting\n")).await;
+    }
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let page = b.get("/console/stores/s1/reconciliation").await;
+    let count = |state: &str| -> u64 {
+        let needle = format!("data-count=\"{state}\">");
+        page.body
+            .find(&needle)
+            .and_then(|i| page.body[i + needle.len()..].split('<').next().and_then(|n| n.parse().ok()))
+            .unwrap_or_else(|| panic!("no count {state} in {}", page.body))
+    };
+    assert_eq!((count("submitted"), count("open"), count("in_doubt")), (3, 2, 1));
+    let parts: u64 =
+        ["printed", "failed", "in_doubt", "transferred", "cancelled", "closed", "open"].into_iter().map(count).sum();
+    assert_eq!(parts, count("submitted"), "the counts add up");
+    assert!(page.body.contains("still waiting"));
 }

@@ -233,6 +233,7 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("recon.ledger", "Charges and refunds", "计费与退款"),
     ("recon.differences", "Differences", "差异"),
     ("recon.submitted", "submitted", "提交"),
+    ("recon.open", "still waiting or printing", "仍在等待或打印中"),
     ("recon.charges", "charges (amount)", "计费（金额）"),
     ("recon.refunds", "refunds (amount)", "退款（金额）"),
     ("recon.no_differences", "No differences.", "没有差异。"),

@@ -813,6 +813,9 @@ pub async fn reconciliation(
     ] {
         body.push_str(&format!("<dt>{}</dt><dd data-count=\"{state}\">{n}</dd>", esc(lang.state(state))));
     }
+    // Tickets still waiting, being sent or due for a retry: without them the counts
+    // above would not add up to "submitted" during the day.
+    body.push_str(&format!("<dt>{}</dt><dd data-count=\"open\">{}</dd>", esc(lang.t("recon.open")), c.open));
     body.push_str(&format!(
         "<dt>{}</dt><dd data-count=\"reprinted\">{}</dd><dt>{}</dt><dd data-count=\"submitted\">{}</dd></dl></section>",
         esc(lang.t("chain.reprint")),
