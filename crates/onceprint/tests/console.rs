@@ -558,7 +558,7 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     act(c, &item, "mark-printed", "the ticket is on the pass", None).await;
     wait_for(c, "#attention li[data-task]", "A17", true).await;
     c.goto(&format!("{base}/console/stores/s1/tickets/{doubt}")).await.expect("goto");
-    wait_for(c, "#timeline", "operator:amy", false).await;
+    wait_for(c, "#timeline", "by amy", false).await;
     assert!(text_of(c, "#timeline").await.contains("the ticket is on the pass"));
     assert!(text_of(c, "#ticket-state").await.contains("closed"));
 
@@ -668,6 +668,16 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     shot(c, shots, "overview-phone-zh").await;
     c.goto(&format!("{base}/console/stores/s1/tickets/{printed}")).await.expect("goto");
     wait_for(c, "#chain", "重打 1", false).await;
+    // Its history in plain Chinese: sent to the shop's agent, confirmed by the printer;
+    // no protocol wording, no English.
+    let history = text_of(c, "#timeline").await;
+    for line in ["已收到点单系统的打印请求", "已发送到门店的打印代理", "打印机已确认打印"]
+    {
+        assert!(history.contains(line), "{line} in {history}");
+    }
+    for jargon in ["dispatched", "agent:", "GS ( H", "confirmed by", "process id"] {
+        assert!(!history.contains(jargon), "{jargon} in {history}");
+    }
     shot(c, shots, "ticket-phone-zh").await;
     c.goto(&format!("{base}/console/stores/s1/attention")).await.expect("goto");
     shot(c, shots, "attention-phone-zh").await;

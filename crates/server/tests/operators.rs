@@ -25,6 +25,7 @@ both_backends!(
     an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_undone,
     ticket_search_finds_the_start_of_a_number_and_the_days_text,
     the_consoles_day_counts_the_tickets_still_waiting,
+    a_tickets_history_is_told_in_plain_words_in_both_languages,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -753,4 +754,50 @@ async fn the_consoles_day_counts_the_tickets_still_waiting(app: &TestApp) {
         ["printed", "failed", "in_doubt", "transferred", "cancelled", "closed", "open"].into_iter().map(count).sum();
     assert_eq!(parts, count("submitted"), "the counts add up");
     assert!(page.body.contains("still waiting"));
+}
+
+/// A ticket's history says what happened in plain words of the page's language — never
+/// the engine's protocol wording — and times on Chinese pages are in Chinese units.
+async fn a_tickets_history_is_told_in_plain_words_in_both_languages(app: &TestApp) {
+    let key = setup(app).await;
+    let id = in_doubt(app, &key, "s1", "p1", "H7").await;
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let csrf = hidden(&b.get("/console/stores/s1/attention").await.body, "csrf");
+    let path = format!("/console/stores/s1/tickets/{id}");
+    let done = b.post(&format!("{path}/mark-printed"), &[("csrf", &csrf), ("reason", "on the pass")]).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    let en = b.get(&path).await;
+    let zh = {
+        b.cookies.push(("op_lang".into(), "zh".into()));
+        b.get(&path).await
+    };
+    let timeline = |page: &Page| -> String {
+        let body = &page.body;
+        let start = body.find("id=\"timeline\"").expect("timeline");
+        body[start..].split("</ol>").next().unwrap_or("").to_owned()
+    };
+    let (en_t, zh_t) = (timeline(&en), timeline(&zh));
+    for line in [
+        "Received from the order system",
+        "Sent to the shop&#39;s print agent",
+        "No confirmation came: it may or may not have printed",
+        "Marked as printed by hand",
+        "by amy",
+        "on the pass",
+    ] {
+        assert!(en_t.contains(line), "{line} in {en_t}");
+    }
+    for line in ["已收到点单系统的打印请求", "已发送到门店的打印代理", "未收到确认", "已手动标记为已打印", "操作员 amy"]
+    {
+        assert!(zh_t.contains(line), "{line} in {zh_t}");
+    }
+    for jargon in ["dispatched", "agent:", "operator:", "engine", "GS ( H", "mark-printed:", "attempt"] {
+        assert!(!en_t.contains(jargon) && !zh_t.contains(jargon), "{jargon} in {en_t} / {zh_t}");
+    }
+    // Ages on Chinese pages are in Chinese units.
+    in_doubt(app, &key, "s1", "p2", "H8").await;
+    let att = b.get("/console/stores/s1/attention").await;
+    assert!(att.body.contains(" 秒") || att.body.contains(" 分钟"), "{}", att.body);
+    assert!(!att.body.contains(" s<") && !att.body.contains(" min<"), "{}", att.body);
 }

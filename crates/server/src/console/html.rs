@@ -145,13 +145,18 @@ pub fn fragment(title: &str, body: &str) -> String {
     format!("<h1>{}</h1>{body}", esc(title))
 }
 
-/// A duration for people: "3 min", "2 h 5 min", "45 s".
-pub fn age(ms: i64) -> String {
+/// A duration for people, in the page's language: "3 min", "2 h 5 min", "45 s" in
+/// English, "3 分钟", "2 小时 5 分钟", "45 秒" in Chinese.
+pub fn age(lang: Lang, ms: i64) -> String {
     let s = (ms / 1000).max(0);
+    let (sec, min, hour) = match lang {
+        Lang::En => ("s", "min", "h"),
+        Lang::Zh => ("秒", "分钟", "小时"),
+    };
     match s {
-        0..=59 => format!("{s} s"),
-        60..=3599 => format!("{} min", s / 60),
-        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+        0..=59 => format!("{s} {sec}"),
+        60..=3599 => format!("{} {min}", s / 60),
+        _ => format!("{} {hour} {} {min}", s / 3600, (s % 3600) / 60),
     }
 }
 
@@ -163,6 +168,9 @@ mod tests {
     fn text_cannot_become_markup() {
         assert_eq!(esc("<script>alert('x')</script>&\""), "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;");
         assert_eq!(url_encode("/console/x?a=b&c"), "%2Fconsole%2Fx%3Fa%3Db%26c");
-        assert_eq!((age(5_000), age(180_000), age(7_500_000)), ("5 s".into(), "3 min".into(), "2 h 5 min".into()));
+        let en = (age(Lang::En, 5_000), age(Lang::En, 180_000), age(Lang::En, 7_500_000));
+        assert_eq!(en, ("5 s".into(), "3 min".into(), "2 h 5 min".into()));
+        let zh = (age(Lang::Zh, 5_000), age(Lang::Zh, 180_000), age(Lang::Zh, 7_500_000));
+        assert_eq!(zh, ("5 秒".into(), "3 分钟".into(), "2 小时 5 分钟".into()));
     }
 }

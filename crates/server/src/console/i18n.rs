@@ -125,6 +125,101 @@ impl Lang {
     }
 }
 
+/// A line of a ticket's history in plain words: what happened, who did it, and the words
+/// a person typed as their reason (if any). The audit trail itself keeps the engine's
+/// exact wording for the API; the console never shows that wording, because it names
+/// protocols and internal ids that mean nothing at a counter.
+pub struct PlainEvent {
+    pub what: String,
+    pub who: String,
+    pub note: Option<String>,
+}
+
+impl Lang {
+    /// One audit event in plain words.
+    pub fn event(self, e: &onceprint_store::TaskEvent) -> PlainEvent {
+        use onceprint_core::TaskState as S;
+        let r = e.reason.as_str();
+        let key = match (e.from, e.to) {
+            (None, _) if r.starts_with("reprint") => "ev.created_reprint",
+            (None, _) if r.starts_with("transferred from") => "ev.created_transfer",
+            (None, _) if r.starts_with("failover") => "ev.created_failover",
+            (None, _) => "ev.submitted",
+            (_, S::Sent) if r.contains("fetched by the printer") => "ev.fetched",
+            (_, S::Sent) if r.contains("again") => "ev.sent_again",
+            (_, S::Sent) if r.contains("agent:") => "ev.sent_agent",
+            (_, S::Sent) => "ev.sent",
+            (_, S::Printed) if r.contains("status only") => "ev.printed_status",
+            (_, S::Printed) => "ev.printed",
+            (_, S::InDoubt) => "ev.in_doubt",
+            (_, S::Retrying) => "ev.retrying",
+            (_, S::Failed) => "ev.failed",
+            (_, S::Closed) => "ev.closed",
+            (_, S::Cancelled) => "ev.cancelled",
+            (_, S::Transferred) => "ev.transferred",
+            (_, S::Pending) => "ev.pending",
+        };
+        let mut what = self.t(key).to_owned();
+        // A printer problem named in the reason is said the way the printers page says it.
+        if matches!(e.to, S::Retrying | S::Failed | S::InDoubt) {
+            if let Some(why) = self.problem(r) {
+                what.push_str(" — ");
+                what.push_str(&why);
+            }
+        }
+        let person = e.actor.starts_with("operator:") || e.actor.starts_with("api_key:");
+        PlainEvent { what, who: self.actor(&e.actor), note: person.then(|| typed_reason(&e.actor, r)).flatten() }
+    }
+
+    /// Who did something, as a person names them.
+    pub fn actor(self, actor: &str) -> String {
+        match actor.split_once(':') {
+            Some(("operator", id)) => format!("{} {id}", self.t("who.operator")),
+            Some(("api_key", _)) => self.t("who.api").to_owned(),
+            Some(("agent", _)) => self.t("who.agent").to_owned(),
+            Some(("printer", _)) => self.t("who.printer").to_owned(),
+            // The engine, and anything else that is not a person: the system did it.
+            _ => self.t("who.engine").to_owned(),
+        }
+    }
+
+    /// A printer problem named anywhere in an audit reason, in plain words.
+    fn problem(self, reason: &str) -> Option<String> {
+        let r = reason.to_ascii_lowercase();
+        let key = [
+            ("no_paper", "why.no_paper"),
+            ("cover_open", "why.cover_open"),
+            ("paper_jam", "why.paper_jam"),
+            ("agent offline", "why.agent_offline"),
+            ("offline", "why.offline"),
+            ("render", "why.unrenderable"),
+            ("deadline", "ev.no_answer"),
+            ("timed out", "ev.no_answer"),
+            ("timeout", "ev.no_answer"),
+        ]
+        .into_iter()
+        .find(|(needle, _)| r.contains(needle))?
+        .1;
+        Some(self.t(key).to_owned())
+    }
+}
+
+/// The words a person typed as the reason of an action, without the prefix the engine
+/// puts before them ("mark-printed: …", "reprint 1 of … by operator:amy: …").
+fn typed_reason(actor: &str, reason: &str) -> Option<String> {
+    let after_actor = format!("{actor}: ");
+    let words = if let Some(i) = reason.find(&after_actor) {
+        &reason[i + after_actor.len()..]
+    } else {
+        ["mark-printed: ", "reprint: ", "cancel: ", "transfer: "]
+            .into_iter()
+            .find_map(|p| reason.strip_prefix(p))
+            .unwrap_or(reason)
+    };
+    let words = words.trim();
+    (!words.is_empty()).then(|| words.to_owned())
+}
+
 /// (key, English, Chinese).
 const TEXTS: &[(&str, &str, &str)] = &[
     ("app", "onceprint console", "onceprint 控制台"),
@@ -281,6 +376,33 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("live.on", "Live", "实时"),
     ("live.off", "Reconnecting…", "正在重连…"),
     ("time.store", "store time", "门店时间"),
+    ("ev.submitted", "Received from the order system", "已收到点单系统的打印请求"),
+    ("ev.created_reprint", "Created as a reprint", "作为重打创建"),
+    ("ev.created_transfer", "Moved here from another printer", "从其他打印机转到这里"),
+    ("ev.created_failover", "Continued here because its printer could not print", "原打印机无法打印，转到这里继续"),
+    ("ev.fetched", "The printer picked the ticket up", "打印机已取走小票"),
+    ("ev.sent_again", "Sent again: no answer came in time", "未及时收到回应，已重新发送"),
+    ("ev.sent_agent", "Sent to the shop's print agent", "已发送到门店的打印代理"),
+    ("ev.sent", "Sent to the printer", "已发送到打印机"),
+    ("ev.printed", "The printer confirmed it printed", "打印机已确认打印"),
+    (
+        "ev.printed_status",
+        "The printer took it and reported no problem (this printer cannot confirm each ticket)",
+        "打印机已接收且未报告问题（此打印机无法逐张确认）",
+    ),
+    ("ev.in_doubt", "No confirmation came: it may or may not have printed", "未收到确认：可能已打印，也可能没有"),
+    ("ev.retrying", "It did not print; it will be tried again", "未打印，稍后会再试"),
+    ("ev.failed", "Given up: it did not print", "已放弃：未打印"),
+    ("ev.closed", "Marked as printed by hand", "已手动标记为已打印"),
+    ("ev.cancelled", "Cancelled and refunded", "已取消并退款"),
+    ("ev.transferred", "Moved to another printer", "已转到其他打印机"),
+    ("ev.pending", "Waiting for its printer", "等待打印机"),
+    ("ev.no_answer", "no answer in time", "未及时回应"),
+    ("who.operator", "by", "操作员"),
+    ("who.api", "by the order system", "点单系统"),
+    ("who.agent", "by the shop's print agent", "门店打印代理"),
+    ("who.printer", "by the printer", "打印机"),
+    ("who.engine", "automatically", "系统自动"),
 ];
 
 #[cfg(test)]

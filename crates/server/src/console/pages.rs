@@ -195,14 +195,14 @@ pub async fn overview(
             ("bad", lang.t("printer.offline"))
         };
         let seen = match p.last_seen_at {
-            Some(t) => format!("{} ({})", shop.zone.local_time(t), lang.ago(&age(now - t))),
+            Some(t) => format!("{} ({})", shop.zone.local_time(t), lang.ago(&age(lang, now - t))),
             None => lang.t("printer.never").to_owned(),
         };
         let lane = match lanes.get(&p.id) {
             Some(l) => {
                 let oldest = l
                     .oldest_waiting_at
-                    .map(|t| format!(", {} {}", esc(lang.t("printer.oldest")), age(now - t)))
+                    .map(|t| format!(", {} {}", esc(lang.t("printer.oldest")), age(lang, now - t)))
                     .unwrap_or_default();
                 let flying = if l.in_flight_since.is_some() {
                     format!(", {}", esc(lang.t("printer.in_flight")))
@@ -213,7 +213,7 @@ pub async fn overview(
                 // its tickets wait without spending attempts (issue 15).
                 let paused = p
                     .paused_since
-                    .map(|t| format!(", {} {}", esc(lang.t("printer.paused_for")), age(now - t)))
+                    .map(|t| format!(", {} {}", esc(lang.t("printer.paused_for")), age(lang, now - t)))
                     .unwrap_or_default();
                 format!("{}{oldest}{flying}{paused}", l.waiting)
             }
@@ -346,7 +346,7 @@ pub async fn attention(
             badge = state_badge(lang, t.state),
             printer = esc(&t.printer_id),
             for_l = esc(lang.t("attention.age")),
-            age = age(now - t.updated_at),
+            age = age(lang, now - t.updated_at),
             reason = esc(&reason),
             forms = action_forms(lang, &user.session.csrf_token, &shop, t, &printers, &path),
         ));
@@ -644,15 +644,16 @@ pub async fn ticket(
         esc(lang.t("ticket.timeline"))
     ));
     for e in &events {
-        let from = e.from.map(|f| format!("{} → ", lang.state(f.as_str()))).unwrap_or_default();
+        let plain = lang.event(e);
+        let note = plain.note.map(|n| format!("<p class=\"note\">{}</p>", esc(&n))).unwrap_or_default();
         body.push_str(&format!(
-            "<li><time>{at}</time> <strong>{from}{to}</strong> <span class=\"actor\">{actor}</span>\
-             <p>{reason}</p></li>",
+            "<li data-to=\"{to_attr}\"><time>{at}</time> {badge} <span class=\"actor\">{who}</span>\
+             <p>{what}</p>{note}</li>",
+            to_attr = e.to.as_str(),
             at = esc(&z.local_time(e.at)),
-            from = esc(&from),
-            to = esc(lang.state(e.to.as_str())),
-            actor = esc(&e.actor),
-            reason = esc(&e.reason),
+            badge = state_badge(lang, e.to),
+            who = esc(&plain.who),
+            what = esc(&plain.what),
         ));
     }
     body.push_str("</ol></section>");
