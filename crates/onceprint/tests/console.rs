@@ -354,6 +354,8 @@ async fn browser(dir: &Path) -> Option<(Client, Child)> {
     );
     // The browser's console log, where content security policy violations are reported.
     caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
+    // A page that cannot load fails the test in half a minute, not in WebDriver's five.
+    caps.insert("timeouts".into(), json!({"pageLoad": 30_000, "script": 30_000}));
     let start = Instant::now();
     loop {
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -702,4 +704,70 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
     wait_for(c, "h1", "Log in", false).await;
     let url = c.current_url().await.expect("url").to_string();
     assert!(url.contains("/console/login"), "{url}");
+}
+
+/// Page changes back and forth — by the navigation, and by the browser's history with its
+/// back/forward cache on, as Chrome has it by default — never use up the browser's
+/// connections to the broker: a page put in the cache closes its live stream, and opens
+/// it again when it comes back. After twenty changes every page still loads, the live
+/// view still updates, and an action still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_page_changes_keep_the_console_working() {
+    let w = World::start("pages").await;
+    let Some((c, mut driver)) = browser(&w.dir).await else { return };
+    let result = run_page_changes(&w, &c).await;
+    let _ = c.close().await;
+    let _ = driver.kill();
+    let _ = driver.wait();
+    result
+}
+
+async fn run_page_changes(w: &World, c: &Client) {
+    let base = &w.base;
+    let printed = w.submit("N1", "p0", "Table 1").await;
+    w.wait_state(&printed, "printed").await;
+    c.goto(&format!("{base}/console/login?next=%2Fconsole%2Fstores%2Fs1%2F")).await.expect("goto");
+    c.find(Locator::Id("tenant")).await.expect("tenant").send_keys("shop").await.expect("type");
+    c.find(Locator::Id("operator")).await.expect("operator").send_keys("amy").await.expect("type");
+    c.find(Locator::Id("password")).await.expect("password").send_keys(PASSWORD).await.expect("type");
+    c.find(Locator::Id("login")).await.expect("button").click().await.expect("log in");
+    wait_for(c, "h1", "Printers", false).await;
+    wait_for(c, "#live-state", "Live", false).await;
+
+    let mut restored = 0;
+    for i in 0..20 {
+        let (link, title) =
+            if i % 2 == 0 { ("nav-attention", "Needs attention") } else { ("nav-overview", "Printers") };
+        c.find(Locator::Id(link)).await.expect("navigation").click().await.expect("click");
+        wait_for(c, "h1", title, false).await;
+        mark_page(c).await;
+        if i % 4 == 3 {
+            // Back to the previous page and forward again, through the history.
+            c.back().await.expect("back");
+            let previous = if title == "Printers" { "Needs attention" } else { "Printers" };
+            wait_for(c, "h1", previous, false).await;
+            c.forward().await.expect("forward");
+            wait_for(c, "h1", title, false).await;
+            if still_marked(c).await {
+                restored += 1;
+            }
+        }
+        wait_for(c, "#live-state", "Live", false).await;
+    }
+    eprintln!("pages restored from the back/forward cache: {restored} of 5");
+
+    // The live view of the page shown still works: paper out shows without a reload.
+    c.find(Locator::Id("nav-overview")).await.expect("navigation").click().await.expect("click");
+    wait_for(c, "[data-printer=\"p0\"] [data-reason]", "Ready", false).await;
+    w.faults(json!({"paper_out": true})).await;
+    wait_for(c, "[data-printer=\"p0\"] [data-reason]", "Out of paper", false).await;
+    w.faults(json!({"paper_out": false})).await;
+
+    // And an action goes through.
+    c.goto(&format!("{base}/console/stores/s1/tickets/{printed}")).await.expect("goto");
+    wait_for(c, "#ticket-state", "printed", false).await;
+    act(c, "", "reprint", "smudged", None).await;
+    wait_for(c, "#chain", "reprint 1", false).await;
+    let violations = csp_violations(c).await;
+    assert!(violations.is_empty(), "content security policy violations: {violations:?}");
 }

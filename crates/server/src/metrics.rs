@@ -72,6 +72,19 @@ pub struct Metrics {
     /// 1 for each once-per-cluster job whose lease this node holds, labelled with the
     /// lease's name and this node's id.
     lease_held: Family<Labels, Gauge>,
+    /// Console live views (server-sent event streams) open now.
+    console_live: Gauge,
+}
+
+/// Counts one open console live view for as long as it lives: the stream holds it, so
+/// the count goes down when the stream ends for any reason, a browser that went away
+/// included.
+pub struct LiveViewGuard(Gauge);
+
+impl Drop for LiveViewGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -152,7 +165,14 @@ impl Metrics {
             "1 when this node holds the lease of a job that runs once per cluster (node_id names the node)",
             lease_held.clone(),
         );
+        let console_live = Gauge::default();
+        registry.register(
+            "onceprint_console_live_streams",
+            "Console live views (server-sent event streams) open now",
+            console_live.clone(),
+        );
         Arc::new(Metrics {
+            console_live,
             lease_held,
             registry,
             submissions,
@@ -170,6 +190,12 @@ impl Metrics {
             shared_gate_up,
             retention_sync: std::sync::Mutex::new(()),
         })
+    }
+
+    /// Counts a console live view until the returned guard is dropped.
+    pub fn live_view(&self) -> LiveViewGuard {
+        self.console_live.inc();
+        LiveViewGuard(self.console_live.clone())
     }
 
     pub fn submission(&self, outcome: SubmitOutcomeLabel) {

@@ -26,6 +26,7 @@ both_backends!(
     ticket_search_finds_the_start_of_a_number_and_the_days_text,
     the_consoles_day_counts_the_tickets_still_waiting,
     a_tickets_history_is_told_in_plain_words_in_both_languages,
+    a_live_view_ends_when_its_browser_goes_away,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -800,4 +801,38 @@ async fn a_tickets_history_is_told_in_plain_words_in_both_languages(app: &TestAp
     let att = b.get("/console/stores/s1/attention").await;
     assert!(att.body.contains(" 秒") || att.body.contains(" 分钟"), "{}", att.body);
     assert!(!att.body.contains(" s<") && !att.body.contains(" min<"), "{}", att.body);
+}
+
+/// A live view's stream ends on the server when its browser goes away, so that a page
+/// closed, left, or kept in the back/forward cache holds nothing on the broker.
+async fn a_live_view_ends_when_its_browser_goes_away(app: &TestApp) {
+    setup(app).await;
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let open_streams = || async {
+        let text = app.http.get(format!("{}/metrics", app.base)).send().await.expect("metrics").text().await;
+        text.unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("onceprint_console_live_streams "))
+            .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse::<i64>().ok()))
+            .expect("the live streams gauge")
+    };
+    assert_eq!(open_streams().await, 0);
+    let mut res = b
+        .http
+        .get(format!("{}/console/stores/s1/live", b.base))
+        .header("cookie", b.cookie_header())
+        .send()
+        .await
+        .expect("live");
+    assert_eq!(res.status(), StatusCode::OK);
+    let first = res.chunk().await.expect("chunk").unwrap_or_default();
+    assert!(String::from_utf8_lossy(&first).contains("hello"), "{first:?}");
+    assert_eq!(open_streams().await, 1);
+    drop(res);
+    let start = std::time::Instant::now();
+    while open_streams().await != 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the stream outlived its browser");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -7,7 +7,8 @@
 //! script then fetches its own content again and swaps it in. Looking is cheap (the
 //! printers of one store, its attention list and lane figures) and only as frequent as a
 //! person could notice; sending only changes keeps an idle page quiet except for the
-//! keep-alive comments that hold the connection open through proxies.
+//! keep-alive comments that hold the connection open through proxies and tell the
+//! server, by a failed write, that the browser went away (the stream then ends).
 
 use std::collections::hash_map::DefaultHasher;
 use std::convert::Infallible;
@@ -24,6 +25,9 @@ use super::ConsoleError;
 use crate::error::ApiError;
 use crate::AppState;
 
+/// How often an idle stream writes a keep-alive comment (see `events`).
+const KEEP_ALIVE: Duration = Duration::from_secs(3);
+
 /// One open live view.
 struct Live {
     st: AppState,
@@ -32,6 +36,8 @@ struct Live {
     secret: String,
     last: u64,
     hello: bool,
+    /// Keeps the open-streams gauge up while the stream lives.
+    _counted: crate::metrics::LiveViewGuard,
 }
 
 /// What the live pages show of a store, hashed.
@@ -65,7 +71,16 @@ pub async fn events(
     let first = digest(&st, &tenant_id, &store_id).await?;
     // The stream says `expired` once the session expired or was revoked, so a page left
     // open does not outlive its login: the script then reloads and lands on the login page.
-    let seed = Live { st, tenant: tenant_id, store: store_id, secret: user.secret.clone(), last: first, hello: true };
+    let counted = st.metrics.live_view();
+    let seed = Live {
+        st,
+        tenant: tenant_id,
+        store: store_id,
+        secret: user.secret.clone(),
+        last: first,
+        hello: true,
+        _counted: counted,
+    };
     let s = stream::unfold(seed, move |mut l| async move {
         if l.hello {
             l.hello = false;
@@ -92,5 +107,9 @@ pub async fn events(
             }
         }
     });
-    Ok(Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    // The server learns that a browser went away only when a write fails, so the stream
+    // writes a keep-alive comment every few seconds even when nothing changed: a page
+    // that was closed, navigated away from or put in the back/forward cache without
+    // closing its stream frees its connection and its store reads within seconds.
+    Ok(Sse::new(s).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
 }

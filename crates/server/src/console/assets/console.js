@@ -64,9 +64,31 @@
   document.addEventListener("focusout", function () { if (pending) setTimeout(refresh, 50); });
   document.addEventListener("toggle", function () { if (pending) setTimeout(refresh, 50); }, true);
 
-  var es = new EventSource(main.dataset.live);
-  es.addEventListener("hello", function () { state.textContent = main.dataset.liveOn; });
-  es.addEventListener("change", refresh);
-  es.addEventListener("expired", function () { es.close(); location.reload(); });
-  es.onerror = function () { state.textContent = main.dataset.liveOff; };
+  // The stream is open only while the page is shown. A page kept in the browser's
+  // back/forward cache would otherwise keep its connection, and over HTTP/1.1 a browser
+  // has six per host: after a few page changes no page and no form could load any more.
+  // So the stream closes when the page is hidden and opens again (with a refresh, as the
+  // page may be stale) when the page comes back from the cache.
+  var es = null;
+
+  function openStream() {
+    if (es) return;
+    es = new EventSource(main.dataset.live);
+    es.addEventListener("hello", function () { state.textContent = main.dataset.liveOn; });
+    es.addEventListener("change", refresh);
+    es.addEventListener("expired", function () { closeStream(); location.reload(); });
+    es.onerror = function () { state.textContent = main.dataset.liveOff; };
+  }
+
+  function closeStream() {
+    if (!es) return;
+    es.close();
+    es = null;
+  }
+
+  window.addEventListener("pagehide", closeStream);
+  window.addEventListener("pageshow", function (ev) {
+    if (ev.persisted) { openStream(); refresh(); }
+  });
+  openStream();
 })();
