@@ -680,6 +680,9 @@ async fn an_action_sent_after_the_session_ended_comes_back_to_the_forms_page_und
     );
     let page = b.send(from("https://evil.example/console/stores/s1/".into())).await;
     assert_eq!(page.location, "/console/login?next=%2Fconsole%2F&expired=1&undone=1");
+    // Logging out of the ended session is not an action left undone.
+    let page = b.post("/console/logout", &[("csrf", "x")]).await;
+    assert_eq!(page.location, "/console/login?next=%2Fconsole%2F&expired=1");
     assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "in_doubt", "not done");
 }
 

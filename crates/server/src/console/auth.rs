@@ -110,7 +110,9 @@ fn to_login(parts: &Parts, expired: bool) -> ConsoleError {
         return ConsoleError::Redirect(login_target(next, expired, false));
     }
     let from = referer_path(&parts.headers).unwrap_or_else(|| "/console/".to_owned());
-    ConsoleError::Redirect(login_target(&from, expired, true))
+    // Logging out of a session that already ended leaves nothing undone.
+    let undone = parts.uri.path() != "/console/logout";
+    ConsoleError::Redirect(login_target(&from, expired, undone))
 }
 
 /// The login page's URL that comes back to `next` (a console path) afterwards; with
