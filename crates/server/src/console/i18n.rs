@@ -119,6 +119,8 @@ impl Lang {
             "agent offline" => "why.agent_offline",
             "in_doubt" => "why.in_doubt",
             "unrenderable" => "why.unrenderable",
+            "refused" => "why.refused",
+            "error" => "why.printer_error",
             _ => return format!("{}: {last_error}", self.t("why.error")),
         };
         self.t(key).to_owned()
@@ -193,6 +195,7 @@ impl Lang {
             ("agent offline", "why.agent_offline"),
             ("offline", "why.offline"),
             ("render", "why.unrenderable"),
+            ("refused", "why.refused"),
             ("deadline", "ev.no_answer"),
             ("timed out", "ev.no_answer"),
             ("timeout", "ev.no_answer"),
@@ -275,6 +278,12 @@ const TEXTS: &[(&str, &str, &str)] = &[
         "未确认 — 请查看小票是否已打出，再做处理",
     ),
     ("why.unrenderable", "The content cannot be printed on this printer", "此内容无法在该打印机上打印"),
+    (
+        "why.refused",
+        "The printer refused the ticket and printed nothing — check the printer's settings",
+        "打印机拒收了小票，没有打印 — 请检查打印机设置",
+    ),
+    ("why.printer_error", "The printer reported an error — look at the printer", "打印机报告了错误 — 请查看打印机"),
     ("why.error", "Error", "错误"),
     ("attention.title", "Needs attention", "待处理"),
     ("attention.empty", "Nothing needs attention. Every ticket is fine.", "没有待处理的小票，一切正常。"),
@@ -432,5 +441,22 @@ mod tests {
             assert!(!en.is_empty() && !zh.is_empty(), "{k}");
         }
         assert_eq!(Lang::Zh.reason("no_paper"), "缺纸 — 装纸后会自动继续打印");
+        // The codes a ticket's last error holds are said in words, not shown as codes.
+        for code in [
+            "no_paper",
+            "cover_open",
+            "paper_jam",
+            "offline",
+            "agent offline",
+            "in_doubt",
+            "unrenderable",
+            "refused",
+            "error",
+        ] {
+            for lang in [Lang::En, Lang::Zh] {
+                let said = lang.reason(code);
+                assert!(said != code && !said.starts_with(lang.t("why.error")), "{code}: {said}");
+            }
+        }
     }
 }
