@@ -41,11 +41,10 @@ pub fn validate_biz_no(value: Option<&str>) -> Result<&str, CoreError> {
         Some(v) if v.trim().is_empty() => return Err(CoreError::MissingBizNo),
         Some(v) => v,
     };
-    if value.len() > MAX_BIZ_NO_LEN {
-        return Err(CoreError::invalid(
-            "biz_no",
-            format!("must be at most {MAX_BIZ_NO_LEN} bytes, got {}", value.len()),
-        ));
+    // Characters, as the OpenAPI document's `maxLength` counts them.
+    let len = value.chars().count();
+    if len > MAX_BIZ_NO_LEN {
+        return Err(CoreError::invalid("biz_no", format!("must be at most {MAX_BIZ_NO_LEN} characters, got {len}")));
     }
     if value.chars().any(char::is_control) {
         return Err(CoreError::invalid("biz_no", "must not contain control characters"));

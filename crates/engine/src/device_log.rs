@@ -66,10 +66,11 @@ fn check(agent_id: &str, records: &[DigestRecord]) -> Result<Vec<DeviceLogState>
                 format!("{:?} is not a task id (26 characters of Crockford base32)", r.task_id),
             ));
         }
-        if r.key.trim().is_empty() || r.key.len() > MAX_KEY_LEN || r.key.chars().any(char::is_control) {
+        // Characters, as the OpenAPI document's `maxLength` counts them.
+        if r.key.trim().is_empty() || r.key.chars().count() > MAX_KEY_LEN || r.key.chars().any(char::is_control) {
             return Err(CoreError::invalid(
                 format!("records[{i}].key"),
-                format!("must be 1 to {MAX_KEY_LEN} bytes without control characters, not blank"),
+                format!("must be 1 to {MAX_KEY_LEN} characters without control characters, not blank"),
             ));
         }
         validate_id(&format!("records[{i}].printer_id"), &r.printer_id)?;

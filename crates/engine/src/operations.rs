@@ -109,8 +109,9 @@ pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Cor
     if value.trim().is_empty() {
         return Err(CoreError::invalid(field, "is required: say who acts and why"));
     }
-    if value.len() > max || value.chars().any(char::is_control) {
-        return Err(CoreError::invalid(field, format!("must be at most {max} bytes without control characters")));
+    // Characters, as the document's `maxLength` counts them.
+    if value.chars().count() > max || value.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, format!("must be at most {max} characters without control characters")));
     }
     Ok(())
 }

@@ -193,9 +193,10 @@ pub struct Setup {
     signals: Option<Arc<crate::StoreSignals>>,
 }
 
+/// Lengths count characters, as the OpenAPI document's `maxLength` does.
 fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
-    if name.trim().is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
-        return Err(CoreError::invalid(field, "must be 1–200 bytes without control characters"));
+    if name.trim().is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, "must be 1–200 characters without control characters"));
     }
     Ok(())
 }
