@@ -36,6 +36,12 @@ pub mod integral {
         }
     }
 
+    /// A field whose absence differs from `null`: `Some(None)` for `null`, `Some(Some(n))`
+    /// for an integer; with `#[serde(default)]` an absent field stays `None`.
+    pub fn present_optional<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+        optional(d).map(Some)
+    }
+
     /// The same for the integers inside a free-form object (a printer's transport): each
     /// number with a zero fraction becomes that integer.
     pub fn normalize(v: &mut serde_json::Value) {
@@ -263,7 +269,7 @@ pub struct CreateStation {
     /// Extension: how long (ms, 0 to 86400000) a printer of the station may be paused by
     /// no paper, cover open, paper jam or offline before its station tickets move to the
     /// next printer. Absent or `null`: the broker's `station_failover_after_ms` (30000).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::optional")]
     #[schema(minimum = 0, maximum = 86_400_000)]
     pub failover_after_ms: Option<i64>,
 }
@@ -277,15 +283,9 @@ pub struct UpdateStation {
     pub printers: Option<Vec<String>>,
     /// Extension: the station's own failover threshold (see `CreateStation`); `null` goes
     /// back to the broker's, absent leaves it as it is.
-    #[serde(default, deserialize_with = "crate::dto::present")]
+    #[serde(default, deserialize_with = "integral::present_optional")]
     #[schema(value_type = Option<i64>, minimum = 0, maximum = 86_400_000)]
     pub failover_after_ms: Option<Option<i64>>,
-}
-
-/// `Some(value)` for a field that is present (also `null`), so that `#[serde(default)]`
-/// leaves `None` for an absent one.
-pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
