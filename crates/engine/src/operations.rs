@@ -21,6 +21,13 @@ use crate::{Directory, RecentTasks, Shared, StoreSignals};
 pub enum ActionError {
     #[error("no task {0:?}")]
     NotFound(String),
+    /// The printer the action names is not a printer of the task's store (or not the
+    /// tenant's at all): to the caller it does not exist, as another tenant's object.
+    #[error("{0}")]
+    UnknownPrinter(String),
+    /// A transfer to the printer the task already has would move nothing.
+    #[error("{0}")]
+    SamePrinter(String),
     #[error(transparent)]
     NotAllowed(#[from] NotAllowed),
     /// The printer the action would print on is disabled: the copy would only wait there.
@@ -195,18 +202,15 @@ impl Operations {
     /// transfer can never go to another store's printer, R29) and returns its id.
     async fn printer_in_store(&self, tenant_id: &str, task: &Task, printer_id: &str) -> Result<String, ActionError> {
         onceprint_core::validate_id("printer_id", printer_id)?;
-        let printer = self
-            .directory
-            .printer(tenant_id, printer_id)
-            .await?
-            .ok_or_else(|| CoreError::invalid("printer_id", format!("no printer {printer_id:?}")))?;
-        if printer.store_id != task.store_id {
-            return Err(CoreError::invalid(
-                "printer_id",
-                format!("printer {printer_id:?} is in store {:?}, the task in {:?}", printer.store_id, task.store_id),
-            )
-            .into());
-        }
+        let printer =
+            self.directory.printer(tenant_id, printer_id).await?.filter(|p| p.store_id == task.store_id).ok_or_else(
+                || {
+                    ActionError::UnknownPrinter(format!(
+                        "printer_id: no printer {printer_id:?} in store {:?}, the task's store",
+                        task.store_id
+                    ))
+                },
+            )?;
         if !printer.enabled {
             // The task would only wait there: a disabled printer's lane goes to nobody.
             return Err(ActionError::PrinterDisabled(format!(
@@ -291,7 +295,9 @@ impl Operations {
                     .as_deref()
                     .ok_or_else(|| CoreError::invalid("printer_id", "is required: the printer to transfer to"))?;
                 if printer_id == task.printer_id {
-                    return Err(CoreError::invalid("printer_id", "is the task's own printer").into());
+                    return Err(ActionError::SamePrinter(format!(
+                        "printer_id: the task is already on printer {printer_id:?}; transfer it to another printer"
+                    )));
                 }
                 let printer_id = self.printer_in_store(&req.tenant_id, &task, printer_id).await?;
                 let spec = SuccessorSpec {

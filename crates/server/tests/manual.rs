@@ -138,7 +138,7 @@ async fn transfer_moves_work_within_the_store_and_resubmits_find_it(app: &TestAp
     let key = app.tenant("acme").await;
     let id = submit(app, &key, "T1").await;
     assert_eq!(act(app, &key, &id, "transfer", json!({})).await.code(), "invalid_request", "printer_id required");
-    assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "nope"})).await.code(), "invalid_request");
+    assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "nope"})).await.code(), "not_found");
     app.post("/v1/stores", &key, json!({"id": "s2", "name": "Other"})).await;
     app.post(
         "/v1/printers",
@@ -147,7 +147,7 @@ async fn transfer_moves_work_within_the_store_and_resubmits_find_it(app: &TestAp
     )
     .await;
     let cross = act(app, &key, &id, "transfer", json!({"printer_id": "q1"})).await;
-    assert_eq!(cross.code(), "invalid_request", "another store's printer: {cross:?}");
+    assert_eq!(cross.code(), "not_found", "another store's printer: {cross:?}");
     let moved = act(app, &key, &id, "transfer", json!({"printer_id": "p2"})).await;
     assert_eq!(moved.status, StatusCode::CREATED, "{moved:?}");
     let succ = moved.body["created"]["task_id"].as_str().expect("id").to_owned();

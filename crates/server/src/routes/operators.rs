@@ -20,6 +20,7 @@ use crate::AppState;
 #[utoipa::path(post, path = "/v1/operators", tag = "operators", security(("tenant" = [])),
     request_body = CreateOperator,
     responses((status = 201, body = OperatorOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: one of `stores` is not a store of the tenant", body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create_operator(
     State(st): State<AppState>,

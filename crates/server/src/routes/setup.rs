@@ -86,7 +86,9 @@ pub async fn get_store(
 #[utoipa::path(post, path = "/v1/printers", tag = "set-up", request_body = CreatePrinter,
     security(("tenant" = [])),
     responses((status = 201, body = PrinterOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: `store_id` is not a store of the tenant", body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
 pub async fn create_printer(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -107,7 +109,9 @@ pub async fn create_printer(
 #[utoipa::path(post, path = "/v1/printers/{id}/credentials", tag = "set-up",
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = PrinterCredentialsOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such printer, or the printer has no login (only \
+                  `cloudprnt`, `epson_sdp` and `mqtt` printers log in)", body = ErrorBody)))]
 pub async fn rotate_printer_credentials(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -150,7 +154,7 @@ pub async fn get_printer(
 #[utoipa::path(patch, path = "/v1/printers/{id}", tag = "set-up", request_body = UpdatePrinter,
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = PrinterOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such printer (in `store_id`, when given)", body = ErrorBody),
               (status = 409, description = "`conflict`: the printer kept changing under concurrent edits", body = ErrorBody)))]
 pub async fn update_printer(
     State(st): State<AppState>,
@@ -211,7 +215,10 @@ pub async fn enable_printer(
 #[utoipa::path(post, path = "/v1/stations", tag = "set-up", request_body = CreateStation,
     security(("tenant" = [])),
     responses((status = 201, body = StationOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: `store_id` is not a store of the tenant, or a printer is not \
+                  one of that store's", body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
 pub async fn create_station(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -241,7 +248,8 @@ pub async fn get_station(
 #[utoipa::path(patch, path = "/v1/stations/{id}", tag = "set-up", request_body = UpdateStation,
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = StationOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such station, or a printer is not one of the station's \
+                  store's", body = ErrorBody),
               (status = 409, description = "`conflict`: the station kept changing under concurrent edits", body = ErrorBody)))]
 pub async fn update_station(
     State(st): State<AppState>,

@@ -36,8 +36,11 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
         (status = 201, description = "a new task was created", body = SubmitOut),
         (status = 200, description = "duplicate: the existing task, nothing created or charged (`\"pruned\": true` when \
             retention pruned it: its final state is answered)", body = SubmitOut),
-        (status = 400, description = "`missing_biz_no` or `invalid_request`", body = ErrorBody),
+        (status = 400, description = "`missing_biz_no`, `invalid_request`, or `invalid_content` (a receipt document \
+            that breaks a layout rule, content the target printer cannot print)", body = ErrorBody),
         (status = 401, body = ErrorBody),
+        (status = 404, description = "`not_found`: `printer_id` or `station_id` names no printer or station of the \
+            tenant", body = ErrorBody),
         (status = 409, description = "`printer_disabled`: a new task for a disabled printer (or a station whose \
             printers are all disabled); a duplicate of an existing task is still answered 200", body = ErrorBody),
         (status = 413, body = ErrorBody),
