@@ -50,8 +50,9 @@ pub enum Actor {
     /// An operator (console session or operator token): recorded as `operator:ID`.
     Operator(String),
     /// A tenant API key: recorded as `api_key:ID`, with the free-text name the caller gave
-    /// beside it in the reason (who at the merchant's end pressed the button).
-    ApiKey { key_id: String, name: String },
+    /// beside it in the reason (who at the merchant's end pressed the button) when there is
+    /// one. An order system acting on its own has no person to name: the key is the actor.
+    ApiKey { key_id: String, name: Option<String> },
 }
 
 impl Actor {
@@ -233,7 +234,7 @@ impl Operations {
 
     /// Carries out one operator action.
     pub async fn act(&self, action: ManualAction, req: ActionRequest) -> Result<ActionOutcome, ActionError> {
-        if let Actor::ApiKey { name, .. } = &req.actor {
+        if let Actor::ApiKey { name: Some(name), .. } = &req.actor {
             check_text("operator", name, 100)?;
         }
         check_text("reason", &req.reason, 500)?;
@@ -246,8 +247,8 @@ impl Operations {
         let actor = req.actor.audit_name();
         // With a tenant key, the name the caller gave stands beside the key in the reason.
         let reason = match &req.actor {
-            Actor::Operator(_) => req.reason.clone(),
-            Actor::ApiKey { name, .. } => format!("{} (by {name:?})", req.reason),
+            Actor::Operator(_) | Actor::ApiKey { name: None, .. } => req.reason.clone(),
+            Actor::ApiKey { name: Some(name), .. } => format!("{} (by {name:?})", req.reason),
         };
         let now = self.clock.now_ms();
         let transition = to.map(|to| Transition {

@@ -132,7 +132,7 @@ async fn retention_keeps_what_matters(h: Harness) {
             ActionRequest {
                 tenant_id: "acme".into(),
                 task_id: task_id.into(),
-                actor: Actor::ApiKey { key_id: "key-acme".into(), name: "Ann".into() },
+                actor: Actor::ApiKey { key_id: "key-acme".into(), name: Some("Ann".into()) },
                 reason: "test".into(),
                 printer_id: printer_id.map(str::to_owned),
             },

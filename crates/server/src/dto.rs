@@ -732,15 +732,36 @@ pub struct AckResults {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionIn {
-    /// Who acts. Required with a tenant API key (the audit records `api_key:ID` and this
-    /// name beside it); with an operator token it may be left out, and if given must be
-    /// the token's own operator id (the audit records `operator:ID`).
+    /// Who acts. With a tenant API key the audit records `api_key:ID` and, when given, this
+    /// name beside it (leave it out when no person acts, e.g. an order system's own
+    /// clean-up); with an operator token it may be left out, and if given must be the
+    /// token's own operator id (the audit records `operator:ID`).
     pub operator: Option<String>,
     /// Why (recorded in the audit trail).
     pub reason: String,
     /// For `transfer`: the printer of the same store to print on instead. For `reprint`
     /// (optional): another printer of the same store to print the copy on.
     pub printer_id: Option<String>,
+}
+
+/// A transfer: who moves the task, why, and to which printer.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransferIn {
+    /// Who acts, as in the other manual actions (`ActionIn`).
+    pub operator: Option<String>,
+    /// Why (recorded in the audit trail).
+    pub reason: String,
+    /// The printer of the task's store to print on instead (another printer of another
+    /// store, or none, is 404 `not_found`; the task's own printer is 409
+    /// `invalid_transition`).
+    pub printer_id: String,
+}
+
+impl From<TransferIn> for ActionIn {
+    fn from(t: TransferIn) -> Self {
+        ActionIn { operator: t.operator, reason: t.reason, printer_id: Some(t.printer_id) }
+    }
 }
 
 /// The task acted on and the task the action created (reprint, transfer).
