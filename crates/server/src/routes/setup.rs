@@ -364,37 +364,44 @@ pub async fn revoke_lan_key(
 }
 
 /// Extension: the store agent that takes the store's LAN orders (it claimed the store's
-/// LAN listener: one agent per store); `agent_id` is null while none does. 404 only for a
-/// store the tenant does not have.
+/// LAN listener: one agent per store). While no agent holds it there is no listener to
+/// show: 404, as for a store the tenant does not have.
 #[utoipa::path(get, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, description = "`not_found`: no such store, or no agent holds its LAN listener",
+                  body = ErrorBody)))]
 pub async fn get_lan_listener(
     State(st): State<AppState>,
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    let agent_id = st.setup.lan_listener(auth.caller(), &id).await?;
-    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
+    let agent_id = st.setup.lan_listener(auth.caller(), &id).await?.ok_or_else(|| free_listener(&id))?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id: Some(agent_id) }))
+}
+
+/// The answer about a LAN listener no agent holds.
+fn free_listener(store_id: &str) -> ApiError {
+    ApiError::not_found(format!("no store agent holds the LAN listener of store {store_id:?}"))
 }
 
 /// Extension: frees the store's LAN listener so that another store agent may take it (a
 /// shop PC replaced, say); answers the agent that held it. Stop that agent's listener
 /// first: until it refreshes the store's set-up it still takes LAN orders, and if it asks
-/// before the new one it takes the listener again. Freeing a free listener answers
-/// `agent_id` null (a retried release is harmless); 404 only for an unknown store.
+/// before the new one it takes the listener again. A listener already free is 404, as
+/// after any deletion (a retried release changes nothing).
 #[utoipa::path(delete, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, description = "`not_found`: no such store, or no agent holds its LAN listener",
+                  body = ErrorBody)))]
 pub async fn release_lan_listener(
     State(st): State<AppState>,
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    let agent_id = st.setup.release_lan_listener(auth.caller(), &id).await?;
-    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
+    let agent_id = st.setup.release_lan_listener(auth.caller(), &id).await?.ok_or_else(|| free_listener(&id))?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id: Some(agent_id) }))
 }
 
 /// Create another API key of the calling tenant (shown once).
