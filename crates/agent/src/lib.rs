@@ -4,9 +4,9 @@
 //! deliveries of its store's printers (outbound HTTP only, so it works behind NAT),
 //! prints each to an ESC/POS printer on raw TCP 9100, a USB printer device or a serial
 //! port ([`address`]) through one worker per printer (one job at a time per printer, in
-//! arrival order: R23), keeps the durable journal of the last N task ids in its state
-//! directory (R20), and acknowledges every outcome through one batching ack sender that
-//! retries until the broker has taken the ack (R21, R22).
+//! arrival order), keeps the durable journal of the last N task ids in its state
+//! directory, and acknowledges every outcome through one batching ack sender that
+//! retries until the broker has taken the ack.
 //!
 //! It must never print a task id a second time once it may have printed it. The journal
 //! makes `started` durable before the first byte goes to a printer and `printed` durable
@@ -15,7 +15,7 @@
 //! proven finished is acknowledged `in_doubt` and left to a person; and a job whose
 //! connection (or device) breaks between sending and the printer's confirmation is
 //! `in_doubt`, never retried by the agent. "Printed" means the printer's own `GS ( H`
-//! process-id reply, never "the write succeeded" (R9). The sequence is one and the same
+//! process-id reply, never "the write succeeded". The sequence is one and the same
 //! for every kind of printer link ([`printer`]). A printer that does not answer its status
 //! requests is reported `offline` and never printed to; some USB printers cannot answer
 //! at all, and are refused that way rather than printed to blind.

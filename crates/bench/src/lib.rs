@@ -6,7 +6,7 @@
 //! `kill -9` of the agent and the broker and client retry storms, and proves (or refutes)
 //! that nothing prints twice, nothing is lost and every lane drains. `bench offline`
 //! (module [`offline`]) does the same for a shop whose internet connection keeps dropping
-//! while its POS submits to the cloud and to the store agent's LAN listener (issue 14).
+//! while its POS submits to the cloud and to the store agent's LAN listener.
 //! The rest of this overview is about `bench submit`, the intake benchmark.
 //!
 //! That one is a single measurement: how fast a freshly started broker accepts print tasks

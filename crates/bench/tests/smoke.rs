@@ -187,7 +187,7 @@ async fn idle_smoke_sqlite() {
     assert_eq!(json["agents"], 40);
 }
 
-/// The binary, when its store agent also has the LAN listener (`bench offline`, issue 14).
+/// The binary, when its store agent also has the LAN listener (`bench offline`).
 fn offline_exe() -> Option<PathBuf> {
     let exe = delivery_exe()?;
     let help = std::process::Command::new(&exe).args(["agent", "--help"]).output().ok()?;

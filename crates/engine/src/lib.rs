@@ -1,12 +1,12 @@
 //! The broker's logic between the HTTP surface and the database.
 //!
-//! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
+//! This crate owns intake (the order of work: dedup → validate → persist → charge →
 //! enqueue), the in-process first gate that answers recent duplicates without a database
-//! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
-//! the secrets helpers, set-up (`setup`: every change of tenants, stores, printers,
+//! round trip, the directory cache of tenants, printers, stations and agent tokens,
+//! the secrets functions, set-up (`setup`: every change of tenants, stores, printers,
 //! stations, tokens and keys, validated, audited and forgotten by the directory), and
 //! delivery: the one lane engine (`lanes`: claim, ack, sweep)
-//! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
+//! with the claimants it hands work to (`claimant`), the lane watchdog, and the printer
 //! transports on top of it (`transport`: the agent's long poll, the push driver and the
 //! webhook transport, and the polled mechanism of printers that call in with CloudPRNT
 //! and Epson Server Direct Print as its two protocol adapters). It also owns the manual

@@ -1,4 +1,4 @@
-//! onceprint's MQTT transport (R33: IoT printers over MQTT).
+//! onceprint's MQTT transport (IoT printers over MQTT).
 //!
 //! This crate owns the broker's connection to an existing MQTT server (`serve
 //! --mqtt-url`; [`link`]), the one MQTT driver on the lane engine — the `mqtt`

@@ -1,4 +1,4 @@
-//! A simulated ESC/POS printer (R34), for demos, tests and benchmarks.
+//! A simulated ESC/POS printer, for demos, tests and benchmarks.
 //!
 //! This crate owns `onceprint printer-sim`: one or more printers listening on raw TCP
 //! (port 9100 by default), or with `--pty` on pseudo-terminals that stand in for printers

@@ -58,7 +58,7 @@ pub struct HttpConfig {
     /// The shared first gate of several nodes on one database (`serve --redis-url`);
     /// without it, each node has only its own in-process gate.
     pub redis: Option<onceprint_redis_gate::RedisGateSettings>,
-    /// Operator sessions and the login throttle (issue 10).
+    /// Operator sessions and the login throttle.
     pub operators: onceprint_engine::OperatorsConfig,
     /// The staff console at `/console/`.
     pub console: console::ConsoleConfig,
@@ -67,12 +67,12 @@ pub struct HttpConfig {
     /// Requests per store agent token (polls, acks, status reports); `None`: unlimited.
     /// The tenants' limit is `intake.tenant_rate`.
     pub agent_rate: Option<onceprint_engine::limits::RateLimit>,
-    /// Retention of finished tasks (R39).
+    /// Retention of finished tasks.
     pub retention: onceprint_engine::RetentionConfig,
     /// Tests of the real binary only: the retention job's clock runs this far ahead of the
     /// wall clock (0 in production).
     pub retention_clock_offset_ms: i64,
-    /// Several nodes on one database (issue 12): the node's id and its leases.
+    /// Several nodes on one database: the node's id and its leases.
     pub cluster: ClusterConfig,
     /// Tests of the real binary only: task ids are minted from a clock this far off the
     /// wall clock (0 in production), to show that lanes do not order by ids.
@@ -138,7 +138,7 @@ pub struct AppState {
     pub(crate) operators: Arc<Operators>,
     pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) retention: Arc<Retention>,
-    /// The broker's side of offline operation (issue 14).
+    /// The broker's side of offline operation.
     pub(crate) offline: Arc<onceprint_engine::Offline>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) leases: Arc<onceprint_engine::Leases>,
@@ -403,7 +403,7 @@ impl Bound {
         // The router's state is bound once, here; each connection gets a clone of the
         // handle. (`axum::serve` given the `Router` itself bound it again for every
         // connection, cloning every boxed endpoint and layer: about 100 KiB per open
-        // connection, which is what 10,000 idle agents' long polls cost, issue 13.)
+        // connection, which is what 10,000 idle agents' long polls cost.)
         let app = router(self.state.clone());
         let lanes = self.state.lanes.clone();
         let leases = self.state.leases.clone();

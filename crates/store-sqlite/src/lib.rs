@@ -124,7 +124,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // promise behind a 201). Statement and savepoint journals in memory: every write job
     // runs in a savepoint and every INSERT with several indexes inside a transaction opens
     // a statement journal, which past 64 KiB spilled to a temporary file; those pwrites were
-    // 45 % of the writer thread's time at intake (perf, issue 13). They only serve a rollback
+    // 45 % of the writer thread's time at intake (perf). They only serve a rollback
     // inside a transaction, never recovery, so memory loses nothing on a crash.
     conn.execute_batch(
         "PRAGMA journal_mode=WAL;
@@ -1057,7 +1057,7 @@ mod tests {
         assert_eq!(sql::lane(&conn, "t", "p").expect("lane").waiting.map(|t| t.task_id).as_deref(), Some("T1"));
     }
 
-    /// The lane reads find their tasks through `tasks_lane` (R12: never a scan of the
+    /// The lane reads find their tasks through `tasks_lane` (never a scan of the
     /// backlog): the predicate they repeat (`sql::IN_LANE`) must be the index's own, and
     /// a write of `tasks` must not build a temporary B-tree for it (migration 21).
     #[test]
