@@ -210,7 +210,7 @@ fn small_offline(exe: PathBuf) -> OfflineOptions {
         drain_timeout: Duration::from_secs(90),
         timeout: Duration::from_secs(90),
         // The edges the product passes today; the second agent and the clock skew find the
-        // faults described in docs/BENCHMARKS.md ("Offline edges") and are run by hand.
+        // faults described in docs/BENCHMARKS.md ("Offline") and are run by hand.
         edges: Edges {
             slow_forwards: true,
             mixed_station: true,
