@@ -43,7 +43,8 @@ fn env_vars(text: &str) -> BTreeSet<String> {
     while let Some(pos) = rest.find("ONCEPRINT_") {
         let before = rest[..pos].chars().next_back();
         let tail = &rest[pos..];
-        let end = tail.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
+        let end =
+            tail.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
         if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
             let name = tail[..end].trim_end_matches('_');
             if name.len() > "ONCEPRINT_".len() {
@@ -85,9 +86,11 @@ fn every_serve_flag_and_variable_is_documented() {
 
     let doc_flags = flags(&doc);
     let doc_vars = env_vars(&doc);
-    let missing: Vec<_> = help_flags.iter().filter(|f| !doc_flags.contains(*f)).chain(
-        help_vars.iter().filter(|v| !doc_vars.contains(*v)),
-    ).collect();
+    let missing: Vec<_> = help_flags
+        .iter()
+        .filter(|f| !doc_flags.contains(*f))
+        .chain(help_vars.iter().filter(|v| !doc_vars.contains(*v)))
+        .collect();
     assert!(missing.is_empty(), "`onceprint serve --help` shows these, docs/CONFIGURATION.md does not: {missing:?}");
 }
 
@@ -104,7 +107,8 @@ fn every_serve_flag_documented_exists() {
 
 #[test]
 fn tokens_are_parsed_whole() {
-    let text = "--listen, --db <DB>  [env: ONCEPRINT_DATABASE_URL=]\n --node-link=false a--b x-- -y ONCEPRINT_ ONCEPRINT_X_";
+    let text =
+        "--listen, --db <DB>  [env: ONCEPRINT_DATABASE_URL=]\n --node-link=false a--b x-- -y ONCEPRINT_ ONCEPRINT_X_";
     assert_eq!(flags(text).into_iter().collect::<Vec<_>>(), ["--db", "--listen", "--node-link"]);
     assert_eq!(env_vars(text).into_iter().collect::<Vec<_>>(), ["ONCEPRINT_DATABASE_URL", "ONCEPRINT_X"]);
 }

@@ -209,5 +209,8 @@ fn slugs_follow_github() {
     let found = anchors(text);
     assert!(found.contains("a") && found.contains("b") && found.contains("b-1"));
     assert!(!found.contains("not-a-heading"));
-    assert_eq!(link_targets("see [x](a.md#b) and ![y](img.png \"t\") and [z](<c d.md>)"), ["a.md#b", "img.png", "c d.md"]);
+    assert_eq!(
+        link_targets("see [x](a.md#b) and ![y](img.png \"t\") and [z](<c d.md>)"),
+        ["a.md#b", "img.png", "c d.md"]
+    );
 }
