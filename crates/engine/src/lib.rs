@@ -49,7 +49,8 @@
 //!   hashes, the login throttle, console sessions and operator tokens (random secrets,
 //!   SHA-256 stored, expiring, revocable); a login answer never says which part was wrong;
 //! - `printer_watch`: idle printers' status reported by agents, and stores whose agents all
-//!   fell silent (printers `agent offline`, one `agent.offline` alert);
+//!   fell silent (printers `agent offline`, one `agent.offline` alert); it claims nothing
+//!   about a store no agent reached since the process started;
 //! - `lease`: leases with fencing tokens for the jobs that run once per cluster (sweeper,
 //!   `push:webhook`, `mqtt`, alerts, retention, statistics, `polled-offline`,
 //!   `watchdog-alerts`, `agent-watch`), renewed every `lease_renew_ms` for `lease_ttl_ms`;

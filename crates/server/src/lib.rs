@@ -21,7 +21,8 @@
 //! taken once); `agent_protocol.rs`, the agent protocol version check; `error.rs`, the one
 //! mapping of errors to the JSON error body; `console/`, the staff console (cookie sessions
 //! with CSRF tokens, English and Chinese, server-rendered pages, server-sent events, assets
-//! compiled in), which never decides which actions a state allows.
+//! compiled in), which never decides which actions a state allows, maps errors only
+//! through `error.rs`, and fetches nothing from another origin.
 
 pub mod agent_protocol;
 mod around;
