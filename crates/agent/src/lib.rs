@@ -42,6 +42,25 @@
 //! It must also never decide anything that belongs to the broker (retries, failover,
 //! reprints): an outcome is reported and the broker's engine decides what follows. The
 //! ESC/POS bytes and their meaning come from `onceprint-escpos`.
+//!
+//! Where things are: `broker.rs`, the broker client (one or more brokers, `--server`
+//! repeated, used one at a time and failed over on no connection, a timeout, a 5xx or a 426;
+//! shared by every clone so that one process is one session; the agent protocol version on
+//! every request; the broker's reachability and the probes that end a poll back-off early);
+//! `printer.rs`, the one print sequence over a byte link that is a TCP stream or a device
+//! file; `address.rs`, `tcp://`, `usb://` and `serial://` addresses; `device.rs`, character
+//! devices only, serial ports set to raw 8N1 with termios; `watch.rs`, status probes of idle
+//! printers through each printer's worker; `lan.rs`, the shop's LAN intake (`--listen`) with
+//! its `/healthz`; `outbox.rs`, the offline outbox (SQLite in the state directory, one task
+//! per key, durable before the LAN answer, with the broker's answers to forwards);
+//! `cache.rs`, the saved directory, LAN-key hashes and LAN listener claim; `offline.rs`, the
+//! local lane, the ack router, the upload of offline tasks and the device-log digest.
+//!
+//! It must also never answer `printed` for a key printed by a ticket it accepted on the LAN
+//! that the sync has not merged into that very task (the content may differ: `in_doubt`);
+//! never write to anything but a character device; never print an offline task while it is
+//! in an upload the broker may have taken, or one the broker rejected; and never take LAN
+//! orders while another agent holds the store's LAN listener.
 
 #![deny(unsafe_code)]
 
@@ -160,7 +179,7 @@ pub struct AgentArgs {
 
     /// Serve the task submission API (`POST /v1/print-tasks`, with the store's LAN keys)
     /// to the shop's LAN on this address, e.g. `0.0.0.0:8181`: forwarded to the broker
-    /// while it answers, accepted and printed here while it does not (README, "When the
+    /// while it answers, accepted and printed here while it does not (docs/OPERATIONS.md, "When the
     /// internet is down").
     #[arg(long, env = "ONCEPRINT_AGENT_LISTEN", value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,

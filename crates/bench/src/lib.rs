@@ -25,6 +25,14 @@
 //! and never leave the broker running. It does not parse command lines or print: the
 //! binary wires [`SubmitOptions`] to its CLI and prints [`SubmitReport::render_text`] or
 //! the report as JSON, and exits non-zero when [`SubmitReport::problems`] is not empty.
+//!
+//! Where things are: `demo.rs`, `onceprint demo`; `faults/`, the fault run (`fleet.rs`, a
+//! mixed fleet of agent, CloudPRNT, Epson and MQTT printers); `offline/`, a store agent
+//! with its LAN listener behind a shop line the run cuts and restores; `idle.rs`, idle
+//! long-polling agents; `cluster.rs`, several nodes on one PostgreSQL (`--nodes N`, `--redis`);
+//! `lb.rs`, a TCP round-robin load balancer with `/readyz` health checks (also `bench lb`) and
+//! the shop's `Uplink`; `preload.rs`, a full database written in bulk before a measured run
+//! (`--preload-finished`, `--preload-waiting`); and the polling, fairness and wake-up runs.
 
 mod broker;
 pub mod cluster;

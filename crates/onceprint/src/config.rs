@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// Admin token; without one, a token is generated at first start and printed once.
     #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// TOML configuration file (see README: configuration reference).
+    /// TOML configuration file (docs/CONFIGURATION.md lists every key).
     #[arg(long, env = "ONCEPRINT_CONFIG")]
     pub config: Option<PathBuf>,
     /// Largest accepted request body in bytes (default 1048576).

@@ -6,6 +6,23 @@
 //!
 //! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
+//!
+//! Where things are: `http1.rs`, the accept loop (every connection served as HTTP/1.1 by
+//! hyper directly; graceful shutdown drains open connections); `around.rs`, the one
+//! middleware every route runs in (request id and span, latency, agent protocol check; one
+//! layer, because axum boxes each layer's futures per route, which a waiting long poll
+//! holds); `routes/`, with `/cloudprnt` and `/epson-sdp` for printers that poll and
+//! `routes::offline` for the store agent's LAN keys, directory, LAN listener and offline sync;
+//! `request_id.rs`, request ids and the access log; `tls.rs`, native TLS (rustls, handshakes
+//! off the accept loop); `extract.rs`, bearer authentication (admin, tenant, agent,
+//! operator; a staff member scoped to their stores; rate-limit tokens taken here, except for
+//! intake) and the printers' HTTP Basic login; `digest.rs`, HTTP Digest on `/epson-sdp`
+//! (RFC 7616, SHA-256 and MD5, stateless nonces signed with a per-process key, each answer
+//! taken once); `agent_protocol.rs`, the agent protocol version check; `error.rs`, the one
+//! mapping of errors to the JSON error body; `console/`, the staff console (cookie sessions
+//! with CSRF tokens, English and Chinese, server-rendered pages, server-sent events, assets
+//! compiled in), which never decides which actions a state allows, maps errors only
+//! through `error.rs`, and fetches nothing from another origin.
 
 pub mod agent_protocol;
 mod around;

@@ -15,6 +15,14 @@
 //! This crate must never decide domain rules (duplicates are decided by the unique
 //! constraint, legality of transitions by `onceprint-core`) and must never answer a
 //! caller before the commit that carries its write.
+//!
+//! Where things are: retention's SQL (`retention.rs`: prunable tasks, a batch pruned into
+//! `task_tombstones` as one writer job); the device log (`device_log.rs`: agents' records
+//! upserted in one writer job, read by task id range); the online backup (`backup.rs`:
+//! SQLite's backup API in one step under one read transaction, checked, written beside the
+//! target and renamed); SQLite's memory (`memory.rs`: set before the first connection of the
+//! process; SQLite allocates through Rust's global allocator and keeps no memory statistics,
+//! whose global mutex every allocation of the writer took).
 
 pub mod backup;
 mod device_log;

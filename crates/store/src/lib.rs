@@ -10,6 +10,17 @@
 //! crates. What the trait promises (atomic creation of task + audit event + ledger charge,
 //! compare-and-set transitions, the unique key as final judge) is spelled out on each
 //! method and checked by the conformance suite.
+//!
+//! Where things are: the row types include the cluster's leases and shared agent sessions,
+//! `Tombstone` (what retention keeps of a pruned task), `TokenKind` (agent tokens and LAN keys
+//! in one table; `agent_by_token_hash` finds agent tokens only), `Store::merge_offline` with
+//! its `MergePlanner` and `task_aliases` (merged, conflict, renamed), `Store::lease_row`, and
+//! `DeviceLogRecord` (a store agent's latest journal record of a task, with the order in
+//! which one record supersedes another: the stronger state, then the later time;
+//! `Store::device_log_of_aliases` reads the records under LAN ids merged into tasks).
+//! `NodeLink` (`link.rs`) carries text messages from every broker node to every node sharing
+//! the database (`Store::node_link`). The conformance suite and the idempotency property test
+//! run against every backend.
 
 mod batch;
 pub mod link;
