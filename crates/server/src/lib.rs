@@ -96,6 +96,10 @@ pub struct HttpConfig {
     pub id_clock_offset_ms: i64,
     /// How long a nonce of an HTTP Digest challenge to a printer is good for.
     pub printer_nonce_ttl_ms: u64,
+    /// The broker's base URL as printers reach it (`serve --public-url`), put in the `url`
+    /// print-jobs of Star printers in CloudPRNT Version MQTT; `None`: the URL each printer
+    /// used for its server-setting request.
+    pub public_url: Option<String>,
 }
 
 /// How this node takes part in a cluster of nodes sharing one PostgreSQL.
@@ -136,6 +140,7 @@ impl Default for HttpConfig {
             },
             id_clock_offset_ms: 0,
             printer_nonce_ttl_ms: digest::DEFAULT_NONCE_TTL_MS,
+            public_url: None,
         }
     }
 }
@@ -148,6 +153,8 @@ pub struct AppState {
     pub(crate) lanes: Arc<LaneEngine>,
     pub(crate) agents: Arc<AgentTransport>,
     pub(crate) cloudprnt: Arc<CloudPrnt>,
+    /// Where Star printers in CloudPRNT Version MQTT fetch their jobs.
+    pub(crate) job_url: Arc<onceprint_mqtt::JobUrl>,
     pub(crate) epson_sdp: Arc<EpsonSdp>,
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) operations: Arc<Operations>,
@@ -272,6 +279,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/offline-tasks", post(offline::offline_tasks))
         .route("/v1/agent/journal-digest", post(journal_digest::journal_digest))
         .route("/cloudprnt", post(cloudprnt::poll).get(cloudprnt::get).delete(cloudprnt::delete))
+        .route("/cloudprnt-setting.json", get(cloudprnt::server_setting))
         .route("/epson-sdp", post(epson_sdp::request))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
@@ -379,8 +387,10 @@ pub async fn bind(
             charge: config.intake.charge,
         },
     ));
+    let job_url = Arc::new(onceprint_mqtt::JobUrl::new(store.clone(), config.public_url.as_deref()));
     let state = AppState {
         store,
+        job_url,
         intake,
         agents: Arc::new(AgentTransport::new(lanes.clone())),
         cloudprnt: Arc::new(CloudPrnt::new(cloudprnt)),
@@ -452,6 +462,7 @@ impl Bound {
                 settings,
                 self.state.config.push.clone(),
                 leases.lease(names::MQTT),
+                self.state.job_url.clone(),
             )?),
             None => None,
         };
