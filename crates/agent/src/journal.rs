@@ -1,4 +1,4 @@
-//! The durable print journal (R20): what this agent did with each of its last N task ids.
+//! The durable print journal: what this agent did with each of its last N task ids.
 //!
 //! The journal is an append-only file of JSON lines, one [`Record`] per line. The rule the
 //! whole agent rests on is the order of two writes: a `started` record is durable (written

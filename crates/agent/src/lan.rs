@@ -331,7 +331,7 @@ async fn submit(State(st): State<LanState>, req: Request) -> Response {
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    // The business number first (R1), whatever else is wrong with the body.
+    // The business number first, whatever else is wrong with the body.
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", format!("the body is not JSON: {e}")),

@@ -39,7 +39,7 @@ pub struct Delivery {
     /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, as
     /// reachable from the agent's machine ([`crate::address`]).
     pub printer_address: String,
-    /// `biz_no#printer_id` plus the suffixes of CONTRACT.md (R16). Journaled with every
+    /// `biz_no#printer_id` plus the suffixes of CONTRACT.md. Journaled with every
     /// record: the journal answers by task id and by this key, so the same ticket under
     /// another task id is never printed twice.
     #[serde(default)]
@@ -145,7 +145,7 @@ mod tests {
     }
 }
 
-/// `POST /v1/agent/status` body (extension, issue 10): idle printers' status.
+/// `POST /v1/agent/status` body (extension): idle printers' status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusRequest {
     pub agent_id: String,

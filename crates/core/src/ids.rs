@@ -33,7 +33,7 @@ fn is_id_char(c: char) -> bool {
 /// the unique index small and rejects pasted garbage.
 pub const MAX_BIZ_NO_LEN: usize = 128;
 
-/// Checks a business number. Empty means missing (R1). Control characters are refused
+/// Checks a business number. Empty means missing. Control characters are refused
 /// because they break logs and CSV reconciliation exports.
 pub fn validate_biz_no(value: Option<&str>) -> Result<&str, CoreError> {
     let value = match value {

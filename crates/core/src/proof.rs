@@ -1,5 +1,5 @@
 //! What a report about one delivery attempt proves about paper: the one rule for doubt on
-//! every transport (R43).
+//! every transport.
 //!
 //! Once an attempt's data may have reached the printer, the only report that allows
 //! another delivery of the same ticket is one that proves nothing of it printed. Every

@@ -1,5 +1,5 @@
 //! Every result code a printer protocol documents, classified once for every transport
-//! (R43, R46): what it says about the printer ([`Outcome`]: ready, stopped for paper, its
+//! (docs/RESULT-CODES.md): what it says about the printer ([`Outcome`]: ready, stopped for paper, its
 //! cover or a jam, offline, another error) and what it proves about the paper of the job
 //! it reports on ([`Proof`]). Each row names the vendor document it comes from; a code no
 //! row covers may have printed.

@@ -1,4 +1,4 @@
-//! The device log digest (issue 14): what a store agent's journal says of each task in the
+//! The device log digest: what a store agent's journal says of each task in the
 //! end, uploaded with `POST /v1/agent/journal-digest` and compared with the broker's own
 //! state in the store's reconciliation report ([`crate::reconcile`]).
 //!
@@ -10,7 +10,7 @@
 use onceprint_core::{validate_id, CoreError, Millis, TaskId};
 use onceprint_store::{AgentIdentity, DeviceLogRecord, DeviceLogState, Store, StoreError};
 
-/// Most records in one upload (the wire spec of issue 14).
+/// Most records in one upload (the wire format's limit).
 pub const MAX_RECORDS: usize = 5000;
 
 /// Longest accepted idempotency key: a `biz_no` of 128 bytes with every character escaped

@@ -1,4 +1,4 @@
-//! The manual channel (R26) and failover (R25): an operator's reprint, mark-printed, cancel
+//! The manual channel and failover: an operator's reprint, mark-printed, cancel
 //! and transfer, and the engine's own move of a station task to a backup printer.
 //!
 //! Which action is allowed in which state is decided by `onceprint_core::manual`; this
@@ -42,7 +42,7 @@ pub enum ActionError {
     Store(#[from] StoreError),
 }
 
-/// Who takes a manual action (R30). The audit trail names an authenticated identity:
+/// Who takes a manual action. The audit trail names an authenticated identity:
 /// the operator who logged in, or the tenant API key that was used, never only a name the
 /// caller typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,7 +200,7 @@ impl Operations {
     }
 
     /// Checks that `printer_id` is an enabled printer of `task`'s store (a copy or a
-    /// transfer can never go to another store's printer, R29) and returns its id.
+    /// transfer can never go to another store's printer) and returns its id.
     async fn printer_in_store(&self, tenant_id: &str, task: &Task, printer_id: &str) -> Result<String, ActionError> {
         onceprint_core::validate_id("printer_id", printer_id)?;
         let printer =
@@ -271,7 +271,7 @@ impl Operations {
         let successor = match action {
             ManualAction::Reprint => {
                 let n = self.store.reprint_count(&task.task_id).await? + 1;
-                // Reprints of old orders queue behind live tickets (R24) when a `reprint`
+                // Reprints of old orders queue behind live tickets when a `reprint`
                 // print type is configured; otherwise they keep the original's priority.
                 let priority = self.policies.types.get("reprint").map_or(task.priority, |p| p.priority);
                 // The original's own printer too must be able to print the copy.

@@ -1,4 +1,4 @@
-//! Operators (R30, R40): the people who solve the one per cent in the console, each with an
+//! Operators: the people who solve the one per cent in the console, each with an
 //! identity of their own, per tenant.
 //!
 //! This module owns the rules of operator accounts and their sessions: who may create an

@@ -1,4 +1,4 @@
-//! Set-up (R29, R30): tenants, stores, printers, stations, agent tokens, LAN keys and API keys —
+//! Set-up: tenants, stores, printers, stations, agent tokens, LAN keys and API keys —
 //! created, changed, disabled and revoked through this one service, which the HTTP layer
 //! only calls.
 //!
@@ -349,7 +349,7 @@ impl Setup {
             .await?)
     }
 
-    /// A printer bound to one store of the tenant (R29). A printer that calls the broker
+    /// A printer bound to one store of the tenant. A printer that calls the broker
     /// (CloudPRNT, Epson Server Direct Print, MQTT) gets its own login, returned once.
     pub async fn create_printer(
         &self,
@@ -495,8 +495,8 @@ impl Setup {
         Ok(printer)
     }
 
-    /// A failover station: a primary and backups, all of one store of the tenant (R25),
-    /// with its own failover threshold or the broker's (`failover_after_ms`, issue 15).
+    /// A failover station: a primary and backups, all of one store of the tenant,
+    /// with its own failover threshold or the broker's (`failover_after_ms`).
     pub async fn create_station(
         &self,
         caller: Caller<'_>,
@@ -601,7 +601,7 @@ impl Setup {
         self.revoke_store_token(caller, store_id, token_id, TokenKind::Agent).await
     }
 
-    /// A LAN key of the store (issue 14; shown once): the store agent accepts submissions
+    /// A LAN key of the store (shown once): the store agent accepts submissions
     /// on its LAN listener with it, also while the broker is unreachable. `id` names it
     /// (generated when `None`). It authenticates nothing at the broker.
     pub async fn create_lan_key(
@@ -823,7 +823,7 @@ impl Setup {
             .ok_or_else(|| SetupError::NotFound(format!("no store {store_id:?}")))
     }
 
-    /// Every printer of a station must be the tenant's and in the station's store (R29: a
+    /// Every printer of a station must be the tenant's and in the station's store (a
     /// failover can never carry a task to another store's printer). Read from the
     /// database, not the directory: set-up is rare, and must not act on a stale entry.
     async fn check_printers_in_store(

@@ -1,4 +1,4 @@
-//! Retention (R39) through the engine's own services on a real store (SQLite, and
+//! Retention through the engine's own services on a real store (SQLite, and
 //! PostgreSQL when `ONCEPRINT_TEST_POSTGRES` names a server): intake, the manual channel,
 //! reconciliation and the retention job, with the job's clock moved by hand.
 //!

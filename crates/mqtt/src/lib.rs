@@ -1,4 +1,4 @@
-//! onceprint's MQTT transport (R33: IoT printers over MQTT).
+//! onceprint's MQTT transport (IoT printers over MQTT).
 //!
 //! This crate owns the broker's connection to an existing MQTT server (`serve
 //! --mqtt-url`; [`link`]), the one MQTT driver on the lane engine — the `mqtt`
@@ -15,10 +15,19 @@
 //!
 //! It is a crate of its own so that the MQTT client and its dependencies stay out of the
 //! engine, which every other transport and the agent build on.
+//!
+//! Where things are: `link.rs`, the connection (QoS 1, persistent session, reconnects,
+//! PUBACK waits matched by packet id); `protocol.rs`, both device protocols on the wire;
+//! `transport.rs`, `MqttTransport` on the shared push driver (send = publish + PUBACK,
+//! queries answered from what the broker knows, reachability); `inbox.rs`, results through
+//! `LaneEngine::ack` and statuses into the printer row, PUBACK only after the change is
+//! durable, foreign results refused and audited; `devices.rs`, which printer each device is;
+//! `acl.rs`, Mosquitto's password and ACL files.
 
 pub mod acl;
 pub mod devices;
 pub mod inbox;
+pub mod job_url;
 pub mod link;
 pub mod protocol;
 pub mod settings;
@@ -29,13 +38,16 @@ use std::time::Duration;
 
 use onceprint_engine::{Claimant, LaneEngine, Lease, PushConfig, PushDriver};
 
-pub use settings::MqttSettings;
+pub use job_url::JobUrl;
+pub use settings::{MqttSettings, PrinterFacing};
 
 /// Why the MQTT transport cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
     #[error("--mqtt-url {0}")]
     Url(String),
+    #[error("--mqtt-printer-url {0}")]
+    PrinterUrl(String),
     #[error("the MQTT password and ACL files need the broker's own MQTT login: give --mqtt-username and --mqtt-password (or user:password in --mqtt-url)")]
     NoBrokerLogin,
 }
@@ -68,6 +80,7 @@ pub fn start(
     settings: &MqttSettings,
     push: PushConfig,
     lease: Lease,
+    job_url: Arc<JobUrl>,
 ) -> Result<Running, MqttError> {
     let broker_login = match (&settings.acl_dir, &settings.username) {
         (None, _) => None,
@@ -87,6 +100,7 @@ pub fn start(
     let mut tasks = Vec::new();
     {
         let (lanes, settings, lease, signals) = (lanes.clone(), settings.clone(), lease, lanes.signals().clone());
+        let job_url = job_url.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -106,7 +120,7 @@ pub fn start(
                         }
                     }
                 };
-                for t in run_term(&lanes, &settings, push.clone(), lease.clone(), stop) {
+                for t in run_term(&lanes, &settings, push.clone(), lease.clone(), job_url.clone(), stop) {
                     let _ = t.await;
                 }
                 if signals.is_shutting_down() {
@@ -135,6 +149,7 @@ fn run_term<F, Fut>(
     settings: &MqttSettings,
     push: PushConfig,
     lease: Lease,
+    job_url: Arc<JobUrl>,
     stop: F,
 ) -> Vec<tokio::task::JoinHandle<()>>
 where
@@ -148,6 +163,7 @@ where
         devices.clone(),
         Duration::from_millis(settings.resend_after_ms.max(100) as u64),
         settings.star_unknown_after_ms.max(100),
+        job_url,
     ));
     let inbox = Arc::new(inbox::Inbox {
         lanes: lanes.clone(),

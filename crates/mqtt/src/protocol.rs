@@ -164,9 +164,15 @@ pub struct Job<'a> {
     pub attempt: i32,
     pub key: &'a str,
     pub reprint: bool,
-    /// PNG (CloudPRNT) or ESC/POS (onceprint devices).
+    /// ESC/POS (onceprint devices); a Star printer fetches its job's data instead.
     pub data: &'a [u8],
+    /// Where a Star printer fetches the job (the broker's `/cloudprnt` as it reaches it).
+    pub url: Option<&'a str>,
 }
+
+/// What a Star printer is offered in a `url` print-job: the print area as an image, at
+/// its own width (the printer sends `X-Star-Print-Width` with its GET).
+pub const STAR_URL_JOB_MEDIA: [&str; 1] = ["image/png"];
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -189,17 +195,22 @@ struct DeviceJob<'a> {
     data: String,
 }
 
-/// The payload of a job for a device of `protocol`.
-pub fn job_payload(protocol: MqttProtocol, job: &Job<'_>) -> Vec<u8> {
-    let data = base64::engine::general_purpose::STANDARD.encode(job.data);
+/// The payload of a job for a device of `protocol`; `None` for a Star printer whose job
+/// URL is not known.
+///
+/// A Star printer gets a `url` print-job (Star CloudPRNT Protocol Guide, "MQTT Message
+/// Payload Specification", `print-job`): it GETs `printData` over HTTP with its own login,
+/// as Star's sample server does. A `raw` job would have to carry Star's own command set or
+/// plain text (FIELD-NOTES "What real printers expect"); a raw PNG is refused (510).
+pub fn job_payload(protocol: MqttProtocol, job: &Job<'_>) -> Option<Vec<u8>> {
     // Serializing these plain structs cannot fail.
     match protocol {
         MqttProtocol::Cloudprnt => serde_json::to_vec(&StarPrintJob {
             title: "print-job",
             job_token: job_token(job.task_id, job.attempt),
-            job_type: "raw",
-            media_types: ["image/png"],
-            print_data: data,
+            job_type: "url",
+            media_types: STAR_URL_JOB_MEDIA,
+            print_data: job.url?.to_owned(),
         }),
         MqttProtocol::Onceprint => serde_json::to_vec(&DeviceJob {
             v: 1,
@@ -208,10 +219,10 @@ pub fn job_payload(protocol: MqttProtocol, job: &Job<'_>) -> Vec<u8> {
             key: job.key,
             reprint: job.reprint,
             content_type: "escpos",
-            data,
+            data: base64::engine::general_purpose::STANDARD.encode(job.data),
         }),
     }
-    .unwrap_or_default()
+    .ok()
 }
 
 #[derive(Deserialize)]
@@ -484,12 +495,20 @@ mod tests {
 
     #[test]
     fn jobs_carry_token_or_key() {
-        let job = Job { task_id: "T", attempt: 2, key: "A#p1", reprint: false, data: b"\x1b@hi" };
-        let star: serde_json::Value =
-            serde_json::from_slice(&job_payload(MqttProtocol::Cloudprnt, &job)).unwrap_or_default();
+        let url = Some("https://print.example/cloudprnt");
+        let job = Job { task_id: "T", attempt: 2, key: "A#p1", reprint: false, data: b"\x1b@hi", url };
+        let star: serde_json::Value = job_payload(MqttProtocol::Cloudprnt, &job)
+            .and_then(|p| serde_json::from_slice(&p).ok())
+            .unwrap_or_default();
         assert_eq!((star["title"].as_str(), star["jobToken"].as_str()), (Some("print-job"), Some("T.2")));
-        let dev: serde_json::Value =
-            serde_json::from_slice(&job_payload(MqttProtocol::Onceprint, &job)).unwrap_or_default();
+        assert_eq!((star["jobType"].as_str(), star["printData"].as_str()), (Some("url"), url));
+        assert_eq!(star["mediaTypes"], serde_json::json!(["image/png"]));
+        let dev: serde_json::Value = job_payload(MqttProtocol::Onceprint, &job)
+            .and_then(|p| serde_json::from_slice(&p).ok())
+            .unwrap_or_default();
         assert_eq!((dev["key"].as_str(), dev["attempt"].as_i64()), (Some("A#p1"), Some(2)));
+        let nowhere = Job { url: None, ..job };
+        assert!(job_payload(MqttProtocol::Cloudprnt, &nowhere).is_none(), "no URL, no Star job");
+        assert!(job_payload(MqttProtocol::Onceprint, &nowhere).is_some());
     }
 }

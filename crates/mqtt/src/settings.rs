@@ -32,6 +32,51 @@ pub struct MqttSettings {
     /// session was lost) goes to a person when no result came this long after it was sent
     /// (milliseconds): it is never sent again.
     pub star_unknown_after_ms: i64,
+    /// The MQTT server as printers reach it, which a Star printer learns from the
+    /// server-setting file (`GET /cloudprnt-setting.json`): by default the host and port
+    /// the broker itself uses, without TLS.
+    pub for_printers: PrinterFacing,
+}
+
+/// Where printers reach the MQTT server (`serve --mqtt-printer-url`): it may differ from
+/// where the broker does (another name, a TLS listener in front of Mosquitto).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterFacing {
+    pub host: String,
+    pub port: u16,
+    /// Printers connect with TLS (`mqtts://`).
+    pub tls: bool,
+}
+
+impl PrinterFacing {
+    /// Parses `mqtt://HOST[:PORT]` (port 1883 by default) or `mqtts://HOST[:PORT]` (8883).
+    /// No login: each printer uses its own, which it sends with the setting request.
+    pub fn from_url(url: &str) -> Result<PrinterFacing, MqttError> {
+        let bad = |why: &str| {
+            MqttError::PrinterUrl(format!("{url:?}: {why}; expected mqtt://HOST:PORT or mqtts://HOST:PORT"))
+        };
+        let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("mqtt://") {
+            (r, false, 1883)
+        } else if let Some(r) = url.strip_prefix("mqtts://") {
+            (r, true, 8883)
+        } else {
+            return Err(bad("the scheme must be mqtt:// or mqtts://"));
+        };
+        let rest = rest.trim_end_matches('/');
+        if rest.contains('/') || rest.contains('?') || rest.contains('@') {
+            return Err(bad("no login, path or query is taken"));
+        }
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                (h.trim_start_matches('[').trim_end_matches(']'), p.parse::<u16>().map_err(|_| bad("bad port"))?)
+            }
+            _ => (rest, default_port),
+        };
+        if host.is_empty() || port == 0 {
+            return Err(bad("a host and a port 1–65535 are needed"));
+        }
+        Ok(PrinterFacing { host: host.to_owned(), port, tls })
+    }
 }
 
 impl std::fmt::Debug for MqttSettings {
@@ -102,6 +147,7 @@ impl MqttSettings {
             acl_interval_ms: 2_000,
             resend_after_ms: 30_000,
             star_unknown_after_ms: 20_000,
+            for_printers: PrinterFacing { host: host.to_owned(), port, tls: false },
         })
     }
 }
@@ -140,6 +186,19 @@ mod tests {
         assert!(!format!("{s:?}").contains("\"d\""), "the password is not logged");
         for bad in ["tcp://h:1", "mqtts://h:8883", "mqtt://h:0", "mqtt://h:x", "mqtt://", "mqtt://h:1/topic"] {
             assert!(MqttSettings::from_url(bad, None, None).is_err(), "{bad}");
+        }
+        let s = MqttSettings::from_url("mqtt://10.0.0.2:1884", None, None).expect("valid");
+        assert_eq!(s.for_printers, PrinterFacing { host: "10.0.0.2".into(), port: 1884, tls: false });
+    }
+
+    #[test]
+    fn printers_may_reach_the_mqtt_server_elsewhere() {
+        let p = PrinterFacing::from_url("mqtts://mq.example.com").expect("valid");
+        assert_eq!(p, PrinterFacing { host: "mq.example.com".into(), port: 8883, tls: true });
+        let p = PrinterFacing::from_url("mqtt://192.168.1.5:1883/").expect("valid");
+        assert_eq!(p, PrinterFacing { host: "192.168.1.5".into(), port: 1883, tls: false });
+        for bad in ["http://h", "mqtt://u:p@h:1", "mqtt://h:1/x", "mqtts://", "mqtt://h:0"] {
+            assert!(PrinterFacing::from_url(bad).is_err(), "{bad}");
         }
     }
 }

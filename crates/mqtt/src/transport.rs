@@ -9,7 +9,7 @@
 //!   it may have lost is sent again with the same attempt and key: when the device has
 //!   gone away since, when the MQTT server did not keep the broker's session, when the
 //!   broker restarted, or when it has not answered for `resend_after_ms`.
-//! - A Star printer is never sent a job again once the MQTT server accepted it (R43): it
+//! - A Star printer is never sent a job again once the MQTT server accepted it: it
 //!   remembers its last ten job tokens, and Star does not say that they survive a power
 //!   cycle, so a repeated token may print twice. The MQTT server queues the job in the
 //!   printer's persistent session until the printer takes it. A printer that went away
@@ -32,6 +32,7 @@ use onceprint_engine::transport::{MqttProtocol, TransportConfig, TransportKind};
 use onceprint_engine::Delivery;
 
 use crate::devices::Devices;
+use crate::job_url::JobUrl;
 use crate::link::{Link, Published};
 use crate::protocol::{job_payload, DeviceAddr, Job};
 
@@ -51,6 +52,8 @@ pub struct MqttTransport {
     resend_after: Duration,
     /// See `MqttSettings::star_unknown_after_ms`.
     star_unknown_after_ms: i64,
+    /// Where Star printers fetch their `url` jobs.
+    job_url: Arc<JobUrl>,
 }
 
 /// The device a delivery goes to.
@@ -67,8 +70,9 @@ impl MqttTransport {
         devices: Arc<Devices>,
         resend_after: Duration,
         star_unknown_after_ms: i64,
+        job_url: Arc<JobUrl>,
     ) -> MqttTransport {
-        MqttTransport { link, devices, sent: Mutex::default(), resend_after, star_unknown_after_ms }
+        MqttTransport { link, devices, sent: Mutex::default(), resend_after, star_unknown_after_ms, job_url }
     }
 
     /// A result for this attempt arrived: nothing more to send.
@@ -97,14 +101,40 @@ impl PushTransport for MqttTransport {
                 detail: "the printer is no longer an MQTT printer".into(),
             };
         };
+        let url = match addr.protocol {
+            MqttProtocol::Cloudprnt => {
+                match self.job_url.for_printer(&d.printer.row.tenant_id, &d.printer.row.id).await {
+                    Ok(u) => u,
+                    // Nothing was published: nothing can have printed.
+                    Err(e) => {
+                        return Sent::Failed {
+                            outcome: Outcome::Offline,
+                            proof: Proof::NotPrinted,
+                            detail: format!("cannot read the printer's job URL: {e}"),
+                        }
+                    }
+                }
+            }
+            MqttProtocol::Onceprint => None,
+        };
         let job = Job {
             task_id: &d.task.task_id,
             attempt: d.attempt,
             key: &d.idempotency_key,
             reprint: d.reprint,
             data: &d.data,
+            url: url.as_deref(),
         };
-        let payload = job_payload(addr.protocol, &job);
+        let Some(payload) = job_payload(addr.protocol, &job) else {
+            // Nothing was published: nothing can have printed.
+            return Sent::Failed {
+                outcome: Outcome::Offline,
+                proof: Proof::NotPrinted,
+                detail: "the broker does not know its URL as this printer reaches it: set serve --public-url, or \
+                         restart the printer so that it asks for its server settings"
+                    .into(),
+            };
+        };
         let record = SentRecord {
             device_epoch: self.devices.epoch(&addr),
             lost_sessions: self.link.lost_sessions(),

@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// Admin token; without one, a token is generated at first start and printed once.
     #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// TOML configuration file (see README: configuration reference).
+    /// TOML configuration file (docs/CONFIGURATION.md lists every key).
     #[arg(long, env = "ONCEPRINT_CONFIG")]
     pub config: Option<PathBuf>,
     /// Largest accepted request body in bytes (default 1048576).
@@ -55,6 +55,16 @@ pub struct ServeArgs {
     /// (Mosquitto's pid_file), so that it reads them again.
     #[arg(long, env = "ONCEPRINT_MQTT_RELOAD_PID_FILE", value_name = "FILE")]
     pub mqtt_reload_pid_file: Option<PathBuf>,
+    /// The MQTT server as printers reach it, mqtt://HOST:PORT or mqtts://HOST:PORT (TLS),
+    /// told to Star printers in their server settings (default: the host and port of
+    /// --mqtt-url, without TLS).
+    #[arg(long, env = "ONCEPRINT_MQTT_PRINTER_URL", value_name = "URL")]
+    pub mqtt_printer_url: Option<String>,
+    /// The broker's URL as printers reach it (http://HOST:PORT or https://HOST[/PREFIX]),
+    /// where Star printers in CloudPRNT Version MQTT fetch their jobs (default: the URL
+    /// each printer used for its server settings; set it with several nodes or a proxy).
+    #[arg(long, env = "ONCEPRINT_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
     /// The shared first gate of several nodes on one database: redis://[:PASSWORD@]HOST:PORT[/DB].
     /// Retries that reach another node than the first submission are answered from it
     /// without a database write; without it each node has only its own gate. Redis slow or
@@ -126,6 +136,24 @@ pub struct ServeArgs {
     /// milliseconds ahead of the wall clock.
     #[arg(long, env = "ONCEPRINT_TEST_RETENTION_CLOCK_OFFSET_MS", hide = true)]
     pub test_retention_clock_offset_ms: Option<i64>,
+}
+
+/// `--public-url` checked: http(s)://HOST[:PORT][/PREFIX], without a query, fragment or
+/// login, and without its trailing slash.
+fn public_url(url: &str) -> anyhow::Result<String> {
+    let bad = |why: &str| anyhow::anyhow!("--public-url {url:?}: {why}; expected http(s)://HOST[:PORT][/PREFIX]");
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| bad("the scheme must be http:// or https://"))?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() || host.contains('@') {
+        return Err(bad("a host is needed, without a login"));
+    }
+    if url.contains(['?', '#']) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("no query, fragment or spaces are taken"));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
 }
 
 /// A rate limit from its settings: `None` when the rate is 0 (unlimited).
@@ -219,6 +247,10 @@ pub struct FileConfig {
     pub mqtt_client_id: Option<String>,
     pub mqtt_acl_dir: Option<PathBuf>,
     pub mqtt_reload_pid_file: Option<PathBuf>,
+    /// See `serve --mqtt-printer-url`.
+    pub mqtt_printer_url: Option<String>,
+    /// See `serve --public-url`.
+    pub public_url: Option<String>,
     /// An onceprint MQTT device that has not answered a job this long is sent it again
     /// with the same key (default 30000).
     pub mqtt_resend_after_ms: Option<i64>,
@@ -281,7 +313,7 @@ pub struct Resolved {
 /// workers as cores, the workers and the writer took turns on the cores and the writer
 /// waited for one. On 2 cores one worker gave intake 1-9 % more and delivery 0-6 % more
 /// (up to 10 % with the agent and the printer simulator on one worker too), duplicate
-/// answers no less (docs/BENCHMARKS.md, session 18). PostgreSQL does its writing in its
+/// answers no less (docs/BENCHMARKS.md, "What we tried"). PostgreSQL does its writing in its
 /// own processes, where one worker fewer changed nothing, so the broker keeps tokio's
 /// default of one worker per core there.
 fn default_worker_threads(is_pg: bool, cores: usize) -> usize {
@@ -320,10 +352,18 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
     if let Some(n) = file.max_content_bytes {
         content_limits.max_bytes = n;
     }
+    let mqtt_printer_url = args.mqtt_printer_url.or(file.mqtt_printer_url);
+    let public_url = match args.public_url.or(file.public_url) {
+        Some(u) => Some(public_url(&u)?),
+        None => None,
+    };
     let mqtt = match args.mqtt_url.or(file.mqtt_url) {
         None => {
             if args.mqtt_acl_dir.is_some() || file.mqtt_acl_dir.is_some() {
                 anyhow::bail!("--mqtt-acl-dir needs --mqtt-url");
+            }
+            if mqtt_printer_url.is_some() {
+                anyhow::bail!("--mqtt-printer-url needs --mqtt-url");
             }
             None
         }
@@ -346,6 +386,9 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             }
             if m.acl_dir.is_some() && m.username.is_none() {
                 return Err(onceprint_mqtt::MqttError::NoBrokerLogin.into());
+            }
+            if let Some(u) = &mqtt_printer_url {
+                m.for_printers = onceprint_mqtt::PrinterFacing::from_url(u)?;
             }
             Some(m)
         }
@@ -385,11 +428,11 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
     let tls_on = tls.is_some();
     let group_commit = GroupCommitConfig {
         max_batch: file.group_commit_max_batch.unwrap_or(512).max(1),
-        // SQLite: 3 (issue 13). With 2, one batch committed while the next formed, and
+        // SQLite: 3. With 2, one batch committed while the next formed, and
         // the writer took that one alone. With 3, two batches wait while one commits and
         // the writer takes both into its next commit: half the flushes per task, 4-8 %
         // more intake with 50-task batches, single submissions and delivery unchanged
-        // (docs/BENCHMARKS.md, session 14).
+        // (docs/BENCHMARKS.md, "What we tried").
         max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 3 }).max(1),
     };
     let worker_threads = match args.worker_threads.or(file.worker_threads) {
@@ -491,6 +534,7 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
             id_clock_offset_ms: args.test_id_clock_offset_ms.unwrap_or(0),
             // Epson printers' Digest nonces: the server's lifetime, not a setting.
             printer_nonce_ttl_ms: HttpConfig::default().printer_nonce_ttl_ms,
+            public_url,
             delivery: {
                 let d = DeliveryConfig::default();
                 DeliveryConfig {

@@ -1,4 +1,4 @@
-//! A simulated ESC/POS printer (R34), for demos, tests and benchmarks.
+//! A simulated ESC/POS printer, for demos, tests and benchmarks.
 //!
 //! This crate owns `onceprint printer-sim`: one or more printers listening on raw TCP
 //! (port 9100 by default), or with `--pty` on pseudo-terminals that stand in for printers
@@ -36,6 +36,11 @@
 //! the device vanish, and the printer comes back shortly after as a new pty (the current
 //! path: [`Simulator::pty_path`], and a line on standard output from the command). It is
 //! named `pty:N` in the paper log and the control endpoint.
+//!
+//! Where things are: `polled.rs`, the CloudPRNT and Epson printers that poll; `digest.rs`,
+//! the Epson printer's HTTP Digest sign-in (SHA-256 preferred, MD5 when alone; a password TM
+//! Web Config would not take is refused); `mqtt.rs`, the Star CloudPRNT MQTT printer and the
+//! onceprint device, written from docs/MQTT.md, not from the broker's code.
 
 mod control;
 mod digest;
@@ -145,11 +150,17 @@ pub struct SimArgs {
     /// `error`).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub error_after_print: u32,
-    /// Be an MQTT printer on this MQTT server (mqtt://HOST:PORT) instead of a TCP one:
+    /// Be an MQTT printer instead of a TCP one: an onceprint device on this MQTT server
+    /// (mqtt://HOST:PORT), or with --protocol cloudprnt a Star printer, given no URL here
+    /// (it learns its MQTT server from the CloudPRNT server's settings, see --server-url):
     /// --crash-mid-job then means "print, then drop the connection before the result" (a
     /// Star printer acknowledges the job first, as at a power cut after printing).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     pub mqtt: Option<String>,
+    /// MQTT, cloudprnt: the CloudPRNT server URL set on the Star printer
+    /// (`http://broker/cloudprnt`); with --username and --password, its HTTP login.
+    #[arg(long, value_name = "URL", requires = "mqtt")]
+    pub server_url: Option<String>,
     /// MQTT: the device protocol, cloudprnt (Star CloudPRNT Version MQTT) or onceprint.
     #[arg(long, value_parser = ["cloudprnt", "onceprint"], default_value = "onceprint", requires = "mqtt")]
     pub protocol: String,
@@ -172,7 +183,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "URL")]
     pub epson_sdp: Option<String>,
     /// The printer's login (from the broker's answer when the printer was created), for
-    /// --cloudprnt, --epson-sdp and --mqtt.
+    /// --cloudprnt, --epson-sdp and --mqtt (a Star MQTT printer's HTTP login).
     #[arg(long, value_name = "USER")]
     pub username: Option<String>,
     /// Printer passwords may begin with `-`, so a value that does is taken as the value.
@@ -198,9 +209,9 @@ pub struct SimArgs {
     /// takes the first type offered.
     #[arg(long, value_name = "TYPE", default_value = "text/plain")]
     pub media_type: String,
-    /// A CloudPRNT printer's print width in millimetres (72 on an 80 mm roll, 48 on 58 mm):
-    /// reported with each job GET at 8 dots per millimetre, and the only image width it
-    /// prints.
+    /// A CloudPRNT printer's print width in millimetres (72 on an 80 mm roll, 48 on 58 mm),
+    /// polling or in MQTT mode: reported with each job GET at 8 dots per millimetre, and
+    /// the only image width it prints.
     #[arg(long, value_name = "MM", default_value_t = 72, value_parser = clap::value_parser!(u16).range(40..=112))]
     pub print_width_mm: u16,
     /// A polling printer confirms the next N jobs twice.
@@ -268,6 +279,47 @@ impl SimArgs {
             protocol,
             poll_interval: std::time::Duration::from_millis(self.poll_interval_ms.max(10)),
         }))
+    }
+}
+
+impl SimArgs {
+    /// The MQTT printer these flags describe, when they ask for one: an onceprint device
+    /// needs the MQTT server's URL; a Star printer needs its CloudPRNT server URL and no
+    /// MQTT URL (a Star printer cannot be told one: it takes its MQTT server from the
+    /// server's settings).
+    pub fn mqtt_config(&self) -> Result<Option<mqtt::MqttSimConfig>, SimError> {
+        let Some(url) = &self.mqtt else { return Ok(None) };
+        let device = self.device.clone().ok_or(SimError::NoDevice)?;
+        let config = self.config();
+        let mut sim = if self.protocol == "cloudprnt" {
+            if !url.is_empty() {
+                return Err(SimError::Usage(
+                    "a Star CloudPRNT printer takes its MQTT server from the server's settings: give --server-url, not an --mqtt URL".into(),
+                ));
+            }
+            let server_url = self.server_url.clone().ok_or_else(|| {
+                SimError::Usage("--protocol cloudprnt needs --server-url (the CloudPRNT server URL)".into())
+            })?;
+            mqtt::MqttSimConfig {
+                print_width_mm: self.print_width_mm,
+                username: self.username.clone(),
+                password: self.password.clone(),
+                ..mqtt::MqttSimConfig::cloudprnt(&server_url, &device, "", "")
+            }
+        } else {
+            if self.server_url.is_some() {
+                return Err(SimError::Usage("--server-url is for --protocol cloudprnt".into()));
+            }
+            let (host, port) = mqtt::parse_url(url).ok_or_else(|| SimError::MqttUrl(url.clone()))?;
+            mqtt::MqttSimConfig {
+                username: self.username.clone(),
+                password: self.password.clone(),
+                ..mqtt::MqttSimConfig::onceprint(&host, port, &device, "", "")
+            }
+        };
+        sim.paper_log = config.paper_log;
+        sim.faults = config.faults;
+        Ok(Some(sim))
     }
 }
 
@@ -535,23 +587,12 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
-    if let Some(url) = &args.mqtt {
-        let (host, port) = mqtt::parse_url(url).ok_or_else(|| SimError::MqttUrl(url.clone()))?;
-        let device = args.device.clone().ok_or(SimError::NoDevice)?;
-        let config = args.config();
-        let printer = mqtt::MqttPrinter::start(mqtt::MqttSimConfig {
-            host,
-            port,
-            protocol: if args.protocol == "cloudprnt" { mqtt::Protocol::Cloudprnt } else { mqtt::Protocol::Onceprint },
-            device,
-            username: args.username.clone(),
-            password: args.password.clone(),
-            paper_log: config.paper_log.clone(),
-            faults: config.faults,
-        })
-        .await?;
+    if let Some(config) = args.mqtt_config()? {
+        let url = args.mqtt.clone().unwrap_or_default();
+        let control = args.control;
+        let printer = mqtt::MqttPrinter::start(config).await?;
         let (stop, stop_rx) = watch::channel(false);
-        let control = match config.control {
+        let control = match control {
             Some(addr) => {
                 let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
                 tracing::info!(control = ?listener.local_addr().ok(), "control endpoint");
@@ -559,7 +600,7 @@ pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'sta
             }
             None => None,
         };
-        tracing::info!(mqtt = %url, "MQTT printer simulator started");
+        tracing::info!(mqtt = %url, printer = %printer.name(), "MQTT printer simulator started");
         shutdown.await;
         stop.send_replace(true);
         if let Some(c) = control {
@@ -700,6 +741,51 @@ mod tests {
             "one protocol at a time"
         );
         assert!(Cli::try_parse_from(["sim"]).unwrap().args.polled().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_star_mqtt_printer_is_given_a_server_url_not_an_mqtt_server() {
+        let star = [
+            "sim",
+            "--mqtt",
+            "--protocol",
+            "cloudprnt",
+            "--server-url",
+            "http://b/cloudprnt",
+            "--device",
+            "00:11:62:aa:bb:cc",
+            "--username",
+            "u",
+            "--password",
+            "p",
+            "--print-width-mm",
+            "48",
+        ];
+        let config = Cli::try_parse_from(star).unwrap().args.mqtt_config().unwrap().unwrap();
+        assert_eq!(config.protocol, mqtt::Protocol::Cloudprnt);
+        assert_eq!(config.server_url.as_deref(), Some("http://b/cloudprnt"));
+        assert_eq!((config.username.as_deref(), config.password.as_deref()), (Some("u"), Some("p")));
+        assert_eq!(config.print_width_mm, 48);
+        let with_mqtt_url = [
+            "sim",
+            "--mqtt",
+            "mqtt://h:1883",
+            "--protocol",
+            "cloudprnt",
+            "--server-url",
+            "http://b/c",
+            "--device",
+            "m",
+        ];
+        let refused = Cli::try_parse_from(with_mqtt_url).unwrap().args.mqtt_config();
+        assert!(matches!(refused, Err(SimError::Usage(m)) if m.contains("settings")));
+        let no_url = ["sim", "--mqtt", "--protocol", "cloudprnt", "--device", "m"];
+        let refused = Cli::try_parse_from(no_url).unwrap().args.mqtt_config();
+        assert!(matches!(refused, Err(SimError::Usage(m)) if m.contains("--server-url")));
+        let device = ["sim", "--mqtt", "mqtt://h:1884", "--device", "dev-1", "--username", "u", "--password", "p"];
+        let config = Cli::try_parse_from(device).unwrap().args.mqtt_config().unwrap().unwrap();
+        assert_eq!((config.protocol, config.host.as_str(), config.port), (mqtt::Protocol::Onceprint, "h", 1884));
+        assert!(Cli::try_parse_from(["sim", "--mqtt", "--device", "d"]).unwrap().args.mqtt_config().is_err());
     }
 
     #[tokio::test]

@@ -89,7 +89,55 @@ impl Printout {
 }
 
 /// Dots per millimetre of a Star thermal printer's head (203 dpi).
-const STAR_DOTS_PER_MM: u16 = 8;
+pub(crate) const STAR_DOTS_PER_MM: u16 = 8;
+
+/// A Star job body the printer can print.
+pub(crate) enum StarJob {
+    /// `text/plain`: printed as it is.
+    Text(String),
+    /// `image/png`, exactly the print width.
+    Png,
+}
+
+/// How a slip ends, from the `X-Star-Cut` response header (Star CloudPRNT Protocol Guide,
+/// "Print job requests (GET)", "Response (GET)": `full`, `partial` or `none`); a full cut
+/// when it is left out.
+pub(crate) fn star_cut(header: Option<&str>) -> Cut {
+    match header {
+        Some("partial") => Cut::Partial,
+        Some("none") => Cut::Uncut,
+        _ => Cut::Full,
+    }
+}
+
+/// What a Star printer makes of a downloaded job body, as Star documents it (Star
+/// CloudPRNT Protocol Guide, "Print job requests (GET)", "Response (GET)": the body is
+/// "encoded in the requested format, and with the requested format as the specified
+/// content type"; "Printer Status Codes" for the refusals; FIELD-NOTES "What real printers
+/// expect"). The content type must be the media type asked for, without parameters (some
+/// firmware refuses `; charset=…`), else `510`; an image must decode, else `511`, and be
+/// exactly `dots` wide (stricter than a printer, which would scale or crop it: a server
+/// that does not render for the printer shows here), else `511`; a media type other than
+/// `text/plain` and `image/png` is not one this printer takes, `510`.
+pub(crate) fn read_star_job(
+    asked: &str,
+    content_type: &str,
+    bytes: &[u8],
+    dots: usize,
+) -> Result<StarJob, (&'static str, String)> {
+    if content_type != asked {
+        return Err(("510", format!("asked for {asked}, got content type {content_type:?}")));
+    }
+    match asked {
+        "text/plain" => Ok(StarJob::Text(String::from_utf8_lossy(bytes).into_owned())),
+        "image/png" => match png_width(bytes) {
+            Err(e) => Err(("511", format!("the image does not decode: {e}"))),
+            Ok(w) if w != dots => Err(("511", format!("the image is {w} dots wide; this printer prints {dots}"))),
+            Ok(_) => Ok(StarJob::Png),
+        },
+        other => Err(("510", format!("{other} is not a media type this printer takes"))),
+    }
+}
 
 struct Ctx {
     printer: PolledPrinter,
@@ -315,28 +363,12 @@ impl Ctx {
             return Ok(Some((token, Printout::refused("520", format!("the job GET answered {}", res.status()), name))));
         }
         let content_type = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-        let cut = match res.headers().get("x-star-cut").and_then(|v| v.to_str().ok()) {
-            Some("partial") => Cut::Partial,
-            Some("none") => Cut::Uncut,
-            _ => Cut::Full,
-        };
+        let cut = star_cut(res.headers().get("x-star-cut").and_then(|v| v.to_str().ok()));
         let bytes = res.bytes().await.map_err(|e| format!("job GET body: {e}"))?;
-        if content_type != media {
-            let why = format!("asked for {media}, got content type {content_type:?}");
-            return Ok(Some((token, Printout::refused("510", why, name))));
-        }
-        let printout = if media == "text/plain" {
-            Printout::printed(String::from_utf8_lossy(&bytes).into_owned(), bytes.len(), 0, cut)
-        } else if media == "image/png" {
-            match png_width(&bytes) {
-                Err(e) => Printout::refused("511", format!("the image does not decode: {e}"), name),
-                Ok(w) if w != dots => {
-                    Printout::refused("511", format!("the image is {w} dots wide; this printer prints {dots}"), name)
-                }
-                Ok(_) => Printout::printed(String::new(), bytes.len(), 1, cut),
-            }
-        } else {
-            Printout::refused("510", format!("{media} is not a media type this printer takes"), name)
+        let printout = match read_star_job(media, &content_type, &bytes, dots) {
+            Ok(StarJob::Text(text)) => Printout::printed(text, bytes.len(), 0, cut),
+            Ok(StarJob::Png) => Printout::printed(String::new(), bytes.len(), 1, cut),
+            Err((code, why)) => Printout::refused(code, why, name),
         };
         Ok(Some((token, printout)))
     }

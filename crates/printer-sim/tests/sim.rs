@@ -440,6 +440,7 @@ async fn run_serves_until_shutdown() {
         power_cycle_forgets: false,
         error_after_print: 0,
         mqtt: None,
+        server_url: None,
         protocol: "onceprint".into(),
         device: None,
         fast: true,

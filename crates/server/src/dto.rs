@@ -425,7 +425,7 @@ pub struct SetupEventParams {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitTask {
-    /// The business number (order number, serial…). Required and non-empty (R1).
+    /// The business number (order number, serial…). Required and non-empty.
     pub biz_no: Option<String>,
     pub printer_id: Option<String>,
     pub station_id: Option<String>,
@@ -651,7 +651,7 @@ pub struct DeliveryOut {
     /// The same on every redelivery of the task, never shared by two tasks of one printer:
     /// `biz_no#printer_id` in the simple case, suffixes `#type=`, `#station=`,
     /// `#reprint=N#origin=`, `#transfer=`, `#failover=` otherwise, `#` and `%` in `biz_no`
-    /// written `%23` and `%25` (R16).
+    /// written `%23` and `%25`.
     pub idempotency_key: String,
     /// Always `escpos`: `data` is the bytes to send to the printer.
     pub content_type: String,
@@ -922,7 +922,7 @@ pub struct WatchedOut {
     pub printer_address: String,
 }
 
-/// A store agent's device log digest (issue 14): each task's latest journal record.
+/// A store agent's device log digest: each task's latest journal record.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JournalDigestIn {

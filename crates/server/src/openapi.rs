@@ -88,7 +88,7 @@ impl Modify for Security {
         reconcile::get_day, reconcile::post_day,
         webhooks::create, webhooks::list, webhooks::deliveries,
         callbacks::callback,
-        cloudprnt::poll, cloudprnt::get, cloudprnt::delete, epson_sdp::request,
+        cloudprnt::poll, cloudprnt::get, cloudprnt::delete, cloudprnt::server_setting, epson_sdp::request,
         render::preview, render::task_preview,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),

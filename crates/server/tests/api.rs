@@ -421,7 +421,7 @@ async fn a_webhook_naming_an_event_twice_gets_it_once(app: &TestApp) {
     assert_eq!(d.body["deliveries"].as_array().map(Vec::len), Some(1), "{d:?}");
 }
 
-/// Issue 14: a submission the store agent forwards from the shop's LAN gets the answers of
+/// A submission the store agent forwards from the shop's LAN gets the answers of
 /// `POST /v1/print-tasks` (missing biz_no first, 201, 200 duplicate — also against the
 /// same order sent to the cloud — 422 mismatch), only for its own store's printers, and
 /// the audit trail names the agent's store.

@@ -1,4 +1,4 @@
-//! `POST /v1/print-task-batches` (issue 13): each item answered as `POST /v1/print-tasks`
+//! `POST /v1/print-task-batches`: each item answered as `POST /v1/print-tasks`
 //! would answer it alone, new tasks created in the order sent, retries creating nothing
 //! twice. Every test runs on SQLite and on PostgreSQL.
 

@@ -535,7 +535,7 @@ async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &T
 }
 
 /// A printer that polls and falls silent (switched off) does not hold its tickets for
-/// ever (R44): it is offline after 2 × its poll interval + the grace, its lane pauses, a
+/// ever: it is offline after 2 × its poll interval + the grace, its lane pauses, a
 /// station ticket that cannot have printed moves to the station's next printer after the
 /// station's threshold, a ticket past its print type's budget fails with "printer
 /// offline", and the printer, back, gets none of them.

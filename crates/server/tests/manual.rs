@@ -178,7 +178,7 @@ async fn actions_need_an_operator_and_a_reason(app: &TestApp) {
     assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "pending");
 }
 
-/// Failover (R25): a station task whose primary cannot print moves to the backup; the
+/// Failover: a station task whose primary cannot print moves to the backup; the
 /// original is transferred and never delivered again; resubmitting finds the live task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_moves_a_station_task_to_the_backup_sqlite() {
@@ -231,7 +231,7 @@ async fn failover(backend: Backend) {
     app.stop().await;
 }
 
-/// R43 in the manual channel: a ticket that may have printed is never moved unmarked to
+/// The one rule for doubt in the manual channel: a ticket that may have printed is never moved unmarked to
 /// another printer; it is reprinted, with a banner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_that_may_have_printed_is_reprinted_never_transferred_sqlite() {

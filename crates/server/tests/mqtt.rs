@@ -1,4 +1,4 @@
-//! MQTT printers end to end (issue 9), on SQLite and PostgreSQL: the real broker
+//! MQTT printers end to end, on SQLite and PostgreSQL: the real broker
 //! (`TestApp`), a real Mosquitto that each test starts on a free port with the password
 //! and ACL files the broker writes, and simulated printers (`printer-sim`'s MQTT mode)
 //! connecting with the credentials of their creation answer. Judged by the paper log and
@@ -175,18 +175,15 @@ fn star(mac: &str) -> Value {
 }
 
 async fn sim(w: &World, protocol: Protocol, device: &str, login: (String, String), faults: Faults) -> MqttPrinter {
-    MqttPrinter::start(MqttSimConfig {
-        host: "127.0.0.1".into(),
-        port: w.mosquitto.port,
-        protocol,
-        device: device.into(),
-        username: Some(login.0),
-        password: Some(login.1),
-        paper_log: None,
-        faults,
-    })
-    .await
-    .expect("simulated printer")
+    let config = match protocol {
+        // A Star printer is set up with the server URL and its HTTP login only; it takes
+        // its MQTT server and login from the broker's settings answer.
+        Protocol::Cloudprnt => {
+            MqttSimConfig::cloudprnt(&format!("{}/cloudprnt", w.app.base), device, &login.0, &login.1)
+        }
+        Protocol::Onceprint => MqttSimConfig::onceprint("127.0.0.1", w.mosquitto.port, device, &login.0, &login.1),
+    };
+    MqttPrinter::start(MqttSimConfig { faults, ..config }).await.expect("simulated printer")
 }
 
 /// Submits a text task to `printer`; returns its id.
@@ -241,6 +238,9 @@ per_backend!(
     the_broker_restarted_mid_stream_prints_nothing_twice,
     devices_are_isolated_and_a_result_for_another_printer_is_refused,
     a_result_is_acknowledged_only_once_it_is_durable,
+    a_star_printer_learns_the_mqtt_server_and_its_login_from_its_server_settings,
+    a_star_printer_in_mqtt_mode_fetches_its_url_jobs_and_prints_each_once,
+    a_star_printer_out_of_paper_waits_and_prints_once_after_refill,
 );
 
 async fn an_mqtt_printer_needs_an_mqtt_server(backend: Backend) {
@@ -367,7 +367,7 @@ async fn an_error_after_printing_goes_to_a_person_on_every_protocol(backend: Bac
 }
 
 /// An MQTT printer that left (its last will) takes no work, and says nothing more: its
-/// station's tickets move to the next printer after the station's threshold (R44), and
+/// station's tickets move to the next printer after the station's threshold, and
 /// print once there.
 async fn a_station_moves_on_from_an_mqtt_printer_that_left(backend: Backend) {
     let Some(w) = world(backend).await else { return };
@@ -637,6 +637,11 @@ async fn a_result_is_acknowledged_only_once_it_is_durable(backend: Backend) {
     let sim = sim(&w, Protocol::Cloudprnt, mac, login, Faults { slow_ms: 1_500, ..Faults::default() }).await;
     let id = submit(&w, "star", "R1").await;
     wait_state(&w, &id, "sent", Duration::from_secs(20)).await;
+    wait_until(Duration::from_secs(20), "the printer fetched its url job", || async {
+        let events = w.app.get(&format!("/v1/print-tasks/{id}/events"), &w.key).await;
+        events.body.to_string().contains("fetched by the printer over HTTP")
+    })
+    .await;
     // The database refuses every change of a task while the result arrives…
     w.app.sql("ALTER TABLE task_events RENAME TO task_events_away").await;
     wait_until(Duration::from_secs(20), "the printer printed", || async { sim.jobs().count() == 1 }).await;
@@ -652,6 +657,147 @@ async fn a_result_is_acknowledged_only_once_it_is_durable(backend: Backend) {
     let t = wait_state(&w, &id, "printed", Duration::from_secs(20)).await;
     assert_eq!(t["attempts"], 1, "{t}");
     assert_eq!(sim.jobs().count(), 1);
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+/// Star CloudPRNT Protocol Guide, "Server setting information request (GET)": a Star
+/// printer is set up with the server URL and its login only, and asks for
+/// `cloudprnt-setting.json` beside that URL before anything else. An `mqtt` printer of
+/// Star's protocol is told the MQTT server and its login; a `cloudprnt` printer to poll.
+async fn a_star_printer_learns_the_mqtt_server_and_its_login_from_its_server_settings(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:aa:bb:01";
+    let (user, pass) = printer(&w, "star", star(mac)).await;
+    let (http_user, http_pass) = {
+        let transport = json!({"kind": "cloudprnt", "mac": "00:11:62:aa:bb:02"});
+        let a =
+            w.app.post("/v1/printers", &w.key, json!({"id": "polls", "store_id": "s1", "transport": transport})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        let c = &a.body["credentials"];
+        (c["username"].as_str().expect("username").to_owned(), c["password"].as_str().expect("password").to_owned())
+    };
+    let (dev_user, dev_pass) = printer(&w, "dev", device("dev-1")).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/cloudprnt-setting.json", w.app.base);
+    let get = |user: String, pass: String, mac: &'static str| {
+        let req = http.get(&url).basic_auth(user, Some(pass)).query(&[("mac", mac), ("replaced_path", "cloudprnt")]);
+        async move {
+            let res = req.send().await.expect("settings GET");
+            let status = res.status();
+            (status, res.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, body) = get(user.clone(), pass.clone(), "00:11:62:AA:BB:01").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["title"], "star_cloudprnt_server_setting", "{body}");
+    assert_eq!(body["serverSupportProtocol"], json!(["HTTP", "MQTT"]), "{body}");
+    let mqtt = &body["settingForMQTT"];
+    assert_eq!(mqtt["useTriggerPOST"], false, "Full MQTT: {body}");
+    let conn = &mqtt["mqttConnectionSetting"];
+    assert_eq!(
+        (conn["hostName"].as_str(), conn["portNumber"].as_u64()),
+        (Some("127.0.0.1"), Some(w.mosquitto.port as u64))
+    );
+    assert_eq!(conn["useTls"], false);
+    let auth = &conn["authenticationSetting"];
+    assert_eq!((auth["username"].as_str(), auth["password"].as_str()), (Some(user.as_str()), Some(pass.as_str())));
+    // That login is what the MQTT server takes from this printer (its password file, which
+    // the broker rewrites shortly after the printer's creation).
+    let start = Instant::now();
+    loop {
+        let (probe, mut events) = {
+            let mut o = rumqttc::MqttOptions::new(mac, "127.0.0.1", w.mosquitto.port);
+            o.set_credentials(user.clone(), pass.clone());
+            rumqttc::AsyncClient::new(o, 10)
+        };
+        let connack = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match events.poll().await {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(c))) => return Ok(c.code),
+                    Ok(_) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        })
+        .await
+        .expect("an answer from the MQTT server");
+        let _ = probe.disconnect().await;
+        if connack == Ok(rumqttc::ConnectReturnCode::Success) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the MQTT server refuses the login it was told: {connack:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A printer that polls is told so; other logins and MACs are refused.
+    let (status, body) = get(http_user, http_pass, "00:11:62:aa:bb:02").await;
+    assert_eq!((status, &body["serverSupportProtocol"]), (StatusCode::OK, &json!(["HTTP"])), "{body}");
+    assert!(body.get("settingForMQTT").is_none(), "{body}");
+    for (u, p, m) in [
+        (user.clone(), "wrong".to_owned(), "00:11:62:aa:bb:01"),
+        (user.clone(), pass.clone(), "00:11:62:aa:bb:02"),
+        (dev_user, dev_pass, "00:11:62:aa:bb:01"),
+    ] {
+        let (status, body) = get(u, p, m).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    }
+    w.app.stop().await;
+}
+
+/// A Star printer in CloudPRNT Version MQTT takes `url` print-jobs and GETs each from
+/// `/cloudprnt` with its own login (Star's "Print job requests (GET)", "For CloudPRNT
+/// Version MQTT (Full MQTT / Pass URL)"): the job is the print area at the width the
+/// printer reports, the fetch is in the task's trail, and the job prints once.
+async fn a_star_printer_in_mqtt_mode_fetches_its_url_jobs_and_prints_each_once(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:aa:bb:cc";
+    let login = printer(&w, "star", star(mac)).await;
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, Faults::default()).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(submit(&w, "star", &format!("U{i}")).await);
+    }
+    for id in &ids {
+        let t = wait_state(&w, id, "printed", Duration::from_secs(30)).await;
+        assert_eq!(t["attempts"], 1, "{t}");
+        let events = w.app.get(&format!("/v1/print-tasks/{id}/events"), &w.key).await;
+        assert!(events.body.to_string().contains("fetched by the printer over HTTP as image/png"), "{}", events.body);
+    }
+    assert_eq!(sim.jobs().count(), 3, "each printed once: {:?}", sim.jobs().all());
+    // The job GET names the printer's own jobs only: a token of no job of its is 404.
+    let p = w.app.get("/v1/printers/star", &w.key).await;
+    assert_eq!(p.body["online"], true, "{p:?}");
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+/// A Star printer that reports "410 Out of paper" (client-status) prints nothing: each
+/// attempt it answers with 410 before fetching ends with nothing printed and the ticket
+/// waits for the next, and it prints once after the roll is changed. A result that
+/// arrives twice changes nothing more.
+async fn a_star_printer_out_of_paper_waits_and_prints_once_after_refill(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let mac = "00:11:62:aa:bb:cd";
+    let login = printer(&w, "star", star(mac)).await;
+    let faults = Faults { paper_out: true, duplicate_result: 1, ..Faults::default() };
+    let sim = sim(&w, Protocol::Cloudprnt, mac, login, faults).await;
+    wait_until(Duration::from_secs(20), "the printer reports no paper", || async {
+        w.app.get("/v1/printers/star", &w.key).await.body["last_error"] == "no_paper"
+    })
+    .await;
+    let id = submit(&w, "star", "P1").await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let t = task(&w, &id).await;
+    assert!(t["state"] == "pending" || t["state"] == "retrying", "no job while out of paper: {t}");
+    assert_eq!(sim.jobs().count(), 0);
+    sim.faults().update_all(FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() });
+    wait_state(&w, &id, "printed", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(task(&w, &id).await["state"], "printed");
+    assert_eq!(sim.jobs().count(), 1, "printed once: {:?}", sim.jobs().all());
     sim.shutdown().await;
     w.app.stop().await;
 }

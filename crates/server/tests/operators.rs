@@ -1,4 +1,4 @@
-//! Operators over HTTP (issue 10), on SQLite and PostgreSQL: accounts made with the tenant
+//! Operators over HTTP, on SQLite and PostgreSQL: accounts made with the tenant
 //! key, operator tokens by password (throttled), manual actions audited as the operator,
 //! a staff member confined to their stores, and the console's security: every page behind
 //! the login, cookie flags, a new session id at login, CSRF refused, expired sessions.
@@ -473,7 +473,7 @@ async fn an_expired_console_session_goes_back_to_login() {
     app.stop().await;
 }
 
-/// The console's reconciliation page lists the device log's differences (issue 14), and
+/// The console's reconciliation page lists the device log's differences, and
 /// says when the day has no device log at all.
 async fn the_consoles_day_shows_the_device_log_differences(app: &TestApp) {
     let key = setup(app).await;

@@ -1,4 +1,4 @@
-//! Changing the set-up through the API (issue 8): editing, disabling and enabling
+//! Changing the set-up through the API: editing, disabling and enabling
 //! printers, changing stations, agent tokens and API keys with their revocation, and the
 //! set-up audit — on SQLite and PostgreSQL. Agents are played over HTTP, so what a change
 //! does to deliveries in flight and waiting is seen the way a store agent sees it.
@@ -242,7 +242,7 @@ async fn duplicates_to_a_disabled_printer_are_answered_and_new_work_is_refused(b
         assert_eq!(off.status, StatusCode::OK, "{off:?}");
     }
 
-    // Dedup comes first (R3): the POS retrying an order taken before the printer was
+    // Dedup comes first: the POS retrying an order taken before the printer was
     // disabled gets the task as before — from the database, since this broker has no gate.
     let again = app.submit(&key, order("D1", "Table 5")).await;
     assert_eq!(again.status, StatusCode::OK, "{again:?}");

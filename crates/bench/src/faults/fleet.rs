@@ -149,24 +149,39 @@ pub async fn start(
                 ]);
                 format!("epson_sdp:{}", caller.device)
             }
-            Kind::Mqtt | Kind::MqttStar => {
+            Kind::Mqtt => {
                 let port =
                     mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
-                let protocol = if kind == Kind::MqttStar { "cloudprnt" } else { "onceprint" };
                 args.extend([
                     "--mqtt".into(),
                     format!("mqtt://127.0.0.1:{port}"),
                     "--protocol".into(),
-                    protocol.into(),
+                    "onceprint".into(),
                     "--device".into(),
                     caller.device.clone(),
                 ]);
-                if kind == Kind::MqttStar && index.is_multiple_of(2) {
+                // An onceprint device is named by its MQTT server's address in the paper
+                // log and in its simulator's fault list.
+                format!("127.0.0.1:{port}")
+            }
+            Kind::MqttStar => {
+                // A Star printer is given the CloudPRNT server URL and its HTTP login; it
+                // takes its MQTT server from the broker's settings answer.
+                args.extend([
+                    "--mqtt".into(),
+                    "--protocol".into(),
+                    "cloudprnt".into(),
+                    "--server-url".into(),
+                    format!("http://{broker}/cloudprnt"),
+                    "--device".into(),
+                    caller.device.clone(),
+                ]);
+                if index.is_multiple_of(2) {
                     args.push("--power-cycle-forgets".into());
                 }
-                // An MQTT device is named by its MQTT server's address in the paper log
-                // and in its simulator's fault list.
-                format!("127.0.0.1:{port}")
+                // Named `cloudprnt-mqtt:MAC` in the paper log and its fault list: its MQTT
+                // server is known only once the settings answer came.
+                format!("cloudprnt-mqtt:{}", caller.device)
             }
         };
         if !matches!(kind, Kind::Mqtt | Kind::MqttStar) {

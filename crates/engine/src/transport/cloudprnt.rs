@@ -16,9 +16,20 @@ use onceprint_core::results::{star, Condition};
 use onceprint_core::{Outcome, Proof};
 
 use super::polled::{Fetched, Health, JobToken, PollReport, Polled};
+use crate::claimant::Claimant;
 use crate::directory::PrinterInfo;
 use crate::lanes::{AckResult, DeliveryError};
-use crate::transport::{Encoding, TransportConfig};
+use crate::transport::{Encoding, MqttProtocol, TransportConfig, TransportKind};
+
+/// How a CloudPRNT printer takes its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// CloudPRNT Version HTTP: it polls, fetches and confirms over HTTP.
+    Http,
+    /// CloudPRNT Version MQTT (Full MQTT / Pass URL): jobs and results go over MQTT; it
+    /// reads the server-setting file and fetches `url` jobs over HTTP.
+    Mqtt,
+}
 
 /// The media types the broker offers, in its order of preference: the print area as an
 /// image for every job, and plain text only for a job that is plain ASCII text (a Star
@@ -146,24 +157,49 @@ impl CloudPrnt {
         let Some(TransportConfig::Cloudprnt(c)) = &printer.transport else {
             return Err(CloudPrntError::Unauthorized("this login is not a CloudPRNT printer's".into()));
         };
+        Self::check_mac(&c.mac, mac, required)
+    }
+
+    fn check_mac(own: &str, mac: Option<&str>, required: bool) -> Result<(), CloudPrntError> {
         match mac {
-            Some(m) if percent_decode(m).trim().eq_ignore_ascii_case(&c.mac) => Ok(()),
+            Some(m) if percent_decode(m).trim().eq_ignore_ascii_case(own) => Ok(()),
             Some(_) => Err(CloudPrntError::Unauthorized("the MAC is not this printer's".into())),
             None if required => Err(CloudPrntError::Unauthorized("mac is required".into())),
             None => Ok(()),
         }
     }
 
+    /// How a printer whose login reached the CloudPRNT routes takes its jobs: by polling
+    /// (CloudPRNT Version HTTP) or over MQTT (a Star printer in CloudPRNT Version MQTT,
+    /// which uses the same server URL and login for the server-setting file and for the
+    /// job GET of a `url` print-job). Any other login, or another printer's MAC, is
+    /// refused.
+    pub fn mode(&self, printer: &PrinterInfo, mac: Option<&str>, required: bool) -> Result<Mode, CloudPrntError> {
+        match &printer.transport {
+            Some(TransportConfig::Cloudprnt(c)) => Self::check_mac(&c.mac, mac, required).map(|()| Mode::Http),
+            Some(TransportConfig::Mqtt(m)) if m.protocol == MqttProtocol::Cloudprnt => {
+                Self::check_mac(m.device(), mac, required).map(|()| Mode::Mqtt)
+            }
+            _ => Err(CloudPrntError::Unauthorized("this login is not a CloudPRNT printer's".into())),
+        }
+    }
+
     fn profile(printer: &PrinterInfo) -> Option<String> {
         match &printer.transport {
             Some(TransportConfig::Cloudprnt(c)) => c.profile.clone(),
+            Some(TransportConfig::Mqtt(m)) => m.profile.clone(),
             _ => None,
         }
     }
 
     /// `POST /cloudprnt`.
     pub async fn poll(&self, printer: &PrinterInfo, poll: &PollIn) -> Result<PollOut, CloudPrntError> {
-        self.check(printer, poll.mac.as_deref(), false)?;
+        if self.mode(printer, poll.mac.as_deref(), false)? == Mode::Mqtt {
+            // A printer in CloudPRNT Version MQTT takes its jobs as MQTT print-jobs and
+            // reports its state with client-status; a poll it still makes is answered,
+            // never with a job.
+            return Ok(PollOut { job_ready: false, media_types: Vec::new(), job_token: None });
+        }
         let report = PollReport {
             health: health_of(&poll.status_code),
             token: poll.job_token.clone().filter(|t| !t.is_empty()),
@@ -197,7 +233,7 @@ impl CloudPrnt {
         token: Option<&str>,
         dots: Option<u16>,
     ) -> Result<JobData, CloudPrntError> {
-        self.check(printer, mac, true)?;
+        let mode = self.mode(printer, mac, true)?;
         let media = media.map(percent_decode).unwrap_or_else(|| MEDIA_TYPES[0].to_owned());
         let profile = Self::profile(printer);
         let (content_type, encoding) = match media.trim() {
@@ -210,9 +246,23 @@ impl CloudPrnt {
                 )))
             }
         };
-        let token = Self::token(token)?;
         let what = content_type.split(';').next().unwrap_or(content_type);
-        match self.polled.fetch(printer, &token, &encoding, what).await? {
+        let (fetched, token) = match mode {
+            Mode::Http => {
+                let token = Self::token(token)?;
+                (self.polled.fetch(printer, &token, &encoding, what).await?, token.to_string())
+            }
+            Mode::Mqtt => {
+                let token = match token.map(percent_decode).filter(|t| !t.trim().is_empty()) {
+                    Some(raw) => Some(Self::token(Some(&raw))?),
+                    None => None,
+                };
+                let holder = Claimant::push(TransportKind::Mqtt.as_str());
+                let named = token.as_ref().map_or_else(|| "in flight".to_owned(), JobToken::to_string);
+                (self.polled.fetch_pushed(printer, token.as_ref(), &holder, &encoding, what).await?, named)
+            }
+        };
+        match fetched {
             Fetched::Data { bytes, idempotency_key, cut } => Ok(JobData {
                 content_type,
                 bytes,

@@ -1,4 +1,4 @@
-//! Printer transports (R15, R33): how the broker reaches a printer, one module per kind on
+//! Printer transports: how the broker reaches a printer, one module per kind on
 //! the one lane engine (`crate::lanes`).
 //!
 //! A printer's transport is a typed, serde-tagged [`TransportConfig`], parsed once where

@@ -34,7 +34,7 @@ use std::time::Duration;
 use onceprint_core::{delivery_key, Millis, Outcome, Proof};
 use onceprint_store::{AgentIdentity, PrinterStatusUpdate, StoreError, Task};
 
-use crate::claimant::{Claimant, FETCHED};
+use crate::claimant::{Claimant, ClaimantKind, FETCHED};
 use crate::directory::PrinterInfo;
 use crate::lanes::{AckIn, AckResult, ClaimRules, DeliveryError, LaneEngine, Scope};
 use crate::transport::{Encoding, TransportConfig, TransportKind};
@@ -328,6 +328,46 @@ impl Polled {
         what: &str,
     ) -> Result<Fetched, DeliveryError> {
         let _turn = self.lock(printer).await;
+        self.fetch_held(printer, token, encoding, what, &self.claimant).await
+    }
+
+    /// The data of a job a push transport sent to a printer that then fetches it over HTTP
+    /// (a Star printer in CloudPRNT Version MQTT takes a `url` print-job and GETs it: Star
+    /// CloudPRNT Protocol Guide, "Print job requests (GET)", "For CloudPRNT Version MQTT
+    /// (Full MQTT / Pass URL)"). The delivery stays the push driver's, under its run's
+    /// session: the fetch is written to its audit trail with a compare-and-set before the
+    /// data is returned, and a delivery that moved meanwhile is no job any more. The push
+    /// transport already counts such a job as may-have-printed from the moment the MQTT
+    /// server took it, so the fetch changes no rule, only what a person reads.
+    pub async fn fetch_pushed(
+        &self,
+        printer: &PrinterInfo,
+        token: Option<&JobToken>,
+        holder: &Claimant,
+        encoding: &Encoding,
+        what: &str,
+    ) -> Result<Fetched, DeliveryError> {
+        let _turn = self.lock(printer).await;
+        let token = match token {
+            Some(t) => t.clone(),
+            // Firmware that does not send the token (Star: "present if one was provided by
+            // the server") asks for the one job in flight on its lane.
+            None => match self.lanes.store().lane(&printer.row.tenant_id, &printer.row.id).await?.in_flight {
+                Some(t) => JobToken::of(&t),
+                None => return Ok(Fetched::NoSuchJob),
+            },
+        };
+        self.fetch_held(printer, &token, encoding, what, holder).await
+    }
+
+    async fn fetch_held(
+        &self,
+        printer: &PrinterInfo,
+        token: &JobToken,
+        encoding: &Encoding,
+        what: &str,
+        holder: &Claimant,
+    ) -> Result<Fetched, DeliveryError> {
         let store = self.lanes.store();
         let Some(task) = store.get_task(&printer.row.tenant_id, &token.task_id).await? else {
             return Ok(Fetched::NoSuchJob);
@@ -335,7 +375,7 @@ impl Polled {
         let ours = task.printer_id == printer.row.id
             && task.state == onceprint_core::TaskState::Sent
             && task.attempts == token.attempt
-            && task.sent_to.as_deref() == Some(self.claimant.sent_to().as_str());
+            && task.sent_to.as_deref() == Some(holder.sent_to().as_str());
         if !ours {
             return Ok(Fetched::NoSuchJob);
         }
@@ -353,7 +393,13 @@ impl Polled {
             Ok(b) => b,
             Err(why) => return Ok(Fetched::Unrenderable(why)),
         };
-        if !self.lanes.mark_fetched(&self.claimant, &task, token.attempt, what, self.config.answer_within_ms).await? {
+        let marked = if holder.kind == ClaimantKind::Printer {
+            self.lanes.mark_fetched(holder, &task, token.attempt, what, self.config.answer_within_ms).await?
+        } else {
+            let reason = format!("attempt {} fetched by the printer over HTTP as {what}", token.attempt);
+            self.lanes.note_in_flight(&task, holder.actor(), reason).await?
+        };
+        if !marked {
             return Ok(Fetched::NoSuchJob);
         }
         let idempotency_key = delivery_key(&task.biz_no, &task.printer_id, &task.target, &task.print_type);

@@ -96,7 +96,7 @@ pub async fn acks(
     }))
 }
 
-/// Extension (issue 10): the status of the store's idle printers, as the agent read it with
+/// Extension: the status of the store's idle printers, as the agent read it with
 /// `DLE EOT` between jobs, every few seconds and at once when it changes. Each
 /// printer's `online`, `last_seen_at` and `last_error` follow (`ready` clears the error);
 /// reports on printers that are not the store's enabled agent printers are ignored. The

@@ -195,3 +195,145 @@ async fn confirm(
     let result = st.cloudprnt.confirm(printer, q.mac.as_deref(), q.code.as_deref(), q.token.as_deref()).await?;
     Ok(Json(CloudPrntConfirmed { result: result.as_str().to_owned() }).into_response())
 }
+
+/// The query of the server-setting request.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ServerSettingQuery {
+    /// The printer's MAC (checked against its login when present).
+    pub mac: Option<String>,
+    /// The last path segment of the printer's server URL, which the printer replaced with
+    /// `cloudprnt-setting.json` (`cloudprnt` for this broker's URL). Not needed: jobs are
+    /// always at `/cloudprnt`.
+    #[allow(dead_code)]
+    pub replaced_path: Option<String>,
+    /// A server-assigned id; this broker assigns none and ignores it.
+    #[allow(dead_code)]
+    pub uid: Option<String>,
+}
+
+/// How printers log in to the MQTT server.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MqttAuthenticationSetting {
+    pub username: String,
+    pub password: String,
+}
+
+/// The MQTT server as printers reach it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MqttConnectionSetting {
+    pub host_name: String,
+    pub port_number: u16,
+    pub use_tls: bool,
+    pub authentication_setting: MqttAuthenticationSetting,
+}
+
+/// CloudPRNT Version MQTT for this printer.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SettingForMqtt {
+    /// Always false: Full MQTT (jobs as MQTT print-jobs the printer fetches by URL).
+    #[serde(rename = "useTriggerPOST")]
+    pub use_trigger_post: bool,
+    pub mqtt_connection_setting: MqttConnectionSetting,
+}
+
+/// Star's server-setting file (`star_cloudprnt_server_setting`).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSetting {
+    /// `star_cloudprnt_server_setting`.
+    pub title: String,
+    /// `1.0.0`.
+    pub version: String,
+    /// `["HTTP"]` for a printer that polls, `["HTTP","MQTT"]` for one set up as an `mqtt`
+    /// printer of Star's protocol.
+    pub server_support_protocol: Vec<String>,
+    #[serde(rename = "settingForMQTT", skip_serializing_if = "Option::is_none")]
+    pub setting_for_mqtt: Option<SettingForMqtt>,
+}
+
+/// Star CloudPRNT server-setting request: a Star printer asks for `cloudprnt-setting.json`
+/// beside its server URL (the URL's last segment replaced; Star CloudPRNT Protocol Guide,
+/// "Server setting information request (GET)") with its login, before anything else. A
+/// printer set up as a `cloudprnt` printer is told to poll over HTTP; one set up as an
+/// `mqtt` printer of Star's protocol is told the MQTT server as printers reach it
+/// (`serve --mqtt-printer-url`, else the host and port of `--mqtt-url`) and its MQTT login,
+/// which is its broker login (the MQTT server's password file holds it). The printer then
+/// takes its jobs as `url` print-jobs that it fetches from `GET /cloudprnt`. Wrong login,
+/// another printer's MAC or a printer of another transport: 401.
+#[utoipa::path(get, path = "/cloudprnt-setting.json", operation_id = "cloudprnt_server_setting", tag = "printers that poll",
+    params(ServerSettingQuery), security(("printer" = [])),
+    responses((status = 200, body = ServerSetting), (status = 401, body = ErrorBody)))]
+pub async fn server_setting(
+    State(st): State<AppState>,
+    PrinterAuth(printer): PrinterAuth,
+    request_headers: axum::http::HeaderMap,
+    Query(q): Query<ServerSettingQuery>,
+) -> Result<Json<ServerSetting>, PrinterError> {
+    use onceprint_engine::transport::cloudprnt::Mode;
+    let mode = st.cloudprnt.mode(&printer, q.mac.as_deref(), false)?;
+    let http_only = || ServerSetting {
+        title: "star_cloudprnt_server_setting".into(),
+        version: "1.0.0".into(),
+        server_support_protocol: vec!["HTTP".into()],
+        setting_for_mqtt: None,
+    };
+    let Some(mqtt) = st.config.mqtt.as_ref().filter(|_| mode == Mode::Mqtt) else {
+        return Ok(Json(http_only()));
+    };
+    // The login the printer signed in with is its MQTT login: PrinterAuth accepted it.
+    let Some((username, password)) = basic_login(&request_headers) else {
+        return Err(crate::ApiError::unauthorized("this endpoint takes the printer's login with HTTP Basic").into());
+    };
+    if let Some(url) = cloudprnt_url_used(&request_headers, st.config.tls.is_some()) {
+        st.job_url.learn(&printer.row.tenant_id, &printer.row.id, url).await.map_err(crate::ApiError::from)?;
+    }
+    let p = &mqtt.for_printers;
+    Ok(Json(ServerSetting {
+        server_support_protocol: vec!["HTTP".into(), "MQTT".into()],
+        setting_for_mqtt: Some(SettingForMqtt {
+            use_trigger_post: false,
+            mqtt_connection_setting: MqttConnectionSetting {
+                host_name: p.host.clone(),
+                port_number: p.port,
+                use_tls: p.tls,
+                authentication_setting: MqttAuthenticationSetting { username, password },
+            },
+        }),
+        ..http_only()
+    }))
+}
+
+/// The user and password of an HTTP Basic `Authorization` header.
+fn basic_login(headers: &axum::http::HeaderMap) -> Option<(String, String)> {
+    use base64::Engine as _;
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let (user, password) = String::from_utf8(decoded).ok()?.split_once(':').map(|(u, p)| (u.into(), p.into()))?;
+    Some((user, password))
+}
+
+/// The broker's `/cloudprnt` URL as the printer that sent this request reaches it: the
+/// scheme (`X-Forwarded-Proto` from a proxy, else this server's) and the host it asked for
+/// (`X-Forwarded-Host`, else `Host`). `None` when they are not a plain host[:port].
+fn cloudprnt_url_used(headers: &axum::http::HeaderMap, tls: bool) -> Option<String> {
+    let value =
+        |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(|v| v.split(',').next().unwrap_or(v).trim());
+    let scheme = match value("x-forwarded-proto") {
+        Some(p) if p.eq_ignore_ascii_case("https") => "https",
+        Some(p) if p.eq_ignore_ascii_case("http") => "http",
+        _ if tls => "https",
+        _ => "http",
+    };
+    let host = value("x-forwarded-host").or_else(|| value("host"))?;
+    let plain = !host.is_empty()
+        && host.len() <= 255
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+    plain.then(|| format!("{scheme}://{host}/cloudprnt"))
+}

@@ -1,4 +1,4 @@
-//! The manual channel (R26) and the per-store attention list (R27).
+//! The manual channel and the per-store attention list.
 
 use axum::extract::State;
 

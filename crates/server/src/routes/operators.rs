@@ -1,4 +1,4 @@
-//! Operators and their API sessions (R30, issue 10): accounts created with the tenant's API
+//! Operators and their API sessions: accounts created with the tenant's API
 //! key, operator tokens obtained with an operator's own password, and revocation.
 
 use axum::extract::State;

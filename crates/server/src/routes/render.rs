@@ -1,4 +1,4 @@
-//! Receipt previews (R32): a document in, a PNG (or text, or ESC/POS) out; and the
+//! Receipt previews: a document in, a PNG (or text, or ESC/POS) out; and the
 //! preview of a stored task as its printer would print it.
 
 use axum::extract::State;

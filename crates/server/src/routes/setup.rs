@@ -306,7 +306,7 @@ pub async fn revoke_agent_token(
     Ok(Json(st.setup.revoke_agent_token(auth.caller(), &id, &token_id).await?.into()))
 }
 
-/// Extension (issue 14): create a LAN key of the store (shown once). The shop's POS sends
+/// Extension: create a LAN key of the store (shown once). The shop's POS sends
 /// it to the store agent's LAN listener (`agent --listen`), which checks it itself — also
 /// while the broker is unreachable — from the hashes it fetches with
 /// `GET /v1/agent/lan-keys`. A LAN key authenticates nothing at the broker. The body is
@@ -335,7 +335,7 @@ pub async fn create_lan_key(
     ))
 }
 
-/// Extension (issue 14): a store's LAN keys, active and revoked, oldest first (ids and
+/// Extension: a store's LAN keys, active and revoked, oldest first (ids and
 /// times, never the keys or their hashes).
 #[utoipa::path(get, path = "/v1/stores/{id}/lan-keys", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
@@ -349,7 +349,7 @@ pub async fn list_lan_keys(
     Ok(Json(LanKeyList { keys: keys.into_iter().map(Into::into).collect() }))
 }
 
-/// Extension (issue 14): revoke a LAN key. The store agent refuses it once it fetched the
+/// Extension: revoke a LAN key. The store agent refuses it once it fetched the
 /// store's keys again (`GET /v1/agent/lan-keys`), which it can only while the broker is
 /// reachable. Revoking a revoked key answers it unchanged.
 #[utoipa::path(delete, path = "/v1/stores/{id}/lan-keys/{key_id}", tag = "set-up", security(("tenant" = [])),

@@ -63,9 +63,25 @@ impl TestApp {
 
     /// A broker on an existing database (a restart).
     async fn spawn_on(harness: Harness, config: HttpConfig) -> TestApp {
+        TestApp::spawn_at(harness, config, "127.0.0.1:0").await
+    }
+
+    async fn spawn_at(harness: Harness, config: HttpConfig, listen: &str) -> TestApp {
         let store = harness.store.clone();
         let (hash, _) = onceprint_server::settle_admin_token(store.as_ref(), Some(ADMIN)).await.expect("admin token");
-        let bound = onceprint_server::bind(store.clone(), hash, "127.0.0.1:0", config).await.expect("bind");
+        // The address of a broker that just stopped may take a moment to be free again.
+        let mut tries = 0;
+        let bound = loop {
+            match onceprint_server::bind(store.clone(), hash.clone(), listen, config.clone()).await {
+                Ok(b) => break b,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "address busy; binding again");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("bind {listen}: {e}"),
+            }
+        };
         let addr = bound.local_addr().expect("addr");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
@@ -87,7 +103,8 @@ impl TestApp {
     }
 
     /// Stops this broker and starts a new one on the same database: the new process knows
-    /// only what the database holds (on a new port).
+    /// only what the database holds, on the same address (printers that call in keep the
+    /// broker's URL they were set up with).
     pub async fn restart(mut self, config: HttpConfig) -> TestApp {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -99,7 +116,8 @@ impl TestApp {
             &mut self._harness,
             Harness { store: self.store.clone(), guard: Box::new(()), url: String::new() },
         );
-        TestApp::spawn_on(harness, config).await
+        let listen = self.base.trim_start_matches("http://").to_owned();
+        TestApp::spawn_at(harness, config, &listen).await
     }
 
     /// Runs SQL statements straight on the broker's database (fault injection in tests).
