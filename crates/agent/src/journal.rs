@@ -93,7 +93,7 @@ pub struct Record {
     pub at: String,
     #[serde(default)]
     pub detail: String,
-    /// The delivery's idempotency key (CONTRACT.md: business number, printer, print type,
+    /// The delivery's idempotency key (docs/API.md: business number, printer, print type,
     /// reprint number), so that the journal also answers "was this key printed here?"
     /// under another task id. Empty in records of journals written before it existed, and
     /// then not written; a later record of the same task without a key keeps the earlier

@@ -1,4 +1,4 @@
-//! LAN intake (`--listen`): the task submission API of CONTRACT.md, served by the store
+//! LAN intake (`--listen`): the task submission API (docs/API.md), served by the store
 //! agent to its own shop's POS, authenticated with a LAN key the tenant created for the
 //! store (`POST /v1/stores/{id}/lan-keys`).
 //!
@@ -73,7 +73,7 @@ pub(crate) fn router(state: LanState) -> Router {
         .with_state(state)
 }
 
-/// A submission's fields (CONTRACT.md); the content is kept as JSON for the upload.
+/// A submission's fields (docs/API.md); the content is kept as JSON for the upload.
 #[derive(Debug, Deserialize)]
 struct LanSubmit {
     biz_no: Option<String>,

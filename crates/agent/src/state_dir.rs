@@ -68,7 +68,7 @@ impl StateDir {
     }
 }
 
-/// Ids are 1–64 characters of `A-Za-z0-9._:-` (CONTRACT.md).
+/// Ids are 1–64 characters of `A-Za-z0-9._:-` (docs/API.md).
 pub(crate) fn validate_agent_id(id: &str) -> Result<(), AgentError> {
     let ok = !id.is_empty()
         && id.len() <= 64

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::proof::Proof;
 use crate::{Millis, PrintTypePolicy, TaskState};
 
-/// The outcomes of the agent protocol (CONTRACT.md), shared by the broker and the agent.
+/// The outcomes of the agent protocol (docs/API.md), shared by the broker and the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {

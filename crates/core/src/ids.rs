@@ -2,7 +2,7 @@
 
 use crate::CoreError;
 
-/// Longest caller-chosen id (CONTRACT.md: 1–64 characters).
+/// Longest caller-chosen id (docs/API.md: 1–64 characters).
 pub const MAX_ID_LEN: usize = 64;
 
 /// Checks a caller-chosen id (tenant, store, printer, station, print type): 1–64

@@ -66,7 +66,7 @@ impl IdempotencyKey {
 }
 
 /// The idempotency key every delivery of a task carries to the printer side
-/// (CONTRACT.md): the same on every redelivery of the task, and never the same for two
+/// (docs/API.md): the same on every redelivery of the task, and never the same for two
 /// tasks of one printer, so a receiver that prints once per key prints every task once.
 ///
 /// `biz_no#printer_id` for a task submitted to the printer itself with the default print

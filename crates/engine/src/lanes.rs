@@ -199,7 +199,7 @@ pub struct Acked {
     pub deliveries: Vec<Delivery>,
 }
 
-/// The result of one ack (CONTRACT.md).
+/// The result of one ack (docs/API.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckResult {
     Applied,

@@ -1,5 +1,5 @@
-//! The JSON shapes of the HTTP API. Field names are fixed by CONTRACT.md; the types here
-//! also feed the OpenAPI document, so the description cannot drift from the code.
+//! The JSON shapes of the HTTP API. Field names are fixed by the published API
+//! (docs/API.md); the types here also feed the OpenAPI document, so the description cannot drift from the code.
 
 use onceprint_core::Millis;
 use onceprint_store::{AgentToken, ApiKey, Printer, SetupEvent, Station, StoreRow, Task, TaskEvent};

@@ -1,4 +1,4 @@
-//! The one place where failures become HTTP answers with the body of CONTRACT.md:
+//! The one place where failures become HTTP answers with the error body of docs/API.md, "Errors":
 //! `{"error": {"code": "snake_case_code", "message": "…"}}`.
 
 use axum::http::{header, StatusCode};

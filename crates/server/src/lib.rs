@@ -1,4 +1,4 @@
-//! The HTTP surface of the onceprint broker (CONTRACT.md).
+//! The HTTP surface of the onceprint broker (docs/API.md).
 //!
 //! This crate owns routing, authentication of the three kinds of bearer tokens, the JSON
 //! shapes and the single mapping of every failure to the error body, the Prometheus

@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-/// Caller-chosen ids (CONTRACT.md): 1–64 characters of `A-Za-z0-9._:-`.
+/// Caller-chosen ids (docs/API.md): 1–64 characters of `A-Za-z0-9._:-`.
 pub fn id() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9._:-]+$"})
 }

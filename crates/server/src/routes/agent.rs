@@ -1,4 +1,4 @@
-//! The store agent protocol (CONTRACT.md): long poll for deliveries, acknowledge outcomes.
+//! The store agent protocol (docs/API.md): long poll for deliveries, acknowledge outcomes.
 
 use std::time::Duration;
 
