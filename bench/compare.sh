@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# onceprint against BullMQ on Redis, side by side in one run (issue 13).
+# onceprint against BullMQ on Redis, side by side in one run.
 #
 #   bench/compare.sh                       # 50,000 tasks, 100 printers, 64 producers
 #   bench/compare.sh --tasks 5000          # a quick look

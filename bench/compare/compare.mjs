@@ -1,4 +1,4 @@
-// onceprint against BullMQ on Redis, side by side on one machine in one run (issue 13).
+// onceprint against BullMQ on Redis, side by side on one machine in one run.
 //
 // Run it through bench/compare.sh, which builds the onceprint binary, installs the pinned
 // bullmq and ioredis from npm into a scratch folder and passes that folder as --modules.
@@ -241,7 +241,7 @@ function jobData(prefix, n, printers) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Small helpers
+// Small utilities
 // ---------------------------------------------------------------------------------------
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -1045,7 +1045,7 @@ async function main(opts) {
     log('intake');
     if (mods) result.bullmq.intake = await bullIntake(mods, redis, opts, opts.duplicates, 'intake');
     if (once) result.onceprint.intake = await onceprintSubmit(opts, dir, opts.duplicates, 'intake');
-    // With batches, BullMQ's one-job add too: the issue's targets are stated against
+    // With batches, BullMQ's one-job add too: the targets are stated against
     // queue.add, and a team would weigh onceprint's batch against both.
     if (mods && opts.batch > 1) {
       result.bullmq.intake_single = await bullIntake(mods, redis, { ...opts, batch: 1 }, opts.duplicates, 'intake, one add per job');

@@ -102,8 +102,9 @@ fn device_path<'a>(s: &str, path: &'a str) -> Result<&'a str, String> {
     if !path.starts_with('/') || path.len() < 2 {
         return Err(format!("printer address {s:?}: the device path must be absolute, like usb:///dev/usb/lp0"));
     }
-    if path.len() > MAX_PATH {
-        return Err(format!("printer address {s:?}: the device path is longer than {MAX_PATH} bytes"));
+    // Characters, as the broker counts them when it takes the printer's address.
+    if path.chars().count() > MAX_PATH {
+        return Err(format!("printer address {s:?}: the device path is longer than {MAX_PATH} characters"));
     }
     if path.chars().any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#') {
         return Err(format!("printer address {s:?}: the device path has a space, control character, '?' or '#'"));

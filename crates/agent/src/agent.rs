@@ -317,7 +317,7 @@ async fn poll_loop(
         let began = Instant::now();
         last_poll = Some(began);
         // Dropping an unanswered poll at shutdown may leave deliveries the broker already
-        // handed out unread; they stay unconfirmed and come back to this agent id (R19).
+        // handed out unread; they stay unconfirmed and come back to this agent id.
         let answer = tokio::select! {
             _ = &mut shutdown => return PollEnd::Shutdown,
             a = client.poll(&req) => a,

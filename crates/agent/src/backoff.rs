@@ -1,4 +1,4 @@
-//! Exponential backoff with jitter for talking to the broker (R21).
+//! Exponential backoff with jitter for talking to the broker.
 
 use rand::Rng;
 use std::time::Duration;

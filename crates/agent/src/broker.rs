@@ -101,7 +101,7 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
-    /// How long to wait before the next try after this error (R21): exponential backoff
+    /// How long to wait before the next try after this error: exponential backoff
     /// for network errors and 5xx, what the broker said for 429, a slow fixed pace for 401.
     pub fn retry_delay(&self, backoff: &mut Backoff) -> Duration {
         match self {

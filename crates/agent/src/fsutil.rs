@@ -1,4 +1,4 @@
-//! Small durable-file helpers shared by the journal and the state directory.
+//! Small durable-file functions shared by the journal and the state directory.
 
 use std::fs::{self, File};
 use std::io::{self, Write};

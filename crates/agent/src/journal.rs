@@ -1,4 +1,4 @@
-//! The durable print journal (R20): what this agent did with each of its last N task ids.
+//! The durable print journal: what this agent did with each of its last N task ids.
 //!
 //! The journal is an append-only file of JSON lines, one [`Record`] per line. The rule the
 //! whole agent rests on is the order of two writes: a `started` record is durable (written
@@ -93,7 +93,7 @@ pub struct Record {
     pub at: String,
     #[serde(default)]
     pub detail: String,
-    /// The delivery's idempotency key (CONTRACT.md: business number, printer, print type,
+    /// The delivery's idempotency key (docs/API.md: business number, printer, print type,
     /// reprint number), so that the journal also answers "was this key printed here?"
     /// under another task id. Empty in records of journals written before it existed, and
     /// then not written; a later record of the same task without a key keeps the earlier

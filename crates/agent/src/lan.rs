@@ -1,4 +1,4 @@
-//! LAN intake (`--listen`): the task submission API of CONTRACT.md, served by the store
+//! LAN intake (`--listen`): the task submission API (docs/API.md), served by the store
 //! agent to its own shop's POS, authenticated with a LAN key the tenant created for the
 //! store (`POST /v1/stores/{id}/lan-keys`).
 //!
@@ -73,7 +73,7 @@ pub(crate) fn router(state: LanState) -> Router {
         .with_state(state)
 }
 
-/// A submission's fields (CONTRACT.md); the content is kept as JSON for the upload.
+/// A submission's fields (docs/API.md); the content is kept as JSON for the upload.
 #[derive(Debug, Deserialize)]
 struct LanSubmit {
     biz_no: Option<String>,
@@ -331,7 +331,7 @@ async fn submit(State(st): State<LanState>, req: Request) -> Response {
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    // The business number first (R1), whatever else is wrong with the body.
+    // The business number first, whatever else is wrong with the body.
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", format!("the body is not JSON: {e}")),

@@ -4,9 +4,9 @@
 //! deliveries of its store's printers (outbound HTTP only, so it works behind NAT),
 //! prints each to an ESC/POS printer on raw TCP 9100, a USB printer device or a serial
 //! port ([`address`]) through one worker per printer (one job at a time per printer, in
-//! arrival order: R23), keeps the durable journal of the last N task ids in its state
-//! directory (R20), and acknowledges every outcome through one batching ack sender that
-//! retries until the broker has taken the ack (R21, R22).
+//! arrival order), keeps the durable journal of the last N task ids in its state
+//! directory, and acknowledges every outcome through one batching ack sender that
+//! retries until the broker has taken the ack.
 //!
 //! It must never print a task id a second time once it may have printed it. The journal
 //! makes `started` durable before the first byte goes to a printer and `printed` durable
@@ -15,7 +15,7 @@
 //! proven finished is acknowledged `in_doubt` and left to a person; and a job whose
 //! connection (or device) breaks between sending and the printer's confirmation is
 //! `in_doubt`, never retried by the agent. "Printed" means the printer's own `GS ( H`
-//! process-id reply, never "the write succeeded" (R9). The sequence is one and the same
+//! process-id reply, never "the write succeeded". The sequence is one and the same
 //! for every kind of printer link ([`printer`]). A printer that does not answer its status
 //! requests is reported `offline` and never printed to; some USB printers cannot answer
 //! at all, and are refused that way rather than printed to blind.
@@ -42,6 +42,25 @@
 //! It must also never decide anything that belongs to the broker (retries, failover,
 //! reprints): an outcome is reported and the broker's engine decides what follows. The
 //! ESC/POS bytes and their meaning come from `onceprint-escpos`.
+//!
+//! Where things are: `broker.rs`, the broker client (one or more brokers, `--server`
+//! repeated, used one at a time and failed over on no connection, a timeout, a 5xx or a 426;
+//! shared by every clone so that one process is one session; the agent protocol version on
+//! every request; the broker's reachability and the probes that end a poll back-off early);
+//! `printer.rs`, the one print sequence over a byte link that is a TCP stream or a device
+//! file; `address.rs`, `tcp://`, `usb://` and `serial://` addresses; `device.rs`, character
+//! devices only, serial ports set to raw 8N1 with termios; `watch.rs`, status probes of idle
+//! printers through each printer's worker; `lan.rs`, the shop's LAN intake (`--listen`) with
+//! its `/healthz`; `outbox.rs`, the offline outbox (SQLite in the state directory, one task
+//! per key, durable before the LAN answer, with the broker's answers to forwards);
+//! `cache.rs`, the saved directory, LAN-key hashes and LAN listener claim; `offline.rs`, the
+//! local lane, the ack router, the upload of offline tasks and the device-log digest.
+//!
+//! It must also never answer `printed` for a key printed by a ticket it accepted on the LAN
+//! that the sync has not merged into that very task (the content may differ: `in_doubt`);
+//! never write to anything but a character device; never print an offline task while it is
+//! in an upload the broker may have taken, or one the broker rejected; and never take LAN
+//! orders while another agent holds the store's LAN listener.
 
 #![deny(unsafe_code)]
 
@@ -160,7 +179,7 @@ pub struct AgentArgs {
 
     /// Serve the task submission API (`POST /v1/print-tasks`, with the store's LAN keys)
     /// to the shop's LAN on this address, e.g. `0.0.0.0:8181`: forwarded to the broker
-    /// while it answers, accepted and printed here while it does not (README, "When the
+    /// while it answers, accepted and printed here while it does not (docs/OPERATIONS.md, "When the
     /// internet is down").
     #[arg(long, env = "ONCEPRINT_AGENT_LISTEN", value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,

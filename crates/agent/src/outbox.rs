@@ -83,7 +83,7 @@ impl LocalState {
         }
     }
 
-    /// The task state (CONTRACT.md) a LAN answer names for this local state.
+    /// The task state (docs/API.md) a LAN answer names for this local state.
     pub fn task_state(self) -> &'static str {
         match self {
             LocalState::Accepted | LocalState::Handed => "pending",

@@ -1,4 +1,4 @@
-//! The store agent protocol of CONTRACT.md as Rust types: the long-poll request and its
+//! The store agent protocol (docs/API.md) as Rust types: the long-poll request and its
 //! deliveries, the acknowledgements and the broker's per-ack results.
 //!
 //! Field names and outcome strings are fixed by the contract. Unknown fields in the
@@ -39,8 +39,8 @@ pub struct Delivery {
     /// `tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, as
     /// reachable from the agent's machine ([`crate::address`]).
     pub printer_address: String,
-    /// `biz_no#printer_id` plus the suffixes of CONTRACT.md (R16). Journaled with every
-    /// record: the journal answers by task id and by this key, so the same ticket under
+    /// `biz_no#printer_id` plus the suffixes of docs/API.md, "The store agent protocol".
+    /// Journaled with every record: the journal answers by task id and by this key, so the same ticket under
     /// another task id is never printed twice.
     #[serde(default)]
     pub idempotency_key: String,
@@ -145,7 +145,7 @@ mod tests {
     }
 }
 
-/// `POST /v1/agent/status` body (extension, issue 10): idle printers' status.
+/// `POST /v1/agent/status` body (extension): idle printers' status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusRequest {
     pub agent_id: String,

@@ -41,7 +41,7 @@ impl StateDir {
 
     /// The agent id: the one given, else the one persisted here, else a new random one
     /// that is persisted before it is used, so a restarted agent is the same agent to the
-    /// broker and gets its unconfirmed deliveries back (R19).
+    /// broker and gets its unconfirmed deliveries back.
     pub(crate) fn agent_id(&self, given: Option<&str>) -> Result<String, AgentError> {
         if let Some(id) = given {
             return validate_agent_id(id).map(|()| id.to_owned());
@@ -68,7 +68,7 @@ impl StateDir {
     }
 }
 
-/// Ids are 1–64 characters of `A-Za-z0-9._:-` (CONTRACT.md).
+/// Ids are 1–64 characters of `A-Za-z0-9._:-` (docs/API.md).
 pub(crate) fn validate_agent_id(id: &str) -> Result<(), AgentError> {
     let ok = !id.is_empty()
         && id.len() <= 64

@@ -1,4 +1,4 @@
-//! Watching idle printers (issue 10): every `--status-interval-ms` the agent asks each of
+//! Watching idle printers: every `--status-interval-ms` the agent asks each of
 //! its store's printers that is not busy for its real-time status (`DLE EOT`, through the
 //! printer's own worker, so a probe never overlaps a job) and reports what it found to the
 //! broker (`POST /v1/agent/status`). The broker's answer names the printers to watch, so

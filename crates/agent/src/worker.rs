@@ -1,5 +1,5 @@
 //! Per-printer workers: each printer gets one task that handles its deliveries one at a
-//! time in arrival order (R23), so one slow or dead printer never holds up the others and
+//! time in arrival order, so one slow or dead printer never holds up the others and
 //! no printer is ever sent two jobs at once.
 //!
 //! The worker also owns its printer's link ([`PrinterLink`]: a TCP connection, or the open
@@ -380,7 +380,7 @@ pub(crate) async fn handle_delivery(
         |outcome: Outcome, detail: String| Ack { task_id: d.task_id.clone(), attempt: d.attempt, outcome, detail };
 
     // (1) The journal first: a task this agent printed, or may have printed, is never
-    // sent to a printer again, whatever the broker asks (R20, R22).
+    // sent to a printer again, whatever the broker asks.
     if let Some(r) = ctx.journal.lookup(&d.task_id) {
         let authorised_reprint = d.reprint && r.attempt < d.attempt;
         match r.state {

@@ -1,4 +1,4 @@
-//! `onceprint bench idle`: what many idle store agents cost one broker (issue 13). A shop
+//! `onceprint bench idle`: what many idle store agents cost one broker. A shop
 //! chain has one agent per store, and almost all of them wait in a long poll almost all
 //! the time, so the cost of a waiting poll is what decides how many stores a node serves.
 //!

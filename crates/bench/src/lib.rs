@@ -6,7 +6,7 @@
 //! `kill -9` of the agent and the broker and client retry storms, and proves (or refutes)
 //! that nothing prints twice, nothing is lost and every lane drains. `bench offline`
 //! (module [`offline`]) does the same for a shop whose internet connection keeps dropping
-//! while its POS submits to the cloud and to the store agent's LAN listener (issue 14).
+//! while its POS submits to the cloud and to the store agent's LAN listener.
 //! The rest of this overview is about `bench submit`, the intake benchmark.
 //!
 //! That one is a single measurement: how fast a freshly started broker accepts print tasks
@@ -25,6 +25,14 @@
 //! and never leave the broker running. It does not parse command lines or print: the
 //! binary wires [`SubmitOptions`] to its CLI and prints [`SubmitReport::render_text`] or
 //! the report as JSON, and exits non-zero when [`SubmitReport::problems`] is not empty.
+//!
+//! Where things are: `demo.rs`, `onceprint demo`; `faults/`, the fault run (`fleet.rs`, a
+//! mixed fleet of agent, CloudPRNT, Epson and MQTT printers); `offline/`, a store agent
+//! with its LAN listener behind a shop line the run cuts and restores; `idle.rs`, idle
+//! long-polling agents; `cluster.rs`, several nodes on one PostgreSQL (`--nodes N`, `--redis`);
+//! `lb.rs`, a TCP round-robin load balancer with `/readyz` health checks (also `bench lb`) and
+//! the shop's `Uplink`; `preload.rs`, a full database written in bulk before a measured run
+//! (`--preload-finished`, `--preload-waiting`); and the polling, fairness and wake-up runs.
 
 mod broker;
 pub mod cluster;

@@ -1,5 +1,5 @@
 //! `onceprint bench polls`: what a fleet of Star CloudPRNT printers polling the broker
-//! costs (issue 9). It starts a broker on a fresh database, registers P `cloudprnt`
+//! costs. It starts a broker on a fresh database, registers P `cloudprnt`
 //! printers (each with its own login), and plays P printers that each poll
 //! `POST /cloudprnt` every `interval` with Basic auth, from one keep-alive connection
 //! apiece, at random phases. Optionally T tasks are submitted while they poll, spread

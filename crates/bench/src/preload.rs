@@ -1,4 +1,4 @@
-//! A full database for `bench submit` and `bench e2e` (issue 13, "flat cost"):
+//! A full database for `bench submit` and `bench e2e` ("flat cost"):
 //! `--preload-finished N` and `--preload-waiting M` put N finished and M waiting tasks into
 //! the fresh broker's database before the measured run, so that intake and dispatch are
 //! measured against a database that has been in use for a while rather than an empty one.

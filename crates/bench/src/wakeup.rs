@@ -1,5 +1,5 @@
 //! `onceprint bench wakeup`: how fast a task committed on one broker node reaches a long
-//! poll waiting on another node of the same PostgreSQL schema (issue 12), and what telling
+//! poll waiting on another node of the same PostgreSQL schema, and what telling
 //! the other nodes costs intake.
 //!
 //! It starts nodes A and B on a fresh schema, registers one agent printer, and for each

@@ -187,7 +187,7 @@ async fn idle_smoke_sqlite() {
     assert_eq!(json["agents"], 40);
 }
 
-/// The binary, when its store agent also has the LAN listener (`bench offline`, issue 14).
+/// The binary, when its store agent also has the LAN listener (`bench offline`).
 fn offline_exe() -> Option<PathBuf> {
     let exe = delivery_exe()?;
     let help = std::process::Command::new(&exe).args(["agent", "--help"]).output().ok()?;
@@ -210,7 +210,7 @@ fn small_offline(exe: PathBuf) -> OfflineOptions {
         drain_timeout: Duration::from_secs(90),
         timeout: Duration::from_secs(90),
         // The edges the product passes today; the second agent and the clock skew find the
-        // faults described in docs/BENCHMARKS.md ("Offline edges") and are run by hand.
+        // faults described in docs/BENCHMARKS.md ("Offline") and are run by hand.
         edges: Edges {
             slow_forwards: true,
             mixed_station: true,

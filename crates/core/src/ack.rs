@@ -1,5 +1,5 @@
-//! What an acknowledgement from a printer transport does to a task (R9–R11, R14, R17, R22,
-//! R43).
+//! What an acknowledgement from a printer transport does to a task: only the printer's
+//! word prints it, and what may have printed goes to a person (docs/GUARANTEES.md G3, G4).
 //!
 //! The decision is a pure function of the task's state and attempt, the ack, and the print
 //! type's policy, so it is unit- and property-tested here and the engine only carries it
@@ -7,7 +7,7 @@
 //! nothing; a repeated ack is recognised as a duplicate; a late PRINTED for a task that
 //! is waiting to retry (or waiting for a human) closes it, since paper did come out.
 //!
-//! The one rule for doubt (R43): an ack carries what it proves about paper
+//! The one rule for doubt: an ack carries what it proves about paper
 //! ([`crate::proof::Proof`], from the vendor tables of [`crate::results`]). Only a report
 //! that proves nothing printed leads to another attempt; one that may have printed puts
 //! the ticket in doubt (or reprints it with a banner, where the print type says so),
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::proof::Proof;
 use crate::{Millis, PrintTypePolicy, TaskState};
 
-/// The outcomes of the agent protocol (CONTRACT.md), shared by the broker and the agent.
+/// The outcomes of the agent protocol (docs/API.md), shared by the broker and the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -92,7 +92,7 @@ pub struct AckChange {
     pub reason: String,
     /// The attempt this ack reports on may have put paper out (it does not prove that
     /// nothing printed). Once any attempt of a task may have printed, the task is never
-    /// moved to another printer automatically (R25).
+    /// moved to another printer automatically.
     pub may_have_printed: bool,
     /// The ack was a status refusal ([`Outcome::pauses_lane`]) that waits for the printer:
     /// the task's refusal count grows, so that the offer is not counted against
@@ -103,7 +103,7 @@ pub struct AckChange {
 impl AckChange {
     /// Whether a station task may fail over to its next printer after this change: it
     /// failed, and neither this attempt nor any earlier one (`earlier_may_have_printed`)
-    /// can have printed. A task that may have printed goes to a person instead (R14, R25).
+    /// can have printed. A task that may have printed goes to a person instead.
     pub fn allows_failover(&self, earlier_may_have_printed: bool) -> bool {
         self.to == TaskState::Failed && !self.may_have_printed && !earlier_may_have_printed
     }
@@ -166,7 +166,7 @@ pub struct AckTask {
 /// Decides what an ack does to `task`. `jitter_unit` is a random sample in [0, 1) for
 /// the backoff.
 ///
-/// What the ack proves about paper decides first (R43):
+/// What the ack proves about paper decides first:
 /// - printed: the task is printed (also late, from `retrying`, `failed` or `in_doubt`);
 /// - may have printed: in doubt, waiting for a person, or another attempt marked as a
 ///   reprint where the print type reprints on doubt (within its attempts);

@@ -38,9 +38,9 @@ pub fn body_too_large_message(limit: usize) -> String {
 pub enum Content {
     /// Plain text, printed as is with a cut at the end.
     Text { text: String },
-    /// Raw ESC/POS bytes, base64 encoded, passed through untouched (R32).
+    /// Raw ESC/POS bytes, base64 encoded, passed through untouched.
     Escpos { data: String },
-    /// A receipt document (R32). Its schema is validated by the renderer.
+    /// A receipt document. Its schema is validated by the renderer.
     Doc { doc: serde_json::Value },
     /// The tag markup of Chinese printer clouds (`<CB>`, `<BR>`, `<QR>` …), for migration.
     Markup { markup: String },

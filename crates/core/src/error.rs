@@ -4,7 +4,7 @@
 /// A rule of the domain was broken by input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoreError {
-    /// `biz_no` missing or empty: the red line of R1, checked before anything else.
+    /// `biz_no` missing or empty: the red line, checked before anything else.
     #[error("biz_no is required and must not be empty")]
     MissingBizNo,
     /// A field is present but malformed.

@@ -2,7 +2,7 @@
 
 use crate::CoreError;
 
-/// Longest caller-chosen id (CONTRACT.md: 1–64 characters).
+/// Longest caller-chosen id (docs/API.md: 1–64 characters).
 pub const MAX_ID_LEN: usize = 64;
 
 /// Checks a caller-chosen id (tenant, store, printer, station, print type): 1–64
@@ -33,7 +33,7 @@ fn is_id_char(c: char) -> bool {
 /// the unique index small and rejects pasted garbage.
 pub const MAX_BIZ_NO_LEN: usize = 128;
 
-/// Checks a business number. Empty means missing (R1). Control characters are refused
+/// Checks a business number. Empty means missing. Control characters are refused
 /// because they break logs and CSV reconciliation exports.
 pub fn validate_biz_no(value: Option<&str>) -> Result<&str, CoreError> {
     let value = match value {
@@ -41,11 +41,10 @@ pub fn validate_biz_no(value: Option<&str>) -> Result<&str, CoreError> {
         Some(v) if v.trim().is_empty() => return Err(CoreError::MissingBizNo),
         Some(v) => v,
     };
-    if value.len() > MAX_BIZ_NO_LEN {
-        return Err(CoreError::invalid(
-            "biz_no",
-            format!("must be at most {MAX_BIZ_NO_LEN} bytes, got {}", value.len()),
-        ));
+    // Characters, as the OpenAPI document's `maxLength` counts them.
+    let len = value.chars().count();
+    if len > MAX_BIZ_NO_LEN {
+        return Err(CoreError::invalid("biz_no", format!("must be at most {MAX_BIZ_NO_LEN} characters, got {len}")));
     }
     if value.chars().any(char::is_control) {
         return Err(CoreError::invalid("biz_no", "must not contain control characters"));

@@ -1,4 +1,4 @@
-//! The idempotency key (R2) and the content fingerprint (R4).
+//! The idempotency key and the content fingerprint.
 //!
 //! Two submissions are "the same request" when they share tenant, target, `biz_no` and
 //! print type. Whether a repeat is a harmless retry or a client bug is decided by the
@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{ids::validate_id, CoreError};
 
-/// What a task is addressed to: one printer, or a failover station (R25).
+/// What a task is addressed to: one printer, or a failover station.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
     Printer(String),
@@ -45,7 +45,7 @@ impl Target {
     }
 }
 
-/// tenant + target + biz_no + print_type: at most one task exists per key (R2, R5).
+/// tenant + target + biz_no + print_type: at most one task exists per key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey {
     pub tenant_id: String,
@@ -65,8 +65,8 @@ impl IdempotencyKey {
     }
 }
 
-/// The idempotency key every delivery of a task carries to the printer side (R16,
-/// CONTRACT.md): the same on every redelivery of the task, and never the same for two
+/// The idempotency key every delivery of a task carries to the printer side
+/// (docs/API.md): the same on every redelivery of the task, and never the same for two
 /// tasks of one printer, so a receiver that prints once per key prints every task once.
 ///
 /// `biz_no#printer_id` for a task submitted to the printer itself with the default print

@@ -1,4 +1,4 @@
-//! What a printer's lane does next (R13, R19, R23, R24, R37).
+//! What a printer's lane does next.
 //!
 //! A printer's lane is its active tasks: at most one in flight (`sent`, enforced by the
 //! database) and the others waiting (`pending`, `retrying`) in (priority, insertion) order. The
@@ -76,7 +76,7 @@ pub enum Step {
 /// The next step of a lane with `in_flight` and `waiting` at `now`.
 ///
 /// While a task is in flight nothing else of the lane is handed out (one job at a time per
-/// printer, R23); a waiting task that is due goes now, one waiting for its retry keeps the
+/// printer); a waiting task that is due goes now, one waiting for its retry keeps the
 /// lane waiting (later tickets do not overtake it).
 pub fn next_step(in_flight: Option<&InFlight>, waiting: Option<&Waiting>, now: Millis) -> Step {
     if let Some(f) = in_flight {

@@ -1,8 +1,8 @@
-//! The manual channel (R26): what an operator may do to a task in which state. "The system
+//! The manual channel: what an operator may do to a task in which state. "The system
 //! solves 99 %, people solve 1 %" — and the 1 % must never create a duplicate or lose the
 //! paper trail, so each action is allowed only where it cannot do either.
 //!
-//! Manual actions follow the one rule for doubt (R43): a ticket that may have printed
+//! Manual actions follow the one rule for doubt: a ticket that may have printed
 //! (any of its attempts ended without proof that nothing came out: `may_have_printed`)
 //! is printed again only as a numbered reprint with a banner, never moved unmarked to
 //! another printer.
@@ -147,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn the_rules_of_the_issue() {
+    fn each_action_goes_where_the_manual_channel_allows() {
         use TaskState::*;
         assert_eq!(original_goes_to(ManualAction::MarkPrinted, InDoubt), Ok(Some(Closed)));
         assert!(original_goes_to(ManualAction::MarkPrinted, Printed).is_err());

@@ -1,4 +1,4 @@
-//! Print-type policies (R11, R14, R24): priority, retry backoff, attempt limit and what to
+//! Print-type policies: priority, retry backoff, attempt limit and what to
 //! do when a delivery's outcome is unknown. The engine reads them; intake only needs the
 //! priority and to know that the print type exists.
 
@@ -35,16 +35,16 @@ impl Backoff {
 /// What the engine does with one print type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrintTypePolicy {
-    /// Lower runs first within a printer's lane (R24).
+    /// Lower runs first within a printer's lane.
     pub priority: i32,
     pub backoff: Backoff,
     pub max_attempts: u32,
-    /// Kitchen tickets may prefer a second copy to a missing dish (R14); the default is to
+    /// Kitchen tickets may prefer a second copy to a missing dish; the default is to
     /// stop and ask a human.
     pub reprint_on_doubt: bool,
     /// How long a ticket may wait for its printer to come back from a state that proves
     /// nothing printed (no paper, cover open, paper jam, offline), counted from its
-    /// submission (issue 15). Such refusals pause the printer's lane without spending
+    /// submission. Such refusals pause the printer's lane without spending
     /// `max_attempts`, which limits deliveries that reached the printer; past this budget
     /// the ticket fails with the printer's reason, as it did after its attempts before.
     #[serde(default = "default_max_wait_ms")]

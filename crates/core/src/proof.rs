@@ -1,5 +1,5 @@
 //! What a report about one delivery attempt proves about paper: the one rule for doubt on
-//! every transport (R43).
+//! every transport.
 //!
 //! Once an attempt's data may have reached the printer, the only report that allows
 //! another delivery of the same ticket is one that proves nothing of it printed. Every
@@ -50,8 +50,8 @@ impl Proof {
         }
     }
 
-    /// What a store agent's outcome proves (CONTRACT.md, agent protocol). The agent reads
-    /// the printer's status before it sends a byte of a job and reports every failure
+    /// What a store agent's outcome proves (docs/API.md, "The store agent protocol"). The
+    /// agent reads the printer's status before it sends a byte of a job and reports every failure
     /// after the first byte as `in_doubt` (`docs/RESULT-CODES.md`, "Store agent"), so each
     /// of its other outcomes is reported only for a job it sent nothing of.
     pub fn of_agent_outcome(outcome: Outcome) -> Proof {

@@ -1,5 +1,5 @@
 //! Every result code a printer protocol documents, classified once for every transport
-//! (R43, R46): what it says about the printer ([`Outcome`]: ready, stopped for paper, its
+//! (docs/RESULT-CODES.md): what it says about the printer ([`Outcome`]: ready, stopped for paper, its
 //! cover or a jam, offline, another error) and what it proves about the paper of the job
 //! it reports on ([`Proof`]). Each row names the vendor document it comes from; a code no
 //! row covers may have printed.
@@ -550,7 +550,7 @@ pub mod device {
     }
 }
 
-/// The store agent (`onceprint agent`, CONTRACT.md "Store agent protocol"): what its
+/// The store agent (`onceprint agent`, docs/API.md "The store agent protocol"): what its
 /// printer driver reports for each thing that can happen to a job on an ESC/POS printer.
 pub mod agent {
     use super::Row;
@@ -560,7 +560,7 @@ pub mod agent {
     const STATUS: &str =
         "Epson ESC/POS Command Reference, DLE EOT (real-time status); docs/ARCHITECTURE.md, a delivery step 3";
     const ACK: &str = "Epson ESC/POS Command Reference, GS ( H <Function 48> (process ID response)";
-    const AGENT: &str = "CONTRACT.md, store agent protocol (acks); docs/ARCHITECTURE.md, a delivery step 3";
+    const AGENT: &str = "docs/API.md, the store agent protocol (acks); docs/ARCHITECTURE.md, a delivery step 3";
 
     pub const RESULTS: &[Row] = &[
         Row {

@@ -1,4 +1,4 @@
-//! The task state machine (R8). Every legal transition is listed once, in [`TRANSITIONS`];
+//! The task state machine. Every legal transition is listed once, in [`TRANSITIONS`];
 //! storage backends and the engine ask [`TaskState::check`] before they write, and the
 //! stores additionally compare-and-set on (state, attempt) so that a stale actor can never
 //! move a task that someone else already moved.
@@ -11,17 +11,17 @@ use serde::{Deserialize, Serialize};
 pub enum TaskState {
     /// Accepted and durable, waiting for its printer's lane.
     Pending,
-    /// Handed to a transport; only a PRINTED acknowledgement completes it (R9).
+    /// Handed to a transport; only a PRINTED acknowledgement completes it.
     Sent,
     /// A recoverable failure happened; waits until `next_attempt_at`, then is sent again.
     Retrying,
     /// The printer confirmed paper came out. End state.
     Printed,
-    /// Attempts exhausted; needs a human (R8, R27).
+    /// Attempts exhausted; needs a human.
     Failed,
-    /// The printer may have printed but never said so; waits for a human (R14).
+    /// The printer may have printed but never said so; waits for a human.
     InDoubt,
-    /// Failover moved the work to another printer's task (R25). End state.
+    /// Failover moved the work to another printer's task. End state.
     Transferred,
     /// Cancelled by an operator, ledger refunded. End state.
     Cancelled,
@@ -56,7 +56,7 @@ pub const TRANSITIONS: &[(TaskState, TaskState, &str)] = {
         (InDoubt, Closed, "an operator marked it printed"),
         (InDoubt, Cancelled, "an operator cancelled it"),
         (InDoubt, Retrying, "reprint on doubt (policy) or an operator's decision"),
-        // Issue 14: the store agent accepted the same order on the shop's LAN while the
+        // The store agent accepted the same order on the shop's LAN while the
         // broker was unreachable and reports it when it is back (`crate::offline`). Its
         // journal proves paper came out, or says it may have, for a task the broker had
         // not sent yet or was retrying; and a task the LAN accepted with other content
@@ -170,7 +170,7 @@ mod tests {
         assert!(TaskState::Sent.can_go_to(TaskState::Printed));
         assert!(!TaskState::Printed.can_go_to(TaskState::Sent));
         // A task that was never sent prints only by the store agent's own proof, reported
-        // by the offline sync (issue 14); that is the one reason the table gives.
+        // by the offline sync; that is the one reason the table gives.
         let unsent: Vec<&str> = TRANSITIONS
             .iter()
             .filter(|(f, t, _)| *f == TaskState::Pending && *t == TaskState::Printed)

@@ -1,4 +1,4 @@
-//! Alerts (R27): events written to the outbox in the same transaction as the change they
+//! Alerts: events written to the outbox in the same transaction as the change they
 //! report, delivered to the tenant's webhook endpoints with retries and backoff, each
 //! signed with HMAC-SHA256 over `timestamp.body` so receivers can check who sent it and
 //! refuse replays, each with a unique id so receivers can drop duplicates.

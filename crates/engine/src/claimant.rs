@@ -14,7 +14,7 @@
 //! session wins and the older is told to stop; its deliveries stay with it until it
 //! answers them or falls silent, so two processes never print one task.
 //!
-//! "Newest" is decided on the broker's clock, never on the agent's (R44): a session starts
+//! "Newest" is decided on the broker's clock, never on the agent's: a session starts
 //! when this broker first hears it, less the process's age that the agent reports with its
 //! polls (`session_age_ms`, agent protocol 3, measured on a monotonic clock). A shop PC
 //! whose wall clock was set back (NTP, a dead CMOS battery) or runs an hour ahead
@@ -776,7 +776,7 @@ mod tests {
         assert!(r.begin_poll("t", "s", "a", Some(&older), Some(60_000)).is_err());
     }
 
-    /// R44: the shop PC's wall clock never orders sessions. The first process ran with its
+    /// The shop PC's wall clock never orders sessions. The first process ran with its
     /// clock an hour ahead (its session id says so); once the clock is corrected, the
     /// restarted process names an earlier time, and it is still the newer session.
     #[test]

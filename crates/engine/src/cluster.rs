@@ -1,4 +1,4 @@
-//! Word between the broker nodes that share one database (issue 12): what one node did
+//! Word between the broker nodes that share one database: what one node did
 //! that the others should act on at once rather than at their next re-check.
 //!
 //! - **Wake-ups.** A task committed, a lane freed by an ack, a manual action, a set-up

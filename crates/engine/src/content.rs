@@ -1,5 +1,5 @@
 //! Print content to printer bytes and previews: plain text, raw ESC/POS passthrough, and
-//! receipt documents and cloud markup through `onceprint-render` (R32).
+//! receipt documents and cloud markup through `onceprint-render`.
 
 use onceprint_render::{parse_document, Document, Profile};
 

@@ -1,4 +1,4 @@
-//! The device log digest (issue 14): what a store agent's journal says of each task in the
+//! The device log digest: what a store agent's journal says of each task in the
 //! end, uploaded with `POST /v1/agent/journal-digest` and compared with the broker's own
 //! state in the store's reconciliation report ([`crate::reconcile`]).
 //!
@@ -10,7 +10,7 @@
 use onceprint_core::{validate_id, CoreError, Millis, TaskId};
 use onceprint_store::{AgentIdentity, DeviceLogRecord, DeviceLogState, Store, StoreError};
 
-/// Most records in one upload (the wire spec of issue 14).
+/// Most records in one upload (the wire format's limit).
 pub const MAX_RECORDS: usize = 5000;
 
 /// Longest accepted idempotency key: a `biz_no` of 128 bytes with every character escaped
@@ -66,10 +66,11 @@ fn check(agent_id: &str, records: &[DigestRecord]) -> Result<Vec<DeviceLogState>
                 format!("{:?} is not a task id (26 characters of Crockford base32)", r.task_id),
             ));
         }
-        if r.key.trim().is_empty() || r.key.len() > MAX_KEY_LEN || r.key.chars().any(char::is_control) {
+        // Characters, as the OpenAPI document's `maxLength` counts them.
+        if r.key.trim().is_empty() || r.key.chars().count() > MAX_KEY_LEN || r.key.chars().any(char::is_control) {
             return Err(CoreError::invalid(
                 format!("records[{i}].key"),
-                format!("must be 1 to {MAX_KEY_LEN} bytes without control characters, not blank"),
+                format!("must be 1 to {MAX_KEY_LEN} characters without control characters, not blank"),
             ));
         }
         validate_id(&format!("records[{i}].printer_id"), &r.printer_id)?;

@@ -1,4 +1,4 @@
-//! The first gate (R5): an in-process map of recently seen idempotency keys to their task,
+//! The first gate: an in-process map of recently seen idempotency keys to their task,
 //! fingerprint and current state. A retry storm for a task this process has seen is
 //! answered from memory; everything else falls through to the database, whose unique
 //! constraint stays the final judge. The map only ever holds facts that are durable (it is
@@ -28,7 +28,7 @@ pub struct GateEntry {
     pub task_id: String,
     pub fingerprint: String,
     state: AtomicU8,
-    /// Retention pruned the task: only its tombstone is left (R39).
+    /// Retention pruned the task: only its tombstone is left.
     pruned: AtomicBool,
     /// The key's parts joined by NUL (see [`key_is`]), and its hash and the task id's, so
     /// that eviction finds both table slots without hashing or comparing strings again.

@@ -7,7 +7,7 @@
 //! seeded with the greatest id in the database ([`observe`]), so a clock that stepped back
 //! across a restart cannot mint ids that sort before tasks already waiting. Ids from
 //! several broker nodes are ordered only as well as their clocks agree, which is why lanes
-//! order by the database's insertion sequence (`seq`, migration 14), not by id (R23).
+//! order by the database's insertion sequence (`seq`, migration 14), not by id.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;

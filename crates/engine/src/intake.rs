@@ -1,6 +1,7 @@
-//! Intake: one submission from parsed request to durable task (R1–R7).
+//! Intake: one submission from parsed request to durable task.
 //!
-//! The order of work is the contract of R3: the `biz_no` red line first, then the
+//! The order of work is part of the contract (docs/ARCHITECTURE.md, "Data flow of a
+//! submission"): the `biz_no` red line first, then the
 //! duplicate gates, then validation against the directory, then one durable write that
 //! persists the task, its audit event and its ledger charge together. A duplicate answered
 //! by the first gate never reaches validation, the database or the ledger.
@@ -89,7 +90,7 @@ pub struct SubmitAnswer {
     /// Whether the answer came from the shared gate (another node's commit, read by task
     /// id), without a database write (for metrics).
     pub from_shared_gate: bool,
-    /// The task named was pruned by retention: only its final state is left (R39).
+    /// The task named was pruned by retention: only its final state is left.
     pub pruned: bool,
 }
 
@@ -98,7 +99,7 @@ pub struct SubmitAnswer {
 pub enum IntakeError {
     #[error(transparent)]
     Invalid(#[from] CoreError),
-    /// A receipt document or markup that cannot be rendered (R32); names the field.
+    /// A receipt document or markup that cannot be rendered; names the field.
     #[error("{0}")]
     InvalidContent(String),
     /// A referenced printer or station does not exist for this tenant.
@@ -108,7 +109,7 @@ pub enum IntakeError {
     /// submission is not a retry of an existing task. The message names the field.
     #[error("{0}")]
     PrinterDisabled(String),
-    /// Same key, different content (R4).
+    /// Same key, different content.
     #[error("task {task_id} already exists for this biz_no, printer and print type with different content")]
     Mismatch { task_id: String },
     /// The tenant is over its rate limit; a request may succeed after this many seconds.
@@ -230,7 +231,7 @@ impl Intake {
         &self.config.policies
     }
 
-    /// Runs one submission through the order of work of R3.
+    /// Runs one submission through the order of work: `biz_no`, gates, validation, write.
     pub async fn submit(&self, req: SubmitRequest) -> Result<SubmitAnswer, IntakeError> {
         match self.prepare(req).await? {
             Prepared::Answered(answer) => Ok(answer),
@@ -312,7 +313,7 @@ impl Intake {
     /// gates, the rate limit and the target. A repeat the gates know, or a refusal, ends
     /// here; new work comes back as the task to commit.
     async fn prepare(&self, req: SubmitRequest) -> Result<Prepared, IntakeError> {
-        // R1: the red line comes before anything else is looked at.
+        // The red line comes before anything else is looked at.
         let biz_no = validate_biz_no(req.biz_no.as_deref())?.to_owned();
         let target = Target::from_request(req.printer_id.as_deref(), req.station_id.as_deref())?;
         let (print_type, policy) = self.config.policies.resolve(req.print_type.as_deref())?;
@@ -358,7 +359,7 @@ impl Intake {
         }
 
         // Fairness: past the first gate, so a retry storm of known tasks is answered, not
-        // refused (R4); before validation and the database, so a storm of new work costs
+        // refused; before validation and the database, so a storm of new work costs
         // other tenants nothing but this check.
         if let Some(limiter) = &self.limiter {
             limiter
@@ -366,7 +367,7 @@ impl Intake {
                 .map_err(|l| IntakeError::RateLimited { retry_after_secs: l.retry_after_secs })?;
         }
 
-        // Validation (after the gates, R3). Documents and markup are checked now: a task
+        // Validation (after the gates). Documents and markup are checked now: a task
         // that could never print is refused with the field named, not failed later.
         crate::content::validate(canonical.content_type, &canonical.bytes)
             .map_err(|e| IntakeError::InvalidContent(e.to_string()))?;
@@ -379,7 +380,7 @@ impl Intake {
         let (printer_id, store_id, station_id) = match self.resolve(&req.tenant_id, &target, via_lan).await? {
             Resolved::To { printer_id, store_id, station_id } => (printer_id, store_id, station_id),
             Resolved::Disabled(why) => {
-                // Dedup still comes first (R3): a retry of a task made before the printer
+                // Dedup still comes first: a retry of a task made before the printer
                 // was disabled is answered as before; only new work is refused.
                 let found = match self.store.find_task(&key).await? {
                     Some(task) => Found::Kept(task),
@@ -431,7 +432,7 @@ impl Intake {
         // Durable now (created, or found by the unique key): other nodes may answer its
         // retries from the shared gate.
         self.remember_shared(key, found.task()).await;
-        // The printer's lane has work: wake the store's waiting agent polls (R7: printing
+        // The printer's lane has work: wake the store's waiting agent polls (printing
         // never blocks intake).
         if kind == SubmitKind::Created {
             let task = found.task();
@@ -482,7 +483,7 @@ impl Intake {
     /// gate's state is current (every change in this process updates it). With several
     /// nodes (a shared gate configured) another node may have moved the task since, so a
     /// task not yet in an end state is read by its id — one primary-key read, so that a
-    /// retry after another node printed it answers `printed` (R4) — and the gate updated.
+    /// retry after another node printed it answers `printed` — and the gate updated.
     /// A failed read answers with the gate's state: a duplicate answer is never refused
     /// for want of a fresher one.
     async fn current_state(&self, tenant_id: &str, hit: &crate::gate::GateEntry) -> TaskState {
@@ -502,7 +503,7 @@ impl Intake {
     }
 
     /// The task the shared gate named for `key`, read by its id (a primary-key read, so
-    /// the state is current, R4), or its tombstone if retention pruned it. `None` when
+    /// the state is current), or its tombstone if retention pruned it. `None` when
     /// this database has no such task under this key (a gate left over from another
     /// database, say): the shared gate is then not believed, and the submission goes on.
     async fn read_remembered(&self, key: &IdempotencyKey, task_id: &str) -> Result<Option<Found>, IntakeError> {
@@ -625,7 +626,7 @@ impl Intake {
     }
 
     /// Follows a transferred task's successors to the task that carries its work now
-    /// (R25: a resubmission answers with the live task of the chain), kept or pruned.
+    /// (a resubmission answers with the live task of the chain), kept or pruned.
     async fn live_task(&self, mut found: Found) -> Result<Found, IntakeError> {
         // Chains are short (one hop per backup printer); the bound only guards against a
         // damaged link pointing in a circle.

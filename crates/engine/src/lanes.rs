@@ -1,4 +1,4 @@
-//! The lane engine: the one mechanism every transport delivers through (R8–R25, R37).
+//! The lane engine: the one mechanism every transport delivers through.
 //!
 //! A printer's lane is its active tasks; at most one is in flight (`sent`, a unique index
 //! in the database), the others wait in (priority, seq) order, `seq` being the order in
@@ -12,7 +12,7 @@
 //!   its claimant went away, and the lane can never stall behind it.
 //! - [`LaneEngine::ack`] applies what a claimant reports, with `onceprint_core::ack::decide`
 //!   as a compare-and-set on (state, attempt). Acks of one task in one batch are applied in
-//!   order, each against the state the previous one left. A failover (R25) commits in the
+//!   order, each against the state the previous one left. A failover commits in the
 //!   same transaction as the failure that causes it.
 //! - [`LaneEngine::sweep_once`] settles deliveries whose agent went away while another
 //!   serves the store; the watchdog (`crate::watchdog`) reports lanes without progress.
@@ -68,7 +68,7 @@ pub struct DeliveryConfig {
     /// The line printed at the top of another attempt of a ticket whose earlier attempt
     /// may have printed (the print type reprints on doubt): the copy is marked as one.
     pub doubt_reprint_banner: String,
-    /// A lane with work and no progress for this long is `printer.stalled` (R37).
+    /// A lane with work and no progress for this long is `printer.stalled`.
     pub stall_after_ms: i64,
     /// A station's printer paused by its own state (no paper, cover open, paper jam,
     /// offline) for this long hands its station tickets to the station's next printer
@@ -99,7 +99,7 @@ pub struct Delivery {
     pub task: Task,
     pub attempt: i32,
     pub printer: Arc<PrinterInfo>,
-    /// What the printer side prints once per (R16, `onceprint_core::delivery_key`).
+    /// What the printer side prints once per (`onceprint_core::delivery_key`).
     pub idempotency_key: String,
     /// The bytes for the printer, in the transport's encoding.
     pub data: Vec<u8>,
@@ -199,7 +199,7 @@ pub struct Acked {
     pub deliveries: Vec<Delivery>,
 }
 
-/// The result of one ack (CONTRACT.md).
+/// The result of one ack (docs/API.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckResult {
     Applied,
@@ -466,7 +466,7 @@ impl LaneEngine {
     /// A printer a push driver cannot reach now (an MQTT printer switched off): its
     /// delivery in flight is neither sent again nor asked about, but one nobody answered
     /// within `give_up_after_ms` of going out still goes to a person, so that the lane
-    /// moves on by time (R44) and the tickets behind it can fail over.
+    /// moves on by time and the tickets behind it can fail over.
     fn plan_give_up(
         &self,
         plan: &mut ClaimPlan,
@@ -915,7 +915,7 @@ impl LaneEngine {
     /// starts it when the row does not show a pause yet). Without a backup to move to, the
     /// task keeps waiting: failing it would only hand a paper change to a person.
     async fn station_threshold(&self, task: &Task, c: &mut AckChange, now: Millis) -> Result<(), DeliveryError> {
-        // A task that may have printed never moves to another printer (R25): it waits.
+        // A task that may have printed never moves to another printer: it waits.
         if !c.refused || task.station_id.is_none() || task.may_have_printed {
             return Ok(());
         }
@@ -957,7 +957,7 @@ impl LaneEngine {
     /// The bytes of `task` in `encoding` (a printer that asks for one of several media
     /// types, such as CloudPRNT's `text/plain`). A reprint carries a visible banner line at
     /// the top, whatever the transport; so does another attempt of a ticket whose earlier
-    /// attempt may have printed (R43: never delivered again unmarked). An attempt's own
+    /// attempt may have printed (never delivered again unmarked). An attempt's own
     /// fetch does not count: `may_have_printed` is recorded when an attempt ends, so the
     /// same attempt renders the same bytes however often it is fetched.
     pub fn render_as(&self, task: &Task, content: TaskContent, encoding: &Encoding) -> Result<Vec<u8>, String> {
@@ -1274,7 +1274,7 @@ impl LaneEngine {
         Ok(Acked { results, deliveries })
     }
 
-    /// The failover of a station task that is failing with `failed` (R25): `failed` and
+    /// The failover of a station task that is failing with `failed`: `failed` and
     /// `transferred` with the successor on the station's next printer, as one change.
     /// `None` when the station has no printer left (the task just fails).
     async fn failover_change(
@@ -1366,7 +1366,7 @@ impl LaneEngine {
         Ok(applied)
     }
 
-    /// One sweeper pass (R13): a delivery past its deadline whose agent is gone while
+    /// One sweeper pass: a delivery past its deadline whose agent is gone while
     /// another agent now serves the store can never be answered, and nobody can know
     /// whether paper came out: it is settled as in doubt (or retried where the print type
     /// reprints on doubt, within its attempts). A delivery whose agent is still around is

@@ -1,4 +1,4 @@
-//! Work that must happen once per cluster: leases with fencing tokens (issue 12).
+//! Work that must happen once per cluster: leases with fencing tokens.
 //!
 //! Several `onceprint serve` nodes may share one PostgreSQL. Most of a node's work answers
 //! requests and may run anywhere, but some background jobs must run on one node at a

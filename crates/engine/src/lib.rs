@@ -1,12 +1,12 @@
 //! The broker's logic between the HTTP surface and the database.
 //!
-//! This crate owns intake (the order of work of R3: dedup → validate → persist → charge →
+//! This crate owns intake (the order of work: dedup → validate → persist → charge →
 //! enqueue), the in-process first gate that answers recent duplicates without a database
-//! round trip (R5), the directory cache of tenants, printers, stations and agent tokens,
-//! the secrets helpers, set-up (`setup`: every change of tenants, stores, printers,
+//! round trip, the directory cache of tenants, printers, stations and agent tokens,
+//! the secrets functions, set-up (`setup`: every change of tenants, stores, printers,
 //! stations, tokens and keys, validated, audited and forgotten by the directory), and
 //! delivery: the one lane engine (`lanes`: claim, ack, sweep)
-//! with the claimants it hands work to (`claimant`), the watchdog of R37, and the printer
+//! with the claimants it hands work to (`claimant`), the lane watchdog, and the printer
 //! transports on top of it (`transport`: the agent's long poll, the push driver and the
 //! webhook transport, and the polled mechanism of printers that call in with CloudPRNT
 //! and Epson Server Direct Print as its two protocol adapters). It also owns the manual
@@ -20,6 +20,52 @@
 //! answers of the broker's own API (status codes and JSON bodies belong to
 //! `onceprint-server`); transports may be HTTP clients of printers and vendor clouds.
 //! Every decision that can be made without IO is delegated to `onceprint-core`.
+//!
+//! Where things are:
+//!
+//! - intake and the first gate (`RecentTasks`); the shared gate's trait and its guard
+//!   (`shared_gate.rs`: `SharedGate`, implemented outside the engine; `GuardedSharedGate`
+//!   bounds each call by a timeout, bypasses the gate for a back-off after a failure, counts,
+//!   and logs outages once);
+//! - the directory cache (`directory.rs`: printers with their transport parsed once,
+//!   forgotten on change and after a TTL);
+//! - the lane engine (`lanes.rs`: `claim`, `ack` and `ack_and_hand_out`, which hands out the
+//!   next job of each lane an ack frees in the same write, planned by the claim's
+//!   `plan_lane`; `sweep_once`; failover; `lanes/paused.rs`: `sweep_paused`, the tickets of
+//!   a paused printer moved on by time);
+//! - claimants and the agent registry (`claimant.rs`: sessions, liveness, fencing; on
+//!   PostgreSQL synced with the other nodes through `agent_sessions`); the watchdog
+//!   (`watchdog.rs`);
+//! - the transports (`transport/`: the typed `TransportConfig` with `Secret`s redacted by
+//!   type; `agent.rs` the long poll; `push.rs` the push driver and its `PushTransport` trait,
+//!   `webhook.rs` its first user; `polled.rs` the mechanism of printers that poll the broker,
+//!   with `cloudprnt.rs` and `epson_sdp.rs` as thin protocol adapters on it);
+//! - rate limits (`limits.rs`: token buckets per tenant and per store agent, in memory per
+//!   node; intake counts a submission only after the first gate missed);
+//! - `setup`: every set-up write (tenants, stores, printers, stations, agent tokens, API
+//!   keys), its validation, its audit row (secrets only redacted) and the directory's
+//!   `forget_*`; a delivery in flight is never taken back;
+//! - `operators`: operator accounts (`staff` bound to stores, `manager`), argon2id password
+//!   hashes, the login throttle, console sessions and operator tokens (random secrets,
+//!   SHA-256 stored, expiring, revocable); a login answer never says which part was wrong;
+//! - `printer_watch`: idle printers' status reported by agents, and stores whose agents all
+//!   fell silent (printers `agent offline`, one `agent.offline` alert); it claims nothing
+//!   about a store no agent reached since the process started;
+//! - `lease`: leases with fencing tokens for the jobs that run once per cluster (sweeper,
+//!   `push:webhook`, `mqtt`, alerts, retention, statistics, `polled-offline`,
+//!   `watchdog-alerts`, `agent-watch`), renewed every `lease_renew_ms` for `lease_ttl_ms`;
+//!   a node steps down at once when a renewal fails and never runs a job past its lease;
+//! - the manual channel (`operations.rs`), alerts (`alerts.rs`: outbox events, signed
+//!   delivery), reconciliation (`reconcile.rs`, with the device log comparison), the device
+//!   log digest (`device_log.rs`: checked whole, then stored; it changes no task);
+//! - offline operation (`offline.rs`: the store directory an agent takes orders with while
+//!   the broker is unreachable, the store's one LAN listener, and the sync: checked like
+//!   submissions, changes meanwhile recorded rather than refused, times corrected by the
+//!   agent's clock, then one `Store::merge_offline` per task; rejections are alerted);
+//! - retention (`retention.rs`), store time zones (`tz.rs`), wake-up signals
+//!   (`signals.rs`), the word between nodes (`cluster.rs`: wake-ups and directory forgets
+//!   through the store's `NodeLink`; never needed for correctness), and the clock
+//!   (`clock.rs`: read through `Clock`, so that the simulation and tests move time by hand).
 
 pub mod alerts;
 pub mod claimant;

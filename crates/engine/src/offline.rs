@@ -854,7 +854,7 @@ fn planner(
                 };
                 // The agent may have put paper out (its own doubt), or the broker's own
                 // delivery in flight may have: either way nobody may send it elsewhere
-                // blindly (R25).
+                // blindly.
                 let may_have_printed = to == TaskState::InDoubt
                     && (d.kind == AliasKind::Merged || existing.state == TaskState::Sent || existing.may_have_printed);
                 let transition = Transition {

@@ -1,4 +1,4 @@
-//! The manual channel (R26) and failover (R25): an operator's reprint, mark-printed, cancel
+//! The manual channel and failover: an operator's reprint, mark-printed, cancel
 //! and transfer, and the engine's own move of a station task to a backup printer.
 //!
 //! Which action is allowed in which state is decided by `onceprint_core::manual`; this
@@ -21,6 +21,13 @@ use crate::{Directory, RecentTasks, Shared, StoreSignals};
 pub enum ActionError {
     #[error("no task {0:?}")]
     NotFound(String),
+    /// The printer the action names is not a printer of the task's store (or not the
+    /// tenant's at all): to the caller it does not exist, as another tenant's object.
+    #[error("{0}")]
+    UnknownPrinter(String),
+    /// A transfer to the printer the task already has would move nothing.
+    #[error("{0}")]
+    SamePrinter(String),
     #[error(transparent)]
     NotAllowed(#[from] NotAllowed),
     /// The printer the action would print on is disabled: the copy would only wait there.
@@ -35,7 +42,7 @@ pub enum ActionError {
     Store(#[from] StoreError),
 }
 
-/// Who takes a manual action (R30). The audit trail names an authenticated identity:
+/// Who takes a manual action. The audit trail names an authenticated identity:
 /// the operator who logged in, or the tenant API key that was used, never only a name the
 /// caller typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,8 +50,9 @@ pub enum Actor {
     /// An operator (console session or operator token): recorded as `operator:ID`.
     Operator(String),
     /// A tenant API key: recorded as `api_key:ID`, with the free-text name the caller gave
-    /// beside it in the reason (who at the merchant's end pressed the button).
-    ApiKey { key_id: String, name: String },
+    /// beside it in the reason (who at the merchant's end pressed the button) when there is
+    /// one. An order system acting on its own has no person to name: the key is the actor.
+    ApiKey { key_id: String, name: Option<String> },
 }
 
 impl Actor {
@@ -109,8 +117,9 @@ pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Cor
     if value.trim().is_empty() {
         return Err(CoreError::invalid(field, "is required: say who acts and why"));
     }
-    if value.len() > max || value.chars().any(char::is_control) {
-        return Err(CoreError::invalid(field, format!("must be at most {max} bytes without control characters")));
+    // Characters, as the document's `maxLength` counts them.
+    if value.chars().count() > max || value.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, format!("must be at most {max} characters without control characters")));
     }
     Ok(())
 }
@@ -191,21 +200,18 @@ impl Operations {
     }
 
     /// Checks that `printer_id` is an enabled printer of `task`'s store (a copy or a
-    /// transfer can never go to another store's printer, R29) and returns its id.
+    /// transfer can never go to another store's printer) and returns its id.
     async fn printer_in_store(&self, tenant_id: &str, task: &Task, printer_id: &str) -> Result<String, ActionError> {
         onceprint_core::validate_id("printer_id", printer_id)?;
-        let printer = self
-            .directory
-            .printer(tenant_id, printer_id)
-            .await?
-            .ok_or_else(|| CoreError::invalid("printer_id", format!("no printer {printer_id:?}")))?;
-        if printer.store_id != task.store_id {
-            return Err(CoreError::invalid(
-                "printer_id",
-                format!("printer {printer_id:?} is in store {:?}, the task in {:?}", printer.store_id, task.store_id),
-            )
-            .into());
-        }
+        let printer =
+            self.directory.printer(tenant_id, printer_id).await?.filter(|p| p.store_id == task.store_id).ok_or_else(
+                || {
+                    ActionError::UnknownPrinter(format!(
+                        "printer_id: no printer {printer_id:?} in store {:?}, the task's store",
+                        task.store_id
+                    ))
+                },
+            )?;
         if !printer.enabled {
             // The task would only wait there: a disabled printer's lane goes to nobody.
             return Err(ActionError::PrinterDisabled(format!(
@@ -228,7 +234,7 @@ impl Operations {
 
     /// Carries out one operator action.
     pub async fn act(&self, action: ManualAction, req: ActionRequest) -> Result<ActionOutcome, ActionError> {
-        if let Actor::ApiKey { name, .. } = &req.actor {
+        if let Actor::ApiKey { name: Some(name), .. } = &req.actor {
             check_text("operator", name, 100)?;
         }
         check_text("reason", &req.reason, 500)?;
@@ -241,8 +247,8 @@ impl Operations {
         let actor = req.actor.audit_name();
         // With a tenant key, the name the caller gave stands beside the key in the reason.
         let reason = match &req.actor {
-            Actor::Operator(_) => req.reason.clone(),
-            Actor::ApiKey { name, .. } => format!("{} (by {name:?})", req.reason),
+            Actor::Operator(_) | Actor::ApiKey { name: None, .. } => req.reason.clone(),
+            Actor::ApiKey { name: Some(name), .. } => format!("{} (by {name:?})", req.reason),
         };
         let now = self.clock.now_ms();
         let transition = to.map(|to| Transition {
@@ -265,7 +271,7 @@ impl Operations {
         let successor = match action {
             ManualAction::Reprint => {
                 let n = self.store.reprint_count(&task.task_id).await? + 1;
-                // Reprints of old orders queue behind live tickets (R24) when a `reprint`
+                // Reprints of old orders queue behind live tickets when a `reprint`
                 // print type is configured; otherwise they keep the original's priority.
                 let priority = self.policies.types.get("reprint").map_or(task.priority, |p| p.priority);
                 // The original's own printer too must be able to print the copy.
@@ -290,7 +296,9 @@ impl Operations {
                     .as_deref()
                     .ok_or_else(|| CoreError::invalid("printer_id", "is required: the printer to transfer to"))?;
                 if printer_id == task.printer_id {
-                    return Err(CoreError::invalid("printer_id", "is the task's own printer").into());
+                    return Err(ActionError::SamePrinter(format!(
+                        "printer_id: the task is already on printer {printer_id:?}; transfer it to another printer"
+                    )));
                 }
                 let printer_id = self.printer_in_store(&req.tenant_id, &task, printer_id).await?;
                 let spec = SuccessorSpec {

@@ -1,4 +1,4 @@
-//! Operators (R30, R40): the people who solve the one per cent in the console, each with an
+//! Operators: the people who solve the one per cent in the console, each with an
 //! identity of their own, per tenant.
 //!
 //! This module owns the rules of operator accounts and their sessions: who may create an
@@ -34,7 +34,7 @@ use crate::secrets;
 pub const MIN_PASSWORD_CHARS: usize = 10;
 /// Longest accepted password: argon2 hashes any length, but a megabyte "password" would only
 /// cost the broker time.
-const MAX_PASSWORD_BYTES: usize = 256;
+const MAX_PASSWORD_CHARS: usize = 256;
 /// Most stores a staff member is bound to.
 const MAX_STORES: usize = 64;
 
@@ -185,18 +185,20 @@ fn decoy_hash() -> &'static str {
     DECOY.get_or_init(|| hash_password(&secrets::generate("decoy_")).unwrap_or_default())
 }
 
+/// Lengths count characters, as the OpenAPI document's `maxLength` does.
 fn check_name(name: &str) -> Result<(), CoreError> {
-    if name.trim().is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
-        return Err(CoreError::invalid("name", "must be 1–200 bytes without control characters"));
+    if name.trim().is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(CoreError::invalid("name", "must be 1–200 characters without control characters"));
     }
     Ok(())
 }
 
 fn check_password(password: &str) -> Result<(), CoreError> {
-    if password.chars().count() < MIN_PASSWORD_CHARS || password.len() > MAX_PASSWORD_BYTES {
+    let len = password.chars().count();
+    if !(MIN_PASSWORD_CHARS..=MAX_PASSWORD_CHARS).contains(&len) {
         return Err(CoreError::invalid(
             "password",
-            format!("must be {MIN_PASSWORD_CHARS}–{MAX_PASSWORD_BYTES} characters; a phrase of several words is best"),
+            format!("must be {MIN_PASSWORD_CHARS}–{MAX_PASSWORD_CHARS} characters; a phrase of several words is best"),
         ));
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! Printers watched while idle (issue 10): what store agents report about their printers
+//! Printers watched while idle: what store agents report about their printers
 //! between jobs, and printers whose agent fell silent.
 //!
 //! Without this, a printer's status is learnt only from the acknowledgement of a job, so

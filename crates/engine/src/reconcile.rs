@@ -1,4 +1,4 @@
-//! Daily reconciliation (R28): a store's business day of tasks and ledger entries against
+//! Daily reconciliation: a store's business day of tasks and ledger entries against
 //! the orders the merchant expected, with the differences listed.
 //!
 //! The computation is a pure function of the day's rows ([`compute`]), so it is tested on
@@ -84,7 +84,7 @@ pub struct LedgerSums {
     pub refunded_amount: i64,
 }
 
-/// Whether the store's agents reported a device log for the day (issue 14).
+/// Whether the store's agents reported a device log for the day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceLogPresence {
@@ -382,7 +382,7 @@ pub async fn reconcile(
     let from_id = TaskId::from_parts(window.from, [0; 10]).into_string();
     let to_id = TaskId::from_parts(window.to, [0; 10]).into_string();
     // Pruned tasks count from their tombstones, which keep every field the report reads:
-    // a day's report is the same before and after retention (R39). One read, so that a
+    // a day's report is the same before and after retention. One read, so that a
     // prune running meanwhile cannot count a task twice or not at all.
     let (mut tasks, pruned) = store.tasks_and_tombstones_created_between(tenant_id, store_id, &from_id, &to_id).await?;
     tasks.extend(pruned.into_iter().map(|b| b.task));

@@ -1,4 +1,4 @@
-//! Retention (R39): finished tasks older than `retention_days` are pruned, so that the
+//! Retention: finished tasks older than `retention_days` are pruned, so that the
 //! database does not grow for ever, while everything a person or an order system may
 //! still ask about them stays true.
 //!

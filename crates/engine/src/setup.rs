@@ -1,4 +1,4 @@
-//! Set-up (R29, R30): tenants, stores, printers, stations, agent tokens, LAN keys and API keys —
+//! Set-up: tenants, stores, printers, stations, agent tokens, LAN keys and API keys —
 //! created, changed, disabled and revoked through this one service, which the HTTP layer
 //! only calls.
 //!
@@ -64,7 +64,7 @@ pub enum SetupError {
     Invalid(#[from] CoreError),
     #[error(transparent)]
     Zone(#[from] ZoneError),
-    /// The object named (in the path) is not the tenant's.
+    /// The object named (in the path, or referenced in the body) is not the tenant's.
     #[error("{0}")]
     NotFound(String),
     /// Revoking the tenant's last active API key would lock it out of its own set-up.
@@ -193,9 +193,10 @@ pub struct Setup {
     signals: Option<Arc<crate::StoreSignals>>,
 }
 
+/// Lengths count characters, as the OpenAPI document's `maxLength` does.
 fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
-    if name.trim().is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
-        return Err(CoreError::invalid(field, "must be 1–200 bytes without control characters"));
+    if name.trim().is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(CoreError::invalid(field, "must be 1–200 characters without control characters"));
     }
     Ok(())
 }
@@ -348,7 +349,7 @@ impl Setup {
             .await?)
     }
 
-    /// A printer bound to one store of the tenant (R29). A printer that calls the broker
+    /// A printer bound to one store of the tenant. A printer that calls the broker
     /// (CloudPRNT, Epson Server Direct Print, MQTT) gets its own login, returned once.
     pub async fn create_printer(
         &self,
@@ -389,15 +390,12 @@ impl Setup {
         let not_found = || SetupError::NotFound(format!("no printer {printer_id:?}"));
         let printer = self.store.get_printer(caller.tenant_id, printer_id).await?.ok_or_else(not_found)?;
         let kind = TransportConfig::from_stored(&printer.transport).map(|t| t.kind());
+        // A printer the broker reaches itself has no login: there is nothing to rotate, as
+        // for a printer that does not exist.
         let Some(kind) = kind.filter(|k| k.has_login()) else {
-            return Err(CoreError::invalid(
-                "transport",
-                format!(
-                    "printer {printer_id:?} does not log in to the broker: only cloudprnt, epson_sdp and mqtt \
-                     printers have a login"
-                ),
-            )
-            .into());
+            return Err(SetupError::NotFound(format!(
+                "printer {printer_id:?} has no login: only cloudprnt, epson_sdp and mqtt printers log in to the broker"
+            )));
         };
         let login = PrinterLogin::generate();
         let changed = self
@@ -436,16 +434,13 @@ impl Setup {
         }
         for _ in 0..EDIT_ATTEMPTS {
             let current = self.printer_of(caller, printer_id).await?;
+            // `store_id` names the store the printer is looked up in: a printer never moves
+            // to another store, so in any other store (known or not) there is no such printer.
             if let Some(store_id) = change.store_id.as_deref().filter(|s| *s != current.store_id) {
-                return Err(CoreError::invalid(
-                    "store_id",
-                    format!(
-                        "printer {printer_id:?} belongs to store {:?} and cannot move to {store_id:?}; \
-                         register a new printer in that store instead",
-                        current.store_id
-                    ),
-                )
-                .into());
+                return Err(SetupError::NotFound(format!(
+                    "no printer {printer_id:?} in store {store_id:?}: a printer stays in the store it was \
+                     registered in; register a new printer in that store instead"
+                )));
             }
             let name = change.name.clone().unwrap_or_else(|| current.name.clone());
             let stored = transport.as_ref().map_or_else(|| current.transport.clone(), |t| t.to_stored_json());
@@ -500,8 +495,8 @@ impl Setup {
         Ok(printer)
     }
 
-    /// A failover station: a primary and backups, all of one store of the tenant (R25),
-    /// with its own failover threshold or the broker's (`failover_after_ms`, issue 15).
+    /// A failover station: a primary and backups, all of one store of the tenant,
+    /// with its own failover threshold or the broker's (`failover_after_ms`).
     pub async fn create_station(
         &self,
         caller: Caller<'_>,
@@ -514,9 +509,7 @@ impl Setup {
         validate_id("store_id", &store_id)?;
         check_printer_list(&printers)?;
         check_failover_after(failover_after_ms)?;
-        if self.store.get_store(caller.tenant_id, &store_id).await?.is_none() {
-            return Err(CoreError::invalid("store_id", format!("no store {store_id:?}")).into());
-        }
+        self.store_of(caller, &store_id).await?;
         self.check_printers_in_store(caller, &store_id, &printers).await?;
         let station = self
             .store
@@ -608,7 +601,7 @@ impl Setup {
         self.revoke_store_token(caller, store_id, token_id, TokenKind::Agent).await
     }
 
-    /// A LAN key of the store (issue 14; shown once): the store agent accepts submissions
+    /// A LAN key of the store (shown once): the store agent accepts submissions
     /// on its LAN listener with it, also while the broker is unreachable. `id` names it
     /// (generated when `None`). It authenticates nothing at the broker.
     pub async fn create_lan_key(
@@ -830,7 +823,7 @@ impl Setup {
             .ok_or_else(|| SetupError::NotFound(format!("no store {store_id:?}")))
     }
 
-    /// Every printer of a station must be the tenant's and in the station's store (R29: a
+    /// Every printer of a station must be the tenant's and in the station's store (a
     /// failover can never carry a task to another store's printer). Read from the
     /// database, not the directory: set-up is rare, and must not act on a stale entry.
     async fn check_printers_in_store(
@@ -841,19 +834,14 @@ impl Setup {
     ) -> Result<(), SetupError> {
         for (i, p) in printers.iter().enumerate() {
             match self.store.get_printer(caller.tenant_id, p).await? {
-                None => return Err(CoreError::invalid(format!("printers[{i}]"), format!("no printer {p:?}")).into()),
-                Some(printer) if printer.store_id != store_id => {
-                    return Err(CoreError::invalid(
-                        format!("printers[{i}]"),
-                        format!(
-                            "printer {p:?} belongs to store {:?}, not {store_id:?}; a station's printers must all be \
-                             in its store",
-                            printer.store_id
-                        ),
-                    )
-                    .into())
+                // Another store's printer is, for a station of this store, no printer at all.
+                Some(printer) if printer.store_id == store_id => {}
+                _ => {
+                    return Err(SetupError::NotFound(format!(
+                        "printers[{i}]: no printer {p:?} in store {store_id:?}; a station's printers must all be in \
+                         its store"
+                    )))
                 }
-                Some(_) => {}
             }
         }
         Ok(())

@@ -1,4 +1,4 @@
-//! The shared first gate (R5 with several nodes): a key → task map that all broker nodes
+//! The shared first gate of several broker nodes: a key → task map that all broker nodes
 //! of one database consult after their own [`crate::RecentTasks`] missed, so that a retry
 //! landing on another node than the first submission is answered without a database
 //! write. The engine only defines the [`SharedGate`] trait and the guard around it

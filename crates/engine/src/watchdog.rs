@@ -1,4 +1,4 @@
-//! The lane watchdog (R37): no printer that can be reached may have a lane with work and
+//! The lane watchdog: no printer that can be reached may have a lane with work and
 //! no progress for longer than a limit. The watchdog measures every lane with work (how
 //! many tasks wait, how old the oldest is, how long the task in flight has been out),
 //! keeps the figures for `/metrics`, and raises `printer.stalled` once per stall.

@@ -1,4 +1,4 @@
-//! Several nodes on one database (issue 12), through the engine's own services on a real
+//! Several nodes on one database, through the engine's own services on a real
 //! store (SQLite, and PostgreSQL when `ONCEPRINT_TEST_POSTGRES` names a server), with the
 //! nodes' clock moved by hand: the lease keeper of two nodes, and two agent registries
 //! that share what they heard.

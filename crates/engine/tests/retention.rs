@@ -1,4 +1,4 @@
-//! Retention (R39) through the engine's own services on a real store (SQLite, and
+//! Retention through the engine's own services on a real store (SQLite, and
 //! PostgreSQL when `ONCEPRINT_TEST_POSTGRES` names a server): intake, the manual channel,
 //! reconciliation and the retention job, with the job's clock moved by hand.
 //!
@@ -132,7 +132,7 @@ async fn retention_keeps_what_matters(h: Harness) {
             ActionRequest {
                 tenant_id: "acme".into(),
                 task_id: task_id.into(),
-                actor: Actor::ApiKey { key_id: "key-acme".into(), name: "Ann".into() },
+                actor: Actor::ApiKey { key_id: "key-acme".into(), name: Some("Ann".into()) },
                 reason: "test".into(),
                 printer_id: printer_id.map(str::to_owned),
             },

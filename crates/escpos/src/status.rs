@@ -45,7 +45,7 @@ pub enum Blocker {
 }
 
 impl Blocker {
-    /// The ack outcome of CONTRACT.md for this blocker.
+    /// The ack outcome (docs/API.md, "The store agent protocol") for this blocker.
     pub fn outcome(self) -> &'static str {
         match self {
             Blocker::NoPaper => "no_paper",

@@ -2,7 +2,7 @@
 //! every other transport: an answer for an older attempt, a repeated one or a late one
 //! changes nothing it should not), statuses and last wills into the printer row.
 //!
-//! A message is acknowledged (PUBACK) only after its effect is durable (R22). One that
+//! A message is acknowledged (PUBACK) only after its effect is durable. One that
 //! cannot be applied now (the database is away) is tried again, in order, and never
 //! acknowledged before it is applied; should the broker stop first, the MQTT server
 //! delivers it again to the next process. A message that can never mean anything (an

@@ -1,4 +1,4 @@
-//! onceprint's MQTT transport (R33: IoT printers over MQTT).
+//! onceprint's MQTT transport (IoT printers over MQTT).
 //!
 //! This crate owns the broker's connection to an existing MQTT server (`serve
 //! --mqtt-url`; [`link`]), the one MQTT driver on the lane engine — the `mqtt`
@@ -15,6 +15,14 @@
 //!
 //! It is a crate of its own so that the MQTT client and its dependencies stay out of the
 //! engine, which every other transport and the agent build on.
+//!
+//! Where things are: `link.rs`, the connection (QoS 1, persistent session, reconnects,
+//! PUBACK waits matched by packet id); `protocol.rs`, both device protocols on the wire;
+//! `transport.rs`, `MqttTransport` on the shared push driver (send = publish + PUBACK,
+//! queries answered from what the broker knows, reachability); `inbox.rs`, results through
+//! `LaneEngine::ack` and statuses into the printer row, PUBACK only after the change is
+//! durable, foreign results refused and audited; `devices.rs`, which printer each device is;
+//! `acl.rs`, Mosquitto's password and ACL files.
 
 pub mod acl;
 pub mod devices;

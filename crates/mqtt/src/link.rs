@@ -10,7 +10,7 @@
 //! acknowledged is lost with it, and every waiter is told so.
 //!
 //! Incoming messages are never acknowledged here (`manual_acks`): the inbox sends the
-//! PUBACK once what the message says is durable (R22).
+//! PUBACK once what the message says is durable.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

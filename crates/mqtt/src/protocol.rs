@@ -201,7 +201,7 @@ struct DeviceJob<'a> {
 /// A Star printer gets a `url` print-job (Star CloudPRNT Protocol Guide, "MQTT Message
 /// Payload Specification", `print-job`): it GETs `printData` over HTTP with its own login,
 /// as Star's sample server does. A `raw` job would have to carry Star's own command set or
-/// plain text (FIELD-NOTES "What real printers expect"); a raw PNG is refused (510).
+/// plain text (Star's sample server, `mqtt_publish.php`); a raw PNG is refused (510).
 pub fn job_payload(protocol: MqttProtocol, job: &Job<'_>) -> Option<Vec<u8>> {
     // Serializing these plain structs cannot fail.
     match protocol {

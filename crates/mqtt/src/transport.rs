@@ -9,7 +9,7 @@
 //!   it may have lost is sent again with the same attempt and key: when the device has
 //!   gone away since, when the MQTT server did not keep the broker's session, when the
 //!   broker restarted, or when it has not answered for `resend_after_ms`.
-//! - A Star printer is never sent a job again once the MQTT server accepted it (R43): it
+//! - A Star printer is never sent a job again once the MQTT server accepted it: it
 //!   remembers its last ten job tokens, and Star does not say that they survive a power
 //!   cycle, so a repeated token may print twice. The MQTT server queues the job in the
 //!   printer's persistent session until the printer takes it. A printer that went away

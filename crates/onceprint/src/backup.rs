@@ -22,7 +22,7 @@ pub struct BackupArgs {
 pub const POSTGRES_ADVICE: &str = "onceprint backup copies SQLite databases; a PostgreSQL database is backed up with \
      PostgreSQL's tools while the broker runs, e.g. `pg_dump --format=custom --file=onceprint.dump \"$URL\"` \
      (consistent on its own: one snapshot), and restored with `pg_restore --dbname=\"$EMPTY_DB_URL\" onceprint.dump`; \
-     see the README, Backup and restore";
+     see docs/OPERATIONS.md, Backup and restore";
 
 pub fn run(args: BackupArgs) -> anyhow::Result<()> {
     let database = crate::config::resolve(args.serve)?.database;

@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// Admin token; without one, a token is generated at first start and printed once.
     #[arg(long, env = "ONCEPRINT_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// TOML configuration file (see README: configuration reference).
+    /// TOML configuration file (docs/CONFIGURATION.md lists every key).
     #[arg(long, env = "ONCEPRINT_CONFIG")]
     pub config: Option<PathBuf>,
     /// Largest accepted request body in bytes (default 1048576).
@@ -313,7 +313,7 @@ pub struct Resolved {
 /// workers as cores, the workers and the writer took turns on the cores and the writer
 /// waited for one. On 2 cores one worker gave intake 1-9 % more and delivery 0-6 % more
 /// (up to 10 % with the agent and the printer simulator on one worker too), duplicate
-/// answers no less (docs/BENCHMARKS.md, session 18). PostgreSQL does its writing in its
+/// answers no less (docs/BENCHMARKS.md, "What we tried"). PostgreSQL does its writing in its
 /// own processes, where one worker fewer changed nothing, so the broker keeps tokio's
 /// default of one worker per core there.
 fn default_worker_threads(is_pg: bool, cores: usize) -> usize {
@@ -428,11 +428,11 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
     let tls_on = tls.is_some();
     let group_commit = GroupCommitConfig {
         max_batch: file.group_commit_max_batch.unwrap_or(512).max(1),
-        // SQLite: 3 (issue 13). With 2, one batch committed while the next formed, and
+        // SQLite: 3. With 2, one batch committed while the next formed, and
         // the writer took that one alone. With 3, two batches wait while one commits and
         // the writer takes both into its next commit: half the flushes per task, 4-8 %
         // more intake with 50-task batches, single submissions and delivery unchanged
-        // (docs/BENCHMARKS.md, session 14).
+        // (docs/BENCHMARKS.md, "What we tried").
         max_in_flight: file.group_commit_in_flight.unwrap_or(if is_pg { 4 } else { 3 }).max(1),
     };
     let worker_threads = match args.worker_threads.or(file.worker_threads) {

@@ -119,7 +119,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
             }
         }
     }
-    // The device log's differences (issue 14): one line per task, with what each side says.
+    // The device log's differences: one line per task, with what each side says.
     if !args.json {
         if report["device_log"] == "none" {
             println!("device log: none uploaded for this day");

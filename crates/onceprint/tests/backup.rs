@@ -1,4 +1,4 @@
-//! `onceprint backup` with the real binary (issue 11, R39): a copy of the SQLite
+//! `onceprint backup` with the real binary: a copy of the SQLite
 //! database taken while clients keep submitting, restored as the README says (broker
 //! stopped, file copied into place, broker started), holds every task that was answered
 //! 201 before the backup began and nothing no client was told about; the restored broker

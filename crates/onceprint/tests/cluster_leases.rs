@@ -1,4 +1,4 @@
-//! Three `onceprint serve` nodes on one fresh PostgreSQL schema (issue 12): work that must
+//! Three `onceprint serve` nodes on one fresh PostgreSQL schema: work that must
 //! happen once per cluster runs on the holder of its lease only, a dead holder's work is
 //! taken over within seconds, and the agent registry is shared, so that an agent whose
 //! polls reach different nodes is not taken for gone by the node that sweeps.

@@ -1,6 +1,6 @@
-//! Several `onceprint serve` nodes on one PostgreSQL schema (issue 12), real processes on
+//! Several `onceprint serve` nodes on one PostgreSQL schema, real processes on
 //! real sockets: tickets for one printer leave in submission order whichever node took
-//! them, even from nodes whose clocks disagree (R23); a long poll on one node is woken by a
+//! them, even from nodes whose clocks disagree; a long poll on one node is woken by a
 //! submission on another; a key revoked on one node stops working on the others long
 //! before the directory's TTL.
 

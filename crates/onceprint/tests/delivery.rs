@@ -124,8 +124,8 @@ async fn vendor_callbacks_with_good_bad_and_replayed_signatures(pg: bool) {
 
 async fn a_reconciliation_day_matches_the_hand_computed_report(pg: bool) {
     let Some(w) = World::start("recon", pg, 1).await else { return };
-    // R1, R2 print; R2 is reprinted; R3 is cancelled before it can print (paper out);
-    // X1 prints but was not expected; R4 is expected and never submitted.
+    // Orders "R1" and "R2" print, "R2" is reprinted, "R3" is cancelled before it can print
+    // (paper out), "X1" prints but was not expected, "R4" is expected and never submitted.
     for m in ["R1", "R2"] {
         let id = w.submit(m, 0, "receipt").await;
         w.wait_state(&id, &["printed"], 20).await;
@@ -142,7 +142,7 @@ async fn a_reconciliation_day_matches_the_hand_computed_report(pg: bool) {
     w.wait_state(&x1, &["printed"], 20).await;
     let date = w.state(&x1).await["created_at"].as_str().unwrap_or("").get(..10).unwrap_or("").to_owned();
     let mut got = w.post(&format!("/v1/stores/s1/reconciliation?date={date}"), json!(["R1", "R2", "R3", "R4"])).await;
-    // The device log comparison (issue 14) depends on whether this agent uploads its
+    // The device log comparison depends on whether this agent uploads its
     // journal digest; whichever it does, the device and the broker must agree.
     for list in ["device_printed_broker_not", "broker_printed_device_not"] {
         assert_eq!(got[list], json!([]), "{list}: {got}");
@@ -582,7 +582,7 @@ async fn order_and_priority_hold_and_a_dead_printer_slows_no_one(pg: bool) {
 }
 
 /// Past its print type's `max_wait_ms` (2.5 s for `label` here), a ticket waiting for a
-/// paused printer fails with the printer's reason, and only then (issue 15).
+/// paused printer fails with the printer's reason, and only then.
 async fn past_its_wait_budget_a_paused_ticket_fails_with_the_reason(pg: bool) {
     let Some(w) = World::start("failed", pg, 1).await else { return };
     w.faults(0, json!({"cover_open": true})).await;
@@ -610,7 +610,7 @@ fn kinds(got: &Calls) -> Vec<String> {
         .collect()
 }
 
-/// Issue 15's acceptance: a printer out of paper for two minutes (`ONCEPRINT_TEST_PAPER_OUT_S`
+/// Paused lanes end to end: a printer out of paper for two minutes (`ONCEPRINT_TEST_PAPER_OUT_S`
 /// shortens it) with 20 tickets waiting. The lane pauses: no ticket fails or spends its
 /// attempts, one `printer.paused` alert goes out, not one per ticket; after the refill the
 /// printer's status report resumes the lane, one `printer.resumed` alert goes out, and all
@@ -678,7 +678,7 @@ async fn a_paper_out_pauses_the_lane_and_twenty_tickets_print_in_order_after_the
 
 /// A station's printer that stays paused past the station threshold (3 s here) hands the
 /// station's tickets to the next printer: each ticket fails over once, prints once on the
-/// backup, and the primary prints none of them after its refill (issue 15, R25).
+/// backup, and the primary prints none of them after its refill.
 async fn a_station_fails_over_once_when_its_printer_stays_paused(pg: bool) {
     let Some(w) = World::start("stationpause", pg, 2).await else { return };
     w.post("/v1/stations", json!({"id": "hot", "store_id": "s1", "printers": ["p0", "p1"]})).await;

@@ -1,4 +1,4 @@
-//! Operating the real binary (issue 11): JSON logs whose every line of a request names
+//! Operating the real binary: JSON logs whose every line of a request names
 //! the request (and its task), native TLS that agents reach with `https://`, and the
 //! tenants' rate limit as set on the command line.
 

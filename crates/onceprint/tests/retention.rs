@@ -1,4 +1,4 @@
-//! Retention with the real binary (issue 11, R39), on SQLite and PostgreSQL.
+//! Retention with the real binary, on SQLite and PostgreSQL.
 //!
 //! A broker with retention off takes a day of tasks: printed (by this test speaking the
 //! agent protocol), cancelled, transferred to another printer and printed there, and one

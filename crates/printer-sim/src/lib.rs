@@ -1,4 +1,4 @@
-//! A simulated ESC/POS printer (R34), for demos, tests and benchmarks.
+//! A simulated ESC/POS printer, for demos, tests and benchmarks.
 //!
 //! This crate owns `onceprint printer-sim`: one or more printers listening on raw TCP
 //! (port 9100 by default), or with `--pty` on pseudo-terminals that stand in for printers
@@ -36,6 +36,11 @@
 //! the device vanish, and the printer comes back shortly after as a new pty (the current
 //! path: [`Simulator::pty_path`], and a line on standard output from the command). It is
 //! named `pty:N` in the paper log and the control endpoint.
+//!
+//! Where things are: `polled.rs`, the CloudPRNT and Epson printers that poll; `digest.rs`,
+//! the Epson printer's HTTP Digest sign-in (SHA-256 preferred, MD5 when alone; a password TM
+//! Web Config would not take is refused); `mqtt.rs`, the Star CloudPRNT MQTT printer and the
+//! onceprint device, written from docs/MQTT.md, not from the broker's code.
 
 mod control;
 mod digest;

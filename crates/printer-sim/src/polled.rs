@@ -113,8 +113,9 @@ pub(crate) fn star_cut(header: Option<&str>) -> Cut {
 /// What a Star printer makes of a downloaded job body, as Star documents it (Star
 /// CloudPRNT Protocol Guide, "Print job requests (GET)", "Response (GET)": the body is
 /// "encoded in the requested format, and with the requested format as the specified
-/// content type"; "Printer Status Codes" for the refusals; FIELD-NOTES "What real printers
-/// expect"). The content type must be the media type asked for, without parameters (some
+/// content type"; "Printer Status Codes" for the refusals; Star's sample server,
+/// `ExampleServers/php_queue`). The content type must be the media type asked for,
+/// without parameters (some
 /// firmware refuses `; charset=…`), else `510`; an image must decode, else `511`, and be
 /// exactly `dots` wide (stricter than a printer, which would scale or crop it: a server
 /// that does not render for the printer shows here), else `511`; a media type other than
@@ -305,7 +306,7 @@ impl Ctx {
     /// CloudPRNT: one poll and, when a job is ready, its GET.
     /// The job GET and what the printer makes of the answer, as Star documents it (Star
     /// CloudPRNT Protocol Guide, "Print job requests (GET)" and "Client HTTP Request
-    /// Headers"; FIELD-NOTES "What real printers expect"): it says its print width; an
+    /// Headers"): it says its print width; an
     /// answer other than 200 is confirmed with 520 (nothing printed); the body must be of
     /// the media type asked for, without parameters (some firmware refuses `; charset=…`),
     /// else 510; an image must decode, else 511, and be exactly its print width (stricter

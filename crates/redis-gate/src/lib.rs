@@ -1,4 +1,4 @@
-//! The shared first gate on Redis (`serve --redis-url`, R5 with several broker nodes).
+//! The shared first gate on Redis (`serve --redis-url`), shared by several broker nodes.
 //!
 //! This crate owns the Redis client of the broker and the layout of its keys: an
 //! idempotency key's first sighting is claimed with `SET k - NX EX <claim ttl>`, and once

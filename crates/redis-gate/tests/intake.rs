@@ -128,7 +128,7 @@ async fn the_shared_gate_answers_only_what_the_database_holds() {
             ActionRequest {
                 tenant_id: "acme".into(),
                 task_id: created.task_id.clone(),
-                actor: Actor::ApiKey { key_id: "key-acme".into(), name: "Ann".into() },
+                actor: Actor::ApiKey { key_id: "key-acme".into(), name: Some("Ann".into()) },
                 reason: "test".into(),
                 printer_id: None,
             },

@@ -1,4 +1,4 @@
-//! Receipt documents (R32): one description of a receipt that prints correctly on any
+//! Receipt documents: one description of a receipt that prints correctly on any
 //! thermal printer and shows up as a picture for staff.
 //!
 //! This crate owns

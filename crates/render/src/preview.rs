@@ -119,7 +119,7 @@ pub struct PrintImage {
 
 /// Renders `doc` as the image a printer that prints pictures prints: the print area at
 /// `profile.dots`, one bit per dot, and how it ends (Star CloudPRNT's `image/png` job,
-/// FIELD-NOTES "What real printers expect": the print area only, the cut as a header).
+/// Star CloudPRNT Protocol Guide, "Response (GET)": the print area only, the cut as a header).
 pub fn to_print_png(doc: &Document, profile: &Profile) -> Result<PrintImage, RenderError> {
     let raster = to_raster(doc, profile)?;
     let cut = match raster.cuts.last() {

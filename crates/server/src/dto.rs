@@ -1,5 +1,5 @@
-//! The JSON shapes of the HTTP API. Field names are fixed by CONTRACT.md; the types here
-//! also feed the OpenAPI document, so the description cannot drift from the code.
+//! The JSON shapes of the HTTP API. Field names are fixed by the published API
+//! (docs/API.md); the types here also feed the OpenAPI document, so the description cannot drift from the code.
 
 use onceprint_core::Millis;
 use onceprint_store::{AgentToken, ApiKey, Printer, SetupEvent, Station, StoreRow, Task, TaskEvent};
@@ -34,6 +34,12 @@ pub mod integral {
             None => Ok(None),
             Some(n) => exact(&n).map(Some).ok_or_else(|| D::Error::custom(format!("{n} is not an integer in range"))),
         }
+    }
+
+    /// A field whose absence differs from `null`: `Some(None)` for `null`, `Some(Some(n))`
+    /// for an integer; with `#[serde(default)]` an absent field stays `None`.
+    pub fn present_optional<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+        optional(d).map(Some)
     }
 
     /// The same for the integers inside a free-form object (a printer's transport): each
@@ -263,7 +269,7 @@ pub struct CreateStation {
     /// Extension: how long (ms, 0 to 86400000) a printer of the station may be paused by
     /// no paper, cover open, paper jam or offline before its station tickets move to the
     /// next printer. Absent or `null`: the broker's `station_failover_after_ms` (30000).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::optional")]
     #[schema(minimum = 0, maximum = 86_400_000)]
     pub failover_after_ms: Option<i64>,
 }
@@ -277,15 +283,9 @@ pub struct UpdateStation {
     pub printers: Option<Vec<String>>,
     /// Extension: the station's own failover threshold (see `CreateStation`); `null` goes
     /// back to the broker's, absent leaves it as it is.
-    #[serde(default, deserialize_with = "crate::dto::present")]
+    #[serde(default, deserialize_with = "integral::present_optional")]
     #[schema(value_type = Option<i64>, minimum = 0, maximum = 86_400_000)]
     pub failover_after_ms: Option<Option<i64>>,
-}
-
-/// `Some(value)` for a field that is present (also `null`), so that `#[serde(default)]`
-/// leaves `None` for an absent one.
-pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -425,7 +425,7 @@ pub struct SetupEventParams {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitTask {
-    /// The business number (order number, serial…). Required and non-empty (R1).
+    /// The business number (order number, serial…). Required and non-empty.
     pub biz_no: Option<String>,
     pub printer_id: Option<String>,
     pub station_id: Option<String>,
@@ -651,7 +651,7 @@ pub struct DeliveryOut {
     /// The same on every redelivery of the task, never shared by two tasks of one printer:
     /// `biz_no#printer_id` in the simple case, suffixes `#type=`, `#station=`,
     /// `#reprint=N#origin=`, `#transfer=`, `#failover=` otherwise, `#` and `%` in `biz_no`
-    /// written `%23` and `%25` (R16).
+    /// written `%23` and `%25`.
     pub idempotency_key: String,
     /// Always `escpos`: `data` is the bytes to send to the printer.
     pub content_type: String,
@@ -732,15 +732,36 @@ pub struct AckResults {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionIn {
-    /// Who acts. Required with a tenant API key (the audit records `api_key:ID` and this
-    /// name beside it); with an operator token it may be left out, and if given must be
-    /// the token's own operator id (the audit records `operator:ID`).
+    /// Who acts. With a tenant API key the audit records `api_key:ID` and, when given, this
+    /// name beside it (leave it out when no person acts, e.g. an order system's own
+    /// clean-up); with an operator token it may be left out, and if given must be the
+    /// token's own operator id (the audit records `operator:ID`).
     pub operator: Option<String>,
     /// Why (recorded in the audit trail).
     pub reason: String,
     /// For `transfer`: the printer of the same store to print on instead. For `reprint`
     /// (optional): another printer of the same store to print the copy on.
     pub printer_id: Option<String>,
+}
+
+/// A transfer: who moves the task, why, and to which printer.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransferIn {
+    /// Who acts, as in the other manual actions (`ActionIn`).
+    pub operator: Option<String>,
+    /// Why (recorded in the audit trail).
+    pub reason: String,
+    /// The printer of the task's store to print on instead (another printer of another
+    /// store, or none, is 404 `not_found`; the task's own printer is 409
+    /// `invalid_transition`).
+    pub printer_id: String,
+}
+
+impl From<TransferIn> for ActionIn {
+    fn from(t: TransferIn) -> Self {
+        ActionIn { operator: t.operator, reason: t.reason, printer_id: Some(t.printer_id) }
+    }
 }
 
 /// The task acted on and the task the action created (reprint, transfer).
@@ -901,7 +922,7 @@ pub struct WatchedOut {
     pub printer_address: String,
 }
 
-/// A store agent's device log digest (issue 14): each task's latest journal record.
+/// A store agent's device log digest: each task's latest journal record.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JournalDigestIn {

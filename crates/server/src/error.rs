@@ -1,4 +1,4 @@
-//! The one place where failures become HTTP answers with the body of CONTRACT.md:
+//! The one place where failures become HTTP answers with the error body of docs/API.md, "Errors":
 //! `{"error": {"code": "snake_case_code", "message": "…"}}`.
 
 use axum::http::{header, StatusCode};
@@ -112,7 +112,10 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::AlreadyExists(what) => ApiError::conflict(format!("{what} already exists")),
-            StoreError::NotFound(what) => ApiError::invalid(format!("{what} does not exist")),
+            // A reference to an object that does not exist (a `store_id`, a printer of a
+            // station) answers like a path naming one: the request is well formed, the
+            // object is not there.
+            StoreError::NotFound(what) => ApiError::not_found(format!("{what} does not exist")),
             StoreError::Unavailable(m) => {
                 tracing::error!(error = %m, "database unavailable");
                 ApiError::new(
@@ -152,7 +155,7 @@ impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
             IntakeError::Invalid(c) => c.into(),
-            IntakeError::UnknownTarget(m) => ApiError::invalid(m),
+            IntakeError::UnknownTarget(m) => ApiError::not_found(m),
             IntakeError::InvalidContent(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_content", m),
             IntakeError::PrinterDisabled(m) => ApiError::new(StatusCode::CONFLICT, "printer_disabled", m),
             IntakeError::Mismatch { task_id } => ApiError::new(
@@ -311,8 +314,9 @@ impl From<onceprint_engine::ActionError> for ApiError {
     fn from(e: onceprint_engine::ActionError) -> Self {
         use onceprint_engine::ActionError;
         match e {
-            ActionError::NotFound(id) => ApiError::not_found(format!("no task {id:?}")),
+            ActionError::NotFound(_) | ActionError::UnknownPrinter(_) => ApiError::not_found(e.to_string()),
             ActionError::NotAllowed(n) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", n.to_string()),
+            ActionError::SamePrinter(m) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", m),
             ActionError::Raced(_) => ApiError::new(StatusCode::CONFLICT, "invalid_transition", e.to_string()),
             ActionError::PrinterDisabled(m) => ApiError::new(StatusCode::CONFLICT, "printer_disabled", m),
             ActionError::Invalid(c) => c.into(),

@@ -302,7 +302,7 @@ impl FromRequestParts<AppState> for TenantAuth {
 
 /// A tenant's API key, not yet counted against the tenant's rate limit: for task
 /// submission, where intake counts the request only once the first gate has not answered
-/// it, so a retry of a known task is never refused (R4).
+/// it, so a retry of a known task is never refused.
 pub struct TenantAuthForIntake(pub TenantAuth);
 
 impl FromRequestParts<AppState> for TenantAuthForIntake {

@@ -1,4 +1,4 @@
-//! The HTTP surface of the onceprint broker (CONTRACT.md).
+//! The HTTP surface of the onceprint broker (docs/API.md).
 //!
 //! This crate owns routing, authentication of the three kinds of bearer tokens, the JSON
 //! shapes and the single mapping of every failure to the error body, the Prometheus
@@ -6,6 +6,23 @@
 //!
 //! It must never hold business rules or SQL: handlers parse, call `onceprint-engine` or
 //! the `Store`, and shape the answer. A handler that needs a rule asks the domain crate.
+//!
+//! Where things are: `http1.rs`, the accept loop (every connection served as HTTP/1.1 by
+//! hyper directly; graceful shutdown drains open connections); `around.rs`, the one
+//! middleware every route runs in (request id and span, latency, agent protocol check; one
+//! layer, because axum boxes each layer's futures per route, which a waiting long poll
+//! holds); `routes/`, with `/cloudprnt` and `/epson-sdp` for printers that poll and
+//! `routes::offline` for the store agent's LAN keys, directory, LAN listener and offline sync;
+//! `request_id.rs`, request ids and the access log; `tls.rs`, native TLS (rustls, handshakes
+//! off the accept loop); `extract.rs`, bearer authentication (admin, tenant, agent,
+//! operator; a staff member scoped to their stores; rate-limit tokens taken here, except for
+//! intake) and the printers' HTTP Basic login; `digest.rs`, HTTP Digest on `/epson-sdp`
+//! (RFC 7616, SHA-256 and MD5, stateless nonces signed with a per-process key, each answer
+//! taken once); `agent_protocol.rs`, the agent protocol version check; `error.rs`, the one
+//! mapping of errors to the JSON error body; `console/`, the staff console (cookie sessions
+//! with CSRF tokens, English and Chinese, server-rendered pages, server-sent events, assets
+//! compiled in), which never decides which actions a state allows, maps errors only
+//! through `error.rs`, and fetches nothing from another origin.
 
 pub mod agent_protocol;
 mod around;
@@ -58,7 +75,7 @@ pub struct HttpConfig {
     /// The shared first gate of several nodes on one database (`serve --redis-url`);
     /// without it, each node has only its own in-process gate.
     pub redis: Option<onceprint_redis_gate::RedisGateSettings>,
-    /// Operator sessions and the login throttle (issue 10).
+    /// Operator sessions and the login throttle.
     pub operators: onceprint_engine::OperatorsConfig,
     /// The staff console at `/console/`.
     pub console: console::ConsoleConfig,
@@ -67,12 +84,12 @@ pub struct HttpConfig {
     /// Requests per store agent token (polls, acks, status reports); `None`: unlimited.
     /// The tenants' limit is `intake.tenant_rate`.
     pub agent_rate: Option<onceprint_engine::limits::RateLimit>,
-    /// Retention of finished tasks (R39).
+    /// Retention of finished tasks.
     pub retention: onceprint_engine::RetentionConfig,
     /// Tests of the real binary only: the retention job's clock runs this far ahead of the
     /// wall clock (0 in production).
     pub retention_clock_offset_ms: i64,
-    /// Several nodes on one database (issue 12): the node's id and its leases.
+    /// Several nodes on one database: the node's id and its leases.
     pub cluster: ClusterConfig,
     /// Tests of the real binary only: task ids are minted from a clock this far off the
     /// wall clock (0 in production), to show that lanes do not order by ids.
@@ -145,7 +162,7 @@ pub struct AppState {
     pub(crate) operators: Arc<Operators>,
     pub(crate) watch: Arc<PrinterWatch>,
     pub(crate) retention: Arc<Retention>,
-    /// The broker's side of offline operation (issue 14).
+    /// The broker's side of offline operation.
     pub(crate) offline: Arc<onceprint_engine::Offline>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) leases: Arc<onceprint_engine::Leases>,
@@ -413,7 +430,7 @@ impl Bound {
         // The router's state is bound once, here; each connection gets a clone of the
         // handle. (`axum::serve` given the `Router` itself bound it again for every
         // connection, cloning every boxed endpoint and layer: about 100 KiB per open
-        // connection, which is what 10,000 idle agents' long polls cost, issue 13.)
+        // connection, which is what 10,000 idle agents' long polls cost.)
         let app = router(self.state.clone());
         let lanes = self.state.lanes.clone();
         let leases = self.state.leases.clone();

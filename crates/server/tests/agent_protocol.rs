@@ -63,7 +63,7 @@ async fn a_submitted_task_is_delivered_once_and_acked_printed(app: &TestApp) {
     assert_eq!(d[0]["attempt"], 1);
     assert_eq!(d[0]["printer_id"], "p1");
     assert_eq!(d[0]["printer_address"], "tcp://192.0.2.10:9100");
-    assert_eq!(d[0]["idempotency_key"], "A1%23kitchen#p1", "a `#` inside biz_no is escaped (CONTRACT.md)");
+    assert_eq!(d[0]["idempotency_key"], "A1%23kitchen#p1", "a `#` inside biz_no is escaped (docs/API.md)");
     assert_eq!(d[0]["content_type"], "escpos");
     let bytes = base64::engine::general_purpose::STANDARD.decode(d[0]["data"].as_str().expect("data")).expect("base64");
     assert_eq!(&bytes[..2], &[0x1B, 0x40], "starts with ESC @");

@@ -1,4 +1,4 @@
-//! `POST /v1/print-task-batches` (issue 13): each item answered as `POST /v1/print-tasks`
+//! `POST /v1/print-task-batches`: each item answered as `POST /v1/print-tasks`
 //! would answer it alone, new tasks created in the order sent, retries creating nothing
 //! twice. Every test runs on SQLite and on PostgreSQL.
 
@@ -42,7 +42,7 @@ async fn a_batch_answers_each_item_as_a_single_submission_would(app: &TestApp) {
     let batch = json!({ "tasks": items });
     let first = results(&app.post("/v1/print-task-batches", &key, batch.clone()).await);
     let statuses: Vec<u64> = first.iter().map(|r| r["status"].as_u64().unwrap_or(0)).collect();
-    assert_eq!(statuses, [201, 201, 200, 400, 422, 400, 400], "{first:#?}");
+    assert_eq!(statuses, [201, 201, 200, 400, 422, 404, 400], "{first:#?}");
     let a1 = first[0]["task"]["task_id"].as_str().expect("task_id").to_owned();
     let a2 = first[1]["task"]["task_id"].as_str().expect("task_id").to_owned();
     assert_ne!(a1, a2);
@@ -55,7 +55,7 @@ async fn a_batch_answers_each_item_as_a_single_submission_would(app: &TestApp) {
     assert_eq!(first[2]["task"]["duplicate"], true);
     assert_eq!(first[3]["error"]["code"], "missing_biz_no");
     assert_eq!(first[4]["error"]["code"], "idempotency_mismatch");
-    assert_eq!(first[5]["error"]["code"], "invalid_request");
+    assert_eq!(first[5]["error"]["code"], "not_found");
     assert!(first[5]["error"]["message"].as_str().unwrap_or("").contains("nope"), "{first:#?}");
     assert_eq!(first[6]["error"]["code"], "invalid_request");
     assert!(first[6]["error"]["message"].as_str().unwrap_or("").contains("colour"), "{first:#?}");
@@ -67,7 +67,7 @@ async fn a_batch_answers_each_item_as_a_single_submission_would(app: &TestApp) {
     // same tasks; an item sent on its own is answered as a duplicate too.
     let again = results(&app.post("/v1/print-task-batches", &key, batch).await);
     let statuses: Vec<u64> = again.iter().map(|r| r["status"].as_u64().unwrap_or(0)).collect();
-    assert_eq!(statuses, [200, 200, 200, 400, 422, 400, 400], "{again:#?}");
+    assert_eq!(statuses, [200, 200, 200, 400, 422, 404, 400], "{again:#?}");
     assert_eq!(again[0]["task"]["task_id"], a1.as_str());
     assert_eq!(again[1]["task"]["task_id"], a2.as_str());
     let single = app.submit(&key, order("A2", "Table 2\n")).await;

@@ -345,8 +345,9 @@ fn png_header(png: &[u8]) -> (u32, u8, u8) {
     (u32::from_be_bytes([png[16], png[17], png[18], png[19]]), png[24], png[25])
 }
 
-/// A Star printer prints an `image/png` job at its own dot width (FIELD-NOTES "What real
-/// printers expect"): the print area only, no preview frame, the cut as `X-Star-Cut`; text
+/// A Star printer prints an `image/png` job at its own dot width (Star CloudPRNT Protocol
+/// Guide, "Client HTTP Request Headers"): the print area only, no preview frame, the cut
+/// as `X-Star-Cut`; text
 /// in Chinese or markup is not offered as `text/plain`, which it would print literally.
 async fn a_job_for_a_printer_is_the_print_area_at_its_width_with_the_cut_in_a_header(app: &TestApp) {
     let key = app.tenant("acme").await;
@@ -535,7 +536,7 @@ async fn the_simulated_printer_prints_every_task_once_through_its_faults(app: &T
 }
 
 /// A printer that polls and falls silent (switched off) does not hold its tickets for
-/// ever (R44): it is offline after 2 × its poll interval + the grace, its lane pauses, a
+/// ever: it is offline after 2 × its poll interval + the grace, its lane pauses, a
 /// station ticket that cannot have printed moves to the station's next printer after the
 /// station's threshold, a ticket past its print type's budget fails with "printer
 /// offline", and the printer, back, gets none of them.

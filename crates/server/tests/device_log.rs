@@ -1,4 +1,4 @@
-//! The device log digest (issue 14) through the API, on SQLite and PostgreSQL: a store
+//! The device log digest through the API, on SQLite and PostgreSQL: a store
 //! agent uploads its journal's latest record per task (`POST /v1/agent/journal-digest`),
 //! and the store's reconciliation report (JSON and CSV) lists where the device log and the
 //! broker disagree.

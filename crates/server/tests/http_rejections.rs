@@ -1,6 +1,6 @@
 //! Requests the framework would refuse on its own — a body of another media type, a method
 //! the path does not take — answered through the one error mapping, as the OpenAPI
-//! document says (issue 11, found by schemathesis).
+//! document says (found by schemathesis).
 
 mod common;
 

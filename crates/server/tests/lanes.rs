@@ -1,5 +1,5 @@
-//! The lane engine through the API, one test per way a lane once stalled or printed twice
-//! (issue 8), on SQLite and PostgreSQL: agents are played over HTTP with explicit sessions,
+//! The lane engine through the API, one test per way a lane once stalled or printed twice,
+//! on SQLite and PostgreSQL: agents are played over HTTP with explicit sessions,
 //! webhook printers by a small vendor server, so every step is deterministic.
 
 mod common;
@@ -104,7 +104,7 @@ async fn drain(app: &TestApp, agent: &Agent, within: Duration) -> Vec<String> {
     out
 }
 
-/// The stall of issue 8: a prebill in flight at an agent that restarts while refunds
+/// The stall the lane engine was made for: a prebill in flight at an agent that restarts while refunds
 /// arrive. The restarted agent gets the prebill again first (its earlier process went
 /// quiet), then the refunds in order. Before the lane engine, nothing ever moved again.
 async fn a_task_in_flight_is_offered_to_the_restarted_agent_whatever_waits_behind_it(backend: Backend) {
@@ -307,7 +307,7 @@ async fn a_failover_skips_a_disabled_backup(backend: Backend) {
     app.stop().await;
 }
 
-/// Issue 15: a station's own `failover_after_ms` overrides the broker's (30 s here): at 0
+/// A station's own `failover_after_ms` overrides the broker's (30 s here): at 0
 /// the first refusal of a paused primary hands the ticket on; set back to `null`, the next
 /// ticket waits for the primary. Bad thresholds are refused with the field named.
 async fn a_station_threshold_of_its_own_decides_when_it_fails_over(backend: Backend) {
@@ -563,7 +563,7 @@ async fn failover_never_moves_a_task_that_may_have_printed(backend: Backend) {
     app.stop().await;
 }
 
-/// R37: an agent that takes a delivery and never answers (it keeps polling) makes no
+/// An agent that takes a delivery and never answers (it keeps polling) makes no
 /// progress; past `stall_after_ms` the lane is `printer.stalled`, once, and `/metrics`
 /// shows its in-flight age.
 async fn a_lane_without_progress_raises_printer_stalled(backend: Backend) {
@@ -800,7 +800,7 @@ async fn a_webhook_job_nobody_answers_goes_to_a_person(backend: Backend) {
     app.stop().await;
 }
 
-/// R44: which of an agent id's processes is the newer is decided on the broker's clock.
+/// Which of an agent id's processes is the newer is decided on the broker's clock.
 /// The shop PC's clock ran an hour ahead (its session id carries that time); it is set
 /// right and the agent restarted (systemd): the restarted process names an earlier time,
 /// and is still the one that takes over the lane, with or without reporting its age.

@@ -138,7 +138,7 @@ async fn transfer_moves_work_within_the_store_and_resubmits_find_it(app: &TestAp
     let key = app.tenant("acme").await;
     let id = submit(app, &key, "T1").await;
     assert_eq!(act(app, &key, &id, "transfer", json!({})).await.code(), "invalid_request", "printer_id required");
-    assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "nope"})).await.code(), "invalid_request");
+    assert_eq!(act(app, &key, &id, "transfer", json!({"printer_id": "nope"})).await.code(), "not_found");
     app.post("/v1/stores", &key, json!({"id": "s2", "name": "Other"})).await;
     app.post(
         "/v1/printers",
@@ -147,7 +147,7 @@ async fn transfer_moves_work_within_the_store_and_resubmits_find_it(app: &TestAp
     )
     .await;
     let cross = act(app, &key, &id, "transfer", json!({"printer_id": "q1"})).await;
-    assert_eq!(cross.code(), "invalid_request", "another store's printer: {cross:?}");
+    assert_eq!(cross.code(), "not_found", "another store's printer: {cross:?}");
     let moved = act(app, &key, &id, "transfer", json!({"printer_id": "p2"})).await;
     assert_eq!(moved.status, StatusCode::CREATED, "{moved:?}");
     let succ = moved.body["created"]["task_id"].as_str().expect("id").to_owned();
@@ -178,7 +178,7 @@ async fn actions_need_an_operator_and_a_reason(app: &TestApp) {
     assert_eq!(app.get(&format!("/v1/print-tasks/{id}"), &key).await.body["state"], "pending");
 }
 
-/// Failover (R25): a station task whose primary cannot print moves to the backup; the
+/// Failover: a station task whose primary cannot print moves to the backup; the
 /// original is transferred and never delivered again; resubmitting finds the live task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_moves_a_station_task_to_the_backup_sqlite() {
@@ -231,7 +231,7 @@ async fn failover(backend: Backend) {
     app.stop().await;
 }
 
-/// R43 in the manual channel: a ticket that may have printed is never moved unmarked to
+/// The one rule for doubt in the manual channel: a ticket that may have printed is never moved unmarked to
 /// another printer; it is reprinted, with a banner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_that_may_have_printed_is_reprinted_never_transferred_sqlite() {

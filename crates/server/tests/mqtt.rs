@@ -1,4 +1,4 @@
-//! MQTT printers end to end (issue 9), on SQLite and PostgreSQL: the real broker
+//! MQTT printers end to end, on SQLite and PostgreSQL: the real broker
 //! (`TestApp`), a real Mosquitto that each test starts on a free port with the password
 //! and ACL files the broker writes, and simulated printers (`printer-sim`'s MQTT mode)
 //! connecting with the credentials of their creation answer. Judged by the paper log and
@@ -367,7 +367,7 @@ async fn an_error_after_printing_goes_to_a_person_on_every_protocol(backend: Bac
 }
 
 /// An MQTT printer that left (its last will) takes no work, and says nothing more: its
-/// station's tickets move to the next printer after the station's threshold (R44), and
+/// station's tickets move to the next printer after the station's threshold, and
 /// print once there.
 async fn a_station_moves_on_from_an_mqtt_printer_that_left(backend: Backend) {
     let Some(w) = world(backend).await else { return };

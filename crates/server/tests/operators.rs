@@ -1,4 +1,4 @@
-//! Operators over HTTP (issue 10), on SQLite and PostgreSQL: accounts made with the tenant
+//! Operators over HTTP, on SQLite and PostgreSQL: accounts made with the tenant
 //! key, operator tokens by password (throttled), manual actions audited as the operator,
 //! a staff member confined to their stores, and the console's security: every page behind
 //! the login, cookie flags, a new session id at login, CSRF refused, expired sessions.
@@ -147,7 +147,7 @@ async fn operator_tokens_act_as_their_operator_and_only_in_their_stores(app: &Te
     let bad = app
         .post("/v1/operators", &key, json!({"id": "zed", "role": "staff", "stores": ["s9"], "password": PASSWORD}))
         .await;
-    assert_eq!(bad.code(), "invalid_request", "{bad:?}");
+    assert_eq!((bad.status, bad.code()), (StatusCode::NOT_FOUND, "not_found"), "a store that does not exist: {bad:?}");
     let dup = app.post("/v1/operators", &key, json!({"id": "amy", "role": "manager", "password": PASSWORD})).await;
     assert_eq!(dup.code(), "conflict");
 }
@@ -488,7 +488,7 @@ async fn an_expired_console_session_goes_back_to_login() {
     app.stop().await;
 }
 
-/// The console's reconciliation page lists the device log's differences (issue 14), and
+/// The console's reconciliation page lists the device log's differences, and
 /// says when the day has no device log at all.
 async fn the_consoles_day_shows_the_device_log_differences(app: &TestApp) {
     let key = setup(app).await;

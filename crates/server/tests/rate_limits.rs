@@ -1,6 +1,6 @@
-//! Fairness under retry storms (issue 11): a tenant over its rate limit is answered 429
+//! Fairness under retry storms: a tenant over its rate limit is answered 429
 //! with `Retry-After` and the JSON error body, while its retries of accepted tasks are
-//! still answered (R4) and other tenants are not affected; a store's agent has a limit of
+//! still answered and other tenants are not affected; a store's agent has a limit of
 //! its own. On SQLite and PostgreSQL.
 
 mod common;
@@ -68,7 +68,7 @@ async fn a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered(app:
     assert_eq!(body["error"]["code"], "too_many_requests", "{body}");
     let seconds: u64 = retry.as_deref().and_then(|r| r.parse().ok()).expect("Retry-After in whole seconds");
     assert!((1..=100).contains(&seconds), "Retry-After: {seconds}");
-    // Over the limit, a retry of an accepted task still gets its task and state (R4) …
+    // Over the limit, a retry of an accepted task still gets its task and state …
     let (status, _, dup) = submit_raw(app, &key, order("A3", "noodles")).await;
     assert_eq!(status, StatusCode::OK, "{dup}");
     assert_eq!(dup["duplicate"], true);
@@ -87,7 +87,7 @@ async fn a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered(app:
     // Another tenant is not affected.
     let (status, _, theirs) = submit_raw(app, &other, order("B1", "tea")).await;
     assert_eq!(status, StatusCode::CREATED, "{theirs}");
-    // A missing biz_no is still refused first (R1), before the limit is looked at.
+    // A missing biz_no is still refused first, before the limit is looked at.
     let (status, _, body) =
         submit_raw(app, &key, json!({"printer_id": "p1", "content": {"type": "text", "text": "x"}})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("missing_biz_no")));

@@ -94,7 +94,7 @@ async fn documents_preview_validate_and_print(app: &TestApp) {
         .send()
         .await
         .expect("get");
-    assert_eq!(res.status(), StatusCode::BAD_REQUEST, "raw ESC/POS has no preview");
+    assert_eq!(res.status(), StatusCode::NOT_FOUND, "raw ESC/POS has no preview");
 
     let api = app.call("GET", "/openapi.json", None, None).await;
     assert!(

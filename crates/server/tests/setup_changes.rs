@@ -1,4 +1,4 @@
-//! Changing the set-up through the API (issue 8): editing, disabling and enabling
+//! Changing the set-up through the API: editing, disabling and enabling
 //! printers, changing stations, agent tokens and API keys with their revocation, and the
 //! set-up audit — on SQLite and PostgreSQL. Agents are played over HTTP, so what a change
 //! does to deliveries in flight and waiting is seen the way a store agent sees it.
@@ -99,13 +99,13 @@ async fn printers_are_edited_with_the_checks_of_registration(app: &TestApp) {
         assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{body}: {a:?}");
         assert!(message(&a).contains(field), "{body}: {a:?}");
     }
-    // A printer cannot change store; naming its own store is fine (a client sending back
-    // what it read).
+    // A printer cannot change store: in another store there is no such printer. Naming its
+    // own store is fine (a client sending back what it read).
     let s2 = app.post("/v1/stores", &key, json!({"id": "s2", "name": "Second"})).await;
     assert_eq!(s2.status, StatusCode::CREATED);
     let moved = patch(app, "/v1/printers/p1", &key, json!({"store_id": "s2", "name": "x"})).await;
-    assert_eq!((moved.status, moved.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{moved:?}");
-    assert!(message(&moved).contains("store_id") && message(&moved).contains("s1"), "{moved:?}");
+    assert_eq!((moved.status, moved.code()), (StatusCode::NOT_FOUND, "not_found"), "{moved:?}");
+    assert!(message(&moved).contains("p1") && message(&moved).contains("s2"), "{moved:?}");
     let same = patch(app, "/v1/printers/p1", &key, json!({"store_id": "s1", "name": "Kitchen"})).await;
     assert_eq!((same.status, same.body["name"].clone()), (StatusCode::OK, json!("Kitchen")), "{same:?}");
 
@@ -190,8 +190,8 @@ async fn a_disabled_printer_keeps_its_tasks_waiting_and_its_delivery_in_flight_a
     assert_eq!(d.iter().map(|x| task_of(x).0).collect::<Vec<_>>(), vec![other.clone()]);
     assert_eq!(agent.ack(app, &other, task_of(&d[0]).1, "printed").await, "applied");
 
-    // An operator may move the waiting ticket to a printer that works, not to one that is
-    // disabled.
+    // An operator may move the waiting ticket to a printer that works, not to the disabled
+    // one it waits on.
     let to_disabled = app
         .post(
             &format!("/v1/print-tasks/{waiting}/transfer"),
@@ -199,7 +199,7 @@ async fn a_disabled_printer_keeps_its_tasks_waiting_and_its_delivery_in_flight_a
             json!({"operator": "ana", "reason": "x", "printer_id": "p1"}),
         )
         .await;
-    assert_eq!(to_disabled.code(), "invalid_request", "{to_disabled:?}");
+    assert_eq!(to_disabled.code(), "invalid_transition", "{to_disabled:?}");
     let moved = app
         .post(
             &format!("/v1/print-tasks/{waiting}/transfer"),
@@ -242,7 +242,7 @@ async fn duplicates_to_a_disabled_printer_are_answered_and_new_work_is_refused(b
         assert_eq!(off.status, StatusCode::OK, "{off:?}");
     }
 
-    // Dedup comes first (R3): the POS retrying an order taken before the printer was
+    // Dedup comes first: the POS retrying an order taken before the printer was
     // disabled gets the task as before — from the database, since this broker has no gate.
     let again = app.submit(&key, order("D1", "Table 5")).await;
     assert_eq!(again.status, StatusCode::OK, "{again:?}");
@@ -289,15 +289,17 @@ async fn stations_skip_disabled_printers_and_get_new_printer_lists(app: &TestApp
         )
         .await;
     assert_eq!(q1.status, StatusCode::CREATED);
-    for (printers, says) in [
-        (json!(["p1", "q1"]), "q1"),
-        (json!([]), "printers"),
-        (json!(["p2", "p2"]), "twice"),
-        (json!(["nope"]), "nope"),
-        (json!(["bad id!"]), "printers[0]"),
-    ] {
+    for (printers, says) in
+        [(json!([]), "printers"), (json!(["p2", "p2"]), "twice"), (json!(["bad id!"]), "printers[0]")]
+    {
         let a = patch(app, "/v1/stations/hot", &key, json!({ "printers": printers })).await;
         assert_eq!((a.status, a.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{printers}: {a:?}");
+        assert!(message(&a).contains(says), "{printers}: {a:?}");
+    }
+    // Another store's printer is, for this station, no printer at all.
+    for (printers, says) in [(json!(["p1", "q1"]), "q1"), (json!(["nope"]), "nope")] {
+        let a = patch(app, "/v1/stations/hot", &key, json!({ "printers": printers })).await;
+        assert_eq!((a.status, a.code()), (StatusCode::NOT_FOUND, "not_found"), "{printers}: {a:?}");
         assert!(message(&a).contains(says), "{printers}: {a:?}");
     }
     let moved = patch(app, "/v1/stations/hot", &key, json!({"printers": ["p1"], "store_id": "s2"})).await;
@@ -601,7 +603,7 @@ async fn printers_that_call_in_get_a_login_shown_once_and_replaced_on_request(ap
     // A printer the broker reaches has no login of its own.
     assert!(app.get("/v1/printers/p1", &key).await.body.get("credentials").is_none());
     let p1 = app.call("POST", "/v1/printers/p1/credentials", Some(&key), None).await;
-    assert_eq!((p1.status, p1.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{p1:?}");
+    assert_eq!((p1.status, p1.code()), (StatusCode::NOT_FOUND, "not_found"), "{p1:?}");
     assert!(p1.body["error"]["message"].as_str().unwrap_or_default().contains("cloudprnt"), "{p1:?}");
     let none = app.call("POST", "/v1/printers/nope/credentials", Some(&key), None).await;
     assert_eq!(none.status, StatusCode::NOT_FOUND, "{none:?}");

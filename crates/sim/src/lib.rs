@@ -15,6 +15,12 @@
 //! or randomness in deciding what a run does (the seed alone decides), or hold rules of
 //! its own about what the broker should do: the invariants are the promise as the README
 //! and docs/SIMULATION.md state it, not the engine's code restated.
+//!
+//! Where things are: `schedule.rs`, a fault schedule drawn from a seed (`rng.rs`, its own
+//! SplitMix64); `world.rs`, the run under a `ManualClock` with a POS, store agents, printers
+//! of each kind, a webhook receiver and the network; `world/lan.rs`, the shop's LAN path on
+//! the agent's real outbox; lanes are drained at the end, and failing schedules are shrunk
+//! and replayed by seed.
 
 pub mod cli;
 pub mod rng;

@@ -1234,7 +1234,8 @@ impl World {
             // Refusals (a task in flight, a finished one, a transfer of a ticket that may
             // have printed) are what the manual channel is for; they change nothing.
             Err(ActionError::NotAllowed(_) | ActionError::Raced(_) | ActionError::PrinterDisabled(_)) => {}
-            Err(ActionError::Invalid(_)) => {}
+            // A transfer to the task's own printer, or to a printer of another store.
+            Err(ActionError::Invalid(_) | ActionError::SamePrinter(_) | ActionError::UnknownPrinter(_)) => {}
             // A pruned task is only its tombstone: nothing to act on.
             Err(ActionError::NotFound(_))
                 if self.block_on(self.store.get_tombstone(TENANT, &t.task_id))?.is_ok_and(|b| b.is_some()) => {}

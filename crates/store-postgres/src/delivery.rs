@@ -2,7 +2,7 @@
 //! printer health, for PostgreSQL. A transition or a printer flipping on- or offline
 //! writes its alert to the outbox in the same statement (see [`crate::alerts`]).
 //!
-//! The one-in-flight-per-printer rule (R23) is the partial unique index
+//! The one-in-flight-per-printer rule is the partial unique index
 //! `tasks_one_in_flight_per_printer`. A transition to `sent` that collides with it fails
 //! with a unique violation, which here is an answer (`false`, nothing written), not an
 //! error. Against a concurrent transaction that has put another task of the printer into
@@ -230,7 +230,7 @@ fn due_tasks_sql(state: TaskState) -> String {
 /// (`last_error` one of [`onceprint_store::PAUSING_ERRORS`]) the reports find: a report
 /// whose value differs from it (for the first report of a printer) or from the previous
 /// report of the printer writes its `printer.online` / `printer.offline` alert, and one
-/// whose pausing differs its `printer.paused` / `printer.resumed` alert (issue 15), to the
+/// whose pausing differs its `printer.paused` / `printer.resumed` alert, to the
 /// outbox, fanned out like a transition's. The row ends with the last report's values and
 /// `paused_since` kept, set or cleared; a printer whose row paused and whose last report
 /// does not has its waiting retries made due now (`resumed`), so the lane moves at once.

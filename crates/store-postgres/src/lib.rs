@@ -16,6 +16,15 @@
 //! unique idempotency key, the compare-and-set on (state, attempts) and at most one task in
 //! flight per printer (a partial unique index). Callers must never skip that
 //! compare-and-set by writing state directly.
+//!
+//! Where things are: a batch of intake that could collide on the one-in-flight index falls
+//! back to change-by-change under savepoints; the device log (`device_log.rs`: agents'
+//! records upserted in one `unnest` statement, read by task id range); a keeper that analyzes
+//! the busy tables as they grow (`statistics.rs`: cached plans made for an empty table read
+//! every row); retention's SQL (`retention.rs`: one short transaction per pruned batch;
+//! intake's guard against a prune racing its insert is in `submit.rs` and migration 13);
+//! LISTEN/NOTIFY between the nodes of one schema (`notify.rs`: the `NodeLink`, a channel
+//! named after the schema, one sending and one listening connection per node, reconnected).
 
 mod alerts;
 mod delivery;

@@ -149,7 +149,7 @@ CREATE TABLE tasks (
     CONSTRAINT tasks_idempotency_key UNIQUE (tenant_id, target, biz_no, print_type),
     FOREIGN KEY (tenant_id, printer_id) REFERENCES printers (tenant_id, id)
 );
--- R12: the engine finds due work (pending, or retrying whose time has come) through this.
+-- The engine finds due work (pending, or retrying whose time has come) through this.
 CREATE INDEX tasks_state_next_attempt_idx ON tasks (state, next_attempt_at);
 CREATE INDEX tasks_tenant_store_id_idx ON tasks (tenant_id, store_id, id);
 CREATE INDEX tasks_tenant_id_idx ON tasks (tenant_id, id);
@@ -179,7 +179,7 @@ CREATE TABLE ledger (
 "#;
 
 /// Delivery: who a delivery was handed to (agent and session), the lane index, and the
-/// rule that a printer has at most one task in flight (R23), enforced by a partial unique
+/// rule that a printer has at most one task in flight, enforced by a partial unique
 /// index so that it holds against concurrent engines too.
 ///
 /// Both indexes end in `id`, which keeps the column's "C" collation: the lane order
@@ -286,7 +286,7 @@ UPDATE stores
 
 /// Plans that stay right while the planner knows little about the tasks.
 ///
-/// The (state, next_attempt_at) index of R12 becomes partial: only tasks with a
+/// The (state, next_attempt_at) index of due work becomes partial: only tasks with a
 /// deadline that something waits for (`sent`, `retrying`) are in it. Before, its leading
 /// `state` made it a candidate for the compare-and-set `UPDATE … WHERE id = $1 AND
 /// state = $3`; on a fresh database, whose statistics still said "empty table", the
@@ -305,9 +305,9 @@ CREATE INDEX tasks_due ON tasks (state, next_attempt_at) WHERE state IN ('sent',
 ALTER TABLE tasks SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05);
 "#;
 
-/// The lane engine (issue 8): when a task last went into `sent` (its in-flight age, R37;
+/// The lane engine: when a task last went into `sent` (its in-flight age for the watchdog;
 /// offering it again does not move it), and whether any attempt may have printed (no
-/// automatic failover then, R25). A task in flight at the upgrade counts from its last
+/// automatic failover then). A task in flight at the upgrade counts from its last
 /// change. Both columns are added without a table rewrite (a constant default).
 const V8_LANES: &str = r#"
 ALTER TABLE tasks ADD COLUMN sent_at BIGINT, ADD COLUMN may_have_printed BOOLEAN NOT NULL DEFAULT false;
@@ -315,7 +315,7 @@ UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
 UPDATE tasks SET may_have_printed = true WHERE state = 'in_doubt' OR last_error = 'in_doubt';
 "#;
 
-/// Set-up changes (issue 8): printers can be disabled; API keys live in a table of their
+/// Set-up changes: printers can be disabled; API keys live in a table of their
 /// own, with ids, so that a tenant has several and can revoke them; agent tokens get ids
 /// and can be revoked; every set-up change leaves a row in `setup_events`, read newest
 /// first per tenant through `setup_events_by_tenant`.
@@ -380,7 +380,7 @@ const V11_MQTT_LOGINS: &str = r#"
 ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
 "#;
 
-/// Operators (issue 10): people who log in to the console, per tenant, with an argon2id
+/// Operators: people who log in to the console, per tenant, with an argon2id
 /// password hash; `stores` is the JSON array of a staff member's stores. Sessions keep only
 /// the SHA-256 of the secret the browser (cookie) or API client (operator token) holds.
 const V12_OPERATORS: &str = r#"
@@ -409,7 +409,7 @@ CREATE TABLE operator_sessions (
 CREATE INDEX operator_sessions_by_operator ON operator_sessions (tenant_id, operator_id);
 "#;
 
-/// Retention (issue 11, R39): finished tasks older than `retention_days` are pruned. A
+/// Retention: finished tasks older than `retention_days` are pruned. A
 /// pruned task's row moves to `task_tombstones` without its content (its audit events are
 /// deleted), keeping its idempotency key unique there, so that a late replay finds it and
 /// is answered with its final state, and its day's reconciliation still counts it. The
@@ -475,7 +475,7 @@ END
 $$;
 "#;
 
-/// Order across broker nodes (issue 12, R23): lanes order by (priority, seq) instead of
+/// Order across broker nodes: lanes order by (priority, seq) instead of
 /// (priority, id). Task ids are minted per node from its own clock, so two tickets for one
 /// printer submitted one after the other to two nodes whose clocks differ could get ids in
 /// the wrong order. `seq` comes from one database sequence: a task inserted after another
@@ -510,7 +510,7 @@ CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, seq)
     WHERE state IN ('pending', 'sent', 'retrying');
 "#;
 
-/// Several nodes on one database (issue 12). A lease names a job that must run on one node
+/// Several nodes on one database. A lease names a job that must run on one node
 /// at a time (the sweeper, the push drivers, alert delivery, ...): `token` increases on
 /// every change of holder and is the fencing token of the holder's work; `expires_at` is
 /// in the holders' clocks, which must agree to well within a lease's time to live.
@@ -539,7 +539,7 @@ CREATE TABLE agent_sessions (
 CREATE INDEX agent_sessions_by_heard ON agent_sessions (heard_at);
 "#;
 
-/// Flat cost (issue 13): the watchdog measures every lane with work every few seconds
+/// Flat cost: the watchdog measures every lane with work every few seconds
 /// (`delivery::LANE_STATS`: waiting tasks, the oldest one's age, the one in flight). It
 /// read the active tasks through a bitmap scan of `tasks_lane` and the table, hashed and
 /// sorted them: with 100,000 tasks waiting, 190 ms of three processes every five seconds.
@@ -554,7 +554,7 @@ CREATE INDEX tasks_lane ON tasks (tenant_id, printer_id, priority, seq) INCLUDE 
     WHERE state IN ('pending', 'sent', 'retrying');
 "#;
 
-/// Many stores (issue 13): every long poll reads the lanes of its store's printers, and
+/// Many stores: every long poll reads the lanes of its store's printers, and
 /// without an index by store that read went through every printer of the database (10,000
 /// idle agents, one per store, cost a core). `id` last, so a store's lanes come in printer
 /// order from the index without a sort. Plain indexes: brokers of the previous version are
@@ -564,7 +564,7 @@ CREATE INDEX printers_by_store ON printers (tenant_id, store_id, id);
 CREATE INDEX stations_by_store ON stations (tenant_id, store_id);
 "#;
 
-/// Offline operation (issue 14). LAN keys are store credentials the store agent checks on
+/// Offline operation. LAN keys are store credentials the store agent checks on
 /// its LAN listener; they live in `agent_tokens` beside the agent tokens, told apart by
 /// `kind`, so that one mechanism creates, lists, revokes and audits both. The column has a
 /// default, so a broker of version 17 inserting an agent token names no kind and gets
@@ -587,7 +587,7 @@ CREATE TABLE task_aliases (
 CREATE INDEX task_aliases_by_task ON task_aliases (task_id);
 "#;
 
-/// The device log digest (issue 14): each store agent reports every task's latest journal
+/// The device log digest: each store agent reports every task's latest journal
 /// record, kept as one row per (tenant, store, task id) and replaced by a later record.
 /// Reconciliation reads a store's rows by task id range, which is the primary key; the ids
 /// compare in the "C" collation as `tasks.id` does, so the range is the creation-time range
@@ -608,7 +608,7 @@ CREATE TABLE device_log (
 );
 "#;
 
-/// A paper-out pauses the lane (issue 15): a task counts the offers its printer refused
+/// A paper-out pauses the lane: a task counts the offers its printer refused
 /// with a status that proves nothing printed, which do not spend `max_attempts`; a printer
 /// keeps since when such a state holds its lane, for station failover and the console;
 /// a station may have its own failover threshold.
@@ -622,7 +622,7 @@ UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#;
 
-/// Lanes progress by time (R44): the sweeper looks every second at the printers whose
+/// Lanes progress by time: the sweeper looks every second at the printers whose
 /// lane is paused (a printer that fell silent among them) to move their tickets on when
 /// the printer says nothing; this index holds only those. Additive.
 const V21_PAUSED_PRINTERS: &str = r#"

@@ -1,5 +1,5 @@
 //! Reconciliation reads for PostgreSQL: a store's tasks created in a time range and the
-//! ledger entries of its tasks written in one (R28).
+//! ledger entries of its tasks written in one.
 //!
 //! Both are plain range reads through an index. Task ids sort by creation time in byte
 //! order, which is the "C" collation of `tasks.id`; a bound passed as a parameter takes

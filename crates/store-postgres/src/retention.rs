@@ -1,4 +1,4 @@
-//! Retention for PostgreSQL (R39): finding the finished tasks that may be pruned, pruning
+//! Retention for PostgreSQL: finding the finished tasks that may be pruned, pruning
 //! a batch of them into tombstones, and reading tombstones back.
 //!
 //! A prune is one short transaction per batch: lock the tasks that are still as they were

@@ -7,7 +7,7 @@
 //!    already exist (`ON CONFLICT … DO NOTHING`), and — through data-modifying CTEs that
 //!    read the inserted ids — the creation event and the ledger charge of exactly the
 //!    tasks it inserted. A single statement is a single transaction, so a task is never
-//!    visible without its event and its charge (R6), and the commit is durable when the
+//!    visible without its event and its charge, and the commit is durable when the
 //!    statement returns.
 //! 2. Only if some keys were skipped, one read fetches their rows. It runs as a separate
 //!    statement on purpose: it needs a snapshot taken after the insert waited for any

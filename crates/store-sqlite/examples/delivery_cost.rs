@@ -1,6 +1,6 @@
 //! CPU cost of the SQLite writer per printed task, without HTTP, the agent or printers in
 //! the way: the store's side of the delivery loop that `POST /v1/agent/acks` runs when
-//! acks hand out the next job (docs/BENCHMARKS.md, session 16). N tasks over P printers
+//! acks hand out the next job (docs/BENCHMARKS.md, "Printed tasks per second"). N tasks over P printers
 //! are submitted first (not measured); then every printer's head is handed out
 //! (`pending` → `sent`), and in rounds of K acks (K printers whose jobs just printed, as
 //! one ack request carries them) the store reads what the acks are decided on with the

@@ -1,4 +1,4 @@
-//! Online backup of a broker's SQLite database (`onceprint backup`, R39), with SQLite's
+//! Online backup of a broker's SQLite database (`onceprint backup`), with SQLite's
 //! backup API, while the broker runs and writes.
 //!
 //! The whole database is copied in a single backup step. That step reads under one read

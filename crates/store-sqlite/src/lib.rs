@@ -15,6 +15,14 @@
 //! This crate must never decide domain rules (duplicates are decided by the unique
 //! constraint, legality of transitions by `onceprint-core`) and must never answer a
 //! caller before the commit that carries its write.
+//!
+//! Where things are: retention's SQL (`retention.rs`: prunable tasks, a batch pruned into
+//! `task_tombstones` as one writer job); the device log (`device_log.rs`: agents' records
+//! upserted in one writer job, read by task id range); the online backup (`backup.rs`:
+//! SQLite's backup API in one step under one read transaction, checked, written beside the
+//! target and renamed); SQLite's memory (`memory.rs`: set before the first connection of the
+//! process; SQLite allocates through Rust's global allocator and keeps no memory statistics,
+//! whose global mutex every allocation of the writer took).
 
 pub mod backup;
 mod device_log;
@@ -124,7 +132,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // promise behind a 201). Statement and savepoint journals in memory: every write job
     // runs in a savepoint and every INSERT with several indexes inside a transaction opens
     // a statement journal, which past 64 KiB spilled to a temporary file; those pwrites were
-    // 45 % of the writer thread's time at intake (perf, issue 13). They only serve a rollback
+    // 45 % of the writer thread's time at intake (perf). They only serve a rollback
     // inside a transaction, never recovery, so memory loses nothing on a crash.
     conn.execute_batch(
         "PRAGMA journal_mode=WAL;
@@ -1057,7 +1065,7 @@ mod tests {
         assert_eq!(sql::lane(&conn, "t", "p").expect("lane").waiting.map(|t| t.task_id).as_deref(), Some("T1"));
     }
 
-    /// The lane reads find their tasks through `tasks_lane` (R12: never a scan of the
+    /// The lane reads find their tasks through `tasks_lane` (never a scan of the
     /// backlog): the predicate they repeat (`sql::IN_LANE`) must be the index's own, and
     /// a write of `tasks` must not build a temporary B-tree for it (migration 21).
     #[test]

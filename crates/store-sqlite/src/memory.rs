@@ -2,7 +2,7 @@
 //!
 //! The writer thread is intake's bottleneck on SQLite, and a tenth of its time went to
 //! SQLite's own allocations: glibc's `malloc` (SQLite's default), each call wrapped in
-//! SQLite's global memory-statistics mutex (perf, issue 13). Here SQLite allocates through
+//! SQLite's global memory-statistics mutex (perf). Here SQLite allocates through
 //! Rust's global allocator instead (mimalloc in the `onceprint` binary), and keeps no
 //! memory statistics, which nothing in onceprint reads (no soft heap limit is set).
 //!

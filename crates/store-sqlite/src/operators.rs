@@ -1,4 +1,4 @@
-//! The SQL of operators and their sessions on SQLite (issue 10): accounts with their
+//! The SQL of operators and their sessions on SQLite: accounts with their
 //! argon2id password hashes, login sessions and operator tokens (only their SHA-256), and
 //! revocation. Creating an operator and revoking an operator's sessions are set-up
 //! changes and write their audit row in the same savepoint.

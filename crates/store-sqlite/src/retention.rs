@@ -1,4 +1,4 @@
-//! Retention for SQLite (R39): finding the finished tasks that may be pruned, pruning a
+//! Retention for SQLite: finding the finished tasks that may be pruned, pruning a
 //! batch of them into tombstones, and reading tombstones back.
 //!
 //! A prune runs on the writer thread like every write, as one job: the batch's audit

@@ -69,11 +69,11 @@ CREATE TABLE tasks (
     created_at      INTEGER NOT NULL,
     updated_at      INTEGER NOT NULL,
     printed_at      INTEGER,
-    -- The final judge of duplicates (R2, R5).
+    -- The final judge of duplicates.
     UNIQUE (tenant_id, target, biz_no, print_type),
     FOREIGN KEY (tenant_id, printer_id) REFERENCES printers(tenant_id, id)
 );
--- Due work is found through this index, never a scan (R12).
+-- Due work is found through this index, never a scan.
 CREATE INDEX tasks_due ON tasks(state, next_attempt_at);
 CREATE INDEX tasks_by_store ON tasks(tenant_id, store_id, id);
 CREATE INDEX tasks_by_tenant ON tasks(tenant_id, id);
@@ -95,20 +95,20 @@ CREATE TABLE ledger (
     kind      TEXT NOT NULL CHECK (kind IN ('charge', 'refund')),
     amount    INTEGER NOT NULL,
     at        INTEGER NOT NULL,
-    -- One charge per task, one refund at most (R6). Without a rowid the key is the
+    -- One charge per task, one refund at most. Without a rowid the key is the
     -- table itself: one B-tree less to write per accepted task.
     PRIMARY KEY (task_id, kind)
 ) WITHOUT ROWID;
 "#,
-    // Delivery (issue 3): who a delivery was handed to, the lane index, and the rule that
-    // a printer has at most one task in flight (R23), enforced by the database itself.
+    // Delivery: who a delivery was handed to, the lane index, and the rule that
+    // a printer has at most one task in flight, enforced by the database itself.
     r#"
 ALTER TABLE tasks ADD COLUMN sent_to TEXT;
 ALTER TABLE tasks ADD COLUMN sent_session TEXT;
 CREATE UNIQUE INDEX tasks_one_in_flight_per_printer ON tasks(tenant_id, printer_id) WHERE state = 'sent';
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, id) WHERE state IN ('pending', 'sent', 'retrying');
 "#,
-    // Operations (issue 5): reprints and successors hang on their origin task, and the
+    // Operations: reprints and successors hang on their origin task, and the
     // per-store attention list is read through its own small index.
     r#"
 ALTER TABLE tasks ADD COLUMN origin_task_id TEXT;
@@ -118,13 +118,13 @@ ALTER TABLE tasks ADD COLUMN successor_task_id TEXT;
 CREATE INDEX tasks_by_origin ON tasks(origin_task_id) WHERE origin_task_id IS NOT NULL;
 CREATE INDEX tasks_attention ON tasks(tenant_id, store_id, updated_at) WHERE state IN ('failed', 'in_doubt');
 "#,
-    // Reconciliation (issue 5): a store's business day starts at its local midnight, and
+    // Reconciliation: a store's business day starts at its local midnight, and
     // the day's ledger is read through an index on time.
     r#"
 ALTER TABLE stores ADD COLUMN utc_offset_minutes INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX ledger_by_time ON ledger(tenant_id, at);
 "#,
-    // Alerts (issue 5): webhook endpoints, the outbox written in the same transaction as
+    // Alerts: webhook endpoints, the outbox written in the same transaction as
     // the change it reports, and one delivery row per event and endpoint.
     r#"
 CREATE TABLE webhooks (
@@ -170,9 +170,9 @@ UPDATE stores
                   || printf('%02d:%02d', abs(utc_offset_minutes) / 60, abs(utc_offset_minutes) % 60)
  WHERE utc_offset_minutes <> 0;
 "#,
-    // The lane engine (issue 8): when a task last went into `sent` (its in-flight age, R37;
+    // The lane engine: when a task last went into `sent` (its in-flight age for the watchdog;
     // offering it again does not move it), and whether any attempt may have printed (no
-    // automatic failover then, R25). A task in flight at the upgrade counts from its last
+    // automatic failover then). A task in flight at the upgrade counts from its last
     // change.
     r#"
 ALTER TABLE tasks ADD COLUMN sent_at INTEGER;
@@ -180,7 +180,7 @@ ALTER TABLE tasks ADD COLUMN may_have_printed INTEGER NOT NULL DEFAULT 0;
 UPDATE tasks SET sent_at = updated_at WHERE state = 'sent';
 UPDATE tasks SET may_have_printed = 1 WHERE state = 'in_doubt' OR last_error = 'in_doubt';
 "#,
-    // Set-up changes (issue 8): printers can be disabled; API keys live in a table of
+    // Set-up changes: printers can be disabled; API keys live in a table of
     // their own, with ids, so that a tenant has several and can revoke them (the key given
     // at tenant creation moves there; `tenants.api_key_hash` keeps it for brokers of the
     // previous version and is overwritten when that key is revoked); agent tokens get ids
@@ -217,7 +217,7 @@ CREATE TABLE setup_events (
 );
 CREATE INDEX setup_events_by_tenant ON setup_events(tenant_id, id);
 "#,
-    // Printers that call the broker (CloudPRNT, Epson Server Direct Print, MQTT; issue 9)
+    // Printers that call the broker (CloudPRNT, Epson Server Direct Print, MQTT)
     // log in with a user name and a random password; only its SHA-256 is kept. A printer
     // has at most one login: rotating it replaces the row.
     r#"
@@ -233,11 +233,11 @@ CREATE TABLE printer_credentials (
 "#,
     // A printer that logs in to the MQTT server also keeps its password hashed the way the
     // MQTT server checks it (Mosquitto's PBKDF2-SHA512 line), so that the server's password
-    // file can be written from the database (issue 9).
+    // file can be written from the database.
     r#"
 ALTER TABLE printer_credentials ADD COLUMN mqtt_hash TEXT;
 "#,
-    // Operators (issue 10): people who log in to the console, per tenant, with an argon2id
+    // Operators: people who log in to the console, per tenant, with an argon2id
     // password hash; `stores` is the JSON array of a staff member's stores. Sessions keep
     // only the SHA-256 of the secret the browser (cookie) or API client (operator token)
     // holds; revocation is a timestamp so that the audit keeps what existed.
@@ -266,7 +266,7 @@ CREATE TABLE operator_sessions (
 );
 CREATE INDEX operator_sessions_by_operator ON operator_sessions(tenant_id, operator_id);
 "#,
-    // Retention (issue 11, R39): finished tasks older than `retention_days` are pruned.
+    // Retention: finished tasks older than `retention_days` are pruned.
     // A pruned task's row moves to `task_tombstones` without its content (its audit events
     // are deleted), keeping its idempotency key unique there, so that a late replay of the
     // submission finds it and is answered with its final state instead of creating a task,
@@ -312,14 +312,14 @@ CREATE TABLE task_tombstones (
     may_have_printed  INTEGER NOT NULL,
     business_day      TEXT NOT NULL,
     pruned_at         INTEGER NOT NULL,
-    -- The key stays taken after its task is gone (R2).
+    -- The key stays taken after its task is gone.
     UNIQUE (tenant_id, target, biz_no, print_type)
 );
 CREATE INDEX task_tombstones_by_store ON task_tombstones(tenant_id, store_id, task_id);
 CREATE INDEX task_tombstones_by_origin ON task_tombstones(origin_task_id) WHERE origin_task_id IS NOT NULL;
 "#,
     // Migration 13 here, the counterpart of PostgreSQL's 14 (this backend never had
-    // PostgreSQL's migration 7, on planner statistics). Order by a sequence (issue 12, R23): lanes order by (priority, seq) instead of
+    // PostgreSQL's migration 7, on planner statistics). Order by a sequence: lanes order by (priority, seq) instead of
     // (priority, id), like PostgreSQL, where ids minted by nodes with different clocks can
     // disagree with the order of submission. Here the single writer assigns `seq` from the
     // one-row counter `task_seq` as it inserts, so a task inserted later gets a greater
@@ -346,7 +346,7 @@ END;
 DROP INDEX tasks_lane;
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq) WHERE state IN ('pending', 'sent', 'retrying');
 "#,
-    // 14 here (15 on PostgreSQL), several nodes on one database (issue 12). A lease names
+    // 14 here (15 on PostgreSQL), several nodes on one database. A lease names
     // a job that must run on one node at a time; its token increases on every change of holder (the fencing token).
     // Agent sessions are what each node heard of the agents polling it, merged by the
     // others. SQLite serves one node, so both tables only keep the code the same.
@@ -370,7 +370,7 @@ CREATE TABLE agent_sessions (
 );
 CREATE INDEX agent_sessions_by_heard ON agent_sessions(heard_at);
 "#,
-    // 15 here (16 on PostgreSQL), flat cost (issue 13): the watchdog measures every lane
+    // 15 here (16 on PostgreSQL), flat cost: the watchdog measures every lane
     // with work every few seconds (`lane_stats`: waiting tasks, the oldest one's age, the
     // one in flight). It found the active tasks through `tasks_due`, looked each up in the
     // table and sorted them by lane; with 100,000 tasks waiting that was a sort of 100,000
@@ -384,14 +384,14 @@ DROP INDEX tasks_lane;
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id, state, created_at, sent_at)
     WHERE state IN ('pending', 'sent', 'retrying');
 "#,
-    // 16 here (17 on PostgreSQL), many stores (issue 13). Every long poll reads the lanes
+    // 16 here (17 on PostgreSQL), many stores. Every long poll reads the lanes
     // of its store's printers; without an index by store that read went through every
     // printer of the database, so 10,000 idle agents (one per store) cost a core.
     r#"
 CREATE INDEX printers_by_store ON printers(tenant_id, store_id, id);
 CREATE INDEX stations_by_store ON stations(tenant_id, store_id);
 "#,
-    // 17 here (18 on PostgreSQL), offline operation (issue 14). LAN keys are store
+    // 17 here (18 on PostgreSQL), offline operation. LAN keys are store
     // credentials the store agent checks on its LAN listener; they live in `agent_tokens`
     // beside the agent tokens, told apart by `kind`, so that one mechanism creates, lists,
     // revokes and audits both. Their hash is stored with the prefix `lan:`: a broker of
@@ -411,7 +411,7 @@ CREATE TABLE task_aliases (
 );
 CREATE INDEX task_aliases_by_task ON task_aliases(task_id);
 "#,
-    // 18 here (19 on PostgreSQL): the device log digest (issue 14). Each store agent reports every
+    // 18 here (19 on PostgreSQL): the device log digest. Each store agent reports every
     // task's latest journal record; one row per (tenant, store, task id), replaced by a
     // later record. Reconciliation reads a store's rows by task id range (ids sort by
     // creation time), which is the primary key. A new table only, so a broker of the
@@ -431,7 +431,7 @@ CREATE TABLE device_log (
     FOREIGN KEY (tenant_id, store_id) REFERENCES stores(tenant_id, id)
 ) WITHOUT ROWID;
 "#,
-    // 19 here (20 on PostgreSQL): a paper-out pauses the lane (issue 15). A task counts the
+    // 19 here (20 on PostgreSQL): a paper-out pauses the lane. A task counts the
     // offers its printer refused with a status that proves nothing printed, which do not
     // spend `max_attempts`; a printer keeps since when such a state holds its lane, for
     // station failover and the console; a station may have its own failover threshold.
@@ -445,7 +445,7 @@ ALTER TABLE stations ADD COLUMN failover_after_ms INTEGER;
 UPDATE printers SET paused_since = last_seen_at
  WHERE last_error IN ('no_paper', 'cover_open', 'paper_jam', 'offline');
 "#,
-    // 20 here (none on PostgreSQL): intake without a statement journal (issue 13). The
+    // 20 here (none on PostgreSQL): intake without a statement journal. The
     // trigger of migration 13 made every INSERT into `tasks` a statement that may write
     // several rows, so each opened a statement journal inside the writer's savepoint, and
     // each release walked that in-memory journal from its start: a cost that grew with the
@@ -457,7 +457,7 @@ UPDATE printers SET paused_since = last_seen_at
 DROP TRIGGER IF EXISTS tasks_seq_default;
 "#,
     // 21 here (none on PostgreSQL, which tests an `IN` list in place): the lane index's
-    // predicate as comparisons (issue 13). SQLite evaluates `state IN (three values)`
+    // predicate as comparisons. SQLite evaluates `state IN (three values)`
     // through a temporary B-tree that it builds and drops for the old and for the new row
     // of every INSERT and UPDATE of `tasks` (partial index predicates are evaluated on
     // every write); the comparisons cost nothing. Measured on a copy of this schema, a
@@ -471,7 +471,7 @@ DROP INDEX tasks_lane;
 CREATE INDEX tasks_lane ON tasks(tenant_id, printer_id, priority, seq, store_id, state, created_at, sent_at)
     WHERE (state = 'pending' OR state = 'sent' OR state = 'retrying');
 "#,
-    // 22 (21 on PostgreSQL): lanes progress by time (R44). The sweeper looks every second
+    // 22 (21 on PostgreSQL): lanes progress by time. The sweeper looks every second
     // at the printers whose lane is paused (a printer that fell silent among them) to move
     // their tickets on when the printer says nothing; this index holds only those.
     // Additive: an older broker neither reads nor needs it.

@@ -814,7 +814,7 @@ pub fn due_tasks(c: &Connection, state: TaskState, now: i64, limit: i64) -> Stor
 /// `printer.offline` when `online` flips and `printer.paused` / `printer.resumed` when the
 /// printer's pausing state flips ([`pauses_lane`]); a printer that stops pausing has its
 /// waiting retries made due now, so the lane moves at once instead of at its next
-/// scheduled status check (issue 15).
+/// scheduled status check.
 pub fn update_printer_status(c: &Connection, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
     for u in updates {
         let before: Option<(bool, Option<String>, Option<i64>)> = c

@@ -922,7 +922,7 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
 
 /// A lane hands out its tasks in the order they were inserted (within a priority), not in
 /// id order: ids are minted by each broker node from its own clock, so a task submitted
-/// later to a node whose clock is behind can have a smaller id (R23 across nodes). Also
+/// later to a node whose clock is behind can have a smaller id (order per printer across nodes). Also
 /// within one batch, where the batch's order decides, not its keys' (an order system's
 /// tickets sent together in one batch request print in the order sent).
 pub async fn lanes_follow_insertion_not_ids(s: Arc<dyn Store>) {
@@ -1250,7 +1250,7 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
     assert_eq!((p.online, p.last_seen_at, p.last_error), (false, Some(NOW + 2), None));
 }
 
-/// Issue 15: a printer whose state turns into one that holds its lane (no paper, ...)
+/// A printer whose state turns into one that holds its lane (no paper, ...)
 /// gets `paused_since` and one `printer.paused` alert, however often it says so again
 /// (with another pausing reason too); back to ready, one `printer.resumed`, `paused_since`
 /// cleared, and its tickets waiting for it are due at once. Others' are not touched.
@@ -1331,7 +1331,7 @@ pub async fn a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_la
     assert_eq!(v["data"]["reason"], "no_paper");
 }
 
-/// R44: what waits on a printer whose lane is paused, with the pause, in lane order; not
+/// What waits on a printer whose lane is paused, with the pause, in lane order; not
 /// the task in flight, not the tickets of printers that are not paused (or no longer).
 pub async fn the_waiting_tickets_of_paused_printers_are_found_in_lane_order(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;

@@ -10,6 +10,17 @@
 //! crates. What the trait promises (atomic creation of task + audit event + ledger charge,
 //! compare-and-set transitions, the unique key as final judge) is spelled out on each
 //! method and checked by the conformance suite.
+//!
+//! Where things are: the row types include the cluster's leases and shared agent sessions,
+//! `Tombstone` (what retention keeps of a pruned task), `TokenKind` (agent tokens and LAN keys
+//! in one table; `agent_by_token_hash` finds agent tokens only), `Store::merge_offline` with
+//! its `MergePlanner` and `task_aliases` (merged, conflict, renamed), `Store::lease_row`, and
+//! `DeviceLogRecord` (a store agent's latest journal record of a task, with the order in
+//! which one record supersedes another: the stronger state, then the later time;
+//! `Store::device_log_of_aliases` reads the records under LAN ids merged into tasks).
+//! `NodeLink` (`link.rs`) carries text messages from every broker node to every node sharing
+//! the database (`Store::node_link`). The conformance suite and the idempotency property test
+//! run against every backend.
 
 mod batch;
 pub mod link;
@@ -48,7 +59,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// One database backend. All methods are safe to call concurrently.
 ///
 /// Every write is durable when the returned future resolves: callers answer HTTP clients
-/// and acknowledge messages only afterwards (R7, R22).
+/// and acknowledge messages only afterwards.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Short name for logs and metrics ("sqlite", "postgres").
@@ -174,7 +185,7 @@ pub trait Store: Send + Sync + 'static {
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>>;
 
     /// Creates tasks in one transaction, each with its first audit event and its ledger
-    /// charge (R6). A task whose key already exists — in the database or earlier in the
+    /// charge. A task whose key already exists — in the database or earlier in the
     /// same batch — is not created; its existing row is returned instead. The unique
     /// constraint on the key is the final judge, also against concurrent batches. A key
     /// whose task was pruned is answered with its tombstone (`Pruned`) and never creates a
@@ -182,7 +193,7 @@ pub trait Store: Send + Sync + 'static {
     /// are in input order.
     async fn submit_batch(&self, batch: Vec<NewTask>) -> StoreResult<Vec<SubmitOutcome>>;
 
-    /// Takes a task the store agent accepted offline (issue 14), in one transaction, with
+    /// Takes a task the store agent accepted offline, in one transaction, with
     /// the unique key as the final judge:
     /// 1. A LAN task id uploaded before answers as it did (`again`), writing nothing.
     /// 2. A key with no task and no tombstone: the task is inserted under the LAN task id
@@ -195,7 +206,7 @@ pub trait Store: Send + Sync + 'static {
     /// Never a second charge. A LAN id that names another task is `IdTaken`.
     async fn merge_offline(&self, task: OfflineTask, planner: MergePlanner) -> StoreResult<OfflineMerge>;
 
-    /// The task a LAN task id is an alias of, for the tenant (issue 14).
+    /// The task a LAN task id is an alias of, for the tenant.
     async fn task_alias(&self, tenant_id: &str, alias_id: &str) -> StoreResult<Option<TaskAlias>>;
 
     /// A task of the tenant that is kept (a pruned one is `None`; see
@@ -223,7 +234,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Several compare-and-set transitions in one transaction; one result per change, in
     /// order. A change that loses its compare-and-set, or that would put a second task of
-    /// one printer into `sent` (the one-in-flight-per-printer rule, R23, enforced by a
+    /// one printer into `sent` (the one-in-flight-per-printer rule, enforced by a
     /// unique index), is `false` and writes nothing; the others still apply.
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
@@ -267,7 +278,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The greatest task id in the database. A broker seeds its id generator with it, so a
     /// wall clock that stepped back across a restart cannot mint ids that sort before the
-    /// tasks already waiting (R23).
+    /// tasks already waiting.
     async fn max_task_id(&self) -> StoreResult<Option<String>>;
 
     /// Writes an alert that belongs to no state change (`printer.stalled`) to the outbox,
@@ -276,7 +287,7 @@ pub trait Store: Send + Sync + 'static {
     async fn record_alert(&self, event: &OutboxEvent) -> StoreResult<()>;
 
     /// Tasks in `state` whose `next_attempt_at` has passed, oldest deadline first, found
-    /// through the (state, next_attempt_at) index (R12). For `sent` tasks that column holds
+    /// through the (state, next_attempt_at) index. For `sent` tasks that column holds
     /// the delivery deadline.
     async fn due_tasks(&self, state: TaskState, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<Task>>;
 
@@ -284,7 +295,7 @@ pub trait Store: Send + Sync + 'static {
     /// (`paused_since` set: no paper, cover open, paper jam, offline — a printer that called
     /// in and fell silent among them), with each printer's pause, in lane order per printer,
     /// at most `limit`. The sweeper moves them on by time when the printer says nothing:
-    /// a station's failover threshold, the print type's `max_wait_ms` (R44). Through the
+    /// a station's failover threshold, the print type's `max_wait_ms`. Through the
     /// partial index of paused printers, then a probe of `tasks_lane` per printer.
     async fn waiting_on_paused_printers(&self, limit: i64) -> StoreResult<Vec<PausedWait>>;
 
@@ -296,12 +307,12 @@ pub trait Store: Send + Sync + 'static {
     /// already fails with `AlreadyExists` and writes nothing.
     async fn apply_manual(&self, change: &ManualChange) -> StoreResult<bool>;
 
-    /// Failed and in-doubt tasks of a store, oldest change first (R27).
+    /// Failed and in-doubt tasks of a store, oldest change first.
     async fn attention(&self, tenant_id: &str, store_id: &str, limit: i64) -> StoreResult<Vec<Task>>;
 
     /// Kept tasks of a store whose id lies in `[from_id, to_id)`. Task ids sort by creation
     /// time, so this is "created in a time range", read through the (tenant, store, id)
-    /// index (R28). Pruned tasks are not among them; reconciliation reads them with
+    /// index. Pruned tasks are not among them; reconciliation reads them with
     /// [`Store::tasks_and_tombstones_created_between`].
     async fn tasks_created_between(
         &self,
@@ -311,7 +322,7 @@ pub trait Store: Send + Sync + 'static {
         to_id: &str,
     ) -> StoreResult<Vec<Task>>;
 
-    /// Ledger entries of a store's tasks written in `[from, to)` (R28), pruned tasks'
+    /// Ledger entries of a store's tasks written in `[from, to)`, pruned tasks'
     /// entries included.
     async fn ledger_between(
         &self,
@@ -325,7 +336,7 @@ pub trait Store: Send + Sync + 'static {
     /// takes the number, and key, of a pruned one).
     async fn reprint_count(&self, task_id: &str) -> StoreResult<i32>;
 
-    // Retention (R39). Finished tasks are pruned in small batches: each task's content and
+    // Retention. Finished tasks are pruned in small batches: each task's content and
     // audit events are deleted and its row replaced by a tombstone in one transaction; the
     // ledger is never touched.
 
@@ -367,7 +378,7 @@ pub trait Store: Send + Sync + 'static {
         to_id: &str,
     ) -> StoreResult<(Vec<Task>, Vec<Tombstone>)>;
 
-    /// Stores store agents' device log records (issue 14), one row per (tenant, store,
+    /// Stores store agents' device log records, one row per (tenant, store,
     /// task id), in one transaction: a record replaces the stored one only when it
     /// [supersedes](DeviceLogRecord::supersedes) it, so uploading the same records again
     /// changes nothing and the outcome does not depend on the order of uploads. Several
@@ -424,7 +435,7 @@ pub trait Store: Send + Sync + 'static {
         Ok(applied)
     }
 
-    /// Registers a webhook endpoint for alerts (R27).
+    /// Registers a webhook endpoint for alerts.
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook>;
     async fn list_webhooks(&self, tenant_id: &str) -> StoreResult<Vec<Webhook>>;
     /// Delivery attempts of one endpoint, newest event first. `None` when the endpoint is

@@ -196,7 +196,7 @@ pub struct Printer {
     pub last_error: Option<String>,
     /// Since when the printer's own state (no paper, cover open, paper jam, offline)
     /// holds its lane: set when `last_error` turns into one of them, cleared when it
-    /// turns into anything else (issue 15). A station fails over to its backup once
+    /// turns into anything else. A station fails over to its backup once
     /// this is older than the broker's station threshold.
     pub paused_since: Option<Millis>,
     pub created_at: Millis,
@@ -264,12 +264,12 @@ pub struct Station {
     pub printers: Vec<String>,
     /// How long the primary (or the printer a ticket is on) may be paused by no paper,
     /// cover open, paper jam or offline before the station's tickets move to the next
-    /// printer (issue 15); `None`: the broker's `station_failover_after_ms`.
+    /// printer; `None`: the broker's `station_failover_after_ms`.
     pub failover_after_ms: Option<i64>,
     pub created_at: Millis,
 }
 
-/// What a store credential kept in the agent-token table is for (issue 14). Agent tokens
+/// What a store credential kept in the agent-token table is for. Agent tokens
 /// and LAN keys are one mechanism — created with a hash, listed, revoked, audited — and
 /// differ only in who checks them: the broker checks agent tokens, the store agent checks
 /// LAN keys on its LAN listener (from the hashes it caches). A LAN key authenticates
@@ -368,7 +368,7 @@ pub struct NewTask {
     pub fingerprint: String,
     /// Who submitted it, for the audit trail (`tenant:ID`).
     pub actor: String,
-    /// Amount charged in the ledger (R6), in the tenant's billing unit; 0 writes no charge
+    /// Amount charged in the ledger, in the tenant's billing unit; 0 writes no charge
     /// (a transferred task's successor: the order was charged once already).
     pub charge: i64,
     pub now: Millis,
@@ -380,11 +380,11 @@ pub struct NewTask {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OriginKind {
-    /// A numbered reprint of the origin task (R26).
+    /// A numbered reprint of the origin task.
     Reprint,
-    /// An operator moved the origin task to another printer (R26).
+    /// An operator moved the origin task to another printer.
     Transfer,
-    /// The station's primary could not print; the origin task moved to a backup (R25).
+    /// The station's primary could not print; the origin task moved to a backup.
     Failover,
 }
 
@@ -530,7 +530,7 @@ impl SubmitOutcome {
     }
 }
 
-/// What is left of a finished task after retention pruned it (R39): the task row as it
+/// What is left of a finished task after retention pruned it: the task row as it
 /// ended, without its content and its audit trail, kept so that a late replay of the same
 /// submission is still answered with the task and its final state (never a new task or a
 /// second charge), and so that the task still counts in its day's reconciliation. Its
@@ -596,15 +596,15 @@ pub struct Task {
     pub sent_session: Option<String>,
     /// When the task last went into `sent` from a waiting state; offering it again to a
     /// claimant does not move it, so `now - sent_at` is how long the lane has been busy
-    /// with this task (the in-flight age of R37).
+    /// with this task (its in-flight age, which the lane watchdog reads).
     pub sent_at: Option<Millis>,
     /// Some attempt of this task may have put paper out without proof either way (it ended
     /// in doubt, or with an error after sending). Such a task is never moved to another
-    /// printer automatically (R25).
+    /// printer automatically.
     pub may_have_printed: bool,
     /// Offers its printer refused with a status that pauses the lane (no paper, cover
     /// open, paper jam, offline): `attempts - refusals` deliveries reached the printer,
-    /// and only those count against the print type's `max_attempts` (issue 15).
+    /// and only those count against the print type's `max_attempts`.
     pub refusals: i32,
     /// The task this one reprints or continues (see [`OriginKind`]).
     pub origin_task_id: Option<String>,
@@ -676,7 +676,7 @@ pub fn prefix_upper_bound(prefix: &str) -> Option<String> {
     None
 }
 
-/// One line of the audit trail (R8). `from` is `None` for the creation event.
+/// One line of the audit trail. `from` is `None` for the creation event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskEvent {
     pub at: Millis,
@@ -722,7 +722,7 @@ pub struct Transition {
     pub event: Option<OutboxEvent>,
 }
 
-/// An alert (R27) for the tenant's webhook endpoints, written in the same transaction as
+/// An alert for the tenant's webhook endpoints, written in the same transaction as
 /// the change it reports and delivered later from the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
@@ -808,7 +808,7 @@ pub struct PrinterStatusUpdate {
 }
 
 /// Printer states (`last_error`) in which the printer's lane waits for the printer: it
-/// cannot print anything until a person or the network fixes it (issue 15).
+/// cannot print anything until a person or the network fixes it.
 pub const PAUSING_ERRORS: [&str; 4] = ["no_paper", "cover_open", "paper_jam", "offline"];
 
 /// Whether a printer in this state holds its lane (see [`PAUSING_ERRORS`]).
@@ -859,7 +859,7 @@ pub struct Lane {
     pub waiting: Option<Task>,
 }
 
-/// The figures of one printer's lane, for the watchdog and `/metrics` (R37).
+/// The figures of one printer's lane, for the watchdog and `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneStats {
     pub tenant_id: String,
@@ -873,7 +873,7 @@ pub struct LaneStats {
     pub in_flight_since: Option<Millis>,
 }
 
-/// Who made a set-up change and what it changed (R30). Every set-up write carries one;
+/// Who made a set-up change and what it changed. Every set-up write carries one;
 /// the store writes it as a row of the set-up audit in the same transaction as the
 /// change, with the object and the action that the change itself is, so that the audit
 /// cannot name another object than the one changed.
@@ -895,9 +895,9 @@ pub enum SetupObject {
     Station,
     AgentToken,
     ApiKey,
-    /// A person's console login (issue 10).
+    /// A person's console login.
     Operator,
-    /// A store-local submission key, checked by the store agent (issue 14).
+    /// A store-local submission key, checked by the store agent.
     LanKey,
 }
 
@@ -957,7 +957,7 @@ pub struct SetupEvent {
     pub detail: serde_json::Value,
 }
 
-/// What an operator may see and do (R30, R40): `staff` only in the stores they are bound
+/// What an operator may see and do: `staff` only in the stores they are bound
 /// to, `manager` in every store of the tenant, and managers also create operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1088,7 +1088,7 @@ pub struct LeaseRow {
     pub expires_at: Millis,
 }
 
-/// One agent session as a broker node heard it (issue 12), written to `agent_sessions` by
+/// One agent session as a broker node heard it, written to `agent_sessions` by
 /// every node of a cluster and merged by the others, so that a node knows the agents that
 /// poll the other nodes. Times are milliseconds of the writing node's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1170,7 +1170,7 @@ pub enum OfflineMerge {
     IdTaken,
 }
 
-/// A LAN task id kept as another name of a task (issue 14).
+/// A LAN task id kept as another name of a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskAlias {
     pub alias_id: String,
@@ -1180,7 +1180,7 @@ pub struct TaskAlias {
     pub created_at: Millis,
 }
 
-/// What a store agent's journal says happened to a task in the end (issue 14, the device
+/// What a store agent's journal says happened to a task in the end (the device
 /// log digest), as the agent reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1210,7 +1210,7 @@ impl DeviceLogState {
     }
 }
 
-/// One task's latest record in a store agent's journal (issue 14), kept per (tenant, store,
+/// One task's latest record in a store agent's journal, kept per (tenant, store,
 /// task id): what the device side says of the task, for reconciliation against the
 /// broker's own state. It changes no task; it is only compared.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -79,7 +79,7 @@ pub struct FaultsReport {
     pub drained: bool,
     pub drain_seconds: f64,
     pub drain_timeout_seconds: f64,
-    /// The lanes as `/metrics` showed them during the run (R37's watchdog, from outside).
+    /// The lanes as `/metrics` showed them during the run (the lane watchdog, from outside).
     pub lanes: crate::faults::watch::LaneWatch,
     pub verdict: Verdict,
     /// Every `in_doubt`, by the cause its reason names, and those that nothing the run

@@ -1,4 +1,5 @@
-//! The lane watch of a fault run: the watchdog invariant of R37, measured from outside.
+//! The lane watch of a fault run: the watchdog's rule (no reachable printer's lane with work and no progress),
+//! measured from outside.
 //! While faults happen and while the lanes drain, the broker's `/metrics` is read twice a
 //! second; the run records the longest time any printer's task was in flight, and every
 //! printer the broker reported as stalled (`onceprint_lane_stalled 1`, which it raises

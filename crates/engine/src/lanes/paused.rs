@@ -1,4 +1,4 @@
-//! Lanes that progress by time (R44): the tickets of a printer that says nothing.
+//! Lanes that progress by time: the tickets of a printer that says nothing.
 //!
 //! A printer whose lane is paused — out of paper, cover open, jammed, or offline because
 //! it stopped calling in (`transport::polled`) or its MQTT device left — may never report

@@ -1,6 +1,6 @@
 //! The `agent` transport (pull): store agents long-poll for the deliveries of their store's
-//! agent printers and acknowledge what the printer said (CONTRACT.md, store agent
-//! protocol). Send = hand out on a poll (`claim`), query = offer again to the same agent
+//! agent printers and acknowledge what the printer said (docs/API.md, "The store agent
+//! protocol"). Send = hand out on a poll (`claim`), query = offer again to the same agent
 //! id, whose journal answers, verify = the agent's token (checked by the HTTP layer).
 //!
 //! A poll names the agent id and its session (one per agent process). A session older

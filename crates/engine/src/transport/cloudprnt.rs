@@ -33,8 +33,9 @@ pub enum Mode {
 
 /// The media types the broker offers, in its order of preference: the print area as an
 /// image for every job, and plain text only for a job that is plain ASCII text (a Star
-/// printer prints `text/plain` as it is, in its own font and code page: FIELD-NOTES "What
-/// real printers expect"). The text type carries no parameter: some firmware refuses
+/// printer prints `text/plain` as it is, in its own font and code page: Star CloudPRNT
+/// Protocol Guide, "Print job requests (GET)"; docs/PRINTERS.md). The text type carries no
+/// parameter: some firmware refuses
 /// `; charset=…` in it.
 pub const MEDIA_TYPES: [&str; 2] = ["image/png", "text/plain"];
 

@@ -1,4 +1,4 @@
-//! Printer transports (R15, R33): how the broker reaches a printer, one module per kind on
+//! Printer transports: how the broker reaches a printer, one module per kind on
 //! the one lane engine (`crate::lanes`).
 //!
 //! A printer's transport is a typed, serde-tagged [`TransportConfig`], parsed once where
@@ -342,9 +342,9 @@ impl TransportConfig {
                 if let Some(s) = &w.status_url {
                     check_url("transport.status_url", s)?;
                 }
-                // The minimum counts characters, as the OpenAPI document's `minLength` does
-                // (a short secret of multi-byte characters is refused by both alike).
-                if w.secret.expose().chars().count() < 16 || w.secret.expose().len() > 500 {
+                // Characters, as the OpenAPI document's `minLength` and `maxLength` count
+                // them (a short secret of multi-byte characters is refused by both alike).
+                if !(16..=500).contains(&w.secret.expose().chars().count()) {
                     return Err(CoreError::invalid(
                         "transport.secret",
                         "16–500 characters, shared with the receiver to sign jobs and callbacks",
@@ -412,7 +412,8 @@ fn check_agent_address(address: &str) -> Result<(), CoreError> {
     };
     let check_path = |path: &str| {
         let path_ok = path.starts_with('/')
-            && (2..=1024).contains(&path.len())
+            // Characters, as the OpenAPI document's pattern counts them (the agent too).
+            && (2..=1024).contains(&path.chars().count())
             && !path.chars().any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#');
         if path_ok {
             Ok(())
@@ -495,7 +496,7 @@ fn check_poll_interval(s: Option<u32>) -> Result<(), CoreError> {
 
 fn check_url(field: &str, url: &str) -> Result<(), CoreError> {
     if !(url.starts_with("http://") || url.starts_with("https://"))
-        || url.len() > 2000
+        || url.chars().count() > 2000
         || url.contains(char::is_whitespace)
     {
         return Err(CoreError::invalid(field, "must be an http:// or https:// URL"));

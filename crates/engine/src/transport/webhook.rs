@@ -1,9 +1,9 @@
-//! The `webhook` transport (push, R15–R18): the broker POSTs each job to an HTTP endpoint
+//! The `webhook` transport (push): the broker POSTs each job to an HTTP endpoint
 //! with an `Idempotency-Key` (the task's delivery key), so the receiving side prints once
 //! per key however often a delivery is repeated. A 2xx means "accepted", never "printed":
 //! the task stays `sent` until a signed callback (`POST /v1/callbacks/{printer_id}`) or the
 //! endpoint's status URL says what happened. Whichever answer comes first wins; the other
-//! finds the task finished and changes nothing (R18).
+//! finds the task finished and changes nothing.
 //!
 //! What each answer means is the webhook table of `onceprint_core::results`
 //! (docs/RESULT-CODES.md). A job that provably never reached the endpoint (the connection
@@ -11,7 +11,7 @@
 //! 429) printed nothing and is retried as a new attempt. A 5xx, 408, 429 or a connection
 //! lost after the request went out may have reached it: the attempt stays in flight,
 //! and at its deadline the status URL is asked or the same attempt is sent again with the
-//! same key (the receiver prints once per key), until it is settled in doubt (R43).
+//! same key (the receiver prints once per key), until it is settled in doubt.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The staff console at `/console/` (R40, issue 10): the pages where the people who solve
+//! The staff console at `/console/`: the pages where the people who solve
 //! the one per cent see what is wrong and fix it, on a phone or the shop's tablet.
 //!
 //! This module owns the console's routes, its login sessions in cookies with CSRF tokens

@@ -210,7 +210,7 @@ pub async fn overview(
                     String::new()
                 };
                 // A printer whose own state holds its lane says so, with for how long:
-                // its tickets wait without spending attempts (issue 15).
+                // its tickets wait without spending attempts.
                 let paused = p
                     .paused_since
                     .map(|t| format!(", {} {}", esc(lang.t("printer.paused_for")), age(lang, now - t)))
@@ -853,7 +853,7 @@ pub async fn reconciliation(
         }
         body.push_str("</ul>");
     }
-    // The device log (issue 14): one line per task, with what each side says.
+    // The device log: one line per task, with what each side says.
     for (key, list) in [
         ("recon.device_printed_broker_not", &r.device_printed_broker_not),
         ("recon.broker_printed_device_not", &r.broker_printed_device_not),

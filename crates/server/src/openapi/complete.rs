@@ -134,6 +134,11 @@ fn apply_rules(doc: &mut Value, print_types: &[String], mqtt: bool) {
         optional_may_be_null(&mut receipt);
         schemas.insert("ReceiptDocument".into(), receipt);
     }
+    if let Some(schemas) = doc.pointer_mut("/components/schemas").and_then(Value::as_object_mut) {
+        for (name, schema) in rules::components() {
+            schemas.insert(name.into(), schema);
+        }
+    }
     for (schema, keyword, rule) in rules::objects() {
         if let Some(object) = doc.pointer_mut(&format!("/components/schemas/{schema}")) {
             object[keyword] = rule;

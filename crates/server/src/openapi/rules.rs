@@ -5,15 +5,16 @@
 //! Schema what those checks accept, so that a request valid by the document is one the
 //! broker takes.
 //!
-//! What JSON Schema cannot say is in the descriptions and in the 4xx the operations list:
-//! byte lengths (`maxLength` counts characters, the broker counts UTF-8 bytes, so a string
-//! within `maxLength` may still be refused), references to objects that must exist (a
-//! `store_id` of the tenant), the receipt document's layout, and a content the target
-//! printer cannot print.
+//! Lengths are characters on both sides, as `maxLength` counts them. Rules between fields
+//! are written as `oneOf` (a target, an operator's role, a transport's kind). What JSON
+//! Schema cannot say is in the descriptions and in the 4xx the operations list: a reference
+//! to an object that does not exist (a `store_id` that is not a store of the tenant) is
+//! 404 `not_found`, as a path naming one is; the receipt document's layout and a content
+//! the target printer cannot print are 400 `invalid_content`.
 
 use serde_json::{json, Value};
 
-/// Caller-chosen ids (CONTRACT.md): 1–64 characters of `A-Za-z0-9._:-`.
+/// Caller-chosen ids (docs/API.md): 1–64 characters of `A-Za-z0-9._:-`.
 pub fn id() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9._:-]+$"})
 }
@@ -29,18 +30,25 @@ pub fn task_id() -> Value {
     json!({"type": "string", "pattern": "^[0-9A-HJKMNP-TV-Z]{26}$"})
 }
 
-/// Text that must say something: not blank, no control characters, at most `max` bytes.
-/// `maxLength` is the same number in characters, which every string over the byte limit
-/// also exceeds unless it holds non-ASCII characters.
+/// White space as the broker's checks see it (Rust's `char::is_whitespace`, Unicode's
+/// White_Space), as the body of a character class. `\s` is not used: its meaning differs
+/// between regex dialects (ECMAScript's takes U+FEFF and leaves out U+0085, Python's differs
+/// again), so a string could be blank to the document and not to the broker.
+const WHITE_SPACE: &str = "\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+
+/// Control characters as the broker's checks see them (Rust's `char::is_control`: C0, DEL,
+/// C1), as the body of a character class.
+const CONTROL: &str = "\\u0000-\\u001f\\u007f-\\u009f";
+
+/// Not blank and without control characters.
+fn not_blank() -> String {
+    format!("^[^{CONTROL}]*[^{WHITE_SPACE}{CONTROL}][^{CONTROL}]*$")
+}
+
+/// Text that must say something: not blank, no control characters, at most `max`
+/// characters (the broker counts characters too, as `maxLength` does).
 fn text(max: usize) -> Value {
-    json!({
-        "type": "string",
-        "minLength": 1,
-        "maxLength": max,
-        // Python's and ECMAScript's `\s` are (nearly) Rust's `char::is_whitespace`; the
-        // ranges are Rust's `char::is_control` (C0, DEL, C1).
-        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$",
-    })
+    json!({"type": "string", "minLength": 1, "maxLength": max, "pattern": not_blank()})
 }
 
 fn with_description(mut schema: Value, description: &str) -> Value {
@@ -56,7 +64,7 @@ fn nullable(mut schema: Value) -> Value {
 }
 
 fn name() -> Value {
-    with_description(text(200), "1–200 bytes (UTF-8) without control characters, not blank.")
+    with_description(text(200), "1–200 characters without control characters, not blank.")
 }
 
 fn profile() -> Value {
@@ -98,7 +106,7 @@ pub fn content() -> Value {
             object("text", "text", json!({"type": "string", "minLength": 1})),
             object("escpos", "data", base64()),
             object("doc", "doc", json!({"$ref": "#/components/schemas/ReceiptDocument"})),
-            object("markup", "markup", json!({"type": "string", "pattern": "\\S"})),
+            object("markup", "markup", json!({"type": "string", "pattern": format!("[^{WHITE_SPACE}]")})),
         ],
     })
 }
@@ -110,13 +118,14 @@ fn tcp_port() -> &'static str {
 /// A printer's transport, one object per `kind`; the `mqtt` kinds only where the broker
 /// has an MQTT server (`serve --mqtt-url`): elsewhere they are refused with 400.
 pub fn transport(mqtt: bool) -> Value {
-    let device_path = "/[^\\s\\u0000-\\u001f\\u007f-\\u009f?#]+";
+    // 2–1024 characters, the leading `/` included.
+    let device_path = format!("/[^{WHITE_SPACE}{CONTROL}?#]{{1,1023}}");
     let bauds = "(?:1200|2400|4800|9600|19200|38400|57600|115200|230400|460800|921600)";
     let address = format!(
         "^(?:tcp://[A-Za-z0-9._\\[\\]:-]{{1,253}}:{port}|usb://{device_path}|serial://{device_path}(?:\\?baud={bauds}(?:&flow=rtscts)?|\\?flow=rtscts)?)$",
         port = tcp_port(),
     );
-    let url = json!({"type": "string", "maxLength": 2000, "pattern": "^https?://\\S*$"});
+    let url = json!({"type": "string", "maxLength": 2000, "pattern": format!("^https?://[^{WHITE_SPACE}]*$")});
     let mac = json!({"type": "string", "pattern": "^[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}$"});
     let device_id = json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9._:-]+$"});
     let poll = json!({"type": ["integer", "null"], "minimum": 1, "maximum": 3600,
@@ -131,7 +140,7 @@ pub fn transport(mqtt: bool) -> Value {
                 "kind": kind("agent"),
                 "address": {"type": "string", "maxLength": 1100, "pattern": address,
                     "description": "`tcp://HOST:PORT`, `usb:///PATH` or `serial:///PATH[?baud=N][&flow=rtscts]`, \
-                        as seen from the store agent's machine (paths of 2–1024 bytes)."},
+                        as seen from the store agent's machine (paths of 2–1024 characters)."},
                 "profile": profile(),
             },
         }),
@@ -143,7 +152,7 @@ pub fn transport(mqtt: bool) -> Value {
                 "kind": kind("webhook"),
                 "url": url.clone(),
                 "secret": {"type": "string", "minLength": 16, "maxLength": 500,
-                    "description": "Signs jobs and callbacks: 16–500 bytes."},
+                    "description": "Signs jobs and callbacks: 16–500 characters."},
                 "status_url": nullable(url.clone()),
                 "profile": profile(),
             },
@@ -220,32 +229,40 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("CreateStore", "name", name()),
         ("CreateStore", "timezone", timezone()),
         ("CreatePrinter", "id", id()),
-        ("CreatePrinter", "store_id", with_description(id(), "A store of the tenant (else 400 `invalid_request`).")),
+        ("CreatePrinter", "store_id", with_description(id(), "A store of the tenant (else 404 `not_found`).")),
         ("CreatePrinter", "name", nullable(name())),
         ("CreatePrinter", "transport", transport(mqtt)),
         ("UpdatePrinter", "name", nullable(name())),
         ("UpdatePrinter", "transport", json!({"anyOf": [transport(mqtt), {"type": "null"}]})),
-        ("UpdatePrinter", "store_id", with_description(nullable(id()), "Only the printer's own store (else 400).")),
-        ("SwitchIn", "operator", with_description(text(200), "Who: 1–200 bytes, not blank.")),
-        ("SwitchIn", "reason", with_description(text(2000), "Why: 1–2000 bytes, not blank.")),
+        ("UpdatePrinter", "store_id", with_description(nullable(id()), "The printer's store, where it is looked up: \
+            a printer stays in the store it was registered in, so in any other store (or one that does not exist) \
+            there is no such printer (404 `not_found`).")),
+        ("SwitchIn", "operator", with_description(text(200), "Who: 1–200 characters, not blank.")),
+        ("SwitchIn", "reason", with_description(text(2000), "Why: 1–2000 characters, not blank.")),
         ("CreateStation", "id", id()),
-        ("CreateStation", "store_id", id()),
-        ("CreateStation", "printers", ids()),
-        ("UpdateStation", "printers", ids()),
+        ("CreateStation", "store_id", with_description(id(), "A store of the tenant (else 404 `not_found`).")),
+        ("CreateStation", "printers", with_description(ids(), "Printers of the station's store, the primary first \
+            (a printer that is not one of that store's is 404 `not_found`).")),
+        ("UpdateStation", "printers", with_description(ids(), "Printers of the station's store, the primary first \
+            (a printer that is not one of that store's is 404 `not_found`).")),
         ("SubmitTask", "biz_no", with_description(
-            json!({"type": "string", "minLength": 1, "maxLength": 128,
-                "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"}),
+            json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": not_blank()}),
             "The business number (order number, serial…): required, not blank (else 400 `missing_biz_no`, before \
-             anything else is checked), at most 128 bytes, no control characters.",
+             anything else is checked), at most 128 characters, no control characters.",
         )),
-        ("SubmitTask", "printer_id", nullable(id())),
-        ("SubmitTask", "station_id", nullable(id())),
+        ("SubmitTask", "printer_id", with_description(nullable(id()), "A printer of the tenant (else 404 `not_found`).")),
+        ("SubmitTask", "station_id", with_description(nullable(id()), "A station of the tenant (else 404 `not_found`).")),
         ("SubmitTask", "print_type", print_type()),
         ("SubmitTask", "content", content()),
-        ("ActionIn", "operator", with_description(nullable(text(200)), "Who acts: 1–200 bytes, not blank. Required \
-            with a tenant API key; with an operator token only the token's own operator id.")),
-        ("ActionIn", "reason", with_description(text(2000), "Why: 1–2000 bytes, not blank.")),
-        ("ActionIn", "printer_id", nullable(id())),
+        ("ActionIn", "operator", action_operator()),
+        ("ActionIn", "reason", action_reason()),
+        ("ActionIn", "printer_id", with_description(nullable(id()), "For `reprint`: another printer of the task's \
+            store to print the copy on (a printer that is not one of that store's is 404 `not_found`).")),
+        ("TransferIn", "operator", action_operator()),
+        ("TransferIn", "reason", action_reason()),
+        ("TransferIn", "printer_id", with_description(id(), "The printer of the task's store to print on instead (a \
+            printer that is not one of that store's is 404 `not_found`; the task's own printer is 409 \
+            `invalid_transition`).")),
         ("PollIn", "agent_id", agent_id()),
         ("PollIn", "session", session()),
         ("PollIn", "wait_ms", json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX,
@@ -285,8 +302,17 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("LanListenerClaim", "agent_id", agent_id()),
         ("OfflineTasksIn", "agent_id", agent_id()),
         ("OfflineTasksIn", "session", session()),
+        // A task that is not a valid `OfflineTaskIn` but names itself is answered `rejected`
+        // with the reason inside the 200, so that the agent stops sending it; only an item
+        // without a `task_id` to answer under fails the whole request.
         ("OfflineTasksIn", "tasks", json!({"type": "array", "maxItems": onceprint_engine::offline::MAX_TASKS,
-            "items": {"$ref": "#/components/schemas/OfflineTaskIn"}})),
+            "items": {"anyOf": [
+                {"$ref": "#/components/schemas/OfflineTaskIn"},
+                {"title": "a task the broker rejects", "type": "object", "required": ["task_id"],
+                    "properties": {"task_id": {"type": "string"}},
+                    "description": "Any other object with a `task_id`: answered `rejected`, with the reason, in the \
+                        200."},
+            ]}})),
         ("OfflineTaskIn", "content", content()),
         // Integers out of the 64-bit range cannot even be read (400 for the whole request),
         // so the document bounds them; inside the range the broker judges each task.
@@ -309,14 +335,15 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
             "items": {"$ref": "#/components/schemas/DigestRecordIn"}})),
         ("DigestRecordIn", "task_id", task_id()),
         ("DigestRecordIn", "key", with_description(text(onceprint_engine::device_log::MAX_KEY_LEN),
-            "The idempotency key the job carried: 1–1024 bytes (UTF-8) without control characters, not blank.")),
+            "The idempotency key the job carried: 1–1024 characters without control characters, not blank.")),
         ("DigestRecordIn", "printer_id", id()),
         ("DigestRecordIn", "state", json!({"type": "string",
             "enum": onceprint_store::DeviceLogState::ALL.map(onceprint_store::DeviceLogState::as_str)})),
         ("DigestRecordIn", "at", json!({"type": "integer", "minimum": 0, "maximum": i64::MAX,
             "description": "When the agent journaled the record: milliseconds since the epoch, by its clock."})),
         ("CreateWebhook", "id", id()),
-        ("CreateWebhook", "url", json!({"type": "string", "maxLength": 2000, "pattern": "^https?://\\S*$"})),
+        ("CreateWebhook", "url", json!({"type": "string", "maxLength": 2000,
+            "pattern": format!("^https?://[^{WHITE_SPACE}]*$")})),
         ("CreateWebhook", "events", json!({"type": "array", "minItems": 1,
             "items": {"type": "string", "enum": onceprint_engine::alerts::EVENT_KINDS}})),
         ("CreateWebhook", "secret", json!({"type": ["string", "null"], "minLength": 16,
@@ -324,14 +351,73 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("EpsonSdpRequest", "ConnectionType", json!({"type": "string", "enum": ["GetRequest", "SetResponse"]})),
         ("EpsonSdpRequest", "ID", with_description(nullable(id()),
             "The ID set in the printer's Web Config: the printer's `printer_id` where one is configured (else 401).")),
-        ("CreateOperator", "id", id()),
-        ("CreateOperator", "name", nullable(name())),
-        ("CreateOperator", "role", json!({"type": "string", "enum": ["staff", "manager"]})),
-        ("CreateOperator", "stores", json!({"type": ["array", "null"], "items": id(), "maxItems": 64,
-            "description": "A staff member's stores (1–64, each a store of the tenant); left out (or empty) for a \
-                manager. A staff member without stores, or a manager with stores, is 400."})),
-        ("CreateOperator", "password", json!({"type": "string", "minLength": 10, "maxLength": 256,
-            "description": "10–256 characters (at most 256 bytes). Kept only as an argon2id hash."})),
+    ]
+}
+
+/// Who takes a manual action.
+fn action_operator() -> Value {
+    with_description(
+        nullable(text(100)),
+        "Who acts: 1–100 characters, not blank. With a tenant API key it is recorded beside the key (leave it out \
+         when no person acts); with an operator token it may only be the token's own operator id (else 403).",
+    )
+}
+
+fn action_reason() -> Value {
+    with_description(text(500), "Why: 1–500 characters, not blank.")
+}
+
+/// Whole schemas the document gets from here: `(component name, schema)`. A new operator
+/// is one of two shapes by its `role`: a staff member names the stores they work in, a
+/// manager none (they see every store).
+pub fn components() -> Vec<(&'static str, Value)> {
+    let operator = |role: &str, stores: Value, required: &[&str]| {
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": required,
+            "properties": {
+                "id": with_description(id(), "The login name, unique in the tenant."),
+                "name": with_description(nullable(name()), "The name people see (defaults to the id)."),
+                "role": {"type": "string", "enum": [role]},
+                "stores": stores,
+                "password": {"type": "string", "minLength": 10, "maxLength": 256,
+                    "description": "10–256 characters. Kept only as an argon2id hash."},
+            },
+        })
+    };
+    let schema = |name: &str| format!("#/components/schemas/{name}");
+    vec![
+        (
+            "CreateOperator",
+            json!({
+                "description": "A new operator account: a `staff` member, who sees and acts on only their `stores`, \
+                    or a `manager`, who sees every store of the tenant and creates operators in the console.",
+                "oneOf": [{"$ref": schema("CreateStaffOperator")}, {"$ref": schema("CreateManager")}],
+                "discriminator": {"propertyName": "role", "mapping": {
+                    "staff": schema("CreateStaffOperator"), "manager": schema("CreateManager"),
+                }},
+            }),
+        ),
+        (
+            "CreateStaffOperator",
+            operator(
+                "staff",
+                json!({"type": "array", "items": id(), "minItems": 1, "maxItems": 64,
+                    "description": "The stores the staff member works in: 1–64 stores of the tenant (one that is \
+                        not is 404 `not_found`)."}),
+                &["id", "role", "stores", "password"],
+            ),
+        ),
+        (
+            "CreateManager",
+            operator(
+                "manager",
+                json!({"type": ["array", "null"], "maxItems": 0,
+                    "description": "A manager sees every store: left out, `null` or empty."}),
+                &["id", "role", "password"],
+            ),
+        ),
     ]
 }
 
@@ -353,6 +439,17 @@ pub fn query_parameters() -> Vec<(&'static str, &'static str, Value)> {
             "description": "The `next_cursor` of the previous page."}),
         ),
         ("/v1/setup-events", "limit", limit),
+        (
+            "/v1/render/preview",
+            "profile",
+            json!({"type": "string", "enum": onceprint_render::Profile::builtin_names(),
+                "description": "A built-in render profile (default: the document's paper at `escpos-80-gb18030`)."}),
+        ),
+        (
+            "/v1/render/preview",
+            "format",
+            json!({"type": "string", "enum": ["png", "text", "escpos"], "default": "png"}),
+        ),
         (
             "/v1/stores/{id}/reconciliation",
             "date",
@@ -376,6 +473,26 @@ pub fn query_parameters() -> Vec<(&'static str, &'static str, Value)> {
 pub fn objects() -> Vec<(&'static str, &'static str, Value)> {
     let string = json!({"type": "string"});
     vec![
+        // A change changes something: a new name or a new transport (`store_id` alone only
+        // names where the printer is).
+        (
+            "UpdatePrinter",
+            "anyOf",
+            json!([
+                {"title": "a new name", "required": ["name"], "properties": {"name": string}},
+                {"title": "a new transport", "required": ["transport"], "properties": {"transport": {"type": "object"}}},
+            ]),
+        ),
+        // A SetResponse reports results, so it carries them.
+        (
+            "EpsonSdpRequest",
+            "oneOf",
+            json!([
+                {"title": "GetRequest", "properties": {"ConnectionType": {"type": "string", "enum": ["GetRequest"]}}},
+                {"title": "SetResponse", "required": ["ResponseFile"],
+                    "properties": {"ConnectionType": {"type": "string", "enum": ["SetResponse"]}, "ResponseFile": string}},
+            ]),
+        ),
         // `biz_no` first (400 `missing_biz_no`), then a target and the content.
         ("SubmitTask", "required", json!(["biz_no", "content"])),
         (

@@ -1,4 +1,4 @@
-//! The store agent protocol (CONTRACT.md): long poll for deliveries, acknowledge outcomes.
+//! The store agent protocol (docs/API.md): long poll for deliveries, acknowledge outcomes.
 
 use std::time::Duration;
 
@@ -96,7 +96,7 @@ pub async fn acks(
     }))
 }
 
-/// Extension (issue 10): the status of the store's idle printers, as the agent read it with
+/// Extension: the status of the store's idle printers, as the agent read it with
 /// `DLE EOT` between jobs, every few seconds and at once when it changes. Each
 /// printer's `online`, `last_seen_at` and `last_error` follow (`ready` clears the error);
 /// reports on printers that are not the store's enabled agent printers are ignored. The
@@ -145,7 +145,7 @@ pub const LAN_PRINTER_HEADER: &str = "onceprint-lan-printer";
 /// pointed at the agent). The body and every answer are those of `POST /v1/print-tasks`
 /// — `missing_biz_no` first, 201 new, 200 duplicate, 422 mismatch — for the agent's
 /// tenant; the target must be a printer or station of the agent's own store (any other is
-/// answered 400 `invalid_request` as if it did not exist). A station task goes where the
+/// answered 404 `not_found`, as if it did not exist). A station task goes where the
 /// agent would print it offline: the printer named in the `Onceprint-Lan-Printer` header
 /// when it is an enabled printer of the station, else the station's first enabled printer
 /// that the agent drives, else its first enabled one. The audit trail names the agent's
@@ -156,9 +156,10 @@ pub const LAN_PRINTER_HEADER: &str = "onceprint-lan-printer";
     responses(
         (status = 201, description = "a new task was created", body = crate::dto::SubmitOut),
         (status = 200, description = "duplicate: the existing task, nothing created or charged", body = crate::dto::SubmitOut),
-        (status = 400, description = "`missing_biz_no`, or `invalid_request` (also for a target outside the \
-            agent's store)", body = ErrorBody),
+        (status = 400, description = "`missing_biz_no`, `invalid_request` or `invalid_content`", body = ErrorBody),
         (status = 401, body = ErrorBody),
+        (status = 404, description = "`not_found`: `printer_id` or `station_id` names no printer or station of the \
+            agent's store", body = ErrorBody),
         (status = 409, description = "`printer_disabled`", body = ErrorBody),
         (status = 413, body = ErrorBody),
         (status = 422, description = "`idempotency_mismatch`: same key, different content", body = ErrorBody)))]

@@ -1,4 +1,4 @@
-//! Vendor callbacks for webhook printers (R17, R18): signed printed/failed reports.
+//! Vendor callbacks for webhook printers: signed printed/failed reports.
 
 use axum::extract::State;
 

@@ -1,4 +1,4 @@
-//! The store agent's device log digest (issue 14): `POST /v1/agent/journal-digest`.
+//! The store agent's device log digest: `POST /v1/agent/journal-digest`.
 //!
 //! A route module of its own beside `agent.rs`, since it belongs to reconciliation rather
 //! than to delivery: nothing here moves a task.
@@ -13,7 +13,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::{AgentAuth, JsonBody};
 use crate::AppState;
 
-/// Extension (issue 14): the agent's account of what its printers did, each task's latest
+/// Extension: the agent's account of what its printers did, each task's latest
 /// journal record (`printed`, `in_doubt`, or `failed`), for the store's reconciliation
 /// report (`device_printed_broker_not`, `broker_printed_device_not`). At most 5000
 /// records per request. The broker keeps one record per task of the agent's store, the

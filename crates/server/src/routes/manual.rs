@@ -1,4 +1,4 @@
-//! The manual channel (R26) and the per-store attention list (R27).
+//! The manual channel and the per-store attention list.
 
 use axum::extract::State;
 
@@ -10,14 +10,14 @@ use onceprint_core::TaskId;
 use onceprint_engine::{ActionRequest, Actor};
 use onceprint_store::Task;
 
-use crate::dto::{ActionIn, ActionOut, TaskList, TaskOut};
+use crate::dto::{ActionIn, ActionOut, TaskList, TaskOut, TransferIn};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{JsonBody, Principal};
 use crate::AppState;
 
 /// Who acts, from the authentication and the body: an operator token acts as its
-/// operator (a body naming anyone else is refused); a tenant key needs the name of the
-/// person acting, recorded beside the key.
+/// operator (a body naming anyone else is refused); a tenant key acts as itself, with the
+/// name of the person acting recorded beside it when the body gives one.
 pub(crate) fn actor_of(principal: &Principal, named: Option<String>) -> Result<Actor, ApiError> {
     match principal {
         Principal::Operator(s) => match named.filter(|n| !n.is_empty()) {
@@ -27,12 +27,7 @@ pub(crate) fn actor_of(principal: &Principal, named: Option<String>) -> Result<A
             ))),
             _ => Ok(Actor::Operator(s.operator.id.clone())),
         },
-        Principal::Tenant(t) => Ok(Actor::ApiKey {
-            key_id: t.key_id.clone(),
-            name: named.ok_or_else(|| {
-                ApiError::invalid("operator: is required with an API key: say who acts (or use an operator token)")
-            })?,
-        }),
+        Principal::Tenant(t) => Ok(Actor::ApiKey { key_id: t.key_id.clone(), name: named }),
     }
 }
 
@@ -105,13 +100,15 @@ async fn act(
 ///
 /// Every manual action is audited with the authenticated actor: `operator:ID` with an
 /// operator token (a body whose `operator` names someone else is refused with 403
-/// `forbidden`), `api_key:ID` with a tenant key, the body's `operator` then standing beside
-/// it in the reason. A staff member's token reaches only their stores' tasks (others are
+/// `forbidden`), `api_key:ID` with a tenant key, the body's `operator` (when given) then
+/// standing beside it in the reason. A staff member's token reaches only their stores' tasks (others are
 /// `not_found`).
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/reprint", tag = "manual channel", request_body = ActionIn,
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 403, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such task, or `printer_id` is not a printer of the task's \
+                  store", body = ErrorBody),
               (status = 409, description = "`invalid_transition`", body = ErrorBody),
               (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn reprint(
@@ -127,7 +124,8 @@ pub async fn reprint(
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/mark-printed", tag = "manual channel", request_body = ActionIn,
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 403, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such task", body = ErrorBody),
               (status = 409, description = "`invalid_transition`", body = ErrorBody),
               (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn mark_printed(
@@ -144,7 +142,8 @@ pub async fn mark_printed(
 #[utoipa::path(post, path = "/v1/print-tasks/{task_id}/cancel", tag = "manual channel", request_body = ActionIn,
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 200, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 403, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such task", body = ErrorBody),
               (status = 409, description = "`invalid_transition`", body = ErrorBody),
               (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn cancel(
@@ -158,19 +157,21 @@ pub async fn cancel(
 
 /// Move a task that has not printed (`pending`, `retrying`, `failed`) to another printer of
 /// the same store; the original becomes `transferred` and links to the new task.
-#[utoipa::path(post, path = "/v1/print-tasks/{task_id}/transfer", tag = "manual channel", request_body = ActionIn,
+#[utoipa::path(post, path = "/v1/print-tasks/{task_id}/transfer", tag = "manual channel", request_body = TransferIn,
     security(("tenant" = []), ("operator" = [])), params(("task_id" = String, Path)),
     responses((status = 201, body = ActionOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 403, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such task, or `printer_id` is not a printer of the task's \
+                  store", body = ErrorBody),
               (status = 409, description = "`invalid_transition`", body = ErrorBody),
               (status = 410, description = "`task_pruned`: the task was pruned after the retention period", body = ErrorBody)))]
 pub async fn transfer(
     State(st): State<AppState>,
     auth: Principal,
     Path(task_id): Path<String>,
-    JsonBody(req): JsonBody<ActionIn>,
+    JsonBody(req): JsonBody<TransferIn>,
 ) -> Result<(StatusCode, Json<ActionOut>), ApiError> {
-    act(st, auth, task_id, ManualAction::Transfer, req).await
+    act(st, auth, task_id, ManualAction::Transfer, req.into()).await
 }
 
 /// Failed and in-doubt tasks of a store, with their reasons, oldest first.

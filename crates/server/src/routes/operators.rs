@@ -1,4 +1,4 @@
-//! Operators and their API sessions (R30, issue 10): accounts created with the tenant's API
+//! Operators and their API sessions: accounts created with the tenant's API
 //! key, operator tokens obtained with an operator's own password, and revocation.
 
 use axum::extract::State;
@@ -20,6 +20,7 @@ use crate::AppState;
 #[utoipa::path(post, path = "/v1/operators", tag = "operators", security(("tenant" = [])),
     request_body = CreateOperator,
     responses((status = 201, body = OperatorOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: one of `stores` is not a store of the tenant", body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create_operator(
     State(st): State<AppState>,

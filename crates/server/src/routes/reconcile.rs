@@ -1,4 +1,4 @@
-//! Daily reconciliation per store (R28): JSON, or CSV with `Accept: text/csv`.
+//! Daily reconciliation per store: JSON, or CSV with `Accept: text/csv`.
 
 use axum::extract::State;
 
@@ -91,7 +91,7 @@ pub fn report_csv(r: &Report) -> String {
     for b in &r.printed_more_than_once {
         row("printed_more_than_once", b, String::new());
     }
-    // The device log (issue 14): whether there is one, its counts, then one row per
+    // The device log: whether there is one, its counts, then one row per
     // difference with the task id as the item and the rest as `name=value` pairs. The key
     // comes last, since a business number may hold any character but a control one.
     row("device_log", "status", device_log_status(r.device_log).to_owned());

@@ -1,4 +1,4 @@
-//! Receipt previews (R32): a document in, a PNG (or text, or ESC/POS) out; and the
+//! Receipt previews: a document in, a PNG (or text, or ESC/POS) out; and the
 //! preview of a stored task as its printer would print it.
 
 use axum::extract::State;
@@ -96,7 +96,8 @@ fn preview_input(body: &[u8], st: &AppState) -> Result<(&'static str, Vec<u8>), 
 #[utoipa::path(get, path = "/v1/print-tasks/{task_id}/preview.png", tag = "receipt documents", security(("tenant" = []), ("operator" = [])),
     params(("task_id" = String, Path)),
     responses((status = 200, content_type = "image/png"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, description = "`not_found`: no such task, or a task of raw ESC/POS bytes, which has no \
+                  preview", body = ErrorBody)))]
 pub async fn task_preview(
     State(st): State<AppState>,
     auth: Principal,
@@ -121,6 +122,14 @@ pub(crate) async fn task_png(st: &AppState, task: &onceprint_store::Task) -> Res
         tokio::task::spawn_blocking(move || preview_png(&content.content_type, &content.content, profile.as_deref()))
             .await
             .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("render task: {e}")))?
-            .map_err(content_error)?;
+            .map_err(|e| match e {
+                // A task of raw ESC/POS bytes has no preview to show: nothing is there, as for
+                // a task that does not exist.
+                ContentError::NoPreview(_) => ApiError::not_found(format!(
+                    "task {:?} has no preview: its content is raw ESC/POS bytes",
+                    task.task_id
+                )),
+                e => content_error(e),
+            })?;
     Ok(png)
 }

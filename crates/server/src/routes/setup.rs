@@ -86,7 +86,9 @@ pub async fn get_store(
 #[utoipa::path(post, path = "/v1/printers", tag = "set-up", request_body = CreatePrinter,
     security(("tenant" = [])),
     responses((status = 201, body = PrinterOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: `store_id` is not a store of the tenant", body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
 pub async fn create_printer(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -107,7 +109,9 @@ pub async fn create_printer(
 #[utoipa::path(post, path = "/v1/printers/{id}/credentials", tag = "set-up",
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = PrinterCredentialsOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such printer, or the printer has no login (only \
+                  `cloudprnt`, `epson_sdp` and `mqtt` printers log in)", body = ErrorBody)))]
 pub async fn rotate_printer_credentials(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -150,7 +154,7 @@ pub async fn get_printer(
 #[utoipa::path(patch, path = "/v1/printers/{id}", tag = "set-up", request_body = UpdatePrinter,
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = PrinterOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such printer (in `store_id`, when given)", body = ErrorBody),
               (status = 409, description = "`conflict`: the printer kept changing under concurrent edits", body = ErrorBody)))]
 pub async fn update_printer(
     State(st): State<AppState>,
@@ -211,7 +215,10 @@ pub async fn enable_printer(
 #[utoipa::path(post, path = "/v1/stations", tag = "set-up", request_body = CreateStation,
     security(("tenant" = [])),
     responses((status = 201, body = StationOut), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+              (status = 401, body = ErrorBody),
+              (status = 404, description = "`not_found`: `store_id` is not a store of the tenant, or a printer is not \
+                  one of that store's", body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
 pub async fn create_station(
     State(st): State<AppState>,
     auth: TenantAuth,
@@ -241,7 +248,8 @@ pub async fn get_station(
 #[utoipa::path(patch, path = "/v1/stations/{id}", tag = "set-up", request_body = UpdateStation,
     security(("tenant" = [])), params(("id" = String, Path)),
     responses((status = 200, body = StationOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody),
+              (status = 404, description = "`not_found`: no such station, or a printer is not one of the station's \
+                  store's", body = ErrorBody),
               (status = 409, description = "`conflict`: the station kept changing under concurrent edits", body = ErrorBody)))]
 pub async fn update_station(
     State(st): State<AppState>,
@@ -298,7 +306,7 @@ pub async fn revoke_agent_token(
     Ok(Json(st.setup.revoke_agent_token(auth.caller(), &id, &token_id).await?.into()))
 }
 
-/// Extension (issue 14): create a LAN key of the store (shown once). The shop's POS sends
+/// Extension: create a LAN key of the store (shown once). The shop's POS sends
 /// it to the store agent's LAN listener (`agent --listen`), which checks it itself — also
 /// while the broker is unreachable — from the hashes it fetches with
 /// `GET /v1/agent/lan-keys`. A LAN key authenticates nothing at the broker. The body is
@@ -327,7 +335,7 @@ pub async fn create_lan_key(
     ))
 }
 
-/// Extension (issue 14): a store's LAN keys, active and revoked, oldest first (ids and
+/// Extension: a store's LAN keys, active and revoked, oldest first (ids and
 /// times, never the keys or their hashes).
 #[utoipa::path(get, path = "/v1/stores/{id}/lan-keys", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
@@ -341,7 +349,7 @@ pub async fn list_lan_keys(
     Ok(Json(LanKeyList { keys: keys.into_iter().map(Into::into).collect() }))
 }
 
-/// Extension (issue 14): revoke a LAN key. The store agent refuses it once it fetched the
+/// Extension: revoke a LAN key. The store agent refuses it once it fetched the
 /// store's keys again (`GET /v1/agent/lan-keys`), which it can only while the broker is
 /// reachable. Revoking a revoked key answers it unchanged.
 #[utoipa::path(delete, path = "/v1/stores/{id}/lan-keys/{key_id}", tag = "set-up", security(("tenant" = [])),
@@ -356,37 +364,44 @@ pub async fn revoke_lan_key(
 }
 
 /// Extension: the store agent that takes the store's LAN orders (it claimed the store's
-/// LAN listener: one agent per store); `agent_id` is null while none does. 404 only for a
-/// store the tenant does not have.
+/// LAN listener: one agent per store). While no agent holds it there is no listener to
+/// show: 404, as for a store the tenant does not have.
 #[utoipa::path(get, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, description = "`not_found`: no such store, or no agent holds its LAN listener",
+                  body = ErrorBody)))]
 pub async fn get_lan_listener(
     State(st): State<AppState>,
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    let agent_id = st.setup.lan_listener(auth.caller(), &id).await?;
-    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
+    let agent_id = st.setup.lan_listener(auth.caller(), &id).await?.ok_or_else(|| free_listener(&id))?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id: Some(agent_id) }))
+}
+
+/// The answer about a LAN listener no agent holds.
+fn free_listener(store_id: &str) -> ApiError {
+    ApiError::not_found(format!("no store agent holds the LAN listener of store {store_id:?}"))
 }
 
 /// Extension: frees the store's LAN listener so that another store agent may take it (a
 /// shop PC replaced, say); answers the agent that held it. Stop that agent's listener
 /// first: until it refreshes the store's set-up it still takes LAN orders, and if it asks
-/// before the new one it takes the listener again. Freeing a free listener answers
-/// `agent_id` null (a retried release is harmless); 404 only for an unknown store.
+/// before the new one it takes the listener again. A listener already free is 404, as
+/// after any deletion (a retried release changes nothing).
 #[utoipa::path(delete, path = "/v1/stores/{id}/lan-listener", tag = "set-up", security(("tenant" = [])),
     params(("id" = String, Path)),
     responses((status = 200, body = crate::dto::LanListenerOut), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, description = "`not_found`: no such store, or no agent holds its LAN listener",
+                  body = ErrorBody)))]
 pub async fn release_lan_listener(
     State(st): State<AppState>,
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<Json<crate::dto::LanListenerOut>, ApiError> {
-    let agent_id = st.setup.release_lan_listener(auth.caller(), &id).await?;
-    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id }))
+    let agent_id = st.setup.release_lan_listener(auth.caller(), &id).await?.ok_or_else(|| free_listener(&id))?;
+    Ok(Json(crate::dto::LanListenerOut { store_id: id, agent_id: Some(agent_id) }))
 }
 
 /// Create another API key of the calling tenant (shown once).

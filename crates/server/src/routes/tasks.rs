@@ -16,7 +16,7 @@ use crate::metrics::SubmitOutcomeLabel;
 use crate::AppState;
 
 /// Decides between `missing_biz_no` and `invalid_request` for a body that did not parse
-/// into [`SubmitTask`]: a missing or empty `biz_no` is always reported first (R1).
+/// into [`SubmitTask`]: a missing or empty `biz_no` is always reported first.
 fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return err };
     let Some(obj) = value.as_object() else {
@@ -36,8 +36,11 @@ fn refuse_unparsed(bytes: &[u8], err: ApiError) -> ApiError {
         (status = 201, description = "a new task was created", body = SubmitOut),
         (status = 200, description = "duplicate: the existing task, nothing created or charged (`\"pruned\": true` when \
             retention pruned it: its final state is answered)", body = SubmitOut),
-        (status = 400, description = "`missing_biz_no` or `invalid_request`", body = ErrorBody),
+        (status = 400, description = "`missing_biz_no`, `invalid_request`, or `invalid_content` (a receipt document \
+            that breaks a layout rule, content the target printer cannot print)", body = ErrorBody),
         (status = 401, body = ErrorBody),
+        (status = 404, description = "`not_found`: `printer_id` or `station_id` names no printer or station of the \
+            tenant", body = ErrorBody),
         (status = 409, description = "`printer_disabled`: a new task for a disabled printer (or a station whose \
             printers are all disabled); a duplicate of an existing task is still answered 200", body = ErrorBody),
         (status = 413, body = ErrorBody),
@@ -83,7 +86,7 @@ pub(crate) async fn submit_counted(
     result.map(|(status, headers, out)| (status, headers, Json(out)))
 }
 
-/// The body of one submission, with `missing_biz_no` before any other refusal (R1).
+/// The body of one submission, with `missing_biz_no` before any other refusal.
 fn parse_submission(bytes: &[u8]) -> Result<SubmitTask, ApiError> {
     parse_json(bytes).map_err(|e| refuse_unparsed(bytes, e))
 }
@@ -186,7 +189,7 @@ fn answer_of(answer: Result<onceprint_engine::SubmitAnswer, ApiError>, echo: Ech
 /// Most submissions in one batch request.
 pub const MAX_BATCH: usize = 500;
 
-/// Extension (issue 13): submit up to 500 print tasks in one request, for an order system
+/// Extension: submit up to 500 print tasks in one request, for an order system
 /// that sends an order's tickets together or catches up after an outage.
 ///
 /// Each item is the body of `POST /v1/print-tasks` and is answered as that endpoint would
@@ -280,7 +283,7 @@ pub async fn get_task(
 }
 
 /// The caller's task (or tombstone) by its id or, failing that, by a LAN task id the store
-/// agent minted for an order the broker had already (issue 14): such an id is an alias of
+/// agent minted for an order the broker had already: such an id is an alias of
 /// the task it was merged into, and answers with that task.
 async fn visible_task_or_alias(
     st: &AppState,

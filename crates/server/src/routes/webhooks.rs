@@ -1,4 +1,4 @@
-//! Webhook endpoints for alerts (R27) and their delivery attempts.
+//! Webhook endpoints for alerts and their delivery attempts.
 
 use axum::extract::State;
 
