@@ -97,7 +97,8 @@ pub struct ServeArgs {
     /// Requests one tenant may make at once above the sustained rate (default 2 × the rate).
     #[arg(long, env = "ONCEPRINT_TENANT_RATE_BURST", value_name = "REQUESTS")]
     pub tenant_rate_burst: Option<f64>,
-    /// Requests per second one store's agent token may make (default 100; 0: unlimited).
+    /// Requests per second one store's agent token may make (default 100; 0: unlimited);
+    /// acks, which finish work, are never counted or refused.
     #[arg(long, env = "ONCEPRINT_AGENT_RATE_LIMIT", value_name = "PER_SECOND")]
     pub agent_rate_limit: Option<f64>,
     /// Requests one agent may make at once above its rate (default 2 × the rate).

@@ -317,10 +317,16 @@ impl FromRequestParts<AppState> for TenantAuthForIntake {
     }
 }
 
-/// The caller presented a store agent token.
-pub struct AgentAuth(pub onceprint_store::AgentIdentity);
+/// The caller presented a store agent token. With `METERED` (the default) the request
+/// draws from the store agent's rate limit; an unmetered one (an ack) neither draws nor is
+/// refused: it finishes work the broker handed out, and refusing it would only keep a
+/// busy printer's lane waiting (docs/CONFIGURATION.md, `--agent-rate-limit`).
+pub struct AgentAuth<const METERED: bool = true>(pub onceprint_store::AgentIdentity);
 
-impl FromRequestParts<AppState> for AgentAuth {
+/// A store agent's request that is never refused for its rate: an ack.
+pub type AgentAuthUnmetered = AgentAuth<false>;
+
+impl<const METERED: bool> FromRequestParts<AppState> for AgentAuth<METERED> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
@@ -328,7 +334,7 @@ impl FromRequestParts<AppState> for AgentAuth {
         let Some(agent) = state.directory.agent_by_token_hash(&secrets::hash(token)).await? else {
             return Err(ApiError::unauthorized("unknown agent token"));
         };
-        if let Some(limiter) = &state.agent_limiter {
+        if let Some(limiter) = state.agent_limiter.as_ref().filter(|_| METERED) {
             let key = format!("{}/{}", agent.tenant_id, agent.store_id);
             limiter.check(&key, onceprint_engine::clock::now_ms()).map_err(|l| {
                 ApiError::rate_limited(

@@ -96,13 +96,25 @@ async fn a_tenant_over_its_limit_is_refused_but_its_duplicates_are_answered(app:
 async fn a_store_agent_has_a_limit_of_its_own(app: &TestApp) {
     let key = app.tenant("acme").await;
     let agent = Agent::new(app, &key, "a1", "s1").await;
+    let (status, _, body) = submit_raw(app, &key, order("K1", "noodles")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut delivered = None;
     for _ in 0..3 {
         let a = agent.poll_answer(app, 0).await;
         assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        if let Some(d) = a.body["deliveries"].as_array().and_then(|d| d.first()) {
+            delivered = Some(common::task_of(d));
+        }
     }
     let a = agent.poll_answer(app, 0).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{a:?}");
     assert_eq!(a.code(), "too_many_requests");
+    // An ack finishes work and is never refused: over its limit, the agent still reports
+    // what its printer did, and the ticket is printed.
+    let (task, attempt) = delivered.expect("the first poll handed out K1");
+    assert_eq!(agent.ack(app, &task, attempt, "printed").await, "applied");
+    let t = app.get(&format!("/v1/print-tasks/{task}"), &key).await;
+    assert_eq!(t.body["state"], "printed", "{t:?}");
     // The tenant's own calls are not the agent's: intake goes on.
     let (status, _, body) = submit_raw(app, &key, order("A1", "soup")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");

@@ -12,7 +12,7 @@ use crate::dto::{
     AckResultOut, AckResults, AcksIn, DeliveryList, DeliveryOut, PollIn, StatusIn, WatchList, WatchedOut,
 };
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{AgentAuth, JsonBody};
+use crate::extract::{AgentAuth, AgentAuthUnmetered, JsonBody};
 use crate::AppState;
 
 /// Longest accepted long-poll wait.
@@ -48,7 +48,8 @@ pub async fn poll(
     Ok(Json(DeliveryList { deliveries: deliveries.into_iter().map(DeliveryOut::from).collect() }))
 }
 
-/// Acknowledge delivery outcomes. Idempotent: an ack for an older attempt or a finished
+/// Acknowledge delivery outcomes. Never refused for the agent's rate limit: an ack finishes
+/// work. Idempotent: an ack for an older attempt or a finished
 /// task changes nothing (`stale`); a repeated ack is `duplicate`. Extension (agent protocol
 /// 2): with `next`, the answer also hands out the next task of each printer whose task in
 /// flight these acks end (`deliveries`, as a poll's), in the same commit as the acks, so
@@ -58,7 +59,7 @@ pub async fn poll(
     responses((status = 200, body = AckResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn acks(
     State(st): State<AppState>,
-    AgentAuth(who): AgentAuth,
+    AgentAuth(who): AgentAuthUnmetered,
     JsonBody(req): JsonBody<AcksIn>,
 ) -> Result<Json<AckResults>, ApiError> {
     if req.acks.len() > 1000 {
