@@ -508,8 +508,8 @@ pub async fn tasks_are_tenant_scoped(s: Arc<dyn Store>) {
     assert_eq!(theirs.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(), vec![b.task_id]);
 }
 
-pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
-    tenant(&s, "acme").await;
+/// Store `s2` of tenant `acme` with its printer `p9`, beside the `tenant` fixture's store.
+async fn second_store(s: &Arc<dyn Store>) {
     s.create_store(NewStore {
         tenant_id: "acme".into(),
         id: "s2".into(),
@@ -532,6 +532,11 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
     })
     .await
     .unwrap();
+}
+
+pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_store(&s).await;
     let mut batch: Vec<NewTask> = (0..7).map(|i| new_task("acme", &format!("L{i}"), "x", i)).collect();
     let mut other_store = new_task("acme", "L-s2", "x", 50);
     other_store.store_id = "s2".into();
@@ -628,28 +633,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
 /// (`%`, `_`) are plain characters here, and case counts.
 pub async fn business_numbers_are_found_by_their_start(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
-    s.create_store(NewStore {
-        tenant_id: "acme".into(),
-        id: "s2".into(),
-        name: "Two".into(),
-        timezone: "UTC".into(),
-        now: NOW,
-        audit: SetupAudit::default(),
-    })
-    .await
-    .unwrap();
-    s.create_printer(NewPrinter {
-        tenant_id: "acme".into(),
-        id: "p9".into(),
-        store_id: "s2".into(),
-        name: "x".into(),
-        transport: "{}".into(),
-        credential: None,
-        now: NOW,
-        audit: SetupAudit::default(),
-    })
-    .await
-    .unwrap();
+    second_store(&s).await;
     let numbers =
         ["A1003", "A1003#kitchen", "A10030", "A1004", "B1003", "a1003", "A100", "A1%3", "A1_03", "A1003\u{10FFFF}x"];
     let mut tasks: Vec<NewTask> = numbers.iter().enumerate().map(|(i, b)| new_task("acme", b, "x", i as u64)).collect();
