@@ -22,7 +22,9 @@
 //! queries answered from what the broker knows, reachability); `inbox.rs`, results through
 //! `LaneEngine::ack` and statuses into the printer row, PUBACK only after the change is
 //! durable, foreign results refused and audited; `devices.rs`, which printer each device is;
-//! `acl.rs`, Mosquitto's password and ACL files.
+//! `acl.rs`, Mosquitto's password and ACL files; `settings.rs`, the MQTT server as the broker
+//! and as printers reach it; `job_url.rs`, where a Star printer fetches its `url` jobs (the
+//! job GET itself is the CloudPRNT route's, `onceprint_engine::transport::cloudprnt`).
 
 pub mod acl;
 pub mod devices;
