@@ -361,6 +361,8 @@ async fn console_login_sets_strict_cookies_and_a_new_session_every_time(app: &Te
     let page = guesser.login("max", PASSWORD).await;
     assert_eq!(page.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(guesser.cookie("op_session").is_none());
+    // The wait is said in minutes (15 by default), not in hundreds of seconds.
+    assert!(page.body.contains("try again in 15 min."), "{}", page.body);
 }
 
 async fn console_actions_need_the_csrf_token_and_an_allowed_state(app: &TestApp) {

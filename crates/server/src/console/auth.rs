@@ -279,7 +279,12 @@ pub async fn login(State(st): State<AppState>, headers: HeaderMap, Form(f): Form
             let (status, message, retry) = match &e {
                 OperatorError::Throttled { retry_after_s } => (
                     StatusCode::TOO_MANY_REQUESTS,
-                    format!("{} {retry_after_s} {}", lang.t("login.throttled"), lang.t("seconds")),
+                    format!(
+                        "{} {}{}",
+                        lang.t("login.throttled"),
+                        super::html::wait(lang, *retry_after_s),
+                        lang.t("stop")
+                    ),
                     Some(*retry_after_s),
                 ),
                 OperatorError::BadLogin | OperatorError::Invalid(_) => {

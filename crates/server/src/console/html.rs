@@ -160,6 +160,19 @@ pub fn age(lang: Lang, ms: i64) -> String {
     }
 }
 
+/// How long a person must wait, in the page's language: seconds under a minute, else
+/// whole minutes rounded up ("15 min", "15 分钟"), so the wait shown is never too short.
+pub fn wait(lang: Lang, secs: u64) -> String {
+    let (sec, min) = match lang {
+        Lang::En => ("s", "min"),
+        Lang::Zh => ("秒", "分钟"),
+    };
+    match secs {
+        0..=59 => format!("{secs} {sec}"),
+        _ => format!("{} {min}", secs.div_ceil(60)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +185,7 @@ mod tests {
         assert_eq!(en, ("5 s".into(), "3 min".into(), "2 h 5 min".into()));
         let zh = (age(Lang::Zh, 5_000), age(Lang::Zh, 180_000), age(Lang::Zh, 7_500_000));
         assert_eq!(zh, ("5 秒".into(), "3 分钟".into(), "2 小时 5 分钟".into()));
+        let waits = (wait(Lang::En, 45), wait(Lang::En, 60), wait(Lang::En, 873), wait(Lang::Zh, 900));
+        assert_eq!(waits, ("45 s".into(), "1 min".into(), "15 min".into(), "15 分钟".into()));
     }
 }

@@ -240,7 +240,7 @@ const TEXTS: &[(&str, &str, &str)] = &[
         "Your session ended before your action reached the server: it was NOT done. Log in, check the ticket and do it again if it is still needed.",
         "操作提交前会话已结束：该操作未执行。请重新登录，查看小票，如仍需要请再操作一次。",
     ),
-    ("seconds", "seconds", "秒"),
+    ("stop", ".", "。"),
     ("logout", "Log out", "退出"),
     ("lang.switch", "中文", "English"),
     ("nav.overview", "Printers", "打印机"),
