@@ -7,7 +7,10 @@
 //! [`MIN_PASSWORD_CHARS`] characters), how a password is kept (argon2id, a PHC string with
 //! its own random salt: a slow hash, because people choose guessable passwords, unlike the
 //! 256-bit random API keys that a fast hash protects well enough), logging in with the
-//! throttle that makes guessing slow, and sessions: console sessions and operator tokens
+//! throttle that makes guessing slow (counted per account *and* source, so that a stranger
+//! guessing from elsewhere does not lock a manager out mid-rush, with a ceiling per account
+//! for guesses spread over many sources), disabling a login, a new password and lifting a
+//! lock-out, and sessions: console sessions and operator tokens
 //! are both random 256-bit secrets of which only the SHA-256 is stored; each expires, and
 //! each can be revoked (logout, or a manager or API key revoking all of an operator's).
 //!
@@ -21,8 +24,8 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::Argon2;
 use onceprint_core::{validate_id, CoreError, Millis};
 use onceprint_store::{
-    NewOperator, NewOperatorSession, Operator, OperatorRole, OperatorSession, RevokeOperatorSessions, SessionKind,
-    SetupAudit, Store, StoreError,
+    ChangeOperator, NewOperator, NewOperatorSession, Operator, OperatorChange, OperatorRole, OperatorSession,
+    RevokeOperatorSessions, SessionKind, SetupAudit, Store, StoreError,
 };
 use serde_json::json;
 
@@ -37,6 +40,11 @@ pub const MIN_PASSWORD_CHARS: usize = 10;
 const MAX_PASSWORD_CHARS: usize = 256;
 /// Most stores a staff member is bound to.
 const MAX_STORES: usize = 64;
+/// An account's failed logins from all sources together, as a multiple of
+/// `login_max_failures`, after which it is locked for every source until the window passes
+/// or a manager unlocks it. Guesses spread over many addresses are still few per window,
+/// while one stranger alone can never lock out the account's owner.
+pub const ACCOUNT_FAILURES_FACTOR: u32 = 10;
 
 /// Settings of operator sessions and the login throttle.
 #[derive(Debug, Clone)]
@@ -45,8 +53,10 @@ pub struct OperatorsConfig {
     pub session_ttl_ms: i64,
     /// How long an operator token for the API lasts (default 30 days).
     pub token_ttl_ms: i64,
-    /// Failed logins of one account within `login_window_ms` after which further attempts,
-    /// right or wrong, are refused until the window has passed (default 5).
+    /// Failed logins of one account from one source (the client's address) within
+    /// `login_window_ms` after which further attempts from that source, right or wrong, are
+    /// refused until the window has passed (default 5). From all sources together an account
+    /// takes [`ACCOUNT_FAILURES_FACTOR`] times as many before every source is refused.
     pub login_max_failures: u32,
     /// Default 15 minutes.
     pub login_window_ms: i64,
@@ -75,6 +85,9 @@ pub enum OperatorError {
     /// Too many failed logins of this account lately.
     #[error("too many failed logins for this operator; try again in {retry_after_s} s")]
     Throttled { retry_after_s: u64 },
+    /// The password was right but a manager disabled this login.
+    #[error("operator {0:?} is disabled; a manager can enable it again")]
+    Disabled(String),
     /// The caller may not do this (a staff member creating operators, for instance).
     #[error("{0}")]
     Forbidden(String),
@@ -142,14 +155,36 @@ struct Failures {
     first_at: Millis,
 }
 
+/// (tenant, operator id in lower case): the key of an account's failures.
+type Account = (String, String);
+
+/// Failed logins in this process: per account and source, and per account from every
+/// source together.
+#[derive(Default)]
+struct Throttle {
+    by_source: HashMap<(Account, String), Failures>,
+    by_account: HashMap<Account, Failures>,
+}
+
+/// Whether an account's logins are refused now, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lockout {
+    /// The latest end of a lock-out of this account (a source's or the whole account's).
+    pub until: Millis,
+    /// How many sources are locked out.
+    pub sources: usize,
+    /// Whether every source is refused (the account's ceiling was reached).
+    pub account: bool,
+}
+
 /// The operator service. Share it behind an `Arc`.
 pub struct Operators {
     store: Arc<dyn Store>,
     config: OperatorsConfig,
-    /// Failed logins per (tenant, operator id), in this process. A cluster of nodes
-    /// multiplies the attempts an attacker gets by the number of nodes, which the slow hash
-    /// still keeps far from a useful guessing rate.
-    failures: Mutex<HashMap<(String, String), Failures>>,
+    /// Failed logins in this process. A cluster of nodes multiplies the attempts an
+    /// attacker gets by the number of nodes, which the slow hash still keeps far from a
+    /// useful guessing rate; an unlock lifts the lock-out on the node that serves it.
+    failures: Mutex<Throttle>,
 }
 
 fn hasher() -> Argon2<'static> {
@@ -206,7 +241,7 @@ fn check_password(password: &str) -> Result<(), CoreError> {
 
 impl Operators {
     pub fn new(store: Arc<dyn Store>, config: OperatorsConfig) -> Operators {
-        Operators { store, config, failures: Mutex::new(HashMap::new()) }
+        Operators { store, config, failures: Mutex::new(Throttle::default()) }
     }
 
     pub fn config(&self) -> &OperatorsConfig {
@@ -264,18 +299,20 @@ impl Operators {
         Ok(self.store.list_operators(tenant_id).await?)
     }
 
-    /// Checks a login and starts a new session of `kind`. Every login makes a new random
-    /// secret: a session id the client brought along is never adopted (no fixation).
+    /// Checks a login from `source` (the client's address, or "" when unknown) and starts
+    /// a new session of `kind`. Every login makes a new random secret: a session id the
+    /// client brought along is never adopted (no fixation).
     pub async fn login(
         &self,
         tenant_id: &str,
         operator_id: &str,
         password: &str,
         kind: SessionKind,
+        source: &str,
     ) -> Result<Login, OperatorError> {
         let key = (tenant_id.to_owned(), operator_id.to_ascii_lowercase());
         let now = now_ms();
-        self.check_throttle(&key, now)?;
+        self.check_throttle(&key, source, now)?;
         let found = if validate_id("tenant_id", tenant_id).is_ok() && validate_id("operator_id", operator_id).is_ok() {
             self.store.operator_login(tenant_id, operator_id).await?
         } else {
@@ -290,12 +327,19 @@ impl Operators {
             .await
             .map_err(|e| StoreError::Backend(format!("hashing task: {e}")))?;
         let Some(operator) = operator.filter(|_| matches) else {
-            self.record_failure(key, now_ms());
-            tracing::warn!(tenant_id, operator_id, "operator login refused");
+            self.record_failure(key, source, now_ms());
+            tracing::warn!(tenant_id, operator_id, source, "operator login refused");
             return Err(OperatorError::BadLogin);
         };
+        // Only after the right password: a stranger learns nothing about the account.
+        if operator.disabled_at.is_some() {
+            tracing::warn!(tenant_id, operator_id, "login of a disabled operator refused");
+            return Err(OperatorError::Disabled(operator.id));
+        }
+        // The right password from this source: its own failures are forgotten; those of
+        // other sources (someone else guessing) still count.
         if let Ok(mut f) = self.failures.lock() {
-            f.remove(&key);
+            f.by_source.remove(&(key, source.to_owned()));
         }
         let ttl = match kind {
             SessionKind::Console => self.config.session_ttl_ms,
@@ -359,24 +403,127 @@ impl Operators {
             .ok_or_else(|| OperatorError::NotFound(format!("no operator {operator_id:?}")))
     }
 
-    fn check_throttle(&self, key: &(String, String), now: Millis) -> Result<(), OperatorError> {
-        let Ok(mut failures) = self.failures.lock() else { return Ok(()) };
-        let window = self.config.login_window_ms;
-        // Forgetting old entries here keeps the map as small as the recent failures.
-        failures.retain(|_, f| now - f.first_at < window);
-        match failures.get(key) {
-            Some(f) if f.count >= self.config.login_max_failures => {
-                let left_ms = (f.first_at + window - now).max(1000);
-                Err(OperatorError::Throttled { retry_after_s: (left_ms as u64).div_ceil(1000) })
+    /// Disables or enables an operator's login (audited). Disabling ends every session of
+    /// the operator at once; a manager cannot disable their own login.
+    pub async fn set_enabled(
+        &self,
+        creator: Creator<'_>,
+        operator_id: &str,
+        enabled: bool,
+    ) -> Result<Operator, OperatorError> {
+        if let Creator::Manager(me) = creator {
+            if !enabled && me.id == operator_id {
+                return Err(OperatorError::Forbidden(
+                    "a manager cannot disable their own login; another manager or the tenant's API key can".into(),
+                ));
             }
-            _ => Ok(()),
+        }
+        let (change, detail) = if enabled {
+            (OperatorChange::Enable, json!({ "login": "enabled" }))
+        } else {
+            (OperatorChange::Disable, json!({ "login": "disabled", "sessions": "revoked" }))
+        };
+        self.change(creator, operator_id, change, detail).await
+    }
+
+    /// Gives an operator a new password (audited, the password itself never): every
+    /// session ends, and the account's failed logins are forgotten.
+    pub async fn set_password(
+        &self,
+        creator: Creator<'_>,
+        operator_id: &str,
+        password: String,
+    ) -> Result<Operator, OperatorError> {
+        creator.actor()?;
+        check_password(&password)?;
+        let password_hash = tokio::task::spawn_blocking(move || hash_password(&password))
+            .await
+            .map_err(|e| StoreError::Backend(format!("hashing task: {e}")))??;
+        let detail = json!({ "password": "replaced", "sessions": "revoked" });
+        let changed = self.change(creator, operator_id, OperatorChange::Password { password_hash }, detail).await?;
+        self.forget_failures(creator.tenant_id(), operator_id);
+        Ok(changed)
+    }
+
+    /// Lifts a lock-out of an operator's login in this process (audited): every source may
+    /// try again at once.
+    pub async fn unlock(&self, creator: Creator<'_>, operator_id: &str) -> Result<Operator, OperatorError> {
+        let lock = self.lockout(creator.tenant_id(), operator_id);
+        let detail = json!({ "login": "unlocked", "sources": lock.as_ref().map_or(0, |l| l.sources) });
+        let changed = self.change(creator, operator_id, OperatorChange::Unlock, detail).await?;
+        self.forget_failures(creator.tenant_id(), operator_id);
+        Ok(changed)
+    }
+
+    /// The lock-out of an operator's login in this process, if any source is refused now.
+    pub fn lockout(&self, tenant_id: &str, operator_id: &str) -> Option<Lockout> {
+        let now = now_ms();
+        let window = self.config.login_window_ms;
+        let max = self.config.login_max_failures;
+        let account = (tenant_id.to_owned(), operator_id.to_ascii_lowercase());
+        let f = self.failures.lock().ok()?;
+        let locked = |x: &Failures, limit: u32| (x.count >= limit && now - x.first_at < window).then_some(x.first_at);
+        let whole = f.by_account.get(&account).and_then(|x| locked(x, max.saturating_mul(ACCOUNT_FAILURES_FACTOR)));
+        let sources: Vec<Millis> =
+            f.by_source.iter().filter(|((a, _), _)| *a == account).filter_map(|(_, x)| locked(x, max)).collect();
+        let first = whole.into_iter().chain(sources.iter().copied()).max()?;
+        Some(Lockout { until: first + window, sources: sources.len(), account: whole.is_some() })
+    }
+
+    async fn change(
+        &self,
+        creator: Creator<'_>,
+        operator_id: &str,
+        change: OperatorChange,
+        detail: serde_json::Value,
+    ) -> Result<Operator, OperatorError> {
+        let actor = creator.actor()?;
+        self.store
+            .change_operator(ChangeOperator {
+                tenant_id: creator.tenant_id().to_owned(),
+                operator_id: operator_id.to_owned(),
+                change,
+                now: now_ms(),
+                audit: SetupAudit { actor, detail },
+            })
+            .await?
+            .ok_or_else(|| OperatorError::NotFound(format!("no operator {operator_id:?}")))
+    }
+
+    fn forget_failures(&self, tenant_id: &str, operator_id: &str) {
+        let account = (tenant_id.to_owned(), operator_id.to_ascii_lowercase());
+        if let Ok(mut f) = self.failures.lock() {
+            f.by_account.remove(&account);
+            f.by_source.retain(|(a, _), _| *a != account);
         }
     }
 
-    fn record_failure(&self, key: (String, String), now: Millis) {
-        if let Ok(mut failures) = self.failures.lock() {
-            let f = failures.entry(key).or_insert(Failures { count: 0, first_at: now });
-            f.count += 1;
+    fn check_throttle(&self, account: &Account, source: &str, now: Millis) -> Result<(), OperatorError> {
+        let Ok(mut f) = self.failures.lock() else { return Ok(()) };
+        let window = self.config.login_window_ms;
+        // Forgetting old entries here keeps the maps as small as the recent failures.
+        f.by_source.retain(|_, x| now - x.first_at < window);
+        f.by_account.retain(|_, x| now - x.first_at < window);
+        let max = self.config.login_max_failures;
+        let refused = |x: Option<&Failures>, limit: u32| x.filter(|x| x.count >= limit).map(|x| x.first_at);
+        let by_account = refused(f.by_account.get(account), max.saturating_mul(ACCOUNT_FAILURES_FACTOR));
+        let by_source = refused(f.by_source.get(&(account.clone(), source.to_owned())), max);
+        match by_account.into_iter().chain(by_source).max() {
+            Some(first_at) => {
+                let left_ms = (first_at + window - now).max(1000);
+                Err(OperatorError::Throttled { retry_after_s: (left_ms as u64).div_ceil(1000) })
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn record_failure(&self, account: Account, source: &str, now: Millis) {
+        if let Ok(mut f) = self.failures.lock() {
+            f.by_source
+                .entry((account.clone(), source.to_owned()))
+                .or_insert(Failures { count: 0, first_at: now })
+                .count += 1;
+            f.by_account.entry(account).or_insert(Failures { count: 0, first_at: now }).count += 1;
         }
     }
 }

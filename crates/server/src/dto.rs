@@ -380,14 +380,16 @@ pub struct SetupEventOut {
     pub at: String,
     /// `admin` or `api_key:ID`.
     pub actor: String,
-    /// `tenant`, `store`, `printer`, `station`, `agent_token` or `api_key`.
+    /// `tenant`, `store`, `printer`, `station`, `agent_token`, `api_key` or `operator`.
     pub object_kind: String,
     pub object_id: String,
     /// `create`, `update`, `disable`, `enable` or `revoke`.
     pub action: String,
     /// What changed. Printer edits: `{"before":{"name","transport"},"after":{…}}` with
     /// transports as the API shows them (secrets as `"***"`); disable/enable:
-    /// `{"operator","reason"}`; station changes: the printer lists before and after.
+    /// `{"operator","reason"}`; station changes: the printer lists before and after;
+    /// operator accounts: `{"login":"disabled"|"enabled"|"unlocked"}`, `{"password":"replaced"}`
+    /// (never the password), `{"sessions":"revoked"}`.
     #[schema(value_type = Object)]
     pub detail: serde_json::Value,
 }
@@ -849,6 +851,11 @@ pub struct OperatorOut {
     pub role: String,
     pub stores: Vec<String>,
     pub created_at: String,
+    /// When the login was disabled; `null` while it may log in.
+    pub disabled_at: Option<String>,
+    /// Until when logins of this operator are refused after too many failures (from one
+    /// source, or from all together), as this node counts them; `null` when none is.
+    pub login_locked_until: Option<String>,
 }
 
 impl From<onceprint_store::Operator> for OperatorOut {
@@ -859,8 +866,27 @@ impl From<onceprint_store::Operator> for OperatorOut {
             role: o.role.as_str().to_owned(),
             stores: o.store_ids,
             created_at: rfc3339(o.created_at),
+            disabled_at: o.disabled_at.map(rfc3339),
+            login_locked_until: None,
         }
     }
+}
+
+impl OperatorOut {
+    /// The operator with the lock-out this node holds for it.
+    pub fn with_lockout(mut self, lock: Option<onceprint_engine::operators::Lockout>) -> Self {
+        self.login_locked_until = lock.map(|l| rfc3339(l.until));
+        self
+    }
+}
+
+/// A new password for an operator.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorPassword {
+    /// At least 10 characters. Kept only as an argon2id hash; every session of the
+    /// operator ends.
+    pub password: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

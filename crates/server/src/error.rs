@@ -232,6 +232,7 @@ impl From<onceprint_engine::OperatorError> for ApiError {
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", e.to_string())
             },
             OperatorError::Forbidden(m) => ApiError::forbidden(m),
+            OperatorError::Disabled(_) => ApiError::forbidden(e.to_string()),
             OperatorError::NotFound(m) => ApiError::not_found(m),
             OperatorError::Store(s) => s.into(),
         }

@@ -152,6 +152,27 @@ impl FromRequest<AppState> for Body {
     }
 }
 
+/// The source a login is counted against: the address the connection came from or, when
+/// that is the broker's own machine (a reverse proxy there), the last address of
+/// `X-Forwarded-For` (the one the proxy added; a client can write anything before it). ""
+/// when neither is known.
+pub fn login_source(peer: Option<crate::http1::PeerAddr>, headers: &axum::http::HeaderMap) -> String {
+    let Some(crate::http1::PeerAddr(addr)) = peer else { return String::new() };
+    if addr.ip().is_loopback() {
+        let forwarded = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .last()
+            .and_then(|ip| ip.trim().parse::<std::net::IpAddr>().ok());
+        if let Some(ip) = forwarded {
+            return ip.to_string();
+        }
+    }
+    addr.ip().to_string()
+}
+
 /// Whether a `Content-Type` value names JSON: `application/json` or a `+json` type such
 /// as `application/merge-patch+json`, parameters (`; charset=utf-8`) ignored.
 pub fn is_json_media_type(value: &str) -> bool {

@@ -12,32 +12,44 @@
 //! What this loop must keep from `axum::serve`: accept errors (too many open files) do
 //! not end the server (`Listener::accept` waits and retries), and a graceful shutdown
 //! stops accepting, lets every connection finish its request in flight, and returns only
-//! once all of them are closed.
+//! once all of them are closed. Each request carries its connection's peer address as a
+//! [`PeerAddr`] extension (the console's login throttle counts failures per source).
 
 use std::future::Future;
+use std::net::SocketAddr;
 
 use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tower::ServiceExt;
+
+/// The address a request's connection came from (a proxy's, behind one).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains the open
 /// connections as described in the module's documentation.
 pub(crate) async fn serve<L>(mut listener: L, router: Router, shutdown: impl Future<Output = ()> + Send)
 where
-    L: Listener,
+    L: Listener<Addr = SocketAddr>,
 {
     let graceful = GracefulShutdown::new();
     let builder = hyper::server::conn::http1::Builder::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (io, _peer) = tokio::select! {
+        let (io, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
         // A `Router` is a handle on a shared route table: the clone costs one reference.
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(router.clone().map_request(
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(PeerAddr(peer));
+                req
+            },
+        ));
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -31,7 +31,7 @@ mod digest;
 mod dto;
 mod error;
 mod extract;
-mod http1;
+pub mod http1;
 mod metrics;
 pub mod openapi;
 pub mod request_id;
@@ -43,7 +43,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::transport::cloudprnt::CloudPrnt;
@@ -231,6 +231,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/operators", post(operators::create_operator).get(operators::list_operators))
         .route("/v1/operators/{id}/sessions", delete(operators::revoke_operator_sessions))
+        .route("/v1/operators/{id}/disable", post(operators::disable_operator))
+        .route("/v1/operators/{id}/enable", post(operators::enable_operator))
+        .route("/v1/operators/{id}/password", put(operators::set_operator_password))
+        .route("/v1/operators/{id}/lockout", delete(operators::unlock_operator))
         .route(
             "/v1/operator-sessions",
             post(operators::create_operator_session).delete(operators::delete_operator_session),

@@ -27,6 +27,7 @@ both_backends!(
     the_consoles_day_counts_the_tickets_still_waiting,
     a_tickets_history_is_told_in_plain_words_in_both_languages,
     a_live_view_ends_when_its_browser_goes_away,
+    a_manager_disables_unlocks_and_gives_new_passwords_in_the_console,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -840,4 +841,86 @@ async fn a_live_view_ends_when_its_browser_goes_away(app: &TestApp) {
         assert!(start.elapsed() < Duration::from_secs(20), "the stream outlived its browser");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The card of operator `id` on the operators page.
+fn card<'a>(body: &'a str, id: &str) -> &'a str {
+    let start = body.find(&format!("data-operator=\"{id}\"")).unwrap_or(body.len());
+    let rest = &body[start..];
+    &rest[..rest.find("</li>").unwrap_or(rest.len())]
+}
+
+async fn a_manager_disables_unlocks_and_gives_new_passwords_in_the_console(app: &TestApp) {
+    setup(app).await;
+    let mut max = Browser::new(app);
+    assert_eq!(max.login("max", PASSWORD).await.status, StatusCode::SEE_OTHER);
+    let mut amy = Browser::new(app);
+    assert_eq!(amy.login("amy", PASSWORD).await.status, StatusCode::SEE_OTHER);
+    let page = max.get("/console/operators").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let csrf = hidden(&page.body, "csrf");
+    // Every account action for amy; a manager cannot disable their own login.
+    for action in ["sign-out", "disable", "password"] {
+        assert!(card(&page.body, "amy").contains(&format!("/console/operators/amy/{action}")), "{action}");
+    }
+    assert!(!card(&page.body, "max").contains("/console/operators/max/disable"), "{}", card(&page.body, "max"));
+    let own = max.post("/console/operators/max/disable", &[("csrf", &csrf)]).await;
+    assert_eq!(own.status, StatusCode::FORBIDDEN);
+
+    // Without the form's token nothing happens; a staff member may not do it at all.
+    assert_eq!(max.post("/console/operators/amy/disable", &[]).await.status, StatusCode::FORBIDDEN);
+    let amy_csrf = hidden(&amy.get("/console/stores/s1/").await.body, "csrf");
+    let staff = amy.post("/console/operators/max/disable", &[("csrf", &amy_csrf)]).await;
+    assert_eq!(staff.status, StatusCode::FORBIDDEN);
+    assert_eq!(max.get("/console/").await.status, StatusCode::OK, "max's session lives on");
+
+    // Disabled: amy's session ends, her login is refused in words, the page says so.
+    let done = max.post("/console/operators/amy/disable", &[("csrf", &csrf)]).await;
+    assert_eq!((done.status, done.location.as_str()), (StatusCode::SEE_OTHER, "/console/operators?done=disable"));
+    assert_eq!(amy.get("/console/stores/s1/").await.status, StatusCode::SEE_OTHER, "her session is over");
+    let refused = amy.login("amy", PASSWORD).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.body.contains("This login is disabled"), "{}", refused.body);
+    let page = max.get("/console/operators?done=disable").await;
+    assert!(page.body.contains("Login disabled; every session has ended."), "{}", page.body);
+    assert!(card(&page.body, "amy").contains("data-state=\"disabled\""), "{}", card(&page.body, "amy"));
+    assert!(!max.get("/console/operators?done=%3Cscript%3E").await.body.contains("<script>"), "only known notes");
+    let done = max.post("/console/operators/amy/enable", &[("csrf", &csrf)]).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+
+    // Locked out by failed logins: shown with the wait, lifted by the manager.
+    let mut guesser = Browser::new(app);
+    for _ in 0..5 {
+        assert_eq!(guesser.login("amy", "not her password").await.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(guesser.login("amy", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let page = max.get("/console/operators").await;
+    let amy_card = card(&page.body, "amy");
+    assert!(amy_card.contains("data-state=\"locked\"") && amy_card.contains("15 min"), "{amy_card}");
+    let done = max.post("/console/operators/amy/unlock", &[("csrf", &csrf)]).await;
+    assert_eq!(done.location, "/console/operators?done=unlock");
+    assert!(!card(&max.get("/console/operators").await.body, "amy").contains("data-state=\"locked\""));
+    assert_eq!(guesser.login("amy", PASSWORD).await.status, StatusCode::SEE_OTHER);
+
+    // A new password: too short is refused in words; a good one ends her sessions.
+    let short = max.post("/console/operators/amy/password", &[("csrf", &csrf), ("password", "short")]).await;
+    assert_eq!(short.status, StatusCode::BAD_REQUEST);
+    assert!(short.body.contains("password"), "{}", short.body);
+    assert_eq!(guesser.get("/console/stores/s1/").await.status, StatusCode::OK);
+    let new = "a brand new passphrase";
+    let done = max.post("/console/operators/amy/password", &[("csrf", &csrf), ("password", new)]).await;
+    assert_eq!(done.location, "/console/operators?done=password");
+    assert_eq!(guesser.get("/console/stores/s1/").await.status, StatusCode::SEE_OTHER);
+    assert_eq!(amy.login("amy", PASSWORD).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(amy.login("amy", new).await.status, StatusCode::SEE_OTHER);
+
+    // Signed out everywhere, and an unknown action or operator is not found.
+    let done = max.post("/console/operators/amy/sign-out", &[("csrf", &csrf)]).await;
+    assert_eq!(done.location, "/console/operators?done=sign-out");
+    assert_eq!(amy.get("/console/stores/s1/").await.status, StatusCode::SEE_OTHER);
+    assert_eq!(max.post("/console/operators/amy/delete", &[("csrf", &csrf)]).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(max.post("/console/operators/zed/disable", &[("csrf", &csrf)]).await.status, StatusCode::NOT_FOUND);
+    // A GET of an action's address shows the page.
+    let get = max.get("/console/operators/amy/disable").await;
+    assert_eq!((get.status, get.location.as_str()), (StatusCode::SEE_OTHER, "/console/operators"));
 }

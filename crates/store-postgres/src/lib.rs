@@ -575,6 +575,10 @@ impl Store for PostgresStore {
         self.ops_revoke_sessions(change).await
     }
 
+    async fn change_operator(&self, change: ChangeOperator) -> StoreResult<Option<Operator>> {
+        self.ops_change_operator(change).await
+    }
+
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {
         self.setup_events_page(tenant_id, limit, before).await
     }

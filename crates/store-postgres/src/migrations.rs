@@ -50,6 +50,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (21, V21_PAUSED_PRINTERS),
     (22, V22_DIGEST_LOGINS),
     (23, V23_BIZ_NO_PREFIX),
+    (24, V24_OPERATOR_DISABLED),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -645,6 +646,13 @@ ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
 /// index only: brokers of the previous version neither read nor need it.
 const V23_BIZ_NO_PREFIX: &str = r#"
 CREATE INDEX tasks_biz_no_prefix_idx ON tasks (tenant_id, biz_no COLLATE "C");
+"#;
+
+/// A manager disables an operator's login. A nullable column only: brokers of the previous
+/// version neither read nor write it, so during a rolling upgrade an old node still lets a
+/// disabled operator log in: disable operators once every node runs this release.
+const V24_OPERATOR_DISABLED: &str = r#"
+ALTER TABLE operators ADD COLUMN disabled_at BIGINT;
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

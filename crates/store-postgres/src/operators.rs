@@ -12,9 +12,11 @@ use crate::rows;
 use crate::setup::audit;
 use crate::{create_error, PostgresStore};
 
-const OPERATOR_COLUMNS: &str = "o.tenant_id, o.id, o.name, o.role, o.stores, o.created_at";
+const OPERATOR_COLUMNS: &str = "o.tenant_id, o.id, o.name, o.role, o.stores, o.created_at, o.disabled_at";
+/// How many columns [`OPERATOR_COLUMNS`] names.
+const OPERATOR_WIDTH: usize = 7;
 
-/// An operator from the six columns of [`OPERATOR_COLUMNS`] starting at `at`.
+/// An operator from the seven columns of [`OPERATOR_COLUMNS`] starting at `at`.
 fn operator(r: &Row, at: usize) -> StoreResult<Operator> {
     let role: String = rows::col(r, at + 3)?;
     let stores: String = rows::col(r, at + 4)?;
@@ -27,6 +29,7 @@ fn operator(r: &Row, at: usize) -> StoreResult<Operator> {
         store_ids: serde_json::from_str(&stores)
             .map_err(|e| StoreError::Backend(format!("operator stores are not a JSON list: {e}")))?,
         created_at: rows::col(r, at + 5)?,
+        disabled_at: rows::col(r, at + 6)?,
     })
 }
 
@@ -61,6 +64,7 @@ impl PostgresStore {
             role: o.role,
             store_ids: o.store_ids,
             created_at: o.now,
+            disabled_at: None,
         })
     }
 
@@ -89,7 +93,7 @@ impl PostgresStore {
             )
             .await?;
         match row {
-            Some(r) => Ok(Some((operator(&r, 0)?, rows::col(&r, 6)?))),
+            Some(r) => Ok(Some((operator(&r, 0)?, rows::col(&r, OPERATOR_WIDTH)?))),
             None => Ok(None),
         }
     }
@@ -128,7 +132,7 @@ impl PostgresStore {
                 &format!(
                     "SELECT s.id, s.kind, s.csrf_token, s.created_at, s.expires_at, {OPERATOR_COLUMNS}
                      FROM operator_sessions s JOIN operators o ON o.tenant_id = s.tenant_id AND o.id = s.operator_id
-                     WHERE s.token_hash = $1 AND s.revoked_at IS NULL"
+                     WHERE s.token_hash = $1 AND s.revoked_at IS NULL AND o.disabled_at IS NULL"
                 ),
                 &[&token_hash],
             )
@@ -174,5 +178,64 @@ impl PostgresStore {
         audit(&tx, &r.tenant_id, r.now, (SetupObject::Operator, &r.operator_id, SetupAction::Revoke), &r.audit).await?;
         tx.commit().await.map_err(pg_error)?;
         Ok(Some(n))
+    }
+
+    pub(crate) async fn ops_change_operator(&self, ch: ChangeOperator) -> StoreResult<Option<Operator>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let (t, id) = (&ch.tenant_id, &ch.operator_id);
+        // The row is locked for the change, so two changes of one operator are applied one
+        // after the other and each audit row follows the state it saw.
+        let stmt = tx
+            .prepare_cached("SELECT 1 FROM operators WHERE tenant_id = $1 AND id = $2 FOR UPDATE")
+            .await
+            .map_err(pg_error)?;
+        if tx.query_opt(&stmt, &[t, id]).await.map_err(pg_error)?.is_none() {
+            return Ok(None);
+        }
+        let end_sessions = "UPDATE operator_sessions SET revoked_at = $3
+             WHERE tenant_id = $1 AND operator_id = $2 AND revoked_at IS NULL";
+        let action = match &ch.change {
+            OperatorChange::Disable => {
+                let stmt = tx
+                    .prepare_cached(
+                        "UPDATE operators SET disabled_at = COALESCE(disabled_at, $3) WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .await
+                    .map_err(pg_error)?;
+                tx.execute(&stmt, &[t, id, &ch.now]).await.map_err(pg_error)?;
+                let stmt = tx.prepare_cached(end_sessions).await.map_err(pg_error)?;
+                tx.execute(&stmt, &[t, id, &ch.now]).await.map_err(pg_error)?;
+                SetupAction::Disable
+            }
+            OperatorChange::Enable => {
+                let stmt = tx
+                    .prepare_cached("UPDATE operators SET disabled_at = NULL WHERE tenant_id = $1 AND id = $2")
+                    .await
+                    .map_err(pg_error)?;
+                tx.execute(&stmt, &[t, id]).await.map_err(pg_error)?;
+                SetupAction::Enable
+            }
+            OperatorChange::Password { password_hash } => {
+                let stmt = tx
+                    .prepare_cached("UPDATE operators SET password_hash = $3 WHERE tenant_id = $1 AND id = $2")
+                    .await
+                    .map_err(pg_error)?;
+                tx.execute(&stmt, &[t, id, password_hash]).await.map_err(pg_error)?;
+                let stmt = tx.prepare_cached(end_sessions).await.map_err(pg_error)?;
+                tx.execute(&stmt, &[t, id, &ch.now]).await.map_err(pg_error)?;
+                SetupAction::Update
+            }
+            OperatorChange::Unlock => SetupAction::Update,
+        };
+        audit(&tx, t, ch.now, (SetupObject::Operator, id, action), &ch.audit).await?;
+        let stmt = tx
+            .prepare_cached(&format!("SELECT {OPERATOR_COLUMNS} FROM operators o WHERE o.tenant_id = $1 AND o.id = $2"))
+            .await
+            .map_err(pg_error)?;
+        let row = tx.query_one(&stmt, &[t, id]).await.map_err(pg_error)?;
+        let changed = operator(&row, 0)?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(Some(changed))
     }
 }

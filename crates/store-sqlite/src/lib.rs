@@ -603,6 +603,10 @@ impl Store for SqliteStore {
         self.write(move |c| operators::revoke_sessions(c, &change)).await
     }
 
+    async fn change_operator(&self, change: ChangeOperator) -> StoreResult<Option<Operator>> {
+        self.write(move |c| operators::change_operator(c, &change)).await
+    }
+
     async fn setup_events(&self, tenant_id: &str, limit: i64, before: Option<i64>) -> StoreResult<Vec<SetupEvent>> {
         let t = tenant_id.to_owned();
         self.read(move |c| setup::setup_events(c, &t, limit, before)).await

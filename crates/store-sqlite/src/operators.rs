@@ -10,9 +10,11 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::setup::audit;
 use crate::{backend_err, constraint_err};
 
-const OPERATOR_COLUMNS: &str = "o.tenant_id, o.id, o.name, o.role, o.stores, o.created_at";
+const OPERATOR_COLUMNS: &str = "o.tenant_id, o.id, o.name, o.role, o.stores, o.created_at, o.disabled_at";
+/// How many columns [`OPERATOR_COLUMNS`] names.
+const OPERATOR_WIDTH: usize = 7;
 
-/// An operator from the six columns of [`OPERATOR_COLUMNS`] starting at `at`.
+/// An operator from the seven columns of [`OPERATOR_COLUMNS`] starting at `at`.
 fn operator(r: &Row, at: usize) -> rusqlite::Result<Operator> {
     let role: String = r.get(at + 3)?;
     let stores: String = r.get(at + 4)?;
@@ -26,6 +28,7 @@ fn operator(r: &Row, at: usize) -> rusqlite::Result<Operator> {
         role: OperatorRole::parse(&role).ok_or_else(|| bad("role"))?,
         store_ids: serde_json::from_str(&stores).map_err(|_| bad("stores"))?,
         created_at: r.get(at + 5)?,
+        disabled_at: r.get(at + 6)?,
     })
 }
 
@@ -54,6 +57,7 @@ pub fn create_operator(c: &Connection, o: &NewOperator) -> StoreResult<Operator>
         role: o.role,
         store_ids: o.store_ids.clone(),
         created_at: o.now,
+        disabled_at: None,
     })
 }
 
@@ -69,7 +73,9 @@ pub fn operator_login(c: &Connection, tenant_id: &str, operator_id: &str) -> Sto
     c.prepare_cached(&format!(
         "SELECT {OPERATOR_COLUMNS}, o.password_hash FROM operators o WHERE o.tenant_id = ?1 AND o.id = ?2"
     ))
-    .and_then(|mut s| s.query_row(params![tenant_id, operator_id], |r| Ok((operator(r, 0)?, r.get(6)?))).optional())
+    .and_then(|mut s| {
+        s.query_row(params![tenant_id, operator_id], |r| Ok((operator(r, 0)?, r.get(OPERATOR_WIDTH)?))).optional()
+    })
     .map_err(backend_err)
 }
 
@@ -98,7 +104,7 @@ pub fn session(c: &Connection, token_hash: &str) -> StoreResult<Option<OperatorS
     c.prepare_cached(&format!(
         "SELECT s.id, s.kind, s.csrf_token, s.created_at, s.expires_at, {OPERATOR_COLUMNS} \
          FROM operator_sessions s JOIN operators o ON o.tenant_id = s.tenant_id AND o.id = s.operator_id \
-         WHERE s.token_hash = ?1 AND s.revoked_at IS NULL"
+         WHERE s.token_hash = ?1 AND s.revoked_at IS NULL AND o.disabled_at IS NULL"
     ))
     .and_then(|mut st| {
         st.query_row([token_hash], |r| {
@@ -139,4 +145,47 @@ pub fn revoke_sessions(c: &Connection, r: &RevokeOperatorSessions) -> StoreResul
         .map_err(backend_err)?;
     audit(c, &r.tenant_id, r.now, (SetupObject::Operator, &r.operator_id, SetupAction::Revoke), &r.audit)?;
     Ok(Some(n as u64))
+}
+
+fn end_sessions(c: &Connection, tenant_id: &str, operator_id: &str, now: Millis) -> StoreResult<usize> {
+    c.prepare_cached(
+        "UPDATE operator_sessions SET revoked_at = ?3 WHERE tenant_id = ?1 AND operator_id = ?2 AND revoked_at IS NULL",
+    )
+    .and_then(|mut s| s.execute(params![tenant_id, operator_id, now]))
+    .map_err(backend_err)
+}
+
+pub fn change_operator(c: &Connection, ch: &ChangeOperator) -> StoreResult<Option<Operator>> {
+    if operator_login(c, &ch.tenant_id, &ch.operator_id)?.is_none() {
+        return Ok(None);
+    }
+    let (t, id) = (&ch.tenant_id, &ch.operator_id);
+    let run = |sql: &str, p: &[&dyn rusqlite::ToSql]| {
+        c.prepare_cached(sql).and_then(|mut s| s.execute(p)).map(|_| ()).map_err(backend_err)
+    };
+    let action = match &ch.change {
+        OperatorChange::Disable => {
+            run(
+                "UPDATE operators SET disabled_at = COALESCE(disabled_at, ?3) WHERE tenant_id = ?1 AND id = ?2",
+                params![t, id, ch.now],
+            )?;
+            end_sessions(c, t, id, ch.now)?;
+            SetupAction::Disable
+        }
+        OperatorChange::Enable => {
+            run("UPDATE operators SET disabled_at = NULL WHERE tenant_id = ?1 AND id = ?2", params![t, id])?;
+            SetupAction::Enable
+        }
+        OperatorChange::Password { password_hash } => {
+            run(
+                "UPDATE operators SET password_hash = ?3 WHERE tenant_id = ?1 AND id = ?2",
+                params![t, id, password_hash],
+            )?;
+            end_sessions(c, t, id, ch.now)?;
+            SetupAction::Update
+        }
+        OperatorChange::Unlock => SetupAction::Update,
+    };
+    audit(c, t, ch.now, (SetupObject::Operator, id, action), &ch.audit)?;
+    Ok(operator_login(c, t, id)?.map(|(o, _)| o))
 }

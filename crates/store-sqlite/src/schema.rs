@@ -487,4 +487,10 @@ CREATE INDEX printers_paused ON printers(paused_since) WHERE paused_since IS NOT
 ALTER TABLE printer_credentials ADD COLUMN ha1_md5 TEXT;
 ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
 "#,
+    // 24 (24 on PostgreSQL): a manager disables an operator's login. A nullable column
+    // only: an older broker opened on this file after a downgrade neither reads nor writes
+    // it, and would let a disabled operator log in again.
+    r#"
+ALTER TABLE operators ADD COLUMN disabled_at INTEGER;
+"#,
 ];

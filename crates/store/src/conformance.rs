@@ -58,6 +58,7 @@ macro_rules! conformance_tests {
             setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
             digest_keys_of_printer_logins_are_found_by_user_name,
             operators_log_in_with_sessions_that_can_be_revoked,
+            operators_are_disabled_enabled_and_given_new_passwords,
             retention_prunes_finished_tasks_into_tombstones, a_pruned_key_never_creates_a_task_again,
             one_holder_of_a_lease_at_a_time, expired_leases_go_to_the_next_holder_with_a_higher_token,
             agent_sessions_merge_what_every_node_heard,
@@ -2142,6 +2143,84 @@ pub async fn operators_log_in_with_sessions_that_can_be_revoked(s: Arc<dyn Store
     let events = s.setup_events("acme", 1, None).await.unwrap();
     assert_eq!((events[0].object_kind.as_str(), events[0].object_id.as_str()), ("operator", "amy"));
     assert_eq!(events[0].action, "revoke");
+}
+
+pub async fn operators_are_disabled_enabled_and_given_new_passwords(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    for (t, id) in [("acme", "amy"), ("acme", "max"), ("other", "amy")] {
+        s.create_operator(NewOperator {
+            tenant_id: t.into(),
+            id: id.into(),
+            name: id.into(),
+            role: OperatorRole::Manager,
+            store_ids: vec![],
+            password_hash: format!("$argon2id$old-{id}"),
+            now: NOW,
+            audit: by("operator"),
+        })
+        .await
+        .unwrap();
+    }
+    let session = |hash: &str, operator: &str| NewOperatorSession {
+        id: format!("ses-{hash}"),
+        token_hash: hash.into(),
+        tenant_id: "acme".into(),
+        operator_id: operator.into(),
+        kind: SessionKind::Console,
+        csrf_token: "csrf".into(),
+        created_at: NOW,
+        expires_at: NOW + 10_000,
+    };
+    let change = |t: &str, id: &str, change: OperatorChange, now: i64| ChangeOperator {
+        tenant_id: t.into(),
+        operator_id: id.into(),
+        change,
+        now,
+        audit: by("change"),
+    };
+    s.create_operator_session(session("h1", "amy")).await.unwrap();
+    s.create_operator_session(session("h2", "max")).await.unwrap();
+    assert!(s.operator_login("acme", "amy").await.unwrap().expect("amy").0.disabled_at.is_none());
+
+    // A disable ends the operator's sessions and keeps its first time; nobody else's.
+    let off = s.change_operator(change("acme", "amy", OperatorChange::Disable, NOW + 1)).await.unwrap();
+    assert_eq!(off.map(|o| o.disabled_at), Some(Some(NOW + 1)));
+    let again = s.change_operator(change("acme", "amy", OperatorChange::Disable, NOW + 2)).await.unwrap();
+    assert_eq!(again.map(|o| o.disabled_at), Some(Some(NOW + 1)));
+    assert_eq!(s.operator_session("h1").await.unwrap(), None);
+    assert!(s.operator_session("h2").await.unwrap().is_some());
+    let other = s.operator_login("other", "amy").await.unwrap().expect("the other tenant's amy");
+    assert!(other.0.disabled_at.is_none(), "tenant-scoped");
+    let listed = s.list_operators("acme").await.unwrap();
+    assert_eq!(listed.iter().map(|o| o.disabled_at.is_some()).collect::<Vec<_>>(), [true, false]);
+    // A session started while disabled is not live either (the broker refuses the login
+    // first; the store is the last line).
+    s.create_operator_session(session("h3", "amy")).await.unwrap();
+    assert_eq!(s.operator_session("h3").await.unwrap(), None);
+
+    let on = s.change_operator(change("acme", "amy", OperatorChange::Enable, NOW + 3)).await.unwrap();
+    assert_eq!(on.map(|o| o.disabled_at), Some(None));
+    assert_eq!(s.operator_session("h1").await.unwrap(), None, "ended sessions stay ended");
+    assert!(s.operator_session("h3").await.unwrap().is_some());
+
+    // A new password replaces the hash and ends every session.
+    let hash = "$argon2id$new-max".to_string();
+    let pw = OperatorChange::Password { password_hash: hash.clone() };
+    assert!(s.change_operator(change("acme", "max", pw, NOW + 4)).await.unwrap().is_some());
+    assert_eq!(s.operator_login("acme", "max").await.unwrap().expect("max").1, hash);
+    assert_eq!(s.operator_session("h2").await.unwrap(), None);
+    assert_eq!(s.operator_login("other", "amy").await.unwrap().expect("amy").1, "$argon2id$old-amy");
+
+    // An unlock changes nothing but is audited.
+    let unlocked = s.change_operator(change("acme", "max", OperatorChange::Unlock, NOW + 5)).await.unwrap();
+    assert_eq!(unlocked.map(|o| o.disabled_at), Some(None));
+    let unknown = s.change_operator(change("acme", "zed", OperatorChange::Disable, NOW + 6)).await.unwrap();
+    assert_eq!(unknown, None);
+    let events = s.setup_events("acme", 10, None).await.unwrap();
+    let steps: Vec<(String, String)> = events.iter().take(5).map(|e| (e.object_id.clone(), e.action.clone())).collect();
+    let want = [("max", "update"), ("max", "update"), ("amy", "enable"), ("amy", "disable"), ("amy", "disable")];
+    assert_eq!(steps, want.map(|(a, b)| (a.to_string(), b.to_string())));
 }
 
 /// Sends `t` (first attempt) at `at` and has it printed at `at + 1`.

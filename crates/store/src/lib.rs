@@ -179,6 +179,10 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes every active session of an operator, audited; how many were revoked, or
     /// `None` when the tenant has no such operator.
     async fn revoke_operator_sessions(&self, change: RevokeOperatorSessions) -> StoreResult<Option<u64>>;
+    /// Disables or enables an operator, sets a new password, or records an unlock, audited
+    /// in the same transaction; the operator as it is after the change, or `None` when the
+    /// tenant has no such operator. A disable and a new password end every active session.
+    async fn change_operator(&self, change: ChangeOperator) -> StoreResult<Option<Operator>>;
 
     /// The tenant's set-up audit, newest first: at most `limit` rows with an id below
     /// `before` (the last id of the previous page).

@@ -995,6 +995,9 @@ pub struct Operator {
     /// The stores a `staff` operator works in (empty for a manager, who has them all).
     pub store_ids: Vec<String>,
     pub created_at: Millis,
+    /// When a manager (or the tenant's API key) disabled this login; `None` while it may
+    /// log in. A disabled operator's sessions end with the change.
+    pub disabled_at: Option<Millis>,
 }
 
 impl Operator {
@@ -1067,6 +1070,32 @@ pub struct OperatorSession {
     pub created_at: Millis,
     pub expires_at: Millis,
     pub operator: Operator,
+}
+
+/// A change to an operator's account, audited as a set-up change.
+#[derive(Debug, Clone)]
+pub struct ChangeOperator {
+    pub tenant_id: String,
+    pub operator_id: String,
+    pub change: OperatorChange,
+    pub now: Millis,
+    pub audit: SetupAudit,
+}
+
+/// What [`ChangeOperator`] changes about an account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorChange {
+    /// The login stops working and every session ends (audited `disable`). Disabling a
+    /// disabled operator keeps the first time.
+    Disable,
+    /// The login works again (audited `enable`); sessions ended by the disable stay ended.
+    Enable,
+    /// A new password (its argon2id PHC string); every session ends, so a password that
+    /// leaked stops working everywhere at once (audited `update`).
+    Password { password_hash: String },
+    /// Nothing in the database: the login throttle lives in each broker process. The
+    /// audit row (`update`) records who lifted it.
+    Unlock,
 }
 
 /// Revocation of every session of an operator (audited as a set-up change).

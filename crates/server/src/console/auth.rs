@@ -245,7 +245,12 @@ fn with_cookies(status: StatusCode, cookies: &[String], page: String) -> Respons
 }
 
 /// Checks the login and starts a session with a new secret.
-pub async fn login(State(st): State<AppState>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+pub async fn login(
+    State(st): State<AppState>,
+    peer: Option<axum::Extension<crate::http1::PeerAddr>>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
     let lang = Lang::of(&headers);
     let secure = secure(&st, &headers);
     let next = safe_next(Some(&f.next));
@@ -253,7 +258,8 @@ pub async fn login(State(st): State<AppState>, headers: HeaderMap, Form(f): Form
     if expected.is_empty() || !secrets::hashes_equal(&f.csrf, &expected) {
         return csrf_refused().into_response();
     }
-    match st.operators.login(f.tenant.trim(), f.operator.trim(), &f.password, SessionKind::Console).await {
+    let source = crate::extract::login_source(peer.map(|p| p.0), &headers);
+    match st.operators.login(f.tenant.trim(), f.operator.trim(), &f.password, SessionKind::Console, &source).await {
         Ok(login) => {
             // A session the browser still had ends here: one browser, one live session,
             // and a secret fixed before login cannot survive it.
@@ -287,6 +293,7 @@ pub async fn login(State(st): State<AppState>, headers: HeaderMap, Form(f): Form
                     ),
                     Some(*retry_after_s),
                 ),
+                OperatorError::Disabled(_) => (StatusCode::FORBIDDEN, lang.t("login.disabled").to_owned(), None),
                 OperatorError::BadLogin | OperatorError::Invalid(_) => {
                     (StatusCode::UNAUTHORIZED, lang.t("login.bad").to_owned(), None)
                 }

@@ -162,6 +162,12 @@ pub fn router() -> Router<AppState> {
         .route("/console/assets/console.css", get(asset_css))
         .route("/console/assets/console.js", get(asset_js))
         .route("/console/operators", get(pages::operators).post(pages::create_operator))
+        .route(
+            "/console/operators/{id}/{action}",
+            // A GET here (a bookmark, a login that came back to the form's address) shows
+            // the page instead of a bare 405.
+            get(|| async { ConsoleError::Redirect("/console/operators".into()) }).post(pages::operator_action),
+        )
         .route("/console/stores/{store}/", get(pages::overview))
         .route("/console/stores/{store}", get(pages::overview))
         .route("/console/stores/{store}/attention", get(pages::attention))
@@ -187,6 +193,7 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("GET", "/console/assets/console.js", true),
     ("GET", "/console/operators", false),
     ("POST", "/console/operators", false),
+    ("POST", "/console/operators/amy/disable", false),
     ("GET", "/console/stores/s1/", false),
     ("GET", "/console/stores/s1/attention", false),
     ("GET", "/console/stores/s1/tickets", false),

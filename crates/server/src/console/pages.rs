@@ -908,9 +908,98 @@ pub async fn reconciliation_csv(
         .into_response())
 }
 
-fn operators_body(
+/// The account actions of the operators page: the path word, the label, the note after it,
+/// and whether it first opens (a `details`) so that one tap does not do it.
+const OPERATOR_ACTIONS: &[(&str, &str, &str, bool)] = &[
+    ("sign-out", "operators.sign_out", "operators.done.sign_out", true),
+    ("disable", "operators.disable", "operators.done.disable", true),
+    ("enable", "operators.enable", "operators.done.enable", false),
+    ("unlock", "operators.unlock", "operators.done.unlock", false),
+    ("password", "operators.set_password", "operators.done.password", true),
+];
+
+/// One operator's card: who, their state (disabled, locked out), and the actions a manager
+/// has on the account.
+fn operator_card(
     lang: Lang,
     csrf: &str,
+    me: &str,
+    o: &onceprint_store::Operator,
+    lock: Option<&onceprint_engine::operators::Lockout>,
+) -> String {
+    let role = if o.role == OperatorRole::Manager { lang.t("role.manager") } else { lang.t("role.staff") };
+    let mut card = format!(
+        "<li class=\"card\" data-operator=\"{id}\"><strong>{name}</strong> <span class=\"muted\">{id} · {role} {stores}</span>",
+        id = esc(&o.id),
+        name = esc(&o.name),
+        role = esc(role),
+        stores = esc(&o.store_ids.join(", ")),
+    );
+    let is_me = o.id == me;
+    if is_me {
+        card.push_str(&format!(" <span class=\"badge\">{}</span>", esc(lang.t("operators.you"))));
+    }
+    if o.disabled_at.is_some() {
+        card.push_str(&format!(
+            " <span class=\"badge s-failed\" data-state=\"disabled\">{}</span>",
+            esc(lang.t("operators.disabled"))
+        ));
+    }
+    if let Some(l) = lock {
+        let left_s = u64::try_from((l.until - now_ms()).max(1000)).unwrap_or(1000).div_ceil(1000);
+        card.push_str(&format!(
+            " <span class=\"badge s-pending\" data-state=\"locked\">{} {}</span>",
+            esc(lang.t("operators.locked")),
+            esc(&html::wait(lang, left_s))
+        ));
+    }
+    card.push_str("<div class=\"actions\">");
+    for (action, label, _, confirm) in OPERATOR_ACTIONS {
+        let shown = match *action {
+            "disable" => o.disabled_at.is_none() && !is_me,
+            "enable" => o.disabled_at.is_some(),
+            "unlock" => lock.is_some(),
+            "sign-out" => o.disabled_at.is_none(),
+            _ => true,
+        };
+        if !shown {
+            continue;
+        }
+        let password = if *action == "password" {
+            format!(
+                "<label>{}<input name=\"password\" type=\"password\" required minlength=\"10\" maxlength=\"256\" \
+                 autocomplete=\"new-password\"></label>",
+                esc(lang.t("operators.new_password"))
+            )
+        } else {
+            String::new()
+        };
+        let form = format!(
+            "<form method=\"post\" action=\"/console/operators/{id}/{action}\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">{password}<button type=\"submit\">{label}</button></form>",
+            id = url_encode(&o.id),
+            csrf = esc(csrf),
+            label = esc(lang.t(label)),
+        );
+        if *confirm {
+            card.push_str(&format!(
+                "<details class=\"action\" data-action=\"{action}\"><summary>{}</summary>{form}</details>",
+                esc(lang.t(label))
+            ));
+        } else {
+            card.push_str(&format!("<div data-action=\"{action}\">{form}</div>"));
+        }
+    }
+    card.push_str("</div></li>");
+    card
+}
+
+#[allow(clippy::too_many_arguments)]
+fn operators_body(
+    st: &AppState,
+    lang: Lang,
+    csrf: &str,
+    me: &str,
     list: &[onceprint_store::Operator],
     stores: &[StoreRow],
     note: Option<&str>,
@@ -921,14 +1010,8 @@ fn operators_body(
     }
     body.push_str("<ul class=\"cards\" id=\"operators\">");
     for o in list {
-        let role = if o.role == OperatorRole::Manager { lang.t("role.manager") } else { lang.t("role.staff") };
-        body.push_str(&format!(
-            "<li class=\"card\" data-operator=\"{id}\"><strong>{name}</strong> <span class=\"muted\">{id} · {role} {stores}</span></li>",
-            id = esc(&o.id),
-            name = esc(&o.name),
-            role = esc(role),
-            stores = esc(&o.store_ids.join(", ")),
-        ));
+        let lock = st.operators.lockout(&o.tenant_id, &o.id);
+        body.push_str(&operator_card(lang, csrf, me, o, lock.as_ref()));
     }
     body.push_str("</ul>");
     body.push_str(&format!(
@@ -971,18 +1054,27 @@ fn manager_only(user: &ConsoleUser) -> Result<(), ConsoleError> {
     }
 }
 
+/// After an account action: which note the operators page shows.
+#[derive(Debug, Deserialize)]
+pub struct OperatorsQuery {
+    done: Option<String>,
+}
+
 /// The tenant's operators (managers only).
 pub async fn operators(
     State(st): State<AppState>,
     user: ConsoleUser,
     headers: HeaderMap,
+    Query(q): Query<OperatorsQuery>,
 ) -> Result<Response, ConsoleError> {
     manager_only(&user)?;
     let lang = user.lang;
     let tenant = &user.operator().tenant_id;
     let list = st.operators.list(tenant).await?;
     let stores = st.store.list_stores(tenant).await?;
-    let body = operators_body(lang, &user.session.csrf_token, &list, &stores, None);
+    // Only the notes of known actions: the query cannot put words on the page.
+    let note = q.done.and_then(|d| OPERATOR_ACTIONS.iter().find(|(a, ..)| *a == d)).map(|(_, _, done, _)| lang.t(done));
+    let body = operators_body(&st, lang, &user.session.csrf_token, &user.operator().id, &list, &stores, note);
     let r = Render {
         user: &user,
         shop: None,
@@ -992,6 +1084,42 @@ pub async fn operators(
         live: false,
     };
     Ok(render(r, &headers, &body))
+}
+
+/// An account action from the operators page (a manager): sign out everywhere, disable,
+/// enable, unlock, or a new password. Answers with a redirect to the page with a note, so
+/// that reloading it does not do the action again.
+pub async fn operator_action(
+    State(st): State<AppState>,
+    user: ConsoleUser,
+    Path((id, action)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Response, ConsoleError> {
+    let fields: HashMap<String, String> = form_pairs(&body).into_iter().collect();
+    user.check_csrf(fields.get("csrf").map_or("", String::as_str))?;
+    manager_only(&user)?;
+    let by = Creator::Manager(user.operator());
+    match action.as_str() {
+        "sign-out" => {
+            st.operators.revoke_sessions(by, &id).await?;
+        }
+        "disable" => {
+            st.operators.set_enabled(by, &id, false).await?;
+        }
+        "enable" => {
+            st.operators.set_enabled(by, &id, true).await?;
+        }
+        "unlock" => {
+            st.operators.unlock(by, &id).await?;
+        }
+        "password" => {
+            let password = fields.get("password").cloned().unwrap_or_default();
+            st.operators.set_password(by, &id, password).await?;
+        }
+        _ => return Err(ConsoleError::Api(ApiError::not_found(format!("no operator action {action:?}")))),
+    }
+    // Signing oneself out everywhere ends this session too: the login page follows.
+    Err(ConsoleError::Redirect(format!("/console/operators?done={action}")))
 }
 
 /// Creates an operator from the console's form (a manager).
@@ -1026,7 +1154,8 @@ pub async fn create_operator(
     let tenant = &user.operator().tenant_id;
     let list = st.operators.list(tenant).await?;
     let all = st.store.list_stores(tenant).await?;
-    let page = operators_body(lang, &user.session.csrf_token, &list, &all, Some(lang.t("operators.created")));
+    let me = &user.operator().id;
+    let page = operators_body(&st, lang, &user.session.csrf_token, me, &list, &all, Some(lang.t("operators.created")));
     let r = Render {
         user: &user,
         shop: None,
