@@ -781,8 +781,14 @@ pub struct CreateWebhook {
     pub url: String,
     /// Any of `task.failed`, `task.in_doubt`, `task.printed`, `printer.offline`, `printer.online`.
     pub events: Vec<String>,
-    /// The signing secret (at least 16 characters); generated when absent.
+    /// The signing secret (at least 16 characters). For `onceprint`, generated when
+    /// absent; for a group bot, the bot's own signing secret when it has one (DingTalk's
+    /// `SEC…`, Feishu's), else leave it out.
     pub secret: Option<String>,
+    /// How events are written: `onceprint` (default; the signed event as JSON) or a chat
+    /// group bot's text message: `wecom` (企业微信), `dingtalk` (钉钉), `feishu` (飞书/Lark),
+    /// `slack`.
+    pub format: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -790,7 +796,9 @@ pub struct WebhookCreated {
     pub id: String,
     pub url: String,
     pub events: Vec<String>,
-    /// The signing secret. Shown only in this answer.
+    /// `onceprint`, `wecom`, `dingtalk`, `feishu` or `slack`.
+    pub format: String,
+    /// The signing secret ("" for a bot without one). Shown only in this answer.
     pub secret: String,
     pub created_at: String,
 }
@@ -799,8 +807,16 @@ pub struct WebhookCreated {
 pub struct WebhookOut {
     pub id: String,
     pub url: String,
+    /// `onceprint`, `wecom`, `dingtalk`, `feishu` or `slack`.
+    pub format: String,
     pub events: Vec<String>,
     pub created_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookTestQueued {
+    /// The test message's event id, as `GET /v1/webhooks/{id}/deliveries` shows it.
+    pub event_id: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -274,6 +274,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/print-tasks/{task_id}/preview.png", get(render::task_preview))
         .route("/v1/webhooks", post(webhooks::create).get(webhooks::list))
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route("/v1/webhooks/{id}/test", post(webhooks::test))
         .route("/v1/agent/poll", post(agent::poll))
         .route("/v1/agent/acks", post(agent::acks))
         .route("/v1/agent/print-tasks", post(agent::submit))

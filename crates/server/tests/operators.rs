@@ -28,6 +28,7 @@ both_backends!(
     a_tickets_history_is_told_in_plain_words_in_both_languages,
     a_live_view_ends_when_its_browser_goes_away,
     a_manager_disables_unlocks_and_gives_new_passwords_in_the_console,
+    the_console_shows_counts_printer_names_and_first_lines,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -923,4 +924,46 @@ async fn a_manager_disables_unlocks_and_gives_new_passwords_in_the_console(app: 
     // A GET of an action's address shows the page.
     let get = max.get("/console/operators/amy/disable").await;
     assert_eq!((get.status, get.location.as_str()), (StatusCode::SEE_OTHER, "/console/operators"));
+}
+
+async fn the_console_shows_counts_printer_names_and_first_lines(app: &TestApp) {
+    let key = setup(app).await;
+    let id = in_doubt(app, &key, "s1", "p1", "C1").await;
+    let body = json!({"biz_no": "T7", "printer_id": "p2",
+                      "content": {"type": "text", "text": "Table 7\n\n   Kung   pao chicken\nRice\n"}});
+    let waiting = app.submit(&key, body).await.body["task_id"].as_str().unwrap_or("").to_owned();
+    app.sql("UPDATE printers SET last_error = 'no_paper' WHERE id = 'q1'").await;
+
+    let mut max = Browser::new(app);
+    assert_eq!(max.login("max", PASSWORD).await.status, StatusCode::SEE_OTHER);
+    // The stores at a glance: what needs a person where.
+    let home = max.get("/console/").await;
+    assert_eq!(home.status, StatusCode::OK);
+    // p1 says what its last ticket met (in doubt), as its card on the store's page does.
+    assert!(home.body.contains("data-store=\"s1\" data-attention=\"1\" data-printers-bad=\"1\""), "{}", home.body);
+    assert!(home.body.contains("data-store=\"s2\" data-attention=\"0\" data-printers-bad=\"1\""), "{}", home.body);
+    assert!(home.body.contains("printers with a problem"), "{}", home.body);
+
+    // Every page of the store counts what needs attention in its navigation.
+    for path in ["/console/stores/s1/", "/console/stores/s1/tickets", "/console/stores/s1/attention"] {
+        let page = max.get(path).await;
+        assert!(page.body.contains("id=\"attention-count\">1</span>"), "{path}: {}", page.body);
+    }
+    let quiet = max.get("/console/stores/s2/").await;
+    assert!(quiet.body.contains("id=\"attention-count\" hidden>0</span>"), "{}", quiet.body);
+    // A live refresh says the count in a header, for the badge outside the content.
+    let req = max.http.get(format!("{}/console/stores/s1/attention", max.base)).header("x-console-fragment", "1");
+    let fragment = max.send(req).await;
+    assert_eq!(fragment.header("x-console-attention"), "1");
+
+    // Printers by name, and each ticket's first lines as printed.
+    let attention = max.get("/console/stores/s1/attention").await;
+    let card = &attention.body[attention.body.find(&format!("data-task=\"{id}\"")).unwrap_or(0)..];
+    assert!(card.contains("Printer p1 ·") && card.contains("<p class=\"lines\">ticket</p>"), "{card}");
+    let tickets = max.get("/console/stores/s1/tickets").await;
+    let card = &tickets.body[tickets.body.find(&format!("data-task=\"{waiting}\"")).unwrap_or(0)..];
+    assert!(card.contains("Printer p2 ·"), "{card}");
+    assert!(card.contains("<p class=\"lines\">Table 7\nKung pao chicken</p>"), "{card}");
+    let ticket = max.get(&format!("/console/stores/s1/tickets/{id}")).await;
+    assert!(ticket.body.contains("<dd>Printer p1</dd>"), "{}", ticket.body);
 }

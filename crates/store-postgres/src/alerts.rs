@@ -11,18 +11,30 @@
 
 use onceprint_core::Millis;
 use onceprint_store::{
-    DueWebhook, NewWebhook, PrinterStatusUpdate, StoreResult, Webhook, WebhookAttempt, WebhookDelivery,
+    DueWebhook, NewWebhook, OutboxEvent, PrinterStatusUpdate, StoreResult, Webhook, WebhookAttempt, WebhookDelivery,
 };
 
 use crate::error::pg_error;
 use crate::rows::col;
 
 const CREATE_WEBHOOK: &str = "
-INSERT INTO webhooks (tenant_id, id, url, secret, events, created_at) VALUES ($1, $2, $3, $4, $5, $6)
-RETURNING tenant_id, id, url, events, created_at";
+INSERT INTO webhooks (tenant_id, id, url, secret, events, created_at, format) VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING tenant_id, id, url, events, created_at, format";
 
 const LIST_WEBHOOKS: &str =
-    "SELECT tenant_id, id, url, events, created_at FROM webhooks WHERE tenant_id = $1 ORDER BY id";
+    "SELECT tenant_id, id, url, events, created_at, format FROM webhooks WHERE tenant_id = $1 ORDER BY id";
+
+/// A test message for one endpoint: its outbox row and its delivery, only when the
+/// endpoint is the tenant's (no row: not found).
+const ENQUEUE_WEBHOOK_TEST: &str = "
+WITH hook AS (SELECT id, tenant_id FROM webhooks WHERE tenant_id = $2 AND id = $6),
+event AS (
+    INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at)
+    SELECT $1, $2, $3, $4, $5 FROM hook
+    RETURNING event_id
+)
+INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at)
+SELECT event.event_id, hook.id, hook.tenant_id, $5, $5 FROM event, hook";
 
 /// The endpoint left-joined with its newest deliveries: no row at all means the endpoint
 /// is not the tenant's, a row of NULLs that it has no deliveries (or `limit` is 0). The
@@ -45,7 +57,7 @@ ORDER BY d.created_at DESC, d.event_id DESC";
 /// Through `webhook_deliveries_due`, whose predicate the conditions repeat literally so
 /// that the planner can prove the partial index applies.
 pub(crate) const DUE_WEBHOOKS: &str = "
-SELECT d.event_id, d.webhook_id, d.tenant_id, w.url, w.secret, o.payload, d.attempts
+SELECT d.event_id, d.webhook_id, d.tenant_id, w.url, w.secret, o.payload, d.attempts, w.format
 FROM webhook_deliveries d
 JOIN webhooks w ON w.tenant_id = d.tenant_id AND w.id = d.webhook_id
 JOIN outbox o ON o.event_id = d.event_id
@@ -64,7 +76,7 @@ WHERE event_id = $1 AND webhook_id = $2";
 pub(crate) async fn create_webhook(client: &deadpool_postgres::Client, w: NewWebhook) -> StoreResult<Webhook> {
     let stmt = client.prepare_cached(CREATE_WEBHOOK).await.map_err(pg_error)?;
     let row = client
-        .query_one(&stmt, &[&w.tenant_id, &w.id, &w.url, &w.secret, &w.events, &w.now])
+        .query_one(&stmt, &[&w.tenant_id, &w.id, &w.url, &w.secret, &w.events, &w.now, &w.format])
         .await
         .map_err(|e| crate::create_error(e, |_| format!("webhook {}", w.id), |_| format!("tenant {}", w.tenant_id)))?;
     webhook(&row)
@@ -123,9 +135,23 @@ pub(crate) async fn due_webhooks(
                 secret: col(row, 4)?,
                 payload: col(row, 5)?,
                 attempts: col(row, 6)?,
+                format: col(row, 7)?,
             })
         })
         .collect()
+}
+
+pub(crate) async fn enqueue_webhook_test(
+    client: &deadpool_postgres::Client,
+    webhook_id: &str,
+    e: &OutboxEvent,
+) -> StoreResult<bool> {
+    let stmt = client.prepare_cached(ENQUEUE_WEBHOOK_TEST).await.map_err(pg_error)?;
+    let n = client
+        .execute(&stmt, &[&e.event_id, &e.tenant_id, &e.kind, &e.payload, &e.now, &webhook_id])
+        .await
+        .map_err(pg_error)?;
+    Ok(n > 0)
 }
 
 pub(crate) async fn record_webhook_attempt(client: &deadpool_postgres::Client, a: &WebhookAttempt) -> StoreResult<()> {
@@ -137,7 +163,7 @@ pub(crate) async fn record_webhook_attempt(client: &deadpool_postgres::Client, a
     Ok(())
 }
 
-/// Reads `tenant_id, id, url, events, created_at`.
+/// Reads `tenant_id, id, url, events, created_at, format`.
 fn webhook(row: &tokio_postgres::Row) -> StoreResult<Webhook> {
     Ok(Webhook {
         tenant_id: col(row, 0)?,
@@ -145,6 +171,7 @@ fn webhook(row: &tokio_postgres::Row) -> StoreResult<Webhook> {
         url: col(row, 2)?,
         events: col(row, 3)?,
         created_at: col(row, 4)?,
+        format: col(row, 5)?,
     })
 }
 

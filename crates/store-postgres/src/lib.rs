@@ -926,6 +926,11 @@ impl Store for PostgresStore {
         alerts::webhook_deliveries(&client, tenant_id, webhook_id, limit).await
     }
 
+    async fn enqueue_webhook_test(&self, webhook_id: &str, event: OutboxEvent) -> StoreResult<bool> {
+        let client = self.client().await?;
+        alerts::enqueue_webhook_test(&client, webhook_id, &event).await
+    }
+
     async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>> {
         let client = self.client().await?;
         alerts::due_webhooks(&client, now, limit).await

@@ -51,6 +51,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (22, V22_DIGEST_LOGINS),
     (23, V23_BIZ_NO_PREFIX),
     (24, V24_OPERATOR_DISABLED),
+    (25, V25_WEBHOOK_FORMAT),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -653,6 +654,14 @@ CREATE INDEX tasks_biz_no_prefix_idx ON tasks (tenant_id, biz_no COLLATE "C");
 /// disabled operator log in: disable operators once every node runs this release.
 const V24_OPERATOR_DISABLED: &str = r#"
 ALTER TABLE operators ADD COLUMN disabled_at BIGINT;
+"#;
+
+/// Alert endpoints that are group bots (WeCom, DingTalk, Feishu, Slack) get the bot's
+/// message instead of onceprint's signed event. A column with a default: brokers of the
+/// previous version neither read nor write it (and send such an endpoint onceprint's JSON,
+/// which the bot refuses: add bot endpoints once every node runs this release).
+const V25_WEBHOOK_FORMAT: &str = r#"
+ALTER TABLE webhooks ADD COLUMN format TEXT NOT NULL DEFAULT 'onceprint';
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

@@ -20,6 +20,7 @@ async fn webhook(s: &dyn Store, tenant: &str, id: &str, events: &[&str]) {
         id: id.into(),
         url: format!("http://127.0.0.1:9/{id}"),
         secret: "shh".into(),
+        format: "onceprint".into(),
         events: events.iter().map(|e| e.to_string()).collect(),
         now: NOW,
     })
@@ -254,6 +255,7 @@ async fn an_endpoints_history_is_its_own_newest_first() {
             id: "x".into(),
             url: "http://x".into(),
             secret: "s".into(),
+            format: "onceprint".into(),
             events: vec![],
             now: NOW,
         })

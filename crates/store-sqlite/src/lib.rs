@@ -866,6 +866,11 @@ impl Store for SqliteStore {
         self.read(move |c| sql::webhook_deliveries(c, &t, &w, limit)).await
     }
 
+    async fn enqueue_webhook_test(&self, webhook_id: &str, event: OutboxEvent) -> StoreResult<bool> {
+        let w = webhook_id.to_owned();
+        self.write(move |c| sql::enqueue_webhook_test(c, &w, &event)).await
+    }
+
     async fn due_webhooks(&self, now: onceprint_core::Millis, limit: i64) -> StoreResult<Vec<DueWebhook>> {
         self.read(move |c| sql::due_webhooks(c, now, limit)).await
     }

@@ -493,4 +493,11 @@ ALTER TABLE printer_credentials ADD COLUMN ha1_sha256 TEXT;
     r#"
 ALTER TABLE operators ADD COLUMN disabled_at INTEGER;
 "#,
+    // 25 (25 on PostgreSQL): alert endpoints that are group bots (WeCom, DingTalk, Feishu,
+    // Slack) get the bot's message instead of onceprint's signed event. A column with a
+    // default: an older broker neither reads nor writes it, and would send such an
+    // endpoint onceprint's JSON, which the bot refuses.
+    r#"
+ALTER TABLE webhooks ADD COLUMN format TEXT NOT NULL DEFAULT 'onceprint';
+"#,
 ];

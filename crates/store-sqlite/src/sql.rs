@@ -989,16 +989,19 @@ pub fn ledger_between(c: &Connection, tenant: &str, store: &str, from: i64, to: 
 pub fn create_webhook(c: &Connection, w: NewWebhook) -> StoreResult<Webhook> {
     let events = serde_json::to_string(&w.events).map_err(|e| StoreError::Backend(e.to_string()))?;
     c.execute(
-        "INSERT INTO webhooks (tenant_id, id, url, secret, events, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![w.tenant_id, w.id, w.url, w.secret, events, w.now],
+        "INSERT INTO webhooks (tenant_id, id, url, secret, events, created_at, format) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![w.tenant_id, w.id, w.url, w.secret, events, w.now, w.format],
     )
     .map_err(|e| constraint_err(e, &format!("webhook {}", w.id), &format!("tenant {}", w.tenant_id)))?;
-    Ok(Webhook { tenant_id: w.tenant_id, id: w.id, url: w.url, events: w.events, created_at: w.now })
+    Ok(Webhook { tenant_id: w.tenant_id, id: w.id, url: w.url, format: w.format, events: w.events, created_at: w.now })
 }
 
 pub fn list_webhooks(c: &Connection, tenant: &str) -> StoreResult<Vec<Webhook>> {
     let mut s = c
-        .prepare_cached("SELECT tenant_id, id, url, events, created_at FROM webhooks WHERE tenant_id = ?1 ORDER BY id")
+        .prepare_cached(
+            "SELECT tenant_id, id, url, events, created_at, format FROM webhooks WHERE tenant_id = ?1 ORDER BY id",
+        )
         .map_err(backend_err)?;
     let rows = s
         .query_map([tenant], |r| {
@@ -1008,14 +1011,15 @@ pub fn list_webhooks(c: &Connection, tenant: &str) -> StoreResult<Vec<Webhook>> 
                 r.get::<_, String>(2)?,
                 r.get::<_, String>(3)?,
                 r.get(4)?,
+                r.get::<_, String>(5)?,
             ))
         })
         .map_err(backend_err)?;
     let mut out = Vec::new();
     for row in rows {
-        let (tenant_id, id, url, events, created_at) = row.map_err(backend_err)?;
+        let (tenant_id, id, url, events, created_at, format) = row.map_err(backend_err)?;
         let events = serde_json::from_str(&events).map_err(|e| StoreError::Backend(format!("webhook {id}: {e}")))?;
-        out.push(Webhook { tenant_id, id, url, events, created_at });
+        out.push(Webhook { tenant_id, id, url, format, events, created_at });
     }
     Ok(out)
 }
@@ -1061,7 +1065,7 @@ pub fn webhook_deliveries(
 pub fn due_webhooks(c: &Connection, now: i64, limit: i64) -> StoreResult<Vec<DueWebhook>> {
     let mut s = c
         .prepare_cached(
-            "SELECT d.event_id, d.webhook_id, d.tenant_id, w.url, w.secret, o.payload, d.attempts \
+            "SELECT d.event_id, d.webhook_id, d.tenant_id, w.url, w.secret, o.payload, d.attempts, w.format \
              FROM webhook_deliveries d JOIN webhooks w ON w.tenant_id = d.tenant_id AND w.id = d.webhook_id \
              JOIN outbox o ON o.event_id = d.event_id \
              WHERE d.delivered_at IS NULL AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= ?1 \
@@ -1078,10 +1082,31 @@ pub fn due_webhooks(c: &Connection, now: i64, limit: i64) -> StoreResult<Vec<Due
                 secret: r.get(4)?,
                 payload: r.get(5)?,
                 attempts: r.get(6)?,
+                format: r.get(7)?,
             })
         })
         .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
+pub fn enqueue_webhook_test(c: &Connection, webhook_id: &str, e: &OutboxEvent) -> StoreResult<bool> {
+    let found = c
+        .prepare_cached("SELECT 1 FROM webhooks WHERE tenant_id = ?1 AND id = ?2")
+        .and_then(|mut s| s.query_row(params![e.tenant_id, webhook_id], |_| Ok(())).optional())
+        .map_err(backend_err)?;
+    if found.is_none() {
+        return Ok(false);
+    }
+    c.prepare_cached("INSERT INTO outbox (event_id, tenant_id, kind, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .and_then(|mut s| s.execute(params![e.event_id, e.tenant_id, e.kind, e.payload, e.now]))
+        .map_err(backend_err)?;
+    c.prepare_cached(
+        "INSERT INTO webhook_deliveries (event_id, webhook_id, tenant_id, next_attempt_at, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?4)",
+    )
+    .and_then(|mut s| s.execute(params![e.event_id, webhook_id, e.tenant_id, e.now]))
+    .map_err(backend_err)?;
+    Ok(true)
 }
 
 pub fn record_webhook_attempt(c: &Connection, a: &WebhookAttempt) -> StoreResult<()> {

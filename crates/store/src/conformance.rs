@@ -53,6 +53,7 @@ macro_rules! conformance_tests {
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
             attention_lists_failed_and_in_doubt_oldest_first, day_reads_for_reconciliation,
             alerts_go_through_the_outbox_with_the_change,
+            a_test_message_goes_to_its_endpoint_alone_in_its_format,
             api_keys_are_listed_added_and_revoked_but_never_the_last, agent_tokens_are_listed_and_revoked,
             printers_are_edited_as_compare_and_set_and_disabled, stations_get_new_printer_lists,
             setup_changes_are_audited_per_tenant_newest_first, printer_logins_are_found_by_hash_and_rotated,
@@ -1400,6 +1401,7 @@ fn hook(id: &str, events: &[&str]) -> NewWebhook {
         id: id.into(),
         url: format!("http://127.0.0.1:9/{id}"),
         secret: "shh".into(),
+        format: "onceprint".into(),
         events: events.iter().map(|e| e.to_string()).collect(),
         now: NOW,
     }
@@ -1555,6 +1557,36 @@ pub async fn day_reads_for_reconciliation(s: Arc<dyn Store>) {
     assert_eq!(ledger.len(), 2);
     assert!(ledger.iter().all(|e| e.kind == "charge"));
     assert!(s.ledger_between("other", "s1", NOW, NOW + 100).await.unwrap().is_empty());
+}
+
+pub async fn a_test_message_goes_to_its_endpoint_alone_in_its_format(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    tenant(&s, "other").await;
+    let bot = NewWebhook { format: "dingtalk".into(), secret: String::new(), ..hook("bot", &["task.failed"]) };
+    let created = s.create_webhook(bot).await.unwrap();
+    assert_eq!(created.format, "dingtalk");
+    s.create_webhook(hook("ops", &["webhook.test", "task.failed"])).await.unwrap();
+    let listed: Vec<(String, String)> =
+        s.list_webhooks("acme").await.unwrap().into_iter().map(|w| (w.id, w.format)).collect();
+    assert_eq!(listed, [("bot".into(), "dingtalk".into()), ("ops".into(), "onceprint".into())]);
+    let event = |id: &str, tenant: &str| OutboxEvent {
+        event_id: id.into(),
+        tenant_id: tenant.into(),
+        kind: "webhook.test".into(),
+        payload: r#"{"type":"webhook.test"}"#.into(),
+        now: NOW,
+    };
+    assert!(s.enqueue_webhook_test("bot", event("evt-test-1", "acme")).await.unwrap());
+    assert!(!s.enqueue_webhook_test("nope", event("evt-test-2", "acme")).await.unwrap());
+    assert!(!s.enqueue_webhook_test("bot", event("evt-test-3", "other")).await.unwrap(), "tenant-scoped");
+    let due = s.due_webhooks(NOW + 1, 10).await.unwrap();
+    let got: Vec<(&str, &str, &str, &str)> = due
+        .iter()
+        .map(|d| (d.webhook_id.as_str(), d.event_id.as_str(), d.format.as_str(), d.secret.as_str()))
+        .collect();
+    assert_eq!(got, [("bot", "evt-test-1", "dingtalk", "")], "to that endpoint alone, whatever the others take");
+    let history = s.webhook_deliveries("acme", "bot", 10).await.unwrap().unwrap_or_default();
+    assert_eq!(history.iter().map(|d| d.kind.as_str()).collect::<Vec<_>>(), ["webhook.test"]);
 }
 
 pub async fn alerts_go_through_the_outbox_with_the_change(s: Arc<dyn Store>) {

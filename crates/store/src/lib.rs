@@ -442,6 +442,9 @@ pub trait Store: Send + Sync + 'static {
     /// Registers a webhook endpoint for alerts.
     async fn create_webhook(&self, webhook: NewWebhook) -> StoreResult<Webhook>;
     async fn list_webhooks(&self, tenant_id: &str) -> StoreResult<Vec<Webhook>>;
+    /// Writes `event` to the outbox for endpoint `webhook_id` alone, whatever it subscribed
+    /// to (a test message a person asked for); `false` when the tenant has no such endpoint.
+    async fn enqueue_webhook_test(&self, webhook_id: &str, event: OutboxEvent) -> StoreResult<bool>;
     /// Delivery attempts of one endpoint, newest event first. `None` when the endpoint is
     /// not the tenant's.
     async fn webhook_deliveries(

@@ -741,7 +741,12 @@ pub struct NewWebhook {
     pub tenant_id: String,
     pub id: String,
     pub url: String,
+    /// The signing secret (onceprint's signature, or a group bot's signing key; empty: a
+    /// bot without signing).
     pub secret: String,
+    /// How events are written for the endpoint: `onceprint` (the signed event as JSON) or
+    /// a group bot's message (`wecom`, `dingtalk`, `feishu`, `slack`).
+    pub format: String,
     /// Event kinds the endpoint receives.
     pub events: Vec<String>,
     pub now: Millis,
@@ -752,6 +757,8 @@ pub struct Webhook {
     pub tenant_id: String,
     pub id: String,
     pub url: String,
+    /// See [`NewWebhook::format`].
+    pub format: String,
     pub events: Vec<String>,
     pub created_at: Millis,
 }
@@ -778,6 +785,8 @@ pub struct DueWebhook {
     pub tenant_id: String,
     pub url: String,
     pub secret: String,
+    /// See [`NewWebhook::format`].
+    pub format: String,
     pub payload: String,
     pub attempts: i32,
 }

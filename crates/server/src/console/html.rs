@@ -48,6 +48,16 @@ pub struct Frame<'a> {
     pub is_manager: bool,
     /// The server-sent events URL that makes this page live, if it is.
     pub live: Option<String>,
+    /// How many of the store's tickets need attention (a store's pages only).
+    pub attention: Option<usize>,
+}
+
+/// The badge on "Needs attention": the count, or nothing when there is none. The live
+/// view updates it from the `X-Console-Attention` header of each refresh.
+pub fn attention_badge(count: usize, id: Option<&str>) -> String {
+    let shown = if count > 99 { "99+".to_owned() } else { count.to_string() };
+    let id = id.map(|i| format!(" id=\"{}\"", esc(i))).unwrap_or_default();
+    format!("<span class=\"count\"{id}{}>{shown}</span>", if count == 0 { " hidden" } else { "" })
 }
 
 fn head(lang: Lang, title: &str) -> String {
@@ -96,7 +106,14 @@ pub fn page(f: &Frame<'_>, body: &str) -> String {
             ("reconciliation", "/reconciliation", "nav.reconciliation"),
         ] {
             let current = if f.current == key { " aria-current=\"page\"" } else { "" };
-            nav.push_str(&format!("<a href=\"{base}{path}\" id=\"nav-{key}\"{current}>{}</a>", esc(lang.t(name))));
+            let badge = match f.attention {
+                Some(n) if key == "attention" => format!(" {}", attention_badge(n, Some("attention-count"))),
+                _ => String::new(),
+            };
+            nav.push_str(&format!(
+                "<a href=\"{base}{path}\" id=\"nav-{key}\"{current}>{}{badge}</a>",
+                esc(lang.t(name))
+            ));
         }
     }
     let stores_current = if f.current == "stores" { " aria-current=\"page\"" } else { "" };

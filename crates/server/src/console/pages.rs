@@ -50,7 +50,13 @@ fn action_key(a: ManualAction) -> &'static str {
 struct Shop {
     row: StoreRow,
     zone: Zone,
+    /// How many tickets need attention now (at most [`ATTENTION_COUNTED`]), for the badge
+    /// on every page of the store.
+    attention: usize,
 }
+
+/// The most tickets the attention badge counts; beyond it the badge says "99+".
+const ATTENTION_COUNTED: i64 = 100;
 
 async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> Result<Shop, ConsoleError> {
     let not_found = || ConsoleError::Api(ApiError::not_found(format!("no store {store_id:?}")));
@@ -59,7 +65,8 @@ async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> Result<Shop,
     }
     let row = st.store.get_store(&user.operator().tenant_id, store_id).await?.ok_or_else(not_found)?;
     let zone = tz::parse(&row.timezone).unwrap_or_else(|_| Zone::utc());
-    Ok(Shop { row, zone })
+    let attention = st.store.attention(&row.tenant_id, &row.id, ATTENTION_COUNTED).await?.len();
+    Ok(Shop { row, zone, attention })
 }
 
 /// A task of the store, or "not found" (another store's task, another tenant's, no task).
@@ -93,7 +100,11 @@ struct Render<'a> {
 fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response {
     let no_store = [(header::CACHE_CONTROL, "no-store")];
     if wants_fragment(headers) {
-        return (no_store, Html(html::fragment(r.title, body))).into_response();
+        let mut res = (no_store, Html(html::fragment(r.title, body))).into_response();
+        if let Some(v) = r.shop.and_then(|s| header::HeaderValue::from_str(&s.attention.to_string()).ok()) {
+            res.headers_mut().insert("x-console-attention", v);
+        }
+        return res;
     }
     let frame = Frame {
         lang: r.user.lang,
@@ -105,8 +116,59 @@ fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response {
         current: r.current,
         is_manager: r.user.operator().role == OperatorRole::Manager,
         live: r.shop.filter(|_| r.live).map(|s| format!("/console/stores/{}/live", url_encode(&s.row.id))),
+        attention: r.shop.map(|s| s.attention),
     };
     (no_store, Html(html::page(&frame, body))).into_response()
+}
+
+/// Printer names by id: people know their printers by name ("Kitchen left"), not by id.
+fn printer_names(printers: &[Printer]) -> HashMap<&str, &str> {
+    printers.iter().map(|p| (p.id.as_str(), p.name.as_str())).collect()
+}
+
+/// The name of printer `id`, or the id of a printer no longer in the list.
+fn name_of<'a>(names: &HashMap<&str, &'a str>, id: &'a str) -> &'a str {
+    names.get(id).copied().unwrap_or(id)
+}
+
+/// Lines of a ticket shown in a list, and the characters of each.
+const FIRST_LINES: usize = 2;
+const LINE_CHARS: usize = 48;
+
+/// The first lines of each ticket as it prints (laid out as text), so that staff can tell
+/// "did it come out?" without opening it. Raw ESC/POS has no text to show.
+async fn first_lines(st: &AppState, tasks: &[Task]) -> Result<HashMap<String, String>, ConsoleError> {
+    let ids: Vec<String> = tasks.iter().map(|t| t.task_id.clone()).collect();
+    let mut out = HashMap::new();
+    for chunk in ids.chunks(500) {
+        for (id, content) in st.store.task_contents(chunk).await? {
+            let Ok(Some(doc)) = onceprint_render::stored::document_of(&content.content_type, &content.content) else {
+                continue;
+            };
+            let text = onceprint_render::to_text(&doc, &onceprint_render::stored::profile_for(None, Some(&doc)));
+            let lines: Vec<String> = text
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .filter(|l| !l.is_empty() && !l.chars().all(|c| "-=*_ .".contains(c)))
+                .take(FIRST_LINES)
+                .map(|l| {
+                    if l.chars().count() > LINE_CHARS {
+                        format!("{}…", l.chars().take(LINE_CHARS).collect::<String>())
+                    } else {
+                        l
+                    }
+                })
+                .collect();
+            if !lines.is_empty() {
+                out.insert(id, lines.join("\n"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn lines_of(lines: &HashMap<String, String>, task_id: &str) -> String {
+    lines.get(task_id).map(|l| format!("<p class=\"lines\">{}</p>", esc(l))).unwrap_or_default()
 }
 
 fn store_base(shop: &Shop) -> String {
@@ -130,13 +192,35 @@ pub async fn home(State(st): State<AppState>, user: ConsoleUser, headers: Header
     if let [only] = stores.as_slice() {
         return Err(ConsoleError::Redirect(format!("/console/stores/{}/", url_encode(&only.id))));
     }
-    let mut body = String::from("<ul class=\"cards\">");
+    // Each store with what is wrong there, so that a manager of several shops sees at a
+    // glance where to look: tickets needing attention and printers with a problem.
+    let printers = st.store.list_printers(&user.operator().tenant_id, None).await?;
+    let mut body = String::from("<ul class=\"cards\" id=\"stores\">");
     for s in &stores {
+        let attention = st.store.attention(&s.tenant_id, &s.id, ATTENTION_COUNTED).await?.len();
+        let bad = printers
+            .iter()
+            .filter(|p| p.store_id == s.id && p.enabled)
+            .filter(|p| p.last_error.is_some() || (!p.online && p.last_seen_at.is_some()))
+            .count();
+        let mut problems = Vec::new();
+        if attention > 0 {
+            problems.push(format!("{} {}", html::attention_badge(attention, None), esc(lang.t("stores.attention"))));
+        }
+        if bad > 0 {
+            problems.push(format!("<strong>{bad}</strong> {}", esc(lang.t("stores.printers_bad"))));
+        }
+        let state = if problems.is_empty() {
+            format!("<span class=\"fine\">{}</span>", esc(lang.t("stores.fine")))
+        } else {
+            problems.join(" · ")
+        };
         body.push_str(&format!(
-            "<li class=\"card\"><a href=\"/console/stores/{}/\">{}</a> <span class=\"muted\">{}</span></li>",
-            url_encode(&s.id),
-            esc(&s.name),
-            esc(&s.id)
+            "<li class=\"card\" data-store=\"{id}\" data-attention=\"{attention}\" data-printers-bad=\"{bad}\">\
+             <a href=\"/console/stores/{url}/\">{name}</a> <span class=\"muted\">{id}</span><p class=\"reason\">{state}</p></li>",
+            url = url_encode(&s.id),
+            name = esc(&s.name),
+            id = esc(&s.id),
         ));
     }
     body.push_str("</ul>");
@@ -269,7 +353,10 @@ fn action_forms(lang: Lang, csrf: &str, shop: &Shop, task: &Task, printers: &[Pr
                     "<label>{}<select name=\"printer_id\"><option value=\"\">{} ({})</option>",
                     esc(lang.t("action.on_printer")),
                     esc(lang.t("action.same_printer")),
-                    esc(&task.printer_id)
+                    esc(printers
+                        .iter()
+                        .find(|p| p.id == task.printer_id)
+                        .map_or(task.printer_id.as_str(), |p| &p.name))
                 );
                 for p in &others {
                     sel.push_str(&format!("<option value=\"{}\">{}</option>", esc(&p.id), esc(&p.name)));
@@ -323,6 +410,8 @@ pub async fn attention(
     let tenant = &user.operator().tenant_id;
     let tasks = st.store.attention(tenant, &shop.row.id, 200).await?;
     let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
+    let names = printer_names(&printers);
+    let lines = first_lines(&st, &tasks).await?;
     let now = now_ms();
     let path = format!("{}/attention", store_base(&shop));
     let mut body = String::new();
@@ -338,13 +427,14 @@ pub async fn attention(
         body.push_str(&format!(
             "<li class=\"card ticket\" data-task=\"{id}\" data-state=\"{state}\">\
              <div class=\"row\"><a href=\"{base}/tickets/{id}\"><strong>{biz}</strong></a> {badge}\
-             <span class=\"muted\">{printer} · {for_l} {age}</span></div><p class=\"reason\">{reason}</p>{forms}</li>",
+             <span class=\"muted\">{printer} · {for_l} {age}</span></div>{lines}<p class=\"reason\">{reason}</p>{forms}</li>",
             id = esc(&t.task_id),
             state = t.state.as_str(),
             base = store_base(&shop),
             biz = esc(&t.biz_no),
             badge = state_badge(lang, t.state),
-            printer = esc(&t.printer_id),
+            printer = esc(name_of(&names, &t.printer_id)),
+            lines = lines_of(&lines, &t.task_id),
             for_l = esc(lang.t("attention.age")),
             age = age(lang, now - t.updated_at),
             reason = esc(&reason),
@@ -478,18 +568,21 @@ pub async fn tickets(
     if tasks.is_empty() {
         body.push_str(&format!("<p class=\"empty\">{}</p>", esc(lang.t("tickets.none"))));
     }
+    let names = printer_names(&printers);
+    let lines = first_lines(&st, &tasks).await?;
     body.push_str("<ul class=\"tickets\" id=\"results\">");
     for t in &tasks {
         body.push_str(&format!(
             "<li class=\"card ticket\" data-task=\"{id}\" data-state=\"{state}\"><div class=\"row\">\
              <a href=\"{base}/tickets/{id}\"><strong>{biz}</strong></a> {badge}\
-             <span class=\"muted\">{printer} · {created}</span></div></li>",
+             <span class=\"muted\">{printer} · {created}</span></div>{lines}</li>",
             id = esc(&t.task_id),
             state = t.state.as_str(),
             base = store_base(&shop),
             biz = esc(&t.biz_no),
             badge = state_badge(lang, t.state),
-            printer = esc(&t.printer_id),
+            printer = esc(name_of(&names, &t.printer_id)),
+            lines = lines_of(&lines, &t.task_id),
             created = esc(&shop.zone.local_time(t.created_at)),
         ));
     }
@@ -574,6 +667,7 @@ pub async fn ticket(
     let events = st.store.task_events(tenant, &task.task_id).await?.unwrap_or_default();
     let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
     let chain = chain_of(&st, &task).await?;
+    let names = printer_names(&printers);
     let base = store_base(&shop);
     let path = format!("{base}/tickets/{}", url_encode(&task.task_id));
     let z = &shop.zone;
@@ -588,7 +682,7 @@ pub async fn ticket(
         state = task.state.as_str(),
         badge = state_badge(lang, task.state),
         printer_l = esc(lang.t("ticket.printer")),
-        printer = esc(&task.printer_id),
+        printer = esc(name_of(&names, &task.printer_id)),
         type_l = esc(lang.t("ticket.type")),
         ptype = esc(&task.print_type),
         att_l = esc(lang.t("ticket.attempts")),
@@ -634,7 +728,7 @@ pub async fn ticket(
             kind_attr = t.origin_kind.map_or("original", |k| k.as_str()),
             kind = esc(&kind),
             badge = state_badge(lang, t.state),
-            printer = esc(&t.printer_id),
+            printer = esc(name_of(&names, &t.printer_id)),
             at = esc(&z.local_time(t.created_at)),
         ));
     }

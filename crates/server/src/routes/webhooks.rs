@@ -6,19 +6,22 @@ use crate::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use onceprint_core::validate_id;
-use onceprint_engine::alerts::EVENT_KINDS;
+use onceprint_engine::alerts::{AlertFormat, EVENT_KINDS, TEST_EVENT};
 use onceprint_engine::{clock::now_ms, secrets};
-use onceprint_store::NewWebhook;
+use onceprint_store::{NewWebhook, OutboxEvent};
 
 use crate::dto::{
     rfc3339, CreateWebhook, WebhookCreated, WebhookDeliveryList, WebhookDeliveryOut, WebhookList, WebhookOut,
+    WebhookTestQueued,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{JsonBody, TenantAuth};
 use crate::AppState;
 
 /// Register an endpoint. Events are POSTed as JSON with `x-onceprint-event-id` and
-/// `x-onceprint-signature: t=UNIX_SECONDS,v1=HEX(HMAC-SHA256(secret, "t.body"))`.
+/// `x-onceprint-signature: t=UNIX_SECONDS,v1=HEX(HMAC-SHA256(secret, "t.body"))`; to a
+/// chat group bot (`format`: `wecom`, `dingtalk`, `feishu`, `slack`) as the bot's text
+/// message, signed as that bot checks when it has a secret.
 #[utoipa::path(post, path = "/v1/webhooks", operation_id = "create_webhook", tag = "alerts", request_body = CreateWebhook, security(("tenant" = [])),
     responses((status = 201, body = WebhookCreated), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
@@ -43,10 +46,18 @@ pub async fn create(
             )));
         }
     }
+    let format = match req.format.as_deref() {
+        None => AlertFormat::Onceprint,
+        Some(f) => AlertFormat::parse(f).ok_or_else(|| {
+            ApiError::invalid(format!("format: unknown {f:?}; one of {}", AlertFormat::NAMES.join(", ")))
+        })?,
+    };
     let secret = match req.secret {
         // Characters, as the OpenAPI document's `minLength` counts them.
         Some(s) if s.chars().count() < 16 => return Err(ApiError::invalid("secret: at least 16 characters")),
         Some(s) => s,
+        // A bot without a signing secret is sent unsigned; onceprint's events always are.
+        None if format.is_bot() => String::new(),
         None => secrets::generate("whsec_"),
     };
     let w = st
@@ -56,13 +67,21 @@ pub async fn create(
             id: req.id,
             url: req.url,
             secret: secret.clone(),
+            format: format.as_str().to_owned(),
             events: req.events,
             now: now_ms(),
         })
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(WebhookCreated { id: w.id, url: w.url, events: w.events, secret, created_at: rfc3339(w.created_at) }),
+        Json(WebhookCreated {
+            id: w.id,
+            url: w.url,
+            events: w.events,
+            format: w.format,
+            secret,
+            created_at: rfc3339(w.created_at),
+        }),
     ))
 }
 
@@ -74,9 +93,48 @@ pub async fn list(State(st): State<AppState>, auth: TenantAuth) -> Result<Json<W
     Ok(Json(WebhookList {
         webhooks: hooks
             .into_iter()
-            .map(|w| WebhookOut { id: w.id, url: w.url, events: w.events, created_at: rfc3339(w.created_at) })
+            .map(|w| WebhookOut {
+                id: w.id,
+                url: w.url,
+                format: w.format,
+                events: w.events,
+                created_at: rfc3339(w.created_at),
+            })
             .collect(),
     }))
+}
+
+/// Sends a test message (`webhook.test`) to this endpoint alone, through the outbox like
+/// every alert: its delivery appears in `GET /v1/webhooks/{id}/deliveries` with the
+/// endpoint's answer (for a bot, its error code when it refused the message).
+#[utoipa::path(post, path = "/v1/webhooks/{id}/test", operation_id = "test_webhook", tag = "alerts", security(("tenant" = [])),
+    params(("id" = String, Path)),
+    responses((status = 202, body = WebhookTestQueued), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn test(
+    State(st): State<AppState>,
+    auth: TenantAuth,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<WebhookTestQueued>), ApiError> {
+    let now = now_ms();
+    let event_id = onceprint_engine::alerts::new_event_id(now);
+    let payload = serde_json::json!({
+        "id": event_id,
+        "type": TEST_EVENT,
+        "created_at": rfc3339(now),
+        "tenant_id": auth.tenant_id,
+        "data": { "webhook_id": id },
+    });
+    let event = OutboxEvent {
+        event_id: event_id.clone(),
+        tenant_id: auth.tenant_id.clone(),
+        kind: TEST_EVENT.into(),
+        payload: payload.to_string(),
+        now,
+    };
+    if !st.store.enqueue_webhook_test(&id, event).await? {
+        return Err(ApiError::not_found(format!("no webhook {id:?}")));
+    }
+    Ok((StatusCode::ACCEPTED, Json(WebhookTestQueued { event_id })))
 }
 
 /// Delivery attempts of one endpoint, newest event first.

@@ -42,6 +42,17 @@
     setTimeout(function () { cue.hidden = true; }, 8000);
   }
 
+  // The badge on "Needs attention" sits outside the swapped content; each refresh says
+  // the count in a header.
+  function setCount(n) {
+    var badge = document.getElementById("attention-count");
+    if (!badge || n === null) return;
+    var k = parseInt(n, 10);
+    if (isNaN(k)) return;
+    badge.textContent = k > 99 ? "99+" : String(k);
+    badge.hidden = k === 0;
+  }
+
   function refresh() {
     if (busy()) { pending = true; return; }
     pending = false;
@@ -49,6 +60,7 @@
     fetch(location.href, { headers: { "X-Console-Fragment": "1" }, credentials: "same-origin", redirect: "manual" })
       .then(function (r) {
         if (r.type === "opaqueredirect" || r.status === 303 || r.redirected) { location.reload(); return null; }
+        if (r.ok) { setCount(r.headers.get("X-Console-Attention")); }
         return r.ok ? r.text() : null;
       })
       .then(function (html) {
