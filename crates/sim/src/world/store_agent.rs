@@ -483,3 +483,99 @@ impl World {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect(printers: &Printers, i: usize) -> Connection {
+        Connection {
+            shared: printers.0.clone(),
+            printer: i,
+            power: printers.0.lock()[i].power,
+            pending: Vec::new(),
+            replies: VecDeque::new(),
+            mute: false,
+        }
+    }
+
+    const STATUS: [u8; 9] = [0x10, 0x04, 1, 0x10, 0x04, 2, 0x10, 0x04, 4];
+    const GS_H: [u8; 11] = [0x1D, 0x28, 0x48, 0x06, 0x00, 0x30, 0x30, b'a', b'b', b'c', b'd'];
+
+    #[test]
+    fn a_ready_printer_answers_its_status_and_confirms_a_job_once_it_printed() {
+        let printers = Printers::new().expect("the printers");
+        let mut c = connect(&printers, 0);
+        c.take(&STATUS);
+        assert_eq!(c.replies.drain(..).collect::<Vec<_>>(), [0x12, 0x12, 0x12]);
+        // The job and its `GS ( H` may arrive in pieces.
+        c.take(b"ticket\n\x1d(H");
+        assert!(c.replies.is_empty());
+        c.take(&GS_H[3..]);
+        assert_eq!(c.replies.drain(..).collect::<Vec<_>>(), [0x37, 0x22, b'a', b'b', b'c', b'd', 0x00]);
+        assert_eq!(printers.settle(0), (vec![b"ticket\n".to_vec()], true));
+    }
+
+    #[test]
+    fn each_stop_shows_in_the_status_bytes_the_reference_gives_it() {
+        let printers = Printers::new().expect("the printers");
+        for (print, expected) in [
+            (AgentPrint::Blocked(Outcome::NoPaper), [0x1A, 0x32, 0x7E]),
+            (AgentPrint::Blocked(Outcome::CoverOpen), [0x1A, 0x16, 0x12]),
+            (AgentPrint::Blocked(Outcome::PaperJam), [0x1A, 0x52, 0x12]),
+        ] {
+            printers.prepare(0, print);
+            let mut c = connect(&printers, 0);
+            c.take(&STATUS);
+            let got: Vec<u8> = c.replies.drain(..).collect();
+            assert_eq!(got, expected, "{print:?}");
+            let mut status = onceprint_escpos::status::PrinterStatus::default();
+            for (n, b) in [1, 2, 4].into_iter().zip(got) {
+                assert!(status.apply(n, b));
+            }
+            assert!(status.blocker().is_some(), "{print:?}");
+            printers.settle(0);
+        }
+    }
+
+    #[test]
+    fn a_printer_without_gs_h_prints_the_job_and_skips_the_command() {
+        let printers = Printers::new().expect("the printers");
+        let mut c = connect(&printers, 1);
+        c.take(b"ticket\n");
+        c.take(&GS_H);
+        c.take(&STATUS);
+        assert_eq!(c.replies.drain(..).collect::<Vec<_>>(), [0x12, 0x12, 0x12]);
+        assert_eq!(printers.settle(1), (vec![b"ticket\n".to_vec()], true));
+    }
+
+    #[test]
+    fn a_kill_as_the_printer_takes_the_job_leaves_no_answer_and_paper_only_when_drawn() {
+        for paper in [true, false] {
+            let printers = Printers::new().expect("the printers");
+            printers.prepare(0, AgentPrint::Crash { paper });
+            let mut c = connect(&printers, 0);
+            c.take(&STATUS);
+            c.replies.clear();
+            let mut job = b"ticket\n".to_vec();
+            job.extend_from_slice(&GS_H);
+            c.take(&job);
+            assert!(c.replies.is_empty());
+            let (out, sent) = printers.settle(0);
+            assert!(sent);
+            assert_eq!(out.len(), usize::from(paper));
+        }
+    }
+
+    #[test]
+    fn a_switched_off_printer_refuses_connections_and_ends_the_ones_it_had() {
+        let printers = Printers::new().expect("the printers");
+        let c = connect(&printers, 0);
+        printers.prepare(0, AgentPrint::Blocked(Outcome::Offline));
+        assert!(c.dead());
+        let address: PrinterAddress = PRINTERS[0].1.parse().expect("an address");
+        assert!(printers.open(&address).is_err());
+        printers.settle(0);
+        assert!(printers.open(&address).is_ok(), "on again for the next delivery");
+    }
+}
