@@ -79,6 +79,8 @@ mod offline;
 pub mod outbox;
 pub mod printer;
 pub mod protocol;
+#[doc(hidden)]
+pub mod simulation;
 mod state_dir;
 mod watch;
 mod worker;

@@ -3,7 +3,8 @@
 //!
 //! A printer is reached through a byte link (`ByteLink`): a raw TCP connection
 //! (`tcp://`), a USB printer-class device or a serial port (`usb://`, `serial://`, see
-//! [`crate::address`]). Whatever carries the bytes, the sequence is this one: connect or
+//! [`crate::address`]), or, in the simulation only, an in-process stream a [`Connector`]
+//! opens. Whatever carries the bytes, the sequence is this one: connect or
 //! open (or reuse the printer's open link, see [`PrinterLink`]); ask `DLE EOT 1, 2, 4`
 //! and refuse to send anything to a printer that reports a blocker; make `started`
 //! durable; send the job followed by `GS ( H` with a process id unique to this attempt;
@@ -30,7 +31,7 @@ use onceprint_escpos::{ack, status};
 use status::PrinterStatus;
 use std::io;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
@@ -125,6 +126,8 @@ enum ByteLink {
     /// A USB printer-class device or a serial port.
     #[cfg(unix)]
     Device(crate::device::DeviceFile),
+    /// An in-process byte stream a [`Connector`] opened (the simulation's printers).
+    Stream(Box<dyn PrinterStream>),
 }
 
 impl ByteLink {
@@ -166,6 +169,10 @@ impl ByteLink {
             }
             #[cfg(unix)]
             ByteLink::Device(d) => d.write_all(bytes).await,
+            ByteLink::Stream(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
         }
     }
 
@@ -175,6 +182,7 @@ impl ByteLink {
             ByteLink::Tcp(s) => s.read(buf).await,
             #[cfg(unix)]
             ByteLink::Device(d) => d.read(buf).await,
+            ByteLink::Stream(s) => s.read(buf).await,
         }
     }
 
@@ -184,6 +192,16 @@ impl ByteLink {
             ByteLink::Tcp(s) => s.try_read(buf),
             #[cfg(unix)]
             ByteLink::Device(d) => d.try_read(buf),
+            ByteLink::Stream(s) => {
+                // One poll without a waker to call: what is there now, or `WouldBlock`.
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                let mut read = tokio::io::ReadBuf::new(buf);
+                match std::pin::Pin::new(s).poll_read(&mut cx, &mut read) {
+                    std::task::Poll::Ready(Ok(())) => Ok(read.filled().len()),
+                    std::task::Poll::Ready(Err(e)) => Err(e),
+                    std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
         }
     }
 
@@ -196,8 +214,27 @@ impl ByteLink {
             // A device has nothing to say goodbye with; dropping it closes it.
             #[cfg(unix)]
             ByteLink::Device(d) => drop(d),
+            ByteLink::Stream(mut s) => {
+                let _ = s.shutdown().await;
+            }
         }
     }
+}
+
+/// A byte stream to a printer that is neither a socket nor a device: what a [`Connector`]
+/// opens.
+pub trait PrinterStream: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> PrinterStream for T {}
+
+/// Opens byte streams to printers in place of TCP, USB and serial, for a [`PrinterLink`]
+/// made with [`PrinterLink::with_connector`]. It exists so that the simulation drives the
+/// real print sequence (status check, `started`, job, `GS ( H`, confirmation) against
+/// printers simulated in the same process; the agent itself never sets one.
+pub trait Connector: Send + Sync {
+    /// A new stream to the printer at `address`, or why it cannot be reached (a printer
+    /// switched off refuses the connection).
+    fn open(&self, address: &PrinterAddress) -> io::Result<Box<dyn PrinterStream>>;
 }
 
 /// A link to a printer with the bytes it sent that were not consumed yet.
@@ -430,11 +467,36 @@ pub struct PrinterLink {
     conn: Option<(PrinterAddress, PrinterConnection)>,
     last_used: Option<Instant>,
     opened: u64,
+    /// Opens the link's connections instead of TCP, USB or serial (see [`Connector`]).
+    connector: Option<std::sync::Arc<dyn Connector>>,
 }
 
 impl PrinterLink {
     pub fn new() -> PrinterLink {
         PrinterLink::default()
+    }
+
+    /// A link whose connections `connector` opens, whatever the address says: how the
+    /// simulation puts its printers behind the real print sequence.
+    pub fn with_connector(connector: std::sync::Arc<dyn Connector>) -> PrinterLink {
+        PrinterLink { connector: Some(connector), ..PrinterLink::default() }
+    }
+
+    /// A new connection to `address`, through the connector when the link has one. Takes
+    /// no borrow of the link across the wait, so the worker's future stays `Send`.
+    async fn connect(
+        connector: Option<std::sync::Arc<dyn Connector>>,
+        address: &PrinterAddress,
+        within: Duration,
+    ) -> Result<PrinterConnection, DriverError> {
+        match connector {
+            None => PrinterConnection::connect(address, within).await,
+            Some(c) => {
+                let stream =
+                    c.open(address).map_err(|source| DriverError::Connect { address: address.to_string(), source })?;
+                Ok(PrinterConnection { stream: ByteLink::Stream(stream), buf: Vec::new(), out: Vec::new() })
+            }
+        }
     }
 
     /// Whether a connection is open now.
@@ -497,7 +559,9 @@ impl PrinterLink {
                 }
             }
         }
-        let mut conn = PrinterConnection::connect(address, cfg.connect_timeout).await.map_err(|e| e.to_string())?;
+        let mut conn = PrinterLink::connect(self.connector.clone(), address, cfg.connect_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
         self.opened += 1;
         match conn.status(&STATUS_REQUESTS, cfg.status_timeout).await {
             Ok(st) => {
@@ -713,6 +777,54 @@ mod tests {
         assert_eq!(scan_status(&[0x37, 0x22, 0x12]), Scan::Found(2));
         assert_eq!(scan_status(&[0x37, 0x22, b':', b':', b':', b':', 0x12]), Scan::Found(2));
         assert_eq!(scan_status(&[0x01, 0x80]), Scan::NeedMore(2));
+    }
+
+    /// Opens one in-process stream per connection, or refuses when there is none left.
+    struct Streams(std::sync::Mutex<Vec<tokio::io::DuplexStream>>);
+
+    impl Connector for Streams {
+        fn open(&self, _: &PrinterAddress) -> io::Result<Box<dyn PrinterStream>> {
+            match self.0.lock().map(|mut v| v.pop()) {
+                Ok(Some(s)) => Ok(Box::new(s)),
+                _ => Err(io::ErrorKind::ConnectionRefused.into()),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_link_with_a_connector_prints_over_its_stream_and_journals_as_over_tcp() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let journal = Journal::open(dir.path(), 100).expect("a journal");
+        let (agent_side, mut printer) = tokio::io::duplex(1024);
+        // The printer: three status bytes of a ready printer, then the job and its
+        // `GS ( H`, answered once the job is in.
+        let printer = tokio::spawn(async move {
+            let mut req = [0u8; 9];
+            printer.read_exact(&mut req).await.expect("the status requests");
+            assert_eq!(req, [0x10, 0x04, 1, 0x10, 0x04, 2, 0x10, 0x04, 4]);
+            printer.write_all(&[0x12, 0x12, 0x12]).await.expect("the status answers");
+            let mut job = vec![0u8; 4 + 11];
+            printer.read_exact(&mut job).await.expect("the job");
+            assert_eq!(&job[..4], b"hi\n\n");
+            let id = [job[11], job[12], job[13], job[14]];
+            printer.write_all(&ack::reply(id)).await.expect("the reply");
+            printer
+        });
+        let connector = std::sync::Arc::new(Streams(std::sync::Mutex::new(vec![agent_side])));
+        let mut link = PrinterLink::with_connector(connector);
+        let address: PrinterAddress = "tcp://192.0.2.1:9100".parse().expect("an address");
+        let job = Job { task_id: "T1", attempt: 1, key: "K#p1", data: b"hi\n\n", process_id: *b"abcd" };
+        let cfg = DriverConfig::default();
+        let done = print_job_on(&mut link, &journal, &address, &job, &cfg, Confirmation::ProcessId).await;
+        assert_eq!(done.outcome, Outcome::Printed, "{}", done.detail);
+        assert_eq!(journal.lookup("T1").map(|r| r.state), Some(RecordState::Printed));
+        let _printer = printer.await.expect("the printer's task");
+        // No stream is left: the next connection is refused, and nothing is started.
+        link.discard();
+        let again = Job { task_id: "T2", ..job };
+        let done = print_job_on(&mut link, &journal, &address, &again, &cfg, Confirmation::ProcessId).await;
+        assert_eq!(done.outcome, Outcome::Offline, "{}", done.detail);
+        assert_eq!(journal.lookup("T2"), None);
     }
 
     #[test]

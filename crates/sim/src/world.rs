@@ -1,7 +1,8 @@
 //! The simulated world of one run: the real broker (intake, lane engine, agent transport,
 //! CloudPRNT and Epson adapters on the polled mechanism, the push driver, manual channel,
 //! sweeps, offline sync, retention) on a real store, under a clock only the schedule
-//! moves; around it a POS, two store agents, a CloudPRNT printer, an Epson printer and a
+//! moves; around it a POS, two store agents running the agent's own worker and journal
+//! (`store_agent`), their ESC/POS printers, a CloudPRNT printer, an Epson printer and a
 //! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), and
 //! a network of requests that may be lost, repeated, reordered or lose their answers. The
 //! world knows what the broker cannot: what came out on paper. `check` compares the two
@@ -38,6 +39,7 @@ use tokio::runtime::Runtime;
 use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
 mod lan;
+mod store_agent;
 
 const TENANT: &str = "t";
 /// The store agents' ids; the first holds the store's LAN listener once the shop's POS
@@ -219,15 +221,8 @@ impl Broker {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Journal {
-    Started,
-    Printed,
-    InDoubt,
-    Blocked(Outcome),
-}
-
-/// A store agent as the real one behaves (crates/agent/src/worker.rs), without sockets.
+/// A store agent: the broker-facing side (its session, the deliveries it holds, its acks)
+/// here, its process running the agent's real worker and journal (`store_agent`).
 struct SimAgent {
     id: &'static str,
     session: String,
@@ -237,11 +232,8 @@ struct SimAgent {
     started: i64,
     inbox: VecDeque<AgentDelivery>,
     outbox: Vec<AckIn>,
-    /// Kept across restarts (the state directory).
-    journal: HashMap<String, (i32, Journal)>,
-    /// The same records by delivery key (the journal's `lookup_key`): the local lane of
-    /// offline tickets asks it before it prints a key.
-    journal_keys: HashMap<String, Journal>,
+    /// The process: its journal (a file kept across restarts), its printer links.
+    process: store_agent::Process,
 }
 
 /// A request of an agent on its way to the broker.
@@ -427,6 +419,10 @@ pub struct World {
     /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
     outbox: onceprint_agent::outbox::Outbox,
     lan: lan::LanFacts,
+    /// The runtime the agents' own code runs on (its clock paused).
+    agent_rt: Runtime,
+    /// The ESC/POS printers the agents print to.
+    printers: store_agent::Printers,
 }
 
 fn policies() -> PolicyTable {
@@ -454,6 +450,19 @@ impl World {
     pub fn new(rt: Runtime, harness: Harness, trace: bool, agent_dir: &std::path::Path) -> Result<World, Fail> {
         let store = harness.store.clone();
         let outbox = onceprint_agent::outbox::Outbox::open(agent_dir).map_err(|e| engine_err("outbox", e))?;
+        let mut processes = Vec::new();
+        for (i, id) in AGENT_IDS.iter().enumerate() {
+            // The LAN listener's state directory is the one its outbox is in.
+            let (dir, outbox) = if i == lan::LISTENER {
+                (agent_dir.to_owned(), outbox.clone())
+            } else {
+                let dir = agent_dir.join(id);
+                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                let outbox = onceprint_agent::outbox::Outbox::open(&dir).map_err(|e| engine_err("outbox", e))?;
+                (dir, outbox)
+            };
+            processes.push(store_agent::Process::start(&dir, outbox)?);
+        }
         let clock = Arc::new(ManualClock::new(START));
         rt.block_on(set_up(&store)).map_err(|e| engine_err("set-up", e))?;
         let policies = policies();
@@ -480,8 +489,10 @@ impl World {
             line_up: true,
             outbox,
             lan: lan::LanFacts::default(),
+            agent_rt: store_agent::runtime()?,
+            printers: store_agent::Printers::new()?,
         };
-        for id in AGENT_IDS {
+        for (id, process) in AGENT_IDS.into_iter().zip(processes) {
             let session = w.new_session(0);
             w.agents.push(SimAgent {
                 id,
@@ -490,8 +501,7 @@ impl World {
                 started: 0,
                 inbox: VecDeque::new(),
                 outbox: Vec::new(),
-                journal: HashMap::new(),
-                journal_keys: HashMap::new(),
+                process,
             });
         }
         Ok(w)
@@ -666,7 +676,7 @@ impl World {
                     self.net.remove(i);
                 }
             }
-            Op::RestartAgent { agent } => self.restart_agent(agent),
+            Op::RestartAgent { agent } => self.restart_agent(agent)?,
             Op::CloudPoll { .. } | Op::CloudFetch { .. } | Op::CloudPrint { .. } | Op::CloudPowerCycle { .. }
                 if self.cloud.dead => {}
             Op::CloudPoll { status } => self.cloud_poll(status)?,
@@ -831,7 +841,7 @@ impl World {
             Ok(d) => d,
             // A newer process of this agent took over: this one stops and starts again.
             Err(PollError::Superseded(_)) => {
-                self.restart_agent(agent);
+                self.restart_agent(agent)?;
                 return Ok(());
             }
             Err(e) => return Err(engine_err("poll", e)),
@@ -884,59 +894,6 @@ impl World {
         self.tally.copies += 1;
     }
 
-    /// The agent's worker, as crates/agent/src/worker.rs: the journal answers first.
-    fn handle(&mut self, agent: usize, print: AgentPrint) -> Result<(), Fail> {
-        let Some(d) = self.agents[agent].inbox.pop_front() else { return Ok(()) };
-        let ack = |outcome| AckIn::agent(d.task_id.clone(), d.attempt, outcome, String::new());
-        if agent == lan::LISTENER && !self.agents[agent].journal.contains_key(&d.task_id) {
-            if let Some(o) = self.lan_journal_answer(&d.idempotency_key, &d.task_id)? {
-                self.agents[agent].outbox.push(ack(o));
-                return Ok(());
-            }
-        }
-        let journal = &mut self.agents[agent].journal;
-        if let Some((attempt, j)) = journal.get(&d.task_id).copied() {
-            let authorised = d.reprint && attempt < d.attempt;
-            let answer = match j {
-                Journal::Printed => Some(Outcome::Printed),
-                Journal::Started | Journal::InDoubt if authorised => None,
-                Journal::Started => {
-                    journal.insert(d.task_id.clone(), (d.attempt, Journal::InDoubt));
-                    Some(Outcome::InDoubt)
-                }
-                Journal::InDoubt => Some(Outcome::InDoubt),
-                Journal::Blocked(o) if attempt >= d.attempt => Some(o),
-                Journal::Blocked(_) => None,
-            };
-            if let Some(o) = answer {
-                self.agents[agent].outbox.push(ack(o));
-                return Ok(());
-            }
-        }
-        let (record, paper, reply) = match print {
-            AgentPrint::Printed => (Journal::Printed, true, Some(Outcome::Printed)),
-            AgentPrint::Blocked(o) => (Journal::Blocked(o), false, Some(o)),
-            AgentPrint::LostAfterPaper => (Journal::InDoubt, true, Some(Outcome::InDoubt)),
-            AgentPrint::Crash { paper } => (Journal::Started, paper, None),
-        };
-        self.agents[agent].journal.insert(d.task_id.clone(), (d.attempt, record));
-        self.agents[agent].journal_keys.insert(d.idempotency_key.clone(), record);
-        if paper {
-            self.paper(&d.task_id, &d.data);
-        }
-        if print == AgentPrint::LostAfterPaper {
-            self.facts.exposed.insert(d.task_id.clone());
-        }
-        match reply {
-            Some(o) => self.agents[agent].outbox.push(ack(o)),
-            None => {
-                self.facts.exposed.insert(d.task_id.clone());
-                self.restart_agent(agent);
-            }
-        }
-        Ok(())
-    }
-
     fn deliver(&mut self, msg: Msg, answer_lost: bool) -> Result<(), Fail> {
         let id = self.agents[msg.agent].id;
         self.facts.heard.insert(id, self.times());
@@ -959,7 +916,7 @@ impl World {
     }
 
     /// kill -9 and start again: what was in memory is gone, the journal stays.
-    fn restart_agent(&mut self, agent: usize) {
+    fn restart_agent(&mut self, agent: usize) -> Result<(), Fail> {
         let session = self.new_session(self.agents[agent].clock_offset);
         let elapsed = self.facts.elapsed;
         let a = &mut self.agents[agent];
@@ -969,6 +926,7 @@ impl World {
         a.inbox.clear();
         a.outbox.clear();
         a.session = session;
+        a.process.restart(&self.agent_rt)
     }
 
     /// The broker counts a polling printer's polls as its sign of life (docs/ARCHITECTURE.md:

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use onceprint_agent::journal::RecordState;
 use onceprint_agent::outbox::{Forwarded, HistoryEntry, Inserted, LocalState, OfflineTask};
 use onceprint_core::content::{Content, ContentLimits};
 use onceprint_core::ids::TaskId;
@@ -238,11 +239,11 @@ impl World {
             return Ok(());
         };
         // The journal answers for a key the agent printed (or started) for the broker.
-        let known = self.agents[LISTENER].journal_keys.get(&t.delivery_key).copied();
+        let known = self.agents[LISTENER].process.journal().lookup_key(&t.delivery_key).map(|r| r.state);
         let answered = match known {
-            Some(super::Journal::Printed) => Some(LocalState::Printed),
-            Some(super::Journal::Started | super::Journal::InDoubt) => Some(LocalState::InDoubt),
-            Some(super::Journal::Blocked(_)) | None => None,
+            Some(RecordState::Printed) => Some(LocalState::Printed),
+            Some(RecordState::Started | RecordState::InDoubt) => Some(LocalState::InDoubt),
+            Some(_) | None => None,
         };
         if let Some(to) = answered {
             let e = entry(attempt, if to == LocalState::Printed { "printed" } else { "in_doubt" });
@@ -277,7 +278,7 @@ impl World {
                     .map_err(|e| engine_err("outbox", e))?;
             }
             // The process dies with the task `printing`; the outbox and journal stay.
-            None => self.restart_agent(LISTENER),
+            None => self.restart_agent(LISTENER)?,
         }
         Ok(())
     }
