@@ -5,8 +5,8 @@
 //! engine and its agent transport, the CloudPRNT and Epson Server Direct Print adapters on
 //! the polled mechanism, the push driver, the manual channel, failover, the sweeps, the
 //! offline sync, retention — on a real store, under a clock only the schedule moves, with a POS,
-//! store agents (and the agent's own offline outbox), printers of every kind but MQTT, a
-//! webhook receiver, the shop's line and the network between them simulated by their
+//! store agents (and the agent's own offline outbox), printers of every kind (MQTT devices
+//! on the real MQTT transport and inbox, behind a simulated MQTT server), a webhook receiver, the shop's line and the network between them simulated by their
 //! documented rules ([`world`]). After every step the world checks the promise against
 //! what it knows and the broker does not: the paper. A failing run names its seed and a
 //! shrunk schedule that still fails, and a seed replays the same run.
@@ -19,7 +19,8 @@
 //! Where things are: `schedule.rs`, a fault schedule drawn from a seed (`rng.rs`, its own
 //! SplitMix64); `world.rs`, the run under a `ManualClock` with a POS, store agents, printers
 //! of each kind, a webhook receiver and the network; `world/lan.rs`, the shop's LAN path on
-//! the agent's real outbox; lanes are drained at the end, and failing schedules are shrunk
+//! the agent's real outbox; `world/mqtt.rs`, the MQTT printers and their server; lanes are
+//! drained at the end, and failing schedules are shrunk
 //! and replayed by seed.
 
 pub mod cli;

@@ -2,7 +2,9 @@
 //! CloudPRNT and Epson adapters on the polled mechanism, the push driver, manual channel,
 //! sweeps, offline sync, retention) on a real store, under a clock only the schedule
 //! moves; around it a POS, two store agents, a CloudPRNT printer, an Epson printer and a
-//! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), and
+//! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), an
+//! onceprint MQTT device and a Star printer in CloudPRNT Version MQTT behind a simulated
+//! MQTT server, on the broker's real MQTT transport and inbox (`mqtt`), and
 //! a network of requests that may be lost, repeated, reordered or lose their answers. The
 //! world knows what the broker cannot: what came out on paper. `check` compares the two
 //! after every step.
@@ -38,6 +40,7 @@ use tokio::runtime::Runtime;
 use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
 mod lan;
+mod mqtt;
 
 const TENANT: &str = "t";
 /// The store agents' ids; the first holds the store's LAN listener once the shop's POS
@@ -49,10 +52,12 @@ const CLOUD: &str = "c1";
 const CLOUD_MAC: &str = "00:11:62:00:00:01";
 const EPSON: &str = "e1";
 const HOOK: &str = "w1";
-/// Printers a transfer names, by the schedule's index.
-const TRANSFER_TO: [&str; crate::schedule::PRINTERS] = ["a1", "a2", "c1", "e1", "w1"];
-/// The schedule's targets (see `schedule::TARGETS`): the name, and whether it is a station.
-const TARGETS: [(&str, bool); crate::schedule::TARGETS] = [
+/// Printers a transfer names, by the schedule's index (the MQTT printers last).
+const TRANSFER_TO: [&str; crate::schedule::PRINTERS + crate::schedule::MQTT_PRINTERS] =
+    ["a1", "a2", "c1", "e1", "w1", mqtt::PRINTERS[0], mqtt::PRINTERS[1]];
+/// The schedule's targets (see `schedule::TARGETS`, then `schedule::MQTT_TARGETS`): the
+/// name, and whether it is a station.
+const TARGETS: [(&str, bool); crate::schedule::TARGETS + crate::schedule::MQTT_TARGETS] = [
     ("a1", false),
     ("a2", false),
     ("c1", false),
@@ -61,6 +66,10 @@ const TARGETS: [(&str, bool); crate::schedule::TARGETS] = [
     ("e1", false),
     ("st-y", true),
     ("w1", false),
+    mqtt::TARGETS[0],
+    mqtt::TARGETS[1],
+    mqtt::TARGETS[2],
+    mqtt::TARGETS[3],
 ];
 /// Print types of three priorities; `kitchen` reprints on doubt.
 pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
@@ -427,6 +436,8 @@ pub struct World {
     /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
     outbox: onceprint_agent::outbox::Outbox,
     lan: lan::LanFacts,
+    /// The MQTT printers, their MQTT server and the broker's MQTT transport.
+    mqtt: mqtt::MqttWorld,
 }
 
 fn policies() -> PolicyTable {
@@ -480,6 +491,7 @@ impl World {
             line_up: true,
             outbox,
             lan: lan::LanFacts::default(),
+            mqtt: mqtt::MqttWorld::default(),
         };
         for id in AGENT_IDS {
             let session = w.new_session(0);
@@ -494,6 +506,7 @@ impl World {
                 journal_keys: HashMap::new(),
             });
         }
+        w.mqtt_start()?;
         Ok(w)
     }
 
@@ -552,6 +565,7 @@ impl World {
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
         self.clock.advance(ms);
+        self.mqtt.monotonic.advance(ms);
         self.facts.elapsed += ms;
     }
 
@@ -760,6 +774,7 @@ impl World {
                 let broker =
                     self.rt.block_on(async { Broker::start(&self.store, &self.clock, &self.policies, &self.hook) });
                 self.broker = broker;
+                self.mqtt_restart()?;
             }
             Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
             Op::Prune => {
@@ -768,6 +783,7 @@ impl World {
                     .map_err(|e| engine_err("retention", e))?;
                 self.tally.pruned += report.tasks;
             }
+            Op::Mqtt(ref m) => self.mqtt_step(m)?,
         }
         Ok(())
     }
@@ -1268,6 +1284,9 @@ impl World {
                 None if t.printer_id == CLOUD => Some(CLOUD),
                 None if t.printer_id == EPSON => Some(EPSON),
                 None if t.printer_id == HOOK => Some(HOOK),
+                // An MQTT printer's job, like a webhook's, goes to a person after the push
+                // driver's doubt time without an answer.
+                None if mqtt::is_mqtt(&t.printer_id) => Some(HOOK),
                 None => None,
             };
             let (heard, limit) = match holder {
@@ -1453,6 +1472,7 @@ impl World {
             while self.hook.state().jobs.values().any(|j| j.done.is_none()) {
                 self.hook_print(0, true, false)?;
             }
+            self.mqtt_drain_round(&open)?;
             if !self.epson.dead {
                 self.epson.stopped = None;
                 self.epson_print(EpsonPrint::Printed)?;
@@ -1599,5 +1619,5 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
             })
             .await?;
     }
-    Ok(())
+    mqtt::set_up(store, now).await
 }
