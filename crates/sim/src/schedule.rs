@@ -453,18 +453,18 @@ pub const MQTT_TARGETS: usize = 4;
 /// Printers only MQTT steps transfer to (after the `PRINTERS`): `m1`, `s1`.
 pub const MQTT_PRINTERS: usize = 2;
 
-/// In a third of the schedules, the MQTT printers' steps, drawn from a stream of their own
+/// In a quarter of the schedules, the MQTT printers' steps, drawn from a stream of their own
 /// (the other schedules are the ones their seeds named before MQTT was simulated) and put
 /// among the others at random places: tickets for the MQTT printers and their stations,
 /// the push driver's rounds, the devices at work and failing, the MQTT server losing and
 /// repeating messages, operators moving tickets to and from the MQTT printers.
 fn insert_mqtt(seed: u64, ops: &mut Vec<Op>) {
     let mut m = Rng::new(seed ^ MQTT_STREAM);
-    if !m.chance(33) {
+    if !m.chance(25) {
         return;
     }
     let n = ops.len() as u64;
-    let k = (n / 4).max(4) + m.below(n / 4 + 1);
+    let k = (n / 5).max(4) + m.below(n / 5 + 1);
     for _ in 0..k {
         let op = match m.weighted(&[6, 7, 7, 6, 6, 1, 1, 1, 1, 1, 1, 1, 2]) {
             0 => Op::Submit {
