@@ -90,12 +90,20 @@ impl Devices {
     }
 
     /// Records a status; returns whether the device came (back) online with it.
+    ///
+    /// The epoch changes when the device went away (its last will) and whenever it came
+    /// back after that or with a new connection id; the first status this process hears
+    /// from a device, online and without a connection id (a Star printer answering the
+    /// status request every device is sent when the broker connects), says nothing of the
+    /// device having left: had it left, its last will would have come first. Counting it
+    /// would put a Star job published meanwhile in doubt for nothing.
     pub fn heard(&self, addr: &DeviceAddr, online: bool, connection: Option<&str>) -> bool {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
         let Some(e) = map.get_mut(addr) else { return false };
         let new_connection = connection.is_some() && e.connection.as_deref() != connection;
         let came = online && (e.online != Some(true) || new_connection);
-        if came || (!online && e.online != Some(false)) {
+        let returned = online && (e.online == Some(false) || new_connection);
+        if returned || (!online && e.online != Some(false)) {
             e.epoch += 1;
         }
         e.online = Some(online);
@@ -103,5 +111,48 @@ impl Devices {
             e.connection = connection.map(str::to_owned);
         }
         came
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use onceprint_engine::transport::MqttProtocol;
+
+    use super::*;
+
+    fn known(addr: &DeviceAddr) -> Devices {
+        let devices = Devices::default();
+        let owner = Owner { tenant_id: "t".into(), store_id: "s".into(), printer_id: "p".into() };
+        devices
+            .map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(addr.clone(), Entry { owner: Some(owner), online: None, epoch: 0, connection: None });
+        devices
+    }
+
+    #[test]
+    fn a_star_printer_first_heard_online_has_not_left() {
+        let star = DeviceAddr::new(MqttProtocol::Cloudprnt, "00:11:62:aa:bb:cc");
+        let devices = known(&star);
+        // The answer to the status request sent when the broker connected.
+        assert!(devices.heard(&star, true, None), "it is online: its lane may move");
+        assert_eq!(devices.epoch(&star), 0, "a job published before it was heard is still its own");
+        // Its last will, then its return: it left, and a job in flight is in doubt.
+        assert!(!devices.heard(&star, false, None));
+        assert!(devices.heard(&star, true, None));
+        assert_eq!(devices.epoch(&star), 2);
+    }
+
+    #[test]
+    fn a_device_with_a_new_connection_is_sent_its_job_again() {
+        let dev = DeviceAddr::new(MqttProtocol::Onceprint, "d1");
+        let devices = known(&dev);
+        assert!(devices.heard(&dev, true, Some("d1-1")));
+        let first = devices.epoch(&dev);
+        assert!(!devices.heard(&dev, true, Some("d1-1")), "the same connection again");
+        assert_eq!(devices.epoch(&dev), first);
+        assert!(devices.heard(&dev, true, Some("d1-2")), "rebooted without a last will");
+        assert_eq!(devices.epoch(&dev), first + 1);
     }
 }

@@ -26,20 +26,32 @@ use rumqttc::Publish;
 use tokio::sync::mpsc;
 
 use crate::devices::{Devices, Owner};
-use crate::link::{Incoming, Link};
+use crate::link::{Connection, Incoming};
 use crate::protocol::{decode, parse_topic, DeviceAddr, JobResult, Message, Status};
 use crate::transport::MqttTransport;
 
 /// Applies what devices publish.
 pub struct Inbox {
     pub(crate) lanes: Arc<LaneEngine>,
-    pub(crate) link: Arc<Link>,
+    pub(crate) link: Arc<dyn Connection>,
     pub(crate) devices: Arc<Devices>,
     pub(crate) transport: Arc<MqttTransport>,
     pub(crate) claimant: Claimant,
 }
 
 impl Inbox {
+    /// The inbox of one term of the MQTT transport: results are acknowledged on the lane
+    /// engine as `claimant`, a result's attempt is reported to `transport` as answered.
+    pub fn new(
+        lanes: Arc<LaneEngine>,
+        link: Arc<dyn Connection>,
+        devices: Arc<Devices>,
+        transport: Arc<MqttTransport>,
+        claimant: Claimant,
+    ) -> Inbox {
+        Inbox { lanes, link, devices, transport, claimant }
+    }
+
     /// Runs until the link's channel closes (the link stopped).
     pub async fn run(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Incoming>) {
         while let Some(incoming) = rx.recv().await {
@@ -55,7 +67,8 @@ impl Inbox {
         }
     }
 
-    async fn ask_everyone(&self) {
+    /// Asks every device of an `mqtt` printer for its status (after the link connected).
+    pub async fn ask_everyone(&self) {
         if let Err(e) = self.devices.refresh(self.lanes.store().as_ref()).await {
             tracing::warn!(error = %e, "cannot read the MQTT printers");
         }
@@ -65,7 +78,10 @@ impl Inbox {
         }
     }
 
-    async fn apply_then_ack(&self, p: Publish) {
+    /// Applies one message a device published and acknowledges it once its effect is
+    /// durable; one that cannot be applied now is tried again until it is, or until the
+    /// broker stops (then it stays unacknowledged, and the MQTT server delivers it again).
+    pub async fn apply_then_ack(&self, p: Publish) {
         let mut backoff = Duration::from_millis(100);
         loop {
             match self.apply(&p).await {

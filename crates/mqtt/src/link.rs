@@ -69,6 +69,23 @@ impl Waiters {
     }
 }
 
+/// What the transport and the inbox need of the connection to the MQTT server: publish
+/// with QoS 1 and learn what became of it, acknowledge what arrived, and know whether the
+/// server is reachable and kept the broker's session. [`Link`] is the connection the broker
+/// runs; the simulation stands in for the MQTT server with its own, without sockets, so that
+/// it can lose, repeat and delay messages and their PUBACKs deterministically.
+#[async_trait::async_trait]
+pub trait Connection: Send + Sync + 'static {
+    /// Whether the MQTT server can be reached now.
+    fn is_connected(&self) -> bool;
+    /// How many sessions the MQTT server has not kept so far.
+    fn lost_sessions(&self) -> u64;
+    /// Publishes with QoS 1 (never retained) and waits for the server's PUBACK.
+    async fn publish(&self, topic: &str, payload: Vec<u8>) -> Published;
+    /// Sends the PUBACK of an incoming message (call once its effect is durable).
+    async fn ack(&self, message: &Publish);
+}
+
 /// A running link. Cheap to share behind an `Arc`.
 pub struct Link {
     client: AsyncClient,
@@ -163,6 +180,25 @@ impl Link {
         if let Err(e) = self.client.ack(message).await {
             tracing::debug!(error = %e, "PUBACK not sent: the link is stopping");
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Connection for Link {
+    fn is_connected(&self) -> bool {
+        Link::is_connected(self)
+    }
+
+    fn lost_sessions(&self) -> u64 {
+        Link::lost_sessions(self)
+    }
+
+    async fn publish(&self, topic: &str, payload: Vec<u8>) -> Published {
+        Link::publish(self, topic, payload).await
+    }
+
+    async fn ack(&self, message: &Publish) {
+        Link::ack(self, message).await
     }
 }
 

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use onceprint_core::{Outcome, Proof};
+use onceprint_engine::clock::{Clock, SystemClock};
 use onceprint_engine::directory::PrinterInfo;
 use onceprint_engine::transport::push::{Asked, PushTransport, Sent};
 use onceprint_engine::transport::{MqttProtocol, TransportConfig, TransportKind};
@@ -33,19 +34,31 @@ use onceprint_engine::Delivery;
 
 use crate::devices::Devices;
 use crate::job_url::JobUrl;
-use crate::link::{Link, Published};
+use crate::link::{Connection, Published};
 use crate::protocol::{job_payload, DeviceAddr, Job};
 
 #[derive(Debug, Clone, Copy)]
 struct SentRecord {
     device_epoch: u64,
     lost_sessions: u64,
-    at: Instant,
+    /// By the transport's monotonic clock.
+    at: i64,
+}
+
+/// The process's monotonic clock in milliseconds since the transport was made: how long a
+/// job has gone unanswered is measured on it, so that a step of the wall clock neither
+/// sends a job again early nor holds it back.
+struct Monotonic(Instant);
+
+impl Clock for Monotonic {
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.0.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
 }
 
 /// The MQTT transport. Share it behind an `Arc`.
 pub struct MqttTransport {
-    link: Arc<Link>,
+    link: Arc<dyn Connection>,
     devices: Arc<Devices>,
     /// (task, attempt) → when and in which epochs it was last handed to the MQTT server.
     sent: Mutex<HashMap<(String, i32), SentRecord>>,
@@ -54,6 +67,10 @@ pub struct MqttTransport {
     star_unknown_after_ms: i64,
     /// Where Star printers fetch their `url` jobs.
     job_url: Arc<JobUrl>,
+    /// The wall clock a task's `sent_at` is compared with (the lane engine's).
+    wall: Arc<dyn Clock>,
+    /// How long ago a job was handed over (see [`Monotonic`]).
+    monotonic: Arc<dyn Clock>,
 }
 
 /// The device a delivery goes to.
@@ -66,13 +83,31 @@ pub fn device_of(printer: &PrinterInfo) -> Option<DeviceAddr> {
 
 impl MqttTransport {
     pub fn new(
-        link: Arc<Link>,
+        link: Arc<dyn Connection>,
         devices: Arc<Devices>,
         resend_after: Duration,
         star_unknown_after_ms: i64,
         job_url: Arc<JobUrl>,
     ) -> MqttTransport {
-        MqttTransport { link, devices, sent: Mutex::default(), resend_after, star_unknown_after_ms, job_url }
+        MqttTransport {
+            link,
+            devices,
+            sent: Mutex::default(),
+            resend_after,
+            star_unknown_after_ms,
+            job_url,
+            wall: Arc::new(SystemClock),
+            monotonic: Arc::new(Monotonic(Instant::now())),
+        }
+    }
+
+    /// The same transport reading other clocks: `wall` for the tasks' times (the lane
+    /// engine's clock), `monotonic` for how long a job has gone unanswered. The simulation
+    /// moves both by hand; the broker keeps the system's.
+    pub fn with_clocks(mut self, wall: Arc<dyn Clock>, monotonic: Arc<dyn Clock>) -> MqttTransport {
+        self.wall = wall;
+        self.monotonic = monotonic;
+        self
     }
 
     /// A result for this attempt arrived: nothing more to send.
@@ -82,7 +117,8 @@ impl MqttTransport {
         // Records of deliveries that ended some other way (a person settled them) are
         // dropped once they are old, so that the map stays the size of what is in flight.
         if sent.len() > 10_000 {
-            sent.retain(|_, r| r.at.elapsed() < Duration::from_secs(3600));
+            let now = self.monotonic.now_ms();
+            sent.retain(|_, r| now - r.at < 3_600_000);
         }
     }
 }
@@ -138,7 +174,7 @@ impl PushTransport for MqttTransport {
         let record = SentRecord {
             device_epoch: self.devices.epoch(&addr),
             lost_sessions: self.link.lost_sessions(),
-            at: Instant::now(),
+            at: self.monotonic.now_ms(),
         };
         match self.link.publish(&addr.job_topic(), payload).await {
             Published::Acked => {
@@ -172,7 +208,7 @@ impl PushTransport for MqttTransport {
         if addr.protocol == MqttProtocol::Cloudprnt {
             let unknown = |why: &str| {
                 let sent_at = d.task.sent_at.unwrap_or(d.task.updated_at);
-                if onceprint_engine::clock::now_ms() - sent_at < self.star_unknown_after_ms {
+                if self.wall.now_ms() - sent_at < self.star_unknown_after_ms {
                     return Asked::Pending;
                 }
                 Asked::Done {
@@ -208,7 +244,7 @@ impl PushTransport for MqttTransport {
             None => Asked::Unknown,
             Some(r) if r.device_epoch != self.devices.epoch(&addr) => Asked::Unknown,
             Some(r) if r.lost_sessions != self.link.lost_sessions() => Asked::Unknown,
-            Some(r) if r.at.elapsed() >= self.resend_after => Asked::Unknown,
+            Some(r) if self.monotonic.now_ms() - r.at >= self.resend_after.as_millis() as i64 => Asked::Unknown,
             Some(_) => Asked::Pending,
         }
     }

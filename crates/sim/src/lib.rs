@@ -6,8 +6,9 @@
 //! the polled mechanism, the push driver, the manual channel, failover, the sweeps, the
 //! offline sync, retention — on a real store, under a clock only the schedule moves, with a POS,
 //! store agents running the agent's own worker and journal (and its offline outbox), ESC/POS
-//! printers behind them, printers of every other kind but MQTT, a
-//! webhook receiver, the shop's line and the network between them simulated by their
+//! printers behind them, printers of every other kind (MQTT devices on the real MQTT
+//! transport and inbox, behind a simulated MQTT server), a webhook receiver, the shop's
+//! line and the network between them simulated by their
 //! documented rules ([`world`]). After every step the world checks the promise against
 //! what it knows and the broker does not: the paper. A failing run names its seed and a
 //! shrunk schedule that still fails, and a seed replays the same run.
@@ -21,7 +22,8 @@
 //! SplitMix64); `world.rs`, the run under a `ManualClock` with a POS, store agents, printers
 //! of each kind, a webhook receiver and the network; `world/lan.rs`, the shop's LAN path on
 //! the agent's real outbox; `world/store_agent.rs`, the agents' real worker and journal and
-//! their simulated ESC/POS printers; lanes are drained at the end, and failing schedules are shrunk
+//! their simulated ESC/POS printers; `world/mqtt.rs`, the MQTT printers and their server;
+//! lanes are drained at the end, and failing schedules are shrunk
 //! and replayed by seed.
 
 pub mod cli;

@@ -148,6 +148,95 @@ pub enum Op {
     /// end state is pruned to its tombstone. Later retries of its key, uploads of the
     /// shop's offline copies and operators all meet the tombstone.
     Prune,
+    /// A step of the MQTT printers and their MQTT server.
+    Mqtt(MqttOp),
+}
+
+/// What an onceprint MQTT device does with a job it takes (docs/MQTT.md, "The journal"):
+/// its journal answers first for a key it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevicePrint {
+    /// Journal `started`, paper out, journal `printed`, result `printed`.
+    Printed,
+    /// Result `error` after `started`: paper may or may not have come out.
+    Error { paper: bool },
+    /// Result `rejected`: the device cannot use the job's data; nothing printed.
+    Rejected,
+    /// The device loses power after journaling `started` (with or without paper), or after
+    /// journaling `printed`, before its result got out: no result and no PUBACK, so the
+    /// MQTT server delivers the job again once it is back.
+    PowerLoss { paper: bool, journaled: bool },
+    /// Printed and answered, but the job's PUBACK is lost: the job comes again.
+    AckLost,
+}
+
+/// What a Star printer in CloudPRNT Version MQTT does with a `url` print-job it took (Star
+/// CloudPRNT Protocol Guide, "MQTT Message Payload Specification").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StarPrint {
+    /// Paper out, `print-result` with `printSucceeded: true`.
+    Printed,
+    /// `printSucceeded: false` with a code of Star's table or an undocumented one; paper
+    /// only where the code's row allows it.
+    Code { code: &'static str, paper: bool },
+    /// The printer loses power after it fetched the job, with or without paper: no result.
+    PowerLoss { paper: bool },
+    /// Paper out, the `print-result` published twice.
+    Twice,
+}
+
+/// A step of the MQTT printers' world (`world/mqtt.rs`): the onceprint device `m1`, the
+/// Star printer `s1`, and the MQTT server between them and the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MqttOp {
+    /// The push driver's round for `mqtt` printers. What the MQTT server does with the
+    /// jobs published in it: 0 takes them and confirms (PUBACK); 1 takes them, the PUBACK
+    /// lost (the broker's client sends them again at its next connection); 2 never gets
+    /// them (they stay with the client, unconfirmed, until its next connection).
+    Pass { publish: usize },
+    /// The MQTT server hands the broker the oldest message devices published: 0 applied
+    /// and acknowledged; 1 applied, its PUBACK lost (delivered again at the next
+    /// connection); 2 the broker process killed after the message's effect was durable,
+    /// before its PUBACK.
+    Deliver { fault: usize },
+    /// The broker's connection to the MQTT server breaks (`up` false), or is made again;
+    /// `kept`: whether the server kept the broker's session (else what was queued for the
+    /// broker and what its client had not had confirmed is gone).
+    Link { up: bool, kept: bool },
+    /// The onceprint device takes its next message.
+    Device { print: DevicePrint },
+    /// The onceprint device's mechanism: 0 ready, 1 out of paper, 2 cover open.
+    DeviceState { state: usize },
+    /// The onceprint device is switched off (its last will) or on (a new connection).
+    DevicePower { on: bool },
+    /// The Star printer takes its next message; the data of a job's GET may be lost.
+    Star { print: StarPrint, fetch_lost: bool },
+    /// The Star printer's state: 0 ready, 1 out of paper, 2 cover open.
+    StarState { state: usize },
+    /// The Star printer is switched off (its last will) or on.
+    StarPower { on: bool },
+    /// The Star printer (`star`) or the onceprint device switched off for good.
+    Dies { star: bool },
+}
+
+impl MqttOp {
+    /// See [`Op::is_fault`].
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            MqttOp::Pass { publish: 1 | 2 }
+                | MqttOp::Deliver { fault: 1 | 2 }
+                | MqttOp::Link { .. }
+                | MqttOp::Device {
+                    print: DevicePrint::Error { .. } | DevicePrint::PowerLoss { .. } | DevicePrint::AckLost
+                }
+                | MqttOp::DevicePower { on: false }
+                | MqttOp::Star { print: StarPrint::Code { .. } | StarPrint::PowerLoss { .. }, .. }
+                | MqttOp::Star { fetch_lost: true, .. }
+                | MqttOp::StarPower { on: false }
+                | MqttOp::Dies { .. }
+        )
+    }
 }
 
 impl Op {
@@ -178,6 +267,7 @@ impl Op {
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
         ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
+            || matches!(self, Op::Mqtt(m) if m.is_fault())
     }
 }
 
@@ -346,11 +436,85 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
             ops.insert(at, Op::Prune);
         }
     }
+    insert_mqtt(seed, &mut ops);
     ops
 }
 
 /// Salt of the random stream that places retention's runs.
 const PRUNE_STREAM: u64 = 0x7265_7465_6e74_696f;
+
+/// Salt of the random stream of the MQTT printers' steps.
+const MQTT_STREAM: u64 = 0x6d71_7474_2d73_696d;
+
+/// Targets only MQTT steps submit to (after the `TARGETS` the other steps draw): the
+/// onceprint device `m1`, the Star printer `s1`, the station `st-m` (`m1`, then `s1`: the
+/// two MQTT protocols) and the station `st-q` (`s1`, then `a1`: across transports).
+pub const MQTT_TARGETS: usize = 4;
+/// Printers only MQTT steps transfer to (after the `PRINTERS`): `m1`, `s1`.
+pub const MQTT_PRINTERS: usize = 2;
+
+/// In a quarter of the schedules, the MQTT printers' steps, drawn from a stream of their own
+/// (the other schedules are the ones their seeds named before MQTT was simulated) and put
+/// among the others at random places: tickets for the MQTT printers and their stations,
+/// the push driver's rounds, the devices at work and failing, the MQTT server losing and
+/// repeating messages, operators moving tickets to and from the MQTT printers.
+fn insert_mqtt(seed: u64, ops: &mut Vec<Op>) {
+    let mut m = Rng::new(seed ^ MQTT_STREAM);
+    if !m.chance(25) {
+        return;
+    }
+    let n = ops.len() as u64;
+    let k = (n / 5).max(4) + m.below(n / 5 + 1);
+    for _ in 0..k {
+        let op = match m.weighted(&[6, 7, 7, 6, 6, 1, 1, 1, 1, 1, 1, 1, 2]) {
+            0 => Op::Submit {
+                target: TARGETS + m.below(MQTT_TARGETS as u64) as usize,
+                kind: m.below(KINDS as u64) as usize,
+            },
+            1 => Op::Mqtt(MqttOp::Pass { publish: if m.chance(85) { 0 } else { 1 + m.below(2) as usize } }),
+            2 => Op::Mqtt(MqttOp::Deliver { fault: if m.chance(85) { 0 } else { 1 + m.below(2) as usize } }),
+            3 => Op::Mqtt(MqttOp::Device { print: device_print(&mut m) }),
+            4 => Op::Mqtt(MqttOp::Star { print: star_print(&mut m), fetch_lost: m.chance(5) }),
+            5 => Op::Mqtt(MqttOp::DeviceState { state: if m.chance(50) { 0 } else { 1 + m.below(2) as usize } }),
+            6 => Op::Mqtt(MqttOp::StarState { state: if m.chance(50) { 0 } else { 1 + m.below(2) as usize } }),
+            7 => Op::Mqtt(MqttOp::DevicePower { on: m.chance(50) }),
+            8 => Op::Mqtt(MqttOp::StarPower { on: m.chance(50) }),
+            9 => Op::Mqtt(MqttOp::Link { up: m.chance(50), kept: m.chance(70) }),
+            10 if m.chance(15) => Op::Mqtt(MqttOp::Dies { star: m.chance(50) }),
+            10 => Op::Advance { ms: m.range(50, 3_000) },
+            11 => Op::Manual {
+                pick: m.below(1 << 16) as usize,
+                action: m.below(4) as usize,
+                to: PRINTERS + m.below(MQTT_PRINTERS as u64) as usize,
+            },
+            _ => Op::Advance { ms: m.range(50, 3_000) },
+        };
+        let at = m.below(ops.len() as u64 + 1) as usize;
+        ops.insert(at, op);
+    }
+}
+
+fn device_print(r: &mut Rng) -> DevicePrint {
+    match r.weighted(&[10, 2, 1, 2, 1]) {
+        0 => DevicePrint::Printed,
+        1 => DevicePrint::Error { paper: r.chance(50) },
+        2 => DevicePrint::Rejected,
+        3 => {
+            let journaled = r.chance(33);
+            DevicePrint::PowerLoss { paper: journaled || r.chance(50), journaled }
+        }
+        _ => DevicePrint::AckLost,
+    }
+}
+
+fn star_print(r: &mut Rng) -> StarPrint {
+    match r.weighted(&[10, 3, 1, 1]) {
+        0 => StarPrint::Printed,
+        1 => StarPrint::Code { code: STAR_CODES[r.below(STAR_CODES.len() as u64) as usize], paper: r.chance(50) },
+        2 => StarPrint::PowerLoss { paper: r.chance(50) },
+        _ => StarPrint::Twice,
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -359,6 +523,12 @@ mod tests {
     #[test]
     fn retention_runs_in_some_schedules_only() {
         let with = (0..300).filter(|&seed| generate(seed, 80).contains(&Op::Prune)).count();
+        assert!((50..150).contains(&with), "{with} of 300");
+    }
+
+    #[test]
+    fn mqtt_steps_come_in_some_schedules_only() {
+        let with = (0..300).filter(|&seed| generate(seed, 80).iter().any(|op| matches!(op, Op::Mqtt(_)))).count();
         assert!((50..150).contains(&with), "{with} of 300");
     }
 

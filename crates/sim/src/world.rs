@@ -3,7 +3,9 @@
 //! sweeps, offline sync, retention) on a real store, under a clock only the schedule
 //! moves; around it a POS, two store agents running the agent's own worker and journal
 //! (`store_agent`), their ESC/POS printers, a CloudPRNT printer, an Epson printer and a
-//! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), and
+//! webhook receiver simulated by their documented rules, the shop's LAN path (`lan`), an
+//! onceprint MQTT device and a Star printer in CloudPRNT Version MQTT behind a simulated
+//! MQTT server, on the broker's real MQTT transport and inbox (`mqtt`), and
 //! a network of requests that may be lost, repeated, reordered or lose their answers. The
 //! world knows what the broker cannot: what came out on paper. `check` compares the two
 //! after every step.
@@ -39,6 +41,7 @@ use tokio::runtime::Runtime;
 use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
 mod lan;
+mod mqtt;
 mod store_agent;
 
 const TENANT: &str = "t";
@@ -51,10 +54,12 @@ const CLOUD: &str = "c1";
 const CLOUD_MAC: &str = "00:11:62:00:00:01";
 const EPSON: &str = "e1";
 const HOOK: &str = "w1";
-/// Printers a transfer names, by the schedule's index.
-const TRANSFER_TO: [&str; crate::schedule::PRINTERS] = ["a1", "a2", "c1", "e1", "w1"];
-/// The schedule's targets (see `schedule::TARGETS`): the name, and whether it is a station.
-const TARGETS: [(&str, bool); crate::schedule::TARGETS] = [
+/// Printers a transfer names, by the schedule's index (the MQTT printers last).
+const TRANSFER_TO: [&str; crate::schedule::PRINTERS + crate::schedule::MQTT_PRINTERS] =
+    ["a1", "a2", "c1", "e1", "w1", mqtt::PRINTERS[0], mqtt::PRINTERS[1]];
+/// The schedule's targets (see `schedule::TARGETS`, then `schedule::MQTT_TARGETS`): the
+/// name, and whether it is a station.
+const TARGETS: [(&str, bool); crate::schedule::TARGETS + crate::schedule::MQTT_TARGETS] = [
     ("a1", false),
     ("a2", false),
     ("c1", false),
@@ -63,6 +68,10 @@ const TARGETS: [(&str, bool); crate::schedule::TARGETS] = [
     ("e1", false),
     ("st-y", true),
     ("w1", false),
+    mqtt::TARGETS[0],
+    mqtt::TARGETS[1],
+    mqtt::TARGETS[2],
+    mqtt::TARGETS[3],
 ];
 /// Print types of three priorities; `kitchen` reprints on doubt.
 pub const TYPES: [(&str, i32); 4] = [("refund", 0), ("receipt", 10), ("kitchen", 20), ("prebill", 40)];
@@ -423,6 +432,8 @@ pub struct World {
     agent_rt: Runtime,
     /// The ESC/POS printers the agents print to.
     printers: store_agent::Printers,
+    /// The MQTT printers, their MQTT server and the broker's MQTT transport.
+    mqtt: mqtt::MqttWorld,
 }
 
 fn policies() -> PolicyTable {
@@ -491,6 +502,7 @@ impl World {
             lan: lan::LanFacts::default(),
             agent_rt: store_agent::runtime()?,
             printers: store_agent::Printers::new()?,
+            mqtt: mqtt::MqttWorld::default(),
         };
         for (id, process) in AGENT_IDS.into_iter().zip(processes) {
             let session = w.new_session(0);
@@ -504,6 +516,7 @@ impl World {
                 process,
             });
         }
+        w.mqtt_start()?;
         Ok(w)
     }
 
@@ -562,6 +575,7 @@ impl World {
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
         self.clock.advance(ms);
+        self.mqtt.monotonic.advance(ms);
         self.facts.elapsed += ms;
     }
 
@@ -770,6 +784,7 @@ impl World {
                 let broker =
                     self.rt.block_on(async { Broker::start(&self.store, &self.clock, &self.policies, &self.hook) });
                 self.broker = broker;
+                self.mqtt_restart()?;
             }
             Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
             Op::Prune => {
@@ -778,6 +793,7 @@ impl World {
                     .map_err(|e| engine_err("retention", e))?;
                 self.tally.pruned += report.tasks;
             }
+            Op::Mqtt(ref m) => self.mqtt_step(m)?,
         }
         Ok(())
     }
@@ -1226,6 +1242,9 @@ impl World {
                 None if t.printer_id == CLOUD => Some(CLOUD),
                 None if t.printer_id == EPSON => Some(EPSON),
                 None if t.printer_id == HOOK => Some(HOOK),
+                // An MQTT printer's job, like a webhook's, goes to a person after the push
+                // driver's doubt time without an answer.
+                None if mqtt::is_mqtt(&t.printer_id) => Some(HOOK),
                 None => None,
             };
             let (heard, limit) = match holder {
@@ -1411,6 +1430,7 @@ impl World {
             while self.hook.state().jobs.values().any(|j| j.done.is_none()) {
                 self.hook_print(0, true, false)?;
             }
+            self.mqtt_drain_round(&open)?;
             if !self.epson.dead {
                 self.epson.stopped = None;
                 self.epson_print(EpsonPrint::Printed)?;
@@ -1557,5 +1577,5 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
             })
             .await?;
     }
-    Ok(())
+    mqtt::set_up(store, now).await
 }
