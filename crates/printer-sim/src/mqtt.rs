@@ -217,6 +217,12 @@ enum Journal {
     /// Started before a crash and never proven printed.
     Started,
     Printed,
+    /// Refused before printing (paper out, cover open) at this attempt, with the word
+    /// published: a copy of this attempt that comes again is answered the same.
+    Refused {
+        attempt: i64,
+        word: &'static str,
+    },
 }
 
 struct Device {
@@ -879,9 +885,15 @@ impl Device {
             }
             v
         };
-        match self.journal.get(&key) {
+        let attempt = job.get("attempt").and_then(Value::as_i64).unwrap_or(0);
+        match self.journal.get(&key).copied() {
             Some(Journal::Printed) => {
                 self.publish_result(client, result("duplicate", Some("printed")));
+                return After::Ack;
+            }
+            // A copy of an attempt this device refused (docs/MQTT.md, "The journal", step 1).
+            Some(Journal::Refused { attempt: refused, word }) if refused >= attempt => {
+                self.publish_result(client, result(word, None));
                 return After::Ack;
             }
             // Printing it right now: its result follows.
@@ -893,7 +905,9 @@ impl Device {
             _ => {}
         }
         if f.paper_out || f.cover_open {
-            self.publish_result(client, result(if f.paper_out { "no_paper" } else { "cover_open" }, None));
+            let word = if f.paper_out { "no_paper" } else { "cover_open" };
+            self.journal.insert(key.clone(), Journal::Refused { attempt, word });
+            self.publish_result(client, result(word, None));
             return After::Ack;
         }
         if self.faults.take(0, |f| countdown(&mut f.disconnect_mid_job)) {

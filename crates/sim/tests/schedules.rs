@@ -282,14 +282,13 @@ fn an_mqtt_device_answers_a_job_it_printed_from_its_journal() {
     ]);
 }
 
-/// Known, not fixed: an onceprint device out of paper is sent its job again (no answer
-/// within the resend time), answers the first copy `no_paper` (writing nothing, as its
-/// protocol says), the station moves the ticket on to the Star printer, which prints it,
-/// and the device prints the second copy once its paper is back. docs/SIMULATION.md,
-/// "Limits".
+/// An onceprint device out of paper is sent its job again (no answer within the resend
+/// time) and answers the first copy `no_paper`; the station moves the ticket on to the
+/// Star printer, which prints it. The second copy reaches the device once its paper is
+/// back and is answered from the journal's refusal, not printed (before the device
+/// protocol journaled refusals, it printed a second copy).
 #[test]
-#[ignore = "a known second copy: a device's refusal covers only the copy it answered"]
-fn a_device_out_of_paper_prints_a_repeated_job_after_its_ticket_moved_on() {
+fn a_device_out_of_paper_does_not_print_a_repeated_job_after_its_ticket_moved_on() {
     holds(&[
         Op::Submit { target: 10, kind: 0 },
         Op::Mqtt(MqttOp::Pass { publish: 0 }),

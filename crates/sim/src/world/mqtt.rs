@@ -204,6 +204,10 @@ struct SimDevice {
     journal: HashMap<String, bool>,
     /// Keys whose data it could not use: the same data is refused again.
     refused: HashSet<String>,
+    /// Key → the attempt it refused (out of paper, cover open) and the word it answered:
+    /// a copy of that attempt that comes again is answered the same (docs/MQTT.md, "The
+    /// journal").
+    declined: HashMap<String, (i64, usize)>,
 }
 
 /// A Star printer in CloudPRNT Version MQTT.
@@ -246,6 +250,7 @@ impl Default for MqttWorld {
                 state: 0,
                 journal: HashMap::new(),
                 refused: HashSet::new(),
+                declined: HashMap::new(),
             },
             star: SimStar { online: true, dead: false, state: 0, tokens: VecDeque::new() },
         }
@@ -630,9 +635,18 @@ impl World {
             }
             _ => {}
         }
+        if let Some(&(declined, state)) = self.mqtt.device.declined.get(&key) {
+            if declined >= attempt {
+                self.device_publish("result", result(DEVICE_STATES[state], None));
+                self.taken(DEVICE_ID);
+                return Ok(());
+            }
+        }
         if self.mqtt.device.state != 0 {
-            // Checked before printing: nothing printed, nothing journaled.
-            self.device_publish("result", result(DEVICE_STATES[self.mqtt.device.state], None));
+            // Checked before printing: nothing printed; the refusal is journaled.
+            let state = self.mqtt.device.state;
+            self.mqtt.device.declined.insert(key.clone(), (attempt, state));
+            self.device_publish("result", result(DEVICE_STATES[state], None));
             self.taken(DEVICE_ID);
             return Ok(());
         }
