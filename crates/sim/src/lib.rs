@@ -19,8 +19,9 @@
 //! Where things are: `schedule.rs`, a fault schedule drawn from a seed (`rng.rs`, its own
 //! SplitMix64); `world.rs`, the run under a `ManualClock` with a POS, store agents, printers
 //! of each kind, a webhook receiver and the network; `world/lan.rs`, the shop's LAN path on
-//! the agent's real outbox; lanes are drained at the end, and failing schedules are shrunk
-//! and replayed by seed.
+//! the agent's real outbox; `world/nodes.rs`, the broker as several nodes on the one
+//! database behind a load balancer; lanes are drained at the end, and failing schedules
+//! are shrunk and replayed by seed.
 
 pub mod cli;
 pub mod rng;

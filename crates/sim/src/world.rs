@@ -38,6 +38,7 @@ use tokio::runtime::Runtime;
 use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS, WEBHOOK_STATUS};
 
 mod lan;
+mod nodes;
 
 const TENANT: &str = "t";
 /// The store agents' ids; the first holds the store's LAN listener once the shop's POS
@@ -134,7 +135,7 @@ struct Broker {
 /// Retention's clock: the simulated wall clock two days on, so that with
 /// `retention_days = 1` every task finished by now is due, even one stamped by the clock
 /// before it stepped back (a run's steps add up to far less than a day).
-struct DaysLater(Arc<ManualClock>);
+struct DaysLater(Arc<dyn Clock>);
 
 impl Clock for DaysLater {
     fn now_ms(&self) -> i64 {
@@ -145,6 +146,19 @@ impl Clock for DaysLater {
 impl Broker {
     /// Must run inside the runtime (intake starts its group committer there).
     fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable, hook: &Arc<SimHook>) -> Broker {
+        Broker::start_on(store, clock.clone(), policies, hook, 0, None)
+    }
+
+    /// A broker process on `clock`; a node of several allows `remote_lag_ms` for what the
+    /// other nodes heard and pushes only under `push_lease`.
+    fn start_on(
+        store: &Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        policies: &PolicyTable,
+        hook: &Arc<SimHook>,
+        remote_lag_ms: i64,
+        push_lease: Option<onceprint_engine::Lease>,
+    ) -> Broker {
         let config = DeliveryConfig {
             redeliver_after_ms: SILENCE_MS,
             agent_gone_after_ms: AGENT_GONE_MS,
@@ -157,7 +171,7 @@ impl Broker {
             RegistryConfig {
                 gone_after_ms: config.agent_gone_after_ms,
                 takeover_quiet_ms: config.takeover_quiet_ms,
-                remote_lag_ms: 0,
+                remote_lag_ms,
             },
         );
         let directory = Arc::new(Directory::new(store.clone()));
@@ -194,11 +208,14 @@ impl Broker {
             TransportKind::EpsonSdp,
             PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
         );
-        let push = PushDriver::new(
+        let mut push = PushDriver::new(
             lanes.clone(),
             hook.clone() as Arc<dyn PushTransport>,
             PushConfig { recheck_after_ms: SILENCE_MS, doubt_after_ms: PUSH_DOUBT_AFTER_MS, ..PushConfig::default() },
         );
+        if let Some(lease) = push_lease {
+            push = push.with_lease(lease);
+        }
         let retention = Retention::new(
             store.clone(),
             shared.gate.clone(),
@@ -427,6 +444,8 @@ pub struct World {
     /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
     outbox: onceprint_agent::outbox::Outbox,
     lan: lan::LanFacts,
+    /// The broker's nodes when it runs as several (`broker` is the one serving now).
+    nodes: nodes::Nodes,
 }
 
 fn policies() -> PolicyTable {
@@ -480,6 +499,7 @@ impl World {
             line_up: true,
             outbox,
             lan: lan::LanFacts::default(),
+            nodes: nodes::Nodes::default(),
         };
         for id in AGENT_IDS {
             let session = w.new_session(0);
@@ -521,6 +541,9 @@ impl World {
 
     fn print_trace(&self, head: &str) {
         println!("{head}  (clock +{} ms)", self.clock.now_ms() - START);
+        if let Some(nodes) = self.nodes_trace() {
+            println!("        nodes: {nodes}");
+        }
         for t in self.tasks().unwrap_or_default() {
             let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
             println!(
@@ -551,6 +574,12 @@ impl World {
 
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
+        if self.nodes.several() {
+            if let Err(e) = self.advance_nodes(ms) {
+                self.nodes.fault.get_or_insert(e);
+            }
+            return;
+        }
         self.clock.advance(ms);
         self.facts.elapsed += ms;
     }
@@ -603,6 +632,13 @@ impl World {
     }
 
     fn step(&mut self, op: &Op) -> Result<(), Fail> {
+        if let Op::Via { node, op } = op {
+            self.route(*node);
+            return self.step(op);
+        }
+        if let Some(result) = self.run_on_lease_holder(op) {
+            return result;
+        }
         self.observe()?;
         if op.is_fault() {
             self.tally.faults += 1;
@@ -754,6 +790,7 @@ impl World {
             Op::SweepPaused => {
                 self.block_on(self.broker.lanes.sweep_paused())?.map_err(|e| engine_err("sweep_paused", e))?;
             }
+            Op::RestartBroker if self.nodes.several() => self.restart_node()?,
             Op::RestartBroker => {
                 // What was in the process's memory is gone; the database stays. Requests
                 // on the network reach the new process.
@@ -768,6 +805,10 @@ impl World {
                     .map_err(|e| engine_err("retention", e))?;
                 self.tally.pruned += report.tasks;
             }
+            Op::Nodes { nodes, skew_ms } => self.start_nodes(nodes, skew_ms)?,
+            Op::SyncRegistry { node } => self.sync_registry(node)?,
+            // Taken apart before the step is observed.
+            Op::Via { .. } => {}
         }
         Ok(())
     }
@@ -1248,7 +1289,11 @@ impl World {
     /// them from now on. Runs before every step and every check, so that no sweep or poll
     /// acts on a silence the world has not noted.
     fn observe(&mut self) -> Result<(), Fail> {
-        let now = self.clock.now_ms();
+        if let Some(e) = self.nodes.fault.take() {
+            return Err(e);
+        }
+        // With several nodes, one whose clock is ahead judges silence that much earlier.
+        let now = self.clock.now_ms() + self.nodes.clock_spread();
         let mut sent_now = HashSet::new();
         self.facts.looks += 1;
         let looks = self.facts.looks;
@@ -1424,6 +1469,8 @@ impl World {
                 return Err(format!("lanes did not drain within {rounds} simulated seconds: {}", list.join("; ")));
             }
             self.advance(1_000);
+            // The balancer spreads the rounds over the nodes.
+            self.route(round as usize);
             // The agent finishes what its local lane holds, then uploads.
             for _ in 0..16 {
                 self.local_print(AgentPrint::Printed)?;
