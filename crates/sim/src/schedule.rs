@@ -158,6 +158,11 @@ pub enum Op {
     /// Node `node` syncs its agent registry with the others through the database (it
     /// also does so every second by itself).
     SyncRegistry { node: usize },
+    /// kill -9 of node `node`, which stays down (the balancer sends its requests to the
+    /// others) until `NodeUp`. The last node up stays up.
+    NodeDown { node: usize },
+    /// A node that is down starts again.
+    NodeUp { node: usize },
 }
 
 impl Op {
@@ -185,6 +190,7 @@ impl Op {
                 | Op::LocalPrint { print: AgentPrint::LostAfterPaper | AgentPrint::Crash { .. } }
                 | Op::Sync { answer_lost: true }
                 | Op::RestartBroker
+                | Op::NodeDown { .. }
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
         ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
@@ -391,6 +397,11 @@ fn spread_over_nodes(seed: u64, ops: Vec<Op>) -> Vec<Op> {
     for op in ops {
         if r.chance(10) {
             out.push(Op::SyncRegistry { node: r.below(nodes as u64) as usize });
+        }
+        if r.chance(2) {
+            out.push(Op::NodeDown { node: r.below(nodes as u64) as usize });
+        } else if r.chance(2) {
+            out.push(Op::NodeUp { node: r.below(nodes as u64) as usize });
         }
         if !r.chance(stay) {
             node = r.below(nodes as u64) as usize;

@@ -807,6 +807,8 @@ impl World {
             }
             Op::Nodes { nodes, skew_ms } => self.start_nodes(nodes, skew_ms)?,
             Op::SyncRegistry { node } => self.sync_registry(node)?,
+            Op::NodeDown { node } => self.node_down(node),
+            Op::NodeUp { node } => self.node_up(node)?,
             // Taken apart before the step is observed.
             Op::Via { .. } => {}
         }
@@ -1522,6 +1524,7 @@ impl World {
     /// Sent again once to the process that pruned (its gate remembers the keys) and once
     /// to a new one (only the database does).
     fn after_retention(&mut self) -> Result<(), Fail> {
+        self.until_retention_runs();
         self.step(&Op::Prune)?;
         for restart in [false, true] {
             if restart {

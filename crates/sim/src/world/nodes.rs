@@ -55,6 +55,8 @@ struct Node {
     leases: Arc<Leases>,
     /// The next time (really passed) its lease keeper and registry sync run.
     next_tick: i64,
+    /// Killed and not started again: the balancer sends it nothing, it runs nothing.
+    down: bool,
 }
 
 /// The nodes of a run; empty while the broker is alone (the common case).
@@ -132,7 +134,7 @@ impl World {
         });
         // Until its first sync a node calls no agent gone and no session quiet.
         broker.lanes.agents().expect_sync();
-        let node = Node { parked: None, id, clock, leases, next_tick: self.facts.elapsed + TICK_MS };
+        let node = Node { parked: None, id, clock, leases, next_tick: self.facts.elapsed + TICK_MS, down: false };
         self.node_round(&broker, &node)?;
         Ok((broker, node))
     }
@@ -150,7 +152,10 @@ impl World {
         if self.nodes.nodes.is_empty() {
             return;
         }
-        let to = node % self.nodes.nodes.len();
+        let n = self.nodes.nodes.len();
+        // The balancer's health check has taken a node that is down out: the request goes
+        // to the next one up (one always is).
+        let Some(to) = (0..n).map(|k| (node + k) % n).find(|&k| !self.nodes.nodes[k].down) else { return };
         if to == self.nodes.current {
             return;
         }
@@ -183,8 +188,9 @@ impl World {
             return None;
         }
         let name = lease_of(op)?;
-        let holders: Vec<usize> =
-            (0..self.nodes.nodes.len()).filter(|&i| self.nodes.nodes[i].leases.lease(name).is_held()).collect();
+        let holders: Vec<usize> = (0..self.nodes.nodes.len())
+            .filter(|&i| !self.nodes.nodes[i].down && self.nodes.nodes[i].leases.lease(name).is_held())
+            .collect();
         let back = self.nodes.current;
         self.nodes.in_job = true;
         let mut result = Ok(());
@@ -200,6 +206,51 @@ impl World {
         Some(result)
     }
 
+    /// kill -9 of node `node`, which stays down: the balancer sends the requests to the
+    /// others, and its leases pass on once they expire. The last node up is never taken
+    /// down.
+    pub(super) fn node_down(&mut self, node: usize) {
+        let n = self.nodes.nodes.len();
+        if n == 0 || self.nodes.nodes.iter().filter(|x| !x.down).count() <= 1 {
+            return;
+        }
+        let i = node % n;
+        if self.nodes.nodes[i].down {
+            return;
+        }
+        self.nodes.nodes[i].down = true;
+        if i == self.nodes.current {
+            self.route(i + 1);
+        }
+        // Every object of its process is gone.
+        self.nodes.nodes[i].parked = None;
+    }
+
+    /// A down node starts again: a new process with a new node id.
+    pub(super) fn node_up(&mut self, node: usize) -> Result<(), Fail> {
+        let n = self.nodes.nodes.len();
+        if n == 0 || !self.nodes.nodes[node % n].down {
+            return Ok(());
+        }
+        let i = node % n;
+        let (broker, started) = self.start_node(i)?;
+        self.nodes.nodes[i] = Node { parked: Some(broker), ..started };
+        Ok(())
+    }
+
+    /// Lets time pass until some node up holds retention's lease (once a dead holder's
+    /// lease has expired, the next keeper round takes it), so that the run's final prune
+    /// runs somewhere.
+    pub(super) fn until_retention_runs(&mut self) {
+        for _ in 0..10 {
+            let held = self.nodes.nodes.iter().any(|n| !n.down && n.leases.lease(names::RETENTION).is_held());
+            if self.nodes.nodes.is_empty() || held {
+                return;
+            }
+            self.advance(TICK_MS);
+        }
+    }
+
     /// Node `node` syncs its agent registry now.
     pub(super) fn sync_registry(&mut self, node: usize) -> Result<(), Fail> {
         if self.nodes.nodes.is_empty() {
@@ -207,6 +258,9 @@ impl World {
         }
         let i = node % self.nodes.nodes.len();
         let n = &self.nodes.nodes[i];
+        if n.down {
+            return Ok(());
+        }
         let broker = n.parked.as_ref().unwrap_or(&self.broker);
         let _ = self.block_on(broker.lanes.agents().sync_once(self.store.as_ref(), &n.id))?;
         Ok(())
@@ -229,8 +283,10 @@ impl World {
             for i in 0..self.nodes.nodes.len() {
                 if self.nodes.nodes[i].next_tick <= self.facts.elapsed {
                     let n = &self.nodes.nodes[i];
-                    let broker = n.parked.as_ref().unwrap_or(&self.broker);
-                    self.node_round(broker, n)?;
+                    if !n.down {
+                        let broker = n.parked.as_ref().unwrap_or(&self.broker);
+                        self.node_round(broker, n)?;
+                    }
                     self.nodes.nodes[i].next_tick += TICK_MS;
                 }
             }
@@ -249,7 +305,13 @@ impl World {
             .enumerate()
             .map(|(i, n)| {
                 let held: Vec<String> = n.leases.held().into_iter().filter(|(_, h)| *h).map(|(l, _)| l).collect();
-                let here = if i == self.nodes.current { "*" } else { "" };
+                let here = if n.down {
+                    "down "
+                } else if i == self.nodes.current {
+                    "*"
+                } else {
+                    ""
+                };
                 format!("{here}{} ({} ms) [{}]", n.id, n.clock.now_ms() - self.clock.now_ms(), held.join(", "))
             })
             .collect();
