@@ -376,9 +376,9 @@ const NODES_STREAM: u64 = 0x6e6f_6465_735f_6c62;
 
 /// In a quarter of the schedules the broker runs as two or three nodes behind a load
 /// balancer: every step goes to a node drawn for it (consecutive requests of one client
-/// may reach different nodes), and now and then a node syncs its agent registry between
-/// steps. Drawn from a stream of its own: the other schedules are the ones their seeds
-/// named before nodes were simulated.
+/// may reach different nodes), and now and then, between two steps, a node syncs its
+/// agent registry, goes down or starts again. Drawn from a stream of its own: the other
+/// schedules are the ones their seeds named before nodes were simulated.
 fn spread_over_nodes(seed: u64, ops: Vec<Op>) -> Vec<Op> {
     let mut r = Rng::new(seed ^ NODES_STREAM);
     if !r.chance(25) {

@@ -16,7 +16,10 @@
 //!
 //! A node's kill -9 (`Op::RestartBroker` under `Op::Via`) drops every object of that node
 //! alone; the new process has a new node id, as a node without `--node-id` does, so the
-//! leases the dead one held pass to whichever node takes them once they expire.
+//! leases the dead one held pass to whichever node takes them once they expire. A node
+//! may also stay down for a while (`Op::NodeDown`, `Op::NodeUp`): the balancer then sends
+//! its requests to the nodes up. The node link (LISTEN/NOTIFY) is taken as instant: a
+//! node reads the store's LAN listener again whenever the balancer turns to it.
 
 use std::sync::Arc;
 
