@@ -280,3 +280,25 @@ fn a_lan_listener_taken_through_one_node_stands_the_other_agent_by_on_every_node
         Op::Via { node: 1, op: Box::new(Op::Poll { agent: 1, answer_lost: false }) },
     ]);
 }
+
+/// Two broker nodes: the node that holds the push driver's lease sends a webhook job
+/// (the connection breaks, the job arrives) and dies. Once its lease expires the other
+/// node takes the driver over, asks the receiver about the job sent under the older
+/// token, and the ticket prints once.
+#[test]
+fn a_webhook_job_of_a_node_that_died_is_asked_about_by_the_next_holder() {
+    holds(&[
+        Op::Nodes { nodes: 2, skew_ms: [30, -30, 0] },
+        Op::Via { node: 1, op: Box::new(Op::Submit { target: 7, kind: 2 }) },
+        Op::HookMode { mode: 2, arrives: true },
+        Op::HookPass,
+        Op::NodeDown { node: 0 },
+        Op::HookMode { mode: 0, arrives: true },
+        Op::Advance { ms: 3_000 },
+        Op::HookPass,
+        Op::Advance { ms: 3_000 },
+        Op::HookPass,
+        Op::HookPrint { status: 0, paper: true, callback_lost: false },
+        Op::Via { node: 1, op: Box::new(Op::HookPass) },
+    ]);
+}
