@@ -354,7 +354,20 @@ impl LaneEngine {
                     // printer moved to another transport; the agent is "another claimant".
                     ClaimantKind::Push | ClaimantKind::Printer => ("", None),
                 });
-                self.agents.holder(&task.tenant_id, &task.store_id, id, task.sent_session.as_deref(), asker)
+                let holder =
+                    self.agents.holder(&task.tenant_id, &task.store_id, id, task.sent_session.as_deref(), asker);
+                // With several nodes another node may have handed the delivery out moments
+                // ago to an agent this node has not heard of since (a new agent, or one back
+                // after an outage): this registry learns of that hearing only at the next
+                // sync. The hand-out is itself a hearing, and the task keeps its time (every
+                // hand-out moves `updated_at`), so the holder cannot be gone before that is
+                // older than the gone time and the sync's lag.
+                let registry = self.agents.config();
+                let handed_out_lately = self.now() - task.updated_at <= registry.gone_after_ms + registry.remote_lag_ms;
+                if registry.remote_lag_ms > 0 && holder == (Holder::Other { gone: true }) && handed_out_lately {
+                    return Holder::Other { gone: false };
+                }
+                holder
             }
             ClaimantKind::Push => match asker {
                 Some(a) if a.kind == ClaimantKind::Push && a.id == id => {

@@ -6,8 +6,13 @@
 use std::sync::Arc;
 
 use onceprint_core::lane::Holder;
+use onceprint_core::{PolicyTable, TaskState};
 use onceprint_engine::clock::ManualClock;
-use onceprint_engine::{AgentRegistry, LeaseConfig, Leases, RegistryConfig};
+use onceprint_engine::gate::RecentTasks;
+use onceprint_engine::{
+    AgentRegistry, AgentTransport, DeliveryConfig, Directory, Intake, IntakeConfig, LaneEngine, LeaseConfig, Leases,
+    RegistryConfig, Shared, StoreSignals, SubmitRequest,
+};
 use onceprint_store::testing::Harness;
 
 const START: i64 = 1_764_000_000_000;
@@ -122,6 +127,129 @@ async fn a_newer_session_on_one_node_supersedes_the_older_on_the_other(h: Harnes
     let e = a.begin_poll("t", "s1", "agent-1", Some(&old), None).err().expect("superseded on node a too");
     assert_eq!(e.newer, new);
     assert!(a.begin_poll("t", "s1", "agent-1", Some(&new), None).is_ok(), "the newer session is served on node a");
+}
+
+/// One broker node of several: its lane engine and agent transport, with a registry that
+/// allows for the sync's lag.
+fn node(h: &Harness, clock: &Arc<ManualClock>) -> (Arc<LaneEngine>, AgentTransport) {
+    let directory = Arc::new(Directory::new(h.store.clone()));
+    let shared = Shared {
+        store: h.store.clone(),
+        directory,
+        gate: Arc::new(RecentTasks::new(1_000)),
+        signals: Arc::new(StoreSignals::default()),
+        policies: PolicyTable::default(),
+    };
+    let config = DeliveryConfig { agent_gone_after_ms: 10_000, ..DeliveryConfig::default() };
+    let lanes = Arc::new(LaneEngine::new(shared, config, clock.clone(), registry(clock)));
+    (lanes.clone(), AgentTransport::new(lanes))
+}
+
+async fn set_up_store(h: &Harness) {
+    let audit = || onceprint_store::SetupAudit::default();
+    h.store
+        .create_tenant(onceprint_store::NewTenant {
+            id: "t".into(),
+            name: "Shop".into(),
+            api_key_hash: "unused".into(),
+            api_key_id: "key-t".into(),
+            now: START,
+            audit: audit(),
+        })
+        .await
+        .expect("tenant");
+    h.store
+        .create_store(onceprint_store::NewStore {
+            tenant_id: "t".into(),
+            id: "s1".into(),
+            name: "Main".into(),
+            timezone: "UTC".into(),
+            now: START,
+            audit: audit(),
+        })
+        .await
+        .expect("store");
+    h.store
+        .create_printer(onceprint_store::NewPrinter {
+            tenant_id: "t".into(),
+            id: "kitchen".into(),
+            store_id: "s1".into(),
+            name: "Kitchen".into(),
+            transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9100"}"#.into(),
+            credential: None,
+            now: START,
+            audit: audit(),
+        })
+        .await
+        .expect("printer");
+}
+
+async fn poll(
+    agents: &AgentTransport,
+    who: &onceprint_store::AgentIdentity,
+    id: &str,
+    session: &str,
+) -> Vec<onceprint_engine::AgentDelivery> {
+    agents.poll(who, id, Some(session), Some(0), std::time::Duration::ZERO, 16).await.expect("poll")
+}
+
+/// A node that has been up for long hands a ticket to an agent it has not heard of
+/// before (a new agent, or one back after an outage) while another node has not yet
+/// learned of that agent from the sync: the other node must not take the delivery from
+/// it (a ticket that may be printing would go to a person with nothing wrong).
+async fn a_delivery_another_node_just_handed_out_stays_with_its_agent(h: Harness) {
+    use onceprint_store::AgentIdentity;
+    let clock = Arc::new(ManualClock::new(START));
+    set_up_store(&h).await;
+    let (lanes_a, agents_a) = node(&h, &clock);
+    let (lanes_b, agents_b) = node(&h, &clock);
+    let s = h.store.as_ref();
+    let who = AgentIdentity { tenant_id: "t".into(), store_id: "s1".into() };
+    let (one, two) = (onceprint_core::ids::agent_session_id(START, 1), onceprint_core::ids::agent_session_id(START, 2));
+    // Both nodes have been up and syncing for long; agent-1 polls node a.
+    clock.advance(60_000);
+    assert!(poll(&agents_a, &who, "agent-1", &one).await.is_empty());
+    lanes_a.agents().sync_once(s, "node-a").await.expect("sync a");
+    lanes_b.agents().sync_once(s, "node-b").await.expect("sync b");
+    // A ticket; agent-2, heard by no node so far, polls node b and takes it.
+    let intake = Intake::start(
+        h.store.clone(),
+        lanes_a.directory().clone(),
+        Arc::new(StoreSignals::default()),
+        IntakeConfig::default(),
+    )
+    .with_clock(clock.clone());
+    let answer = intake
+        .submit(SubmitRequest {
+            tenant_id: "t".into(),
+            biz_no: Some("A1".into()),
+            printer_id: Some("kitchen".into()),
+            print_type: Some("receipt".into()),
+            content: Some(onceprint_core::content::Content::Text { text: "1 x Noodles\n".into() }),
+            ..SubmitRequest::default()
+        })
+        .await
+        .expect("submitted");
+    let got = poll(&agents_b, &who, "agent-2", &two).await;
+    assert_eq!(got.len(), 1, "agent-2 took the ticket on node b");
+    // Agent-1 polls node a before the next sync: the ticket stays with agent-2.
+    assert!(poll(&agents_a, &who, "agent-1", &one).await.is_empty());
+    lanes_a.sweep_once().await.expect("sweep on node a");
+    let task = s.get_task("t", &answer.task_id).await.expect("read").expect("task");
+    assert_eq!(task.state, TaskState::Sent, "{:?}", task.last_error);
+    assert_eq!(task.sent_to.as_deref(), Some("agent:agent-2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_hand_out_on_another_node_sqlite() {
+    let Some(h) = onceprint_store_sqlite::testing::fresh_store().await else { return };
+    a_delivery_another_node_just_handed_out_stays_with_its_agent(h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_hand_out_on_another_node_postgres() {
+    let Some(h) = onceprint_store_postgres::testing::fresh_store().await else { return };
+    a_delivery_another_node_just_handed_out_stays_with_its_agent(h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

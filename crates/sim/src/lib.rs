@@ -23,8 +23,9 @@
 //! of each kind, a webhook receiver and the network; `world/lan.rs`, the shop's LAN path on
 //! the agent's real outbox; `world/store_agent.rs`, the agents' real worker and journal and
 //! their simulated ESC/POS printers; `world/mqtt.rs`, the MQTT printers and their server;
-//! lanes are drained at the end, and failing schedules are shrunk
-//! and replayed by seed.
+//! `world/nodes.rs`, the broker as several nodes on the one database behind a load
+//! balancer; lanes are drained at the end, and failing schedules are shrunk and replayed
+//! by seed.
 
 pub mod cli;
 pub mod rng;

@@ -150,6 +150,21 @@ pub enum Op {
     Prune,
     /// A step of the MQTT printers and their MQTT server.
     Mqtt(MqttOp),
+    /// The broker runs as `nodes` identical nodes on the one database, node `i`'s clock
+    /// off by `skew_ms[i]` (what NTP leaves). The first step of such a schedule; without
+    /// it the broker is alone.
+    Nodes { nodes: usize, skew_ms: [i64; MAX_NODES] },
+    /// The load balancer sends this step's request to node `node` (a node's kill -9 too:
+    /// `RestartBroker` under `Via` restarts that node alone).
+    Via { node: usize, op: Box<Op> },
+    /// Node `node` syncs its agent registry with the others through the database (it
+    /// also does so every second by itself).
+    SyncRegistry { node: usize },
+    /// kill -9 of node `node`, which stays down (the balancer sends its requests to the
+    /// others) until `NodeUp`. The last node up stays up.
+    NodeDown { node: usize },
+    /// A node that is down starts again.
+    NodeUp { node: usize },
 }
 
 /// What an onceprint MQTT device does with a job it takes (docs/MQTT.md, "The journal"):
@@ -264,10 +279,12 @@ impl Op {
                 | Op::LocalPrint { print: AgentPrint::LostAfterPaper | AgentPrint::Crash { .. } }
                 | Op::Sync { answer_lost: true }
                 | Op::RestartBroker
+                | Op::NodeDown { .. }
                 | Op::StepClock { .. }
                 | Op::StepAgentClock { .. }
         ) || matches!(self, Op::Advance { ms } if *ms >= SILENCE_MS)
             || matches!(self, Op::Mqtt(m) if m.is_fault())
+            || matches!(self, Op::Via { op, .. } if op.is_fault())
     }
 }
 
@@ -351,6 +368,8 @@ pub const KINDS: usize = 4;
 pub const AGENTS: usize = 2;
 /// Printers a transfer may name.
 pub const PRINTERS: usize = 5;
+/// Broker nodes at most.
+pub const MAX_NODES: usize = 3;
 
 /// The steps of the schedule named by `seed`: between `max_steps / 4` and `max_steps`, and
 /// up to three runs of retention.
@@ -437,7 +456,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
         }
     }
     insert_mqtt(seed, &mut ops);
-    ops
+    spread_over_nodes(seed, ops)
 }
 
 /// Salt of the random stream that places retention's runs.
@@ -515,6 +534,48 @@ fn star_print(r: &mut Rng) -> StarPrint {
         _ => StarPrint::Twice,
     }
 }
+/// Salt of the random stream that decides the broker's nodes.
+const NODES_STREAM: u64 = 0x6e6f_6465_735f_6c62;
+
+/// In a quarter of the schedules the broker runs as two or three nodes behind a load
+/// balancer: every step goes to a node drawn for it (consecutive requests of one client
+/// may reach different nodes), and now and then, between two steps, a node syncs its
+/// agent registry, goes down or starts again. Drawn from a stream of its own: the other
+/// schedules are the ones their seeds named before nodes were simulated.
+fn spread_over_nodes(seed: u64, ops: Vec<Op>) -> Vec<Op> {
+    let mut r = Rng::new(seed ^ NODES_STREAM);
+    if !r.chance(25) {
+        return ops;
+    }
+    let nodes = 2 + r.below(MAX_NODES as u64 - 1) as usize;
+    let mut skew_ms = [0; MAX_NODES];
+    for s in skew_ms.iter_mut().take(nodes) {
+        *s = r.range(-SKEW_MS, SKEW_MS);
+    }
+    // Some balancers keep a client on one node for a while, some spread every request.
+    let stay = r.below(80);
+    let mut node = 0;
+    let mut out = Vec::with_capacity(ops.len() * 5 / 4 + 1);
+    out.push(Op::Nodes { nodes, skew_ms });
+    for op in ops {
+        if r.chance(10) {
+            out.push(Op::SyncRegistry { node: r.below(nodes as u64) as usize });
+        }
+        if r.chance(2) {
+            out.push(Op::NodeDown { node: r.below(nodes as u64) as usize });
+        } else if r.chance(2) {
+            out.push(Op::NodeUp { node: r.below(nodes as u64) as usize });
+        }
+        if !r.chance(stay) {
+            node = r.below(nodes as u64) as usize;
+        }
+        out.push(Op::Via { node, op: Box::new(op) });
+    }
+    out
+}
+
+/// How far a node's clock may be off (NTP keeps servers within tens of milliseconds).
+pub const SKEW_MS: i64 = 50;
 
 #[cfg(test)]
 mod tests {
@@ -538,5 +599,11 @@ mod tests {
         assert_ne!(generate(9, 80), generate(10, 80));
         let s = generate(9, 80);
         assert!((20..=83).contains(&s.len()), "{}", s.len());
+    }
+
+    #[test]
+    fn some_schedules_run_on_several_nodes() {
+        let several = (0..400).filter(|&seed| matches!(generate(seed, 80).first(), Some(Op::Nodes { .. }))).count();
+        assert!((60..140).contains(&several), "{several} of 400");
     }
 }

@@ -42,6 +42,7 @@ use crate::schedule::{AgentPrint, CloudPrint, EpsonPrint, Op, AGENTS, SILENCE_MS
 
 mod lan;
 mod mqtt;
+mod nodes;
 mod store_agent;
 
 const TENANT: &str = "t";
@@ -145,7 +146,7 @@ struct Broker {
 /// Retention's clock: the simulated wall clock two days on, so that with
 /// `retention_days = 1` every task finished by now is due, even one stamped by the clock
 /// before it stepped back (a run's steps add up to far less than a day).
-struct DaysLater(Arc<ManualClock>);
+struct DaysLater(Arc<dyn Clock>);
 
 impl Clock for DaysLater {
     fn now_ms(&self) -> i64 {
@@ -156,6 +157,19 @@ impl Clock for DaysLater {
 impl Broker {
     /// Must run inside the runtime (intake starts its group committer there).
     fn start(store: &Arc<dyn Store>, clock: &Arc<ManualClock>, policies: &PolicyTable, hook: &Arc<SimHook>) -> Broker {
+        Broker::start_on(store, clock.clone(), policies, hook, 0, None)
+    }
+
+    /// A broker process on `clock`; a node of several allows `remote_lag_ms` for what the
+    /// other nodes heard and pushes only under `push_lease`.
+    fn start_on(
+        store: &Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        policies: &PolicyTable,
+        hook: &Arc<SimHook>,
+        remote_lag_ms: i64,
+        push_lease: Option<onceprint_engine::Lease>,
+    ) -> Broker {
         let config = DeliveryConfig {
             redeliver_after_ms: SILENCE_MS,
             agent_gone_after_ms: AGENT_GONE_MS,
@@ -168,7 +182,7 @@ impl Broker {
             RegistryConfig {
                 gone_after_ms: config.agent_gone_after_ms,
                 takeover_quiet_ms: config.takeover_quiet_ms,
-                remote_lag_ms: 0,
+                remote_lag_ms,
             },
         );
         let directory = Arc::new(Directory::new(store.clone()));
@@ -205,11 +219,14 @@ impl Broker {
             TransportKind::EpsonSdp,
             PolledConfig { answer_within_ms: CLOUD_ANSWER_WITHIN_MS, ..PolledConfig::default() },
         );
-        let push = PushDriver::new(
+        let mut push = PushDriver::new(
             lanes.clone(),
             hook.clone() as Arc<dyn PushTransport>,
             PushConfig { recheck_after_ms: SILENCE_MS, doubt_after_ms: PUSH_DOUBT_AFTER_MS, ..PushConfig::default() },
         );
+        if let Some(lease) = push_lease {
+            push = push.with_lease(lease);
+        }
         let retention = Retention::new(
             store.clone(),
             shared.gate.clone(),
@@ -434,6 +451,8 @@ pub struct World {
     printers: store_agent::Printers,
     /// The MQTT printers, their MQTT server and the broker's MQTT transport.
     mqtt: mqtt::MqttWorld,
+    /// The broker's nodes when it runs as several (`broker` is the one serving now).
+    nodes: nodes::Nodes,
 }
 
 fn policies() -> PolicyTable {
@@ -503,6 +522,7 @@ impl World {
             agent_rt: store_agent::runtime()?,
             printers: store_agent::Printers::new()?,
             mqtt: mqtt::MqttWorld::default(),
+            nodes: nodes::Nodes::default(),
         };
         for (id, process) in AGENT_IDS.into_iter().zip(processes) {
             let session = w.new_session(0);
@@ -544,6 +564,9 @@ impl World {
 
     fn print_trace(&self, head: &str) {
         println!("{head}  (clock +{} ms)", self.clock.now_ms() - START);
+        if let Some(nodes) = self.nodes_trace() {
+            println!("        nodes: {nodes}");
+        }
         for t in self.tasks().unwrap_or_default() {
             let paper = self.facts.paper.get(&t.task_id).copied().unwrap_or(0);
             println!(
@@ -574,6 +597,12 @@ impl World {
 
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
+        if self.nodes.several() {
+            if let Err(e) = self.advance_nodes(ms) {
+                self.nodes.fault.get_or_insert(e);
+            }
+            return;
+        }
         self.clock.advance(ms);
         self.mqtt.monotonic.advance(ms);
         self.facts.elapsed += ms;
@@ -627,6 +656,13 @@ impl World {
     }
 
     fn step(&mut self, op: &Op) -> Result<(), Fail> {
+        if let Op::Via { node, op } = op {
+            self.route(*node);
+            return self.step(op);
+        }
+        if let Some(result) = self.run_on_lease_holder(op) {
+            return result;
+        }
         self.observe()?;
         if op.is_fault() {
             self.tally.faults += 1;
@@ -778,6 +814,7 @@ impl World {
             Op::SweepPaused => {
                 self.block_on(self.broker.lanes.sweep_paused())?.map_err(|e| engine_err("sweep_paused", e))?;
             }
+            Op::RestartBroker if self.nodes.several() => self.restart_node()?,
             Op::RestartBroker => {
                 // What was in the process's memory is gone; the database stays. Requests
                 // on the network reach the new process.
@@ -794,6 +831,12 @@ impl World {
                 self.tally.pruned += report.tasks;
             }
             Op::Mqtt(ref m) => self.mqtt_step(m)?,
+            Op::Nodes { nodes, skew_ms } => self.start_nodes(nodes, skew_ms)?,
+            Op::SyncRegistry { node } => self.sync_registry(node)?,
+            Op::NodeDown { node } => self.node_down(node),
+            Op::NodeUp { node } => self.node_up(node)?,
+            // Taken apart before the step is observed.
+            Op::Via { .. } => {}
         }
         Ok(())
     }
@@ -1222,7 +1265,11 @@ impl World {
     /// them from now on. Runs before every step and every check, so that no sweep or poll
     /// acts on a silence the world has not noted.
     fn observe(&mut self) -> Result<(), Fail> {
-        let now = self.clock.now_ms();
+        if let Some(e) = self.nodes.fault.take() {
+            return Err(e);
+        }
+        // With several nodes, one whose clock is ahead judges silence that much earlier.
+        let now = self.clock.now_ms() + self.nodes.clock_spread();
         let mut sent_now = HashSet::new();
         self.facts.looks += 1;
         let looks = self.facts.looks;
@@ -1401,6 +1448,8 @@ impl World {
                 return Err(format!("lanes did not drain within {rounds} simulated seconds: {}", list.join("; ")));
             }
             self.advance(1_000);
+            // The balancer spreads the rounds over the nodes.
+            self.route(round as usize);
             // The agent finishes what its local lane holds, then uploads.
             for _ in 0..16 {
                 self.local_print(AgentPrint::Printed)?;
@@ -1453,6 +1502,7 @@ impl World {
     /// Sent again once to the process that pruned (its gate remembers the keys) and once
     /// to a new one (only the database does).
     fn after_retention(&mut self) -> Result<(), Fail> {
+        self.until_retention_runs();
         self.step(&Op::Prune)?;
         for restart in [false, true] {
             if restart {

@@ -301,3 +301,57 @@ fn a_device_out_of_paper_does_not_print_a_repeated_job_after_its_ticket_moved_on
         Op::Advance { ms: 6_000 },
     ]);
 }
+
+/// Two broker nodes: a ticket handed by one node to an agent the other node has not
+/// heard of yet (the sync has not carried it over) stays with that agent when the other
+/// agent polls the other node. It was put in doubt with nothing wrong: the other node
+/// judged the holder by its own uptime alone (the broker's clock had stepped ahead, so
+/// that node had been up long enough to call an unknown agent gone).
+#[test]
+fn a_ticket_another_node_just_handed_out_stays_with_its_agent() {
+    holds(&[
+        Op::Nodes { nodes: 2, skew_ms: [44, -16, 0] },
+        Op::Via { node: 0, op: Box::new(Op::StepClock { ms: 17_003 }) },
+        Op::SyncRegistry { node: 0 },
+        Op::Via { node: 0, op: Box::new(Op::Submit { target: 3, kind: 3 }) },
+        Op::Via { node: 1, op: Box::new(Op::Poll { agent: 1, answer_lost: false }) },
+        Op::Via { node: 0, op: Box::new(Op::Poll { agent: 0, answer_lost: false }) },
+    ]);
+}
+
+/// Three broker nodes: the store's LAN listener, taken through one node, is known to the
+/// node the other agent polls, so that agent is handed nothing while the shop prints the
+/// order it took offline.
+#[test]
+fn a_lan_listener_taken_through_one_node_stands_the_other_agent_by_on_every_node() {
+    holds(&[
+        Op::Nodes { nodes: 3, skew_ms: [27, 18, -19] },
+        Op::Via { node: 0, op: Box::new(Op::Line { up: false }) },
+        Op::Via { node: 1, op: Box::new(Op::Poll { agent: 1, answer_lost: false }) },
+        Op::Via { node: 2, op: Box::new(Op::LanSubmit { target: 2, kind: 0 }) },
+        Op::Via { node: 1, op: Box::new(Op::LanToCloud { pick: 56_598 }) },
+        Op::Via { node: 1, op: Box::new(Op::Poll { agent: 1, answer_lost: false }) },
+    ]);
+}
+
+/// Two broker nodes: the node that holds the push driver's lease sends a webhook job
+/// (the connection breaks, the job arrives) and dies. Once its lease expires the other
+/// node takes the driver over, asks the receiver about the job sent under the older
+/// token, and the ticket prints once.
+#[test]
+fn a_webhook_job_of_a_node_that_died_is_asked_about_by_the_next_holder() {
+    holds(&[
+        Op::Nodes { nodes: 2, skew_ms: [30, -30, 0] },
+        Op::Via { node: 1, op: Box::new(Op::Submit { target: 7, kind: 2 }) },
+        Op::HookMode { mode: 2, arrives: true },
+        Op::HookPass,
+        Op::NodeDown { node: 0 },
+        Op::HookMode { mode: 0, arrives: true },
+        Op::Advance { ms: 3_000 },
+        Op::HookPass,
+        Op::Advance { ms: 3_000 },
+        Op::HookPass,
+        Op::HookPrint { status: 0, paper: true, callback_lost: false },
+        Op::Via { node: 1, op: Box::new(Op::HookPass) },
+    ]);
+}
