@@ -62,6 +62,11 @@
 //! in an upload the broker may have taken, or one the broker rejected; and never take LAN
 //! orders while another agent holds the store's LAN listener.
 
+//!
+//! `simulation` (hidden from the documentation) opens the worker's handling of one delivery
+//! and printer links over in-process streams to the deterministic simulation
+//! (docs/SIMULATION.md), so that it runs the agent's own code rather than a model of it.
+
 #![deny(unsafe_code)]
 
 mod acks;

@@ -17,7 +17,9 @@
 //! engine, which every other transport and the agent build on.
 //!
 //! Where things are: `link.rs`, the connection (QoS 1, persistent session, reconnects,
-//! PUBACK waits matched by packet id); `protocol.rs`, both device protocols on the wire;
+//! PUBACK waits matched by packet id), and the `Connection` trait through which the
+//! transport and the inbox use it (the simulation, docs/SIMULATION.md, stands in for the
+//! MQTT server there); `protocol.rs`, both device protocols on the wire;
 //! `transport.rs`, `MqttTransport` on the shared push driver (send = publish + PUBACK,
 //! queries answered from what the broker knows, reachability); `inbox.rs`, results through
 //! `LaneEngine::ack` and statuses into the printer row, PUBACK only after the change is
