@@ -1600,6 +1600,17 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
         (EPSON, r#"{"kind":"epson_sdp","poll_interval_s":2}"#.to_owned()),
         (HOOK, r#"{"kind":"webhook","url":"http://127.0.0.1:9/jobs","secret":"simulated-receiver-secret"}"#.to_owned()),
     ];
+    add_printers(store, printers, now).await?;
+    add_stations(store, [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"]), ("st-y", ["e1", "c1"])], now).await?;
+    mqtt::set_up(store, now).await
+}
+
+/// Printers `(id, transport JSON)` of the store, each named by its id.
+async fn add_printers<const N: usize>(
+    store: &Arc<dyn Store>,
+    printers: [(&str, String); N],
+    now: i64,
+) -> Result<(), onceprint_store::StoreError> {
     for (id, transport) in printers {
         store
             .create_printer(NewPrinter {
@@ -1614,7 +1625,16 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
             })
             .await?;
     }
-    for (id, printers) in [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"]), ("st-y", ["e1", "c1"])] {
+    Ok(())
+}
+
+/// Stations `(id, [primary, backup])` of the store, failing over after 5 s.
+async fn add_stations<const N: usize>(
+    store: &Arc<dyn Store>,
+    stations: [(&str, [&str; 2]); N],
+    now: i64,
+) -> Result<(), onceprint_store::StoreError> {
+    for (id, printers) in stations {
         store
             .create_station(NewStation {
                 tenant_id: TENANT.into(),
@@ -1627,5 +1647,5 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
             })
             .await?;
     }
-    mqtt::set_up(store, now).await
+    Ok(())
 }

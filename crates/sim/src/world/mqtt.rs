@@ -31,11 +31,11 @@ use onceprint_mqtt::inbox::Inbox;
 use onceprint_mqtt::link::{Connection, Published};
 use onceprint_mqtt::transport::MqttTransport;
 use onceprint_mqtt::JobUrl;
-use onceprint_store::{NewPrinter, NewStation, SetupAudit, Store, StoreError};
+use onceprint_store::{Store, StoreError};
 use rumqttc::{Publish, QoS};
 use serde_json::json;
 
-use super::{engine_err, token_task, Fail, World, PUSH_DOUBT_AFTER_MS, STORE, TENANT};
+use super::{engine_err, token_task, Fail, World, PUSH_DOUBT_AFTER_MS, TENANT};
 use crate::schedule::{DevicePrint, MqttOp, StarPrint, SILENCE_MS};
 
 /// The onceprint device's printer, and its device id.
@@ -264,33 +264,8 @@ pub(super) async fn set_up(store: &Arc<dyn Store>, now: i64) -> Result<(), Store
         (DEVICE, format!(r#"{{"kind":"mqtt","protocol":"onceprint","device_id":"{DEVICE_ID}"}}"#)),
         (STAR, format!(r#"{{"kind":"mqtt","protocol":"cloudprnt","mac":"{STAR_MAC}"}}"#)),
     ];
-    for (id, transport) in printers {
-        store
-            .create_printer(NewPrinter {
-                tenant_id: TENANT.into(),
-                id: id.into(),
-                store_id: STORE.into(),
-                name: id.into(),
-                transport,
-                credential: None,
-                now,
-                audit: SetupAudit::default(),
-            })
-            .await?;
-    }
-    for (id, printers) in [("st-m", [DEVICE, STAR]), ("st-q", [STAR, "a1"])] {
-        store
-            .create_station(NewStation {
-                tenant_id: TENANT.into(),
-                id: id.into(),
-                store_id: STORE.into(),
-                printers: printers.iter().map(|p| p.to_string()).collect(),
-                failover_after_ms: Some(5_000),
-                now,
-                audit: SetupAudit::default(),
-            })
-            .await?;
-    }
+    super::add_printers(store, printers, now).await?;
+    super::add_stations(store, [("st-m", [DEVICE, STAR]), ("st-q", [STAR, "a1"])], now).await?;
     JobUrl::new(store.clone(), None).learn(TENANT, STAR, JOB_URL.to_owned()).await
 }
 
