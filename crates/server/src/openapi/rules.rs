@@ -347,7 +347,14 @@ pub fn properties(print_types: &[String], mqtt: bool) -> Vec<(&'static str, &'st
         ("CreateWebhook", "events", json!({"type": "array", "minItems": 1,
             "items": {"type": "string", "enum": onceprint_engine::alerts::EVENT_KINDS}})),
         ("CreateWebhook", "secret", json!({"type": ["string", "null"], "minLength": 16,
-            "description": "The signing secret (at least 16 characters); generated when absent."})),
+            "description": "The signing secret (at least 16 characters). For `onceprint`, generated when absent; \
+                for a chat group bot, the bot's own signing secret when it has one, else left out."})),
+        ("CreateWebhook", "format", json!({"type": ["string", "null"],
+            "enum": onceprint_engine::alerts::AlertFormat::NAMES.iter().map(|n| json!(n)).chain([Value::Null]).collect::<Vec<_>>(),
+            "description": "How events are written: `onceprint` (default; the signed event as JSON) or a chat group \
+                bot's text message: `wecom`, `dingtalk`, `feishu`, `slack`."})),
+        ("OperatorPassword", "password", json!({"type": "string", "minLength": 10, "maxLength": 256,
+            "description": "10–256 characters. Kept only as an argon2id hash; every session of the operator ends."})),
         ("EpsonSdpRequest", "ConnectionType", json!({"type": "string", "enum": ["GetRequest", "SetResponse"]})),
         ("EpsonSdpRequest", "ID", with_description(nullable(id()),
             "The ID set in the printer's Web Config: the printer's `printer_id` where one is configured (else 401).")),
