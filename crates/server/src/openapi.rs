@@ -125,3 +125,62 @@ fn build(policies: &onceprint_core::policy::PolicyTable, mqtt: bool) -> String {
     complete::complete(&mut doc, &print_types, mqtt);
     serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// Routes served but deliberately left out of the document, each with why.
+    const UNDOCUMENTED: &[(&str, &str)] = &[
+        // The staff console is HTML for people, not an API (docs/CONSOLE.md).
+        ("/console", "any"),
+    ];
+
+    /// Every `(path, method)` the router declares in `crate::router`, read from its source:
+    /// axum keeps no list of its routes, and that function is the one place they are made.
+    fn routed() -> Vec<(String, String)> {
+        let source = include_str!("lib.rs");
+        let start = source.find("pub fn router(").expect("lib.rs declares the router");
+        let body = &source[start..];
+        let end = body.find("\n}\n").unwrap_or(body.len());
+        let mut out = Vec::new();
+        for part in body[..end].split(".route(").skip(1) {
+            let Some(open) = part.find('"') else { continue };
+            let Some(len) = part[open + 1..].find('"') else { continue };
+            let path = part[open + 1..open + 1 + len].to_owned();
+            // The methods chained on this route, up to the next route or merge.
+            let rest = &part[open + 1 + len..];
+            let rest = rest.split(".merge(").next().unwrap_or(rest);
+            for method in ["get", "post", "put", "patch", "delete"] {
+                let called = rest.match_indices(&format!("{method}(")).any(|(i, _)| {
+                    i == 0 || !rest[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                });
+                if called {
+                    out.push((path.clone(), method.to_owned()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every API route the broker serves is in the published document, so that clients
+    /// generated from it and the schemathesis run reach all of them. A route added to the
+    /// router without its annotation fails here, not in a user's client.
+    #[test]
+    fn every_route_of_the_router_is_in_the_document() {
+        let doc: Value = serde_json::from_str(&super::document_json()).expect("JSON");
+        let paths = doc["paths"].as_object().expect("paths");
+        let routes = routed();
+        assert!(routes.len() > 50, "the router's routes were read: {routes:?}");
+        let mut missing = Vec::new();
+        for (path, method) in &routes {
+            if UNDOCUMENTED.iter().any(|(p, _)| path == p || path.starts_with(&format!("{p}/"))) {
+                continue;
+            }
+            if paths.get(path.as_str()).and_then(|item| item.get(method.as_str())).is_none() {
+                missing.push(format!("{} {path}", method.to_uppercase()));
+            }
+        }
+        assert!(missing.is_empty(), "served but not in the OpenAPI document: {missing:?}");
+    }
+}
