@@ -215,10 +215,15 @@ struct SimStar {
     online: bool,
     dead: bool,
     state: usize,
-    /// Its last ten job tokens, kept across a power cycle. Star does not say whether they
-    /// survive one; a printer that forgot them would print a second copy of a print-job
-    /// the broker's client sent again after a lost PUBACK (docs/SIMULATION.md, "Limits").
+    /// Its last ten job tokens. Star does not say whether they survive a power cycle, so
+    /// the printer forgets them when it is switched off, which makes any print-job the
+    /// broker sends it again a second copy on paper. The one exception: once the MQTT
+    /// server did not confirm one of its jobs, the broker's MQTT client sends that publish
+    /// again at its next connection (MQTT 3.1.1, QoS 1), which the broker does not
+    /// prevent; from then on the printer keeps its tokens (docs/SIMULATION.md, "Limits").
     tokens: VecDeque<String>,
+    /// One of its jobs was published without the MQTT server's PUBACK.
+    client_resends: bool,
 }
 
 /// The broker process's MQTT transport: what a restart loses.
@@ -252,7 +257,7 @@ impl Default for MqttWorld {
                 refused: HashSet::new(),
                 declined: HashMap::new(),
             },
-            star: SimStar { online: true, dead: false, state: 0, tokens: VecDeque::new() },
+            star: SimStar { online: true, dead: false, state: 0, tokens: VecDeque::new(), client_resends: false },
         }
     }
 }
@@ -436,6 +441,9 @@ impl World {
             if printer == STAR && (!confirmed || away) {
                 self.facts.exposed.insert(task_id);
             }
+            if printer == STAR && !confirmed {
+                self.mqtt.star.client_resends = true;
+            }
         }
         Ok(())
     }
@@ -543,6 +551,9 @@ impl World {
         if on {
             self.star_status(None);
             return Ok(());
+        }
+        if !s.client_resends {
+            s.tokens.clear();
         }
         self.star_publish("client-will", json!({"title": "client-will", "printerMAC": STAR_MAC}));
         // The broker cannot tell whether the printer took its job in flight before it
