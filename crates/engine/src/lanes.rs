@@ -25,7 +25,7 @@
 //! asked about for ever.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 mod paused;
 pub use paused::PausedReport;
@@ -152,8 +152,21 @@ pub enum Scope<'a> {
     /// sent again until it is back). The lanes of the others are not looked at.
     Reachable { store_id: &'a str, kind: TransportKind, reachable: &'a (dyn Fn(&PrinterInfo) -> bool + Sync) },
     /// One printer that polls for itself (CloudPRNT, Epson Server Direct Print), when it
-    /// uses this transport kind.
-    Printer { printer_id: &'a str, kind: TransportKind },
+    /// uses this transport kind; `store_id` is the printer's store, whose signals say
+    /// whether a lane found empty may have work now.
+    Printer { printer_id: &'a str, store_id: &'a str, kind: TransportKind },
+}
+
+/// How long a printer's lane, found empty, is taken to stay empty without being read again
+/// while its store is not signalled: the safety net for a signal this node never heard
+/// (another node's, lost on the way). The same bound as the directory's cache.
+const EMPTY_LANE_TRUSTED_MS: Millis = 10_000;
+
+/// A printer's lane found empty: when, and where its store's signals stood just before.
+#[derive(Debug, Clone, Copy)]
+struct EmptyLane {
+    epoch: (u64, u64),
+    at: Millis,
 }
 
 /// One ack as received: what the printer side said about the printer (`outcome`) and
@@ -242,6 +255,10 @@ pub struct LaneEngine {
     config: DeliveryConfig,
     clock: Arc<dyn Clock>,
     agents: Arc<AgentRegistry>,
+    /// Lanes of printers that poll for themselves found empty on this node, by (tenant,
+    /// printer): an idle poll is answered from here without reading the database
+    /// ([`StoreSignals::epoch`]).
+    empty_lanes: Mutex<HashMap<(String, String), EmptyLane>>,
 }
 
 /// A change the engine makes to a lane on a claim, with what it is for.
@@ -297,7 +314,7 @@ impl LaneEngine {
         agents: Arc<AgentRegistry>,
     ) -> LaneEngine {
         let Shared { store, directory, gate, signals, policies } = shared;
-        LaneEngine { store, directory, gate, signals, policies, config, clock, agents }
+        LaneEngine { store, directory, gate, signals, policies, config, clock, agents, empty_lanes: Mutex::default() }
     }
 
     pub fn signals(&self) -> &Arc<StoreSignals> {
@@ -415,9 +432,29 @@ impl LaneEngine {
                 reachable = Some(r);
                 (self.store.lanes(tenant_id, store_id).await?, kind)
             }
-            Scope::Printer { printer_id, kind } => {
+            Scope::Printer { printer_id, store_id, kind } => {
+                // Taken before the lane is read: a write that gives the lane work after
+                // this read signals the store after its commit, and so moves the epoch.
+                let epoch = self.signals.epoch(tenant_id, store_id);
+                let key = (tenant_id.to_owned(), printer_id.to_owned());
+                let known_empty = self
+                    .empty_lanes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                    .is_some_and(|e| e.epoch == epoch && now - e.at < EMPTY_LANE_TRUSTED_MS && now >= e.at);
+                if known_empty {
+                    return Ok(Claimed::default());
+                }
                 let lane = self.store.lane(tenant_id, printer_id).await?;
                 let busy = lane.in_flight.is_some() || lane.waiting.is_some();
+                let mut empty = self.empty_lanes.lock().unwrap_or_else(PoisonError::into_inner);
+                if busy {
+                    empty.remove(&key);
+                } else {
+                    empty.insert(key, EmptyLane { epoch, at: now });
+                }
+                drop(empty);
                 (if busy { vec![lane] } else { Vec::new() }, kind)
             }
         };

@@ -20,6 +20,11 @@ pub struct StoreSignals {
     outbox: OnceLock<Arc<Outbox>>,
     /// Moves on every signal, for loops that serve many stores (push drivers).
     activity: watch::Sender<u64>,
+    /// How many times each store was signalled, for readers that remember a store's lanes
+    /// were empty and need to know whether that may have changed ([`Self::epoch`]).
+    epochs: Mutex<HashMap<(String, String), u64>>,
+    /// How many times every store was signalled at once.
+    everyone: std::sync::atomic::AtomicU64,
 }
 
 impl Default for StoreSignals {
@@ -30,6 +35,8 @@ impl Default for StoreSignals {
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             outbox: OnceLock::new(),
             activity: watch::Sender::new(0),
+            epochs: Mutex::default(),
+            everyone: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -53,8 +60,29 @@ impl StoreSignals {
         }
     }
 
+    /// Where this store's signals stand: it changes with every signal of the store (on this
+    /// node or heard from another) and with every signal of all stores. Every write that
+    /// can give a lane of the store work signals the store after it commits, so a reader
+    /// that takes the epoch *before* it reads a lane and finds the lane empty knows the
+    /// lane is still empty while the epoch has not changed, as far as this node has heard.
+    pub fn epoch(&self, tenant_id: &str, store_id: &str) -> (u64, u64) {
+        let store = self
+            .epochs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(tenant_id.to_owned(), store_id.to_owned()))
+            .copied()
+            .unwrap_or(0);
+        (store, self.everyone.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     /// Wakes every poll waiting on this store in this process only.
     pub fn notify_here(&self, tenant_id: &str, store_id: &str) {
+        {
+            let mut map = self.epochs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = map.entry((tenant_id.to_owned(), store_id.to_owned())).or_default();
+            *n = n.wrapping_add(1);
+        }
         self.get(tenant_id, store_id).notify_waiters();
         self.activity.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -66,6 +94,7 @@ impl StoreSignals {
             Ok(map) => map.values().cloned().collect(),
             Err(_) => Vec::new(),
         };
+        self.everyone.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         for n in all {
             n.notify_waiters();
         }

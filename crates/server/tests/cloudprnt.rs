@@ -26,6 +26,7 @@ both_backends!(
     raw_escpos_is_refused_for_cloudprnt_printers_and_stations_that_reach_one,
     a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person,
     the_simulated_printer_prints_every_task_once_through_its_faults,
+    an_idle_printer_is_offered_new_work_at_its_very_next_poll,
 );
 
 /// A CloudPRNT printer played over HTTP.
@@ -787,4 +788,30 @@ async fn a_strict_simulated_printer_prints_documents_as_images_at_its_own_width(
         assert_eq!(cuts, [Cut::Full, Cut::Partial], "{id}: the document's full cut, markup's partial one");
         assert!(jobs.iter().any(|j| j.images == 0 && j.text == "order T1\n"), "{id}: {jobs:?}");
     }
+}
+
+/// A printer whose lane was found empty is answered from memory until its store is
+/// signalled: new work of every kind (a submission, a person's reprint) is offered at the
+/// very next poll, never one safety interval later.
+async fn an_idle_printer_is_offered_new_work_at_its_very_next_poll(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    for _ in 0..3 {
+        assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+    }
+    let id = submit(app, &key, "star", "N1").await;
+    let v = star.poll("200 OK", None, Some(false)).await;
+    assert_eq!(v["jobReady"], true, "a submission is offered at once: {v}");
+    let token = v["jobToken"].as_str().expect("token").to_owned();
+    assert_eq!(star.get("text/plain", &token).await.0, StatusCode::OK);
+    assert_eq!(star.delete("200 OK", &token).await.1["result"], "applied");
+    for _ in 0..3 {
+        assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+    }
+    let r = app
+        .post(&format!("/v1/print-tasks/{id}/reprint"), &key, json!({"operator": "alice", "reason": "smudged"}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let v = star.poll("200 OK", None, Some(false)).await;
+    assert_eq!(v["jobReady"], true, "a reprint is offered at once: {v}");
 }

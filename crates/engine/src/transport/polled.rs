@@ -3,12 +3,13 @@
 //! common, on the lane engine:
 //!
 //! - the printer's health from its polls: `online`, `last_seen_at` and `last_error` on
-//!   the printer row (written when something changes, and at most once per poll interval
-//!   otherwise), and the lane's reaction to it: a printer that reports it cannot print
+//!   the printer row (written when something changes, and otherwise at most once per poll
+//!   interval and half the offline grace), and the lane's reaction to it: a printer that reports it cannot print
 //!   (no paper, cover open, paper jam) gets no job; the attempt it holds unfetched, or a
 //!   job that is due, ends at once with that outcome, as an agent's does when its status
 //!   check says so, so retries, attempt limits and failover work as for every printer;
-//! - its one lane (`Scope::Printer` claims): a job handed out and not fetched yet is named
+//! - its one lane (`Scope::Printer` claims; a lane found empty is answered from memory
+//!   until its store is signalled): a job handed out and not fetched yet is named
 //!   again on every poll with the same attempt and token (nothing printed, nothing
 //!   written); a job fetched is remembered durably before its data leaves
 //!   ([`LaneEngine::mark_fetched`]) and never offered again: it ends with the printer's
@@ -256,7 +257,7 @@ impl Polled {
             Health::Blocked { outcome, detail } => Some((*outcome, detail.clone())),
             _ => None,
         };
-        let scope = Scope::Printer { printer_id: &printer.row.id, kind: self.kind };
+        let scope = Scope::Printer { printer_id: &printer.row.id, store_id: &printer.row.store_id, kind: self.kind };
         // A job settled in this poll (in doubt after an idle poll) frees the lane, so the
         // next one may go in the same answer; a few rounds at most.
         for _round in 0..3 {
@@ -307,6 +308,15 @@ impl Polled {
             }
         }
         Ok(None)
+    }
+
+    /// How often a printer that keeps polling with nothing new to say has its `last_seen_at`
+    /// written: once per poll interval and half the offline grace. The offline check
+    /// judges it silent only after 2 × its interval + the grace, and between two writes the
+    /// row lags at most this long plus one interval, so half the grace is left for late
+    /// polls, while an idle printer costs a write every few polls instead of every one.
+    fn refresh_ms(&self, printer: &PrinterInfo) -> i64 {
+        self.interval_ms(printer) + self.config.offline_grace_ms / 2
     }
 
     /// Whether an idle poll ends the fetched `task` now (see
@@ -465,7 +475,8 @@ impl Polled {
             None => true,
             Some(w) => {
                 !w.online
-                    || now - w.at >= self.interval_ms(printer)
+                    || now - w.at >= self.refresh_ms(printer)
+                    || now < w.at
                     || reported.as_ref().is_some_and(|e| *e != w.last_error)
             }
         };
