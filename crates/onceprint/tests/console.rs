@@ -859,12 +859,12 @@ async fn run_setup(w: &World, c: &Client, shots: Option<&PathBuf>) {
     no_sideways_scroll(c, "the printers set-up page").await;
     c.goto(&format!("{base}/console/lang?to=zh&next=%2Fconsole%2Fstores%2Fs1%2Fprinters")).await.expect("goto");
     wait_for(c, "h1", "设置打印机", false).await;
-    no_sideways_scroll(c, "the printers set-up page in Chinese").await;
     if shots.is_some() {
         c.set_window_size(375, 812).await.expect("phone size");
         shot(c, shots, "setup-phone-zh").await;
         c.set_window_size(1280, 900).await.expect("desktop size");
     }
+    no_sideways_scroll(c, "the printers set-up page in Chinese").await;
     c.goto(&format!("{base}/console/lang?to=en&next=%2Fconsole%2Fstores%2Fs1%2Fprinters")).await.expect("goto");
     wait_for(c, "h1", "Set up printers", false).await;
 
