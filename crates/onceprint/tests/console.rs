@@ -952,6 +952,12 @@ async fn run_setup(w: &World, c: &Client, shots: Option<&PathBuf>) {
     wait_for(c, "h1", "Set up printers", false).await;
     wait_for(c, "[data-setup-printer=\"pass\"]", "Pass", false).await;
     assert!(c.find_all(Locator::Css("#add-printer, form[data-action]")).await.expect("find").is_empty(), "no forms");
+    // The list says how each printer is connected in plain words, without protocol names.
+    let list = text_of(c, "#setup-printers").await;
+    assert!(list.contains("Star printer, goes online by itself"), "{list}");
+    for jargon in ["CloudPRNT", "tcp://", "MQTT", "ESC/POS"] {
+        assert!(!list.contains(jargon), "{jargon} in {list}");
+    }
     let forced = c
         .execute(
             "const csrf = document.querySelector('input[name=csrf]').value;

@@ -145,16 +145,17 @@ fn broker_url(st: &AppState, headers: &HeaderMap) -> String {
     format!("{}://{host}", if https { "https" } else { "http" })
 }
 
-/// A printer's kind in words (what a manager recognises on the printer's box).
+/// A printer's kind in plain words for the list, which staff read too: how it is
+/// connected, without the names of protocols (the forms, for a manager, name them as the
+/// printer's own settings page does).
 fn kind_words(lang: Lang, t: Option<&TransportConfig>) -> &'static str {
     match t.map(form_kind) {
         Some(k) => lang.t(match k {
-            "agent" => "setup.kind.agent",
-            "webhook" => "setup.kind.webhook",
-            "cloudprnt" => "setup.kind.cloudprnt",
-            "epson_sdp" => "setup.kind.epson_sdp",
-            "mqtt_cloudprnt" => "setup.kind.mqtt_cloudprnt",
-            _ => "setup.kind.mqtt_onceprint",
+            "agent" => "setup.plain.agent",
+            "webhook" => "setup.plain.webhook",
+            "cloudprnt" | "mqtt_cloudprnt" => "setup.plain.star",
+            "epson_sdp" => "setup.plain.epson",
+            _ => "setup.plain.device",
         }),
         None => lang.t("setup.kind.unknown"),
     }
@@ -967,6 +968,11 @@ pub const TEXTS: &[(&str, &str, &str)] = &[
     ("setup.kind.mqtt_cloudprnt", "Star printer with CloudPRNT MQTT", "支持 CloudPRNT MQTT 的 Star 打印机"),
     ("setup.kind.mqtt_onceprint", "onceprint cloud printer device", "onceprint 云打印设备"),
     ("setup.kind.unknown", "Other", "其他"),
+    ("setup.plain.agent", "Connected to the shop computer", "连接门店电脑"),
+    ("setup.plain.webhook", "Connected through a web service", "通过网络服务连接"),
+    ("setup.plain.star", "Star printer, goes online by itself", "Star 打印机，自行联网"),
+    ("setup.plain.epson", "Epson printer, goes online by itself", "爱普生打印机，自行联网"),
+    ("setup.plain.device", "Cloud printer device", "云打印设备"),
     ("setup.add", "Add a printer", "添加打印机"),
     ("setup.add_button", "Add printer", "添加打印机"),
     ("setup.f.id", "Short code (letters, digits)", "代码（字母、数字）"),
