@@ -79,16 +79,43 @@ pub enum SetupError {
     Store(#[from] StoreError),
 }
 
-/// A tenant's API key, the one caller of tenant set-up: the audit names it `api_key:ID`.
+/// Who calls tenant set-up: a tenant's API key (the audit names it `api_key:ID`) or a
+/// manager on the staff console (`operator:ID`). Both go through the same checks; only
+/// the name in the audit differs, so that a change made at the counter says who made it.
 #[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
     pub tenant_id: &'a str,
-    pub key_id: &'a str,
+    by: CallerKind<'a>,
 }
 
-impl Caller<'_> {
+#[derive(Debug, Clone, Copy)]
+enum CallerKind<'a> {
+    ApiKey(&'a str),
+    Operator(&'a str),
+}
+
+impl<'a> Caller<'a> {
+    /// The tenant's API key `key_id`.
+    pub fn api_key(tenant_id: &'a str, key_id: &'a str) -> Caller<'a> {
+        Caller { tenant_id, by: CallerKind::ApiKey(key_id) }
+    }
+
+    /// An operator of the tenant. Whether the operator may change the set-up (a manager)
+    /// is the console's check, as the API key's is the API's.
+    pub fn operator(tenant_id: &'a str, operator_id: &'a str) -> Caller<'a> {
+        Caller { tenant_id, by: CallerKind::Operator(operator_id) }
+    }
+
+    /// The audit's name of the caller: `api_key:ID` or `operator:ID`.
+    pub fn actor(&self) -> String {
+        match self.by {
+            CallerKind::ApiKey(id) => format!("api_key:{id}"),
+            CallerKind::Operator(id) => format!("operator:{id}"),
+        }
+    }
+
     fn audit(&self, detail: Value) -> SetupAudit {
-        SetupAudit { actor: format!("api_key:{}", self.key_id), detail }
+        SetupAudit { actor: self.actor(), detail }
     }
 }
 

@@ -771,3 +771,221 @@ async fn run_page_changes(w: &World, c: &Client) {
     let violations = csp_violations(c).await;
     assert!(violations.is_empty(), "content security policy violations: {violations:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Set-up pages: a manager adds printers (a Star printer's login shown once, an agent
+// printer with a test print that reaches the simulator's paper) and a group bot as an
+// alert target with a test message; a staff member is refused.
+
+/// A WeCom-like group bot on loopback: the messages it got; it answers `errcode` 0.
+async fn group_bot() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        "/bot",
+        axum::routing::post(move |body: String| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().expect("lock").push(serde_json::from_str(&body).unwrap_or(Value::Null));
+                json!({"errcode": 0, "errmsg": "ok"}).to_string()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/bot?key=bot-key-1"), got)
+}
+
+async fn log_in(c: &Client, base: &str, operator: &str, next: &str) {
+    c.goto(&format!("{base}/console/login?next={next}")).await.expect("goto");
+    c.find(Locator::Id("tenant")).await.expect("tenant").send_keys("shop").await.expect("type");
+    c.find(Locator::Id("operator")).await.expect("operator").send_keys(operator).await.expect("type");
+    c.find(Locator::Id("password")).await.expect("password").send_keys(PASSWORD).await.expect("type");
+    c.find(Locator::Id("login")).await.expect("button").click().await.expect("log in");
+}
+
+/// Opens the folded form `scope`, fills `fields` (inputs by name; selects by value) and
+/// submits it.
+async fn fill_and_submit(c: &Client, scope: &str, fields: &[(&str, &str)]) {
+    c.find(Locator::Css(&format!("{scope} summary"))).await.expect("form").click().await.expect("open");
+    for (name, value) in fields {
+        let el = c.find(Locator::Css(&format!("{scope} [name=\"{name}\"]"))).await.expect(name);
+        if el.tag_name().await.unwrap_or_default() == "select" {
+            el.select_by_value(value).await.expect("select");
+        } else {
+            el.send_keys(value).await.expect("type");
+        }
+    }
+    c.find(Locator::Css(&format!("{scope} button[type=submit]"))).await.expect("submit").click().await.expect("submit");
+}
+
+/// At 375 px, with every folded form open, the page still fits the width.
+async fn no_sideways_scroll(c: &Client, what: &str) {
+    c.set_window_size(375, 812).await.expect("phone size");
+    c.execute("document.querySelectorAll('details').forEach(d => { d.open = true; }); return true;", vec![])
+        .await
+        .expect("open the forms");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fits = c
+        .execute("return document.documentElement.scrollWidth <= window.innerWidth + 1;", vec![])
+        .await
+        .expect("width");
+    assert_eq!(fits, json!(true), "no sideways scrolling at 375 px on {what}");
+    c.set_window_size(1280, 900).await.expect("desktop size");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_sets_up_printers_and_alerts_in_a_browser() {
+    let w = World::start("setup").await;
+    w.post("/v1/operators", json!({"id": "max", "name": "Max Lee", "role": "manager", "password": PASSWORD})).await;
+    let Some((c, mut driver)) = browser(&w.dir).await else { return };
+    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from);
+    let result = run_setup(&w, &c, shots.as_ref()).await;
+    let _ = c.close().await;
+    let _ = driver.kill();
+    let _ = driver.wait();
+    result
+}
+
+async fn run_setup(w: &World, c: &Client, shots: Option<&PathBuf>) {
+    let base = &w.base;
+    log_in(c, base, "max", "%2Fconsole%2Fstores%2Fs1%2F").await;
+    wait_for(c, "h1", "Printers", false).await;
+    c.find(Locator::Id("nav-setup")).await.expect("set-up in the navigation").click().await.expect("click");
+    wait_for(c, "h1", "Set up printers", false).await;
+    no_sideways_scroll(c, "the printers set-up page").await;
+    c.goto(&format!("{base}/console/lang?to=zh&next=%2Fconsole%2Fstores%2Fs1%2Fprinters")).await.expect("goto");
+    wait_for(c, "h1", "设置打印机", false).await;
+    if shots.is_some() {
+        c.set_window_size(375, 812).await.expect("phone size");
+        shot(c, shots, "setup-phone-zh").await;
+        c.set_window_size(1280, 900).await.expect("desktop size");
+    }
+    no_sideways_scroll(c, "the printers set-up page in Chinese").await;
+    c.goto(&format!("{base}/console/lang?to=en&next=%2Fconsole%2Fstores%2Fs1%2Fprinters")).await.expect("goto");
+    wait_for(c, "h1", "Set up printers", false).await;
+
+    // A Star CloudPRNT printer: its login is shown once, with the server address.
+    fill_and_submit(
+        c,
+        "details[data-add=\"cloudprnt\"]",
+        &[("id", "bar"), ("name", "Bar"), ("mac", "00:11:62:AA:BB:CC"), ("poll_interval_s", "5")],
+    )
+    .await;
+    wait_for(c, "#printer-login", "Shown only now", false).await;
+    let password = text_of(c, "[data-login-password]").await;
+    assert!(password.len() >= 20, "{password:?}");
+    assert_eq!(text_of(c, "[data-server-url]").await, format!("{base}/cloudprnt"));
+    assert!(text_of(c, "#printer-login").await.contains("CloudPRNT"), "the steps on the printer");
+    shot(c, shots, "setup-login-desktop-en").await;
+    c.goto(&format!("{base}/console/stores/s1/printers")).await.expect("goto");
+    wait_for(c, "[data-setup-printer=\"bar\"]", "Bar", false).await;
+    let again = c.source().await.expect("source");
+    assert!(!again.contains(&password) && !again.contains("printer-login"), "the login is not shown again");
+
+    // An agent printer on the simulator, and a test print that reaches its paper.
+    let address = format!("tcp://127.0.0.1:{}", w.sim_port);
+    fill_and_submit(c, "details[data-add=\"agent\"]", &[("id", "pass"), ("name", "Pass"), ("address", &address)]).await;
+    wait_for(c, "[data-setup-printer=\"pass\"]", "Pass", false).await;
+    c.find(Locator::Css("[data-setup-printer=\"pass\"] form[data-action=\"test-print\"] button"))
+        .await
+        .expect("test print")
+        .click()
+        .await
+        .expect("click");
+    wait_for(c, "#done", "test ticket", false).await;
+    c.find(Locator::Id("test-ticket")).await.expect("link to the ticket").click().await.expect("click");
+    wait_for(c, "h1", "", false).await;
+    let start = Instant::now();
+    // The ticket page is not live: it is loaded again until the ticket shows printed.
+    while !text_of(c, "#ticket-state").await.contains("printed") {
+        assert!(start.elapsed() < WAIT, "the test ticket never printed: {}", text_of(c, "#ticket-state").await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c.refresh().await.expect("reload");
+    }
+    let paper = std::fs::read_to_string(w.dir.join("paper.jsonl")).unwrap_or_default();
+    assert!(paper.contains("TEST PRINT TEST-"), "the test ticket on the simulator's paper: {paper}");
+
+    // A group bot as an alert target, and its test message.
+    let (url, got) = group_bot().await;
+    c.find(Locator::Id("nav-alerts")).await.expect("alerts in the navigation").click().await.expect("click");
+    wait_for(c, "h1", "Alerts", false).await;
+    fill_and_submit_open(c, "#add-alert", &[("id", "kitchen-bot"), ("format", "wecom"), ("url", &url)]).await;
+    wait_for(c, "#done", "added", false).await;
+    c.find(Locator::Css("#wh-kitchen-bot button[data-action=\"test\"]"))
+        .await
+        .expect("send test")
+        .click()
+        .await
+        .expect("click");
+    wait_for(c, "#done", "test message", false).await;
+    let start = Instant::now();
+    loop {
+        if let Some(m) = got.lock().expect("lock").first() {
+            assert_eq!(m["msgtype"], "text", "{m}");
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "the bot got no test message");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let start = Instant::now();
+    loop {
+        c.refresh().await.expect("reload");
+        if text_of(c, "#wh-kitchen-bot [data-last]").await.contains("delivered") {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "the test message never shows as delivered");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    no_sideways_scroll(c, "the alerts page").await;
+    shot(c, shots, "alerts-desktop-en").await;
+    let violations = csp_violations(c).await;
+    assert!(violations.is_empty(), "content security policy violations: {violations:?}");
+
+    // Staff: the list without forms; a set-up request by hand is refused.
+    c.find(Locator::Id("logout")).await.expect("logout").click().await.expect("log out");
+    wait_for(c, "h1", "Log in", false).await;
+    log_in(c, base, "amy", "%2Fconsole%2Fstores%2Fs1%2Fprinters").await;
+    wait_for(c, "h1", "Set up printers", false).await;
+    wait_for(c, "[data-setup-printer=\"pass\"]", "Pass", false).await;
+    assert!(c.find_all(Locator::Css("#add-printer, form[data-action]")).await.expect("find").is_empty(), "no forms");
+    // The list says how each printer is connected in plain words, without protocol names.
+    let list = text_of(c, "#setup-printers").await;
+    assert!(list.contains("Star printer, goes online by itself"), "{list}");
+    for jargon in ["CloudPRNT", "tcp://", "MQTT", "ESC/POS"] {
+        assert!(!list.contains(jargon), "{jargon} in {list}");
+    }
+    let forced = c
+        .execute(
+            "const csrf = document.querySelector('input[name=csrf]').value;
+             const post = (path, body) => fetch(path, {method: 'POST',
+                 headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body, redirect: 'manual'})
+               .then(r => r.status);
+             return Promise.all([
+               post('/console/stores/s1/printers', 'kind=agent&id=x1&address=tcp%3A%2F%2F127.0.0.1%3A9&csrf=' + encodeURIComponent(csrf)),
+               post('/console/stores/s1/printers/pass/test-print', 'csrf=' + encodeURIComponent(csrf)),
+               post('/console/alerts/kitchen-bot/test', 'csrf=' + encodeURIComponent(csrf))]);",
+            vec![],
+        )
+        .await
+        .expect("forced posts");
+    assert_eq!(forced, json!([403, 403, 403]), "staff cannot set up");
+    c.goto(&format!("{base}/console/alerts")).await.expect("goto");
+    wait_for(c, "[data-code]", "only a manager", false).await;
+}
+
+/// Fills and submits a form that is open already (not folded in a `details`).
+async fn fill_and_submit_open(c: &Client, scope: &str, fields: &[(&str, &str)]) {
+    for (name, value) in fields {
+        let el = c.find(Locator::Css(&format!("{scope} [name=\"{name}\"]"))).await.expect(name);
+        if el.tag_name().await.unwrap_or_default() == "select" {
+            el.select_by_value(value).await.expect("select");
+        } else {
+            el.send_keys(value).await.expect("type");
+        }
+    }
+    c.find(Locator::Css(&format!("{scope} button[type=submit]"))).await.expect("submit").click().await.expect("submit");
+}

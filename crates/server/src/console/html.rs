@@ -116,6 +116,15 @@ pub fn page(f: &Frame<'_>, body: &str) -> String {
             ));
         }
     }
+    // Set-up of the store's printers, for a manager (staff reach the list by its address).
+    if let (Some((id, _)), true) = (f.store, f.is_manager) {
+        let current = if f.current == "setup" { " aria-current=\"page\"" } else { "" };
+        nav.push_str(&format!(
+            "<a href=\"/console/stores/{}/printers\" id=\"nav-setup\"{current}>{}</a>",
+            url_encode(id),
+            esc(lang.t("nav.setup"))
+        ));
+    }
     let stores_current = if f.current == "stores" { " aria-current=\"page\"" } else { "" };
     nav.push_str(&format!("<a href=\"/console/\"{stores_current}>{}</a>", esc(lang.t("nav.stores"))));
     if f.is_manager {
@@ -123,6 +132,11 @@ pub fn page(f: &Frame<'_>, body: &str) -> String {
         nav.push_str(&format!(
             "<a href=\"/console/operators\" id=\"nav-operators\"{current}>{}</a>",
             esc(lang.t("nav.operators"))
+        ));
+        let current = if f.current == "alerts" { " aria-current=\"page\"" } else { "" };
+        nav.push_str(&format!(
+            "<a href=\"/console/alerts\" id=\"nav-alerts\"{current}>{}</a>",
+            esc(lang.t("nav.alerts"))
         ));
     }
     let store_name = f.store.map(|(_, n)| format!("<span class=\"store\">{}</span>", esc(n))).unwrap_or_default();

@@ -75,7 +75,8 @@ impl Lang {
 
     /// The text under `key`; the key itself when there is none (a gap shows, not a panic).
     pub fn t(self, key: &'static str) -> &'static str {
-        match TEXTS.iter().find(|(k, _, _)| *k == key) {
+        // The set-up pages keep their texts in a table of their own (`setup::TEXTS`).
+        match TEXTS.iter().chain(super::setup::TEXTS).find(|(k, _, _)| *k == key) {
             Some((_, en, zh)) => match self {
                 Lang::En => en,
                 Lang::Zh => zh,

@@ -23,6 +23,7 @@ mod html;
 mod i18n;
 mod live;
 mod pages;
+mod setup;
 
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -178,6 +179,22 @@ pub fn router() -> Router<AppState> {
         .route("/console/stores/{store}/reconciliation", get(pages::reconciliation))
         .route("/console/stores/{store}/reconciliation.csv", get(pages::reconciliation_csv))
         .route("/console/stores/{store}/live", get(live::events))
+        // Set-up: a store's printers and stations, the tenant's alert targets (managers).
+        .route("/console/stores/{store}/printers", get(setup::printers).post(setup::add_printer))
+        .route(
+            "/console/stores/{store}/printers/{printer}/{action}",
+            get(|axum::extract::Path((store, _, _)): axum::extract::Path<(String, String, String)>| async move {
+                ConsoleError::Redirect(format!("/console/stores/{}/printers", html::url_encode(&store)))
+            })
+            .post(setup::printer_action),
+        )
+        .route("/console/stores/{store}/stations", post(setup::add_station))
+        .route("/console/stores/{store}/stations/{station}/edit", post(setup::edit_station))
+        .route("/console/alerts", get(setup::alerts).post(setup::add_alert))
+        .route(
+            "/console/alerts/{id}/test",
+            get(|| async { ConsoleError::Redirect("/console/alerts".into()) }).post(setup::test_alert),
+        )
         .route("/console/{*rest}", get(pages::not_found).post(pages::not_found))
         .layer(axum::middleware::map_response(security_headers))
 }
@@ -204,5 +221,13 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("GET", "/console/stores/s1/reconciliation", false),
     ("GET", "/console/stores/s1/reconciliation.csv", false),
     ("GET", "/console/stores/s1/live", false),
+    ("GET", "/console/stores/s1/printers", false),
+    ("POST", "/console/stores/s1/printers", false),
+    ("POST", "/console/stores/s1/printers/p1/test-print", false),
+    ("POST", "/console/stores/s1/stations", false),
+    ("POST", "/console/stores/s1/stations/st1/edit", false),
+    ("GET", "/console/alerts", false),
+    ("POST", "/console/alerts", false),
+    ("POST", "/console/alerts/ops/test", false),
     ("GET", "/console/anything/else", false),
 ];

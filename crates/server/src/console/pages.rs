@@ -47,18 +47,18 @@ fn action_key(a: ManualAction) -> &'static str {
 }
 
 /// A store the operator may see, with its zone.
-struct Shop {
-    row: StoreRow,
-    zone: Zone,
+pub(super) struct Shop {
+    pub(super) row: StoreRow,
+    pub(super) zone: Zone,
     /// How many tickets need attention now (at most [`ATTENTION_COUNTED`]), for the badge
     /// on every page of the store.
-    attention: usize,
+    pub(super) attention: usize,
 }
 
 /// The most tickets the attention badge counts; beyond it the badge says "99+".
 const ATTENTION_COUNTED: i64 = 100;
 
-async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> Result<Shop, ConsoleError> {
+pub(super) async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> Result<Shop, ConsoleError> {
     let not_found = || ConsoleError::Api(ApiError::not_found(format!("no store {store_id:?}")));
     if !user.operator().may_see_store(store_id) {
         return Err(not_found());
@@ -83,21 +83,21 @@ fn wants_fragment(headers: &HeaderMap) -> bool {
     headers.get("x-console-fragment").is_some_and(|v| v == "1")
 }
 
-fn here(headers: &HeaderMap, path: &str) -> String {
+pub(super) fn here(headers: &HeaderMap, path: &str) -> String {
     // The path as the browser asked for it (with its query), for the language switch.
     headers.get("x-console-here").and_then(|v| v.to_str().ok()).map(str::to_owned).unwrap_or_else(|| path.to_owned())
 }
 
-struct Render<'a> {
-    user: &'a ConsoleUser,
-    shop: Option<&'a Shop>,
-    title: &'a str,
-    current: &'a str,
-    here: String,
-    live: bool,
+pub(super) struct Render<'a> {
+    pub(super) user: &'a ConsoleUser,
+    pub(super) shop: Option<&'a Shop>,
+    pub(super) title: &'a str,
+    pub(super) current: &'a str,
+    pub(super) here: String,
+    pub(super) live: bool,
 }
 
-fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response {
+pub(super) fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response {
     let no_store = [(header::CACHE_CONTROL, "no-store")];
     if wants_fragment(headers) {
         let mut res = (no_store, Html(html::fragment(r.title, body))).into_response();
@@ -1264,7 +1264,7 @@ pub async fn create_operator(
 }
 
 /// `application/x-www-form-urlencoded` pairs, decoded.
-fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
+pub(super) fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
     let decode = |s: &str| -> String {
         let bytes = s.as_bytes();
         let mut out = Vec::with_capacity(bytes.len());

@@ -18,7 +18,7 @@ use crate::AppState;
 
 impl TenantAuth {
     fn caller(&self) -> Caller<'_> {
-        Caller { tenant_id: &self.tenant_id, key_id: &self.key_id }
+        Caller::api_key(&self.tenant_id, &self.key_id)
     }
 }
 

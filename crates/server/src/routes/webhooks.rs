@@ -8,7 +8,7 @@ use axum::Json;
 use onceprint_core::validate_id;
 use onceprint_engine::alerts::{AlertFormat, EVENT_KINDS, TEST_EVENT};
 use onceprint_engine::{clock::now_ms, secrets};
-use onceprint_store::{NewWebhook, OutboxEvent};
+use onceprint_store::{NewWebhook, OutboxEvent, Webhook};
 
 use crate::dto::{
     rfc3339, CreateWebhook, WebhookCreated, WebhookDeliveryList, WebhookDeliveryOut, WebhookList, WebhookOut,
@@ -30,6 +30,28 @@ pub async fn create(
     auth: TenantAuth,
     JsonBody(req): JsonBody<CreateWebhook>,
 ) -> Result<(StatusCode, Json<WebhookCreated>), ApiError> {
+    let (w, secret) = create_webhook(&st, &auth.tenant_id, req).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(WebhookCreated {
+            id: w.id,
+            url: w.url,
+            events: w.events,
+            format: w.format,
+            secret,
+            created_at: rfc3339(w.created_at),
+        }),
+    ))
+}
+
+/// Checks and registers an endpoint of `tenant_id`: the one mechanism of the API and of
+/// the console's alert page. Answers the endpoint and its signing secret (generated for
+/// `onceprint` when none was given, empty for a bot without one).
+pub(crate) async fn create_webhook(
+    st: &AppState,
+    tenant_id: &str,
+    req: CreateWebhook,
+) -> Result<(Webhook, String), ApiError> {
     validate_id("id", &req.id)?;
     let url_ok = (req.url.starts_with("http://") || req.url.starts_with("https://")) && req.url.len() <= 2000;
     if !url_ok || req.url.contains(char::is_whitespace) {
@@ -63,7 +85,7 @@ pub async fn create(
     let w = st
         .store
         .create_webhook(NewWebhook {
-            tenant_id: auth.tenant_id,
+            tenant_id: tenant_id.to_owned(),
             id: req.id,
             url: req.url,
             secret: secret.clone(),
@@ -72,17 +94,7 @@ pub async fn create(
             now: now_ms(),
         })
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(WebhookCreated {
-            id: w.id,
-            url: w.url,
-            events: w.events,
-            format: w.format,
-            secret,
-            created_at: rfc3339(w.created_at),
-        }),
-    ))
+    Ok((w, secret))
 }
 
 /// The calling tenant's endpoints.
@@ -115,26 +127,33 @@ pub async fn test(
     auth: TenantAuth,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<WebhookTestQueued>), ApiError> {
+    let event_id = queue_test(&st, &auth.tenant_id, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(WebhookTestQueued { event_id })))
+}
+
+/// Puts a test message (`webhook.test`) for endpoint `id` of `tenant_id` in the outbox:
+/// the one mechanism of the API and of the console's "send test". Answers its event id.
+pub(crate) async fn queue_test(st: &AppState, tenant_id: &str, id: &str) -> Result<String, ApiError> {
     let now = now_ms();
     let event_id = onceprint_engine::alerts::new_event_id(now);
     let payload = serde_json::json!({
         "id": event_id,
         "type": TEST_EVENT,
         "created_at": rfc3339(now),
-        "tenant_id": auth.tenant_id,
+        "tenant_id": tenant_id,
         "data": { "webhook_id": id },
     });
     let event = OutboxEvent {
         event_id: event_id.clone(),
-        tenant_id: auth.tenant_id.clone(),
+        tenant_id: tenant_id.to_owned(),
         kind: TEST_EVENT.into(),
         payload: payload.to_string(),
         now,
     };
-    if !st.store.enqueue_webhook_test(&id, event).await? {
+    if !st.store.enqueue_webhook_test(id, event).await? {
         return Err(ApiError::not_found(format!("no webhook {id:?}")));
     }
-    Ok((StatusCode::ACCEPTED, Json(WebhookTestQueued { event_id })))
+    Ok(event_id)
 }
 
 /// Delivery attempts of one endpoint, newest event first.
