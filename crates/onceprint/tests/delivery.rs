@@ -623,6 +623,13 @@ async fn a_paper_out_pauses_the_lane_and_twenty_tickets_print_in_order_after_the
         json!({"id": "ops", "url": url, "events": ["task.failed", "printer.paused", "printer.resumed"]}),
     )
     .await;
+    // The shop's chat group hears of it too, in the group robot's own message.
+    let (robot, group) = wecom_robot().await;
+    w.post(
+        "/v1/webhooks",
+        json!({"id": "group", "url": robot, "format": "wecom", "events": ["printer.paused", "printer.resumed"]}),
+    )
+    .await;
     w.faults(0, json!({"paper_out": true})).await;
     let mut ids = Vec::new();
     for i in 0..20 {
@@ -674,6 +681,26 @@ async fn a_paper_out_pauses_the_lane_and_twenty_tickets_print_in_order_after_the
         (pause["data"]["printer_id"].as_str(), pause["data"]["reason"].as_str()),
         (Some("p0"), Some("no_paper"))
     );
+    // The group got one message that the printer stopped and one that it is back, each a
+    // WeCom text message, in both languages.
+    let start = Instant::now();
+    while group.lock().expect("lock").len() < 2 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let texts: Vec<String> = group
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|(_, b)| serde_json::from_str::<Value>(b).ok())
+        .map(|v| {
+            assert_eq!(v["msgtype"], "text", "{v}");
+            v["text"]["content"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(texts.len(), 2, "one message each way: {texts:?}");
+    assert!(texts[0].contains("打印机暂停 Printer paused") && texts[0].contains("p0"), "{texts:?}");
+    assert!(texts[1].contains("打印机恢复正常 Printer back to normal") && texts[1].contains("p0"), "{texts:?}");
 }
 
 /// A station's printer that stays paused past the station threshold (3 s here) hands the

@@ -673,6 +673,14 @@ pub async fn tiny_http<F>(handle: F) -> std::net::SocketAddr
 where
     F: Fn(&str, String) -> &'static str + Send + Sync + 'static,
 {
+    tiny_http_answering(move |head, body| (handle(head, body), "")).await
+}
+
+/// [`tiny_http`] whose handler also gives the answer's body (sent as JSON).
+pub async fn tiny_http_answering<F>(handle: F) -> std::net::SocketAddr
+where
+    F: Fn(&str, String) -> (&'static str, &'static str) + Send + Sync + 'static,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let handle = std::sync::Arc::new(handle);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -700,8 +708,12 @@ where
                         continue;
                     }
                     let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string();
-                    let status = handle(&head, body);
-                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                    let (status, answer) = handle(&head, body);
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                         connection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
                     let _ = sock.write_all(reply.as_bytes()).await;
                     return;
                 }
@@ -720,6 +732,19 @@ pub fn header_value(head: &str, name: &str) -> String {
 pub type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
 
 /// A webhook receiver that answers 200 to everything; records the bodies.
+/// A WeCom group robot's webhook as its documentation describes the answer: `errcode` 0
+/// for a message it took. Records each message's body.
+pub async fn wecom_robot() -> (String, Calls) {
+    let got: Calls = Default::default();
+    let seen = got.clone();
+    let addr = tiny_http_answering(move |_, body| {
+        seen.lock().expect("lock").push((String::new(), body));
+        ("200 OK", r#"{"errcode":0,"errmsg":"ok"}"#)
+    })
+    .await;
+    (format!("http://{addr}/cgi-bin/webhook/send?key=test"), got)
+}
+
 pub async fn recording_receiver() -> (String, Calls) {
     let got: Calls = Default::default();
     let seen = got.clone();
