@@ -631,7 +631,7 @@ async fn chain_of(st: &AppState, task: &Task) -> Result<Vec<Task>, ConsoleError>
             biz_no: Some(task.biz_no.clone()),
             biz_no_prefix: None,
             limit: 200,
-            cursor: None,
+            ..Default::default()
         })
         .await?;
     let by_id: HashMap<&str, &Task> = same.iter().map(|t| (t.task_id.as_str(), t)).collect();
