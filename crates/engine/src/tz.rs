@@ -53,6 +53,22 @@ impl Zone {
             Err(_) => String::new(),
         }
     }
+
+    /// The hour (0–23) the store's clocks show at an instant, for counting a day by hours.
+    pub fn local_hour(&self, ms: onceprint_core::Millis) -> Option<u8> {
+        let t = jiff::Timestamp::from_millisecond(ms).ok()?;
+        u8::try_from(t.to_zoned(self.tz.clone()).hour()).ok()
+    }
+
+    /// The instant the store's clocks show `hour:minute` on `date` (`YYYY-MM-DD`). A time
+    /// that a clock change skips is moved past the gap, and one that happens twice is the
+    /// earlier, as for the start of a business day. `None` for an invalid date or time.
+    pub fn instant_at(&self, date: &str, hour: i8, minute: i8) -> Option<onceprint_core::Millis> {
+        let day = crate::reconcile::parse_date(date)?;
+        let time = jiff::civil::Time::new(hour, minute, 0, 0).ok()?;
+        let zoned = day.to_datetime(time).to_zoned(self.tz.clone()).ok()?;
+        Some(zoned.timestamp().as_millisecond())
+    }
 }
 
 impl PartialEq for Zone {
