@@ -30,9 +30,9 @@ fn num(v: f64) -> String {
     format!("{v:.1}")
 }
 
-fn head(id: &str, title: &str, desc: &str, w: u32, h: u32) -> String {
+fn head(kind: &str, id: &str, title: &str, desc: &str, w: u32, h: u32) -> String {
     format!(
-        "<svg class=\"chart\" id=\"{id}\" viewBox=\"0 0 {w} {h}\" width=\"100%\" role=\"img\" \
+        "<svg class=\"chart {kind}\" id=\"{id}\" viewBox=\"0 0 {w} {h}\" width=\"100%\" role=\"img\" \
          aria-labelledby=\"{id}-title {id}-desc\" xmlns=\"http://www.w3.org/2000/svg\">\
          <title id=\"{id}-title\">{title}</title><desc id=\"{id}-desc\">{desc}</desc>",
         id = esc(id),
@@ -43,13 +43,15 @@ fn head(id: &str, title: &str, desc: &str, w: u32, h: u32) -> String {
 
 /// Columns side by side (the hours of a day), a label under every `label_every`-th.
 pub fn columns(id: &str, title: &str, desc: &str, bars: &[Bar], label_every: usize) -> String {
-    const W: f64 = 480.0;
+    // Narrow enough that its text stays legible on a 375 px phone, where it is drawn at
+    // about 0.9 of these units.
+    const W: f64 = 360.0;
     const TOP: f64 = 14.0;
-    const AREA: f64 = 120.0;
-    const H: f64 = TOP + AREA + 18.0;
+    const AREA: f64 = 110.0;
+    const H: f64 = TOP + AREA + 20.0;
     let max = bars.iter().map(|b| b.value).fold(0.0_f64, f64::max).max(f64::MIN_POSITIVE);
     let slot = W / bars.len().max(1) as f64;
-    let mut out = head(id, title, desc, W as u32, H as u32);
+    let mut out = head("columns", id, title, desc, W as u32, H as u32);
     out.push_str(&format!("<line class=\"axis\" x1=\"0\" y1=\"{y}\" x2=\"{W}\" y2=\"{y}\"/>", y = num(TOP + AREA)));
     for (i, b) in bars.iter().enumerate() {
         let x = slot * i as f64;
@@ -100,17 +102,17 @@ pub fn columns(id: &str, title: &str, desc: &str, bars: &[Bar], label_every: usi
 }
 
 /// The longest label a row shows; the whole one is in the bar's `<title>`.
-const LABEL_CHARS: usize = 22;
+const LABEL_CHARS: usize = 16;
 
 /// One bar per row with its label before it (reasons, printers), longest first as given.
 pub fn rows(id: &str, title: &str, desc: &str, bars: &[Bar]) -> String {
-    const W: f64 = 480.0;
-    const ROW: f64 = 26.0;
-    const LABEL: f64 = 190.0;
-    const BAR: f64 = 240.0;
+    const W: f64 = 360.0;
+    const ROW: f64 = 28.0;
+    const LABEL: f64 = 140.0;
+    const BAR: f64 = 180.0;
     let max = bars.iter().map(|b| b.value).fold(0.0_f64, f64::max).max(f64::MIN_POSITIVE);
     let h = ROW * bars.len() as f64 + 4.0;
-    let mut out = head(id, title, desc, W as u32, h as u32);
+    let mut out = head("rows", id, title, desc, W as u32, h as u32);
     for (i, b) in bars.iter().enumerate() {
         let y = ROW * i as f64 + 2.0;
         let len = (BAR * b.value / max).max(1.0);
@@ -165,7 +167,8 @@ mod tests {
             },
         ];
         let svg = columns("c", "Tickets <per> hour", "4 tickets", &bars, 1);
-        assert!(svg.starts_with("<svg class=\"chart\" id=\"c\" viewBox=\"0 0 480 152\" width=\"100%\" role=\"img\""));
+        assert!(svg
+            .starts_with("<svg class=\"chart columns\" id=\"c\" viewBox=\"0 0 360 144\" width=\"100%\" role=\"img\""));
         assert!(svg.contains("<title id=\"c-title\">Tickets &lt;per&gt; hour</title>"));
         assert!(svg.contains(">4</text>"), "the value is written on its bar");
         assert_eq!(svg.matches("<rect").count(), 1, "no bar for nothing");
@@ -178,7 +181,7 @@ mod tests {
             inner: None,
         };
         let svg = rows("r", "By printer", "2", &[long]);
-        assert!(svg.contains(">A very long printer n…</text>"), "{svg}");
+        assert!(svg.contains(">A very long pri…</text>"), "{svg}");
         assert!(svg.contains(">2</text>"));
     }
 }

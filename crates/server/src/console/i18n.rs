@@ -391,7 +391,7 @@ const TEXTS: &[(&str, &str, &str)] = &[
     ("day.to_paper", "Time from order to paper", "从下单到出纸的时间"),
     ("day.median", "half printed within", "一半在此时间内出纸"),
     ("day.p95", "95 % printed within", "95% 在此时间内出纸"),
-    ("day.printed", "printed", "张已打印"),
+    ("day.printed", "printed", "已打印"),
     ("day.no_prints", "Nothing printed this day yet.", "当天还没有打印完成的小票。"),
     (
         "day.to_paper_legend",
