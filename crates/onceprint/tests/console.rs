@@ -818,6 +818,8 @@ async fn the_day_in_pictures_pages_of_tickets_and_bulk_actions() {
 
 async fn run_day(w: &World, c: &Client) {
     let base = &w.base;
+    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from);
+    let shots = shots.as_ref();
     // Four tickets on the dead printer fail once their wait is over; meanwhile 102 print.
     let mut failed = Vec::new();
     for i in 1..=4 {
@@ -854,6 +856,7 @@ async fn run_day(w: &World, c: &Client) {
     let reasons = bar_values(c, "#chart-reasons").await;
     let by_reason: u64 = reasons.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum();
     assert_eq!(by_reason, 4, "{reasons:?}");
+    shot(c, shots, "day-desktop-en").await;
     // Another day has nothing to draw.
     c.goto(&format!("{base}/console/stores/s1/reconciliation?date=2020-01-01")).await.expect("goto");
     wait_for(c, "#day-pictures", "No tickets this day.", false).await;
@@ -868,6 +871,7 @@ async fn run_day(w: &World, c: &Client) {
         .await
         .expect("width");
     assert_eq!(fits, json!(true), "no sideways scrolling at 375 px");
+    shot(c, shots, "day-phone-zh").await;
     c.set_window_size(1280, 900).await.expect("desktop size");
     c.goto(&format!("{base}/console/lang?to=en&next=%2Fconsole%2Fstores%2Fs1%2Ftickets")).await.expect("goto");
 
@@ -910,6 +914,7 @@ async fn run_day(w: &World, c: &Client) {
     }
     c.find(Locator::Id("bulk-reason")).await.expect("reason").send_keys("front printer is dead").await.expect("type");
     c.find(Locator::Id("bulk-printer")).await.expect("printer").select_by_value("p0").await.expect("pick");
+    shot(c, shots, "tickets-bulk-desktop-en").await;
     c.find(Locator::Id("bulk-reprint")).await.expect("reprint").click().await.expect("click");
     wait_for(c, "#bulk-result", "2 done", false).await;
     let url = c.current_url().await.expect("url").to_string();
@@ -952,6 +957,7 @@ async fn run_day(w: &World, c: &Client) {
     let refused = text_of(c, "#refused").await;
     assert!(refused.contains("F3") && refused.contains("its state does not allow this"), "{refused}");
     assert_eq!(count_of(c, &format!("#refused li[data-task=\"{}\"][data-why=\"state\"]", failed[2])).await, 1);
+    shot(c, shots, "tickets-bulk-result-desktop-en").await;
     assert_eq!(w.get(&format!("/v1/print-tasks/{}", failed[3])).await["state"], "closed");
     c.goto(&format!("{base}/console/stores/s1/tickets/{}", failed[3])).await.expect("goto");
     wait_for(c, "#timeline", "by amy", false).await;
