@@ -237,4 +237,19 @@ mod tests {
         let message = parse(&long).expect_err("long").to_string();
         assert!(message.len() < 400, "{message}");
     }
+
+    #[test]
+    fn local_hours_and_times_of_a_day_follow_the_stores_clocks() {
+        let shanghai = parse("Asia/Shanghai").expect("zone");
+        let at = shanghai.instant_at("2026-12-06", 9, 30).expect("instant");
+        assert_eq!(shanghai.local_time(at), "2026-12-06 09:30:00");
+        assert_eq!(shanghai.local_hour(at), Some(9));
+        assert_eq!(Zone::utc().local_hour(at), Some(1));
+        assert_eq!(shanghai.instant_at("2026-13-01", 9, 30), None);
+        assert_eq!(shanghai.instant_at("2026-12-06", 24, 0), None);
+        // 02:30 does not happen in Berlin on 2026-03-29 (clocks jump to 03:00): after the gap.
+        let berlin = parse("Europe/Berlin").expect("zone");
+        let gap = berlin.instant_at("2026-03-29", 2, 30).expect("instant");
+        assert_eq!(berlin.local_hour(gap), Some(3));
+    }
 }
