@@ -27,7 +27,7 @@ pub struct DayWindow {
 
 /// A civil date written `YYYY-MM-DD`, from 1970 on; `None` for anything else, including
 /// impossible dates such as 2026-02-30.
-fn parse_date(date: &str) -> Option<jiff::civil::Date> {
+pub(crate) fn parse_date(date: &str) -> Option<jiff::civil::Date> {
     let mut parts = date.split('-');
     let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_digit());

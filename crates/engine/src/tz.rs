@@ -53,6 +53,22 @@ impl Zone {
             Err(_) => String::new(),
         }
     }
+
+    /// The hour (0–23) the store's clocks show at an instant, for counting a day by hours.
+    pub fn local_hour(&self, ms: onceprint_core::Millis) -> Option<u8> {
+        let t = jiff::Timestamp::from_millisecond(ms).ok()?;
+        u8::try_from(t.to_zoned(self.tz.clone()).hour()).ok()
+    }
+
+    /// The instant the store's clocks show `hour:minute` on `date` (`YYYY-MM-DD`). A time
+    /// that a clock change skips is moved past the gap, and one that happens twice is the
+    /// earlier, as for the start of a business day. `None` for an invalid date or time.
+    pub fn instant_at(&self, date: &str, hour: i8, minute: i8) -> Option<onceprint_core::Millis> {
+        let day = crate::reconcile::parse_date(date)?;
+        let time = jiff::civil::Time::new(hour, minute, 0, 0).ok()?;
+        let zoned = day.to_datetime(time).to_zoned(self.tz.clone()).ok()?;
+        Some(zoned.timestamp().as_millisecond())
+    }
 }
 
 impl PartialEq for Zone {
@@ -220,5 +236,20 @@ mod tests {
         let long = "日".repeat(500);
         let message = parse(&long).expect_err("long").to_string();
         assert!(message.len() < 400, "{message}");
+    }
+
+    #[test]
+    fn local_hours_and_times_of_a_day_follow_the_stores_clocks() {
+        let shanghai = parse("Asia/Shanghai").expect("zone");
+        let at = shanghai.instant_at("2026-12-06", 9, 30).expect("instant");
+        assert_eq!(shanghai.local_time(at), "2026-12-06 09:30:00");
+        assert_eq!(shanghai.local_hour(at), Some(9));
+        assert_eq!(Zone::utc().local_hour(at), Some(1));
+        assert_eq!(shanghai.instant_at("2026-13-01", 9, 30), None);
+        assert_eq!(shanghai.instant_at("2026-12-06", 24, 0), None);
+        // 02:30 does not happen in Berlin on 2026-03-29 (clocks jump to 03:00): after the gap.
+        let berlin = parse("Europe/Berlin").expect("zone");
+        let gap = berlin.instant_at("2026-03-29", 2, 30).expect("instant");
+        assert_eq!(berlin.local_hour(gap), Some(3));
     }
 }

@@ -850,6 +850,41 @@ async fn a_manager_sets_up_printers_and_alerts_in_a_browser() {
     result
 }
 
+/// The numbers written on the bars of a chart, by the bar's key.
+async fn bar_values(c: &Client, chart: &str) -> Vec<(String, String)> {
+    let v = c
+        .execute(
+            "return Array.from(document.querySelectorAll(arguments[0] + ' g.bar')).map(g => \
+               [g.getAttribute('data-key'), (g.querySelector('text.v') || {textContent: ''}).textContent]);",
+            vec![json!(chart)],
+        )
+        .await
+        .expect("bars");
+    serde_json::from_value(v).expect("pairs")
+}
+
+async fn count_of(c: &Client, css: &str) -> usize {
+    c.find_all(Locator::Css(css)).await.map(|v| v.len()).unwrap_or(0)
+}
+
+/// A seeded day: tickets printed on the live printer and four failed on the dead one.
+/// The day's page draws them (tickets per hour, time to paper, failures by reason and by
+/// printer) as SVG with their numbers written on the bars, in both languages and at phone
+/// width; the tickets list pages past the first hundred and back, keeping its filters,
+/// and filters by state and printer; two failed tickets reprinted in bulk come out once
+/// each with the REPRINT banner, and a bulk "mark printed" does the ticket still failed and
+/// refuses, with why, the one a person resolved in the meantime and one of another store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_day_in_pictures_pages_of_tickets_and_bulk_actions() {
+    let w = World::start("day").await;
+    let Some((c, mut driver)) = browser(&w.dir).await else { return };
+    let result = run_day(&w, &c).await;
+    let _ = c.close().await;
+    let _ = driver.kill();
+    let _ = driver.wait();
+    result
+}
+
 async fn run_setup(w: &World, c: &Client, shots: Option<&PathBuf>) {
     let base = &w.base;
     log_in(c, base, "max", "%2Fconsole%2Fstores%2Fs1%2F").await;
@@ -988,4 +1023,179 @@ async fn fill_and_submit_open(c: &Client, scope: &str, fields: &[(&str, &str)]) 
         }
     }
     c.find(Locator::Css(&format!("{scope} button[type=submit]"))).await.expect("submit").click().await.expect("submit");
+}
+
+async fn run_day(w: &World, c: &Client) {
+    let base = &w.base;
+    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from);
+    let shots = shots.as_ref();
+    // Four tickets on the dead printer fail once their wait is over; meanwhile 102 print.
+    let mut failed = Vec::new();
+    for i in 1..=4 {
+        failed.push(w.submit(&format!("F{i}"), "p1", "Table 7").await);
+    }
+    let mut printed = Vec::new();
+    for i in 0..102 {
+        printed.push(w.submit(&format!("P{i:03}"), "p0", "Counter").await);
+    }
+    let elsewhere = w.submit("Z9", "q0", "Harbour").await;
+    for t in &failed {
+        w.wait_state(t, "failed").await;
+    }
+    w.wait_state(printed.last().expect("seeded"), "printed").await;
+    for t in &printed {
+        w.wait_state(t, "printed").await;
+    }
+
+    log_in(c, base, "amy", "%2Fconsole%2Fstores%2Fs1%2Freconciliation").await;
+    wait_for(c, "h1", "Day's reconciliation", false).await;
+    // Tickets per hour: the numbers on the bars add up to the 106 submitted in s1.
+    let hours = bar_values(c, "#chart-hours").await;
+    assert_eq!(hours.len(), 24, "{hours:?}");
+    let total: u64 = hours.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum();
+    assert_eq!(total, 106, "{hours:?}");
+    let title =
+        c.execute("return document.querySelector('#chart-hours title').textContent;", vec![]).await.expect("title");
+    assert_eq!(title, json!("Tickets per hour"));
+    assert_eq!(text_of(c, "#to-paper [data-figure=\"printed\"]").await, "102");
+    assert!(text_of(c, "#to-paper [data-figure=\"median\"]").await.ends_with(" s"));
+    // Failures by printer and by reason: the four of the dead printer, by its name.
+    assert_eq!(bar_values(c, "#chart-printers").await, [("p1".to_owned(), "4".to_owned())]);
+    assert!(text_of(c, "#day-pictures").await.contains("Front counter"));
+    let reasons = bar_values(c, "#chart-reasons").await;
+    let by_reason: u64 = reasons.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum();
+    assert_eq!(by_reason, 4, "{reasons:?}");
+    shot(c, shots, "day-desktop-en").await;
+    // Another day has nothing to draw.
+    c.goto(&format!("{base}/console/stores/s1/reconciliation?date=2020-01-01")).await.expect("goto");
+    wait_for(c, "#day-pictures", "No tickets this day.", false).await;
+    assert_eq!(count_of(c, "svg.chart").await, 0);
+    // Chinese, at phone width, without sideways scrolling.
+    c.goto(&format!("{base}/console/lang?to=zh&next=%2Fconsole%2Fstores%2Fs1%2Freconciliation")).await.expect("goto");
+    wait_for(c, "#day-pictures h3", "每小时小票数", false).await;
+    wait_for(c, "#day-pictures", "按打印机", false).await;
+    c.set_window_size(375, 812).await.expect("phone size");
+    let fits = c
+        .execute("return document.documentElement.scrollWidth <= window.innerWidth + 1;", vec![])
+        .await
+        .expect("width");
+    assert_eq!(fits, json!(true), "no sideways scrolling at 375 px");
+    shot(c, shots, "day-phone-zh").await;
+    c.set_window_size(1280, 900).await.expect("desktop size");
+    c.goto(&format!("{base}/console/lang?to=en&next=%2Fconsole%2Fstores%2Fs1%2Ftickets")).await.expect("goto");
+
+    // The list: 100 of the 106, then the other 6, and back; filters kept.
+    wait_for(c, "h1", "Tickets", false).await;
+    assert_eq!(count_of(c, "#results li[data-task]").await, 100);
+    let newest = c.find(Locator::Css("#results li[data-task]")).await.expect("first").attr("data-task").await;
+    assert_eq!(count_of(c, "#newer").await, 0, "nothing newer than the first page");
+    c.find(Locator::Id("older")).await.expect("older").click().await.expect("click");
+    wait_for(c, "#newer", "Newer", false).await;
+    assert_eq!(count_of(c, "#results li[data-task]").await, 6);
+    assert_eq!(count_of(c, "#older").await, 0, "the last page");
+    c.find(Locator::Id("newer")).await.expect("newer").click().await.expect("click");
+    wait_for(c, "#older", "Older", false).await;
+    assert_eq!(count_of(c, "#results li[data-task]").await, 100);
+    let again = c.find(Locator::Css("#results li[data-task]")).await.expect("first").attr("data-task").await;
+    assert_eq!(again.ok().flatten(), newest.ok().flatten(), "back on the first page");
+    c.goto(&format!("{base}/console/stores/s1/tickets?printer=p0")).await.expect("goto");
+    wait_for(c, "#older", "Older", false).await;
+    let href = c.find(Locator::Id("older")).await.expect("older").attr("href").await.ok().flatten().unwrap_or_default();
+    assert!(href.contains("printer=p0") && href.contains("before="), "{href}");
+    c.find(Locator::Id("older")).await.expect("older").click().await.expect("click");
+    wait_for(c, "#newer", "Newer", false).await;
+    assert_eq!(count_of(c, "#results li[data-task]").await, 2, "102 on p0: 100, then 2");
+    // By state: the four failed ones, each with its box to tick.
+    c.goto(&format!("{base}/console/stores/s1/tickets?state=failed")).await.expect("goto");
+    wait_for(c, "#results", "F1", false).await;
+    assert_eq!(count_of(c, "#results li[data-state=\"failed\"]").await, 4);
+    assert_eq!(count_of(c, "#results li[data-task]").await, 4);
+    assert_eq!(count_of(c, "#results input[type=checkbox][name=task]").await, 4);
+
+    // Bulk reprint of F1 and F2 on the live printer: one REPRINT copy of each on paper.
+    for t in &failed[..2] {
+        c.find(Locator::Css(&format!("input[name=task][value=\"{t}\"]")))
+            .await
+            .expect("box")
+            .click()
+            .await
+            .expect("tick");
+    }
+    c.find(Locator::Id("bulk-reason")).await.expect("reason").send_keys("front printer is dead").await.expect("type");
+    c.find(Locator::Id("bulk-printer")).await.expect("printer").select_by_value("p0").await.expect("pick");
+    shot(c, shots, "tickets-bulk-desktop-en").await;
+    c.find(Locator::Id("bulk-reprint")).await.expect("reprint").click().await.expect("click");
+    wait_for(c, "#bulk-result", "2 done", false).await;
+    let url = c.current_url().await.expect("url").to_string();
+    assert!(url.contains("state=failed"), "back on the filtered list: {url}");
+    assert_eq!(count_of(c, "#refused li").await, 0);
+    for biz in ["F1", "F2"] {
+        let start = Instant::now();
+        while w.paper(biz).is_empty() {
+            assert!(start.elapsed() < WAIT, "no reprint of {biz} on paper");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for biz in ["F1", "F2"] {
+        let jobs = w.paper(biz);
+        assert_eq!(jobs.len(), 1, "{biz}: {jobs:?}");
+        assert!(jobs[0].starts_with("*** REPRINT 1 ***\n"), "{biz}: {jobs:?}");
+    }
+    for t in &failed[..2] {
+        let task = w.get(&format!("/v1/print-tasks/{t}")).await;
+        assert_eq!(task["state"], "closed", "{task}");
+    }
+
+    // Bulk "mark printed" of F3 and F4, where a person marked F3 printed on its own page
+    // meanwhile: F4 is done, F3 refused with why.
+    c.goto(&format!("{base}/console/stores/s1/tickets?state=failed")).await.expect("goto");
+    wait_for(c, "#results", "F3", false).await;
+    for t in &failed[2..] {
+        c.find(Locator::Css(&format!("input[name=task][value=\"{t}\"]")))
+            .await
+            .expect("box")
+            .click()
+            .await
+            .expect("tick");
+    }
+    w.post(&format!("/v1/print-tasks/{}/mark-printed", failed[2]), json!({"reason": "found it on the pass"})).await;
+    c.find(Locator::Id("bulk-reason")).await.expect("reason").send_keys("on the pass").await.expect("type");
+    c.find(Locator::Id("bulk-mark-printed")).await.expect("mark printed").click().await.expect("click");
+    wait_for(c, "#bulk-result", "1 done", false).await;
+    let refused = text_of(c, "#refused").await;
+    assert!(refused.contains("F3") && refused.contains("its state does not allow this"), "{refused}");
+    assert_eq!(count_of(c, &format!("#refused li[data-task=\"{}\"][data-why=\"state\"]", failed[2])).await, 1);
+    shot(c, shots, "tickets-bulk-result-desktop-en").await;
+    assert_eq!(w.get(&format!("/v1/print-tasks/{}", failed[3])).await["state"], "closed");
+    c.goto(&format!("{base}/console/stores/s1/tickets/{}", failed[3])).await.expect("goto");
+    wait_for(c, "#timeline", "by amy", false).await;
+    assert!(text_of(c, "#timeline").await.contains("on the pass"));
+
+    // A ticket of another store, forced into the form, is refused as unknown; without the
+    // CSRF token nothing is done at all.
+    c.goto(&format!("{base}/console/stores/s1/tickets")).await.expect("goto");
+    let forced = c
+        .execute(
+            "const csrf = document.querySelector('input[name=csrf]').value;
+             const post = (body) => fetch('/console/stores/s1/tickets/bulk', {method: 'POST',
+                 headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body})
+               .then(r => r.text().then(t => [r.status, t]));
+             return Promise.all([
+               post('action=mark-printed&reason=x&task=' + arguments[0] + '&csrf=' + encodeURIComponent(csrf)),
+               post('action=mark-printed&reason=x&task=' + arguments[0])]);",
+            vec![json!(elsewhere)],
+        )
+        .await
+        .expect("forced posts");
+    assert_eq!(forced[0][0], json!(200), "{forced}");
+    let page = forced[0][1].as_str().unwrap_or("");
+    assert!(page.contains("0 done") && page.contains("data-why=\"unknown\""), "{page}");
+    assert!(page.contains("a ticket not of this store"), "{page}");
+    assert!(!page.contains("TICKET Z9") && !page.contains("Harbour"), "nothing of the other store is shown");
+    assert_eq!(forced[1][0], json!(403), "no CSRF token");
+    assert_ne!(w.get(&format!("/v1/print-tasks/{elsewhere}")).await["state"], "closed");
+
+    let violations = csp_violations(c).await;
+    assert!(violations.is_empty(), "content security policy violations: {violations:?}");
 }

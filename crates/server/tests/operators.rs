@@ -29,6 +29,7 @@ both_backends!(
     a_live_view_ends_when_its_browser_goes_away,
     a_manager_disables_unlocks_and_gives_new_passwords_in_the_console,
     the_console_shows_counts_printer_names_and_first_lines,
+    the_tickets_list_filters_by_time_and_type_and_acts_in_bulk,
 );
 
 const PASSWORD: &str = "a long enough passphrase";
@@ -966,4 +967,67 @@ async fn the_console_shows_counts_printer_names_and_first_lines(app: &TestApp) {
     assert!(card.contains("<p class=\"lines\">Table 7\nKung pao chicken</p>"), "{card}");
     let ticket = max.get(&format!("/console/stores/s1/tickets/{id}")).await;
     assert!(ticket.body.contains("<dd>Printer p1</dd>"), "{}", ticket.body);
+}
+
+/// The tickets list filters by print type and by a time range of the store's day, refuses
+/// a time or a page cursor it cannot read, and a bulk action comes back to the list with
+/// how many were done and why the others were not.
+async fn the_tickets_list_filters_by_time_and_type_and_acts_in_bulk(app: &TestApp) {
+    let key = setup(app).await;
+    // The doubtful one first: its agent takes every waiting ticket of the store.
+    let doubt = in_doubt(app, &key, "s1", "p2", "D1").await;
+    let receipt = app.submit(&key, order("R1", "Table 1\n")).await.body["task_id"].as_str().expect("id").to_owned();
+    let mut kitchen = order("K1", "Beef noodles\n");
+    kitchen["print_type"] = json!("kitchen");
+    let kitchen = app.submit(&key, kitchen).await.body["task_id"].as_str().expect("id").to_owned();
+    let mut b = Browser::new(app);
+    b.login("amy", PASSWORD).await;
+    let has = |page: &Page, id: &str| page.body.contains(&format!("data-task=\"{id}\""));
+    let page = b.get("/console/stores/s1/tickets?type=kitchen").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(has(&page, &kitchen) && !has(&page, &receipt), "by print type");
+    let date = hidden_value(&b.get("/console/stores/s1/reconciliation").await.body, "date");
+    let page = b.get(&format!("/console/stores/s1/tickets?day={date}&from=00%3A00")).await;
+    assert!(has(&page, &kitchen) && has(&page, &receipt), "the whole day from midnight");
+    let page = b.get(&format!("/console/stores/s1/tickets?day={date}&to=00%3A00")).await;
+    assert!(!has(&page, &kitchen) && !has(&page, &receipt), "nothing before midnight");
+    let page = b.get("/console/stores/s1/tickets?printer=p2").await;
+    assert!(has(&page, &doubt) && !has(&page, &receipt), "by printer");
+    assert!(page.body.contains(&format!("name=\"task\" value=\"{doubt}\"")), "a box to tick for the doubtful one");
+    for bad in ["from=25%3A00", "to=noon", "before=nonsense", "after=x"] {
+        let page = b.get(&format!("/console/stores/s1/tickets?{bad}")).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+
+    // Mark printed in bulk: the doubtful ticket is done, the pending one is refused (its
+    // state does not allow it), and the browser goes back to the filtered list.
+    let csrf = hidden(&page.body, "csrf");
+    let back = "/console/stores/s1/tickets?printer=p2";
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("back", back),
+        ("action", "mark-printed"),
+        ("reason", "on the pass"),
+        ("task", doubt.as_str()),
+        ("task", receipt.as_str()),
+    ];
+    let answer = b.post("/console/stores/s1/tickets/bulk", &form).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert!(
+        answer.location.starts_with(&format!("{back}&bulk=mark-printed&done=1&refused={receipt}.state")),
+        "{}",
+        answer.location
+    );
+    let page = b.get(&answer.location).await;
+    assert!(page.body.contains("data-done=\"1\" data-refused=\"1\""), "{}", page.body);
+    assert!(page.body.contains("R1") && page.body.contains("its state does not allow this"), "{}", page.body);
+    assert_eq!(app.get(&format!("/v1/print-tasks/{doubt}"), &key).await.body["state"], "closed");
+    assert_eq!(app.get(&format!("/v1/print-tasks/{receipt}"), &key).await.body["state"], "pending");
+    // Back to another site is not followed; an unknown action is not done.
+    let mut form = form;
+    form[1] = ("back", "https://elsewhere.example/");
+    let answer = b.post("/console/stores/s1/tickets/bulk", &form).await;
+    assert!(answer.location.starts_with("/console/stores/s1/tickets?bulk="), "{}", answer.location);
+    form[2] = ("action", "transfer");
+    assert_eq!(b.post("/console/stores/s1/tickets/bulk", &form).await.status, StatusCode::NOT_FOUND);
 }

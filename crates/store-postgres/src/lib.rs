@@ -660,9 +660,9 @@ impl Store for PostgresStore {
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> StoreResult<Vec<Task>> {
-        // One statement per combination of filters (at most 48, each prepared once per
-        // connection) instead of `$n IS NULL OR …`, so that the planner can use the index
-        // that fits each combination.
+        // One statement per combination of filters (each prepared once per connection)
+        // instead of `$n IS NULL OR …`, so that the planner can use the index that fits
+        // each combination.
         let state = query.state.map(TaskState::as_str);
         let limit = query.limit.max(0);
         let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE tenant_id = $1");
@@ -690,13 +690,30 @@ impl Store for PostgresStore {
                 sql.push_str(&format!(" AND biz_no COLLATE \"C\" < ${}", params.len()));
             }
         }
-        if let Some(cursor) = &query.cursor {
-            params.push(cursor);
-            sql.push_str(&format!(" AND id < ${}", params.len()));
+        if let Some(printer) = &query.printer_id {
+            params.push(printer);
+            sql.push_str(&format!(" AND printer_id = ${}", params.len()));
+        }
+        if let Some(print_type) = &query.print_type {
+            params.push(print_type);
+            sql.push_str(&format!(" AND print_type = ${}", params.len()));
+        }
+        for (bound, op) in [(&query.id_from, ">="), (&query.id_to, "<"), (&query.cursor, "<"), (&query.after, ">")] {
+            if let Some(id) = bound {
+                params.push(id);
+                sql.push_str(&format!(" AND id {op} ${}", params.len()));
+            }
         }
         params.push(&limit);
-        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", params.len()));
-        self.query(&sql, &params).await?.iter().map(rows::task).collect()
+        // The page before a cursor is the tasks just above it: read upwards from it, then
+        // turned round so that every page is newest first.
+        let order = if query.after.is_some() { "ASC" } else { "DESC" };
+        sql.push_str(&format!(" ORDER BY id {order} LIMIT ${}", params.len()));
+        let mut tasks = self.query(&sql, &params).await?.iter().map(rows::task).collect::<StoreResult<Vec<_>>>()?;
+        if query.after.is_some() {
+            tasks.reverse();
+        }
+        Ok(tasks)
     }
 
     async fn task_events(&self, tenant_id: &str, task_id: &str) -> StoreResult<Option<Vec<TaskEvent>>> {

@@ -52,6 +52,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (23, V23_BIZ_NO_PREFIX),
     (24, V24_OPERATOR_DISABLED),
     (25, V25_WEBHOOK_FORMAT),
+    (26, V26_TASK_LIST_INDEXES),
 ];
 
 /// Released migrations that break the additive rule, each with why it was accepted. The
@@ -662,6 +663,15 @@ ALTER TABLE operators ADD COLUMN disabled_at BIGINT;
 /// which the bot refuses: add bot endpoints once every node runs this release).
 const V25_WEBHOOK_FORMAT: &str = r#"
 ALTER TABLE webhooks ADD COLUMN format TEXT NOT NULL DEFAULT 'onceprint';
+"#;
+
+/// The console's ticket list pages by id within a printer or a state, as far back as a
+/// person goes, at what one page costs: without these a rare printer or state walked the
+/// store's whole index to fill a page. Additive: an older broker neither reads nor needs
+/// them.
+const V26_TASK_LIST_INDEXES: &str = r#"
+CREATE INDEX tasks_by_printer ON tasks (tenant_id, printer_id, id);
+CREATE INDEX tasks_by_store_state ON tasks (tenant_id, store_id, state, id);
 "#;
 
 /// Applies every migration the schema has not seen yet, one transaction each.

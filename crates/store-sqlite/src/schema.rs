@@ -500,4 +500,12 @@ ALTER TABLE operators ADD COLUMN disabled_at INTEGER;
     r#"
 ALTER TABLE webhooks ADD COLUMN format TEXT NOT NULL DEFAULT 'onceprint';
 "#,
+    // 26 (26 on PostgreSQL): the console's ticket list pages by id within a printer or a
+    // state, as far back as a person goes, at what one page costs: without these a rare
+    // printer or state walked the store's whole index to fill a page. Additive: an older
+    // broker neither reads nor needs them.
+    r#"
+CREATE INDEX tasks_by_printer ON tasks(tenant_id, printer_id, id);
+CREATE INDEX tasks_by_store_state ON tasks(tenant_id, store_id, state, id);
+"#,
 ];

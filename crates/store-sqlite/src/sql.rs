@@ -475,12 +475,13 @@ pub fn task_content(c: &Connection, id: &str) -> StoreResult<Option<TaskContent>
 }
 
 pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
-    // One statement per combination of filters (at most 48, each cached once per
-    // connection) instead of `?n IS NULL OR …`, which SQLite cannot plan around: with it
-    // every list walked the tenant's whole index, so a store's list, or a search by
-    // `biz_no`, read every task of the tenant before the page was full (a second per
-    // call with a million finished tasks). Now a store's list walks `tasks_by_store` and a
-    // `biz_no` search `tasks_by_biz_no`, as on PostgreSQL.
+    // One statement per combination of filters (each cached once per connection) instead
+    // of `?n IS NULL OR …`, which SQLite cannot plan around: with it every list walked the
+    // tenant's whole index, so a store's list, or a search by `biz_no`, read every task of
+    // the tenant before the page was full (a second per call with a million finished
+    // tasks). Now a store's list walks `tasks_by_store` (or
+    // `tasks_by_store_state` for one state), a printer's `tasks_by_printer`, and a `biz_no`
+    // search `tasks_by_biz_no`, as on PostgreSQL.
     let state = q.state.map(TaskState::as_str);
     let upper = q.biz_no_prefix.as_deref().and_then(onceprint_store::prefix_upper_bound);
     // A prefix search reads the range of `tasks_by_biz_no` that starts with the prefix,
@@ -510,15 +511,32 @@ pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
             sql.push_str(&format!(" AND biz_no < ?{}", args.len()));
         }
     }
-    if let Some(cursor) = &q.cursor {
-        args.push(cursor);
-        sql.push_str(&format!(" AND id < ?{}", args.len()));
+    if let Some(printer) = &q.printer_id {
+        args.push(printer);
+        sql.push_str(&format!(" AND printer_id = ?{}", args.len()));
+    }
+    if let Some(print_type) = &q.print_type {
+        args.push(print_type);
+        sql.push_str(&format!(" AND print_type = ?{}", args.len()));
+    }
+    for (bound, op) in [(&q.id_from, ">="), (&q.id_to, "<"), (&q.cursor, "<"), (&q.after, ">")] {
+        if let Some(id) = bound {
+            args.push(id);
+            sql.push_str(&format!(" AND id {op} ?{}", args.len()));
+        }
     }
     args.push(&q.limit);
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
+    // The page before a cursor is the tasks just above it: read upwards from it, then
+    // turned round so that every page is newest first.
+    let order = if q.after.is_some() { "ASC" } else { "DESC" };
+    sql.push_str(&format!(" ORDER BY id {order} LIMIT ?{}", args.len()));
     let mut s = c.prepare_cached(&sql).map_err(backend_err)?;
     let rows = s.query_map(args.as_slice(), task_from_row).map_err(backend_err)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+    let mut tasks = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)?;
+    if q.after.is_some() {
+        tasks.reverse();
+    }
+    Ok(tasks)
 }
 
 pub fn task_events(c: &Connection, t: &str, id: &str) -> StoreResult<Option<Vec<TaskEvent>>> {

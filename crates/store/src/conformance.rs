@@ -42,7 +42,8 @@ macro_rules! conformance_tests {
             duplicates_return_the_existing_task, duplicates_inside_one_batch_collapse,
             a_large_batch_writes_one_event_and_one_charge_per_created_task,
             concurrent_identical_submissions_create_one_task, tasks_are_tenant_scoped,
-            list_tasks_filters_and_pages, business_numbers_are_found_by_their_start, transition_is_compare_and_set, count_by_state_counts,
+            list_tasks_filters_and_pages, task_lists_filter_by_printer_type_and_time_and_page_both_ways,
+            business_numbers_are_found_by_their_start, transition_is_compare_and_set, count_by_state_counts,
             lanes_show_the_task_in_flight_and_the_first_waiting, lanes_follow_insertion_not_ids,
             lane_heads_and_an_ack_that_hands_out_the_next_in_one_change,
             the_may_have_printed_mark_stays,
@@ -536,6 +537,108 @@ async fn second_store(s: &Arc<dyn Store>) {
     .unwrap();
 }
 
+/// The console's ticket list: a store's tasks filtered by printer, print type, state and a
+/// range of ids (a time range), paged newest first with a cursor to the next page and one
+/// back to the previous page, each keeping the filters.
+pub async fn task_lists_filter_by_printer_type_and_time_and_page_both_ways(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_store(&s).await;
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "p2".into(),
+        store_id: "s1".into(),
+        name: "Bar".into(),
+        transport: "{}".into(),
+        credential: None,
+        now: NOW,
+        audit: SetupAudit::default(),
+    })
+    .await
+    .unwrap();
+    // Ten tasks: even ones on p1, odd ones on p2; every third a kitchen ticket.
+    let batch: Vec<NewTask> = (0..10)
+        .map(|i| {
+            let mut t = new_task("acme", &format!("F{i}"), "x", 100 + i);
+            if i % 2 == 1 {
+                t.printer_id = "p2".into();
+                t.target = "printer:p2".into();
+            }
+            if i % 3 == 0 {
+                t.print_type = "kitchen".into();
+            }
+            t
+        })
+        .collect();
+    let ids: Vec<String> = batch.iter().map(|t| t.task_id.clone()).collect();
+    let mut elsewhere = new_task("acme", "F-s2", "x", 150);
+    elsewhere.store_id = "s2".into();
+    elsewhere.printer_id = "p9".into();
+    elsewhere.target = "printer:p9".into();
+    let mut all = batch.clone();
+    all.push(elsewhere);
+    s.submit_batch(all).await.unwrap();
+    let query = |f: &dyn Fn(&mut TaskQuery)| {
+        let mut q =
+            TaskQuery { tenant_id: "acme".into(), store_id: Some("s1".into()), limit: 100, ..Default::default() };
+        f(&mut q);
+        q
+    };
+    let list = |q: TaskQuery| {
+        let s = s.clone();
+        async move { s.list_tasks(&q).await.unwrap().into_iter().map(|t| t.task_id).collect::<Vec<_>>() }
+    };
+    let newest_first = |picked: &[usize]| picked.iter().rev().map(|&i| ids[i].clone()).collect::<Vec<_>>();
+
+    assert_eq!(list(query(&|q| q.printer_id = Some("p2".into()))).await, newest_first(&[1, 3, 5, 7, 9]));
+    assert_eq!(list(query(&|q| q.print_type = Some("kitchen".into()))).await, newest_first(&[0, 3, 6, 9]));
+    assert_eq!(
+        list(query(&|q| {
+            q.printer_id = Some("p2".into());
+            q.print_type = Some("kitchen".into());
+        }))
+        .await,
+        newest_first(&[3, 9])
+    );
+    // A time range is a range of ids: from is included, to is not.
+    assert_eq!(
+        list(query(&|q| {
+            q.id_from = Some(ids[2].clone());
+            q.id_to = Some(ids[6].clone());
+        }))
+        .await,
+        newest_first(&[2, 3, 4, 5])
+    );
+    assert!(list(query(&|q| q.state = Some(TaskState::Printed))).await.is_empty());
+    assert_eq!(
+        list(query(&|q| {
+            q.state = Some(TaskState::Pending);
+            q.printer_id = Some("p1".into());
+        }))
+        .await,
+        newest_first(&[0, 2, 4, 6, 8])
+    );
+    assert!(list(query(&|q| q.printer_id = Some("p9".into()))).await.is_empty(), "another store's printer");
+
+    // Pages of three, forwards with `cursor` and back with `after`, filters kept.
+    let page = |cursor: Option<String>, after: Option<String>| {
+        query(&move |q| {
+            q.limit = 3;
+            q.print_type = Some("receipt".into());
+            q.cursor = cursor.clone();
+            q.after = after.clone();
+        })
+    };
+    let first = list(page(None, None)).await;
+    assert_eq!(first, newest_first(&[5, 7, 8]));
+    let second = list(page(first.last().cloned(), None)).await;
+    assert_eq!(second, newest_first(&[1, 2, 4]));
+    let back = list(page(None, second.first().cloned())).await;
+    assert_eq!(back, first, "the page before the second is the first, newest first");
+    let back_from_middle = list(page(None, Some(ids[1].clone()))).await;
+    assert_eq!(back_from_middle, newest_first(&[2, 4, 5]), "the three just above, newest first");
+    assert!(list(page(None, Some(ids[8].clone()))).await.is_empty(), "nothing above the newest");
+}
+
 pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
     tenant(&s, "acme").await;
     second_store(&s).await;
@@ -596,7 +699,7 @@ pub async fn list_tasks_filters_and_pages(s: Arc<dyn Store>) {
         state,
         cursor: cursor.map(Into::into),
         limit,
-        biz_no_prefix: None,
+        ..Default::default()
     };
     let ids = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.task_id).collect::<Vec<_>>();
     assert_eq!(

@@ -654,8 +654,22 @@ pub struct TaskQuery {
     /// read it as a range of their `(tenant, business number)` index, so it costs what
     /// the matching tasks cost, not what the tenant's tasks cost.
     pub biz_no_prefix: Option<String>,
+    /// Only tasks of this printer (read through the `(tenant, printer, id)` index).
+    pub printer_id: Option<String>,
+    /// Only tasks of this print type.
+    pub print_type: Option<String>,
+    /// Only tasks whose id is at least this one. Task ids sort by creation time, so with
+    /// [`TaskQuery::id_to`] this is "created in a time range".
+    pub id_from: Option<String>,
+    /// Only tasks whose id is below this one.
+    pub id_to: Option<String>,
     pub limit: i64,
+    /// The next page: only tasks whose id is below this one (the last of a page).
     pub cursor: Option<String>,
+    /// The previous page: only the `limit` tasks just above this id (the first of a page),
+    /// still answered newest first. Both cursors are keysets on the id, so a page costs
+    /// what its tasks cost however deep it is.
+    pub after: Option<String>,
 }
 
 /// The smallest string above every string that starts with `prefix`, in the order of

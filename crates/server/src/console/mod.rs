@@ -19,11 +19,15 @@
 //! something carries the session's CSRF token.
 
 mod auth;
+mod bulk;
+mod charts;
+mod day;
 mod html;
 mod i18n;
 mod live;
 mod pages;
 mod setup;
+mod tickets;
 
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -172,7 +176,8 @@ pub fn router() -> Router<AppState> {
         .route("/console/stores/{store}/", get(pages::overview))
         .route("/console/stores/{store}", get(pages::overview))
         .route("/console/stores/{store}/attention", get(pages::attention))
-        .route("/console/stores/{store}/tickets", get(pages::tickets))
+        .route("/console/stores/{store}/tickets", get(tickets::tickets))
+        .route("/console/stores/{store}/tickets/bulk", get(bulk::by_get).post(bulk::bulk))
         .route("/console/stores/{store}/tickets/{task}", get(pages::ticket))
         .route("/console/stores/{store}/tickets/{task}/preview.png", get(pages::preview))
         .route("/console/stores/{store}/tickets/{task}/{action}", get(pages::action_by_get).post(pages::act))
@@ -214,6 +219,8 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("GET", "/console/stores/s1/", false),
     ("GET", "/console/stores/s1/attention", false),
     ("GET", "/console/stores/s1/tickets", false),
+    ("POST", "/console/stores/s1/tickets/bulk", false),
+    ("GET", "/console/stores/s1/tickets/bulk", false),
     ("GET", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV", false),
     ("GET", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV/preview.png", false),
     ("POST", "/console/stores/s1/tickets/01ARZ3NDEKTSV4RRFFQ69G5FAV/mark-printed", false),

@@ -30,14 +30,14 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// The actions the console offers, in the order it shows them.
-const ACTIONS: [ManualAction; 4] =
+pub(super) const ACTIONS: [ManualAction; 4] =
     [ManualAction::MarkPrinted, ManualAction::Reprint, ManualAction::Cancel, ManualAction::Transfer];
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     onceprint_engine::clock::now_ms()
 }
 
-fn action_key(a: ManualAction) -> &'static str {
+pub(super) fn action_key(a: ManualAction) -> &'static str {
     match a {
         ManualAction::MarkPrinted => "action.mark_printed",
         ManualAction::Reprint => "action.reprint",
@@ -70,7 +70,12 @@ pub(super) async fn shop(st: &AppState, user: &ConsoleUser, store_id: &str) -> R
 }
 
 /// A task of the store, or "not found" (another store's task, another tenant's, no task).
-async fn task_of(st: &AppState, user: &ConsoleUser, shop: &Shop, task_id: &str) -> Result<Task, ConsoleError> {
+pub(super) async fn task_of(
+    st: &AppState,
+    user: &ConsoleUser,
+    shop: &Shop,
+    task_id: &str,
+) -> Result<Task, ConsoleError> {
     let not_found = || ConsoleError::Api(ApiError::not_found(format!("no task {task_id:?}")));
     let id = TaskId::parse(task_id).ok_or_else(not_found)?;
     match st.store.get_task(&user.operator().tenant_id, id.as_str()).await? {
@@ -122,12 +127,12 @@ pub(super) fn render(r: Render<'_>, headers: &HeaderMap, body: &str) -> Response
 }
 
 /// Printer names by id: people know their printers by name ("Kitchen left"), not by id.
-fn printer_names(printers: &[Printer]) -> HashMap<&str, &str> {
+pub(super) fn printer_names(printers: &[Printer]) -> HashMap<&str, &str> {
     printers.iter().map(|p| (p.id.as_str(), p.name.as_str())).collect()
 }
 
 /// The name of printer `id`, or the id of a printer no longer in the list.
-fn name_of<'a>(names: &HashMap<&str, &'a str>, id: &'a str) -> &'a str {
+pub(super) fn name_of<'a>(names: &HashMap<&str, &'a str>, id: &'a str) -> &'a str {
     names.get(id).copied().unwrap_or(id)
 }
 
@@ -137,7 +142,7 @@ const LINE_CHARS: usize = 48;
 
 /// The first lines of each ticket as it prints (laid out as text), so that staff can tell
 /// "did it come out?" without opening it. Raw ESC/POS has no text to show.
-async fn first_lines(st: &AppState, tasks: &[Task]) -> Result<HashMap<String, String>, ConsoleError> {
+pub(super) async fn first_lines(st: &AppState, tasks: &[Task]) -> Result<HashMap<String, String>, ConsoleError> {
     let ids: Vec<String> = tasks.iter().map(|t| t.task_id.clone()).collect();
     let mut out = HashMap::new();
     for chunk in ids.chunks(500) {
@@ -167,15 +172,15 @@ async fn first_lines(st: &AppState, tasks: &[Task]) -> Result<HashMap<String, St
     Ok(out)
 }
 
-fn lines_of(lines: &HashMap<String, String>, task_id: &str) -> String {
+pub(super) fn lines_of(lines: &HashMap<String, String>, task_id: &str) -> String {
     lines.get(task_id).map(|l| format!("<p class=\"lines\">{}</p>", esc(l))).unwrap_or_default()
 }
 
-fn store_base(shop: &Shop) -> String {
+pub(super) fn store_base(shop: &Shop) -> String {
     format!("/console/stores/{}", url_encode(&shop.row.id))
 }
 
-fn state_badge(lang: Lang, state: TaskState) -> String {
+pub(super) fn state_badge(lang: Lang, state: TaskState) -> String {
     format!("<span class=\"badge s-{}\">{}</span>", state.as_str(), esc(lang.state(state.as_str())))
 }
 
@@ -453,156 +458,10 @@ pub async fn attention(
     Ok(render(r, &headers, &body))
 }
 
-#[derive(Debug, Deserialize, Default)]
-pub struct TicketSearch {
-    pub q: Option<String>,
-    pub state: Option<String>,
-    pub printer: Option<String>,
-    pub day: Option<String>,
-}
-
-/// Ticket search by business number, state, printer and day.
-pub async fn tickets(
-    State(st): State<AppState>,
-    user: ConsoleUser,
-    headers: HeaderMap,
-    Path(store_id): Path<String>,
-    Query(q): Query<TicketSearch>,
-) -> Result<Response, ConsoleError> {
-    let lang = user.lang;
-    let shop = shop(&st, &user, &store_id).await?;
-    let tenant = &user.operator().tenant_id;
-    let printers = st.store.list_printers(tenant, Some(&shop.row.id)).await?;
-    let text = q.q.clone().unwrap_or_default().trim().to_owned();
-    let state = q.state.as_deref().filter(|s| !s.is_empty()).and_then(TaskState::parse);
-    let printer = q.printer.clone().filter(|p| !p.is_empty());
-    let day = q.day.clone().filter(|d| !d.is_empty());
-    // Two ways to find a ticket, so that a person can type what they see:
-    // - the start of the business number (`A1003` finds `A1003#kitchen`), over the whole
-    //   store, read as a range of the business-number index on both backends;
-    // - any part of the business number or of the ticket's text (a table, a dish), within
-    //   one business day of the store: the day asked for, else today. That reads every
-    //   ticket of the day and its content, which is bounded by what one shop prints in a
-    //   day, and is why it is not offered over all time.
-    let day_tasks = |d: String| {
-        let st = &st;
-        let shop = &shop;
-        async move {
-            let window = onceprint_engine::reconcile::day_window(&d, &shop.zone)
-                .ok_or_else(|| ApiError::invalid(format!("day: {d:?} is not a date YYYY-MM-DD")))?;
-            let from = TaskId::from_parts(window.from, [0; 10]).into_string();
-            let to = TaskId::from_parts(window.to, [0; 10]).into_string();
-            Ok::<Vec<Task>, ConsoleError>(st.store.tasks_created_between(tenant, &shop.row.id, &from, &to).await?)
-        }
-    };
-    let mut tasks: Vec<Task> = match &day {
-        Some(d) => {
-            let in_day = day_tasks(d.clone()).await?;
-            if text.is_empty() {
-                in_day
-            } else {
-                containing(&st, in_day, &text).await?
-            }
-        }
-        None if text.is_empty() => {
-            st.store
-                .list_tasks(&TaskQuery {
-                    tenant_id: tenant.clone(),
-                    store_id: Some(shop.row.id.clone()),
-                    state,
-                    limit: 100,
-                    ..Default::default()
-                })
-                .await?
-        }
-        None => {
-            let mut found = st
-                .store
-                .list_tasks(&TaskQuery {
-                    tenant_id: tenant.clone(),
-                    store_id: Some(shop.row.id.clone()),
-                    state,
-                    biz_no_prefix: Some(text.clone()),
-                    limit: 100,
-                    ..Default::default()
-                })
-                .await?;
-            let today = day_tasks(shop.zone.local_date(now_ms())).await?;
-            found.extend(containing(&st, today, &text).await?);
-            found
-        }
-    };
-    tasks.sort_by(|a, b| b.task_id.cmp(&a.task_id));
-    tasks.dedup_by(|a, b| a.task_id == b.task_id);
-    tasks.retain(|t| state.is_none_or(|s| t.state == s) && printer.as_ref().is_none_or(|p| &t.printer_id == p));
-    tasks.truncate(100);
-    let mut body = format!(
-        "<form class=\"search card\" method=\"get\" role=\"search\">\
-         <label>{biz_l}<input name=\"q\" id=\"q\" value=\"{text}\" inputmode=\"search\"></label>\
-         <label>{state_l}<select name=\"state\" id=\"state\"><option value=\"\">{any}</option>",
-        biz_l = esc(lang.t("tickets.query")),
-        text = esc(&text),
-        state_l = esc(lang.t("ticket.state")),
-        any = esc(lang.t("tickets.any")),
-    );
-    for s in TaskState::ALL {
-        let sel = if state == Some(s) { " selected" } else { "" };
-        body.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", s.as_str(), esc(lang.state(s.as_str()))));
-    }
-    body.push_str(&format!(
-        "</select></label><label>{}<select name=\"printer\" id=\"printer\"><option value=\"\">{}</option>",
-        esc(lang.t("ticket.printer")),
-        esc(lang.t("tickets.any"))
-    ));
-    for p in &printers {
-        let sel = if printer.as_deref() == Some(p.id.as_str()) { " selected" } else { "" };
-        body.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(&p.id), esc(&p.name)));
-    }
-    body.push_str(&format!(
-        "</select></label><label>{day_l}<input type=\"date\" name=\"day\" id=\"day\" value=\"{day}\"></label>\
-         <button type=\"submit\" id=\"search\">{search}</button></form>",
-        day_l = esc(lang.t("tickets.day")),
-        day = esc(day.as_deref().unwrap_or("")),
-        search = esc(lang.t("tickets.search")),
-    ));
-    if tasks.is_empty() {
-        body.push_str(&format!("<p class=\"empty\">{}</p>", esc(lang.t("tickets.none"))));
-    }
-    let names = printer_names(&printers);
-    let lines = first_lines(&st, &tasks).await?;
-    body.push_str("<ul class=\"tickets\" id=\"results\">");
-    for t in &tasks {
-        body.push_str(&format!(
-            "<li class=\"card ticket\" data-task=\"{id}\" data-state=\"{state}\"><div class=\"row\">\
-             <a href=\"{base}/tickets/{id}\"><strong>{biz}</strong></a> {badge}\
-             <span class=\"muted\">{printer} · {created}</span></div>{lines}</li>",
-            id = esc(&t.task_id),
-            state = t.state.as_str(),
-            base = store_base(&shop),
-            biz = esc(&t.biz_no),
-            badge = state_badge(lang, t.state),
-            printer = esc(name_of(&names, &t.printer_id)),
-            lines = lines_of(&lines, &t.task_id),
-            created = esc(&shop.zone.local_time(t.created_at)),
-        ));
-    }
-    body.push_str("</ul>");
-    let path = format!("{}/tickets", store_base(&shop));
-    let r = Render {
-        user: &user,
-        shop: Some(&shop),
-        title: lang.t("tickets.title"),
-        current: "tickets",
-        here: here(&headers, &path),
-        live: false,
-    };
-    Ok(render(r, &headers, &body))
-}
-
 /// The tickets among `tasks` whose business number or printed text contains `text`,
 /// ignoring case. The text is the stored content read as UTF-8 (plain text, or the markup
 /// document with its strings), fetched in batches.
-async fn containing(st: &AppState, tasks: Vec<Task>, text: &str) -> Result<Vec<Task>, ConsoleError> {
+pub(super) async fn containing(st: &AppState, tasks: Vec<Task>, text: &str) -> Result<Vec<Task>, ConsoleError> {
     let needle = text.to_lowercase();
     let mut by_text = std::collections::HashSet::new();
     let ids: Vec<String> = tasks.iter().map(|t| t.task_id.clone()).collect();
@@ -631,7 +490,7 @@ async fn chain_of(st: &AppState, task: &Task) -> Result<Vec<Task>, ConsoleError>
             biz_no: Some(task.biz_no.clone()),
             biz_no_prefix: None,
             limit: 200,
-            cursor: None,
+            ..Default::default()
         })
         .await?;
     let by_id: HashMap<&str, &Task> = same.iter().map(|t| (t.task_id.as_str(), t)).collect();
@@ -918,6 +777,7 @@ pub async fn reconciliation(
         esc(lang.t("recon.submitted")),
         c.submitted
     ));
+    body.push_str(&super::day::pictures(&st, &shop, lang, &r.date).await?);
     let l = &r.ledger;
     body.push_str(&format!(
         "<section class=\"card\"><h2>{}</h2><dl class=\"grid\"><dt>{}</dt><dd>{} ({})</dd><dt>{}</dt><dd>{} ({})</dd></dl></section>",

@@ -350,6 +350,7 @@ pub async fn list_tasks(
             biz_no_prefix: None,
             limit,
             cursor,
+            ..Default::default()
         })
         .await?;
     let next_cursor = if tasks.len() as i64 == limit { tasks.last().map(|t| t.task_id.clone()) } else { None };
