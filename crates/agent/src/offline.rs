@@ -15,6 +15,7 @@ use crate::cache::OfflineCache;
 use crate::journal::{Journal, RecordState};
 use crate::outbox::{HistoryEntry, LocalState, OfflineTask, Outbox};
 use crate::protocol::{Ack, Delivery, Outcome};
+use crate::upstream::Upstream;
 use crate::worker::Feeder;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -54,7 +55,7 @@ pub(crate) async fn run_local_lane(
         match outbox.due(crate::lan::now_ms()).await {
             Ok(due) => {
                 for t in due {
-                    dispatch_one(&outbox, &cache, &feeder, &local, t).await;
+                    dispatch_one(&outbox, &cache, &|d| feeder.dispatch(d), &local, t).await;
                 }
             }
             Err(e) => tracing::error!(error = %e, "offline outbox: cannot read due tasks"),
@@ -67,7 +68,15 @@ pub(crate) async fn run_local_lane(
     }
 }
 
-async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, local: &LocalAttempts, t: OfflineTask) {
+/// Hands the offline task `t` to its printer's worker through `dispatch` (unless it is
+/// already with it), or fails it when it cannot be printed at all.
+pub(crate) async fn dispatch_one(
+    outbox: &Outbox,
+    cache: &OfflineCache,
+    dispatch: &(dyn Fn(Delivery) + std::marker::Sync),
+    local: &LocalAttempts,
+    t: OfflineTask,
+) {
     let in_worker = |attempt: u32| local.lock().map(|l| l.contains(&(t.task_id.clone(), attempt))).unwrap_or(true);
     let attempt = match t.state {
         // Left `printing` by a crash (or still with its worker): once per process, with
@@ -108,7 +117,7 @@ async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, lo
         reprint: false,
     };
     tracing::info!(task_id = %t.task_id, attempt, printer_id = %printer.printer_id, "printing an offline task");
-    feeder.dispatch(delivery);
+    dispatch(delivery);
 }
 
 /// The ESC/POS bytes of an offline task, rendered as the broker renders them, within the
@@ -147,27 +156,32 @@ pub(crate) async fn route_acks(
             }
             continue;
         }
-        let now = crate::lan::now_ms();
-        let (to, retry_at) = match ack.outcome {
-            Outcome::Printed => (LocalState::Printed, 0),
-            Outcome::InDoubt => (LocalState::InDoubt, 0),
-            Outcome::Error => (LocalState::Failed, 0),
-            // Nothing came out: try again after a pause that grows with the attempts.
-            _ => {
-                let pause = (1000i64 << ack.attempt.min(5).saturating_sub(1)).min(MAX_PAUSE_MS);
-                (LocalState::Accepted, now + pause)
-            }
-        };
-        let entry =
-            HistoryEntry { at: now, attempt: ack.attempt, state: ack.outcome.as_str().into(), detail: ack.detail };
-        match outbox.finish(&ack.task_id, ack.attempt, to, retry_at, entry).await {
-            Ok(_) => {
-                if to == LocalState::Accepted {
-                    wake.notify_one();
-                }
-            }
-            Err(e) => tracing::error!(task_id = %ack.task_id, error = %e, "offline outbox: cannot record the outcome"),
+        route_local_ack(&outbox, ack, &wake).await;
+    }
+}
+
+/// Records the outcome of a local lane's attempt in the outbox: printed, in doubt or
+/// failed for good, or (nothing came out) due again after a pause.
+pub(crate) async fn route_local_ack(outbox: &Outbox, ack: Ack, wake: &Notify) {
+    let now = crate::lan::now_ms();
+    let (to, retry_at) = match ack.outcome {
+        Outcome::Printed => (LocalState::Printed, 0),
+        Outcome::InDoubt => (LocalState::InDoubt, 0),
+        Outcome::Error => (LocalState::Failed, 0),
+        // Nothing came out: try again after a pause that grows with the attempts.
+        _ => {
+            let pause = (1000i64 << ack.attempt.min(5).saturating_sub(1)).min(MAX_PAUSE_MS);
+            (LocalState::Accepted, now + pause)
         }
+    };
+    let entry = HistoryEntry { at: now, attempt: ack.attempt, state: ack.outcome.as_str().into(), detail: ack.detail };
+    match outbox.finish(&ack.task_id, ack.attempt, to, retry_at, entry).await {
+        Ok(_) => {
+            if to == LocalState::Accepted {
+                wake.notify_one();
+            }
+        }
+        Err(e) => tracing::error!(task_id = %ack.task_id, error = %e, "offline outbox: cannot record the outcome"),
     }
 }
 
@@ -291,7 +305,7 @@ pub(crate) async fn run_sync(sync: Sync, mut stopping: watch::Receiver<bool>) {
     }
 }
 
-async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache: &OfflineCache) {
+pub(crate) async fn sync_once(client: &dyn Upstream, agent_id: &str, outbox: &Outbox, cache: &OfflineCache) {
     // Only once the broker answers is anything handed over: a task marked for the broker
     // no longer prints here.
     if cache.refresh(client).await.is_err() {
@@ -316,7 +330,13 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
             let sent_at = client.speaks(4).then(crate::lan::now_ms);
             let body = UploadRequest { agent_id, sent_at, tasks: chunk };
-            match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
+            let posted = crate::upstream::post::<UploadAnswer>(
+                client,
+                "/v1/agent/offline-tasks",
+                &body,
+                Duration::from_secs(30),
+            );
+            match posted.await {
                 Ok(answer) => {
                     let mut done = Vec::with_capacity(answer.results.len());
                     for r in answer.results {

@@ -445,6 +445,12 @@ pub struct World {
     /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
     outbox: onceprint_agent::outbox::Outbox,
     lan: lan::LanFacts,
+    /// The LAN listener's agent's state directory.
+    agent_dir: std::path::PathBuf,
+    /// The network between the LAN listener's agent and the broker.
+    wire: lan::Wire,
+    /// The LAN glue of the LAN listener's agent's current process (the agent's own code).
+    lan_process: Arc<onceprint_agent::simulation::Lan>,
     /// The runtime the agents' own code runs on (its clock paused).
     agent_rt: Runtime,
     /// The ESC/POS printers the agents print to.
@@ -498,6 +504,7 @@ impl World {
         let policies = policies();
         let hook = Arc::new(SimHook::default());
         let broker = rt.block_on(async { Broker::start(&store, &clock, &policies, &hook) });
+        let wire = lan::Wire::default();
         let mut w = World {
             rt,
             _harness: harness,
@@ -517,8 +524,17 @@ impl World {
             tally: Tally::default(),
             trace,
             line_up: true,
-            outbox,
+            outbox: outbox.clone(),
             lan: lan::LanFacts::default(),
+            agent_dir: agent_dir.to_owned(),
+            wire: wire.clone(),
+            lan_process: Arc::new(onceprint_agent::simulation::Lan::new(
+                Arc::new(lan::SimUpstream(wire)),
+                agent_dir,
+                AGENT_IDS[lan::LISTENER],
+                outbox,
+                lan::OFFLINE_AFTER,
+            )),
             agent_rt: store_agent::runtime()?,
             printers: store_agent::Printers::new()?,
             mqtt: mqtt::MqttWorld::default(),
@@ -597,6 +613,9 @@ impl World {
 
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
+        // The agents' monotonic clock (tokio's, paused) moves with the time that passes.
+        let d = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        self.agent_rt.block_on(tokio::time::advance(d));
         if self.nodes.several() {
             if let Err(e) = self.advance_nodes(ms) {
                 self.nodes.fault.get_or_insert(e);
@@ -787,6 +806,7 @@ impl World {
             Op::LanToCloud { pick } => self.lan_to_cloud(pick)?,
             Op::LocalPrint { print } => self.local_print(print)?,
             Op::Sync { answer_lost } => self.sync(answer_lost)?,
+            Op::LanNet { fault } => self.lan_fault(fault),
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
@@ -985,7 +1005,11 @@ impl World {
         a.inbox.clear();
         a.outbox.clear();
         a.session = session;
-        a.process.restart(&self.agent_rt)
+        a.process.restart(&self.agent_rt)?;
+        if agent == lan::LISTENER {
+            self.lan_process = self.lan_glue();
+        }
+        Ok(())
     }
 
     /// The broker counts a polling printer's polls as its sign of life (docs/ARCHITECTURE.md:
@@ -1392,6 +1416,7 @@ impl World {
                 ));
             }
         }
+        self.lan_handed_check(&keys_seen)?;
         // Tickets only the agent has so far.
         for (key, ids) in &self.lan.lan_ids {
             if !keys_seen.contains(key) && lan_copies(ids, "", &self.facts.unmarked) > 1 {
