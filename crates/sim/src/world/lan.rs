@@ -46,6 +46,8 @@ pub(super) struct LanSub {
     pub text: String,
     /// Answers for this key, through the LAN or the cloud: LAN task ids or broker ids.
     pub answers: Vec<String>,
+    /// The LAN listener answered it (200 or 201) before.
+    pub lan_answered: bool,
 }
 
 impl LanSub {
@@ -96,6 +98,10 @@ pub(super) struct LanFacts {
     pub upload_answer_lost: bool,
     /// The next upload is answered 503 (the broker took none of it).
     pub upload_refused: bool,
+    /// Orders (biz_no, print_type) the broker took through a forward whose answer never
+    /// reached the agent, until an upload of the agent is answered for them: the agent
+    /// may hold a copy of its own the broker cannot know of (see `World::manual`).
+    pub unheard_forwards: std::collections::HashSet<(String, String)>,
 }
 
 /// A request of the agent's LAN glue to the broker, on its way.
@@ -326,6 +332,10 @@ impl World {
             }
             Err(e) => return Err(format!("a LAN submission forwarded to the broker was refused: {e}")),
         };
+        if matches!(fault, Some(LanFault::AnswerLost | LanFault::Slow)) && (200..300).contains(&status) {
+            let key = (text("biz_no").unwrap_or_default(), text("print_type").unwrap_or_default());
+            self.lan.unheard_forwards.insert(key);
+        }
         let location = body["task_id"].as_str().map(|id| format!("/v1/print-tasks/{id}"));
         let forwarded = Forwarded { status, location, body: body.to_string().into_bytes() };
         Ok(match fault {
@@ -369,6 +379,11 @@ impl World {
             self.facts.exposed_keys.extend(keys);
             return Ok(Reply::Failed(BrokerError::Transport("connection reset before the answer".into())));
         }
+        for (key, a) in keys.iter().zip(&answers) {
+            if a.result != SyncResult::Rejected {
+                self.lan.unheard_forwards.remove(&(key.1.clone(), key.2.clone()));
+            }
+        }
         let results: Vec<Value> = answers
             .iter()
             .map(|a| {
@@ -407,6 +422,7 @@ impl World {
             print_type: super::TYPES[kind % super::TYPES.len()].0.to_owned(),
             text: format!("LAN ticket L{n}\n"),
             answers: Vec::new(),
+            lan_answered: false,
         };
         self.lan.subs.push(sub);
         self.lan_send(n)
@@ -432,6 +448,11 @@ impl World {
         let Some(id) = answer["task_id"].as_str().filter(|_| status == 200 || status == 201) else {
             return Err(format!("the LAN listener answered order {} with {status}: {answer}", sub.biz_no));
         };
+        // A retry of an order the LAN listener answered is a duplicate (200), whichever way
+        // that answer came (the broker's remembered, or the agent's own), never a new task.
+        if status == 201 && sub.lan_answered {
+            return Err(format!("a retry of LAN order {} was answered 201, a new task {id}", sub.biz_no));
+        }
         let id = id.to_owned();
         if offline {
             // A ticket the agent holds itself (rather than the broker's answer it kept).
@@ -446,6 +467,7 @@ impl World {
             }
         }
         self.lan.subs[i].answers.push(id);
+        self.lan.subs[i].lan_answered = true;
         Ok(())
     }
 
@@ -467,16 +489,16 @@ impl World {
 
     /// The agent's local lane hands its next due offline ticket to the printer's worker
     /// (the agent's own), the printer meeting `print`; the ack goes where the agent
-    /// routes it.
-    pub(super) fn local_print(&mut self, print: AgentPrint) -> Result<(), Fail> {
+    /// routes it. Whether a ticket was due.
+    pub(super) fn local_print(&mut self, print: AgentPrint) -> Result<bool, Fail> {
         // Before the first LAN order the agent has no LAN listener (so nothing offline).
         if !self.lan.claimed {
-            return Ok(());
+            return Ok(false);
         }
         let lan = self.lan_process.clone();
         let now = self.agent_now();
         let next = self.drive(async move { lan.next_local(now).await })?;
-        let Some(d) = next.map_err(|e| engine_err("outbox", e))? else { return Ok(()) };
+        let Some(d) = next.map_err(|e| engine_err("outbox", e))? else { return Ok(false) };
         let outbox = self.outbox.clone();
         let t = self.block_on(outbox.get(&d.task_id))?.map_err(|e| engine_err("outbox", e))?;
         let key = t.map(|t| (t.target, t.biz_no, t.print_type));
@@ -504,7 +526,7 @@ impl World {
             // The process dies with the task `printing`; the outbox and journal stay.
             None => self.restart_agent(LISTENER)?,
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The agent's upload of what it accepted offline: its own `sync_once` (nothing while
