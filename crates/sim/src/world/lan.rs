@@ -98,10 +98,15 @@ pub(super) struct LanFacts {
     pub upload_answer_lost: bool,
     /// The next upload is answered 503 (the broker took none of it).
     pub upload_refused: bool,
-    /// Orders (biz_no, print_type) the broker took through a forward whose answer never
-    /// reached the agent, until an upload of the agent is answered for them: the agent
-    /// may hold a copy of its own the broker cannot know of (see `World::manual`).
-    pub unheard_forwards: std::collections::HashSet<(String, String)>,
+    /// Orders (biz_no, print_type) whose copy the agent printed on its own lane and a task
+    /// carrying the broker's copy on (moved by a person, or failed over) printed too,
+    /// both before the agent's upload reached the broker: two copies the broker could not
+    /// have prevented, as it could not know of the agent's (the documented limit of one
+    /// order through both paths, docs/OPERATIONS.md). Each such order is allowed one copy
+    /// more. A carried-on copy printed after the upload is still a second copy.
+    pub raced: std::collections::HashSet<(String, String)>,
+    /// Orders (biz_no, print_type) an upload of the agent reached the broker with.
+    pub uploaded: std::collections::HashSet<(String, String)>,
 }
 
 /// A request of the agent's LAN glue to the broker, on its way.
@@ -123,14 +128,17 @@ pub(super) enum Reply {
 /// The simulated network between the agent's LAN glue and the broker: the agent's code
 /// posts each request here and waits; the world answers it between two polls of the
 /// agent's future (`World::drive`), on the broker's runtime.
+/// A request on its way, with where its answer goes.
+type Pending = (Call, oneshot::Sender<Reply>);
+
 #[derive(Clone, Default)]
 pub(super) struct Wire {
-    calls: Arc<Mutex<VecDeque<(Call, oneshot::Sender<Reply>)>>>,
+    calls: Arc<Mutex<VecDeque<Pending>>>,
     posted: Arc<Notify>,
 }
 
 impl Wire {
-    fn take(&self) -> Option<(Call, oneshot::Sender<Reply>)> {
+    fn take(&self) -> Option<Pending> {
         self.calls.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
     }
 
@@ -332,10 +340,6 @@ impl World {
             }
             Err(e) => return Err(format!("a LAN submission forwarded to the broker was refused: {e}")),
         };
-        if matches!(fault, Some(LanFault::AnswerLost | LanFault::Slow)) && (200..300).contains(&status) {
-            let key = (text("biz_no").unwrap_or_default(), text("print_type").unwrap_or_default());
-            self.lan.unheard_forwards.insert(key);
-        }
         let location = body["task_id"].as_str().map(|id| format!("/v1/print-tasks/{id}"));
         let forwarded = Forwarded { status, location, body: body.to_string().into_bytes() };
         Ok(match fault {
@@ -365,6 +369,7 @@ impl World {
         let outcomes: Vec<String> = reports.iter().map(|r| r.outcome.clone()).collect();
         let answers = self.block_on(self.broker.offline.sync(&Self::who(), &agent_id, reports, sent_at))?;
         let answers = answers.map_err(|e| engine_err("sync", e))?;
+        self.lan.uploaded.extend(keys.iter().map(|k| (k.1.clone(), k.2.clone())));
         for (outcome, a) in outcomes.iter().zip(&answers) {
             // A merge settles the broker's task by what the agent reports: a doubt there
             // comes from the LAN side's own.
@@ -379,11 +384,6 @@ impl World {
             self.facts.exposed_keys.extend(keys);
             return Ok(Reply::Failed(BrokerError::Transport("connection reset before the answer".into())));
         }
-        for (key, a) in keys.iter().zip(&answers) {
-            if a.result != SyncResult::Rejected {
-                self.lan.unheard_forwards.remove(&(key.1.clone(), key.2.clone()));
-            }
-        }
         let results: Vec<Value> = answers
             .iter()
             .map(|a| {
@@ -397,6 +397,31 @@ impl World {
             })
             .collect();
         Ok(Reply::Value(json!({ "results": results })))
+    }
+
+    /// Notes the orders whose LAN copy came out while the agent had not uploaded it and a
+    /// task carrying the broker's copy on has printed too (`LanFacts::raced`).
+    pub(super) fn note_raced(&mut self, tasks: &[onceprint_store::Task]) {
+        let mut found = Vec::new();
+        for ((_, biz, ptype), ids) in &self.lan.lan_ids {
+            let key = (biz.clone(), ptype.clone());
+            if self.lan.raced.contains(&key) || !ids.iter().any(|id| self.facts.paper.contains_key(id)) {
+                continue;
+            }
+            let carried_on_printed = tasks.iter().any(|t| {
+                t.biz_no == *biz
+                    && t.print_type == *ptype
+                    && matches!(
+                        t.origin_kind,
+                        Some(onceprint_store::OriginKind::Transfer | onceprint_store::OriginKind::Failover)
+                    )
+                    && self.facts.paper.get(&t.task_id).is_some_and(|n| *n > 0)
+            });
+            if carried_on_printed && !self.lan.uploaded.contains(&key) {
+                found.push(key);
+            }
+        }
+        self.lan.raced.extend(found);
     }
 
     /// The first LAN order: the agent has reached the broker once (its directory, the
