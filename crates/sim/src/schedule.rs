@@ -142,6 +142,10 @@ pub enum Op {
     Sync { answer_lost: bool },
     /// The shop's network strikes the store agent's next forward of a LAN submission.
     LanNet { fault: LanFault },
+    /// A person edits the station `st-a` (the LAN POS's station): its printers become
+    /// `a1, a2` (as set up), `a2` alone, or `a2, a1` (`printers` 0–2). The agent learns of
+    /// it at its next refresh.
+    StationEdit { printers: usize },
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -483,7 +487,8 @@ const LAN_NET_STREAM: u64 = 0x6c61_6e2d_6e65_7473;
 
 /// In half of the schedules with LAN orders, faults of the agent's requests to the broker
 /// (a forward's request lost, its answer lost after the broker took the ticket, its answer
-/// past the agent's offline threshold; an upload refused), drawn from a stream of their own and put among the other
+/// past the agent's offline threshold; an upload refused) and, in a quarter of those, a
+/// person's edits of the LAN POS's station, drawn from a stream of their own and put among the other
 /// steps: the other schedules are the ones their seeds named before.
 fn insert_lan_net(seed: u64, ops: &mut Vec<Op>) {
     if !ops.iter().any(|o| matches!(o, Op::LanSubmit { .. })) {
@@ -502,6 +507,13 @@ fn insert_lan_net(seed: u64, ops: &mut Vec<Op>) {
         };
         let at = r.below(ops.len() as u64 + 1) as usize;
         ops.insert(at, Op::LanNet { fault });
+    }
+    // In a quarter of those, a person edits the LAN POS's station during the run.
+    if r.chance(25) {
+        for _ in 0..1 + r.below(2) {
+            let at = r.below(ops.len() as u64 + 1) as usize;
+            ops.insert(at, Op::StationEdit { printers: r.below(3) as usize });
+        }
     }
 }
 

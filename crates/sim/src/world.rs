@@ -809,6 +809,7 @@ impl World {
             }
             Op::Sync { answer_lost } => self.sync(answer_lost)?,
             Op::LanNet { fault } => self.lan_fault(fault),
+            Op::StationEdit { printers } => self.station_edit(printers)?,
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
@@ -1640,6 +1641,19 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
     ];
     add_printers(store, printers, now).await?;
     add_stations(store, [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"]), ("st-y", ["e1", "c1"])], now).await?;
+    // Where a person learns of what needs them beyond the attention list: the alerts of
+    // offline tickets the broker could not take (read by the final check).
+    store
+        .create_webhook(onceprint_store::NewWebhook {
+            tenant_id: TENANT.into(),
+            id: "attention".into(),
+            url: "https://attention.example/hook".into(),
+            secret: String::new(),
+            format: "onceprint".into(),
+            events: vec!["offline_task.rejected".into()],
+            now,
+        })
+        .await?;
     mqtt::set_up(store, now).await
 }
 

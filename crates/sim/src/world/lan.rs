@@ -569,6 +569,32 @@ impl World {
         synced
     }
 
+    /// A person edits the station `st-a` through the set-up (its printers), as
+    /// `Setup::update_station` does: a compare-and-set on the list read, then the node's
+    /// directory forgets the station (the others hear of it over the node link).
+    pub(super) fn station_edit(&mut self, printers: usize) -> Result<(), Fail> {
+        let list: &[&str] = match printers % 3 {
+            0 => &["a1", "a2"],
+            1 => &["a2"],
+            _ => &["a2", "a1"],
+        };
+        let current =
+            self.block_on(self.store.get_station(TENANT, "st-a"))?.map_err(|e| engine_err("get_station", e))?;
+        let Some(current) = current else { return Err("station st-a is gone".into()) };
+        let update = onceprint_store::StationUpdate {
+            tenant_id: TENANT.into(),
+            id: "st-a".into(),
+            expected_printers: current.printers,
+            printers: list.iter().map(|p| (*p).to_owned()).collect(),
+            failover_after_ms: current.failover_after_ms,
+            now: self.clock_now(),
+            audit: onceprint_store::SetupAudit::default(),
+        };
+        self.block_on(self.store.update_station(update))?.map_err(|e| engine_err("update_station", e))?;
+        self.broker.lanes.directory().forget_station(TENANT, "st-a");
+        Ok(())
+    }
+
     /// What the network does to the agent's next forward of a LAN submission.
     pub(super) fn lan_fault(&mut self, fault: LanFault) {
         match fault {
@@ -605,6 +631,15 @@ impl World {
     /// answer of the key.
     pub(super) fn lan_final_check(&mut self) -> Result<(), Fail> {
         let outbox = self.outbox.clone();
+        // The alerts of offline tickets the broker could not take, by LAN task id.
+        let due =
+            self.block_on(self.store.due_webhooks(i64::MAX, 100_000))?.map_err(|e| engine_err("due_webhooks", e))?;
+        let alerted: std::collections::HashSet<String> = due
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(&d.payload).ok())
+            .filter(|v| v["type"] == "offline_task.rejected")
+            .filter_map(|v| v["data"]["lan_task_id"].as_str().map(str::to_owned))
+            .collect();
         for s in &self.lan.subs {
             let mut live: Option<String> = None;
             for id in &s.answers {
@@ -613,7 +648,16 @@ impl World {
                     None => {
                         let h = self.block_on(outbox.handover(id))?.map_err(|e| engine_err("outbox", e))?;
                         match h {
-                            Some(h) if h.result.as_deref() == Some("rejected") => continue,
+                            Some(h) if h.result.as_deref() == Some("rejected") => {
+                                // Kept by the agent, and a person is told.
+                                if !alerted.contains(id) {
+                                    return Err(format!(
+                                        "LAN task {id} of {} was rejected by the broker and nobody was told",
+                                        s.biz_no
+                                    ));
+                                }
+                                continue;
+                            }
                             Some(h) => h.broker_task_id.ok_or_else(|| {
                                 format!("LAN task {id} of {} was never taken by the broker ({:?})", s.biz_no, h.result)
                             })?,
