@@ -98,12 +98,13 @@ pub(super) struct LanFacts {
     pub upload_answer_lost: bool,
     /// The next upload is answered 503 (the broker took none of it).
     pub upload_refused: bool,
-    /// Orders (biz_no, print_type) whose copy the agent printed on its own lane and a task
-    /// carrying the broker's copy on (moved by a person, or failed over) printed too,
-    /// both before the agent's upload reached the broker: two copies the broker could not
-    /// have prevented, as it could not know of the agent's (the documented limit of one
-    /// order through both paths, docs/OPERATIONS.md). Each such order is allowed one copy
-    /// more. A carried-on copy printed after the upload is still a second copy.
+    /// Orders (biz_no, print_type) whose copy the agent printed on its own lane while a
+    /// task carrying the broker's copy on (moved by a person, or failed over) was handed
+    /// out to its printer (or printed), both before the agent's upload reached the broker:
+    /// two copies the broker could not have prevented, as it could not know of the
+    /// agent's (the documented limit of one order through both paths, docs/OPERATIONS.md).
+    /// Each such order is allowed one copy more. A carried-on copy handed out after the
+    /// upload is still a second copy.
     pub raced: std::collections::HashSet<(String, String)>,
     /// Orders (biz_no, print_type) an upload of the agent reached the broker with.
     pub uploaded: std::collections::HashSet<(String, String)>,
@@ -367,6 +368,7 @@ impl World {
         let reports: Vec<OfflineReport> = tasks.iter().map(report).collect::<Result<_, Fail>>()?;
         let keys: Vec<(String, String, String)> = reports.iter().map(report_key).collect();
         let outcomes: Vec<String> = reports.iter().map(|r| r.outcome.clone()).collect();
+        self.note_raced_at_upload(&keys, &outcomes)?;
         let answers = self.block_on(self.broker.offline.sync(&Self::who(), &agent_id, reports, sent_at))?;
         let answers = answers.map_err(|e| engine_err("sync", e))?;
         self.lan.uploaded.extend(keys.iter().map(|k| (k.1.clone(), k.2.clone())));
@@ -422,6 +424,38 @@ impl World {
             }
         }
         self.lan.raced.extend(found);
+    }
+
+    /// At an upload that first brings the broker a LAN copy the agent printed: an order
+    /// whose task carried on elsewhere was already handed out there (the broker cannot
+    /// take back a job a printer holds) is `LanFacts::raced`.
+    fn note_raced_at_upload(&mut self, keys: &[(String, String, String)], outcomes: &[String]) -> Result<(), Fail> {
+        let fresh: Vec<(String, String)> = keys
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| *o == "printed" || *o == "in_doubt")
+            .map(|((_, b, p), _)| (b.clone(), p.clone()))
+            .filter(|k| !self.lan.uploaded.contains(k) && !self.lan.raced.contains(k))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let tasks = self.tasks()?;
+        for (biz, ptype) in fresh {
+            let handed_out = tasks.iter().any(|t| {
+                t.biz_no == biz
+                    && t.print_type == ptype
+                    && matches!(
+                        t.origin_kind,
+                        Some(onceprint_store::OriginKind::Transfer | onceprint_store::OriginKind::Failover)
+                    )
+                    && t.attempts > 0
+            });
+            if handed_out {
+                self.lan.raced.insert((biz, ptype));
+            }
+        }
+        Ok(())
     }
 
     /// The first LAN order: the agent has reached the broker once (its directory, the
