@@ -99,8 +99,9 @@ pub(super) struct LanFacts {
     /// The next upload is answered 503 (the broker took none of it).
     pub upload_refused: bool,
     /// Orders (biz_no, print_type) whose copy the agent printed on its own lane while a
-    /// task carrying the broker's copy on (moved by a person, or failed over) was handed
-    /// out to its printer (or printed), both before the agent's upload reached the broker:
+    /// broker task of the order on another printer (carried on by a person or a failover,
+    /// or placed on another printer of a station a person changed) was handed out to its
+    /// printer (or printed), both before the agent's upload reached the broker:
     /// two copies the broker could not have prevented, as it could not know of the
     /// agent's (the documented limit of one order through both paths, docs/OPERATIONS.md).
     /// Each such order is allowed one copy more. A carried-on copy handed out after the
@@ -108,6 +109,8 @@ pub(super) struct LanFacts {
     pub raced: std::collections::HashSet<(String, String)>,
     /// Orders (biz_no, print_type) an upload of the agent reached the broker with.
     pub uploaded: std::collections::HashSet<(String, String)>,
+    /// The printer the agent's own copy of each order (biz_no, print_type) is for.
+    pub lan_printer: HashMap<(String, String), String>,
 }
 
 /// A request of the agent's LAN glue to the broker, on its way.
@@ -410,13 +413,11 @@ impl World {
             if self.lan.raced.contains(&key) || !ids.iter().any(|id| self.facts.paper.contains_key(id)) {
                 continue;
             }
+            let lan_printer = self.lan.lan_printer.get(&key);
             let carried_on_printed = tasks.iter().any(|t| {
                 t.biz_no == *biz
                     && t.print_type == *ptype
-                    && matches!(
-                        t.origin_kind,
-                        Some(onceprint_store::OriginKind::Transfer | onceprint_store::OriginKind::Failover)
-                    )
+                    && elsewhere(t, lan_printer)
                     && self.facts.paper.get(&t.task_id).is_some_and(|n| *n > 0)
             });
             if carried_on_printed && !self.lan.uploaded.contains(&key) {
@@ -442,15 +443,10 @@ impl World {
         }
         let tasks = self.tasks()?;
         for (biz, ptype) in fresh {
-            let handed_out = tasks.iter().any(|t| {
-                t.biz_no == biz
-                    && t.print_type == ptype
-                    && matches!(
-                        t.origin_kind,
-                        Some(onceprint_store::OriginKind::Transfer | onceprint_store::OriginKind::Failover)
-                    )
-                    && t.attempts > 0
-            });
+            let lan_printer = self.lan.lan_printer.get(&(biz.clone(), ptype.clone()));
+            let handed_out = tasks
+                .iter()
+                .any(|t| t.biz_no == biz && t.print_type == ptype && elsewhere(t, lan_printer) && t.attempts > 0);
             if handed_out {
                 self.lan.raced.insert((biz, ptype));
             }
@@ -518,7 +514,8 @@ impl World {
             let (target, biz, ptype) = sub.key();
             let outbox = self.outbox.clone();
             let own = self.block_on(outbox.find(&target, &biz, &ptype))?.map_err(|e| engine_err("outbox", e))?;
-            if own.is_some_and(|t| t.task_id == id) {
+            if let Some(t) = own.filter(|t| t.task_id == id) {
+                self.lan.lan_printer.insert((biz.clone(), ptype.clone()), t.printer_id);
                 let ids = self.lan.lan_ids.entry((target, biz, ptype)).or_default();
                 if !ids.contains(&id) {
                     ids.push(id.clone());
@@ -712,6 +709,15 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// Whether broker task `t` of an order prints on another printer than the agent's own copy
+/// (on `lan_printer`), where the agent's journal cannot match them: carried on by a
+/// person or a failover, or placed on another printer of a station a person changed. A
+/// reprint is a copy of its own.
+fn elsewhere(t: &onceprint_store::Task, lan_printer: Option<&String>) -> bool {
+    t.origin_kind != Some(onceprint_store::OriginKind::Reprint)
+        && (t.origin_kind.is_some() || lan_printer.is_some_and(|p| *p != t.printer_id))
 }
 
 /// One task of an upload as the broker's route reads it (`routes/offline.rs`, `report`).
