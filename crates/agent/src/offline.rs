@@ -312,8 +312,8 @@ pub(crate) async fn sync_once(client: &dyn Upstream, agent_id: &str, outbox: &Ou
         return;
     }
     loop {
-        let batch = match outbox.take_for_sync(SYNC_BATCH).await {
-            Ok(b) if b.is_empty() => return,
+        let (batch, handed_now) = match outbox.take_for_sync_marked(SYNC_BATCH).await {
+            Ok((b, _)) if b.is_empty() => return,
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "offline outbox: cannot read the tasks to sync");
@@ -324,7 +324,11 @@ pub(crate) async fn sync_once(client: &dyn Upstream, agent_id: &str, outbox: &Ou
         // several requests.
         let protocol_4 = client.speaks(4);
         let chunks = chunks_by_size(batch.into_iter().map(|t| upload_task(t, protocol_4)).collect(), MAX_BODY_BYTES);
-        let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
+        // What goes back to the local lane should the upload fail: only what this round
+        // handed over. A task handed to an earlier upload whose answer was lost stays with
+        // the broker, which may have it, whatever becomes of this upload.
+        let mut left: Vec<String> =
+            chunks.iter().flatten().map(|t| t.task_id.clone()).filter(|id| handed_now.contains(id)).collect();
         let mut failed = false;
         for chunk in chunks {
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
@@ -355,6 +359,7 @@ pub(crate) async fn sync_once(client: &dyn Upstream, agent_id: &str, outbox: &Ou
                         tracing::error!(error = %e, "offline outbox: cannot record the sync; it is sent again");
                     }
                     if ids.iter().any(|id| !answered.contains(id)) {
+                        failed = true;
                         break;
                     }
                 }
@@ -509,6 +514,7 @@ async fn send_digest(client: &BrokerClient, agent_id: &str, journal: &Journal, m
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::BrokerError;
 
     #[test]
     fn uploads_are_split_under_the_body_limit() {
@@ -517,6 +523,90 @@ mod tests {
         assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 3, 1]);
         assert_eq!(chunks.concat(), items, "in order, nothing lost");
         assert_eq!(chunks_by_size(vec!["x".repeat(500)], 310).len(), 1, "a large item goes alone");
+    }
+
+    /// A broker behind the upload whose answers are scripted: the directory and keys
+    /// answer, each upload takes the next of `uploads`.
+    struct Scripted {
+        uploads: Mutex<Vec<BrokerError>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Upstream for Scripted {
+        async fn forward_submission(
+            &self,
+            _: Vec<u8>,
+            _: Option<&str>,
+            _: Duration,
+        ) -> Result<crate::broker::Forwarded, BrokerError> {
+            Err(BrokerError::Unreachable("not in this test".into()))
+        }
+
+        async fn get_value(&self, path: &str) -> Result<serde_json::Value, BrokerError> {
+            Ok(match path {
+                "/v1/agent/directory" => serde_json::json!({"store_id": "s1"}),
+                _ => serde_json::json!({"keys": []}),
+            })
+        }
+
+        async fn post_value(
+            &self,
+            _: &str,
+            _: serde_json::Value,
+            _: Duration,
+        ) -> Result<serde_json::Value, BrokerError> {
+            let next = self.uploads.lock().ok().and_then(|mut u| (!u.is_empty()).then(|| u.remove(0)));
+            Err(next.unwrap_or(BrokerError::Unreachable("no more answers".into())))
+        }
+
+        fn speaks(&self, _: u32) -> bool {
+            true
+        }
+
+        fn reachability(&self) -> crate::broker::Reachability {
+            crate::broker::Reachability { reachable: None, last_answer_ago: None, last_error: None }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_upload_leaves_with_the_broker_what_an_upload_whose_answer_was_lost_handed_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let outbox = Outbox::open(dir.path()).expect("outbox");
+        let task = OfflineTask {
+            task_id: "01J0000000000000000000000A".into(),
+            target: "printer:p1".into(),
+            biz_no: "A1".into(),
+            print_type: "receipt".into(),
+            fingerprint: "f".into(),
+            request: r#"{"biz_no":"A1","printer_id":"p1","content":{"type":"text","text":"x"}}"#.into(),
+            printer_id: "p1".into(),
+            delivery_key: "A1#p1".into(),
+            lan_key_id: "k1".into(),
+            accepted_at: 1,
+            state: LocalState::Accepted,
+            attempt: 0,
+            next_at: 1,
+            detail: String::new(),
+            history: Vec::new(),
+            synced: false,
+            clock_origin: String::new(),
+            clock_ms: 0,
+        };
+        outbox.insert(task).await.expect("insert");
+        let cache = OfflineCache::load(dir.path(), None);
+        // The first upload reaches the broker and its answer is lost; the next is refused.
+        let broker = Scripted {
+            uploads: Mutex::new(vec![
+                BrokerError::Transport("connection reset".into()),
+                BrokerError::Status { status: 503, body: String::new() },
+            ]),
+        };
+        sync_once(&broker, "agent-1", &outbox, &cache).await;
+        sync_once(&broker, "agent-1", &outbox, &cache).await;
+        // The broker may have the ticket (and a person may have moved it): it must not
+        // print here, and it goes in the next upload.
+        assert_eq!(outbox.start("01J0000000000000000000000A").await.ok(), Some(None), "still with the broker");
+        assert_eq!(outbox.unsynced().await.ok(), Some(1));
     }
 
     #[test]

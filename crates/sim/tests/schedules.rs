@@ -386,3 +386,17 @@ fn a_station_changed_while_the_answer_was_lost_never_loses_the_ticket() {
         Op::StationEdit { printers: 1 },
     ]);
 }
+
+/// An upload whose answer was lost, the order's broker task moved by a person, then an
+/// upload the broker refuses: the tickets of the first stay with the broker (it has them),
+/// and the agent never prints its own copy beside the moved one.
+#[test]
+fn a_refused_upload_after_a_lost_answer_leaves_the_tickets_with_the_broker() {
+    holds(&[
+        Op::LanNet { fault: LanFault::AnswerLost },
+        Op::LanSubmit { target: 1, kind: 0 },
+        Op::Sync { answer_lost: true },
+        Op::Manual { pick: 13720, action: 3, to: 2 },
+        Op::LanNet { fault: LanFault::UploadRefused },
+    ]);
+}
