@@ -154,7 +154,7 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()> + Send + 's
         let bound = listener.local_addr().unwrap_or(addr);
         tracing::info!(listen = %bound, "LAN intake listening");
         let app = crate::lan::router(crate::lan::LanState {
-            client: client.clone(),
+            client: Arc::new(client.clone()),
             cache: cache.clone(),
             outbox: outbox.clone(),
             offline_after: Duration::from_millis(args.offline_after_ms),

@@ -5,6 +5,7 @@
 
 use crate::broker::{BrokerClient, BrokerError};
 use crate::fsutil::write_atomic;
+use crate::upstream::Upstream;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -139,13 +140,18 @@ impl OfflineCache {
     /// Claims the store's LAN listener (`POST /v1/agent/lan-listener`) and keeps the
     /// answer. A broker that does not know the claim (404) leaves the listener to this
     /// agent, as before there was one.
-    async fn claim(&self, client: &BrokerClient, agent_id: &str) -> Result<(), BrokerError> {
+    async fn claim(&self, client: &dyn Upstream, agent_id: &str) -> Result<(), BrokerError> {
         #[derive(Serialize)]
         struct Claim<'a> {
             agent_id: &'a str,
         }
         let body = Claim { agent_id };
-        let answer = client.post_json::<serde_json::Value>("/v1/agent/lan-listener", &body, Duration::from_secs(10));
+        let answer = crate::upstream::post::<serde_json::Value>(
+            client,
+            "/v1/agent/lan-listener",
+            &body,
+            Duration::from_secs(10),
+        );
         let claim = match answer.await {
             Ok(_) => ListenerClaim::Held,
             Err(BrokerError::Status { status: 404, .. }) => ListenerClaim::Held,
@@ -197,9 +203,9 @@ impl OfflineCache {
     }
 
     /// Fetches both from the broker and saves them; the old copies stay on any failure.
-    pub async fn refresh(&self, client: &BrokerClient) -> Result<(), BrokerError> {
-        let directory: StoreDirectory = client.get_json("/v1/agent/directory").await?;
-        let keys: LanKeys = client.get_json("/v1/agent/lan-keys").await?;
+    pub async fn refresh(&self, client: &dyn Upstream) -> Result<(), BrokerError> {
+        let directory: StoreDirectory = crate::upstream::get(client, "/v1/agent/directory").await?;
+        let keys: LanKeys = crate::upstream::get(client, "/v1/agent/lan-keys").await?;
         let dir = self.dir.clone();
         let (d, k) = (directory.clone(), keys.clone());
         // Saved before it is used, so what the agent answers offline after a restart is

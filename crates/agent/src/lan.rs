@@ -25,9 +25,9 @@
 //! The outbox answers retries on the LAN, the journal answers the cloud's delivery by key,
 //! and the broker merges the two under one key on sync.
 
-use crate::broker::BrokerClient;
 use crate::cache::{ListenerClaim, OfflineCache, StoreDirectory};
 use crate::outbox::{Forwarded, Inserted, OfflineTask, Outbox};
+use crate::upstream::Upstream;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -53,7 +53,9 @@ pub(crate) const LAN_PRINTER_HEADER: &str = "onceprint-lan-printer";
 /// Everything a LAN request needs.
 #[derive(Clone)]
 pub(crate) struct LanState {
-    pub client: BrokerClient,
+    /// The broker (its HTTP client; in the simulation, its engine over a simulated
+    /// network).
+    pub client: Arc<dyn Upstream>,
     pub cache: OfflineCache,
     pub outbox: Outbox,
     pub offline_after: Duration,

@@ -87,6 +87,7 @@ pub mod protocol;
 #[doc(hidden)]
 pub mod simulation;
 mod state_dir;
+pub mod upstream;
 mod watch;
 mod worker;
 
@@ -220,10 +221,21 @@ pub struct AgentArgs {
 /// The offset of this process's wall clock (`--test-clock-offset-ms`), set once at start.
 static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
 
+thread_local! {
+    /// The wall clock the simulation sets for the agent code it runs on this thread
+    /// (`simulation::set_wall_clock`); never set in the agent itself.
+    pub(crate) static SIM_WALL_MS: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+    /// The same for the machine's clock since boot (`boot_clock`).
+    pub(crate) static SIM_BOOT_MS: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+}
+
 /// This process's wall clock, in milliseconds since the Unix epoch: the machine's, unless a
 /// test moved it. Nothing the broker orders by comes from it (session order is decided on
 /// the broker's clock); it names sessions, dates offline tickets and journal records.
 pub(crate) fn wall_ms() -> i64 {
+    if let Some(ms) = SIM_WALL_MS.with(std::cell::Cell::get) {
+        return ms;
+    }
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     now + CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
@@ -236,6 +248,9 @@ pub(crate) fn wall_ms() -> i64 {
 /// they are accepted, so that the upload can say how long ago that was (`age_ms`) and the
 /// broker place the acceptance on its own clock exactly, whatever the wall clock did.
 pub(crate) fn boot_clock() -> (&'static str, i64) {
+    if let Some(ms) = SIM_BOOT_MS.with(std::cell::Cell::get) {
+        return ("simulated", ms);
+    }
     boot::now()
 }
 

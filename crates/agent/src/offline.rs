@@ -15,6 +15,7 @@ use crate::cache::OfflineCache;
 use crate::journal::{Journal, RecordState};
 use crate::outbox::{HistoryEntry, LocalState, OfflineTask, Outbox};
 use crate::protocol::{Ack, Delivery, Outcome};
+use crate::upstream::Upstream;
 use crate::worker::Feeder;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -54,7 +55,7 @@ pub(crate) async fn run_local_lane(
         match outbox.due(crate::lan::now_ms()).await {
             Ok(due) => {
                 for t in due {
-                    dispatch_one(&outbox, &cache, &feeder, &local, t).await;
+                    dispatch_one(&outbox, &cache, &|d| feeder.dispatch(d), &local, t).await;
                 }
             }
             Err(e) => tracing::error!(error = %e, "offline outbox: cannot read due tasks"),
@@ -67,7 +68,15 @@ pub(crate) async fn run_local_lane(
     }
 }
 
-async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, local: &LocalAttempts, t: OfflineTask) {
+/// Hands the offline task `t` to its printer's worker through `dispatch` (unless it is
+/// already with it), or fails it when it cannot be printed at all.
+pub(crate) async fn dispatch_one(
+    outbox: &Outbox,
+    cache: &OfflineCache,
+    dispatch: &(dyn Fn(Delivery) + std::marker::Sync),
+    local: &LocalAttempts,
+    t: OfflineTask,
+) {
     let in_worker = |attempt: u32| local.lock().map(|l| l.contains(&(t.task_id.clone(), attempt))).unwrap_or(true);
     let attempt = match t.state {
         // Left `printing` by a crash (or still with its worker): once per process, with
@@ -108,7 +117,7 @@ async fn dispatch_one(outbox: &Outbox, cache: &OfflineCache, feeder: &Feeder, lo
         reprint: false,
     };
     tracing::info!(task_id = %t.task_id, attempt, printer_id = %printer.printer_id, "printing an offline task");
-    feeder.dispatch(delivery);
+    dispatch(delivery);
 }
 
 /// The ESC/POS bytes of an offline task, rendered as the broker renders them, within the
@@ -147,27 +156,32 @@ pub(crate) async fn route_acks(
             }
             continue;
         }
-        let now = crate::lan::now_ms();
-        let (to, retry_at) = match ack.outcome {
-            Outcome::Printed => (LocalState::Printed, 0),
-            Outcome::InDoubt => (LocalState::InDoubt, 0),
-            Outcome::Error => (LocalState::Failed, 0),
-            // Nothing came out: try again after a pause that grows with the attempts.
-            _ => {
-                let pause = (1000i64 << ack.attempt.min(5).saturating_sub(1)).min(MAX_PAUSE_MS);
-                (LocalState::Accepted, now + pause)
-            }
-        };
-        let entry =
-            HistoryEntry { at: now, attempt: ack.attempt, state: ack.outcome.as_str().into(), detail: ack.detail };
-        match outbox.finish(&ack.task_id, ack.attempt, to, retry_at, entry).await {
-            Ok(_) => {
-                if to == LocalState::Accepted {
-                    wake.notify_one();
-                }
-            }
-            Err(e) => tracing::error!(task_id = %ack.task_id, error = %e, "offline outbox: cannot record the outcome"),
+        route_local_ack(&outbox, ack, &wake).await;
+    }
+}
+
+/// Records the outcome of a local lane's attempt in the outbox: printed, in doubt or
+/// failed for good, or (nothing came out) due again after a pause.
+pub(crate) async fn route_local_ack(outbox: &Outbox, ack: Ack, wake: &Notify) {
+    let now = crate::lan::now_ms();
+    let (to, retry_at) = match ack.outcome {
+        Outcome::Printed => (LocalState::Printed, 0),
+        Outcome::InDoubt => (LocalState::InDoubt, 0),
+        Outcome::Error => (LocalState::Failed, 0),
+        // Nothing came out: try again after a pause that grows with the attempts.
+        _ => {
+            let pause = (1000i64 << ack.attempt.min(5).saturating_sub(1)).min(MAX_PAUSE_MS);
+            (LocalState::Accepted, now + pause)
         }
+    };
+    let entry = HistoryEntry { at: now, attempt: ack.attempt, state: ack.outcome.as_str().into(), detail: ack.detail };
+    match outbox.finish(&ack.task_id, ack.attempt, to, retry_at, entry).await {
+        Ok(_) => {
+            if to == LocalState::Accepted {
+                wake.notify_one();
+            }
+        }
+        Err(e) => tracing::error!(task_id = %ack.task_id, error = %e, "offline outbox: cannot record the outcome"),
     }
 }
 
@@ -291,15 +305,15 @@ pub(crate) async fn run_sync(sync: Sync, mut stopping: watch::Receiver<bool>) {
     }
 }
 
-async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache: &OfflineCache) {
+pub(crate) async fn sync_once(client: &dyn Upstream, agent_id: &str, outbox: &Outbox, cache: &OfflineCache) {
     // Only once the broker answers is anything handed over: a task marked for the broker
     // no longer prints here.
     if cache.refresh(client).await.is_err() {
         return;
     }
     loop {
-        let batch = match outbox.take_for_sync(SYNC_BATCH).await {
-            Ok(b) if b.is_empty() => return,
+        let (batch, handed_now) = match outbox.take_for_sync_marked(SYNC_BATCH).await {
+            Ok((b, _)) if b.is_empty() => return,
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "offline outbox: cannot read the tasks to sync");
@@ -310,13 +324,23 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
         // several requests.
         let protocol_4 = client.speaks(4);
         let chunks = chunks_by_size(batch.into_iter().map(|t| upload_task(t, protocol_4)).collect(), MAX_BODY_BYTES);
-        let mut left: Vec<String> = chunks.iter().flatten().map(|t| t.task_id.clone()).collect();
+        // What goes back to the local lane should the upload fail: only what this round
+        // handed over. A task handed to an earlier upload whose answer was lost stays with
+        // the broker, which may have it, whatever becomes of this upload.
+        let mut left: Vec<String> =
+            chunks.iter().flatten().map(|t| t.task_id.clone()).filter(|id| handed_now.contains(id)).collect();
         let mut failed = false;
         for chunk in chunks {
             let ids: Vec<String> = chunk.iter().map(|t| t.task_id.clone()).collect();
             let sent_at = client.speaks(4).then(crate::lan::now_ms);
             let body = UploadRequest { agent_id, sent_at, tasks: chunk };
-            match client.post_json::<UploadAnswer>("/v1/agent/offline-tasks", &body, Duration::from_secs(30)).await {
+            let posted = crate::upstream::post::<UploadAnswer>(
+                client,
+                "/v1/agent/offline-tasks",
+                &body,
+                Duration::from_secs(30),
+            );
+            match posted.await {
                 Ok(answer) => {
                     let mut done = Vec::with_capacity(answer.results.len());
                     for r in answer.results {
@@ -335,6 +359,7 @@ async fn sync_once(client: &BrokerClient, agent_id: &str, outbox: &Outbox, cache
                         tracing::error!(error = %e, "offline outbox: cannot record the sync; it is sent again");
                     }
                     if ids.iter().any(|id| !answered.contains(id)) {
+                        failed = true;
                         break;
                     }
                 }
@@ -489,6 +514,7 @@ async fn send_digest(client: &BrokerClient, agent_id: &str, journal: &Journal, m
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::BrokerError;
 
     #[test]
     fn uploads_are_split_under_the_body_limit() {
@@ -497,6 +523,90 @@ mod tests {
         assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 3, 1]);
         assert_eq!(chunks.concat(), items, "in order, nothing lost");
         assert_eq!(chunks_by_size(vec!["x".repeat(500)], 310).len(), 1, "a large item goes alone");
+    }
+
+    /// A broker behind the upload whose answers are scripted: the directory and keys
+    /// answer, each upload takes the next of `uploads`.
+    struct Scripted {
+        uploads: Mutex<Vec<BrokerError>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Upstream for Scripted {
+        async fn forward_submission(
+            &self,
+            _: Vec<u8>,
+            _: Option<&str>,
+            _: Duration,
+        ) -> Result<crate::broker::Forwarded, BrokerError> {
+            Err(BrokerError::Unreachable("not in this test".into()))
+        }
+
+        async fn get_value(&self, path: &str) -> Result<serde_json::Value, BrokerError> {
+            Ok(match path {
+                "/v1/agent/directory" => serde_json::json!({"store_id": "s1"}),
+                _ => serde_json::json!({"keys": []}),
+            })
+        }
+
+        async fn post_value(
+            &self,
+            _: &str,
+            _: serde_json::Value,
+            _: Duration,
+        ) -> Result<serde_json::Value, BrokerError> {
+            let next = self.uploads.lock().ok().and_then(|mut u| (!u.is_empty()).then(|| u.remove(0)));
+            Err(next.unwrap_or(BrokerError::Unreachable("no more answers".into())))
+        }
+
+        fn speaks(&self, _: u32) -> bool {
+            true
+        }
+
+        fn reachability(&self) -> crate::broker::Reachability {
+            crate::broker::Reachability { reachable: None, last_answer_ago: None, last_error: None }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_upload_leaves_with_the_broker_what_an_upload_whose_answer_was_lost_handed_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let outbox = Outbox::open(dir.path()).expect("outbox");
+        let task = OfflineTask {
+            task_id: "01J0000000000000000000000A".into(),
+            target: "printer:p1".into(),
+            biz_no: "A1".into(),
+            print_type: "receipt".into(),
+            fingerprint: "f".into(),
+            request: r#"{"biz_no":"A1","printer_id":"p1","content":{"type":"text","text":"x"}}"#.into(),
+            printer_id: "p1".into(),
+            delivery_key: "A1#p1".into(),
+            lan_key_id: "k1".into(),
+            accepted_at: 1,
+            state: LocalState::Accepted,
+            attempt: 0,
+            next_at: 1,
+            detail: String::new(),
+            history: Vec::new(),
+            synced: false,
+            clock_origin: String::new(),
+            clock_ms: 0,
+        };
+        outbox.insert(task).await.expect("insert");
+        let cache = OfflineCache::load(dir.path(), None);
+        // The first upload reaches the broker and its answer is lost; the next is refused.
+        let broker = Scripted {
+            uploads: Mutex::new(vec![
+                BrokerError::Transport("connection reset".into()),
+                BrokerError::Status { status: 503, body: String::new() },
+            ]),
+        };
+        sync_once(&broker, "agent-1", &outbox, &cache).await;
+        sync_once(&broker, "agent-1", &outbox, &cache).await;
+        // The broker may have the ticket (and a person may have moved it): it must not
+        // print here, and it goes in the next upload.
+        assert_eq!(outbox.start("01J0000000000000000000000A").await.ok(), Some(None), "still with the broker");
+        assert_eq!(outbox.unsynced().await.ok(), Some(1));
     }
 
     #[test]

@@ -449,6 +449,14 @@ impl Outbox {
     /// leaves no task that can neither print here nor reach the broker. A task being
     /// printed right now waits for its outcome.
     pub async fn take_for_sync(&self, limit: usize) -> Result<Vec<OfflineTask>, OutboxError> {
+        Ok(self.take_for_sync_marked(limit).await?.0)
+    }
+
+    /// [`Outbox::take_for_sync`], with the ids of the tasks this call handed over (they
+    /// were `accepted`): only they may go back to the local lane should this upload fail.
+    /// The others were handed to an earlier upload whose answer was lost (or that the
+    /// process stopped in), so the broker may have them whatever becomes of this one.
+    pub async fn take_for_sync_marked(&self, limit: usize) -> Result<(Vec<OfflineTask>, Vec<String>), OutboxError> {
         self.with(move |c| {
             let tx = c.transaction()?;
             let rows = {
@@ -460,15 +468,17 @@ impl Outbox {
                 rows
             };
             let mut out = Vec::with_capacity(rows.len());
+            let mut handed_now = Vec::new();
             for mut t in rows {
                 if t.state == LocalState::Accepted {
                     tx.execute("UPDATE lan_tasks SET state = 'handed' WHERE task_id = ?1", params![t.task_id])?;
                     t.state = LocalState::Handed;
+                    handed_now.push(t.task_id.clone());
                 }
                 out.push(t);
             }
             tx.commit()?;
-            Ok(out)
+            Ok((out, handed_now))
         })
         .await
     }

@@ -24,6 +24,21 @@ pub enum AgentPrint {
     Crash { paper: bool },
 }
 
+/// What the shop's network does to the store agent's next forward of a LAN submission to
+/// the broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LanFault {
+    /// The request never reaches the broker; the agent waits out its offline threshold.
+    RequestLost,
+    /// The broker takes the ticket (201) and the answer is lost on the way back.
+    AnswerLost,
+    /// The broker takes the ticket, and its answer comes after the agent stopped waiting.
+    Slow,
+    /// Not a forward: the agent's next upload of its offline tickets is answered 503 (the
+    /// broker took none of it).
+    UploadRefused,
+}
+
 /// How a CloudPRNT printer's print of a fetched job ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloudPrint {
@@ -125,6 +140,12 @@ pub enum Op {
     LocalPrint { print: AgentPrint },
     /// The agent uploads its offline tickets; the answer may be lost.
     Sync { answer_lost: bool },
+    /// The shop's network strikes the store agent's next forward of a LAN submission.
+    LanNet { fault: LanFault },
+    /// A person edits the station `st-a` (the LAN POS's station): its printers become
+    /// `a1, a2` (as set up), `a2` alone, or `a2, a1` (`printers` 0–2). The agent learns of
+    /// it at its next refresh.
+    StationEdit { printers: usize },
     /// The broker looks for printers that poll and fell silent.
     OfflineCheck,
     /// Time passes.
@@ -278,6 +299,7 @@ impl Op {
                 | Op::Line { up: false }
                 | Op::LocalPrint { print: AgentPrint::LostAfterPaper | AgentPrint::Crash { .. } }
                 | Op::Sync { answer_lost: true }
+                | Op::LanNet { .. }
                 | Op::RestartBroker
                 | Op::NodeDown { .. }
                 | Op::StepClock { .. }
@@ -456,7 +478,43 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
         }
     }
     insert_mqtt(seed, &mut ops);
+    insert_lan_net(seed, &mut ops);
     spread_over_nodes(seed, ops)
+}
+
+/// Salt of the random stream of the LAN forwards' network faults.
+const LAN_NET_STREAM: u64 = 0x6c61_6e2d_6e65_7473;
+
+/// In half of the schedules with LAN orders, faults of the agent's requests to the broker
+/// (a forward's request lost, its answer lost after the broker took the ticket, its answer
+/// past the agent's offline threshold; an upload refused) and, in a quarter of those, a
+/// person's edits of the LAN POS's station, drawn from a stream of their own and put among the other
+/// steps: the other schedules are the ones their seeds named before.
+fn insert_lan_net(seed: u64, ops: &mut Vec<Op>) {
+    if !ops.iter().any(|o| matches!(o, Op::LanSubmit { .. })) {
+        return;
+    }
+    let mut r = Rng::new(seed ^ LAN_NET_STREAM);
+    if !r.chance(50) {
+        return;
+    }
+    for _ in 0..1 + r.below(4) {
+        let fault = match r.below(4) {
+            0 => LanFault::RequestLost,
+            1 => LanFault::AnswerLost,
+            2 => LanFault::Slow,
+            _ => LanFault::UploadRefused,
+        };
+        let at = r.below(ops.len() as u64 + 1) as usize;
+        ops.insert(at, Op::LanNet { fault });
+    }
+    // In a quarter of those, a person edits the LAN POS's station during the run.
+    if r.chance(25) {
+        for _ in 0..1 + r.below(2) {
+            let at = r.below(ops.len() as u64 + 1) as usize;
+            ops.insert(at, Op::StationEdit { printers: r.below(3) as usize });
+        }
+    }
 }
 
 /// Salt of the random stream that places retention's runs.

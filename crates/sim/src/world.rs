@@ -445,6 +445,12 @@ pub struct World {
     /// The LAN listener's agent's offline outbox (the agent's own code, on a file).
     outbox: onceprint_agent::outbox::Outbox,
     lan: lan::LanFacts,
+    /// The LAN listener's agent's state directory.
+    agent_dir: std::path::PathBuf,
+    /// The network between the LAN listener's agent and the broker.
+    wire: lan::Wire,
+    /// The LAN glue of the LAN listener's agent's current process (the agent's own code).
+    lan_process: Arc<onceprint_agent::simulation::Lan>,
     /// The runtime the agents' own code runs on (its clock paused).
     agent_rt: Runtime,
     /// The ESC/POS printers the agents print to.
@@ -498,6 +504,7 @@ impl World {
         let policies = policies();
         let hook = Arc::new(SimHook::default());
         let broker = rt.block_on(async { Broker::start(&store, &clock, &policies, &hook) });
+        let wire = lan::Wire::default();
         let mut w = World {
             rt,
             _harness: harness,
@@ -517,8 +524,17 @@ impl World {
             tally: Tally::default(),
             trace,
             line_up: true,
-            outbox,
+            outbox: outbox.clone(),
             lan: lan::LanFacts::default(),
+            agent_dir: agent_dir.to_owned(),
+            wire: wire.clone(),
+            lan_process: Arc::new(onceprint_agent::simulation::Lan::new(
+                Arc::new(lan::SimUpstream(wire)),
+                agent_dir,
+                AGENT_IDS[lan::LISTENER],
+                outbox,
+                lan::OFFLINE_AFTER,
+            )),
             agent_rt: store_agent::runtime()?,
             printers: store_agent::Printers::new()?,
             mqtt: mqtt::MqttWorld::default(),
@@ -597,6 +613,9 @@ impl World {
 
     /// Time passes: the broker's clock and the time that really passed.
     fn advance(&mut self, ms: i64) {
+        // The agents' monotonic clock (tokio's, paused) moves with the time that passes.
+        let d = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        self.agent_rt.block_on(tokio::time::advance(d));
         if self.nodes.several() {
             if let Err(e) = self.advance_nodes(ms) {
                 self.nodes.fault.get_or_insert(e);
@@ -785,8 +804,12 @@ impl World {
             Op::LanSubmit { target, kind } => self.lan_submit(target, kind)?,
             Op::LanRetry { pick } => self.lan_retry(pick)?,
             Op::LanToCloud { pick } => self.lan_to_cloud(pick)?,
-            Op::LocalPrint { print } => self.local_print(print)?,
+            Op::LocalPrint { print } => {
+                self.local_print(print)?;
+            }
             Op::Sync { answer_lost } => self.sync(answer_lost)?,
+            Op::LanNet { fault } => self.lan_fault(fault),
+            Op::StationEdit { printers } => self.station_edit(printers)?,
             Op::OfflineCheck => {
                 self.block_on(self.broker.cloudprnt.polled().check_offline_once())?
                     .map_err(|e| engine_err("check_offline_once", e))?;
@@ -985,7 +1008,11 @@ impl World {
         a.inbox.clear();
         a.outbox.clear();
         a.session = session;
-        a.process.restart(&self.agent_rt)
+        a.process.restart(&self.agent_rt)?;
+        if agent == lan::LISTENER {
+            self.lan_process = self.lan_glue();
+        }
+        Ok(())
     }
 
     /// The broker counts a polling printer's polls as its sign of life (docs/ARCHITECTURE.md:
@@ -1335,6 +1362,7 @@ impl World {
             ids.iter().filter(|id| id.as_str() != except).map(|id| of.get(id).copied().unwrap_or(0)).sum()
         };
         let mut keys_seen: HashSet<(String, String, String)> = HashSet::new();
+        self.note_raced(&tasks);
         for t in &tasks {
             if t.state == TaskState::Sent {
                 *in_flight.entry(t.printer_id.as_str()).or_default() += 1;
@@ -1372,6 +1400,10 @@ impl World {
             if policy.reprint_on_doubt {
                 allowed += (t.attempts - t.refusals - 1).max(0) as u32;
             }
+            // The documented limit of one order through both paths (`LanFacts::raced`).
+            if is_root && self.lan.raced.contains(&(t.biz_no.clone(), t.print_type.clone())) {
+                allowed += 1;
+            }
             let c = copies.entry(root.task_id.as_str()).or_default();
             c.0 += counted;
             c.1 += allowed;
@@ -1392,6 +1424,7 @@ impl World {
                 ));
             }
         }
+        self.lan_handed_check(&keys_seen)?;
         // Tickets only the agent has so far.
         for (key, ids) in &self.lan.lan_ids {
             if !keys_seen.contains(key) && lan_copies(ids, "", &self.facts.unmarked) > 1 {
@@ -1406,7 +1439,9 @@ impl World {
             }
         }
         for (root, n) in unmarked {
-            if n > 1 {
+            let raced =
+                by_id.get(root).is_some_and(|t| self.lan.raced.contains(&(t.biz_no.clone(), t.print_type.clone())));
+            if n > 1 + u32::from(raced) {
                 return Err(format!("ticket {root} came out {n} times without a reprint banner"));
             }
         }
@@ -1452,9 +1487,13 @@ impl World {
             self.route(round as usize);
             // The agent finishes what its local lane holds, then uploads.
             for _ in 0..16 {
-                self.local_print(AgentPrint::Printed)?;
+                if !self.local_print(AgentPrint::Printed)? {
+                    break;
+                }
             }
-            self.sync(false)?;
+            if unsynced > 0 {
+                self.sync(false)?;
+            }
             self.step(&Op::Sweep)?;
             self.step(&Op::SweepPaused)?;
             for agent in 0..self.agents.len() {
@@ -1602,6 +1641,19 @@ async fn set_up(store: &Arc<dyn Store>) -> Result<(), onceprint_store::StoreErro
     ];
     add_printers(store, printers, now).await?;
     add_stations(store, [("st-a", ["a1", "a2"]), ("st-x", ["c1", "a1"]), ("st-y", ["e1", "c1"])], now).await?;
+    // Where a person learns of what needs them beyond the attention list: the alerts of
+    // offline tickets the broker could not take (read by the final check).
+    store
+        .create_webhook(onceprint_store::NewWebhook {
+            tenant_id: TENANT.into(),
+            id: "attention".into(),
+            url: "https://attention.example/hook".into(),
+            secret: String::new(),
+            format: "onceprint".into(),
+            events: vec!["offline_task.rejected".into()],
+            now,
+        })
+        .await?;
     mqtt::set_up(store, now).await
 }
 

@@ -2,7 +2,7 @@
 //! shrunk: each must keep the promise, and each broke it before its fix.
 
 use onceprint_core::Outcome;
-use onceprint_sim::schedule::{AgentPrint, CloudPrint, DevicePrint, EpsonPrint, MqttOp, Op, StarPrint};
+use onceprint_sim::schedule::{AgentPrint, CloudPrint, DevicePrint, EpsonPrint, LanFault, MqttOp, Op, StarPrint};
 use onceprint_sim::{run_schedule, Options};
 
 fn holds(ops: &[Op]) {
@@ -353,5 +353,50 @@ fn a_webhook_job_of_a_node_that_died_is_asked_about_by_the_next_holder() {
         Op::HookPass,
         Op::HookPrint { status: 0, paper: true, callback_lost: false },
         Op::Via { node: 1, op: Box::new(Op::HookPass) },
+    ]);
+}
+
+/// A LAN order the broker answered through the agent, retried by the POS during an outage:
+/// the agent answers with the broker's task (200), not a new one.
+#[test]
+fn a_lan_retry_during_an_outage_gets_the_task_the_broker_answered() {
+    holds(&[Op::LanSubmit { target: 0, kind: 2 }, Op::Line { up: false }, Op::LanRetry { pick: 10259 }]);
+}
+
+/// An upload the broker answers 503 gives its tickets back to the agent's own lane: none is
+/// left handed to a broker that never took it.
+#[test]
+fn a_refused_upload_gives_its_tickets_back_to_the_local_lane() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 2, kind: 2 },
+        Op::LanNet { fault: LanFault::UploadRefused },
+        Op::StepClock { ms: -14_644 },
+    ]);
+}
+
+/// A LAN order both the broker (its answer lost) and the agent took, whose station a person
+/// changes before the upload: the broker keeps it where the agent printed it, or tells a
+/// person; it never vanishes.
+#[test]
+fn a_station_changed_while_the_answer_was_lost_never_loses_the_ticket() {
+    holds(&[
+        Op::LanNet { fault: LanFault::AnswerLost },
+        Op::LanSubmit { target: 2, kind: 0 },
+        Op::StationEdit { printers: 1 },
+    ]);
+}
+
+/// An upload whose answer was lost, the order's broker task moved by a person, then an
+/// upload the broker refuses: the tickets of the first stay with the broker (it has them),
+/// and the agent never prints its own copy beside the moved one.
+#[test]
+fn a_refused_upload_after_a_lost_answer_leaves_the_tickets_with_the_broker() {
+    holds(&[
+        Op::LanNet { fault: LanFault::AnswerLost },
+        Op::LanSubmit { target: 1, kind: 0 },
+        Op::Sync { answer_lost: true },
+        Op::Manual { pick: 13720, action: 3, to: 2 },
+        Op::LanNet { fault: LanFault::UploadRefused },
     ]);
 }

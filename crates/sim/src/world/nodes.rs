@@ -171,6 +171,7 @@ impl World {
         // within milliseconds: the one such change a run makes, the store's LAN listener
         // taken, has reached this node by the time a request does.
         self.broker.lanes.directory().forget_lan_listener(super::TENANT, super::STORE);
+        self.broker.lanes.directory().forget_station(super::TENANT, "st-a");
     }
 
     /// kill -9 of the node serving now, and a new process in its place.

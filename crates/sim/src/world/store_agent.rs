@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
-use super::{engine_err, lan, Fail, World};
+use super::{engine_err, Fail, World};
 use crate::schedule::AgentPrint;
 
 /// The store's ESC/POS printers, by printer id and the address the broker hands out
@@ -74,11 +74,6 @@ impl Process {
         Ok(Process { dir: dir.to_owned(), outbox, journal, worker, links: HashMap::new() })
     }
 
-    /// The journal as the process reads it.
-    pub(super) fn journal(&self) -> &Journal {
-        &self.journal
-    }
-
     /// kill -9 and a new process: the journal's file stays and is read again (a write the
     /// old process had not finished is not in it: the kill only lands while the worker
     /// waits for the printer, with no write of its own under way).
@@ -109,10 +104,6 @@ pub(super) fn handle(
     d: &AgentDelivery,
     print: AgentPrint,
 ) -> Result<Handled, Fail> {
-    let slot = printers.slot(&d.printer_id);
-    if let Some(i) = slot {
-        printers.prepare(i, print);
-    }
     let delivery = onceprint_agent::Delivery {
         task_id: d.task_id.clone(),
         attempt: u32::try_from(d.attempt).map_err(|_| format!("attempt {} of {}", d.attempt, d.task_id))?,
@@ -123,10 +114,36 @@ pub(super) fn handle(
         data: base64::engine::general_purpose::STANDARD.encode(&d.data),
         reprint: d.reprint,
     };
+    let done = run(rt, process, printers, &delivery, print)?;
+    let ack = done.ack.map(|a| AckIn::agent(a.task_id, d.attempt, a.outcome, a.detail));
+    Ok(Handled { ack, paper: done.paper, sent: done.sent })
+}
+
+/// How the worker's print of one delivery ended, with the agent's own ack.
+pub(super) struct Ran {
+    /// The ack the worker returns; `None` when the process died before it.
+    pub ack: Option<onceprint_agent::Ack>,
+    pub paper: Vec<Vec<u8>>,
+    pub sent: bool,
+}
+
+/// Hands the agent's delivery `delivery` (the broker's, or one of the local lane's) to the
+/// process's real worker, the printer meeting `print`.
+pub(super) fn run(
+    rt: &Runtime,
+    process: &mut Process,
+    printers: &Printers,
+    delivery: &onceprint_agent::Delivery,
+    print: AgentPrint,
+) -> Result<Ran, Fail> {
+    let slot = printers.slot(&delivery.printer_id);
+    if let Some(i) = slot {
+        printers.prepare(i, print);
+    }
     let crash = printers.0.crash.clone();
     let (ids, link) = process
         .links
-        .entry(d.printer_id.clone())
+        .entry(delivery.printer_id.clone())
         .or_insert_with(|| (ProcessIds::default(), PrinterLink::with_connector(Arc::new(printers.clone()))));
     let worker = &process.worker;
     let ack = rt.block_on(async {
@@ -135,15 +152,14 @@ pub(super) fn handle(
             // The printer took the job and the process dies: whatever the worker would have
             // done next (read the confirmation, journal it, ack) never happens.
             () = crash.notified() => None,
-            ack = worker.handle_delivery(&delivery, ids, link) => Some(ack),
+            ack = worker.handle_delivery(delivery, ids, link) => Some(ack),
         }
     });
     let (paper, sent) = match slot {
         Some(i) => printers.settle(i),
         None => (Vec::new(), false),
     };
-    let ack = ack.map(|a| AckIn::agent(a.task_id, d.attempt, a.outcome, a.detail));
-    Ok(Handled { ack, paper, sent })
+    Ok(Ran { ack, paper, sent })
 }
 
 /// Why a printer cannot print, as its status bytes say.
@@ -456,14 +472,6 @@ impl World {
     /// `handle_delivery`, with its journal, on the simulated printer meeting `print`.
     pub(super) fn handle(&mut self, agent: usize, print: AgentPrint) -> Result<(), Fail> {
         let Some(d) = self.agents[agent].inbox.pop_front() else { return Ok(()) };
-        // A key the LAN listener printed offline is answered by its LAN side first (the
-        // model of the local lane in `lan`, whose prints are not in the journal).
-        if agent == lan::LISTENER && self.agents[agent].process.journal().lookup(&d.task_id).is_none() {
-            if let Some(o) = self.lan_journal_answer(&d.idempotency_key, &d.task_id)? {
-                self.agents[agent].outbox.push(AckIn::agent(d.task_id.clone(), d.attempt, o, String::new()));
-                return Ok(());
-            }
-        }
         let done = handle(&self.agent_rt, &mut self.agents[agent].process, &self.printers, &d, print)?;
         for copy in &done.paper {
             self.paper(&d.task_id, copy);
@@ -471,6 +479,12 @@ impl World {
         // The job reached the printer and what became of it never got back: it may be on
         // paper, and the broker may rightly say so.
         if done.sent && matches!(print, AgentPrint::LostAfterPaper | AgentPrint::Crash { .. }) {
+            self.facts.exposed.insert(d.task_id.clone());
+        }
+        // Answered in doubt without sending anything: the journal holds the key from an
+        // earlier print that may have come out (a LAN ticket printed offline and not yet
+        // merged into this task, or an attempt a crash cut short).
+        if !done.sent && done.ack.as_ref().is_some_and(|a| a.outcome == Outcome::InDoubt) {
             self.facts.exposed.insert(d.task_id.clone());
         }
         match done.ack {
