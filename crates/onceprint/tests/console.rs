@@ -69,6 +69,8 @@ struct World {
     sim_port: u16,
     control: String,
     http: reqwest::Client,
+    /// The PostgreSQL schema of a run on PostgreSQL, dropped with the world.
+    _pg: Option<onceprint_store::testing::Harness>,
 }
 
 impl Drop for World {
@@ -87,7 +89,18 @@ impl Drop for World {
 
 impl World {
     async fn start(name: &str) -> World {
+        World::start_on(name, false).await.expect("a world on SQLite")
+    }
+
+    /// The world with the broker on PostgreSQL (`pg`, a fresh schema; `None` when
+    /// `ONCEPRINT_TEST_POSTGRES` is not set) or on a SQLite file.
+    async fn start_on(name: &str, pg: bool) -> Option<World> {
+        let harness = if pg { Some(onceprint_store_postgres::testing::fresh_store().await?) } else { None };
         let dir = temp_dir(name);
+        let database = match &harness {
+            Some(h) => h.url.clone(),
+            None => format!("sqlite://{}/broker.db", dir.display()),
+        };
         let common::world::Sim { child: sim, first_port: sim_port, control } =
             common::world::start_sim(&dir, 1, &[]).await;
         std::fs::write(dir.join("broker.toml"), CONFIG).expect("config");
@@ -98,7 +111,7 @@ impl World {
                 "--listen",
                 "127.0.0.1:0",
                 "--database",
-                &format!("sqlite://{}/broker.db", dir.display()),
+                &database,
                 "--admin-token",
                 ADMIN,
                 "--config",
@@ -117,6 +130,7 @@ impl World {
             sim_port,
             control,
             http: reqwest::Client::new(),
+            _pg: harness,
         };
         let t = w.call("POST", "/v1/tenants", Some(ADMIN), json!({"id": "shop", "name": "Noodle Bar"})).await;
         w.key = t["api_key"].as_str().expect("api key").to_owned();
@@ -143,7 +157,7 @@ impl World {
         )
         .await;
         w.start_agent();
-        w
+        Some(w)
     }
 
     fn start_agent(&mut self) {
@@ -334,6 +348,16 @@ async fn idle_printers_are_watched_and_a_silent_agent_shows_agent_offline() {
 }
 
 /// Starts chromedriver and a headless Chromium session, or says why not.
+/// The browser tests that may run at once (each a broker, an agent, a simulator and a
+/// Chromium).
+static BROWSERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// A run on PostgreSQL without `ONCEPRINT_TEST_POSTGRES`: said, not failed (`.ci/run`
+/// sets it, so there it runs).
+fn skipped_without_postgres() {
+    eprintln!("SKIPPED: set ONCEPRINT_TEST_POSTGRES to run the console's browser tests on PostgreSQL");
+}
+
 async fn browser(dir: &Path) -> Option<(Client, Child)> {
     let required = std::env::var("ONCEPRINT_BROWSER_TESTS").is_ok_and(|v| v == "required");
     let driver = ["chromedriver", "/usr/bin/chromedriver"].into_iter().find(|p| {
@@ -483,9 +507,21 @@ async fn act(c: &Client, scope: &str, action: &str, reason: &str, printer: Optio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_browser() {
-    let w = World::start("browser").await;
+    the_console_in_a_browser_on(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_browser_on_postgres() {
+    the_console_in_a_browser_on(true).await
+}
+
+async fn the_console_in_a_browser_on(pg: bool) {
+    // Two browsers at a time: more only starve each other on a small machine.
+    let _turn = BROWSERS.acquire().await.expect("the browser turns");
+    let Some(w) = World::start_on("browser", pg).await else { return skipped_without_postgres() };
     let Some((c, mut driver)) = browser(&w.dir).await else { return };
-    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from);
+    // The screenshots come from the run on SQLite; the pages are the same on both.
+    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from).filter(|_| !pg);
     if let Some(d) = &shots {
         std::fs::create_dir_all(d).expect("screenshot dir");
     }
@@ -713,7 +749,18 @@ async fn run_browser(w: &World, c: &Client, shots: Option<&PathBuf>) {
 /// view still updates, and an action still goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_page_changes_keep_the_console_working() {
-    let w = World::start("pages").await;
+    many_page_changes_on(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_page_changes_keep_the_console_working_on_postgres() {
+    many_page_changes_on(true).await
+}
+
+async fn many_page_changes_on(pg: bool) {
+    // Two browsers at a time: more only starve each other on a small machine.
+    let _turn = BROWSERS.acquire().await.expect("the browser turns");
+    let Some(w) = World::start_on("pages", pg).await else { return skipped_without_postgres() };
     let Some((c, mut driver)) = browser(&w.dir).await else { return };
     let result = run_page_changes(&w, &c).await;
     let _ = c.close().await;
@@ -839,10 +886,21 @@ async fn no_sideways_scroll(c: &Client, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_sets_up_printers_and_alerts_in_a_browser() {
-    let w = World::start("setup").await;
+    sets_up_printers_and_alerts_on(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_sets_up_printers_and_alerts_in_a_browser_on_postgres() {
+    sets_up_printers_and_alerts_on(true).await
+}
+
+async fn sets_up_printers_and_alerts_on(pg: bool) {
+    // Two browsers at a time: more only starve each other on a small machine.
+    let _turn = BROWSERS.acquire().await.expect("the browser turns");
+    let Some(w) = World::start_on("setup", pg).await else { return skipped_without_postgres() };
     w.post("/v1/operators", json!({"id": "max", "name": "Max Lee", "role": "manager", "password": PASSWORD})).await;
     let Some((c, mut driver)) = browser(&w.dir).await else { return };
-    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from);
+    let shots = std::env::var_os("ONCEPRINT_SCREENSHOTS").map(PathBuf::from).filter(|_| !pg);
     let result = run_setup(&w, &c, shots.as_ref()).await;
     let _ = c.close().await;
     let _ = driver.kill();
@@ -876,7 +934,18 @@ async fn count_of(c: &Client, css: &str) -> usize {
 /// refuses, with why, the one a person resolved in the meantime and one of another store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_day_in_pictures_pages_of_tickets_and_bulk_actions() {
-    let w = World::start("day").await;
+    the_day_in_pictures_on(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_day_in_pictures_pages_of_tickets_and_bulk_actions_on_postgres() {
+    the_day_in_pictures_on(true).await
+}
+
+async fn the_day_in_pictures_on(pg: bool) {
+    // Two browsers at a time: more only starve each other on a small machine.
+    let _turn = BROWSERS.acquire().await.expect("the browser turns");
+    let Some(w) = World::start_on("day", pg).await else { return skipped_without_postgres() };
     let Some((c, mut driver)) = browser(&w.dir).await else { return };
     let result = run_day(&w, &c).await;
     let _ = c.close().await;
