@@ -500,12 +500,13 @@ ALTER TABLE operators ADD COLUMN disabled_at INTEGER;
     r#"
 ALTER TABLE webhooks ADD COLUMN format TEXT NOT NULL DEFAULT 'onceprint';
 "#,
-    // 26 (26 on PostgreSQL): the console's ticket list pages by id within a printer or a
-    // state, as far back as a person goes, at what one page costs: without these a rare
-    // printer or state walked the store's whole index to fill a page. Additive: an older
-    // broker neither reads nor needs them.
+    // 26 (26 on PostgreSQL): the console's ticket list pages by id within a printer, as
+    // far back as a person goes, at what one page costs: without it a rare printer walked
+    // the store's whole index to fill a page. Written once per task (a task's printer
+    // seldom changes). A state filter walks the store's index instead: an index with the
+    // state in it is rewritten at every transition, which cost a fifth of intake and of
+    // printed/s (docs/BENCHMARKS.md). Additive: an older broker neither reads nor needs it.
     r#"
 CREATE INDEX tasks_by_printer ON tasks(tenant_id, printer_id, id);
-CREATE INDEX tasks_by_store_state ON tasks(tenant_id, store_id, state, id);
 "#,
 ];

@@ -479,9 +479,9 @@ pub fn list_tasks(c: &Connection, q: &TaskQuery) -> StoreResult<Vec<Task>> {
     // of `?n IS NULL OR …`, which SQLite cannot plan around: with it every list walked the
     // tenant's whole index, so a store's list, or a search by `biz_no`, read every task of
     // the tenant before the page was full (a second per call with a million finished
-    // tasks). Now a store's list walks `tasks_by_store` (or
-    // `tasks_by_store_state` for one state), a printer's `tasks_by_printer`, and a `biz_no`
-    // search `tasks_by_biz_no`, as on PostgreSQL.
+    // tasks). Now a store's list walks `tasks_by_store` (for one state too, checking each
+    // row), a printer's `tasks_by_printer`, and a `biz_no` search `tasks_by_biz_no`, as on
+    // PostgreSQL.
     let state = q.state.map(TaskState::as_str);
     let upper = q.biz_no_prefix.as_deref().and_then(onceprint_store::prefix_upper_bound);
     // A prefix search reads the range of `tasks_by_biz_no` that starts with the prefix,
