@@ -129,7 +129,8 @@ pub enum Op {
     /// the LAN listener (the first) can no longer reach the broker, nor it the agent.
     Line { up: bool },
     /// A POS in the shop submits a new ticket to the agent's LAN listener: to `a1`, `a2`
-    /// or the station `st-a` (`target` 0–2), print type `kind`.
+    /// or the station `st-a` (`target` 0–2), or the station `st-x` across transports
+    /// (3, drawn only among the moved orders' steps), print type `kind`.
     LanSubmit { target: usize, kind: usize },
     /// The shop's POS retries an earlier LAN submission (same key, same content).
     LanRetry { pick: usize },
@@ -165,6 +166,10 @@ pub enum Op {
     /// An operator's action on the `pick`-th task: 0 cancel, 1 reprint, 2 mark printed,
     /// 3 transfer to printer `to`.
     Manual { pick: usize, action: usize, to: usize },
+    /// The same action on the newest ticket that is open or needs attention: the first
+    /// the console lists, where a person looks when the shop calls about the order it
+    /// just placed.
+    ManualNewest { action: usize, to: usize },
     /// Retention runs as if two days had passed, with `retention_days = 1`: every task in an
     /// end state is pruned to its tombstone. Later retries of its key, uploads of the
     /// shop's offline copies and operators all meet the tombstone.
@@ -479,6 +484,7 @@ pub fn generate(seed: u64, max_steps: usize) -> Vec<Op> {
     }
     insert_mqtt(seed, &mut ops);
     insert_lan_net(seed, &mut ops);
+    insert_lan_moves(seed, &mut ops);
     spread_over_nodes(seed, ops)
 }
 
@@ -515,6 +521,83 @@ fn insert_lan_net(seed: u64, ops: &mut Vec<Op>) {
             ops.insert(at, Op::StationEdit { printers: r.below(3) as usize });
         }
     }
+}
+
+/// Salt of the random stream of the moved LAN orders.
+const LAN_MOVE_STREAM: u64 = 0x6c61_6e2d_6d6f_7665;
+
+/// In one schedule in ten with LAN orders, drawn from a stream of its own, the steps of an
+/// order that both the agent and the broker may hold (to any LAN target, the station
+/// across transports among them): moved by a person after an upload whose answer was lost
+/// ([`moved_after_upload`]), or printed by both before the upload ([`both_before_upload`]).
+/// The windows are a few steps wide; random steps seldom hit them. Other steps may still
+/// come between these, as they are put at increasing places.
+fn insert_lan_moves(seed: u64, ops: &mut Vec<Op>) {
+    if !ops.iter().any(|o| matches!(o, Op::LanSubmit { .. })) {
+        return;
+    }
+    let mut r = Rng::new(seed ^ LAN_MOVE_STREAM);
+    if !r.chance(10) {
+        return;
+    }
+    let order = Op::LanSubmit { target: r.below(4) as usize, kind: r.below(KINDS as u64) as usize };
+    let motif = if r.chance(50) { moved_after_upload(&mut r, order) } else { both_before_upload(&mut r, order) };
+    // Increasing places: the motif keeps its order, with a step or two of the rest between.
+    let mut at = r.below(ops.len() as u64 + 1) as usize;
+    for op in motif {
+        ops.insert(at.min(ops.len()), op);
+        at += 1 + usize::from(r.chance(20));
+    }
+}
+
+/// The order held by the agent offline (the line down, or a forward's answer lost or late,
+/// when the broker holds it too), uploaded with the answer lost, then moved by a person to
+/// another printer, whose steps follow, and the agent's local lane after them.
+fn moved_after_upload(r: &mut Rng, order: Op) -> Vec<Op> {
+    let to = r.below(PRINTERS as u64) as usize;
+    let mut motif = match r.below(4) {
+        0 | 1 => vec![Op::Line { up: false }, order, Op::Line { up: true }],
+        2 => vec![Op::LanNet { fault: LanFault::AnswerLost }, order],
+        _ => vec![Op::LanNet { fault: LanFault::Slow }, order],
+    };
+    motif.extend([Op::Sync { answer_lost: true }, Op::ManualNewest { action: 3, to }]);
+    // The steps of the printer the order moved to (`world::TRANSFER_TO`): a1, a2, c1, e1, w1.
+    motif.extend(match to {
+        0 | 1 => vec![
+            Op::Poll { agent: 0, answer_lost: false },
+            Op::Handle { agent: 0, print: AgentPrint::Printed },
+            Op::SendAcks { agent: 0, next: false },
+        ],
+        2 => vec![
+            Op::CloudPoll { status: 0 },
+            Op::CloudFetch { lost: false },
+            Op::CloudPrint { print: CloudPrint::Printed { code: "OK" } },
+        ],
+        3 => vec![Op::EpsonGet { lost: false }, Op::EpsonPrint { print: EpsonPrint::Printed }],
+        _ => vec![Op::HookPass, Op::HookPrint { status: 0, paper: true, callback_lost: false }],
+    });
+    motif.push(Op::LocalPrint { print: AgentPrint::Printed });
+    motif
+}
+
+/// A forward whose answer is lost or late, so that the broker and the agent both hold the
+/// order; both print before the agent's upload: the agent its offline copy, the broker its
+/// task on the printer it chose (a CloudPRNT printer's steps and the agent's), and then the
+/// upload. One copy only if both chose the same printer and the agent's journal knew it.
+fn both_before_upload(r: &mut Rng, order: Op) -> Vec<Op> {
+    let fault = if r.chance(50) { LanFault::AnswerLost } else { LanFault::Slow };
+    vec![
+        Op::LanNet { fault },
+        order,
+        Op::LocalPrint { print: AgentPrint::Printed },
+        Op::CloudPoll { status: 0 },
+        Op::CloudFetch { lost: false },
+        Op::CloudPrint { print: CloudPrint::Printed { code: "OK" } },
+        Op::Poll { agent: 0, answer_lost: false },
+        Op::Handle { agent: 0, print: AgentPrint::Printed },
+        Op::SendAcks { agent: 0, next: false },
+        Op::Sync { answer_lost: false },
+    ]
 }
 
 /// Salt of the random stream that places retention's runs.

@@ -847,6 +847,7 @@ impl World {
                 self.mqtt_restart()?;
             }
             Op::Manual { pick, action, to } => self.manual(pick, action, to)?,
+            Op::ManualNewest { action, to } => self.manual_newest(action, to)?,
             Op::Prune => {
                 let report = self
                     .block_on(self.broker.retention.run_once(&|| false))?
@@ -1246,21 +1247,29 @@ impl World {
         // An operator acts on what is open or needs attention (what the console lists),
         // now and then on a finished ticket.
         let all = self.tasks()?;
-        let open: Vec<Task> = all
-            .iter()
-            .filter(|t| {
-                !matches!(
-                    t.state,
-                    TaskState::Printed | TaskState::Closed | TaskState::Cancelled | TaskState::Transferred
-                )
-            })
-            .cloned()
-            .collect();
+        let open: Vec<Task> = all.iter().filter(|t| is_open(t)).cloned().collect();
         let tasks = if open.is_empty() || pick.is_multiple_of(5) { all } else { open };
         if tasks.is_empty() {
             return Ok(());
         }
-        let t = &tasks[(pick / 5) % tasks.len()];
+        let t = tasks[(pick / 5) % tasks.len()].clone();
+        self.act(&t, action, to)
+    }
+
+    /// An operator's action on the newest open ticket (the console lists newest first).
+    fn manual_newest(&mut self, action: usize, to: usize) -> Result<(), Fail> {
+        let newest = self
+            .tasks()?
+            .into_iter()
+            .filter(is_open)
+            .max_by(|a, b| (a.created_at, &a.task_id).cmp(&(b.created_at, &b.task_id)));
+        match newest {
+            Some(t) => self.act(&t, action, to),
+            None => Ok(()),
+        }
+    }
+
+    fn act(&mut self, t: &Task, action: usize, to: usize) -> Result<(), Fail> {
         let action = [ManualAction::Cancel, ManualAction::Reprint, ManualAction::MarkPrinted, ManualAction::Transfer]
             [action % 4];
         let req = ActionRequest {
@@ -1700,4 +1709,9 @@ async fn add_stations<const N: usize>(
             .await?;
     }
     Ok(())
+}
+
+/// What the console lists as open or needing attention: not yet at an end.
+fn is_open(t: &Task) -> bool {
+    !matches!(t.state, TaskState::Printed | TaskState::Closed | TaskState::Cancelled | TaskState::Transferred)
 }

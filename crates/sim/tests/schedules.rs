@@ -400,3 +400,32 @@ fn a_refused_upload_after_a_lost_answer_leaves_the_tickets_with_the_broker() {
         Op::LanNet { fault: LanFault::UploadRefused },
     ]);
 }
+
+/// A LAN order for a station whose first printer polls the broker (`st-x`: `c1`, then
+/// the agent's `a1`), the forward's answer lost: the agent prints its copy on `a1`, and
+/// the broker's task of the forward is on `a1` too (the printer the forward named), so
+/// the agent's journal prints the order once. A broker placing it on the station's first
+/// printer printed it on both.
+#[test]
+fn a_lan_order_for_a_station_across_transports_has_one_printer_on_both_paths() {
+    holds(&[
+        Op::LanNet { fault: LanFault::UploadRefused },
+        Op::LanNet { fault: LanFault::AnswerLost },
+        Op::LanSubmit { target: 3, kind: 0 },
+    ]);
+}
+
+/// The shop's line down, a LAN order taken offline, the line back, the upload merged and
+/// its answer lost, and a person moves the newest ticket (that order) to another agent
+/// printer: the agent leaves the uploaded ticket with the broker, one copy.
+#[test]
+fn the_newest_order_moved_after_an_upload_whose_answer_was_lost_prints_once() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 1, kind: 2 },
+        Op::Line { up: true },
+        Op::LanSubmit { target: 0, kind: 0 },
+        Op::Sync { answer_lost: true },
+        Op::ManualNewest { action: 3, to: 1 },
+    ]);
+}

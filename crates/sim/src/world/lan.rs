@@ -24,8 +24,10 @@ use tokio::sync::{oneshot, Notify};
 use super::{engine_err, Fail, World, STORE, TENANT};
 use crate::schedule::{AgentPrint, LanFault};
 
-/// The LAN POS's targets: the agent's printers and its station.
-const LAN_TARGETS: [(&str, bool); 3] = [("a1", false), ("a2", false), ("st-a", true)];
+/// The LAN POS's targets: the agent's printers, its station, and (drawn by the moved
+/// orders' steps only) the station `st-x` across transports, whose first printer `c1`
+/// polls the broker and whose second `a1` the agent drives.
+pub(super) const LAN_TARGETS: [(&str, bool); 4] = [("a1", false), ("a2", false), ("st-a", true), ("st-x", true)];
 /// The agent that holds the LAN listener (the first).
 pub(super) const LISTENER: usize = 0;
 /// The store's LAN key the shop's POS sends, its id, and the SHA-256 of the key (what
@@ -107,6 +109,13 @@ pub(super) struct LanFacts {
     /// Each such order is allowed one copy more. A carried-on copy handed out after the
     /// upload is still a second copy.
     pub raced: std::collections::HashSet<(String, String)>,
+    /// Orders (biz_no, print_type) that also came through the cloud API: the broker placed
+    /// that copy as a cloud order, on a station's first printer, which need not be the
+    /// printer the agent chose for its own.
+    pub through_cloud: std::collections::HashSet<(String, String)>,
+    /// A person changed the LAN station during the run: a forward may then have been placed
+    /// by the station as the broker had it, not as the agent's saved directory had it.
+    pub station_edited: bool,
     /// Orders (biz_no, print_type) an upload of the agent reached the broker with.
     pub uploaded: std::collections::HashSet<(String, String)>,
     /// The printer the agent's own copy of each order (biz_no, print_type) is for.
@@ -404,6 +413,14 @@ impl World {
         Ok(Reply::Value(json!({ "results": results })))
     }
 
+    /// Whether the broker could have placed an order's first task on another printer than
+    /// the agent's copy without a fault of its own: the order also came through the cloud
+    /// (a station's first printer), or a person changed the LAN station meanwhile. A
+    /// forward alone names the agent's printer, and the broker keeps to it.
+    fn placed_apart(&self, key: &(String, String)) -> bool {
+        self.lan.station_edited || self.lan.through_cloud.contains(key)
+    }
+
     /// Notes the orders whose LAN copy came out while the agent had not uploaded it and a
     /// task carrying the broker's copy on has printed too (`LanFacts::raced`).
     pub(super) fn note_raced(&mut self, tasks: &[onceprint_store::Task]) {
@@ -414,10 +431,11 @@ impl World {
                 continue;
             }
             let lan_printer = self.lan.lan_printer.get(&key);
+            let placed_apart = self.placed_apart(&key);
             let carried_on_printed = tasks.iter().any(|t| {
                 t.biz_no == *biz
                     && t.print_type == *ptype
-                    && elsewhere(t, lan_printer)
+                    && elsewhere(t, lan_printer, placed_apart)
                     && self.facts.paper.get(&t.task_id).is_some_and(|n| *n > 0)
             });
             if carried_on_printed && !self.lan.uploaded.contains(&key) {
@@ -444,9 +462,10 @@ impl World {
         let tasks = self.tasks()?;
         for (biz, ptype) in fresh {
             let lan_printer = self.lan.lan_printer.get(&(biz.clone(), ptype.clone()));
-            let handed_out = tasks
-                .iter()
-                .any(|t| t.biz_no == biz && t.print_type == ptype && elsewhere(t, lan_printer) && t.attempts > 0);
+            let placed_apart = self.placed_apart(&(biz.clone(), ptype.clone()));
+            let handed_out = tasks.iter().any(|t| {
+                t.biz_no == biz && t.print_type == ptype && elsewhere(t, lan_printer, placed_apart) && t.attempts > 0
+            });
             if handed_out {
                 self.lan.raced.insert((biz, ptype));
             }
@@ -467,7 +486,7 @@ impl World {
     }
 
     pub(super) fn lan_submit(&mut self, target: usize, kind: usize) -> Result<(), Fail> {
-        let (name, station) = LAN_TARGETS[target % LAN_TARGETS.len()];
+        let (name, station) = LAN_TARGETS[target.min(LAN_TARGETS.len() - 1)];
         let n = self.lan.subs.len();
         let sub = LanSub {
             target: format!("{}:{name}", if station { "station" } else { "printer" }),
@@ -539,6 +558,8 @@ impl World {
         if !matches!(answer.kind, SubmitKind::Created | SubmitKind::Duplicate) {
             return Err(format!("the cloud copy of a LAN order was answered {:?}", answer.kind));
         }
+        let key = (self.lan.subs[i].biz_no.clone(), self.lan.subs[i].print_type.clone());
+        self.lan.through_cloud.insert(key);
         self.lan.subs[i].answers.push(answer.task_id);
         Ok(())
     }
@@ -623,6 +644,7 @@ impl World {
         };
         self.block_on(self.store.update_station(update))?.map_err(|e| engine_err("update_station", e))?;
         self.broker.lanes.directory().forget_station(TENANT, "st-a");
+        self.lan.station_edited = true;
         Ok(())
     }
 
@@ -713,11 +735,11 @@ impl World {
 
 /// Whether broker task `t` of an order prints on another printer than the agent's own copy
 /// (on `lan_printer`), where the agent's journal cannot match them: carried on by a
-/// person or a failover, or placed on another printer of a station a person changed. A
-/// reprint is a copy of its own.
-fn elsewhere(t: &onceprint_store::Task, lan_printer: Option<&String>) -> bool {
+/// person or a failover, or (`placed_apart`) placed on another printer as a cloud order
+/// or by a station a person changed. A reprint is a copy of its own.
+fn elsewhere(t: &onceprint_store::Task, lan_printer: Option<&String>, placed_apart: bool) -> bool {
     t.origin_kind != Some(onceprint_store::OriginKind::Reprint)
-        && (t.origin_kind.is_some() || lan_printer.is_some_and(|p| *p != t.printer_id))
+        && (t.origin_kind.is_some() || (placed_apart && lan_printer.is_some_and(|p| *p != t.printer_id)))
 }
 
 /// One task of an upload as the broker's route reads it (`routes/offline.rs`, `report`).
