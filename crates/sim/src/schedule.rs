@@ -560,7 +560,13 @@ fn moved_after_upload(r: &mut Rng, order: Op) -> Vec<Op> {
         2 => vec![Op::LanNet { fault: LanFault::AnswerLost }, order],
         _ => vec![Op::LanNet { fault: LanFault::Slow }, order],
     };
-    motif.extend([Op::Sync { answer_lost: true }, Op::ManualNewest { action: 3, to }]);
+    motif.push(Op::Sync { answer_lost: true });
+    // Now and then the agent is killed before it hears more: a new process reads its
+    // outbox again.
+    if r.chance(33) {
+        motif.push(Op::RestartAgent { agent: 0 });
+    }
+    motif.push(Op::ManualNewest { action: 3, to });
     // The steps of the printer the order moved to (`world::TRANSFER_TO`): a1, a2, c1, e1, w1.
     motif.extend(match to {
         0 | 1 => vec![

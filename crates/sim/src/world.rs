@@ -1011,6 +1011,7 @@ impl World {
         a.session = session;
         a.process.restart(&self.agent_rt)?;
         if agent == lan::LISTENER {
+            self.outbox = self.agents[agent].process.outbox();
             self.lan_process = self.lan_glue();
         }
         Ok(())

@@ -429,3 +429,17 @@ fn the_newest_order_moved_after_an_upload_whose_answer_was_lost_prints_once() {
         Op::ManualNewest { action: 3, to: 1 },
     ]);
 }
+
+/// As above, and the agent is killed after the upload whose answer was lost: the new
+/// process reads its outbox again and leaves the handed tickets with the broker.
+#[test]
+fn a_restart_after_an_upload_whose_answer_was_lost_leaves_the_order_with_the_broker() {
+    holds(&[
+        Op::Line { up: false },
+        Op::LanSubmit { target: 2, kind: 0 },
+        Op::Line { up: true },
+        Op::Sync { answer_lost: true },
+        Op::RestartAgent { agent: 0 },
+        Op::ManualNewest { action: 3, to: 3 },
+    ]);
+}

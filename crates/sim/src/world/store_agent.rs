@@ -76,13 +76,21 @@ impl Process {
 
     /// kill -9 and a new process: the journal's file stays and is read again (a write the
     /// old process had not finished is not in it: the kill only lands while the worker
-    /// waits for the printer, with no write of its own under way).
+    /// waits for the printer, with no write of its own under way), and so is the offline
+    /// outbox, whose opening settles what the old process left half done (tickets it had
+    /// handed to an upload whose answer it never heard).
     pub(super) fn restart(&mut self, rt: &Runtime) -> Result<(), Fail> {
         // The old writer has nothing queued; closing it lets the new process open the file
         // alone, as the next process after a kill does.
         let _ = rt.block_on(self.journal.close());
-        *self = Process::start(&self.dir.clone(), self.outbox.clone())?;
+        let outbox = Outbox::open(&self.dir).map_err(|e| engine_err("outbox", e))?;
+        *self = Process::start(&self.dir.clone(), outbox)?;
         Ok(())
+    }
+
+    /// The process's offline outbox (the LAN listener's is the world's).
+    pub(super) fn outbox(&self) -> Outbox {
+        self.outbox.clone()
     }
 }
 
