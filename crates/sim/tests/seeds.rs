@@ -17,7 +17,7 @@ fn threads() -> usize {
 #[test]
 fn fixed_seeds_keep_the_promise_on_sqlite() {
     let options = Options { backend: Backend::Sqlite, ..Options::default() };
-    let report = run_range(0, seeds(2_000), threads(), &options).expect("the simulation runs");
+    let report = run_range(0, seeds(3_000), threads(), &options).expect("the simulation runs");
     eprintln!("{report}");
     if let Some(f) = &report.failure {
         panic!("{f}");
@@ -35,7 +35,7 @@ fn fixed_seeds_keep_the_promise_on_postgres() {
     // A twentieth of the SQLite seeds: each schedule on several nodes renews leases and
     // syncs registries every simulated second, a few commits each on PostgreSQL, and this
     // test runs beside the SQLite one, which it should not outlast by much.
-    let report = run_range(1_000_000, seeds(2_000) / 20, threads(), &options).expect("the simulation runs");
+    let report = run_range(1_000_000, seeds(3_000) / 20, threads(), &options).expect("the simulation runs");
     eprintln!("{report}");
     if let Some(f) = &report.failure {
         panic!("{f}");
