@@ -187,13 +187,18 @@ impl Broker {
         );
         let directory = Arc::new(Directory::new(store.clone()));
         let intake_config = IntakeConfig { policies: policies.clone(), ..IntakeConfig::default() };
-        let intake = Intake::start(store.clone(), directory.clone(), Arc::new(StoreSignals::default()), intake_config)
-            .with_clock(clock.clone());
+        // One process's signals, shared by intake and the lanes as `onceprint serve` shares
+        // them. Nodes do not pass them to each other: the node link's notifications of new
+        // work are taken as lost, and a polled printer's lane found empty on one node is
+        // read again by the lanes' own safety net.
+        let signals = Arc::new(StoreSignals::default());
+        let intake =
+            Intake::start(store.clone(), directory.clone(), signals.clone(), intake_config).with_clock(clock.clone());
         let shared = Shared {
             store: store.clone(),
             directory,
             gate: intake.gate().clone(),
-            signals: Arc::new(StoreSignals::default()),
+            signals,
             policies: policies.clone(),
         };
         let offline = onceprint_engine::Offline::new(
