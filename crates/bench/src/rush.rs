@@ -10,8 +10,8 @@
 //! time per ticket, set through its simulator's control endpoint (`slow_ms`); with a
 //! range, each printer gets its own time from the range, spread evenly and interleaved
 //! over the kinds. Tickets are submitted at an even pace (`rate` a second for `seconds`),
-//! to printers drawn at random, a share of them sent again 1–4 times with the same
-//! idempotency key ([`crate::faults::schedule::submissions`], sent and retried by
+//! to the printers in turn (or drawn at random), a share of them sent again 1–4 times with
+//! the same idempotency key ([`crate::faults::schedule::submissions`], sent and retried by
 //! [`crate::faults::submit`]).
 //!
 //! Per ticket, from the submission's first send (`s`) and the paper log's time of its
@@ -72,6 +72,9 @@ pub struct RushOptions {
     pub print_ms: (u64, u64),
     /// Share of tickets whose submission is repeated 1–4 times with the same key.
     pub repeat_share: f64,
+    /// How tickets are spread over the printers: round robin (each printer one ticket
+    /// every `printers / rate` seconds, as a steady rush) or at random (bursts and queues).
+    pub spread: schedule::Spread,
     /// Submission connections.
     pub concurrency: usize,
     pub seed: u64,
@@ -91,6 +94,7 @@ impl RushOptions {
             seconds: 20.0,
             print_ms: (500, 500),
             repeat_share: 0.30,
+            spread: schedule::Spread::RoundRobin,
             concurrency: 32,
             seed: 1,
             rate_limits_off: false,
@@ -137,6 +141,8 @@ pub struct RushReport {
     pub machine: String,
     pub printers: String,
     pub rate_limits: String,
+    /// `round robin` or `random`.
+    pub spread: String,
     pub rate: f64,
     pub seconds: f64,
     pub print_ms: (u64, u64),
@@ -168,13 +174,14 @@ impl RushReport {
         let _ = writeln!(s, "bench rush ({}, {})", self.backend, self.machine);
         let _ = writeln!(
             s,
-            "printers: {}; print time {}–{} ms; {} tickets at {}/s over {} s, {} submissions; broker rate limits: {}",
+            "printers: {}; print time {}–{} ms; {} tickets at {}/s over {} s ({}), {} submissions; broker rate limits: {}",
             self.printers,
             self.print_ms.0,
             self.print_ms.1,
             self.tasks,
             self.rate,
             self.seconds,
+            self.spread,
             self.requests,
             self.rate_limits
         );
@@ -400,7 +407,8 @@ async fn drive(
     running.agent = Some(agent);
 
     let window_ms = (opts.seconds * 1000.0).round() as u64;
-    let subs = Arc::new(schedule::submissions(tasks, all, opts.repeat_share, window_ms, opts.seed, None));
+    let subs =
+        Arc::new(schedule::submissions_spread(tasks, all, opts.repeat_share, window_ms, opts.seed, None, opts.spread));
     let t0 = Instant::now();
     let t0_unix_us = unix_now_us();
     let deadline = t0 + Duration::from_millis(window_ms) + DRAIN_TIMEOUT;
@@ -492,6 +500,10 @@ async fn drive(
         machine: machine_line(),
         printers: fleet::describe(opts.printers, opts.fleet),
         rate_limits: if opts.rate_limits_off { "off".into() } else { "default".into() },
+        spread: match opts.spread {
+            schedule::Spread::RoundRobin => "round robin".into(),
+            schedule::Spread::Random => "random".into(),
+        },
         rate: opts.rate,
         seconds: opts.seconds,
         print_ms: opts.print_ms,

@@ -448,6 +448,11 @@ enum BenchCommand {
         /// Share of tickets whose submission is repeated 1–4 times with the same key.
         #[arg(long, default_value_t = 0.30)]
         retries: f64,
+        /// Send each ticket to a printer drawn at random (bursts and queues behind busy
+        /// printers) instead of to the printers in turn (each printer one ticket every
+        /// PRINTERS / RATE seconds).
+        #[arg(long)]
+        random_printers: bool,
         /// Submission connections (keep-alive; 429 and 5xx answers are retried).
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
@@ -868,6 +873,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             seconds,
             print_ms,
             retries,
+            random_printers,
             concurrency,
             seed,
             rate_limits_off,
@@ -886,6 +892,11 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 seconds,
                 print_ms,
                 repeat_share: retries,
+                spread: if random_printers {
+                    onceprint_bench::faults::schedule::Spread::Random
+                } else {
+                    onceprint_bench::faults::schedule::Spread::RoundRobin
+                },
                 concurrency,
                 seed,
                 rate_limits_off,
