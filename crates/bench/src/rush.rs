@@ -151,6 +151,9 @@ pub struct RushReport {
     pub requests: usize,
     /// Submission attempts answered 429 (the submitters retried them).
     pub submissions_429: usize,
+    /// The broker's answer to each ticket's first submission, ms: the intake part of the
+    /// broker's share (a ticket can be handed out once its task is committed).
+    pub answer_ms: Percentiles,
     pub transports: Vec<TransportFigures>,
     pub refusals: Refusals,
     pub broker_peak_rss_mib: Option<f64>,
@@ -213,6 +216,11 @@ impl RushReport {
                 t.added_ms.p99
             );
         }
+        let _ = writeln!(
+            s,
+            "submission answered (first send, 201): p50 {:.1} / p95 {:.1} / p99 {:.1} ms",
+            self.answer_ms.p50, self.answer_ms.p95, self.answer_ms.p99
+        );
         let r = &self.refusals;
         let _ = writeln!(
             s,
@@ -451,9 +459,13 @@ async fn drive(
 
     // First send of each ticket, in µs since the epoch.
     let mut sent_us = vec![i64::MAX; tasks];
+    let mut answers = Vec::with_capacity(tasks);
     for (req, outcome) in subs.plan.requests.iter().zip(&run.outcomes) {
         if let Some(s) = sent_us.get_mut(req.key as usize) {
             *s = (*s).min(t0_unix_us + outcome.start_us as i64);
+        }
+        if !req.repeat && outcome.status == 201 {
+            answers.push(outcome.end_us.saturating_sub(outcome.start_us));
         }
     }
     // Each printer's tickets in the order they came out.
@@ -510,6 +522,7 @@ async fn drive(
         tasks,
         requests: run.total_attempts() as usize,
         submissions_429: run.failed_attempts.iter().filter(|a| a.status == 429).count(),
+        answer_ms: Percentiles::from_micros(answers),
         transports,
         refusals,
         broker_peak_rss_mib: mib(broker_stats),
