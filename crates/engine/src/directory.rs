@@ -1,7 +1,7 @@
 //! A read-through cache of the set-up objects that every request needs: tenants by API
 //! key hash, agent identities by token hash, printer logins by password hash and (for
-//! HTTP Digest) by user name, printers (with their transport parsed once, here) and
-//! stations.
+//! HTTP Digest) by user name, printers (with their transport parsed once, here),
+//! stations, and each store's count of agent printers (its agent's rate budget).
 //!
 //! Entries are forgotten when this process changes the object (set-up calls
 //! [`Directory::forget_printer`] and friends after the change is durable), when another
