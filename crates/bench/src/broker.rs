@@ -33,6 +33,9 @@ pub struct Launch {
     pub config: Option<PathBuf>,
     /// More `serve` flags (they win over the environment and the TOML file).
     pub extra_args: Vec<String>,
+    /// Keep the broker's default rate limits (per tenant, per store agent), as a shop
+    /// runs it; otherwise they are off (a bench measuring what the broker can do).
+    pub default_rate_limits: bool,
 }
 
 pub struct Broker {
@@ -55,6 +58,7 @@ impl Broker {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             config: None,
             extra_args: Vec::new(),
+            default_rate_limits: false,
         })
         .await
     }
@@ -75,11 +79,15 @@ impl Broker {
             command.arg("--config").arg(config);
         }
         command.args(&launch.extra_args);
+        if launch.default_rate_limits {
+            // A figure a shop sees is measured with the limits a shop has.
+            command.env_remove("ONCEPRINT_TENANT_RATE_LIMIT").env_remove("ONCEPRINT_AGENT_RATE_LIMIT");
+        } else {
+            // Benchmarks that measure what the broker can do turn its rate limits off,
+            // unless they set them with `extra_args` (the fairness bench does).
+            command.env("ONCEPRINT_TENANT_RATE_LIMIT", "0").env("ONCEPRINT_AGENT_RATE_LIMIT", "0");
+        }
         command
-            // Benchmarks measure what the broker can do, so its rate limits are off unless
-            // a bench sets them with `extra_args` (the fairness bench does).
-            .env("ONCEPRINT_TENANT_RATE_LIMIT", "0")
-            .env("ONCEPRINT_AGENT_RATE_LIMIT", "0")
             // Keep the broker's log quiet: logging every request would measure the logger.
             // `ONCEPRINT_BENCH_CHILD_LOG` overrides it, as for the other children.
             .env("RUST_LOG", std::env::var("ONCEPRINT_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()))

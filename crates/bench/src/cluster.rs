@@ -53,6 +53,7 @@ pub fn node_launch(
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         config: config.map(Path::to_path_buf),
         extra_args: extra_args.to_vec(),
+        default_rate_limits: false,
     })
 }
 

@@ -129,6 +129,7 @@ pub async fn run_demo(options: &DemoOptions, mut say: impl FnMut(&str)) -> Resul
         listen: SocketAddr::from(([127, 0, 0, 1], options.port)),
         config: None,
         extra_args: Vec::new(),
+        default_rate_limits: false,
     };
     let broker = Broker::launch(&launch).await?;
     let base = broker.addr;

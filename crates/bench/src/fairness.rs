@@ -182,6 +182,7 @@ async fn run_on(
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         config: None,
         extra_args: vec!["--tenant-rate-limit".into(), limit.clone(), "--tenant-rate-burst".into(), limit],
+        default_rate_limits: false,
     })
     .await?;
     let addr = broker.addr;

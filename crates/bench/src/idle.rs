@@ -231,6 +231,7 @@ async fn run_on(opts: &IdleOptions, backend: &'static str, url: &str, dir: &Path
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         config: None,
         extra_args: opts.broker_args.clone(),
+        default_rate_limits: false,
     })
     .await?;
     let result = drive(opts, &broker, &admin).await;

@@ -52,6 +52,7 @@ pub mod polls;
 pub mod preload;
 mod procs;
 mod report;
+pub mod rush;
 mod setup;
 mod sim;
 mod verify;
@@ -76,6 +77,7 @@ pub use plan::{body_for, build_plan, Plan, PlannedRequest, RECENT_WINDOW};
 pub use polls::{run_polls, PollsOptions, PollsReport};
 pub use preload::{PreloadOptions, PreloadReport};
 pub use report::{percentile, LatencyReport, Percentiles, SubmitReport};
+pub use rush::{run_rush, RushOptions, RushReport};
 pub use wakeup::{run_wakeup, WakeupOptions, WakeupReport};
 
 /// The store every bench task goes to.

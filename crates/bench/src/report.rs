@@ -12,6 +12,7 @@ pub struct Percentiles {
     pub count: usize,
     pub p50: f64,
     pub p90: f64,
+    pub p95: f64,
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
@@ -26,11 +27,50 @@ impl Percentiles {
             count: us.len(),
             p50: ms(0.50),
             p90: ms(0.90),
+            p95: ms(0.95),
             p99: ms(0.99),
             p999: ms(0.999),
             max: us.last().copied().unwrap_or(0) as f64 / 1000.0,
         }
     }
+}
+
+/// A route and answer status of the broker's request histogram in `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RouteStatus {
+    pub route: String,
+    pub status: String,
+}
+
+/// Requests and seconds per route and status (methods summed) from the text of the
+/// broker's `/metrics` (`onceprint_http_request_duration_seconds_count` and `_sum`).
+pub fn request_counts(text: &str) -> std::collections::BTreeMap<RouteStatus, (u64, f64)> {
+    let mut out = std::collections::BTreeMap::<RouteStatus, (u64, f64)>::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        let (labels, is_count) = if let Some(l) = name.strip_prefix("onceprint_http_request_duration_seconds_count{") {
+            (l, true)
+        } else if let Some(l) = name.strip_prefix("onceprint_http_request_duration_seconds_sum{") {
+            (l, false)
+        } else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .trim_end_matches('}')
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix("=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let entry = out.entry(RouteStatus { route: label("route"), status: label("status") }).or_default();
+        if is_count {
+            entry.0 += value.trim().parse::<u64>().unwrap_or(0);
+        } else {
+            entry.1 += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    out
 }
 
 /// Nearest-rank percentile of an ascending slice: the smallest value with at least

@@ -98,6 +98,7 @@ fn launch(opts: &WakeupOptions, url: &str, admin: &str, log: PathBuf, extra: &[&
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         config: None,
         extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
+        default_rate_limits: false,
     }
 }
 

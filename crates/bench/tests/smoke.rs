@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onceprint_bench::{
-    offline::Edges, run_e2e, run_idle, run_offline, run_submit, E2eOptions, IdleOptions, OfflineOptions, SubmitOptions,
+    offline::Edges, run_e2e, run_idle, run_offline, run_rush, run_submit, E2eOptions, IdleOptions, OfflineOptions,
+    RushOptions, SubmitOptions,
 };
 
 fn broker_exe() -> Option<PathBuf> {
@@ -267,4 +268,24 @@ async fn offline_smoke_postgres() {
     let report = run_offline(OfflineOptions { database: Some(url), ..small_offline(exe) }).await.expect("bench run");
     assert_eq!(report.backend, "postgres");
     check_offline(&report);
+}
+
+/// A small rush through a broker with its default rate limits: every ticket on paper
+/// once, each measured, the printers' set speed reported as their own time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rush_smoke_sqlite() {
+    let Some(exe) = delivery_exe() else { return };
+    let opts = RushOptions { printers: 6, rate: 20.0, seconds: 2.0, print_ms: (50, 150), ..RushOptions::new(exe) };
+    let report = run_rush(opts).await.expect("bench run");
+    println!("{}", report.render_text());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.rate_limits, "default");
+    assert_eq!(report.transports.len(), 1, "{:?}", report.transports);
+    let escpos = &report.transports[0];
+    assert_eq!((escpos.transport.as_str(), escpos.printers, escpos.tickets), ("escpos", 6, report.tasks));
+    assert!(escpos.print_ms.p50 >= 50.0 && escpos.print_ms.max <= 150.0, "{escpos:?}");
+    assert!(report.requests > report.tasks, "the repeats were sent");
+    assert!(report.refusals.agent_polls > 0, "{:?}", report.refusals);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["tasks"], report.tasks);
 }

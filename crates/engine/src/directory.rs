@@ -1,7 +1,7 @@
 //! A read-through cache of the set-up objects that every request needs: tenants by API
 //! key hash, agent identities by token hash, printer logins by password hash and (for
-//! HTTP Digest) by user name, printers (with their transport parsed once, here) and
-//! stations.
+//! HTTP Digest) by user name, printers (with their transport parsed once, here),
+//! stations, and each store's count of agent printers (its agent's rate budget).
 //!
 //! Entries are forgotten when this process changes the object (set-up calls
 //! [`Directory::forget_printer`] and friends after the change is durable), when another
@@ -10,8 +10,8 @@
 //! after a short time to live. Misses always ask the database, so an object created
 //! elsewhere is found on first use.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use onceprint_store::{
@@ -79,6 +79,31 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
     }
 }
 
+/// Reads how many enabled agent printers the store `k` has and keeps the count.
+async fn count_agent_printers(
+    store: &dyn Store,
+    counts: &Cache<(String, String), usize>,
+    k: &(String, String),
+) -> Option<usize> {
+    match store.list_printers(&k.0, Some(&k.1)).await {
+        Ok(printers) => {
+            let n = printers
+                .iter()
+                .filter(|p| p.enabled)
+                .filter(|p| matches!(TransportConfig::from_stored(&p.transport), Some(TransportConfig::Agent(_))))
+                .count();
+            counts.put(k.clone(), n);
+            Some(n)
+        }
+        // The count is only a budget: until a read succeeds the agent has the configured
+        // limit, and a later request reads again.
+        Err(e) => {
+            tracing::debug!(tenant_id = %k.0, store_id = %k.1, error = %e, "cannot count the store's agent printers");
+            None
+        }
+    }
+}
+
 /// The directory cache. Cheap to share behind an `Arc`.
 pub struct Directory {
     store: Arc<dyn Store>,
@@ -92,6 +117,11 @@ pub struct Directory {
     digest_logins: Cache<String, PrinterDigestLogin>,
     /// The agent holding each store's LAN listener (`None`: no agent does).
     lan_listeners: Cache<(String, String), Option<String>>,
+    /// How many enabled agent printers each store has: what its agent's rate budget grows
+    /// with. Read in the background (see [`Directory::agent_printer_count`]).
+    agent_printer_counts: Arc<Cache<(String, String), usize>>,
+    /// The stores whose count is being read now, so that a busy agent starts one read.
+    counting: Arc<Mutex<HashSet<(String, String)>>>,
     /// Where forgets for the other nodes go, once the cluster link is attached.
     outbox: OnceLock<Arc<Outbox>>,
 }
@@ -112,6 +142,8 @@ impl Directory {
             logins: Cache::new(),
             digest_logins: Cache::new(),
             lan_listeners: Cache::new(),
+            agent_printer_counts: Arc::new(Cache::new()),
+            counting: Arc::default(),
             outbox: OnceLock::new(),
         }
     }
@@ -237,6 +269,40 @@ impl Directory {
         Ok(holder)
     }
 
+    /// How many enabled agent printers the store has: what its agent's rate budget grows
+    /// with, looked at on every metered agent request. Only the first look at a store
+    /// waits for the database (a miss, like every directory miss); after that the count
+    /// comes from memory, and a stale one is read again in the background (needs a Tokio
+    /// runtime) while the previous count answers, so that a busy agent's requests never
+    /// wait for it. `None` when the database could not be read.
+    pub async fn agent_printer_count(&self, tenant_id: &str, store_id: &str) -> Option<usize> {
+        let k = (tenant_id.to_owned(), store_id.to_owned());
+        let known = match self.agent_printer_counts.map.read() {
+            Ok(m) => m.get(&k).map(|(at, n)| (at.elapsed() < self.ttl, *n)),
+            Err(_) => None,
+        };
+        match known {
+            Some((true, n)) => Some(n),
+            Some((false, n)) => {
+                self.recount_in_background(k);
+                Some(n)
+            }
+            None => count_agent_printers(self.store.as_ref(), &self.agent_printer_counts, &k).await,
+        }
+    }
+
+    fn recount_in_background(&self, k: (String, String)) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if !self.counting.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone()) {
+            return;
+        }
+        let (store, counts, counting) = (self.store.clone(), self.agent_printer_counts.clone(), self.counting.clone());
+        runtime.spawn(async move {
+            count_agent_printers(store.as_ref(), &counts, &k).await;
+            counting.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+        });
+    }
+
     /// After a store's LAN listener was taken or freed: the next look reads it again, on
     /// every node (the others forget all they hold of the tenant).
     pub fn forget_lan_listener(&self, tenant_id: &str, store_id: &str) {
@@ -252,6 +318,9 @@ impl Directory {
 
     pub(crate) fn forget_printer_here(&self, tenant_id: &str, printer_id: &str) {
         self.printers.forget(&(tenant_id.to_owned(), printer_id.to_owned()));
+        // A printer added, moved or disabled changes its store's count: the next agent
+        // request of the tenant's stores reads it again.
+        self.agent_printer_counts.forget_where(|(t, _), _| t == tenant_id);
         // A rotated login must stop working on this node at once.
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
         self.digest_logins.forget_where(|_, l| l.tenant_id == tenant_id && l.printer_id == printer_id);
@@ -293,6 +362,7 @@ impl Directory {
         self.logins.forget_where(|_, l| l.tenant_id == tenant_id);
         self.digest_logins.forget_where(|_, l| l.tenant_id == tenant_id);
         self.lan_listeners.forget_where(|(t, _), _| t == tenant_id);
+        self.agent_printer_counts.forget_where(|(t, _), _| t == tenant_id);
     }
 
     /// Forgets every entry of this process (forgets from other nodes may have been lost).
@@ -304,5 +374,6 @@ impl Directory {
         self.logins.clear();
         self.digest_logins.clear();
         self.lan_listeners.clear();
+        self.agent_printer_counts.clear();
     }
 }

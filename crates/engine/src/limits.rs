@@ -25,6 +25,18 @@ impl RateLimit {
     pub fn new(per_second: f64, burst: f64) -> RateLimit {
         RateLimit { per_second: per_second.max(0.001), burst: burst.max(1.0) }
     }
+
+    /// This limit raised to at least `per_unit` × `units` a second, the burst raised in the
+    /// same proportion: the budget of a caller whose honest traffic grows with what it
+    /// serves (a store agent with its printers). Never below this limit.
+    pub fn at_least_per_unit(self, per_unit: f64, units: usize) -> RateLimit {
+        let wanted = per_unit.max(0.0) * units as f64;
+        if !wanted.is_finite() || wanted <= self.per_second {
+            return self;
+        }
+        let factor = wanted / self.per_second;
+        RateLimit { per_second: wanted, burst: self.burst * factor }
+    }
 }
 
 /// The caller is over its limit; a token is back after this many whole seconds (≥ 1).
@@ -37,6 +49,9 @@ pub struct Limited {
 struct Bucket {
     tokens: f64,
     at: Millis,
+    /// The limit the caller had at its last request (a caller's limit may change, e.g.
+    /// with the printers its store has), so that a trim judges "full" by its own burst.
+    limit: RateLimit,
 }
 
 /// Buckets are spread over shards so that callers on different cores rarely wait for the
@@ -80,21 +95,32 @@ impl RateLimiter {
 
     /// Takes one token from `key`'s bucket at time `now`.
     pub fn check(&self, key: &str, now: Millis) -> Result<(), Limited> {
+        self.check_with(key, now, self.limit)
+    }
+
+    /// Takes one token from `key`'s bucket at time `now`, the bucket filling at `limit`
+    /// (this caller's own limit, see [`RateLimit::at_least_per_unit`]) rather than the
+    /// limiter's. A bucket whose limit grows gains the extra burst at once; one whose limit
+    /// shrinks keeps no more than the new burst.
+    pub fn check_with(&self, key: &str, now: Millis, limit: RateLimit) -> Result<(), Limited> {
         let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
         if shard.len() > SHARD_TRIM_AT {
-            let limit = self.limit;
             shard.retain(|_, b| {
-                Self::refill(limit, b, now);
-                b.tokens < limit.burst
+                Self::refill(b.limit, b, now);
+                b.tokens < b.limit.burst
             });
         }
-        let bucket = shard.entry(key.to_owned()).or_insert(Bucket { tokens: self.limit.burst, at: now });
-        Self::refill(self.limit, bucket, now);
+        let bucket = shard.entry(key.to_owned()).or_insert(Bucket { tokens: limit.burst, at: now, limit });
+        Self::refill(bucket.limit, bucket, now);
+        // A raised limit gives its extra burst at once (the caller was judged by the
+        // smaller one until now); a lowered one keeps no more than its burst.
+        bucket.tokens = (bucket.tokens + (limit.burst - bucket.limit.burst).max(0.0)).min(limit.burst);
+        bucket.limit = limit;
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
             Ok(())
         } else {
-            let wait = (1.0 - bucket.tokens) / self.limit.per_second;
+            let wait = (1.0 - bucket.tokens) / limit.per_second;
             Err(Limited { retry_after_secs: (wait.ceil() as u64).max(1) })
         }
     }
@@ -139,6 +165,28 @@ mod tests {
         assert!(l.check("t", 0).is_err());
         assert!(l.check("t", 10_500).is_err());
         assert_eq!(l.check("t", 11_000), Ok(()));
+    }
+
+    #[test]
+    fn a_caller_with_a_larger_budget_is_refused_later() {
+        let base = RateLimit::new(10.0, 20.0);
+        assert_eq!(base.at_least_per_unit(4.0, 2), base, "a small store keeps the configured limit");
+        let big = base.at_least_per_unit(4.0, 60);
+        assert_eq!(big, RateLimit { per_second: 240.0, burst: 480.0 });
+        let l = RateLimiter::new(base);
+        let taken = (0..1000).take_while(|_| l.check_with("big", 0, big).is_ok()).count();
+        assert_eq!(taken, 480);
+        let taken = (0..1000).take_while(|_| l.check("small", 0).is_ok()).count();
+        assert_eq!(taken, 20);
+        // 100 ms later the larger budget has 24 tokens back.
+        let taken = (0..1000).take_while(|_| l.check_with("big", 100, big).is_ok()).count();
+        assert_eq!(taken, 24);
+        // Shrunk back (printers removed): no more than the smaller burst, at its rate.
+        let taken = (0..1000).take_while(|_| l.check_with("big", 1_000_000, base).is_ok()).count();
+        assert_eq!(taken, 20);
+        // Raised (printers added) while empty: the extra burst at once.
+        let taken = (0..1000).take_while(|_| l.check_with("big", 1_000_000, big).is_ok()).count();
+        assert_eq!(taken, 460);
     }
 
     #[test]

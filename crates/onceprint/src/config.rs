@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// Requests one agent may make at once above its rate (default 2 × the rate).
     #[arg(long, env = "ONCEPRINT_AGENT_RATE_BURST", value_name = "REQUESTS")]
     pub agent_rate_burst: Option<f64>,
+    /// Requests per second each enabled agent printer of a store adds to its agent's rate
+    /// limit, where that comes to more than --agent-rate-limit (default 4; the burst grows
+    /// in proportion; 0: the agent has --agent-rate-limit whatever it drives).
+    #[arg(long, env = "ONCEPRINT_AGENT_RATE_PER_PRINTER", value_name = "PER_SECOND")]
+    pub agent_rate_per_printer: Option<f64>,
     /// Finished tasks (printed, transferred, cancelled, closed) whose last change is more
     /// than this many days old are pruned: content and audit trail deleted, a tombstone
     /// and the ledger kept (default 90; 0 keeps every task for ever).
@@ -275,6 +280,7 @@ pub struct FileConfig {
     pub tenant_rate_burst: Option<f64>,
     pub agent_rate_limit: Option<f64>,
     pub agent_rate_burst: Option<f64>,
+    pub agent_rate_per_printer: Option<f64>,
     /// See `serve --retention-days`.
     pub retention_days: Option<u32>,
     /// Seconds between two retention runs (default 3600; the first run starts after at
@@ -472,6 +478,16 @@ pub fn resolve(args: ServeArgs) -> anyhow::Result<Resolved> {
                 args.agent_rate_burst.or(file.agent_rate_burst),
                 100.0,
             )?,
+            agent_rate_per_printer: {
+                let per_printer = args
+                    .agent_rate_per_printer
+                    .or(file.agent_rate_per_printer)
+                    .unwrap_or(onceprint_server::DEFAULT_AGENT_RATE_PER_PRINTER);
+                if !per_printer.is_finite() || per_printer < 0.0 {
+                    anyhow::bail!("agent_rate_per_printer: must be a number of requests per second, 0 or more");
+                }
+                per_printer
+            },
             alerts: Default::default(),
             polled: {
                 let p = onceprint_engine::transport::polled::PolledConfig::default();

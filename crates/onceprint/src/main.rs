@@ -411,6 +411,66 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Time to paper under a lunch rush, with the broker's default settings (rate limits
+    /// on): one store agent with ESC/POS printers (and optionally printers that call the
+    /// broker), each printing at a set speed; tickets at an even rate, a share sent again
+    /// with the same key. Reports submission → paper p50/p95/p99 per transport, the
+    /// printers' own time, the time queued behind a printer's previous ticket, and the
+    /// broker and agent's share (docs/BENCHMARKS.md, "Time to paper under a rush"), with
+    /// the 429s the broker gave. Exits non-zero when a ticket is lost or printed twice.
+    Rush {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        /// The store agent's ESC/POS printers (one simulator).
+        #[arg(long, default_value_t = 60)]
+        printers: usize,
+        /// Also this many Star CloudPRNT printers polling the broker (one simulator each).
+        #[arg(long, default_value_t = 0)]
+        cloudprnt: usize,
+        /// Also this many Epson Server Direct Print printers polling the broker.
+        #[arg(long, default_value_t = 0)]
+        epson: usize,
+        /// Also this many MQTT devices (onceprint protocol) on a Mosquitto the run starts.
+        #[arg(long, default_value_t = 0)]
+        mqtt: usize,
+        /// Tickets a second (first submissions; the repeats come on top).
+        #[arg(long, default_value_t = 75.0)]
+        rate: f64,
+        /// Tickets are submitted over this many seconds.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// Each printer's own time per ticket in ms: one value, or LOW-HIGH to give each
+        /// printer its own time from that range.
+        #[arg(long, default_value = "500", value_parser = parse_ms_range)]
+        print_ms: (u64, u64),
+        /// Share of tickets whose submission is repeated 1–4 times with the same key.
+        #[arg(long, default_value_t = 0.30)]
+        retries: f64,
+        /// Send each ticket to a printer drawn at random (bursts and queues behind busy
+        /// printers) instead of to the printers in turn (each printer one ticket every
+        /// PRINTERS / RATE seconds).
+        #[arg(long)]
+        random_printers: bool,
+        /// Submission connections (keep-alive; 429 and 5xx answers are retried).
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Seed of the submission plan.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Start the broker with its rate limits off (what it can do, not what a shop
+        /// sees); the report says so.
+        #[arg(long)]
+        rate_limits_off: bool,
+        /// The onceprint executable whose broker, agent and printer simulators run
+        /// (default: this one), to measure an earlier build with the same bench.
+        #[arg(long)]
+        exe: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// A shop whose internet line keeps dropping. Broker,
     /// store agent with its LAN listener (reaching the broker through a proxy the run cuts
     /// and restores) and simulated printers as processes; orders submitted to the cloud,
@@ -803,6 +863,48 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())
         }
+        BenchCommand::Rush {
+            database,
+            printers,
+            cloudprnt,
+            epson,
+            mqtt,
+            rate,
+            seconds,
+            print_ms,
+            retries,
+            random_printers,
+            concurrency,
+            seed,
+            rate_limits_off,
+            exe,
+            json,
+        } => {
+            let exe = match exe {
+                Some(exe) => exe,
+                None => std::env::current_exe().context("cannot find this executable")?,
+            };
+            let report = onceprint_bench::run_rush(onceprint_bench::RushOptions {
+                database,
+                printers,
+                fleet: onceprint_bench::faults::fleet::Fleet { cloudprnt, epson, mqtt, mqtt_star: 0 },
+                rate,
+                seconds,
+                print_ms,
+                repeat_share: retries,
+                spread: if random_printers {
+                    onceprint_bench::faults::schedule::Spread::Random
+                } else {
+                    onceprint_bench::faults::schedule::Spread::RoundRobin
+                },
+                concurrency,
+                seed,
+                rate_limits_off,
+                ..onceprint_bench::RushOptions::new(exe)
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
         BenchCommand::Offline {
             database,
             tasks,
@@ -916,6 +1018,19 @@ fn no_transparent_huge_pages() {
 }
 
 /// Prints a benchmark report as JSON or text; a report with problems fails the command.
+/// `500` or `500-1500`: milliseconds, one value or a range.
+fn parse_ms_range(s: &str) -> Result<(u64, u64), String> {
+    let parse = |v: &str| v.trim().parse::<u64>().map_err(|_| format!("{v:?} is not a number of milliseconds"));
+    let (lo, hi) = match s.split_once('-') {
+        Some((lo, hi)) => (parse(lo)?, parse(hi)?),
+        None => (parse(s)?, parse(s)?),
+    };
+    if lo > hi {
+        return Err(format!("{s}: the range must go from low to high"));
+    }
+    Ok((lo, hi))
+}
+
 fn print_report(json: bool, report: &impl serde::Serialize, text: String, problems: usize) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(report)?);

@@ -357,7 +357,19 @@ impl<const METERED: bool> FromRequestParts<AppState> for AgentAuth<METERED> {
         };
         if let Some(limiter) = state.agent_limiter.as_ref().filter(|_| METERED) {
             let key = format!("{}/{}", agent.tenant_id, agent.store_id);
-            limiter.check(&key, onceprint_engine::clock::now_ms()).map_err(|l| {
+            // A busy agent's requests grow with the printers it drives, so its budget does
+            // too; the count comes from memory (after the store's first request).
+            let per_printer = state.config.agent_rate_per_printer;
+            let printers = if per_printer > 0.0 {
+                state.directory.agent_printer_count(&agent.tenant_id, &agent.store_id).await
+            } else {
+                None
+            };
+            let limit = match printers {
+                Some(n) => limiter.limit().at_least_per_unit(per_printer, n),
+                None => limiter.limit(),
+            };
+            limiter.check_with(&key, onceprint_engine::clock::now_ms(), limit).map_err(|l| {
                 ApiError::rate_limited(
                     l.retry_after_secs,
                     "too many requests from this store's agent: over its rate limit",

@@ -58,6 +58,12 @@ use onceprint_store::{Store, StoreError};
 
 pub use error::ApiError;
 
+/// The default requests per second each enabled agent printer adds to its store agent's
+/// rate budget: a printer printing back to back at four tickets a second, each fetched by
+/// a poll of its own, costs four polls a second (docs/CONFIGURATION.md,
+/// `--agent-rate-per-printer`).
+pub const DEFAULT_AGENT_RATE_PER_PRINTER: f64 = 4.0;
+
 /// Settings of the HTTP server.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
@@ -84,6 +90,10 @@ pub struct HttpConfig {
     /// Requests per store agent token (polls, acks, status reports); `None`: unlimited.
     /// The tenants' limit is `intake.tenant_rate`.
     pub agent_rate: Option<onceprint_engine::limits::RateLimit>,
+    /// Requests per second each enabled agent printer of a store adds to its agent's rate
+    /// budget, where that comes to more than `agent_rate` (the burst grows in proportion);
+    /// 0: the budget is `agent_rate` whatever the store drives.
+    pub agent_rate_per_printer: f64,
     /// Retention of finished tasks.
     pub retention: onceprint_engine::RetentionConfig,
     /// Tests of the real binary only: the retention job's clock runs this far ahead of the
@@ -130,6 +140,7 @@ impl Default for HttpConfig {
             operators: Default::default(),
             console: Default::default(),
             agent_rate: None,
+            agent_rate_per_printer: DEFAULT_AGENT_RATE_PER_PRINTER,
             tls: None,
             retention: Default::default(),
             retention_clock_offset_ms: 0,

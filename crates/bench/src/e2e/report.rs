@@ -76,20 +76,10 @@ impl AgentTraffic {
 /// Requests and seconds of one route in `/metrics`' request histogram, every method and
 /// status summed.
 fn route_totals(text: &str, route: &str) -> (u64, f64) {
-    let label = format!("{{route=\"{route}\",");
-    let (mut count, mut seconds) = (0u64, 0.0f64);
-    for line in text.lines() {
-        let Some((name, value)) = line.rsplit_once(' ') else { continue };
-        if !name.contains(&label) {
-            continue;
-        }
-        if name.starts_with("onceprint_http_request_duration_seconds_count{") {
-            count += value.trim().parse::<u64>().unwrap_or(0);
-        } else if name.starts_with("onceprint_http_request_duration_seconds_sum{") {
-            seconds += value.trim().parse::<f64>().unwrap_or(0.0);
-        }
-    }
-    (count, seconds)
+    crate::report::request_counts(text)
+        .into_iter()
+        .filter(|(k, _)| k.route == route)
+        .fold((0, 0.0), |(n, s), (_, (count, seconds))| (n + count, s + seconds))
 }
 
 /// The one broker's threads from the first submission to the end of the run (printing,

@@ -89,6 +89,30 @@ pub fn submissions(
     seed: u64,
     station: Option<usize>,
 ) -> Submissions {
+    submissions_spread(tasks, printers, repeat_share, window_ms, seed, station, Spread::Random)
+}
+
+/// How a plan's tasks are spread over the printers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// Each task to a printer drawn at random (seeded): printers get bursts and lulls.
+    Random,
+    /// Task `n` to printer `n mod printers`: each printer gets one task every
+    /// `printers` tasks, at an even pace.
+    RoundRobin,
+}
+
+/// [`submissions`] with the tasks spread over the printers as `spread` says; every
+/// other draw of the plan is the same either way.
+pub fn submissions_spread(
+    tasks: usize,
+    printers: usize,
+    repeat_share: f64,
+    window_ms: u64,
+    seed: u64,
+    station: Option<usize>,
+    spread: Spread,
+) -> Submissions {
     let mut rng = SplitMix64::new(seed ^ 0x5355_424D_4954);
     // (send time, order of drawing, request): the drawing order breaks ties, so a racing
     // repeat is queued right after its original and taken by the next free connection.
@@ -97,7 +121,11 @@ pub fn submissions(
     let mut print_type_of = Vec::with_capacity(tasks);
     for n in 0..tasks {
         let at = (n as u64 * window_ms) / tasks.max(1) as u64;
-        let printer = rng.below(printers);
+        let drawn = rng.below(printers);
+        let printer = match spread {
+            Spread::Random => drawn,
+            Spread::RoundRobin => n % printers.max(1),
+        };
         let print_type = weighted_print_type(&mut rng);
         // Drawn for every task, so that adding a station changes nothing else of the plan.
         let to_station = rng.next_f64() < STATION_SHARE;
@@ -350,6 +378,17 @@ pub fn broker_config_with<'a>(print_types: impl IntoIterator<Item = (&'a str, i3
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn round_robin_gives_each_printer_its_turn_and_changes_nothing_else() {
+        let random = submissions(1_000, 7, 0.3, 10_000, 7, None);
+        let even = submissions_spread(1_000, 7, 0.3, 10_000, 7, None, Spread::RoundRobin);
+        assert!((0..1_000).all(|n| even.printer_of[n] == n % 7));
+        assert_ne!(random.printer_of, even.printer_of);
+        let plan = |s: &Submissions| s.plan.requests.iter().map(|r| (r.key, r.repeat)).collect::<Vec<_>>();
+        assert_eq!(plan(&random), plan(&even));
+        assert_eq!(random.send_at_ms, even.send_at_ms);
+    }
 
     #[test]
     fn submissions_are_seeded_spread_and_repeat_identical_bodies() {

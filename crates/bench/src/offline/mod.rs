@@ -732,6 +732,7 @@ async fn run_on(opts: &OfflineOptions, database_url: &str, dir: &Path) -> Result
         listen: SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?)),
         config: Some(config),
         extra_args: Vec::new(),
+        default_rate_limits: false,
     };
     let launches = Launches { restart: Launch { config: Some(lowered), ..first.clone() }, first };
     let broker = Broker::launch(&launches.first).await?;
