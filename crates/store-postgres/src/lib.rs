@@ -939,16 +939,18 @@ impl Store for PostgresStore {
     }
 
     async fn silent_printers(&self, query: &SilenceQuery) -> StoreResult<Vec<Printer>> {
-        // The transport is JSON text, as on SQLite (see `printers_by_transport`).
+        // The transport is JSON text, as on SQLite (see `printers_by_transport`). The first
+        // term passes over a printer that keeps polling before its JSON is parsed.
         self.query(
             &format!(
-                "SELECT {PRINTER_COLUMNS} FROM printers WHERE transport::jsonb ->> 'kind' = $1 \
+                "SELECT {PRINTER_COLUMNS} FROM printers WHERE COALESCE(last_seen_at, created_at) < $5 \
+                 AND transport::jsonb ->> 'kind' = $1 \
                  AND CASE WHEN last_seen_at IS NULL THEN COALESCE(last_error, '') <> 'offline' ELSE online END \
                  AND COALESCE(last_seen_at, created_at) \
                      < $2 - 2 * COALESCE((transport::jsonb ->> 'poll_interval_s')::bigint * 1000, $3) - $4 \
                  ORDER BY tenant_id, id"
             ),
-            &[&query.kind, &query.now, &query.default_interval_ms, &query.grace_ms],
+            &[&query.kind, &query.now, &query.default_interval_ms, &query.grace_ms, &query.earliest_threshold()],
         )
         .await?
         .iter()

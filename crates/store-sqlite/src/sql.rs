@@ -1171,11 +1171,14 @@ pub fn touch_printers_seen(c: &Connection, seen: &[PrinterSeen]) -> StoreResult<
 }
 
 /// The silent printers of a polled transport: the comparison runs in the database, over
-/// the printers table, and only the rows past their threshold come back.
+/// the printers table, and only the rows past their threshold come back. The first term
+/// compares a column with the earliest threshold any printer can have, so the row of a
+/// printer that keeps polling is passed over before its transport's JSON is parsed.
 pub fn silent_printers(c: &Connection, q: &SilenceQuery) -> StoreResult<Vec<Printer>> {
     let mut s = c
         .prepare_cached(&format!(
-            "SELECT {PRINTER_COLS} FROM printers WHERE json_extract(transport, '$.kind') = ?1 \
+            "SELECT {PRINTER_COLS} FROM printers WHERE COALESCE(last_seen_at, created_at) < ?5 \
+             AND json_extract(transport, '$.kind') = ?1 \
              AND CASE WHEN last_seen_at IS NULL THEN COALESCE(last_error, '') <> 'offline' ELSE online = 1 END \
              AND COALESCE(last_seen_at, created_at) \
                  < ?2 - 2 * COALESCE(json_extract(transport, '$.poll_interval_s') * 1000, ?3) - ?4 \
@@ -1183,7 +1186,7 @@ pub fn silent_printers(c: &Connection, q: &SilenceQuery) -> StoreResult<Vec<Prin
         ))
         .map_err(backend_err)?;
     let rows = s
-        .query_map(params![q.kind, q.now, q.default_interval_ms, q.grace_ms], printer_from_row)
+        .query_map(params![q.kind, q.now, q.default_interval_ms, q.grace_ms, q.earliest_threshold()], printer_from_row)
         .map_err(backend_err)?;
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }

@@ -853,6 +853,15 @@ pub struct SilenceQuery {
     pub grace_ms: i64,
 }
 
+impl SilenceQuery {
+    /// The time before which a printer's last sign of life must lie for it to be silent
+    /// whatever its interval: poll intervals are whole seconds, at least one (a default
+    /// below that counts as it is).
+    pub fn earliest_threshold(&self) -> Millis {
+        self.now - 2 * self.default_interval_ms.min(1000) - self.grace_ms
+    }
+}
+
 /// Printer states (`last_error`) in which the printer's lane waits for the printer: it
 /// cannot print anything until a person or the network fixes it.
 pub const PAUSING_ERRORS: [&str; 4] = ["no_paper", "cover_open", "paper_jam", "offline"];
