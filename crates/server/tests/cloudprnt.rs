@@ -27,6 +27,8 @@ both_backends!(
     a_printer_that_stops_polling_goes_offline_and_its_fetched_job_to_a_person,
     the_simulated_printer_prints_every_task_once_through_its_faults,
     an_idle_printer_is_offered_new_work_at_its_very_next_poll,
+    an_idle_printer_keeps_its_last_seen_moving_and_stays_online,
+    an_idle_printer_that_stops_polling_is_shown_offline_and_back_at_its_next_poll,
 );
 
 /// A CloudPRNT printer played over HTTP.
@@ -814,4 +816,98 @@ async fn an_idle_printer_is_offered_new_work_at_its_very_next_poll(app: &TestApp
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let v = star.poll("200 OK", None, Some(false)).await;
     assert_eq!(v["jobReady"], true, "a reprint is offered at once: {v}");
+}
+
+/// `last_seen_at` of the printer as the API shows it, in milliseconds since the epoch.
+async fn last_seen_ms(app: &TestApp, key: &str, id: &str) -> Option<i128> {
+    let p = printer(app, key, id).await;
+    let text = p["last_seen_at"].as_str()?;
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).expect("RFC 3339");
+    Some(t.unix_timestamp_nanos() / 1_000_000)
+}
+
+/// A printer that keeps polling with nothing to print has only its `last_seen_at`
+/// refreshed, in batches: the time the API shows moves forward again and again, and the
+/// printer is never taken for offline meanwhile (its polls last three times its offline
+/// threshold here).
+async fn an_idle_printer_keeps_its_last_seen_moving_and_stays_online(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let star = Star::new(app, &key, "star", MAC).await;
+    assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+    let first = last_seen_ms(app, &key, "star").await.expect("seen at its first poll");
+    let mut last = first;
+    let mut moves = 0;
+    let start = Instant::now();
+    // 1 s interval: polled five times a second for 7 s, against an offline threshold of 2.3 s.
+    while start.elapsed() < Duration::from_secs(7) {
+        assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+        let p = printer(app, &key, "star").await;
+        assert_eq!((p["online"].as_bool(), p["last_error"].is_null()), (Some(true), true), "{p}");
+        let seen = last_seen_ms(app, &key, "star").await.expect("seen");
+        assert!(seen >= last, "last_seen_at never moves back: {seen} after {last}");
+        if seen > last {
+            moves += 1;
+            last = seen;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(moves >= 3, "last_seen_at moved {moves} times, from {first} to {last}");
+}
+
+/// A printer whose idle polls were refreshed in batches and that then stops polling is
+/// still found silent by the offline check: `online` false and `last_error` "offline" in
+/// the API, with its `printer.offline` alert; its next poll brings it back online.
+async fn an_idle_printer_that_stops_polling_is_shown_offline_and_back_at_its_next_poll(app: &TestApp) {
+    let key = app.tenant("acme").await;
+    let (url, got) = common::receiver(0).await;
+    let w = app
+        .post("/v1/webhooks", &key, json!({"id": "ops", "url": url, "secret": "a-long-enough-secret", "events": ["printer.offline", "printer.online"]}))
+        .await;
+    assert_eq!(w.status, StatusCode::CREATED, "{w:?}");
+    let star = Star::new(app, &key, "star", MAC).await;
+    // Idle long enough for several refreshes of `last_seen_at` alone.
+    let first = {
+        assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+        last_seen_ms(app, &key, "star").await.expect("seen")
+    };
+    let start = Instant::now();
+    while last_seen_ms(app, &key, "star").await.is_none_or(|s| s <= first) {
+        assert!(start.elapsed() < Duration::from_secs(10), "last_seen_at never refreshed");
+        assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(printer(app, &key, "star").await["online"], true);
+    // Silent from now on.
+    let start = Instant::now();
+    loop {
+        let p = printer(app, &key, "star").await;
+        if p["online"] == false {
+            assert_eq!(p["last_error"].as_str(), Some("offline"), "{p}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never marked offline: {p}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kinds = |got: &common::Received| -> Vec<String> {
+        got.lock()
+            .expect("lock")
+            .iter()
+            .filter_map(|(_, b)| serde_json::from_str::<Value>(b).ok())
+            .filter_map(|v| v["type"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let start = Instant::now();
+    while !kinds(&got).iter().any(|k| k == "printer.offline") {
+        assert!(start.elapsed() < Duration::from_secs(10), "alerts: {:?}", kinds(&got));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back: its next poll writes its health whole.
+    assert_eq!(star.poll("200 OK", None, Some(false)).await["jobReady"], false);
+    let p = printer(app, &key, "star").await;
+    assert_eq!((p["online"].as_bool(), p["last_error"].is_null()), (Some(true), true), "{p}");
+    let start = Instant::now();
+    while !kinds(&got).iter().any(|k| k == "printer.online") {
+        assert!(start.elapsed() < Duration::from_secs(10), "alerts: {:?}", kinds(&got));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

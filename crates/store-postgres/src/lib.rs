@@ -915,6 +915,49 @@ impl Store for PostgresStore {
         retention::tasks_and_tombstones_created_between(&mut client, tenant_id, store_id, from_id, to_id).await
     }
 
+    async fn touch_printers_seen(&self, seen: &[PrinterSeen]) -> StoreResult<Vec<(String, String)>> {
+        if seen.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tenants: Vec<&str> = seen.iter().map(|p| p.tenant_id.as_str()).collect();
+        let printers: Vec<&str> = seen.iter().map(|p| p.printer_id.as_str()).collect();
+        let at: Vec<onceprint_core::Millis> = seen.iter().map(|p| p.at).collect();
+        // One statement for the lot; the rows it touched come back, the others are the
+        // answer.
+        let touched = self
+            .query(
+                "UPDATE printers p SET last_seen_at = GREATEST(COALESCE(p.last_seen_at, u.at), u.at) \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(tenant_id, id, at) \
+                 WHERE p.tenant_id = u.tenant_id AND p.id = u.id AND p.online \
+                 RETURNING p.tenant_id, p.id",
+                &[&tenants, &printers, &at],
+            )
+            .await?;
+        let touched: std::collections::HashSet<(String, String)> =
+            touched.iter().map(|r| Ok((rows::col(r, 0)?, rows::col(r, 1)?))).collect::<StoreResult<_>>()?;
+        Ok(seen.iter().map(|p| (p.tenant_id.clone(), p.printer_id.clone())).filter(|k| !touched.contains(k)).collect())
+    }
+
+    async fn silent_printers(&self, query: &SilenceQuery) -> StoreResult<Vec<Printer>> {
+        // The transport is JSON text, as on SQLite (see `printers_by_transport`). The first
+        // term passes over a printer that keeps polling before its JSON is parsed.
+        self.query(
+            &format!(
+                "SELECT {PRINTER_COLUMNS} FROM printers WHERE COALESCE(last_seen_at, created_at) < $5 \
+                 AND transport::jsonb ->> 'kind' = $1 \
+                 AND CASE WHEN last_seen_at IS NULL THEN COALESCE(last_error, '') <> 'offline' ELSE online END \
+                 AND COALESCE(last_seen_at, created_at) \
+                     < $2 - 2 * COALESCE((transport::jsonb ->> 'poll_interval_s')::bigint * 1000, $3) - $4 \
+                 ORDER BY tenant_id, id"
+            ),
+            &[&query.kind, &query.now, &query.default_interval_ms, &query.grace_ms, &query.earliest_threshold()],
+        )
+        .await?
+        .iter()
+        .map(rows::printer)
+        .collect()
+    }
+
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
         if updates.is_empty() {
             return Ok(());

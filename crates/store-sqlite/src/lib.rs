@@ -880,6 +880,19 @@ impl Store for SqliteStore {
         self.write(move |c| sql::record_webhook_attempt(c, &a)).await
     }
 
+    async fn touch_printers_seen(&self, seen: &[PrinterSeen]) -> StoreResult<Vec<(String, String)>> {
+        if seen.is_empty() {
+            return Ok(Vec::new());
+        }
+        let seen = seen.to_vec();
+        self.write(move |c| sql::touch_printers_seen(c, &seen)).await
+    }
+
+    async fn silent_printers(&self, query: &SilenceQuery) -> StoreResult<Vec<Printer>> {
+        let q = query.clone();
+        self.read(move |c| sql::silent_printers(c, &q)).await
+    }
+
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()> {
         let updates = updates.to_vec();
         self.write(move |c| sql::update_printer_status(c, &updates)).await

@@ -1150,6 +1150,47 @@ pub fn printers_by_transport(c: &Connection, kind: &str) -> StoreResult<Vec<Prin
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
 }
 
+/// Each printer's `last_seen_at` moved forward, if the printer is online; the ones not
+/// touched are returned. One statement per printer by its key, in the caller's one
+/// writer job (one commit for the lot).
+pub fn touch_printers_seen(c: &Connection, seen: &[PrinterSeen]) -> StoreResult<Vec<(String, String)>> {
+    let mut s = c
+        .prepare_cached(
+            "UPDATE printers SET last_seen_at = MAX(COALESCE(last_seen_at, ?3), ?3) \
+             WHERE tenant_id = ?1 AND id = ?2 AND online = 1",
+        )
+        .map_err(backend_err)?;
+    let mut untouched = Vec::new();
+    for p in seen {
+        let n = s.execute(params![p.tenant_id, p.printer_id, p.at]).map_err(backend_err)?;
+        if n == 0 {
+            untouched.push((p.tenant_id.clone(), p.printer_id.clone()));
+        }
+    }
+    Ok(untouched)
+}
+
+/// The silent printers of a polled transport: the comparison runs in the database, over
+/// the printers table, and only the rows past their threshold come back. The first term
+/// compares a column with the earliest threshold any printer can have, so the row of a
+/// printer that keeps polling is passed over before its transport's JSON is parsed.
+pub fn silent_printers(c: &Connection, q: &SilenceQuery) -> StoreResult<Vec<Printer>> {
+    let mut s = c
+        .prepare_cached(&format!(
+            "SELECT {PRINTER_COLS} FROM printers WHERE COALESCE(last_seen_at, created_at) < ?5 \
+             AND json_extract(transport, '$.kind') = ?1 \
+             AND CASE WHEN last_seen_at IS NULL THEN COALESCE(last_error, '') <> 'offline' ELSE online = 1 END \
+             AND COALESCE(last_seen_at, created_at) \
+                 < ?2 - 2 * COALESCE(json_extract(transport, '$.poll_interval_s') * 1000, ?3) - ?4 \
+             ORDER BY tenant_id, id"
+        ))
+        .map_err(backend_err)?;
+    let rows = s
+        .query_map(params![q.kind, q.now, q.default_interval_ms, q.grace_ms, q.earliest_threshold()], printer_from_row)
+        .map_err(backend_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)
+}
+
 pub fn printers_with_id(c: &Connection, id: &str) -> StoreResult<Vec<Printer>> {
     let mut s = c
         .prepare_cached(&format!("SELECT {PRINTER_COLS} FROM printers WHERE id = ?1 ORDER BY tenant_id"))

@@ -49,6 +49,7 @@ macro_rules! conformance_tests {
             the_may_have_printed_mark_stays,
             manual_changes_apply_whole_or_not_at_all, one_task_in_flight_per_printer,
             batches_apply_as_one_change_after_the_other, due_tasks_use_the_deadline, printer_status_is_recorded,
+            last_seen_refreshes_touch_only_last_seen_of_online_printers, silent_polled_printers_are_found_by_their_interval,
             a_paused_printer_alerts_once_and_its_report_of_ready_resumes_the_lane, refusals_are_counted,
             the_waiting_tickets_of_paused_printers_are_found_in_lane_order,
             cancel_refunds_exactly_once, reprints_hang_on_the_original, transfer_links_the_successor,
@@ -1337,6 +1338,105 @@ pub async fn printer_status_is_recorded(s: Arc<dyn Store>) {
     .unwrap();
     let p = s.get_printer("acme", "p1").await.unwrap().unwrap();
     assert_eq!((p.online, p.last_seen_at, p.last_error), (false, Some(NOW + 2), None));
+}
+
+/// A batch of refreshes moves `last_seen_at` forward and nothing else: `last_error` set
+/// meanwhile stays, an older time does not move it back, an offline printer keeps the
+/// time it went silent and is answered as not touched, like a printer that does not
+/// exist.
+pub async fn last_seen_refreshes_touch_only_last_seen_of_online_printers(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    second_printer(&s).await;
+    let report = |printer: &str, online: bool, error: Option<&str>, now: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: printer.into(),
+        online,
+        last_error: error.map(str::to_owned),
+        now,
+        event_id: format!("evt-{printer}-{now}"),
+    };
+    s.update_printer_status(&[
+        report("p1", true, Some("no_paper"), NOW + 10),
+        report("p2", false, Some("offline"), NOW + 10),
+    ])
+    .await
+    .unwrap();
+    let seen = |printer: &str, at: i64| PrinterSeen { tenant_id: "acme".into(), printer_id: printer.into(), at };
+    let untouched =
+        s.touch_printers_seen(&[seen("p1", NOW + 20), seen("p2", NOW + 20), seen("nobody", NOW + 20)]).await.unwrap();
+    let mut untouched = untouched;
+    untouched.sort();
+    assert_eq!(untouched, vec![("acme".to_string(), "nobody".to_string()), ("acme".to_string(), "p2".to_string())]);
+    let p1 = s.get_printer("acme", "p1").await.unwrap().unwrap();
+    assert_eq!((p1.online, p1.last_seen_at, p1.last_error.as_deref()), (true, Some(NOW + 20), Some("no_paper")));
+    assert_eq!(p1.paused_since, Some(NOW + 10), "the pause began with the report, not with the refresh");
+    let p2 = s.get_printer("acme", "p2").await.unwrap().unwrap();
+    assert_eq!((p2.online, p2.last_seen_at, p2.last_error.as_deref()), (false, Some(NOW + 10), Some("offline")));
+    // A refresh older than what the row holds leaves it.
+    assert!(s.touch_printers_seen(&[seen("p1", NOW + 15)]).await.unwrap().is_empty());
+    assert_eq!(s.get_printer("acme", "p1").await.unwrap().unwrap().last_seen_at, Some(NOW + 20));
+    assert!(s.touch_printers_seen(&[]).await.unwrap().is_empty());
+}
+
+/// The offline check's question, answered by the database: printers of one transport
+/// held online (or never seen and not judged) whose last sign of life is past 2 × their
+/// own poll interval (or the default) + the grace. Other transports and other printers
+/// are not returned.
+pub async fn silent_polled_printers_are_found_by_their_interval(s: Arc<dyn Store>) {
+    tenant(&s, "acme").await;
+    let printer = |id: &str, transport: &str| NewPrinter {
+        tenant_id: "acme".into(),
+        id: id.into(),
+        store_id: "s1".into(),
+        name: id.into(),
+        transport: transport.into(),
+        credential: None,
+        now: NOW,
+        audit: SetupAudit::default(),
+    };
+    // fast: 1 s interval, threshold 2 s + 1 s grace; slow: the default 10 s, threshold 21 s.
+    s.create_printer(printer("fast", r#"{"kind":"cloudprnt","poll_interval_s":1}"#)).await.unwrap();
+    s.create_printer(printer("slow", r#"{"kind":"cloudprnt"}"#)).await.unwrap();
+    s.create_printer(printer("gone", r#"{"kind":"cloudprnt","poll_interval_s":1}"#)).await.unwrap();
+    s.create_printer(printer("epson", r#"{"kind":"epson_sdp","poll_interval_s":1}"#)).await.unwrap();
+    let report = |printer: &str, online: bool, error: Option<&str>, now: i64| PrinterStatusUpdate {
+        tenant_id: "acme".into(),
+        printer_id: printer.into(),
+        online,
+        last_error: error.map(str::to_owned),
+        now,
+        event_id: format!("evt-{printer}-{now}"),
+    };
+    s.update_printer_status(&[
+        report("fast", true, None, NOW + 1_000),
+        report("slow", true, None, NOW + 1_000),
+        report("gone", false, Some("offline"), NOW + 1_000),
+        report("epson", true, None, NOW + 1_000),
+    ])
+    .await
+    .unwrap();
+    let query = |now: i64| SilenceQuery { kind: "cloudprnt".into(), now, default_interval_ms: 10_000, grace_ms: 1_000 };
+    let ids = |found: Vec<Printer>| found.into_iter().map(|p| p.id).collect::<Vec<_>>();
+    assert!(ids(s.silent_printers(&query(NOW + 4_000)).await.unwrap()).is_empty(), "exactly at the threshold");
+    assert_eq!(ids(s.silent_printers(&query(NOW + 4_001)).await.unwrap()), vec!["fast".to_string()]);
+    assert_eq!(
+        ids(s.silent_printers(&query(NOW + 22_001)).await.unwrap()),
+        vec!["fast".to_string(), "slow".to_string()]
+    );
+    // A refresh puts it back under its threshold.
+    s.touch_printers_seen(&[PrinterSeen { tenant_id: "acme".into(), printer_id: "fast".into(), at: NOW + 22_000 }])
+        .await
+        .unwrap();
+    assert_eq!(ids(s.silent_printers(&query(NOW + 22_001)).await.unwrap()), vec!["slow".to_string()]);
+    // Never seen: judged from when it was set up, until it is marked offline.
+    s.create_printer(NewPrinter { now: NOW + 30_000, ..printer("new", r#"{"kind":"cloudprnt","poll_interval_s":1}"#) })
+        .await
+        .unwrap();
+    assert!(!ids(s.silent_printers(&query(NOW + 33_000)).await.unwrap()).contains(&"new".to_string()));
+    assert!(ids(s.silent_printers(&query(NOW + 33_001)).await.unwrap()).contains(&"new".to_string()));
+    s.update_printer_status(&[report("new", false, Some("offline"), NOW + 30_000)]).await.unwrap();
+    // The offline mark writes `last_seen_at`; a printer marked offline is not asked again.
+    assert!(!ids(s.silent_printers(&query(NOW + 40_000)).await.unwrap()).contains(&"new".to_string()));
 }
 
 /// A printer whose state turns into one that holds its lane (no paper, ...)

@@ -418,6 +418,18 @@ pub trait Store: Send + Sync + 'static {
     /// outbox in the same transaction.
     async fn update_printer_status(&self, updates: &[PrinterStatusUpdate]) -> StoreResult<()>;
 
+    /// Moves `last_seen_at` of each printer forward to its `at` (never back), touching
+    /// nothing else, in one call: the refreshes of printers that keep polling with nothing
+    /// new to say. Only printers the broker holds online are touched, so a concurrent
+    /// change of `online` or `last_error` is never overwritten and an offline printer keeps
+    /// the time it went silent. Returns the printers that were not touched (offline, or
+    /// gone), whose next report must be written whole.
+    async fn touch_printers_seen(&self, seen: &[PrinterSeen]) -> StoreResult<Vec<(String, String)>>;
+
+    /// The printers of a polled transport that went silent (see [`SilenceQuery`]), ordered
+    /// by tenant and id: the database compares every row and returns only those.
+    async fn silent_printers(&self, query: &SilenceQuery) -> StoreResult<Vec<Printer>>;
+
     /// [`Store::apply_transitions`], then, for every `(i, report)` of `reports` whose change
     /// `changes[i]` applied, [`Store::update_printer_status`] with the report: what an
     /// agent's acks say about the tasks and about the printers that printed them. A report

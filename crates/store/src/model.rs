@@ -830,6 +830,38 @@ pub struct PrinterStatusUpdate {
     pub event_id: String,
 }
 
+/// A printer seen alive at `at`, with nothing else to report: a poll that changes neither
+/// `online` nor `last_error` ([`crate::Store::touch_printers_seen`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterSeen {
+    pub tenant_id: String,
+    pub printer_id: String,
+    pub at: Millis,
+}
+
+/// Which printers of a polled transport may have gone silent
+/// ([`crate::Store::silent_printers`]): those the broker holds online (or that never
+/// called and were not judged yet) whose last sign of life, `last_seen_at` or else
+/// `created_at`, is older than `now` − 2 × their poll interval − `grace_ms`. The interval
+/// is the transport's `poll_interval_s` in seconds, or `default_interval_ms` where it
+/// names none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SilenceQuery {
+    pub kind: String,
+    pub now: Millis,
+    pub default_interval_ms: i64,
+    pub grace_ms: i64,
+}
+
+impl SilenceQuery {
+    /// The time before which a printer's last sign of life must lie for it to be silent
+    /// whatever its interval: poll intervals are whole seconds, at least one (a default
+    /// below that counts as it is).
+    pub fn earliest_threshold(&self) -> Millis {
+        self.now - 2 * self.default_interval_ms.min(1000) - self.grace_ms
+    }
+}
+
 /// Printer states (`last_error`) in which the printer's lane waits for the printer: it
 /// cannot print anything until a person or the network fixes it.
 pub const PAUSING_ERRORS: [&str; 4] = ["no_paper", "cover_open", "paper_jam", "offline"];

@@ -3,8 +3,10 @@
 //! common, on the lane engine:
 //!
 //! - the printer's health from its polls: `online`, `last_seen_at` and `last_error` on
-//!   the printer row (written when something changes, and otherwise at most once per poll
-//!   interval and half the offline grace), and the lane's reaction to it: a printer that reports it cannot print
+//!   the printer row (written when something changes; otherwise only `last_seen_at` is
+//!   refreshed, at most once per poll interval and half the offline grace less a second,
+//!   for all printers due in one store call a second), and the lane's reaction to it: a
+//!   printer that reports it cannot print
 //!   (no paper, cover open, paper jam) gets no job; the attempt it holds unfetched, or a
 //!   job that is due, ends at once with that outcome, as an agent's does when its status
 //!   check says so, so retries, attempt limits and failover work as for every printer;
@@ -33,7 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use onceprint_core::{delivery_key, Millis, Outcome, Proof};
-use onceprint_store::{AgentIdentity, PrinterStatusUpdate, StoreError, Task};
+use onceprint_store::{AgentIdentity, PrinterSeen, PrinterStatusUpdate, SilenceQuery, StoreError, Task};
 
 use crate::claimant::{Claimant, ClaimantKind, FETCHED};
 use crate::directory::PrinterInfo;
@@ -50,7 +52,8 @@ pub struct PolledConfig {
     /// A job handed out and fetched must be confirmed within this long, or it goes to a
     /// person (or is reprinted, where the print type says so).
     pub answer_within_ms: i64,
-    /// How often each node looks for printers that went silent.
+    /// How often each node looks for printers that went silent, and writes the
+    /// `last_seen_at` refreshes of the printers that polled it meanwhile.
     pub check_interval_ms: u64,
 }
 
@@ -169,6 +172,8 @@ pub enum Fetched {
 /// What the broker last wrote about a printer's health, on this node.
 #[derive(Debug, Clone)]
 struct Written {
+    /// When `last_seen_at` was last written, or queued to be written with the next batch
+    /// of refreshes ([`Polled::flush_seen`]).
     at: Millis,
     online: bool,
     last_error: Option<String>,
@@ -184,6 +189,9 @@ pub struct Polled {
     claimant: Claimant,
     locks: Mutex<HashMap<PrinterKey, Arc<tokio::sync::Mutex<()>>>>,
     written: Mutex<HashMap<PrinterKey, Written>>,
+    /// The `last_seen_at` refreshes of printers that polled with nothing new to say,
+    /// written for all of them in one store call by [`Polled::flush_seen`].
+    seen: Mutex<HashMap<PrinterKey, Millis>>,
 }
 
 fn key(p: &PrinterInfo) -> PrinterKey {
@@ -197,7 +205,15 @@ fn who(p: &PrinterInfo) -> AgentIdentity {
 impl Polled {
     pub fn new(lanes: Arc<LaneEngine>, kind: TransportKind, config: PolledConfig) -> Arc<Polled> {
         let claimant = Claimant::printer(kind.as_str());
-        Arc::new(Polled { lanes, kind, config, claimant, locks: Mutex::default(), written: Mutex::default() })
+        Arc::new(Polled {
+            lanes,
+            kind,
+            config,
+            claimant,
+            locks: Mutex::default(),
+            written: Mutex::default(),
+            seen: Mutex::default(),
+        })
     }
 
     pub fn kind(&self) -> TransportKind {
@@ -311,20 +327,37 @@ impl Polled {
     }
 
     /// How often a printer that keeps polling with nothing new to say has its `last_seen_at`
-    /// written: once per poll interval and half the offline grace. The offline check
-    /// judges it silent only after 2 × its interval + the grace, and between two writes the
-    /// row lags at most this long plus one interval, so half the grace is left for late
-    /// polls, while an idle printer costs a write every few polls instead of every one.
+    /// refreshed: once per poll interval and half the offline grace, less the time a
+    /// refresh waits for its batch ([`Self::flush_ms`]). The offline check judges it
+    /// silent only after 2 × its interval + the grace; the row lags at most this long plus
+    /// one interval (the first poll past it) plus the wait for the batch, so half the
+    /// grace is left for late polls, while an idle printer costs a row in a batch every
+    /// few polls instead of a write of its own on every one.
     fn refresh_ms(&self, printer: &PrinterInfo) -> i64 {
-        self.interval_ms(printer) + self.config.offline_grace_ms / 2
+        let interval = self.interval_ms(printer);
+        (interval + self.config.offline_grace_ms / 2 - self.flush_ms()).max(interval)
+    }
+
+    /// How long a queued refresh waits at most before it is written: one tick of the
+    /// loop that writes them ([`Self::spawn`]).
+    fn flush_ms(&self) -> i64 {
+        i64::try_from(self.check_interval_ms()).unwrap_or(i64::MAX)
+    }
+
+    fn check_interval_ms(&self) -> u64 {
+        self.config.check_interval_ms.max(50)
+    }
+
+    /// The silence after which a printer is offline: 2 × its poll interval + the grace.
+    fn offline_after_ms(&self, printer: &PrinterInfo) -> i64 {
+        2 * self.interval_ms(printer) + self.config.offline_grace_ms
     }
 
     /// Whether an idle poll ends the fetched `task` now (see
     /// [`PollReport::idle_while_starting`]). The fetch was the task's last change, so its
     /// `updated_at` says when it happened.
     fn idle_settles(&self, printer: &PrinterInfo, task: &Task, report: &PollReport) -> bool {
-        !report.idle_while_starting
-            || self.lanes.now() - task.updated_at >= 2 * self.interval_ms(printer) + self.config.offline_grace_ms
+        !report.idle_while_starting || self.lanes.now() - task.updated_at >= self.offline_after_ms(printer)
     }
 
     /// The data of the job `token` names, in `encoding`, for the printer that holds it;
@@ -459,8 +492,9 @@ impl Polled {
         Ok(results.into_iter().next().unwrap_or(AckResult::Stale))
     }
 
-    /// Writes the printer's health when it changed, when the printer was offline, or once
-    /// per poll interval (so that `last_seen_at` shows it is alive on every node).
+    /// Writes the printer's health when it changed, when the printer was offline or may
+    /// have been judged so, and otherwise queues a refresh of its `last_seen_at` once per
+    /// [`Self::refresh_ms`] (so that the row shows it is alive on every node).
     async fn record_health(&self, printer: &PrinterInfo, health: &Health) -> Result<(), StoreError> {
         let now = self.lanes.now();
         let k = key(printer);
@@ -470,18 +504,24 @@ impl Polled {
             Health::Fault(d) => Some(Some(format!("error: {d}"))),
             Health::Unknown => None,
         };
-        let before = self.written.lock().unwrap_or_else(PoisonError::into_inner).get(&k).cloned();
-        let due = match &before {
-            None => true,
-            Some(w) => {
-                !w.online
-                    || now - w.at >= self.refresh_ms(printer)
+        {
+            let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(w) = written.get_mut(&k) {
+                // Written whole: a change, a clock that went back, or a printer that was
+                // silent long enough that the check (of any node) may have marked it
+                // offline since this node last wrote it.
+                let whole = !w.online
                     || now < w.at
-                    || reported.as_ref().is_some_and(|e| *e != w.last_error)
+                    || now - w.at >= self.offline_after_ms(printer)
+                    || reported.as_ref().is_some_and(|e| *e != w.last_error);
+                if !whole {
+                    if now - w.at >= self.refresh_ms(printer) {
+                        w.at = now;
+                        self.seen.lock().unwrap_or_else(PoisonError::into_inner).insert(k, now);
+                    }
+                    return Ok(());
+                }
             }
-        };
-        if !due {
-            return Ok(());
         }
         let last_error = match reported {
             Some(e) => e,
@@ -510,12 +550,70 @@ impl Polled {
         Ok(())
     }
 
+    /// Writes the queued `last_seen_at` refreshes in one store call. It touches only
+    /// `last_seen_at`, and only of printers the row holds online, so an `online` or
+    /// `last_error` written meanwhile (by an ack, or by the offline check of another node)
+    /// stays. A printer the row holds offline is forgotten here, and its next poll writes
+    /// its health whole, online again with its alert. When the write fails, every printer
+    /// of the batch is forgotten the same way, so none goes without a write for long.
+    ///
+    /// A crash loses at most the refreshes of one tick: each is at most
+    /// [`Self::refresh_ms`] + one interval + one tick behind the printer's last poll,
+    /// which the offline threshold (2 × interval + grace) still covers with half the grace
+    /// to spare; after a restart a printer's first poll writes its health whole, since the
+    /// new process has written nothing yet.
+    pub async fn flush_seen(&self) -> Result<(), StoreError> {
+        let batch: Vec<PrinterSeen> = std::mem::take(&mut *self.seen.lock().unwrap_or_else(PoisonError::into_inner))
+            .into_iter()
+            .map(|((tenant_id, printer_id), at)| PrinterSeen { tenant_id, printer_id, at })
+            .collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let forget = |keys: Vec<PrinterKey>| {
+            let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+            for k in keys {
+                written.remove(&k);
+            }
+        };
+        match self.lanes.store().touch_printers_seen(&batch).await {
+            Ok(untouched) => {
+                forget(untouched);
+                Ok(())
+            }
+            Err(e) => {
+                forget(batch.into_iter().map(|p| (p.tenant_id, p.printer_id)).collect());
+                Err(e)
+            }
+        }
+    }
+
     /// One look for printers of this transport that went silent: each is marked offline
     /// (a `printer.offline` alert, `last_seen_at` kept at its last poll), and a job it had
     /// fetched without confirming goes to a person. Returns how many went offline.
+    ///
+    /// Only candidates are read: the database compares every printer's `last_seen_at`
+    /// (else `created_at`) with its own threshold and returns those past it
+    /// ([`onceprint_store::Store::silent_printers`]), so a check where every printer
+    /// polls reads no printer row. The database's `last_seen_at` is the truth for the
+    /// check, whichever node a printer polls: the check runs on one node (the lease
+    /// holder), and each node writes the refreshes of the printers that poll it within a
+    /// tick, soon enough that a polling printer's row never lags past its threshold (see
+    /// [`Self::refresh_ms`] and [`Self::flush_seen`]). This node writes its own queued
+    /// refreshes first, so what it reads includes every poll it answered. A candidate is
+    /// read again under its lock before it is marked, since a poll on any node may have
+    /// come in since the query; what is left is a poll answered by another node in the
+    /// last tick and not written yet, which the margin of half the grace covers.
     pub async fn check_offline_once(&self) -> Result<usize, DeliveryError> {
+        self.flush_seen().await?;
         let now = self.lanes.now();
-        let printers = self.lanes.store().printers_by_transport(self.kind.as_str()).await?;
+        let query = SilenceQuery {
+            kind: self.kind.as_str().to_owned(),
+            now,
+            default_interval_ms: i64::from(self.config.default_poll_interval_s) * 1000,
+            grace_ms: self.config.offline_grace_ms,
+        };
+        let printers = self.lanes.store().silent_printers(&query).await?;
         let mut offline = 0;
         for row in printers {
             // A printer that never polled counts as last seen when it was set up: one that
@@ -532,10 +630,14 @@ impl Polled {
             let last_seen_at = row.last_seen_at;
             let printer = PrinterInfo::new(row);
             let silent_for = now - seen;
-            if silent_for <= 2 * self.interval_ms(&printer) + self.config.offline_grace_ms {
+            if silent_for <= self.offline_after_ms(&printer) {
                 continue;
             }
             let _turn = self.lock(&printer).await;
+            // A poll of this node queued since the refreshes were written shows it is alive.
+            if self.seen.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&key(&printer)) {
+                continue;
+            }
             // A poll may have come in since the list was read.
             let fresh = self.lanes.store().get_printer(&printer.row.tenant_id, &printer.row.id).await?;
             if fresh.is_none_or(|p| p.last_seen_at != last_seen_at || (ever_seen && !p.online)) {
@@ -587,25 +689,34 @@ impl Polled {
         Ok(offline)
     }
 
-    /// Looks for silent printers until shutdown, while this node holds `lease` (one check
-    /// per cluster; the printers' `last_seen_at` is in the database, whichever node they
-    /// polled).
+    /// Writes the queued `last_seen_at` refreshes once a tick on every node, and looks for
+    /// silent printers while this node holds `lease` (one check per cluster; the printers'
+    /// `last_seen_at` is in the database, whichever node they polled), until shutdown,
+    /// which writes the refreshes still queued.
     pub fn spawn(self: &Arc<Self>, lease: crate::Lease) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let signals = this.lanes.signals().clone();
-            let mut tick = tokio::time::interval(Duration::from_millis(this.config.check_interval_ms.max(50)));
+            let mut tick = tokio::time::interval(Duration::from_millis(this.check_interval_ms()));
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
                         if !lease.is_held() {
+                            if let Err(e) = this.flush_seen().await {
+                                tracing::warn!(error = %e, transport = this.kind.as_str(), "last-seen refresh failed");
+                            }
                             continue;
                         }
                         if let Err(e) = this.check_offline_once().await {
                             tracing::warn!(error = %e, transport = this.kind.as_str(), "offline check failed");
                         }
                     }
-                    _ = signals.shutdown() => return,
+                    _ = signals.shutdown() => {
+                        if let Err(e) = this.flush_seen().await {
+                            tracing::warn!(error = %e, transport = this.kind.as_str(), "last-seen refresh failed");
+                        }
+                        return;
+                    }
                 }
             }
         })
