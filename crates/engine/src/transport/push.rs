@@ -74,9 +74,9 @@ pub struct PushConfig {
     /// time, a delivery to ask about); a store signalled meanwhile is looked at sooner.
     pub interval_ms: u64,
     /// How often the driver looks at every store of its printers, signalled or not: the
-    /// safety net for a signal this node never heard. Between two such sweeps a store that
-    /// was neither signalled nor has a deadline due is not read at all, so that thousands
-    /// of idle printers cost nothing.
+    /// safety net for a signal this node never heard, spread over this time a slice with
+    /// each tick. Otherwise a store that was neither signalled nor has a deadline due is
+    /// not read at all, so that thousands of idle printers cost next to nothing.
     pub sweep_ms: u64,
     /// The shortest time between two passes started by signals: a storm of signals costs
     /// a bounded number of passes, while a ticket for an idle printer goes out within
@@ -115,6 +115,10 @@ struct Schedule {
     known_read: tokio::time::Instant,
     /// Signalled stores not in `known`, until it is read again.
     unknown: BTreeSet<(String, String)>,
+    /// How many stores the spread sweep owes (fractions carried over).
+    owed: f64,
+    /// The last store the spread sweep looked at.
+    cursor: Option<(String, String)>,
     /// By the lane engine's clock.
     at: HashMap<(String, String), Millis>,
 }
@@ -125,6 +129,8 @@ impl Default for Schedule {
             known: BTreeSet::new(),
             known_read: tokio::time::Instant::now(),
             unknown: BTreeSet::new(),
+            owed: 0.0,
+            cursor: None,
             at: HashMap::new(),
         }
     }
@@ -140,6 +146,25 @@ impl Schedule {
                 self.at.remove(&store);
             }
         }
+    }
+
+    /// The next stores the spread sweep owes, after the cursor and around.
+    fn slice(&mut self) -> Vec<(String, String)> {
+        let n = (self.owed.floor() as usize).min(self.known.len());
+        self.owed -= n as f64;
+        let mut out = Vec::with_capacity(n);
+        let after = match &self.cursor {
+            Some(c) => self.known.range((std::ops::Bound::Excluded(c.clone()), std::ops::Bound::Unbounded)),
+            None => self.known.range::<(String, String), _>(..),
+        };
+        out.extend(after.take(n).cloned());
+        if out.len() < n {
+            out.extend(self.known.iter().take(n - out.len()).cloned());
+        }
+        if let Some(last) = out.last() {
+            self.cursor = Some(last.clone());
+        }
+        out
     }
 
     /// The stores whose time has come (they stay scheduled until a look sets them again).
@@ -186,9 +211,10 @@ impl PushDriver {
     ///
     /// It looks only at the stores that may have work: those signalled since its last
     /// pass (a task committed, a result applied, a printer changed or back online, on this
-    /// node or another), and those whose lanes have a deadline due. Every `sweep_ms`, when
-    /// every store was signalled at once, and whenever the lease was not held, it looks at
-    /// all of them.
+    /// node or another), and those whose lanes have a deadline due; with each tick also a
+    /// slice of all of them, so that every store is looked at once every `sweep_ms`. At
+    /// start, when every store was signalled at once, after a failed pass and whenever the
+    /// lease was not held, it looks at all of them at once.
     pub fn spawn_until(
         self,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
@@ -203,11 +229,12 @@ impl PushDriver {
             let gap = Duration::from_millis(self.config.wake_gap_ms.max(1));
             let sweep_every = Duration::from_millis(self.config.sweep_ms.max(self.config.interval_ms));
             let mut last = tokio::time::Instant::now();
-            let mut next_sweep = last;
+            let mut full = true;
             let mut schedule = Schedule::default();
             loop {
+                let mut ticked = false;
                 tokio::select! {
-                    _ = tick.tick() => {}
+                    _ = tick.tick() => ticked = true,
                     changed = activity.changed() => {
                         if changed.is_ok() {
                             tokio::time::sleep_until(last + gap).await;
@@ -218,12 +245,22 @@ impl PushDriver {
                 }
                 let taken = signalled.take();
                 let now = tokio::time::Instant::now();
-                let result = if taken.everyone || now >= next_sweep {
-                    next_sweep = now + sweep_every;
+                // Everything at once only at start, when every store was signalled, and
+                // after a failure; otherwise the safety net is spread over `sweep_ms`, a
+                // slice of the stores with each tick, so that no pass reads them all and
+                // holds up a ticket committed meanwhile.
+                let result = if taken.everyone || full {
+                    full = false;
+                    schedule.cursor = None;
                     last = now;
                     self.sweep(&mut schedule).await
                 } else {
                     let mut stores: BTreeSet<(String, String)> = schedule.due(self.lanes.now());
+                    if ticked {
+                        let share = tick.period().as_secs_f64() / sweep_every.as_secs_f64();
+                        schedule.owed += schedule.known.len() as f64 * share;
+                        stores.extend(schedule.slice());
+                    }
                     let (ours, unknown): (Vec<_>, Vec<_>) =
                         taken.stores.into_iter().partition(|s| schedule.known.contains(s));
                     stores.extend(ours);
@@ -252,9 +289,9 @@ impl PushDriver {
                 match result {
                     Ok(true) => {}
                     // Stepped down, or a store could not be read: everything at the next pass.
-                    Ok(false) => next_sweep = now,
+                    Ok(false) => full = true,
                     Err(e) => {
-                        next_sweep = now;
+                        full = true;
                         tracing::warn!(error = %e, transport = self.transport.kind().as_str(), "push pass failed");
                     }
                 }
