@@ -54,6 +54,10 @@ impl Proc {
         self.child.try_wait().ok().flatten()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Peak RSS and CPU time so far, read while the process still runs.
     pub fn stats(&self) -> ProcStats {
         ProcStats::of(self.pid)
@@ -246,6 +250,13 @@ fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
     let at = |i: usize| v.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal (guest time is already in user).
     (v.len() >= 4).then(|| (at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4)))
+}
+
+/// A running process's resident set now (`VmRSS`), in KiB.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `VmHWM` of a `/proc/PID/status` text, in KiB.

@@ -4,8 +4,8 @@
 //! also goes to the other nodes, whose waiting polls re-check when they hear of it. Polls
 //! also re-check on a timer, so work is found even when a signal is lost.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use tokio::sync::{watch, Notify};
 
@@ -25,6 +25,47 @@ pub struct StoreSignals {
     epochs: Mutex<HashMap<(String, String), u64>>,
     /// How many times every store was signalled at once.
     everyone: std::sync::atomic::AtomicU64,
+    /// Readers that take the stores signalled since they last looked ([`Self::signalled`]).
+    watchers: Mutex<Vec<Weak<Signalled>>>,
+}
+
+/// The stores signalled since its reader last took them, for a loop that serves many
+/// stores and looks only at those whose lanes may have new work (a push driver with
+/// thousands of idle printers). A store is recorded before the signal's wake-up goes out,
+/// so a reader woken by [`StoreSignals::activity`] finds it; one signalled while the reader
+/// works is there at its next take.
+#[derive(Default)]
+pub struct Signalled {
+    inner: Mutex<Taken>,
+}
+
+/// What [`Signalled::take`] hands over.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// (tenant, store) pairs signalled.
+    pub stores: HashSet<(String, String)>,
+    /// Every store was signalled at once (signals may have been lost): look at them all.
+    pub everyone: bool,
+}
+
+impl Signalled {
+    /// What was signalled since the last take.
+    pub fn take(&self) -> Taken {
+        std::mem::take(&mut *self.inner.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn store(&self, tenant_id: &str, store_id: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if !inner.everyone {
+            inner.stores.insert((tenant_id.to_owned(), store_id.to_owned()));
+        }
+    }
+
+    fn everyone(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.everyone = true;
+        inner.stores.clear();
+    }
 }
 
 impl Default for StoreSignals {
@@ -37,6 +78,7 @@ impl Default for StoreSignals {
             activity: watch::Sender::new(0),
             epochs: Mutex::default(),
             everyone: std::sync::atomic::AtomicU64::new(0),
+            watchers: Mutex::default(),
         }
     }
 }
@@ -83,6 +125,7 @@ impl StoreSignals {
             let n = map.entry((tenant_id.to_owned(), store_id.to_owned())).or_default();
             *n = n.wrapping_add(1);
         }
+        self.each_watcher(|w| w.store(tenant_id, store_id));
         self.get(tenant_id, store_id).notify_waiters();
         self.activity.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -95,10 +138,30 @@ impl StoreSignals {
             Err(_) => Vec::new(),
         };
         self.everyone.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.each_watcher(Signalled::everyone);
         for n in all {
             n.notify_waiters();
         }
         self.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// From now on, every store signalled (on this node or heard from another) is recorded
+    /// in the returned set until its reader takes it; dropping it ends that.
+    pub fn signalled(&self) -> Arc<Signalled> {
+        let s = Arc::new(Signalled::default());
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&s));
+        s
+    }
+
+    fn each_watcher(&self, f: impl Fn(&Signalled)) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(|w| match w.upgrade() {
+            Some(s) => {
+                f(&s);
+                true
+            }
+            None => false,
+        });
     }
 
     /// Changes whenever any store is signalled (on this node, or heard from another).

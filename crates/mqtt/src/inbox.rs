@@ -57,6 +57,9 @@ impl Inbox {
         while let Some(incoming) = rx.recv().await {
             match incoming {
                 Incoming::Connected { .. } => {
+                    // Every lane the link serves may move again (its printers were out of
+                    // reach while it was down): the push driver looks at all of them.
+                    self.lanes.signals().notify_everyone_here();
                     // Devices announce themselves when they connect, not when the broker
                     // does: ask every known device for its status now.
                     let this = self.clone();

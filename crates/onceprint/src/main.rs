@@ -295,6 +295,51 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// N MQTT printers of one protocol on one broker node, all devices in one simulator
+    /// process: the broker's CPU and RSS while they are idle, then one ticket each
+    /// (submission answered → on paper, percentiles; printed/s), each checked on paper
+    /// exactly once.
+    Mqtt {
+        /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
+        /// fresh schema is created there and dropped afterwards).
+        #[arg(long)]
+        database: Option<String>,
+        #[arg(long, default_value_t = 10_000)]
+        devices: usize,
+        /// onceprint (the device protocol of docs/MQTT.md) or star (Star CloudPRNT in
+        /// MQTT mode, `url` jobs).
+        #[arg(long, value_parser = ["onceprint", "star"], default_value = "onceprint")]
+        protocol: String,
+        /// Devices per store.
+        #[arg(long, default_value_t = 1)]
+        per_store: usize,
+        /// Seconds the idle broker is measured once every device is online.
+        #[arg(long, default_value_t = 30.0)]
+        idle_secs: f64,
+        /// Tickets sent one at a time to idle devices, --gap-ms apart (their latency is
+        /// reported apart from the batches').
+        #[arg(long, default_value_t = 200)]
+        latency_samples: usize,
+        #[arg(long, default_value_t = 100)]
+        gap_ms: u64,
+        /// Tickets per POST /v1/print-task-batches for the other devices.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Use the MQTT server listening on 127.0.0.1 at this port (default: start a
+        /// Mosquitto of the run's own; it needs a file descriptor per device).
+        #[arg(long, value_name = "PORT")]
+        mqtt_port: Option<u16>,
+        /// Longest wait for every ticket to be on paper.
+        #[arg(long, default_value_t = 300)]
+        drain_timeout_secs: u64,
+        /// The broker executable to measure (default: this one), e.g. the previous
+        /// commit's build for a side-by-side figure; the devices always run on this one.
+        #[arg(long, value_name = "PATH")]
+        broker: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     Polls {
         /// Database of the fresh broker: none for a new SQLite file, or postgres://… (a
         /// fresh schema is created there and dropped afterwards).
@@ -787,6 +832,42 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 duplicate_share: duplicates,
                 broker_args: serve_args,
+            })
+            .await?;
+            print_report(json, &report, report.render_text(), report.problems.len())
+        }
+        BenchCommand::Mqtt {
+            database,
+            devices,
+            protocol,
+            per_store,
+            idle_secs,
+            latency_samples,
+            gap_ms,
+            batch,
+            mqtt_port,
+            drain_timeout_secs,
+            broker,
+            json,
+        } => {
+            let exe: PathBuf = std::env::current_exe().context("cannot find this executable")?;
+            let report = onceprint_bench::run_mqtt(onceprint_bench::MqttBenchOptions {
+                broker_exe: broker.unwrap_or_else(|| exe.clone()),
+                exe,
+                database,
+                devices,
+                protocol: if protocol == "star" {
+                    onceprint_bench::MqttBenchProtocol::Star
+                } else {
+                    onceprint_bench::MqttBenchProtocol::Onceprint
+                },
+                per_store,
+                idle_secs,
+                latency_samples: latency_samples.min(devices),
+                gap: std::time::Duration::from_millis(gap_ms),
+                batch,
+                mqtt_port,
+                drain_timeout: std::time::Duration::from_secs(drain_timeout_secs),
             })
             .await?;
             print_report(json, &report, report.render_text(), report.problems.len())

@@ -165,8 +165,14 @@ pub struct SimArgs {
     #[arg(long, value_parser = ["cloudprnt", "onceprint"], default_value = "onceprint", requires = "mqtt")]
     pub protocol: String,
     /// MQTT: the device id (onceprint) or MAC (cloudprnt) in the topics; also the client id.
-    #[arg(long, value_name = "ID", requires = "mqtt")]
+    #[arg(long, value_name = "ID", requires = "mqtt", conflicts_with = "fleet")]
     pub device: Option<String>,
+    /// MQTT: run many devices in this one process, one per line of FILE: the device id
+    /// (onceprint) or MAC (cloudprnt), its username and its password, separated by tabs.
+    /// They share the paper log; each behaves as one simulator started with --device and
+    /// that login would. No control endpoint (faults are off).
+    #[arg(long, value_name = "FILE", requires = "mqtt", conflicts_with_all = ["control", "username", "password"])]
+    pub fleet: Option<PathBuf>,
     /// No artificial delays. This is already the default (there are none unless
     /// --slow-ms is given); the flag exists so scripts can say so explicitly.
     #[arg(long)]
@@ -289,7 +295,12 @@ impl SimArgs {
     /// server's settings).
     pub fn mqtt_config(&self) -> Result<Option<mqtt::MqttSimConfig>, SimError> {
         let Some(url) = &self.mqtt else { return Ok(None) };
-        let device = self.device.clone().ok_or(SimError::NoDevice)?;
+        // A fleet names its devices in its file; each takes this one's place.
+        let device = match (&self.device, &self.fleet) {
+            (Some(d), _) => d.clone(),
+            (None, Some(_)) => String::new(),
+            (None, None) => return Err(SimError::NoDevice),
+        };
         let config = self.config();
         let mut sim = if self.protocol == "cloudprnt" {
             if !url.is_empty() {
@@ -587,6 +598,27 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
 
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
+    if let (Some(config), Some(file)) = (args.mqtt_config()?, &args.fleet) {
+        let fleet = mqtt::fleet_configs(&config, file)?;
+        let count = fleet.len();
+        let shared = mqtt::Shared::open(config.paper_log.as_deref()).await?;
+        let mut printers = Vec::with_capacity(count);
+        for (n, device) in fleet.into_iter().enumerate() {
+            // Started a hundred every 50 ms, as a shop's printers come on over a morning
+            // rather than in one instant: ten thousand Star printers asking for their
+            // settings at once would each open a connection of their own.
+            if n > 0 && n % 100 == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            printers.push(mqtt::MqttPrinter::start_shared(device, &shared).await?);
+        }
+        tracing::info!(devices = count, "MQTT device fleet started");
+        shutdown.await;
+        for p in printers {
+            p.shutdown().await;
+        }
+        return Ok(());
+    }
     if let Some(config) = args.mqtt_config()? {
         let url = args.mqtt.clone().unwrap_or_default();
         let control = args.control;

@@ -128,9 +128,40 @@ pub struct MqttPrinter {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// What the devices of one simulator process share: the paper log (one file, however many
+/// devices write to it) and a Star printer's HTTP client (one connection pool).
+#[derive(Clone)]
+pub struct Shared {
+    recorder: Arc<Recorder>,
+    http: reqwest::Client,
+}
+
+impl Shared {
+    /// Opens the paper log at `paper_log` (none: jobs are only kept in memory).
+    pub async fn open(paper_log: Option<&std::path::Path>) -> Result<Shared, SimError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("onceprint-printer-sim/", env!("CARGO_PKG_VERSION"), " (Star CloudPRNT MQTT)"))
+            .build()
+            .map_err(|e| SimError::Usage(format!("cannot build the printer's HTTP client: {e}")))?;
+        Ok(Shared { recorder: Arc::new(Recorder::open(paper_log).await?), http })
+    }
+
+    /// Every job printed by the devices that share this.
+    pub fn jobs(&self) -> Jobs {
+        self.recorder.jobs()
+    }
+}
+
 impl MqttPrinter {
     /// Starts the printer; it connects (and reconnects) in the background.
     pub async fn start(config: MqttSimConfig) -> Result<MqttPrinter, SimError> {
+        let shared = Shared::open(config.paper_log.as_deref()).await?;
+        MqttPrinter::start_shared(config, &shared).await
+    }
+
+    /// Starts the printer with the paper log and HTTP client of `shared` (its
+    /// `config.paper_log` is not opened again): many devices in one process.
+    pub async fn start_shared(config: MqttSimConfig, shared: &Shared) -> Result<MqttPrinter, SimError> {
         let name = match config.protocol {
             Protocol::Onceprint => tokio::net::lookup_host((config.host.as_str(), config.port))
                 .await
@@ -146,11 +177,7 @@ impl MqttPrinter {
                 format!("cloudprnt-mqtt:{}", config.device)
             }
         };
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("onceprint-printer-sim/", env!("CARGO_PKG_VERSION"), " (Star CloudPRNT MQTT)"))
-            .build()
-            .map_err(|e| SimError::Usage(format!("cannot build the printer's HTTP client: {e}")))?;
-        let recorder = Arc::new(Recorder::open(config.paper_log.as_deref()).await?);
+        let recorder = shared.recorder.clone();
         let faults = FaultsHandle::new(std::slice::from_ref(&name), config.faults);
         let jobs = recorder.jobs();
         let problem = Arc::new(Mutex::new(None));
@@ -160,7 +187,7 @@ impl MqttPrinter {
             name: name.clone(),
             faults: faults.clone(),
             recorder,
-            http,
+            http: shared.http.clone(),
             problem: problem.clone(),
             tokens: VecDeque::new(),
             journal: HashMap::new(),
@@ -207,6 +234,40 @@ impl Drop for MqttPrinter {
     fn drop(&mut self) {
         self.stop.send_replace(true);
     }
+}
+
+/// The devices of a fleet file (`printer-sim --fleet`): one line each, the device id or
+/// MAC, its username and its password, separated by tabs; empty lines are skipped. Each
+/// device is `template` with its own id and login.
+pub fn fleet_configs(template: &MqttSimConfig, file: &std::path::Path) -> Result<Vec<MqttSimConfig>, SimError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| SimError::Usage(format!("cannot read the fleet file {}: {e}", file.display())))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.split('\t');
+        let (Some(device), Some(username), Some(password), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(SimError::Usage(format!(
+                "{} line {}: expected DEVICE<TAB>USERNAME<TAB>PASSWORD",
+                file.display(),
+                n + 1
+            )));
+        };
+        out.push(MqttSimConfig {
+            device: device.to_owned(),
+            username: Some(username.to_owned()),
+            password: Some(password.to_owned()),
+            ..template.clone()
+        });
+    }
+    if out.is_empty() {
+        return Err(SimError::Usage(format!("the fleet file {} names no device", file.display())));
+    }
+    Ok(out)
 }
 
 /// An onceprint device's journal entry for one idempotency key.

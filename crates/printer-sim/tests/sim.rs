@@ -443,6 +443,7 @@ async fn run_serves_until_shutdown() {
         server_url: None,
         protocol: "onceprint".into(),
         device: None,
+        fleet: None,
         fast: true,
         cloudprnt: None,
         epson_sdp: None,

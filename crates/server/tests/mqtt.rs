@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Backend, TestApp};
-use onceprint_printer_sim::mqtt::{MqttPrinter, MqttSimConfig, Protocol};
+use onceprint_printer_sim::mqtt::{MqttPrinter, MqttSimConfig, Protocol, Shared};
 use onceprint_printer_sim::{FaultUpdate, Faults};
 use onceprint_server::HttpConfig;
 use reqwest::StatusCode;
@@ -113,6 +113,9 @@ fn fast(port: u16, dir: &Path) -> HttpConfig {
     c.delivery.sweep_interval_ms = 50;
     c.delivery.recheck_ms = 50;
     c.push.interval_ms = 50;
+    // No sweep of every store within a test: whatever goes out, goes out because its
+    // store was signalled (a commit, a result, a device back) or had a deadline due.
+    c.push.sweep_ms = 3_600_000;
     c.push.recheck_after_ms = 300;
     c.push.doubt_after_ms = 60_000;
     for p in c.intake.policies.types.values_mut() {
@@ -241,6 +244,8 @@ per_backend!(
     a_star_printer_learns_the_mqtt_server_and_its_login_from_its_server_settings,
     a_star_printer_in_mqtt_mode_fetches_its_url_jobs_and_prints_each_once,
     a_star_printer_out_of_paper_waits_and_prints_once_after_refill,
+    idle_devices_in_many_stores_each_get_their_own_ticket_once,
+    tickets_committed_while_the_mqtt_server_is_down_go_out_once_it_is_back,
 );
 
 async fn an_mqtt_printer_needs_an_mqtt_server(backend: Backend) {
@@ -800,6 +805,100 @@ async fn a_star_printer_out_of_paper_waits_and_prints_once_after_refill(backend:
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(task(&w, &id).await["state"], "printed");
     assert_eq!(sim.jobs().count(), 1, "printed once: {:?}", sim.jobs().all());
+    sim.shutdown().await;
+    w.app.stop().await;
+}
+
+/// Devices of both protocols, one per store, run in one process (one shared paper log)
+/// and left idle: each ticket goes out on its commit (the broker never sweeps every store
+/// in these tests), to its own device only, and prints once; a second round on the same
+/// devices too.
+async fn idle_devices_in_many_stores_each_get_their_own_ticket_once(backend: Backend) {
+    let Some(w) = world(backend).await else { return };
+    let paper = w._dir.path().join("fleet-paper.jsonl");
+    let shared = Shared::open(Some(&paper)).await.expect("paper log");
+    let mut fleet = Vec::new();
+    for i in 0..12 {
+        let store = format!("shop{i}");
+        let a = w.app.post("/v1/stores", &w.key, json!({"id": store, "name": format!("Shop {i}")})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        // Every third a Star printer, the others onceprint devices.
+        let star_printer = i % 3 == 2;
+        let name = if star_printer { format!("00:11:62:10:00:{i:02x}") } else { format!("fleet-{i}") };
+        let transport = if star_printer { star(&name) } else { device(&name) };
+        let id = format!("f{i}");
+        let a = w.app.post("/v1/printers", &w.key, json!({"id": id, "store_id": store, "transport": transport})).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+        let c = &a.body["credentials"];
+        let (user, pass) = (c["username"].as_str().expect("username"), c["password"].as_str().expect("password"));
+        let config = if star_printer {
+            MqttSimConfig::cloudprnt(&format!("{}/cloudprnt", w.app.base), &name, user, pass)
+        } else {
+            MqttSimConfig::onceprint("127.0.0.1", w.mosquitto.port, &name, user, pass)
+        };
+        fleet.push((id, name, MqttPrinter::start_shared(config, &shared).await.expect("device")));
+    }
+    wait_until(Duration::from_secs(30), "every device online", || async {
+        let p = w.app.get("/v1/printers", &w.key).await;
+        p.body["printers"].as_array().is_some_and(|a| a.iter().filter(|p| p["online"] == true).count() == 12)
+    })
+    .await;
+    for round in 0..2 {
+        let mut ids = Vec::new();
+        for (id, _, _) in &fleet {
+            ids.push(submit(&w, id, &format!("R{round}-{id}")).await);
+        }
+        for id in &ids {
+            let t = wait_state(&w, id, "printed", Duration::from_secs(30)).await;
+            assert_eq!(t["attempts"], 1, "{t}");
+        }
+    }
+    let jobs = shared.jobs().all();
+    assert_eq!(jobs.len(), 24, "{jobs:?}");
+    for (id, name, _) in &fleet {
+        let on_it = jobs.iter().filter(|j| j.device.as_deref() == Some(name.as_str())).count();
+        assert_eq!(on_it, 2, "{id}: {jobs:?}");
+        if name.starts_with("00:11:62") {
+            // A Star printer prints the picture of its ticket (`png:` and a hash).
+            continue;
+        }
+        for round in 0..2 {
+            let mine: Vec<_> = jobs.iter().filter(|j| j.text.contains(&format!("order R{round}-{id}\n"))).collect();
+            assert_eq!(mine.len(), 1, "{id} round {round}: {jobs:?}");
+            assert_eq!(mine[0].device.as_deref(), Some(name.as_str()), "{id}'s ticket on another device: {jobs:?}");
+        }
+    }
+    // The paper log holds what the devices printed, one line each.
+    let lines = std::fs::read_to_string(&paper).expect("paper log");
+    assert_eq!(lines.lines().count(), 24, "{lines}");
+    for (_, _, d) in fleet {
+        d.shutdown().await;
+    }
+    w.app.stop().await;
+}
+
+/// Tickets committed while the MQTT server is down cannot go out (no device can be
+/// reached); once it is back they go out without any further commit or result, each
+/// printed once.
+async fn tickets_committed_while_the_mqtt_server_is_down_go_out_once_it_is_back(backend: Backend) {
+    let Some(mut w) = world(backend).await else { return };
+    let login = printer(&w, "m1", device("dev-1")).await;
+    let sim = sim(&w, Protocol::Onceprint, "dev-1", login, Faults::default()).await;
+    let first = submit(&w, "m1", "W0").await;
+    wait_state(&w, &first, "printed", Duration::from_secs(20)).await;
+    w.mosquitto.kill();
+    let mut ids = Vec::new();
+    for i in 1..4 {
+        ids.push(submit(&w, "m1", &format!("W{i}")).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.mosquitto.start().await;
+    for id in &ids {
+        wait_state(&w, id, "printed", Duration::from_secs(30)).await;
+    }
+    for i in 0..4 {
+        assert_eq!(copies(&sim, &format!("order W{i}\n")), 1, "W{i}: {:?}", sim.jobs().all());
+    }
     sim.shutdown().await;
     w.app.stop().await;
 }

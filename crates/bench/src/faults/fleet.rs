@@ -81,8 +81,14 @@ pub async fn start_mosquitto(dir: &Path) -> Result<(Proc, u16), BenchError> {
         )?;
     let port = free_port_run(1)?;
     let conf = dir.join("mosquitto.conf");
-    std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"))
-        .map_err(|e| BenchError::io(format!("writing {}", conf.display()), e))?;
+    // Mosquitto queues at most 1,000 QoS 1 messages for a client by default and drops the
+    // rest: thousands of devices announcing themselves at once would lose their status
+    // messages on the way to the broker (`bench mqtt`). 0 is no limit.
+    std::fs::write(
+        &conf,
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 0\n"),
+    )
+    .map_err(|e| BenchError::io(format!("writing {}", conf.display()), e))?;
     let args = vec!["-c".to_string(), conf.display().to_string()];
     let proc = Proc::spawn("mosquitto", &exe, &args, &dir.join("mosquitto.log"))?;
     let started = Instant::now();
