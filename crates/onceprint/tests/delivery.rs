@@ -789,12 +789,18 @@ async fn the_shop_prints_offline_once_and_the_broker_merges_on_sync(pg: bool) {
         w.wait_printed(m, 20).await;
     }
 
-    // kill -9 while offline, right after the answer: nothing lost, nothing twice.
+    // kill -9 while offline, right after the answer, with the ticket still waiting for its
+    // printer: nothing lost, nothing twice. The printer says it is offline until the new
+    // process runs, so that the kill lands before any of the ticket was sent (a kill after
+    // the agent journaled `started` leaves it in doubt for a person, rightly, and on a
+    // loaded machine that moment came first now and then).
+    w.faults(0, json!({"offline": true})).await;
     let (status, _, off2) = pos.ticket("OFF2", &ticket_text("OFF2")).await;
     assert_eq!(status, 201);
     let off2 = off2["task_id"].as_str().expect("task id").to_owned();
     World::kill9(&mut w.agent);
     w.start_agent();
+    w.faults(0, json!({"offline": false})).await;
     w.wait_printed("OFF2", 30).await;
 
     // The uplink is back: the agent hands its offline work to the broker.
