@@ -443,3 +443,23 @@ fn a_restart_after_an_upload_whose_answer_was_lost_leaves_the_order_with_the_bro
         Op::ManualNewest { action: 3, to: 3 },
     ]);
 }
+
+/// A CloudPRNT printer polls, polls again soon after (a poll the broker does not write to
+/// the printer's row, which it refreshes only every few polls), fetches a ticket and is
+/// quiet while it prints: the offline check judges it by when the broker last heard it,
+/// not by the row, so the ticket is not put in doubt before the printer was silent past
+/// 2 × its interval + the grace.
+#[test]
+fn a_printer_heard_since_its_row_was_written_is_not_taken_for_silent() {
+    holds(&[
+        Op::CloudPoll { status: 0 },
+        Op::Submit { target: 4, kind: 0 },
+        Op::Advance { ms: 2826 },
+        Op::CloudPoll { status: 0 },
+        Op::Advance { ms: 1450 },
+        Op::CloudFetch { lost: false },
+        Op::Advance { ms: 2579 },
+        Op::Advance { ms: 2644 },
+        Op::OfflineCheck,
+    ]);
+}

@@ -192,6 +192,10 @@ pub struct Polled {
     /// The `last_seen_at` refreshes of printers that polled with nothing new to say,
     /// written for all of them in one store call by [`Polled::flush_seen`].
     seen: Mutex<HashMap<PrinterKey, Millis>>,
+    /// When this node last heard each printer (a poll or a fetch), written or not: the
+    /// row's `last_seen_at` may be up to [`Polled::refresh_ms`] older, and the offline
+    /// check judges a printer this node heard by this time instead.
+    heard: Mutex<HashMap<PrinterKey, Millis>>,
 }
 
 fn key(p: &PrinterInfo) -> PrinterKey {
@@ -213,6 +217,7 @@ impl Polled {
             locks: Mutex::default(),
             written: Mutex::default(),
             seen: Mutex::default(),
+            heard: Mutex::default(),
         })
     }
 
@@ -371,7 +376,16 @@ impl Polled {
         what: &str,
     ) -> Result<Fetched, DeliveryError> {
         let _turn = self.lock(printer).await;
+        self.note_heard(printer);
         self.fetch_held(printer, token, encoding, what, &self.claimant).await
+    }
+
+    /// Notes that this node heard the printer now (see `heard`).
+    fn note_heard(&self, printer: &PrinterInfo) {
+        let now = self.lanes.now();
+        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = heard.entry(key(printer)).or_insert(now);
+        *at = (*at).max(now);
     }
 
     /// The data of a job a push transport sent to a printer that then fetches it over HTTP
@@ -496,6 +510,7 @@ impl Polled {
     /// have been judged so, and otherwise queues a refresh of its `last_seen_at` once per
     /// [`Self::refresh_ms`] (so that the row shows it is alive on every node).
     async fn record_health(&self, printer: &PrinterInfo, health: &Health) -> Result<(), StoreError> {
+        self.note_heard(printer);
         let now = self.lanes.now();
         let k = key(printer);
         let reported: Option<Option<String>> = match health {
@@ -631,6 +646,20 @@ impl Polled {
             let printer = PrinterInfo::new(row);
             let silent_for = now - seen;
             if silent_for <= self.offline_after_ms(&printer) {
+                continue;
+            }
+            // The row's `last_seen_at` lags the printer's last poll by up to the refresh
+            // time (a poll soon after a written one is not written). A printer this node
+            // heard is judged by when it heard it; one it did not (it polls another node,
+            // or this process is new) only once the row is older than the threshold and
+            // that lag together, so that a printer is never taken for silent before it
+            // was silent past 2 × its interval + the grace.
+            let heard_here = self.heard.lock().unwrap_or_else(PoisonError::into_inner).get(&key(&printer)).copied();
+            let (silent_for, limit) = match heard_here {
+                Some(h) if h >= seen => (now - h, self.offline_after_ms(&printer)),
+                _ => (silent_for, self.offline_after_ms(&printer) + self.refresh_ms(&printer)),
+            };
+            if silent_for <= limit {
                 continue;
             }
             let _turn = self.lock(&printer).await;
