@@ -137,8 +137,10 @@ impl World {
         w.post("/v1/stores", json!({"id": "s1", "name": "Main Street", "timezone": "Asia/Shanghai"})).await;
         w.post("/v1/stores", json!({"id": "s2", "name": "Harbour", "timezone": "Asia/Shanghai"})).await;
         // p1 points at a port where nothing listens: a dead printer, for the reprint on
-        // another printer and for the attention list.
-        let dead = common::world::free_ports(1);
+        // another printer and for the attention list. Port 1 (tcpmux) is never served
+        // here; a port found free at start could be taken later by another test's
+        // printer simulator, which then printed the dead printer's tickets.
+        let dead: u16 = 1;
         for (id, store, port, name) in
             [("p0", "s1", sim_port, "Kitchen"), ("p1", "s1", dead, "Front counter"), ("q0", "s2", dead, "Bar")]
         {
