@@ -376,16 +376,20 @@ impl Polled {
         what: &str,
     ) -> Result<Fetched, DeliveryError> {
         let _turn = self.lock(printer).await;
-        self.note_heard(printer);
+        self.note_heard(&key(printer), self.lanes.now());
         self.fetch_held(printer, token, encoding, what, &self.claimant).await
     }
 
-    /// Notes that this node heard the printer now (see `heard`).
-    fn note_heard(&self, printer: &PrinterInfo) {
-        let now = self.lanes.now();
+    /// Notes that this node heard the printer `k` at `now` (see `heard`); the key is
+    /// copied only the first time, as this runs on every poll.
+    fn note_heard(&self, k: &PrinterKey, now: Millis) {
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = heard.entry(key(printer)).or_insert(now);
-        *at = (*at).max(now);
+        match heard.get_mut(k) {
+            Some(at) => *at = (*at).max(now),
+            None => {
+                heard.insert(k.clone(), now);
+            }
+        }
     }
 
     /// The data of a job a push transport sent to a printer that then fetches it over HTTP
@@ -510,9 +514,9 @@ impl Polled {
     /// have been judged so, and otherwise queues a refresh of its `last_seen_at` once per
     /// [`Self::refresh_ms`] (so that the row shows it is alive on every node).
     async fn record_health(&self, printer: &PrinterInfo, health: &Health) -> Result<(), StoreError> {
-        self.note_heard(printer);
         let now = self.lanes.now();
         let k = key(printer);
+        self.note_heard(&k, now);
         let reported: Option<Option<String>> = match health {
             Health::Ready => Some(None),
             Health::Blocked { outcome, .. } => Some(Some(outcome.as_str().to_owned())),
