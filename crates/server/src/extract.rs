@@ -138,17 +138,56 @@ mod objects_only {
 /// The raw body, with the configured size limit answered as 413 `payload_too_large`.
 pub struct Body(pub Bytes);
 
+/// How much of an oversized body the broker still reads, and for how long, before it answers
+/// 413 and closes the connection. A server that closes a connection with unread bytes in its
+/// receive buffer makes the kernel reset it, and a reset can reach the client before it has
+/// read the answer: the client then sees "broken pipe" or "connection reset" instead of a clear
+/// `payload_too_large` (the lingering close of HTTP servers, RFC 9112 §9.6). Reading the rest,
+/// up to a bound, lets the answer arrive; a body beyond the bound is cut off as before.
+const DRAIN_BYTES: usize = 8 * 1024 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        match Bytes::from_request(req, state).await {
-            Ok(b) => Ok(Body(b)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::too_large(state.config.max_body_bytes))
-            }
-            Err(e) => Err(ApiError::invalid(format!("cannot read the request body: {e}"))),
+        use futures_util::StreamExt;
+        let limit = state.config.max_body_bytes;
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit.saturating_add(DRAIN_BYTES)) {
+            return Err(ApiError::too_large(limit));
         }
+        let mut stream = req.into_body().into_data_stream();
+        // Most bodies arrive in one chunk, which is kept as it is; only more are copied together.
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut seen = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+            seen += chunk.len();
+            if seen > limit {
+                drop(chunks);
+                let drain = async {
+                    while seen <= limit.saturating_add(DRAIN_BYTES) {
+                        match stream.next().await {
+                            Some(Ok(c)) => seen += c.len(),
+                            _ => break,
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+                return Err(ApiError::too_large(limit));
+            }
+            chunks.push(chunk);
+        }
+        Ok(Body(match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.swap_remove(0),
+            _ => Bytes::from(chunks.concat()),
+        }))
     }
 }
 

@@ -170,7 +170,37 @@ async fn bad_input_is_a_clear_4xx_and_writes_nothing(app: &TestApp) {
         .expect("request");
     assert_eq!(res.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]), "{:?}", res.headers());
     drop(res);
+    // A client still sending when the broker has seen enough gets the 413, not a reset: the
+    // broker reads the rest of a body up to a bound before it closes the connection.
+    let answer = slow_oversized_post(app, &key).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
     assert!(app.all_tasks(&key).await.is_empty(), "no partial writes");
+}
+
+/// Posts a 2 MiB body in 64 KiB pieces 10 ms apart over a plain socket, as a client on a
+/// slow line sends it, and returns the answer as text (or what went wrong).
+async fn slow_oversized_post(app: &TestApp, key: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let piece = 64 * 1024;
+    let total = 32 * piece;
+    let head = format!(
+        "POST /v1/print-tasks HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {total}\r\n\r\n"
+    );
+    let sent = async {
+        sock.write_all(head.as_bytes()).await?;
+        for _ in 0..32 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            sock.write_all(&vec![b' '; piece]).await?;
+        }
+        let mut answer = Vec::new();
+        sock.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    };
+    sent.await.unwrap_or_else(|e| format!("the request failed: {e}"))
 }
 
 async fn sixty_four_concurrent_identical_submissions_make_one_task(app: &TestApp) {
