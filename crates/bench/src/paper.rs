@@ -53,6 +53,12 @@ struct RawJob {
     /// The job's name on the wire, where the printer has one (an MQTT job token).
     #[serde(default)]
     job: Option<String>,
+    /// A polling printer's poll times since its previous job (µs since the epoch).
+    #[serde(default)]
+    polls_us: Vec<i64>,
+    /// An MQTT device's start on the job (µs since the epoch).
+    #[serde(default)]
+    started_us: Option<i64>,
 }
 
 /// One printed job as the bench keeps it.
@@ -68,6 +74,11 @@ pub struct PaperLine {
     /// (`TASKID.ATTEMPT`: a picture a Star printer printed); resolved to its task's marker
     /// once the broker's task list is read ([`Tally::resolve_jobs`]).
     pub job_task: Option<String>,
+    /// A polling printer's poll times since its previous job, the last the one that
+    /// announced this job (µs since the epoch); empty for other printers.
+    pub polls_us: Vec<i64>,
+    /// When an MQTT device began the job (it had arrived), µs since the epoch.
+    pub started_us: Option<i64>,
 }
 
 /// Parses one line of the paper log. `read_at_us` stands in for an unparsable `at`.
@@ -80,7 +91,15 @@ pub fn parse_line(line: &[u8], read_at_us: i64) -> Result<PaperLine, String> {
         (Some(job), true) => job.rsplit_once('.').map(|(task, _)| task.to_owned()),
         _ => None,
     };
-    Ok(PaperLine { markers, printer: raw.printer, at_us: at.unwrap_or(read_at_us), at_parsed: at.is_some(), job_task })
+    Ok(PaperLine {
+        markers,
+        printer: raw.printer,
+        at_us: at.unwrap_or(read_at_us),
+        at_parsed: at.is_some(),
+        job_task,
+        polls_us: raw.polls_us,
+        started_us: raw.started_us,
+    })
 }
 
 /// Cuts appended bytes into complete lines, keeping an unfinished last line for the next
@@ -143,6 +162,11 @@ pub struct Tally {
     /// Jobs known only by the task their job token names (not yet counted by marker), per
     /// task id, with the first `at`.
     pub by_job_task: HashMap<String, (u32, i64)>,
+    /// The poll times of the first job carrying each marker, where a polling printer
+    /// printed it.
+    pub first_polls_us: HashMap<u32, Vec<i64>>,
+    /// When the printer began the first job carrying each marker, where it says so.
+    pub first_started_us: HashMap<u32, i64>,
 }
 
 impl Tally {
@@ -160,6 +184,8 @@ impl Tally {
             last_at_us: None,
             per_printer: HashMap::new(),
             by_job_task: HashMap::new(),
+            first_polls_us: HashMap::new(),
+            first_started_us: HashMap::new(),
         }
     }
 
@@ -178,10 +204,10 @@ impl Tally {
         if line.markers.is_empty() {
             self.unmarked += 1;
         }
-        self.count_markers(&line.markers, line.at_us);
+        self.count_markers(&line.markers, line.at_us, &line.polls_us, line.started_us);
     }
 
-    fn count_markers(&mut self, markers: &[u32], at_us: i64) {
+    fn count_markers(&mut self, markers: &[u32], at_us: i64, polls_us: &[i64], started_us: Option<i64>) {
         for &m in markers {
             let Some(count) = self.counts.get_mut(m as usize) else {
                 self.foreign += 1;
@@ -191,6 +217,12 @@ impl Tally {
             if *count == 1 {
                 self.distinct += 1;
                 self.first_at_us[m as usize] = at_us;
+                if !polls_us.is_empty() {
+                    self.first_polls_us.insert(m, polls_us.to_vec());
+                }
+                if let Some(started) = started_us {
+                    self.first_started_us.insert(m, started);
+                }
             }
         }
     }
@@ -203,7 +235,7 @@ impl Tally {
             match marker_of_task(&task) {
                 Some(m) => {
                     for _ in 0..times {
-                        self.count_markers(&[m], at_us);
+                        self.count_markers(&[m], at_us, &[], None);
                     }
                 }
                 None => self.unmarked += times as usize,
@@ -259,7 +291,15 @@ impl Tally {
         let mut t = Tally::new(tasks);
         for &(m, times) in prints {
             for _ in 0..times {
-                t.add(&PaperLine { printer: "x".into(), at_us: 1, at_parsed: true, markers: vec![m], job_task: None });
+                t.add(&PaperLine {
+                    printer: "x".into(),
+                    at_us: 1,
+                    at_parsed: true,
+                    markers: vec![m],
+                    job_task: None,
+                    polls_us: Vec::new(),
+                    started_us: None,
+                });
             }
         }
         t
@@ -457,7 +497,15 @@ mod tests {
     }
 
     fn line(markers: &[u32], at: i64) -> PaperLine {
-        PaperLine { printer: "p".into(), at_us: at, at_parsed: true, markers: markers.to_vec(), job_task: None }
+        PaperLine {
+            printer: "p".into(),
+            at_us: at,
+            at_parsed: true,
+            markers: markers.to_vec(),
+            job_task: None,
+            polls_us: Vec::new(),
+            started_us: None,
+        }
     }
 
     #[test]

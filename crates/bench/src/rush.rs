@@ -23,6 +23,13 @@
 //! - broker and agent's share ("added") = `p − d − max(s, f)`: what is left once the
 //!   printer's own time and its queue are taken away.
 //!
+//! A printer that polls (CloudPRNT, Epson) learns of a ticket only when it next asks, and
+//! how often it asks is its own setting. Its simulator writes the times of its polls since
+//! its previous job into the paper-log line, so for those printers the wait for the first
+//! poll sent at or after `max(s, f)` (`a`) is reported apart ("waiting for a poll") and the
+//! share is `p − d − a`. When no poll was sent after `max(s, f)` (the poll that found the
+//! ticket was already on its way), `a = max(s, f)`.
+//!
 //! It talks to nothing but the processes it started, on 127.0.0.1, and the PostgreSQL
 //! database it was handed; every process is stopped at the end.
 
@@ -121,6 +128,14 @@ pub struct TransportFigures {
     pub queued_ms: Percentiles,
     /// The broker and agent's share, ms (see the module's definition).
     pub added_ms: Percentiles,
+    /// Printers that poll: waiting for the printer's first poll after the ticket could
+    /// have gone, ms (part of "to paper", not of "added").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll_wait_ms: Option<Percentiles>,
+    /// MQTT devices: of "added", the part until the device began the job (the broker,
+    /// Mosquitto and the network; the rest is the simulator's own work), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_printer_ms: Option<Percentiles>,
 }
 
 /// 429 answers the broker gave, by caller, from its `/metrics`.
@@ -215,6 +230,22 @@ impl RushReport {
                 t.added_ms.p95,
                 t.added_ms.p99
             );
+        }
+        for t in &self.transports {
+            if let Some(w) = &t.to_printer_ms {
+                let _ = writeln!(
+                    s,
+                    "{}: of \"added\", until the device began the job p50 {:.1} / p95 {:.1} / p99 {:.1} ms",
+                    t.transport, w.p50, w.p95, w.p99
+                );
+            }
+            if let Some(w) = &t.poll_wait_ms {
+                let _ = writeln!(
+                    s,
+                    "{}: waiting for the printer's next poll (its own interval, not in \"added\") p50 {:.1} / p95 {:.1} / p99 {:.1} ms",
+                    t.transport, w.p50, w.p95, w.p99
+                );
+            }
         }
         let _ = writeln!(
             s,
@@ -382,10 +413,8 @@ async fn drive(
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
     let mut targets: Vec<(std::net::SocketAddr, String)> =
         (0..opts.printers).map(|i| (control, printer_addr(i).to_string())).collect();
-    for (proc, caller_control, name) in callers {
-        running.sims.push(proc);
-        targets.push((caller_control, name));
-    }
+    running.sims.extend(callers.procs);
+    targets.extend(callers.printers);
     drop(conn);
     // Every printer's own speed.
     let mut controls: BTreeMap<std::net::SocketAddr, Conn> = BTreeMap::new();
@@ -475,7 +504,7 @@ async fn drive(
             by_printer[subs.printer_of[m]].push((at, m));
         }
     }
-    let mut figures: BTreeMap<&'static str, (usize, [Vec<u64>; 4])> = BTreeMap::new();
+    let mut figures: BTreeMap<&'static str, (usize, [Vec<u64>; 6])> = BTreeMap::new();
     for (p, tickets) in by_printer.iter_mut().enumerate() {
         tickets.sort_unstable();
         let own_us = print_ms_of(p, opts.print_ms) as i64 * 1000;
@@ -485,17 +514,30 @@ async fn drive(
         for &(at, m) in tickets.iter() {
             let sent = sent_us[m];
             let ready = sent.max(free_at);
-            let [to_paper, own, queued, added] = &mut entry.1;
+            let [to_paper, own, queued, added, poll_wait, to_printer] = &mut entry.1;
+            if let Some(&started) = tally.first_started_us.get(&(m as u32)) {
+                to_printer.push((started - ready).max(0) as u64);
+            }
+            // A polling printer's first poll once the ticket could go (see the module's
+            // definition).
+            let asked = match tally.first_polls_us.get(&(m as u32)) {
+                Some(polls) => {
+                    let asked = polls.iter().copied().filter(|&t| t >= ready).min().unwrap_or(ready);
+                    poll_wait.push((asked - ready) as u64);
+                    asked
+                }
+                None => ready,
+            };
             to_paper.push((at - sent).max(0) as u64);
             own.push(own_us as u64);
             queued.push(free_at.saturating_sub(sent).max(0) as u64);
-            added.push((at - own_us - ready).max(0) as u64);
+            added.push((at - own_us - asked).max(0) as u64);
             free_at = at;
         }
     }
     let transports = figures
         .into_iter()
-        .map(|(transport, (printers, [to_paper, own, queued, added]))| TransportFigures {
+        .map(|(transport, (printers, [to_paper, own, queued, added, poll_wait, to_printer]))| TransportFigures {
             transport: transport.to_string(),
             printers,
             tickets: to_paper.len(),
@@ -503,6 +545,8 @@ async fn drive(
             print_ms: Percentiles::from_micros(own),
             queued_ms: Percentiles::from_micros(queued),
             added_ms: Percentiles::from_micros(added),
+            poll_wait_ms: (!poll_wait.is_empty()).then(|| Percentiles::from_micros(poll_wait)),
+            to_printer_ms: (!to_printer.is_empty()).then(|| Percentiles::from_micros(to_printer)),
         })
         .collect();
     let wall_seconds = tally.last_at_us.map_or(0.0, |last| (last - t0_unix_us) as f64 / 1e6);

@@ -62,6 +62,16 @@ pub struct PrintedJob {
     /// the job came with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// Printers that poll: when each poll since the printer's previous job was sent, in
+    /// microseconds since the Unix epoch (at most the last 32), the last being the poll
+    /// that announced this job. A benchmark takes from it how long a ticket waited for the
+    /// printer to ask, which is the printer's own time, not the server's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub polls_us: Vec<i64>,
+    /// MQTT devices: when the printer began this job (it had arrived and was read), in
+    /// microseconds since the Unix epoch; what came after is the printer's own time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_us: Option<i64>,
 }
 
 struct Inner {

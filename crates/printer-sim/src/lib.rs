@@ -167,11 +167,13 @@ pub struct SimArgs {
     /// MQTT: the device id (onceprint) or MAC (cloudprnt) in the topics; also the client id.
     #[arg(long, value_name = "ID", requires = "mqtt", conflicts_with = "fleet")]
     pub device: Option<String>,
-    /// MQTT: run many devices in this one process, one per line of FILE: the device id
-    /// (onceprint) or MAC (cloudprnt), its username and its password, separated by tabs.
-    /// They share the paper log; each behaves as one simulator started with --device and
-    /// that login would. No control endpoint (faults are off).
-    #[arg(long, value_name = "FILE", requires = "mqtt", conflicts_with_all = ["control", "username", "password"])]
+    /// Run many printers in this one process, one per line of FILE: the device id (MQTT,
+    /// onceprint), MAC (MQTT cloudprnt, or --cloudprnt) or Server Direct Print ID
+    /// (--epson-sdp), its username and its password, separated by tabs. They share the
+    /// paper log; each behaves as one simulator started with --device, --mac or --id and
+    /// that login would. Printers that poll share the control endpoint (faults by printer
+    /// name); MQTT devices have none (faults are off).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["username", "password", "mac", "id"])]
     pub fleet: Option<PathBuf>,
     /// No artificial delays. This is already the default (there are none unless
     /// --slow-ms is given); the flag exists so scripts can say so explicitly.
@@ -254,6 +256,36 @@ impl SimArgs {
                 error_after_print: self.error_after_print,
             },
         }
+    }
+
+    /// The polling printers these flags describe, when they ask for some: the one of
+    /// [`SimArgs::polled`], or those of the fleet file.
+    pub fn polled_fleet(&self) -> Result<Option<Vec<PolledPrinter>>, SimError> {
+        let Some(file) = &self.fleet else { return Ok(self.polled()?.map(|p| vec![p])) };
+        let (url, cloudprnt) = match (&self.mqtt, &self.cloudprnt, &self.epson_sdp) {
+            (Some(_), _, _) => return Ok(None),
+            (None, Some(url), _) => (url, true),
+            (None, None, Some(url)) => (url, false),
+            (None, None, None) => {
+                return Err(SimError::Usage("--fleet is for --mqtt, --cloudprnt or --epson-sdp printers".into()))
+            }
+        };
+        let poll_interval = std::time::Duration::from_millis(self.poll_interval_ms.max(10));
+        let mut out = Vec::new();
+        for (device, username, password) in read_fleet_file(file)? {
+            let protocol = if cloudprnt {
+                Protocol::CloudPrnt {
+                    mac: device,
+                    media_type: self.media_type.clone(),
+                    print_width_mm: self.print_width_mm,
+                }
+            } else {
+                digest::check_password(&password).map_err(|e| SimError::Usage(format!("{}: {e}", file.display())))?;
+                Protocol::EpsonSdp { id: Some(device) }
+            };
+            out.push(PolledPrinter { url: url.clone(), username, password, protocol, poll_interval });
+        }
+        Ok(Some(out))
     }
 
     /// The polling printer these flags describe, when they ask for one.
@@ -490,6 +522,15 @@ impl Simulator {
     /// address and count are not used). Its name in the paper log and the fault list is
     /// [`PolledPrinter::name`].
     pub async fn start_polled(printer: PolledPrinter, config: SimConfig) -> Result<Simulator, SimError> {
+        Simulator::start_polled_fleet(vec![printer], config).await
+    }
+
+    /// Starts many polling printers in one simulator: one paper log, one control endpoint
+    /// (each printer's faults by its name, all starting as `config.faults`).
+    pub async fn start_polled_fleet(printers: Vec<PolledPrinter>, config: SimConfig) -> Result<Simulator, SimError> {
+        if printers.is_empty() {
+            return Err(SimError::NoPrinters);
+        }
         let control = match config.control {
             Some(addr) => {
                 let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })?;
@@ -499,12 +540,15 @@ impl Simulator {
             None => None,
         };
         let recorder = Arc::new(jobs::Recorder::open(config.paper_log.as_deref()).await?);
-        let names = vec![printer.name()];
+        let names: Vec<String> = printers.iter().map(PolledPrinter::name).collect();
         let faults = FaultsHandle::new(&names, config.faults);
         let jobs = recorder.jobs();
         let (stop, stop_rx) = watch::channel(false);
-        tracing::info!(printer = %printer.name(), url = %printer.url, faults = ?config.faults, "polling printer started");
-        let mut tasks = vec![tokio::spawn(polled::run(printer, faults.clone(), recorder, stop_rx.clone()))];
+        let mut tasks = Vec::with_capacity(printers.len() + 1);
+        for (index, printer) in printers.into_iter().enumerate() {
+            tracing::info!(printer = %printer.name(), url = %printer.url, faults = ?config.faults, "polling printer started");
+            tasks.push(tokio::spawn(polled::run(printer, index, faults.clone(), recorder.clone(), stop_rx.clone())));
+        }
         let control = control.map(|(listener, local)| {
             tasks.push(tokio::spawn(control::serve(listener, faults.clone(), jobs.clone(), stop_rx.clone())));
             local
@@ -596,9 +640,41 @@ async fn bind_printers(listen: SocketAddr, count: usize) -> Result<Vec<TcpListen
     Ok(listeners)
 }
 
+/// The lines of a fleet file (`printer-sim --fleet`): one printer each, its device id, MAC
+/// or Server Direct Print ID, its username and its password, separated by tabs; empty lines
+/// are skipped.
+pub fn read_fleet_file(file: &std::path::Path) -> Result<Vec<(String, String, String)>, SimError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| SimError::Usage(format!("cannot read the fleet file {}: {e}", file.display())))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.split('\t');
+        let (Some(device), Some(username), Some(password), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(SimError::Usage(format!(
+                "{} line {}: expected DEVICE<TAB>USERNAME<TAB>PASSWORD",
+                file.display(),
+                n + 1
+            )));
+        };
+        out.push((device.to_owned(), username.to_owned(), password.to_owned()));
+    }
+    if out.is_empty() {
+        return Err(SimError::Usage(format!("the fleet file {} names no printer", file.display())));
+    }
+    Ok(out)
+}
+
 /// Runs `onceprint printer-sim` until `shutdown` resolves.
 pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), SimError> {
     if let (Some(config), Some(file)) = (args.mqtt_config()?, &args.fleet) {
+        if args.control.is_some() {
+            return Err(SimError::Usage("a fleet of MQTT devices has no control endpoint: leave out --control".into()));
+        }
         let fleet = mqtt::fleet_configs(&config, file)?;
         let count = fleet.len();
         let shared = mqtt::Shared::open(config.paper_log.as_deref()).await?;
@@ -641,8 +717,8 @@ pub async fn run(args: SimArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         printer.shutdown().await;
         return Ok(());
     }
-    let sim = match args.polled()? {
-        Some(printer) => Simulator::start_polled(printer, args.config()).await?,
+    let sim = match args.polled_fleet()? {
+        Some(printers) => Simulator::start_polled_fleet(printers, args.config()).await?,
         None => Simulator::start(args.config()).await?,
     };
     // Pseudo-terminal paths are chosen by the kernel, so the command says where each
@@ -825,5 +901,30 @@ mod tests {
         let too_far = SocketAddr::from(([127, 0, 0, 1], 65_535));
         assert!(matches!(bind_printers(too_far, 2).await, Err(SimError::PortRange { .. })));
         assert!(matches!(bind_printers(too_far, 0).await, Err(SimError::NoPrinters)));
+    }
+
+    #[test]
+    fn a_fleet_file_names_printers_that_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fleet.tsv");
+        std::fs::write(&file, "00:11:62:00:00:01\tu1\tp1\n\n00:11:62:00:00:02\tu2\tp2\n").unwrap();
+        let f = file.to_str().unwrap();
+        let star = Cli::try_parse_from(["sim", "--cloudprnt", "http://b/cloudprnt", "--fleet", f]).unwrap();
+        let printers = star.args.polled_fleet().unwrap().unwrap();
+        let names: Vec<String> = printers.iter().map(PolledPrinter::name).collect();
+        assert_eq!(names, ["cloudprnt:00:11:62:00:00:01", "cloudprnt:00:11:62:00:00:02"]);
+        assert_eq!((printers[1].username.as_str(), printers[1].password.as_str()), ("u2", "p2"));
+        // An Epson printer's ID is its first field; a password TM Web Config refuses is refused.
+        std::fs::write(&file, "tm1\tu1\tgood-pass\n").unwrap();
+        let epson = Cli::try_parse_from(["sim", "--epson-sdp", "http://b/epson-sdp", "--fleet", f]).unwrap();
+        assert_eq!(epson.args.polled_fleet().unwrap().unwrap()[0].name(), "epson_sdp:tm1");
+        std::fs::write(&file, "tm1\tu1\tbad pass!\n").unwrap();
+        let bad = Cli::try_parse_from(["sim", "--epson-sdp", "http://b/epson-sdp", "--fleet", f]).unwrap();
+        assert!(matches!(bad.args.polled_fleet(), Err(SimError::Usage(_))));
+        // A line without all three fields, and a fleet of no kind, are refused.
+        std::fs::write(&file, "tm1\tu1\n").unwrap();
+        assert!(matches!(epson.args.polled_fleet(), Err(SimError::Usage(m)) if m.contains("line 1")));
+        let neither = Cli::try_parse_from(["sim", "--fleet", f]).unwrap();
+        assert!(matches!(neither.args.polled_fleet(), Err(SimError::Usage(_))));
     }
 }

@@ -236,38 +236,18 @@ impl Drop for MqttPrinter {
     }
 }
 
-/// The devices of a fleet file (`printer-sim --fleet`): one line each, the device id or
-/// MAC, its username and its password, separated by tabs; empty lines are skipped. Each
-/// device is `template` with its own id and login.
+/// The devices of a fleet file (`printer-sim --fleet`, see [`crate::read_fleet_file`]):
+/// each is `template` with its own id and login.
 pub fn fleet_configs(template: &MqttSimConfig, file: &std::path::Path) -> Result<Vec<MqttSimConfig>, SimError> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| SimError::Usage(format!("cannot read the fleet file {}: {e}", file.display())))?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut fields = line.split('\t');
-        let (Some(device), Some(username), Some(password), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return Err(SimError::Usage(format!(
-                "{} line {}: expected DEVICE<TAB>USERNAME<TAB>PASSWORD",
-                file.display(),
-                n + 1
-            )));
-        };
-        out.push(MqttSimConfig {
-            device: device.to_owned(),
-            username: Some(username.to_owned()),
-            password: Some(password.to_owned()),
+    Ok(crate::read_fleet_file(file)?
+        .into_iter()
+        .map(|(device, username, password)| MqttSimConfig {
+            device,
+            username: Some(username),
+            password: Some(password),
             ..template.clone()
-        });
-    }
-    if out.is_empty() {
-        return Err(SimError::Usage(format!("the fleet file {} names no device", file.display())));
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 /// An onceprint device's journal entry for one idempotency key.
@@ -1023,6 +1003,7 @@ impl Device {
 
     /// Prints (taking `slow_ms` when the printer is slow) and writes the paper-log line.
     async fn write(&self, slip: Slip, qr: Vec<String>, job: &str) -> bool {
+        let started_us = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000) as i64;
         let slow_ms = self.faults.current(0).slow_ms;
         if slow_ms > 0 {
             tokio::time::sleep(Duration::from_millis(slow_ms)).await;
@@ -1039,6 +1020,8 @@ impl Device {
             cut: slip.cut,
             device: Some(self.config.device.clone()),
             job: Some(job.to_owned()),
+            polls_us: Vec::new(),
+            started_us: Some(started_us),
         };
         match self.recorder.record(printed).await {
             Ok(()) => true,

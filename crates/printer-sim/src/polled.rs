@@ -143,13 +143,20 @@ pub(crate) fn read_star_job(
 struct Ctx {
     printer: PolledPrinter,
     name: String,
+    /// The printer's place in `faults` (a fleet keeps many printers in one simulator).
+    index: usize,
     faults: FaultsHandle,
     recorder: Arc<Recorder>,
     http: reqwest::Client,
     seq: std::sync::atomic::AtomicU64,
     /// An Epson printer's HTTP Digest sign-in (its challenge and count).
     digest: crate::digest::Session,
+    /// When the polls since the last printed job were sent (Unix µs), for the paper log.
+    polls: std::sync::Mutex<Vec<i64>>,
 }
+
+/// Poll times kept for one paper-log line.
+const POLLS_KEPT: usize = 32;
 
 /// A confirmation that still has to go out.
 enum Confirmation {
@@ -157,9 +164,10 @@ enum Confirmation {
     Epson { jobid: String, success: bool, code: String },
 }
 
-/// Runs one polling printer until `stop`.
+/// Runs one polling printer, number `index` of `faults`, until `stop`.
 pub(crate) async fn run(
     printer: PolledPrinter,
+    index: usize,
     faults: FaultsHandle,
     recorder: Arc<Recorder>,
     mut stop: watch::Receiver<bool>,
@@ -183,16 +191,18 @@ pub(crate) async fn run(
     let ctx = Ctx {
         printer,
         name,
+        index,
         faults,
         recorder,
         http,
         seq: std::sync::atomic::AtomicU64::new(0),
         digest: crate::digest::Session::default(),
+        polls: std::sync::Mutex::new(Vec::new()),
     };
     let mut late: Vec<Confirmation> = Vec::new();
     loop {
         let sleep = tokio::time::sleep(ctx.printer.poll_interval);
-        let f = ctx.faults.current(0);
+        let f = ctx.faults.current(ctx.index);
         if !f.offline {
             if let Err(e) = ctx.round(f, &mut late).await {
                 tracing::warn!(printer = %ctx.name, error = %e, "poll round failed");
@@ -218,6 +228,12 @@ fn blocking_code(f: &Faults) -> Option<(&'static str, &'static str)> {
 impl Ctx {
     async fn round(&self, f: Faults, late: &mut Vec<Confirmation>) -> Result<(), String> {
         let held: Vec<Confirmation> = std::mem::take(late);
+        if let Ok(mut polls) = self.polls.lock() {
+            if polls.len() == POLLS_KEPT {
+                polls.remove(0);
+            }
+            polls.push(unix_now_us());
+        }
         let fetched = match &self.printer.protocol {
             Protocol::CloudPrnt { mac, media_type, print_width_mm } => {
                 self.cloudprnt_fetch(&f, mac, media_type, *print_width_mm).await?
@@ -231,7 +247,7 @@ impl Ctx {
         let Some((jobid, printout)) = fetched else { return Ok(()) };
         let take = |field: fn(&mut Faults) -> &mut u32| {
             let mut hit = false;
-            self.faults.modify(0, |f| {
+            self.faults.modify(self.index, |f| {
                 let n = field(f);
                 if *n > 0 {
                     *n -= 1;
@@ -243,7 +259,7 @@ impl Ctx {
         if f.slow_ms > 0 {
             tokio::time::sleep(Duration::from_millis(f.slow_ms)).await;
         }
-        let now = self.faults.current(0);
+        let now = self.faults.current(self.index);
         let confirmation = if let Some(code) = printout.refused {
             // Data it cannot use: nothing printed (Star's 5xx codes, CloudPRNT Protocol
             // Guide "Printer Status Codes"; Epson's `SchemaError`, ePOS-Print XML User's
@@ -299,6 +315,8 @@ impl Ctx {
             cut: p.cut,
             device: None,
             job: None,
+            polls_us: self.polls.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default(),
+            started_us: None,
         };
         self.recorder.record(job).await
     }
@@ -436,6 +454,11 @@ impl Ctx {
         }
         Ok(())
     }
+}
+
+/// Now, in microseconds since the Unix epoch.
+fn unix_now_us() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000) as i64
 }
 
 /// The width of a PNG, read by decoding it whole, as a printer must to print it.

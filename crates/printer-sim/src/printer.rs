@@ -300,6 +300,8 @@ impl JobBuilder {
             cut,
             device: None,
             job: None,
+            polls_us: Vec::new(),
+            started_us: None,
         }
     }
 }

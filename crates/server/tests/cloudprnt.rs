@@ -743,14 +743,16 @@ async fn idle_polls_right_after_the_fetch_are_printing_and_past_the_offline_thre
 /// The simulator prints as a Star printer does (it refuses an image that is not its print
 /// width, a media type it did not ask for, a content type with parameters): a receipt
 /// document and Chinese markup print once each, as images, on an 80 mm and a 58 mm
-/// printer, cut as the documents say; an ASCII text ticket prints as text.
+/// printer, cut as the documents say; an ASCII text ticket prints as text. Both printers
+/// run in one simulator (a fleet), each with its own faults: the 58 mm one starts out of
+/// paper and prints only once paper is in.
 async fn a_strict_simulated_printer_prints_documents_as_images_at_its_own_width(app: &TestApp) {
     let key = app.tenant("acme").await;
-    let mut sims = Vec::new();
+    let mut printers = Vec::new();
     for (id, mac, mm) in [("star80", "00:11:62:00:00:80", 72u16), ("star58", "00:11:62:00:00:58", 48)] {
         let (user, pass) =
             printer_with_login(app, &key, id, json!({"kind": "cloudprnt", "mac": mac, "poll_interval_s": 1})).await;
-        let printer = PolledPrinter {
+        printers.push(PolledPrinter {
             url: format!("{}/cloudprnt", app.base),
             username: user,
             password: pass,
@@ -760,35 +762,63 @@ async fn a_strict_simulated_printer_prints_documents_as_images_at_its_own_width(
                 print_width_mm: mm,
             },
             poll_interval: Duration::from_millis(100),
-        };
-        let sim = Simulator::start_polled(printer, SimConfig::ephemeral()).await.expect("sim");
+        });
+    }
+    let names: Vec<String> = printers.iter().map(PolledPrinter::name).collect();
+    let sim = Simulator::start_polled_fleet(printers, SimConfig::ephemeral()).await.expect("sim");
+    sim.faults()
+        .update(Some(&names[1]), FaultUpdate { paper_out: Some(true), ..FaultUpdate::default() })
+        .expect("the 58 mm printer is in the fleet");
+    let mut ids: Vec<Vec<String>> = Vec::new();
+    for id in ["star80", "star58"] {
         let doc = json!({"type": "doc", "doc": {"blocks": [
             {"type": "text", "text": "Table 7", "bold": true},
             {"type": "text", "text": "1 x noodles"},
             {"type": "cut", "mode": "full"}]}});
-        let mut ids = Vec::new();
+        let mut mine = Vec::new();
         for (biz, content) in [
-            ("D1", doc),
-            ("M1", json!({"type": "markup", "markup": "[center]桌 7\n1 x 鱼汤\n"})),
-            ("T1", json!({"type": "text", "text": "order T1\n"})),
+            (format!("D1-{id}"), doc),
+            (format!("M1-{id}"), json!({"type": "markup", "markup": "[center]桌 7\n1 x 鱼汤\n"})),
+            (format!("T1-{id}"), json!({"type": "text", "text": "order T1\n"})),
         ] {
             let a = app.submit(&key, json!({"biz_no": biz, "printer_id": id, "content": content})).await;
             assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
-            ids.push(a.body["task_id"].as_str().expect("task_id").to_owned());
+            mine.push(a.body["task_id"].as_str().expect("task_id").to_owned());
         }
-        for t in &ids {
-            wait_state(app, &key, t, "printed", Duration::from_secs(10)).await;
-        }
-        sims.push((id, sim));
+        ids.push(mine);
     }
-    for (id, sim) in sims {
-        let jobs = sim.jobs().all();
-        assert_eq!(jobs.len(), 3, "{id}: each ticket once: {jobs:?}");
+    for t in &ids[0] {
+        wait_state(app, &key, t, "printed", Duration::from_secs(10)).await;
+    }
+    let on = |name: &str| sim.jobs().all().into_iter().filter(|j| j.printer == name).collect::<Vec<_>>();
+    assert!(on(&names[1]).is_empty(), "out of paper, nothing printed: {:?}", on(&names[1]));
+    for t in &ids[1] {
+        assert_ne!(task(app, &key, t).await["state"], "printed", "{t}");
+    }
+    sim.faults()
+        .update(Some(&names[1]), FaultUpdate { paper_out: Some(false), ..FaultUpdate::default() })
+        .expect("the 58 mm printer is in the fleet");
+    for t in &ids[1] {
+        wait_state(app, &key, t, "printed", Duration::from_secs(10)).await;
+    }
+    for name in &names {
+        let jobs = on(name);
+        assert_eq!(jobs.len(), 3, "{name}: each ticket once: {jobs:?}");
         let images: Vec<_> = jobs.iter().filter(|j| j.images == 1).collect();
-        assert_eq!(images.len(), 2, "{id}: the document and the markup as images: {jobs:?}");
+        assert_eq!(images.len(), 2, "{name}: the document and the markup as images: {jobs:?}");
         let cuts: Vec<_> = images.iter().map(|j| j.cut).collect();
-        assert_eq!(cuts, [Cut::Full, Cut::Partial], "{id}: the document's full cut, markup's partial one");
-        assert!(jobs.iter().any(|j| j.images == 0 && j.text == "order T1\n"), "{id}: {jobs:?}");
+        assert_eq!(cuts, [Cut::Full, Cut::Partial], "{name}: the document's full cut, markup's partial one");
+        assert!(jobs.iter().any(|j| j.images == 0 && j.text == "order T1\n"), "{name}: {jobs:?}");
+        // Each line carries the polls since the printer's previous job, the poll that
+        // announced it last, before the job was printed.
+        for j in &jobs {
+            let printed = time::OffsetDateTime::parse(&j.at, &time::format_description::well_known::Rfc3339)
+                .expect("RFC 3339")
+                .unix_timestamp_nanos()
+                / 1_000;
+            let last = *j.polls_us.last().expect("poll times");
+            assert!(j.polls_us.windows(2).all(|w| w[0] <= w[1]) && i128::from(last) <= printed, "{j:?}");
+        }
     }
 }
 

@@ -626,6 +626,8 @@ mod tests {
             at_parsed: true,
             markers: vec![m],
             job_task: None,
+            polls_us: Vec::new(),
+            started_us: None,
         };
         t.add(&line(0, 1_000_000 + 5_000)); // 4 ms after its answer at +1 ms
         t.add(&line(1, 1_000_000 + 1_000)); // before its answer at +2 ms: counts as 0

@@ -1,8 +1,10 @@
 //! The mixed fleet of a fault run: besides the store agent's TCP printers, printers that
 //! call the broker — Star CloudPRNT and Epson Server Direct Print printers polling over
 //! HTTP, devices of onceprint's MQTT protocol and Star CloudPRNT printers in MQTT mode on a
-//! Mosquitto the run starts itself. Each is one `printer-sim` process in its mode, with its
-//! own login and control endpoint, all writing the one paper log, so the verdict judges
+//! Mosquitto the run starts itself. The polling printers of each kind share one
+//! `printer-sim --fleet` process (one control endpoint, faults by printer name), so a
+//! fleet of hundreds costs one process, not hundreds; every MQTT printer is a process of
+//! its own. Each printer has its own login, and all write the one paper log, so the verdict judges
 //! every printer alike by what came out (a Star MQTT printer's picture by the job token it
 //! came with). Every other Star MQTT printer forgets its remembered job tokens when it
 //! loses power, as Star does not say they survive.
@@ -115,84 +117,89 @@ pub struct Place<'a> {
     pub dir: &'a Path,
 }
 
-/// Registers the fleet's printers (numbered from `first`) and starts one simulator each.
+/// The fleet once started: its simulator processes, and each printer's control endpoint
+/// and name there, in the printers' order.
+pub struct Started {
+    pub procs: Vec<Proc>,
+    pub printers: Vec<(SocketAddr, String)>,
+}
+
+/// Registers the fleet's printers (numbered from `first`) and starts their simulators: the
+/// CloudPRNT printers in one process and the Epson printers in another (`printer-sim
+/// --fleet`, one control endpoint each, faults by printer name), every MQTT printer in a
+/// process of its own.
 pub async fn start(
     conn: &mut Conn,
     auth: &HeaderValue,
     fleet: Fleet,
     first: usize,
     place: Place<'_>,
-) -> Result<Vec<(Proc, SocketAddr, String)>, BenchError> {
+) -> Result<Started, BenchError> {
     let Place { exe, broker, mqtt_port, paper_log, dir } = place;
     let kinds = std::iter::repeat_n(Kind::Cloudprnt, fleet.cloudprnt)
         .chain(std::iter::repeat_n(Kind::Epson, fleet.epson))
         .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt))
         .chain(std::iter::repeat_n(Kind::MqttStar, fleet.mqtt_star));
-    let mut out = Vec::with_capacity(fleet.total());
+    let mut procs: Vec<(Proc, SocketAddr)> = Vec::new();
+    let mut printers = Vec::with_capacity(fleet.total());
+    // The printers that poll, by kind: their fleet file's lines, then one process each.
+    let mut polled: [(Kind, String, Vec<String>); 2] =
+        [(Kind::Cloudprnt, String::new(), Vec::new()), (Kind::Epson, String::new(), Vec::new())];
+    let polled_control = [
+        SocketAddr::from(([127, 0, 0, 1], if fleet.cloudprnt > 0 { free_port_run(1)? } else { 0 })),
+        SocketAddr::from(([127, 0, 0, 1], if fleet.epson > 0 { free_port_run(1)? } else { 0 })),
+    ];
     for (j, kind) in kinds.enumerate() {
         let index = first + j;
         let caller = register(conn, auth, kind, index).await?;
+        let slot = match kind {
+            Kind::Cloudprnt => Some(0),
+            Kind::Epson => Some(1),
+            Kind::Mqtt | Kind::MqttStar => None,
+        };
+        if let Some(slot) = slot {
+            let (_, lines, names) = &mut polled[slot];
+            lines.push_str(&format!("{}\t{}\t{}\n", caller.device, caller.username, caller.password));
+            let name =
+                if slot == 0 { format!("cloudprnt:{}", caller.device) } else { format!("epson_sdp:{}", caller.device) };
+            names.push(name.clone());
+            printers.push((polled_control[slot], name));
+            continue;
+        }
         let control = SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?));
         let mut args: Vec<String> = vec!["printer-sim".into()];
-        let name = match kind {
-            Kind::Cloudprnt => {
-                args.extend([
-                    "--cloudprnt".into(),
-                    format!("http://{broker}/cloudprnt"),
-                    "--mac".into(),
-                    caller.device.clone(),
-                    "--media-type".into(),
-                    "text/plain".into(),
-                ]);
-                format!("cloudprnt:{}", caller.device)
+        let name = if kind == Kind::Mqtt {
+            let port = mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
+            args.extend([
+                "--mqtt".into(),
+                format!("mqtt://127.0.0.1:{port}"),
+                "--protocol".into(),
+                "onceprint".into(),
+                "--device".into(),
+                caller.device.clone(),
+            ]);
+            // An onceprint device is named by its MQTT server's address in the paper
+            // log and in its simulator's fault list.
+            format!("127.0.0.1:{port}")
+        } else {
+            // A Star printer is given the CloudPRNT server URL and its HTTP login; it
+            // takes its MQTT server from the broker's settings answer.
+            args.extend([
+                "--mqtt".into(),
+                "--protocol".into(),
+                "cloudprnt".into(),
+                "--server-url".into(),
+                format!("http://{broker}/cloudprnt"),
+                "--device".into(),
+                caller.device.clone(),
+            ]);
+            if index.is_multiple_of(2) {
+                args.push("--power-cycle-forgets".into());
             }
-            Kind::Epson => {
-                args.extend([
-                    "--epson-sdp".into(),
-                    format!("http://{broker}/epson-sdp"),
-                    "--id".into(),
-                    caller.device.clone(),
-                ]);
-                format!("epson_sdp:{}", caller.device)
-            }
-            Kind::Mqtt => {
-                let port =
-                    mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
-                args.extend([
-                    "--mqtt".into(),
-                    format!("mqtt://127.0.0.1:{port}"),
-                    "--protocol".into(),
-                    "onceprint".into(),
-                    "--device".into(),
-                    caller.device.clone(),
-                ]);
-                // An onceprint device is named by its MQTT server's address in the paper
-                // log and in its simulator's fault list.
-                format!("127.0.0.1:{port}")
-            }
-            Kind::MqttStar => {
-                // A Star printer is given the CloudPRNT server URL and its HTTP login; it
-                // takes its MQTT server from the broker's settings answer.
-                args.extend([
-                    "--mqtt".into(),
-                    "--protocol".into(),
-                    "cloudprnt".into(),
-                    "--server-url".into(),
-                    format!("http://{broker}/cloudprnt"),
-                    "--device".into(),
-                    caller.device.clone(),
-                ]);
-                if index.is_multiple_of(2) {
-                    args.push("--power-cycle-forgets".into());
-                }
-                // Named `cloudprnt-mqtt:MAC` in the paper log and its fault list: its MQTT
-                // server is known only once the settings answer came.
-                format!("cloudprnt-mqtt:{}", caller.device)
-            }
+            // Named `cloudprnt-mqtt:MAC` in the paper log and its fault list: its MQTT
+            // server is known only once the settings answer came.
+            format!("cloudprnt-mqtt:{}", caller.device)
         };
-        if !matches!(kind, Kind::Mqtt | Kind::MqttStar) {
-            args.extend(["--poll-interval-ms".into(), POLL_INTERVAL_MS.to_string()]);
-        }
         args.extend([
             "--username".into(),
             caller.username.clone(),
@@ -204,11 +211,37 @@ pub async fn start(
             control.to_string(),
         ]);
         let log = dir.join(format!("sim-{}.log", caller.printer_id));
-        let proc = Proc::spawn("printer-sim", exe, &args, &log)?;
-        out.push((proc, control, name));
+        procs.push((Proc::spawn("printer-sim", exe, &args, &log)?, control));
+        printers.push((control, name));
+    }
+    for (slot, (kind, lines, _)) in polled.iter().enumerate() {
+        if lines.is_empty() {
+            continue;
+        }
+        let (flag, path, label) = match kind {
+            Kind::Cloudprnt => ("--cloudprnt", format!("http://{broker}/cloudprnt"), "cloudprnt"),
+            _ => ("--epson-sdp", format!("http://{broker}/epson-sdp"), "epson"),
+        };
+        let file = dir.join(format!("fleet-{label}.tsv"));
+        std::fs::write(&file, lines).map_err(|e| BenchError::io(format!("writing {}", file.display()), e))?;
+        let mut args: Vec<String> = vec!["printer-sim".into(), flag.into(), path, "--fleet".into()];
+        args.push(file.display().to_string());
+        if *kind == Kind::Cloudprnt {
+            args.extend(["--media-type".into(), "text/plain".into()]);
+        }
+        args.extend([
+            "--poll-interval-ms".into(),
+            POLL_INTERVAL_MS.to_string(),
+            "--paper-log".into(),
+            paper_log.display().to_string(),
+            "--control".into(),
+            polled_control[slot].to_string(),
+        ]);
+        let log = dir.join(format!("sim-{label}-fleet.log"));
+        procs.push((Proc::spawn("printer-sim", exe, &args, &log)?, polled_control[slot]));
     }
     // Every simulator must answer on its control endpoint before faults are sent to it.
-    for (proc, control, _) in out.iter_mut() {
+    for (proc, control) in procs.iter_mut() {
         let started = Instant::now();
         loop {
             if let Some(status) = proc.exited() {
@@ -229,7 +262,7 @@ pub async fn start(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    Ok(out)
+    Ok(Started { procs: procs.into_iter().map(|(p, _)| p).collect(), printers })
 }
 
 /// `POST /v1/printers` for printer `p{index}` of `kind`; its login from the answer.

@@ -348,11 +348,8 @@ async fn drive(
     let mqtt = (mqtt_port > 0).then_some(mqtt_port);
     let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port: mqtt, paper_log: &paper_log, dir };
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
-    let mut targets = Vec::with_capacity(callers.len());
-    for (proc, control, name) in callers {
-        running.callers.push(proc);
-        targets.push((control, name));
-    }
+    running.callers.extend(callers.procs);
+    let targets = callers.printers;
     // With CloudPRNT printers, a station across transports: the first CloudPRNT printer,
     // backed up by the agent's p0. Its primary falls silent once in the run.
     let station = (opts.fleet.cloudprnt > 0).then_some(opts.printers);
@@ -437,8 +434,11 @@ async fn drive(
 
     // Faults stop: every printer healthy, every process up.
     chaos::put(&mut None, control, &schedule::clear_all_fields()).await?;
-    for (caller_control, _) in &targets {
-        chaos::put(&mut None, *caller_control, &schedule::clear_all_fields()).await?;
+    // A fleet process holds many printers behind one control endpoint; a PUT without a
+    // printer's name clears all of them.
+    let caller_controls: std::collections::BTreeSet<_> = targets.iter().map(|(c, _)| *c).collect();
+    for caller_control in caller_controls {
+        chaos::put(&mut None, caller_control, &schedule::clear_all_fields()).await?;
     }
     ensure_up(running, launches, &agent_ctx, &mut problems).await?;
     let drain_start = Instant::now();

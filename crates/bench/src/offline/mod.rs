@@ -887,9 +887,7 @@ async fn drive(
     let cloudprnt = if e.mixed_station {
         let place = fleet::Place { exe: &opts.exe, broker: at.proxy, mqtt_port: None, paper_log: &paper_log, dir };
         let one = fleet::Fleet { cloudprnt: 1, ..fleet::Fleet::default() };
-        for (proc, _, _) in fleet::start(&mut conn, &auth, one, opts.printers, place).await? {
-            running.callers.push(proc);
-        }
+        running.callers.extend(fleet::start(&mut conn, &auth, one, opts.printers, place).await?.procs);
         Some(format!("p{}", opts.printers))
     } else {
         None
