@@ -118,7 +118,13 @@ impl Link {
         if let Some(user) = &settings.username {
             options.set_credentials(user.clone(), settings.password.clone().unwrap_or_default());
         }
-        let (client, eventloop) = AsyncClient::new(options, 64);
+        let (client, mut eventloop) = AsyncClient::new(options, 64);
+        // Without TCP_NODELAY a job published right after the PUBACK of a result waits, by
+        // Nagle's algorithm, for the MQTT server to acknowledge the PUBACK's segment: up to
+        // its delayed-ACK time (40 ms on Linux) on every ticket that follows a result.
+        let mut network = rumqttc::NetworkOptions::new();
+        network.set_tcp_nodelay(true);
+        eventloop.set_network_options(network);
         let waiters = Arc::new(Mutex::new(Waiters::default()));
         let (connected_tx, connected) = watch::channel(false);
         let lost_sessions = Arc::new(AtomicU64::new(0));

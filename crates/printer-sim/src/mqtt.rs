@@ -560,6 +560,11 @@ impl Device {
                 options.set_credentials(u, password.unwrap_or_default());
             }
             let (client, mut eventloop) = AsyncClient::new(options, 256);
+            // A result and the PUBACK of its job go out back to back; without TCP_NODELAY
+            // the second waits for the first to be acknowledged (Nagle's algorithm).
+            let mut network = rumqttc::NetworkOptions::new();
+            network.set_tcp_nodelay(true);
+            eventloop.set_network_options(network);
             let mut power_lost = false;
             let mut last_status: Option<Value> = None;
             // A crash or dropped connection ends this loop; the next one reconnects.

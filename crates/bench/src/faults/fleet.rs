@@ -85,10 +85,14 @@ pub async fn start_mosquitto(dir: &Path) -> Result<(Proc, u16), BenchError> {
     let conf = dir.join("mosquitto.conf");
     // Mosquitto queues at most 1,000 QoS 1 messages for a client by default and drops the
     // rest: thousands of devices announcing themselves at once would lose their status
-    // messages on the way to the broker (`bench mqtt`). 0 is no limit.
+    // messages on the way to the broker (`bench mqtt`). 0 is no limit. Without
+    // `set_tcp_nodelay`, a message Mosquitto writes right after another to the same client
+    // waits for that client's delayed ACK (Nagle's algorithm, up to 40 ms; docs/MQTT.md).
     std::fs::write(
         &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 0\n"),
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 0\nset_tcp_nodelay true\n"
+        ),
     )
     .map_err(|e| BenchError::io(format!("writing {}", conf.display()), e))?;
     let args = vec!["-c".to_string(), conf.display().to_string()];
