@@ -88,6 +88,8 @@ pub struct RushOptions {
     /// Start the broker with its rate limits off (a measurement of what it can do, not of
     /// what a shop sees).
     pub rate_limits_off: bool,
+    /// How often the CloudPRNT and Epson printers poll, ms.
+    pub poll_interval_ms: u64,
 }
 
 impl RushOptions {
@@ -105,6 +107,7 @@ impl RushOptions {
             concurrency: 32,
             seed: 1,
             rate_limits_off: false,
+            poll_interval_ms: fleet::DEFAULT_POLL_INTERVAL_MS,
         }
     }
 
@@ -161,6 +164,8 @@ pub struct RushReport {
     pub rate: f64,
     pub seconds: f64,
     pub print_ms: (u64, u64),
+    /// How often the printers that poll polled, ms.
+    pub poll_interval_ms: u64,
     pub tasks: usize,
     /// HTTP submissions sent (repeats and retries included).
     pub requests: usize,
@@ -192,8 +197,9 @@ impl RushReport {
         let _ = writeln!(s, "bench rush ({}, {})", self.backend, self.machine);
         let _ = writeln!(
             s,
-            "printers: {}; print time {}–{} ms; {} tickets at {}/s over {} s ({}), {} submissions; broker rate limits: {}",
+            "printers: {} (those that poll every {} ms); print time {}–{} ms; {} tickets at {}/s over {} s ({}), {} submissions; broker rate limits: {}",
             self.printers,
+            self.poll_interval_ms,
             self.print_ms.0,
             self.print_ms.1,
             self.tasks,
@@ -287,6 +293,9 @@ fn validate(opts: &RushOptions) -> Result<(), BenchError> {
     if !(opts.rate > 0.0 && opts.seconds > 0.0 && opts.tasks() > 0) {
         return Err(BenchError::InvalidOptions("--rate and --seconds must give at least one ticket".into()));
     }
+    if !(10..=60_000).contains(&opts.poll_interval_ms) {
+        return Err(BenchError::InvalidOptions("--poll-interval-ms: 10 to 60000".into()));
+    }
     if opts.print_ms.0 > opts.print_ms.1 {
         return Err(BenchError::InvalidOptions("--print-ms: LOW-HIGH with LOW ≤ HIGH".into()));
     }
@@ -361,6 +370,20 @@ fn transport_of(i: usize, agent_printers: usize, fleet: Fleet) -> &'static str {
     "mqtt_star"
 }
 
+/// The bench agent's arguments, with deliveries in hand for two per printer (never fewer
+/// than the benches' 256): a shop with hundreds of printers on one agent sets
+/// `--max-deliveries` above its printer count, or its printers wait for permits.
+fn rush_agent_args(addr: std::net::SocketAddr, token: &str, dir: &Path, printers: usize) -> Vec<String> {
+    let mut args = agent_args(addr, token, &dir.join("agent"), None);
+    if let Some(i) = args.iter().position(|a| a == "--max-deliveries") {
+        if let Some(v) = args.get_mut(i + 1) {
+            let permits = v.parse::<usize>().unwrap_or(256).max(2 * printers);
+            *v = permits.to_string();
+        }
+    }
+    args
+}
+
 /// Printer `i`'s time per ticket: spread over the range by the golden ratio, so that
 /// every kind of printer gets short and long times alike.
 fn print_ms_of(i: usize, (lo, hi): (u64, u64)) -> u64 {
@@ -409,7 +432,14 @@ async fn drive(
     let printer_addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], first_port + i as u16));
     let addresses: Vec<String> = (0..opts.printers).map(|p| format!("tcp://{}", printer_addr(p))).collect();
     let Deployment { auth, agent_token } = setup::deploy(&mut conn, &admin_token, &addresses).await?;
-    let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port, paper_log: &paper_log, dir };
+    let place = fleet::Place {
+        exe: &opts.exe,
+        broker: addr,
+        mqtt_port,
+        paper_log: &paper_log,
+        dir,
+        poll_interval_ms: opts.poll_interval_ms,
+    };
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
     let mut targets: Vec<(std::net::SocketAddr, String)> =
         (0..opts.printers).map(|i| (control, printer_addr(i).to_string())).collect();
@@ -433,7 +463,7 @@ async fn drive(
         PaperWatcher::start(paper_log, tasks).map_err(|e| BenchError::io("starting the paper-log reader", e))?;
     let agent_log = dir.join("agent.log");
     let mut agent =
-        Proc::spawn("agent", &opts.exe, &agent_args(addr, &agent_token, &dir.join("agent"), None), &agent_log)?;
+        Proc::spawn("agent", &opts.exe, &rush_agent_args(addr, &agent_token, dir, opts.printers), &agent_log)?;
     tokio::time::sleep(AGENT_WARMUP).await;
     if let Some(status) = agent.exited() {
         return Err(BenchError::Protocol {
@@ -563,6 +593,7 @@ async fn drive(
         rate: opts.rate,
         seconds: opts.seconds,
         print_ms: opts.print_ms,
+        poll_interval_ms: opts.poll_interval_ms,
         tasks,
         requests: run.total_attempts() as usize,
         submissions_429: run.failed_attempts.iter().filter(|a| a.status == 429).count(),

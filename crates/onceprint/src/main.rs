@@ -480,6 +480,10 @@ enum BenchCommand {
         /// Also this many MQTT devices (onceprint protocol) on a Mosquitto the run starts.
         #[arg(long, default_value_t = 0)]
         mqtt: usize,
+        /// How often the CloudPRNT and Epson printers poll, in ms (their wait for their
+        /// next poll is reported apart from the broker's share).
+        #[arg(long, default_value_t = 100)]
+        poll_interval_ms: u64,
         /// Tickets a second (first submissions; the repeats come on top).
         #[arg(long, default_value_t = 75.0)]
         rate: f64,
@@ -950,6 +954,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
             cloudprnt,
             epson,
             mqtt,
+            poll_interval_ms,
             rate,
             seconds,
             print_ms,
@@ -981,6 +986,7 @@ async fn bench(which: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 seed,
                 rate_limits_off,
+                poll_interval_ms,
                 ..onceprint_bench::RushOptions::new(exe)
             })
             .await?;

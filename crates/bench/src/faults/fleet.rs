@@ -26,9 +26,9 @@ use crate::setup::setup_call;
 use crate::sim::free_port_run;
 use crate::{BenchError, STORE_ID};
 
-/// How often a simulated polling printer polls: short, so a few of them carry a fair share
-/// of a run's tasks (a real printer polls every few seconds).
-const POLL_INTERVAL_MS: u64 = 100;
+/// How often a simulated polling printer polls unless told otherwise: short, so a few of
+/// them carry a fair share of a run's tasks (a real printer polls every few seconds).
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 100;
 
 /// Printers of each calling-in kind, beside the agent's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,6 +119,8 @@ pub struct Place<'a> {
     pub paper_log: &'a Path,
     /// The run's directory (one log per simulator).
     pub dir: &'a Path,
+    /// How often the printers that poll poll.
+    pub poll_interval_ms: u64,
 }
 
 /// The fleet once started: its simulator processes, and each printer's control endpoint
@@ -139,7 +141,7 @@ pub async fn start(
     first: usize,
     place: Place<'_>,
 ) -> Result<Started, BenchError> {
-    let Place { exe, broker, mqtt_port, paper_log, dir } = place;
+    let Place { exe, broker, mqtt_port, paper_log, dir, poll_interval_ms } = place;
     let kinds = std::iter::repeat_n(Kind::Cloudprnt, fleet.cloudprnt)
         .chain(std::iter::repeat_n(Kind::Epson, fleet.epson))
         .chain(std::iter::repeat_n(Kind::Mqtt, fleet.mqtt))
@@ -149,13 +151,24 @@ pub async fn start(
     // The printers that poll, by kind: their fleet file's lines, then one process each.
     let mut polled: [(Kind, String, Vec<String>); 2] =
         [(Kind::Cloudprnt, String::new(), Vec::new()), (Kind::Epson, String::new(), Vec::new())];
-    let polled_control = [
-        SocketAddr::from(([127, 0, 0, 1], if fleet.cloudprnt > 0 { free_port_run(1)? } else { 0 })),
-        SocketAddr::from(([127, 0, 0, 1], if fleet.epson > 0 { free_port_run(1)? } else { 0 })),
-    ];
+    // A port is free when it is picked, but the simulator given it binds it only later:
+    // every port picked here is kept apart from the next picks (hundreds of simulators
+    // would otherwise draw the same port now and then).
+    let mut picked = std::collections::HashSet::new();
+    let mut pick = || -> Result<SocketAddr, BenchError> {
+        loop {
+            let port = free_port_run(1)?;
+            if picked.insert(port) {
+                return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+            }
+        }
+    };
+    let unused = SocketAddr::from(([127, 0, 0, 1], 0));
+    let polled_control =
+        [if fleet.cloudprnt > 0 { pick()? } else { unused }, if fleet.epson > 0 { pick()? } else { unused }];
     for (j, kind) in kinds.enumerate() {
         let index = first + j;
-        let caller = register(conn, auth, kind, index).await?;
+        let caller = register(conn, auth, kind, index, poll_interval_ms).await?;
         let slot = match kind {
             Kind::Cloudprnt => Some(0),
             Kind::Epson => Some(1),
@@ -170,7 +183,7 @@ pub async fn start(
             printers.push((polled_control[slot], name));
             continue;
         }
-        let control = SocketAddr::from(([127, 0, 0, 1], free_port_run(1)?));
+        let control = pick()?;
         let mut args: Vec<String> = vec!["printer-sim".into()];
         let name = if kind == Kind::Mqtt {
             let port = mqtt_port.ok_or_else(|| BenchError::InvalidOptions("MQTT printers need mosquitto".into()))?;
@@ -235,7 +248,7 @@ pub async fn start(
         }
         args.extend([
             "--poll-interval-ms".into(),
-            POLL_INTERVAL_MS.to_string(),
+            poll_interval_ms.to_string(),
             "--paper-log".into(),
             paper_log.display().to_string(),
             "--control".into(),
@@ -270,16 +283,24 @@ pub async fn start(
 }
 
 /// `POST /v1/printers` for printer `p{index}` of `kind`; its login from the answer.
-async fn register(conn: &mut Conn, auth: &HeaderValue, kind: Kind, index: usize) -> Result<Caller, BenchError> {
+async fn register(
+    conn: &mut Conn,
+    auth: &HeaderValue,
+    kind: Kind,
+    index: usize,
+    poll_interval_ms: u64,
+) -> Result<Caller, BenchError> {
     let printer_id = format!("p{index}");
+    // The broker's offline threshold follows the interval it is told (whole seconds).
+    let poll_interval_s = poll_interval_ms.div_ceil(1000).max(1);
     let (device, transport) = match kind {
         Kind::Cloudprnt => {
             let mac = format!("00:11:62:00:{:02x}:{:02x}", (index >> 8) & 0xff, index & 0xff);
-            (mac.clone(), json!({"kind": "cloudprnt", "mac": mac, "poll_interval_s": 1}))
+            (mac.clone(), json!({"kind": "cloudprnt", "mac": mac, "poll_interval_s": poll_interval_s}))
         }
         Kind::Epson => {
             let id = format!("tm{index}");
-            (id.clone(), json!({"kind": "epson_sdp", "printer_id": id, "poll_interval_s": 1}))
+            (id.clone(), json!({"kind": "epson_sdp", "printer_id": id, "poll_interval_s": poll_interval_s}))
         }
         Kind::Mqtt => {
             let id = format!("dev{index}");

@@ -346,7 +346,14 @@ async fn drive(
     )
     .await?;
     let mqtt = (mqtt_port > 0).then_some(mqtt_port);
-    let place = fleet::Place { exe: &opts.exe, broker: addr, mqtt_port: mqtt, paper_log: &paper_log, dir };
+    let place = fleet::Place {
+        exe: &opts.exe,
+        broker: addr,
+        mqtt_port: mqtt,
+        paper_log: &paper_log,
+        dir,
+        poll_interval_ms: fleet::DEFAULT_POLL_INTERVAL_MS,
+    };
     let callers = fleet::start(&mut conn, &auth, opts.fleet, opts.printers, place).await?;
     running.callers.extend(callers.procs);
     let targets = callers.printers;

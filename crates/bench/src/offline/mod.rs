@@ -885,7 +885,14 @@ async fn drive(
     // The mixed station's CloudPRNT printer polls the broker through the shop's line, like
     // the agent, and prints onto the run's paper log.
     let cloudprnt = if e.mixed_station {
-        let place = fleet::Place { exe: &opts.exe, broker: at.proxy, mqtt_port: None, paper_log: &paper_log, dir };
+        let place = fleet::Place {
+            exe: &opts.exe,
+            broker: at.proxy,
+            mqtt_port: None,
+            paper_log: &paper_log,
+            dir,
+            poll_interval_ms: fleet::DEFAULT_POLL_INTERVAL_MS,
+        };
         let one = fleet::Fleet { cloudprnt: 1, ..fleet::Fleet::default() };
         running.callers.extend(fleet::start(&mut conn, &auth, one, opts.printers, place).await?.procs);
         Some(format!("p{}", opts.printers))
