@@ -427,10 +427,10 @@ impl LaneEngine {
         let now = self.now();
         let mut reachable: Option<&(dyn Fn(&PrinterInfo) -> bool + Sync)> = None;
         let (lanes, kind) = match scope {
-            Scope::Store { store_id, kind } => (self.store.lanes(tenant_id, store_id).await?, kind),
+            Scope::Store { store_id, kind } => (self.store.lanes(tenant_id, store_id, kind.as_str()).await?, kind),
             Scope::Reachable { store_id, kind, reachable: r } => {
                 reachable = Some(r);
-                (self.store.lanes(tenant_id, store_id).await?, kind)
+                (self.store.lanes(tenant_id, store_id, kind.as_str()).await?, kind)
             }
             Scope::Printer { printer_id, store_id, kind } => {
                 // Taken before the lane is read: a write that gives the lane work after

@@ -578,9 +578,13 @@ pub(crate) async fn lanes(
     client: &deadpool_postgres::Client,
     tenant_id: &str,
     store_id: &str,
+    kind: &str,
 ) -> StoreResult<Vec<Lane>> {
-    let stmt = client.prepare_cached(&lanes_sql("p.store_id = $2")).await.map_err(pg_error)?;
-    let found = client.query(&stmt, &[&tenant_id, &store_id]).await.map_err(pg_error)?;
+    let stmt = client
+        .prepare_cached(&lanes_sql("p.store_id = $2 AND p.transport::jsonb ->> 'kind' = $3"))
+        .await
+        .map_err(pg_error)?;
+    let found = client.query(&stmt, &[&tenant_id, &store_id, &kind]).await.map_err(pg_error)?;
     Ok(group_lanes(found.iter().map(rows::task).collect::<StoreResult<_>>()?))
 }
 

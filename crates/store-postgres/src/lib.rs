@@ -766,9 +766,9 @@ impl Store for PostgresStore {
         delivery::apply_transitions(&mut client, changes).await
     }
 
-    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>> {
+    async fn lanes(&self, tenant_id: &str, store_id: &str, kind: &str) -> StoreResult<Vec<Lane>> {
         let client = self.client().await?;
-        delivery::lanes(&client, tenant_id, store_id).await
+        delivery::lanes(&client, tenant_id, store_id, kind).await
     }
 
     async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane> {

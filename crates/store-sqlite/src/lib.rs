@@ -679,9 +679,9 @@ impl Store for SqliteStore {
         self.write(move |c| sql::apply_transitions(c, &changes)).await
     }
 
-    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>> {
-        let (t, s) = (tenant_id.to_owned(), store_id.to_owned());
-        self.read(move |c| sql::lanes(c, &t, &s)).await
+    async fn lanes(&self, tenant_id: &str, store_id: &str, kind: &str) -> StoreResult<Vec<Lane>> {
+        let (t, s, k) = (tenant_id.to_owned(), store_id.to_owned(), kind.to_owned());
+        self.read(move |c| sql::lanes(c, &t, &s, &k)).await
     }
 
     async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane> {

@@ -679,7 +679,7 @@ pub fn apply_transitions(c: &Connection, changes: &[Transition]) -> StoreResult<
 /// most the one row in flight) of each printer in `printers`, a condition on the printers
 /// table `p`. The waiting task of a busy lane is not read: nothing but its task in flight
 /// can move while it is busy.
-fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<Vec<Lane>> {
+fn lanes_where(c: &Connection, printers: &str, args: &[&str]) -> StoreResult<Vec<Lane>> {
     // One task per printer: `COALESCE` evaluates its second probe only when the first
     // found nothing, so a busy lane costs one index probe.
     let mut s = c
@@ -695,38 +695,40 @@ fn lanes_where(c: &Connection, printers: &str, args: [&str; 2]) -> StoreResult<V
                FROM printers p WHERE {printers})"
         ))
         .map_err(backend_err)?;
-    let rows = s.query_map(args, task_from_row).map_err(backend_err)?;
+    let rows = s.query_map(rusqlite::params_from_iter(args), task_from_row).map_err(backend_err)?;
     let tasks = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend_err)?;
     Ok(group_lanes(tasks))
 }
 
-/// Groups the tasks of [`lanes_where`] by printer, the one in `sent` as in flight.
-fn group_lanes(tasks: Vec<Task>) -> Vec<Lane> {
+/// Groups the tasks of [`lanes_where`] by printer, the one in `sent` as in flight (in the
+/// order of printer ids; a store's hundreds of lanes in one pass, not one search each).
+fn group_lanes(mut tasks: Vec<Task>) -> Vec<Lane> {
+    tasks.sort_by(|a, b| a.printer_id.cmp(&b.printer_id));
     let mut lanes: Vec<Lane> = Vec::new();
     for t in tasks {
-        let i = match lanes.iter().position(|l| l.printer_id == t.printer_id) {
-            Some(i) => i,
-            None => {
-                lanes.push(Lane { printer_id: t.printer_id.clone(), in_flight: None, waiting: None });
-                lanes.len() - 1
-            }
-        };
+        if lanes.last().is_none_or(|l| l.printer_id != t.printer_id) {
+            lanes.push(Lane { printer_id: t.printer_id.clone(), in_flight: None, waiting: None });
+        }
+        let Some(lane) = lanes.last_mut() else { continue };
         if t.state == TaskState::Sent {
-            lanes[i].in_flight = Some(t);
+            lane.in_flight = Some(t);
         } else {
-            lanes[i].waiting = Some(t);
+            lane.waiting = Some(t);
         }
     }
-    lanes.sort_by(|a, b| a.printer_id.cmp(&b.printer_id));
     lanes
 }
 
-pub fn lanes(c: &Connection, tenant: &str, store: &str) -> StoreResult<Vec<Lane>> {
-    lanes_where(c, "p.tenant_id = ?1 AND p.store_id = ?2", [tenant, store])
+pub fn lanes(c: &Connection, tenant: &str, store: &str, kind: &str) -> StoreResult<Vec<Lane>> {
+    lanes_where(
+        c,
+        "p.tenant_id = ?1 AND p.store_id = ?2 AND json_extract(p.transport, '$.kind') = ?3",
+        &[tenant, store, kind],
+    )
 }
 
 pub fn lane(c: &Connection, tenant: &str, printer: &str) -> StoreResult<Lane> {
-    let found = lanes_where(c, "p.tenant_id = ?1 AND p.id = ?2", [tenant, printer])?;
+    let found = lanes_where(c, "p.tenant_id = ?1 AND p.id = ?2", &[tenant, printer])?;
     Ok(found.into_iter().next().unwrap_or(Lane { printer_id: printer.to_owned(), in_flight: None, waiting: None }))
 }
 

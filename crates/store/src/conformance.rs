@@ -87,14 +87,14 @@ macro_rules! conformance_tests {
 
 pub const NOW: i64 = 1_764_000_000_000;
 
-/// Printer p2 of tenant acme, in store s1 next to p1.
+/// Printer p2 of tenant acme, in store s1 next to p1 (also driven by the store agent).
 pub(crate) async fn second_printer(s: &Arc<dyn Store>) {
     s.create_printer(NewPrinter {
         tenant_id: "acme".into(),
         id: "p2".into(),
         store_id: "s1".into(),
         name: "x".into(),
-        transport: "{}".into(),
+        transport: r#"{"kind":"agent","address":"tcp://127.0.0.1:9101"}"#.into(),
         credential: None,
         now: NOW,
         audit: SetupAudit::default(),
@@ -946,13 +946,33 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
             })
             .collect()
     };
-    let lanes = s.lanes("acme", "s1").await.unwrap();
+    // A printer of another transport in the same store, with a task of its own: a claim of
+    // the agent's printers does not read its lane, nor the other way round.
+    s.create_printer(NewPrinter {
+        tenant_id: "acme".into(),
+        id: "w1".into(),
+        store_id: "s1".into(),
+        name: "Webhook".into(),
+        transport: r#"{"kind":"webhook","url":"https://example.com/print"}"#.into(),
+        credential: None,
+        now: NOW,
+        audit: SetupAudit::default(),
+    })
+    .await
+    .unwrap();
+    let mut w = new_task("acme", "W", "x", 0);
+    w.printer_id = "w1".into();
+    w.target = "printer:w1".into();
+    s.submit_batch(vec![w.clone()]).await.unwrap();
+    let lanes = s.lanes("acme", "s1", "agent").await.unwrap();
     assert_eq!(
         ids(&lanes),
         vec![("p1".into(), None, Some(b.task_id.clone())), ("p2".into(), None, Some(c.task_id.clone()))]
     );
-    assert!(s.lanes("acme", "other-store").await.unwrap().is_empty());
-    assert!(s.lanes("other-tenant", "s1").await.unwrap().is_empty());
+    assert_eq!(ids(&s.lanes("acme", "s1", "webhook").await.unwrap()), vec![("w1".into(), None, Some(w.task_id))]);
+    assert!(s.lanes("acme", "s1", "mqtt").await.unwrap().is_empty());
+    assert!(s.lanes("acme", "other-store", "agent").await.unwrap().is_empty());
+    assert!(s.lanes("other-tenant", "s1", "agent").await.unwrap().is_empty());
 
     // A in flight, then a refund D arrives: the lane shows A, whatever the priorities
     // (deciding from the waiting head alone is how a lane once stalled for good); what
@@ -971,7 +991,7 @@ pub async fn lanes_show_the_task_in_flight_and_the_first_waiting(s: Arc<dyn Stor
         Some((Some("agent-1"), Some("sess-1"), Some(NOW + 5)))
     );
     assert_eq!(lane.waiting, None, "a busy lane's waiting task is not read");
-    assert_eq!(s.lanes("acme", "s1").await.unwrap()[0], lane);
+    assert_eq!(s.lanes("acme", "s1", "agent").await.unwrap()[0], lane);
     assert_eq!(
         s.lane("acme", "nowhere").await.unwrap(),
         Lane { printer_id: "nowhere".into(), in_flight: None, waiting: None }

@@ -242,11 +242,13 @@ pub trait Store: Send + Sync + 'static {
     /// unique index), is `false` and writes nothing; the others still apply.
     async fn apply_transitions(&self, changes: &[Transition]) -> StoreResult<Vec<bool>>;
 
-    /// The lanes of a store's printers that have active tasks: for each, the task in
-    /// flight, or, when nothing is in flight, the first waiting task by (priority, seq)
-    /// (while a lane is busy only its task in flight can move, so its waiting task is not
-    /// read). Through indexes, a probe or two per printer, never a scan of the backlog.
-    async fn lanes(&self, tenant_id: &str, store_id: &str) -> StoreResult<Vec<Lane>>;
+    /// The lanes of a store's printers of transport kind `kind` (the `kind` of their
+    /// transport JSON) that have active tasks: for each, the task in flight, or, when
+    /// nothing is in flight, the first waiting task by (priority, seq) (while a lane is busy
+    /// only its task in flight can move, so its waiting task is not read). Through indexes,
+    /// a probe or two per printer of that kind, never a scan of the backlog: a claim of one
+    /// transport does not read the lanes of the store's other printers.
+    async fn lanes(&self, tenant_id: &str, store_id: &str, kind: &str) -> StoreResult<Vec<Lane>>;
 
     /// One printer's lane, as in [`Store::lanes`] (empty when it has no active task).
     async fn lane(&self, tenant_id: &str, printer_id: &str) -> StoreResult<Lane>;
