@@ -81,6 +81,22 @@ pub struct PaperLine {
     pub started_us: Option<i64>,
 }
 
+impl PaperLine {
+    /// A line of `printer` at `at_us` carrying `markers`, with nothing else said (what the
+    /// benches' own checks are tested with).
+    pub fn marked(printer: &str, at_us: i64, markers: Vec<u32>) -> PaperLine {
+        PaperLine {
+            printer: printer.to_owned(),
+            at_us,
+            at_parsed: true,
+            markers,
+            job_task: None,
+            polls_us: Vec::new(),
+            started_us: None,
+        }
+    }
+}
+
 /// Parses one line of the paper log. `read_at_us` stands in for an unparsable `at`.
 pub fn parse_line(line: &[u8], read_at_us: i64) -> Result<PaperLine, String> {
     let raw: RawJob = serde_json::from_slice(line)
@@ -291,15 +307,7 @@ impl Tally {
         let mut t = Tally::new(tasks);
         for &(m, times) in prints {
             for _ in 0..times {
-                t.add(&PaperLine {
-                    printer: "x".into(),
-                    at_us: 1,
-                    at_parsed: true,
-                    markers: vec![m],
-                    job_task: None,
-                    polls_us: Vec::new(),
-                    started_us: None,
-                });
+                t.add(&PaperLine::marked("x", 1, vec![m]));
             }
         }
         t
@@ -497,15 +505,7 @@ mod tests {
     }
 
     fn line(markers: &[u32], at: i64) -> PaperLine {
-        PaperLine {
-            printer: "p".into(),
-            at_us: at,
-            at_parsed: true,
-            markers: markers.to_vec(),
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        }
+        PaperLine::marked("p", at, markers.to_vec())
     }
 
     #[test]

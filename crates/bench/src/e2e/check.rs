@@ -291,24 +291,8 @@ mod tests {
     #[test]
     fn stray_paper_is_a_problem() {
         let mut t = tally(&[(0, 1)], 1);
-        t.add(&PaperLine {
-            printer: "x".into(),
-            at_us: 1,
-            at_parsed: true,
-            markers: vec![],
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        });
-        t.add(&PaperLine {
-            printer: "x".into(),
-            at_us: 1,
-            at_parsed: true,
-            markers: vec![7],
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        });
+        t.add(&PaperLine::marked("x", 1, vec![]));
+        t.add(&PaperLine::marked("x", 1, vec![7]));
         t.add_malformed("oops".into());
         let mut problems = Vec::new();
         let c = check_delivery(&t, &listed(&["printed"], 1), false, &mut problems);

@@ -620,15 +620,7 @@ mod tests {
     #[test]
     fn latencies_run_from_the_answer_to_the_first_sheet() {
         let mut t = Tally::new(3);
-        let line = |m: u32, at: i64| PaperLine {
-            printer: "x".into(),
-            at_us: at,
-            at_parsed: true,
-            markers: vec![m],
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        };
+        let line = |m: u32, at: i64| PaperLine::marked("x", at, vec![m]);
         t.add(&line(0, 1_000_000 + 5_000)); // 4 ms after its answer at +1 ms
         t.add(&line(1, 1_000_000 + 1_000)); // before its answer at +2 ms: counts as 0
         let o = |status, end_us| load::Outcome { status, start_us: 0, end_us, ..load::Outcome::default() };

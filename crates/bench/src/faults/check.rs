@@ -654,24 +654,8 @@ mod tests {
     fn stray_paper_is_a_problem() {
         let listed = vec![task(0, 0, "printed", "receipt")];
         let mut t = tally(&[(0, 1)], 1);
-        t.add(&PaperLine {
-            printer: "x".into(),
-            at_us: 1,
-            at_parsed: true,
-            markers: vec![],
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        });
-        t.add(&PaperLine {
-            printer: "x".into(),
-            at_us: 1,
-            at_parsed: true,
-            markers: vec![9],
-            job_task: None,
-            polls_us: Vec::new(),
-            started_us: None,
-        });
+        t.add(&PaperLine::marked("x", 1, vec![]));
+        t.add(&PaperLine::marked("x", 1, vec![9]));
         t.add_malformed("oops".into());
         let mut problems = Vec::new();
         let v = check(&t, &listed, &accepted(&listed), &mut problems);
